@@ -1,0 +1,47 @@
+# equeue: `make run` and `make test` each work on a fresh machine in one command.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export SPARK_LOCAL_IP := 127.0.0.1
+
+.PHONY: install test test-fast check run broker bench bench-peers clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null 2>&1 || { echo "installing Java (needed by Spark)"; \
+	  (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; }
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,spark]'
+	@touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not spark" tests
+
+check: install
+	$(VENV)/bin/ruff check equeue broker producer consumer spark tests bench
+	$(VENV)/bin/mypy equeue broker producer consumer spark
+
+run: install
+	$(PY) -m spark.pipeline
+
+broker: install
+	$(PY) -m equeue broker start --data-dir ./data
+
+bench: install
+	$(PY) bench/run_all.py
+
+bench-peers: install
+	EXTRA_PEERS="equeue=$(CURDIR)/bench/peers/equeue_peer.py" PARTS="redis nats" \
+	EXTRA_RUNS="equeue equeue-sync --set flush=sync --label 'equeue, flush sync'; equeue equeue-async --set flush=async --label 'equeue, flush async'" \
+	PYTHON=$(abspath $(PY)) bash ../shared/bench-peers/run_all.sh
+	$(PY) bench/peers/render_docs.py peerbench-results
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

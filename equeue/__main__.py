@@ -1,0 +1,3 @@
+from equeue.cli import main
+
+main()

@@ -1,0 +1,282 @@
+"""The equeue wire codec: a sans-I/O state machine (no sockets, no trio).
+
+Feed received bytes with :meth:`Connection.receive_data`, take events with
+:meth:`Connection.next_event` until it returns :data:`NEED_DATA`, and turn
+events you want to send into bytes with :meth:`Connection.send`.
+
+Byte layout (all integers big-endian)::
+
+    handshake, client -> server (8 bytes)     handshake, server -> client (8 bytes)
+    +------+---------+-------+                +------+---------+------+
+    | EQMQ | version | flags |                | EQMQ | version | code |
+    |  4   |   u16   |  u16  |                |  4   |   u16   | u16  |
+    +------+---------+-------+                +------+---------+------+
+
+    every frame after the handshake
+    +-----------+------+-------+------------+------------------+
+    | length    | kind | code  | request id | payload          |
+    | u32       | u8   | u16   | u32        | length - 7 bytes |
+    +-----------+------+-------+------------+------------------+
+
+``kind`` is 0 request (code = :class:`~equeue.protocol.RequestCode`), 1 response
+(code = :class:`~equeue.errors.ErrorCode`, 0 = OK) or 2 push (server-initiated,
+request id 0, code = :class:`~equeue.protocol.PushCode`). ``length`` is checked
+against the frame cap *before* any buffer for the payload is allocated.
+
+Rules: the client speaks first (its handshake); nothing else may be sent or
+received before the handshake completes; only clients send requests; only servers
+send responses and pushes. A violation by the peer raises
+:class:`~equeue.errors.RemoteProtocolError` (with the code to report); a
+violation by the caller raises :class:`~equeue.errors.LocalProtocolError`. After
+a remote error the connection is unusable: close it.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Final
+
+import attrs
+
+from equeue.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "HEADER",
+    "MAGIC",
+    "NEED_DATA",
+    "PROTOCOL_VERSION",
+    "Connection",
+    "Event",
+    "Hello",
+    "HelloAck",
+    "Push",
+    "Request",
+    "Response",
+    "Role",
+]
+
+MAGIC: Final = b"EQMQ"
+PROTOCOL_VERSION: Final = 1
+DEFAULT_MAX_FRAME: Final = 16 * 1024 * 1024
+#: kind (u8), code (u16), request id (u32) -- after the u32 length prefix
+HEADER: Final = struct.Struct(">IBHI")
+_HEADER_BODY: Final = 7
+_HANDSHAKE: Final = struct.Struct(">4sHH")
+_MAX_BUFFER_SLACK: Final = 1 << 16
+
+KIND_REQUEST: Final = 0
+KIND_RESPONSE: Final = 1
+KIND_PUSH: Final = 2
+
+
+class Role(enum.Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class _NeedData:
+    """Sentinel: no complete event is buffered yet."""
+
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA: Final = _NeedData()
+
+
+@attrs.frozen
+class Hello:
+    """Client handshake."""
+
+    version: int = PROTOCOL_VERSION
+    flags: int = 0
+
+
+@attrs.frozen
+class HelloAck:
+    """Server handshake answer; ``code`` is OK or UNSUPPORTED_VERSION."""
+
+    version: int = PROTOCOL_VERSION
+    code: int = ErrorCode.OK
+
+
+@attrs.frozen
+class Request:
+    request_id: int
+    code: int
+    payload: bytes = b""
+
+
+@attrs.frozen
+class Response:
+    request_id: int
+    code: int
+    payload: bytes = b""
+
+
+@attrs.frozen
+class Push:
+    code: int
+    payload: bytes = b""
+
+
+Event = Hello | HelloAck | Request | Response | Push
+
+
+class Connection:
+    """One side of one equeue connection.
+
+    ``max_frame`` caps the frames this side accepts (length prefix included);
+    larger frames raise :class:`RemoteProtocolError` with FRAME_TOO_LARGE before
+    their payload is buffered.
+    """
+
+    def __init__(self, role: Role, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.role = role
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._pos = 0
+        self._their_hello_done = False
+        self._our_hello_done = False
+        self._eof = False
+        self._broken = False
+
+    # ------------------------------------------------------------------ state
+    @property
+    def handshake_done(self) -> bool:
+        return self._their_hello_done and self._our_hello_done
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet turned into events."""
+        return len(self._buf) - self._pos
+
+    # ---------------------------------------------------------------- receive
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer received bytes; ``b""`` means the peer closed its side."""
+        if not data:
+            self._eof = True
+            return
+        if self._eof:
+            raise LocalProtocolError("data received after end of stream")
+        if self._pos > _MAX_BUFFER_SLACK and self._pos * 2 > len(self._buf):
+            del self._buf[: self._pos]
+            self._pos = 0
+        self._buf += data
+
+    @property
+    def peer_closed(self) -> bool:
+        """The peer closed its side and every complete event has been taken."""
+        return self._eof
+
+    def next_event(self) -> Event | _NeedData:
+        """Return the next complete event, or :data:`NEED_DATA`.
+
+        Raises :class:`RemoteProtocolError` when the buffered bytes violate the
+        protocol (including a truncated frame at end of stream).
+        """
+        if self._broken:
+            raise RemoteProtocolError("connection already failed")
+        try:
+            return self._next_event()
+        except RemoteProtocolError:
+            self._broken = True
+            raise
+
+    def _next_event(self) -> Event | _NeedData:
+        buf, pos = self._buf, self._pos
+        avail = len(buf) - pos
+        if not self._their_hello_done:
+            if avail < _HANDSHAKE.size:
+                if self._eof and avail:
+                    raise RemoteProtocolError("truncated handshake")
+                if avail and bytes(buf[pos : pos + min(avail, 4)]) != MAGIC[: min(avail, 4)]:
+                    raise RemoteProtocolError("bad magic: not an equeue peer")
+                return NEED_DATA
+            magic, version, extra = _HANDSHAKE.unpack_from(buf, pos)
+            if magic != MAGIC:
+                raise RemoteProtocolError("bad magic: not an equeue peer")
+            self._pos = pos + _HANDSHAKE.size
+            self._their_hello_done = True
+            if self.role is Role.SERVER:
+                return Hello(version=version, flags=extra)
+            return HelloAck(version=version, code=extra)
+        if avail < 4:
+            if self._eof and avail:
+                raise RemoteProtocolError("truncated frame at end of stream")
+            return NEED_DATA
+        (length,) = struct.unpack_from(">I", buf, pos)
+        if length + 4 > self.max_frame:
+            raise RemoteProtocolError(
+                f"frame of {length + 4} bytes exceeds the {self.max_frame}-byte cap",
+                ErrorCode.FRAME_TOO_LARGE,
+            )
+        if length < _HEADER_BODY:
+            raise RemoteProtocolError(f"frame length {length} shorter than the header")
+        if avail < 4 + length:
+            if self._eof:
+                raise RemoteProtocolError("truncated frame at end of stream")
+            return NEED_DATA
+        _, kind, code, request_id = HEADER.unpack_from(buf, pos)
+        start = pos + 4 + _HEADER_BODY
+        end = pos + 4 + length
+        payload = bytes(buf[start:end])
+        self._pos = end
+        if self._pos == len(buf):
+            buf.clear()
+            self._pos = 0
+        if self.role is Role.SERVER:
+            if kind != KIND_REQUEST:
+                raise RemoteProtocolError(f"client sent frame kind {kind}")
+            return Request(request_id, code, payload)
+        if kind == KIND_RESPONSE:
+            return Response(request_id, code, payload)
+        if kind == KIND_PUSH:
+            return Push(code, payload)
+        raise RemoteProtocolError(f"server sent frame kind {kind}")
+
+    # ------------------------------------------------------------------- send
+    def send(self, event: Event) -> bytes:
+        """Return the bytes for ``event``; raises :class:`LocalProtocolError` on misuse."""
+        return b"".join(self.send_parts(event))
+
+    def send_parts(self, event: Event) -> list[bytes]:
+        """Like :meth:`send` but returns pieces, to skip copying large payloads."""
+        if isinstance(event, Hello):
+            if self.role is not Role.CLIENT or self._our_hello_done:
+                raise LocalProtocolError("only a client sends Hello, once")
+            self._our_hello_done = True
+            return [_HANDSHAKE.pack(MAGIC, event.version, event.flags)]
+        if isinstance(event, HelloAck):
+            if self.role is not Role.SERVER or self._our_hello_done or not self._their_hello_done:
+                raise LocalProtocolError("a server sends HelloAck once, after the client's Hello")
+            self._our_hello_done = True
+            return [_HANDSHAKE.pack(MAGIC, event.version, event.code)]
+        if not self._our_hello_done:
+            raise LocalProtocolError("handshake not sent yet")
+        if isinstance(event, Request):
+            if self.role is not Role.CLIENT:
+                raise LocalProtocolError("only clients send requests")
+            kind, code, rid = KIND_REQUEST, event.code, event.request_id
+        elif isinstance(event, Response):
+            if self.role is not Role.SERVER:
+                raise LocalProtocolError("only servers send responses")
+            kind, code, rid = KIND_RESPONSE, event.code, event.request_id
+        elif isinstance(event, Push):
+            if self.role is not Role.SERVER:
+                raise LocalProtocolError("only servers send pushes")
+            kind, code, rid = KIND_PUSH, event.code, 0
+        else:  # pragma: no cover - type checkers catch this
+            raise LocalProtocolError(f"not an event: {event!r}")
+        payload = event.payload
+        length = _HEADER_BODY + len(payload)
+        if not (0 <= code <= 0xFFFF and 0 <= rid <= 0xFFFFFFFF):
+            raise LocalProtocolError("code or request id out of range")
+        if length + 4 > self.max_frame:
+            raise LocalProtocolError(f"frame of {length + 4} bytes exceeds the {self.max_frame}-byte cap")
+        header = HEADER.pack(length, kind, code, rid)
+        if len(payload) < 4096:
+            return [header + payload]
+        return [header, payload]

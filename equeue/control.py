@@ -1,0 +1,351 @@
+"""Control-plane payloads: attrs models encoded as JSON by one dedicated cattrs
+converter (never the global one). Hot paths (produce, pull) use :mod:`equeue.wire`.
+
+Each request model names its :class:`~equeue.protocol.RequestCode` in ``CODE``;
+:data:`REQUEST_TYPES` maps codes back to models for the broker's dispatcher.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar, TypeVar
+
+import attrs
+from cattrs.preconf.json import make_converter
+
+from equeue.errors import RemoteProtocolError
+from equeue.protocol import RequestCode
+
+__all__ = [
+    "REQUEST_TYPES",
+    "converter",
+    "decode",
+    "encode",
+]
+
+converter = make_converter(forbid_extra_keys=False)
+T = TypeVar("T")
+
+
+def encode(obj: Any) -> bytes:
+    """Encode a control model (or list of them) as compact JSON bytes."""
+    return json.dumps(converter.unstructure(obj), separators=(",", ":")).encode()
+
+
+def decode(payload: bytes, cls: type[T] | Any) -> T:
+    """Decode JSON ``payload`` into ``cls``; malformed input raises RemoteProtocolError."""
+    try:
+        return converter.structure(json.loads(payload or b"{}"), cls)  # type: ignore[no-any-return]
+    except Exception as exc:  # cattrs raises several kinds; all mean "bad payload"
+        raise RemoteProtocolError(f"malformed {getattr(cls, '__name__', cls)} payload: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- topics
+@attrs.frozen
+class CreateTopic:
+    CODE: ClassVar = RequestCode.CREATE_TOPIC
+    name: str
+    queues: int = 4
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    exist_ok: bool = False
+
+
+@attrs.frozen
+class DeleteTopic:
+    CODE: ClassVar = RequestCode.DELETE_TOPIC
+    name: str
+
+
+@attrs.frozen
+class AlterTopic:
+    """Change queue count (grow only) and/or retention overrides (-1 clears one)."""
+
+    CODE: ClassVar = RequestCode.ALTER_TOPIC
+    name: str
+    queues: int | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+
+
+@attrs.frozen
+class ListTopics:
+    CODE: ClassVar = RequestCode.LIST_TOPICS
+    include_internal: bool = True
+
+
+@attrs.frozen
+class GetRoute:
+    """Queue count of a topic; creates it when ``auto_create`` and the broker allows."""
+
+    CODE: ClassVar = RequestCode.GET_ROUTE
+    topic: str
+    auto_create: bool = True
+
+
+@attrs.frozen
+class DescribeTopic:
+    CODE: ClassVar = RequestCode.DESCRIBE_TOPIC
+    name: str
+
+
+@attrs.frozen
+class TopicInfo:
+    name: str
+    topic_id: int
+    queues: int
+    created_ms: int = 0
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+
+
+@attrs.frozen
+class QueueStats:
+    queue_id: int
+    #: lowest retained queue offset
+    min_offset: int
+    #: next queue offset to be written (exclusive end)
+    max_offset: int
+    count: int
+    bytes: int = 0
+
+
+@attrs.frozen
+class TopicDescription:
+    info: TopicInfo
+    queues: list[QueueStats]
+    pending_delayed: int = 0
+    store_bytes: int = 0
+
+
+# ----------------------------------------------------------------------------- offsets
+@attrs.frozen
+class QueueOffsets:
+    CODE: ClassVar = RequestCode.QUEUE_OFFSETS
+    topic: str
+    queue_id: int
+
+
+@attrs.frozen
+class OffsetForTime:
+    """First queue offset whose store time is >= ``timestamp_ms`` (max offset if none)."""
+
+    CODE: ClassVar = RequestCode.OFFSET_FOR_TIME
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+
+
+@attrs.frozen
+class OffsetAnswer:
+    offset: int
+
+
+@attrs.frozen
+class CommitOffset:
+    """Commit ``offset`` (the next offset to consume) for (group, topic, queue).
+
+    With a ``consumer_id`` the broker checks that member holds the queue's lease.
+    """
+
+    CODE: ClassVar = RequestCode.COMMIT_OFFSET
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    consumer_id: str = ""
+
+
+@attrs.frozen
+class QueryOffset:
+    """Committed offset of (group, topic, queue); -1 when none."""
+
+    CODE: ClassVar = RequestCode.QUERY_OFFSET
+    group: str
+    topic: str
+    queue_id: int
+
+
+@attrs.frozen
+class ResetOffsets:
+    """Set a group's committed offsets of a topic to earliest, latest or a time."""
+
+    CODE: ClassVar = RequestCode.RESET_OFFSETS
+    group: str
+    topic: str
+    to: str  # "earliest" | "latest" | "time"
+    timestamp_ms: int = 0
+    force: bool = False
+
+
+@attrs.frozen
+class ResetAnswer:
+    offsets: dict[int, int]
+
+
+# ----------------------------------------------------------------------------- groups
+@attrs.frozen
+class Heartbeat:
+    """Member liveness plus queue leases.
+
+    ``acquire`` lists "topic/queue" leases this member wants (granted when free or
+    held by an expired member); ``release`` lists leases it gives up (after it
+    committed). Leases it holds and neither acquires nor releases are renewed.
+    """
+
+    CODE: ClassVar = RequestCode.HEARTBEAT
+    group: str
+    consumer_id: str
+    topics: list[str]
+    mode: str = "clustering"
+    host: str = ""
+    acquire: list[str] = attrs.Factory(list)
+    release: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen
+class MemberInfo:
+    consumer_id: str
+    host: str
+    topics: list[str]
+    mode: str
+    since_ms: int
+    last_seen_ms: int
+
+
+@attrs.frozen
+class HeartbeatAnswer:
+    members: list[MemberInfo]
+    #: increases whenever membership changes
+    generation: int
+    #: "topic/queue" leases this member holds after this heartbeat
+    held: list[str]
+    #: queue count per subscribed topic
+    queue_counts: dict[str, int]
+
+
+@attrs.frozen
+class LeaveGroup:
+    CODE: ClassVar = RequestCode.LEAVE_GROUP
+    group: str
+    consumer_id: str
+
+
+@attrs.frozen
+class ReleaseQueues:
+    CODE: ClassVar = RequestCode.RELEASE_QUEUES
+    group: str
+    consumer_id: str
+    leases: list[str]
+
+
+@attrs.frozen
+class ListGroups:
+    CODE: ClassVar = RequestCode.LIST_GROUPS
+
+
+@attrs.frozen
+class GroupSummary:
+    group: str
+    members: int
+    topics: list[str]
+
+
+@attrs.frozen
+class DescribeGroup:
+    CODE: ClassVar = RequestCode.DESCRIBE_GROUP
+    group: str
+
+
+@attrs.frozen
+class GroupQueue:
+    topic: str
+    queue_id: int
+    owner: str | None
+    committed: int
+    max_offset: int
+    lag: int
+
+
+@attrs.frozen
+class GroupDescription:
+    group: str
+    members: list[MemberInfo]
+    queues: list[GroupQueue]
+    generation: int = 0
+
+
+# ----------------------------------------------------------------------------- admin
+@attrs.frozen
+class Stats:
+    CODE: ClassVar = RequestCode.STATS
+
+
+@attrs.frozen
+class BrokerStats:
+    version: str
+    uptime_s: float
+    connections: int
+    topics: int
+    messages_in: int
+    messages_out: int
+    bytes_in: int
+    bytes_out: int
+    produce_rate: float
+    pull_rate: float
+    parked_pulls: int
+    next_global_offset: int
+    store_bytes: int
+    map_size: int
+    flush: str
+    transactions: int = 0
+    pending_delayed: int = 0
+
+
+# ----------------------------------------------------------------------------- lookup
+@attrs.frozen
+class GetMessage:
+    """One message by (topic, queue, queue offset) or by global offset (answer: a
+    pull-response payload with one record)."""
+
+    CODE: ClassVar = RequestCode.GET_MESSAGE
+    topic: str = ""
+    queue_id: int = -1
+    queue_offset: int = -1
+    global_offset: int = -1
+
+
+@attrs.frozen
+class FindByKey:
+    """Messages with ``key``, newest first (answer: a pull-response payload)."""
+
+    CODE: ClassVar = RequestCode.FIND_BY_KEY
+    topic: str
+    key: str
+    limit: int = 32
+
+
+REQUEST_TYPES: dict[int, type] = {
+    cls.CODE: cls
+    for cls in (
+        CreateTopic,
+        DeleteTopic,
+        AlterTopic,
+        ListTopics,
+        GetRoute,
+        DescribeTopic,
+        QueueOffsets,
+        OffsetForTime,
+        CommitOffset,
+        QueryOffset,
+        ResetOffsets,
+        Heartbeat,
+        LeaveGroup,
+        ReleaseQueues,
+        ListGroups,
+        DescribeGroup,
+        Stats,
+        GetMessage,
+        FindByKey,
+    )
+}

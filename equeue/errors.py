@@ -1,0 +1,292 @@
+"""The one exception tree of equeue, and the wire error codes that map onto it.
+
+Every error a user can catch derives from :class:`EQueueError`::
+
+    EQueueError
+    ├── ProtocolError                 framing / handshake problems (carry an ErrorCode)
+    │   ├── LocalProtocolError        we tried to send something invalid
+    │   └── RemoteProtocolError       the peer sent something invalid
+    ├── BrokerError                   the broker answered a request with an error code
+    │   ├── BadRequest
+    │   ├── UnknownRequest
+    │   ├── InvalidName
+    │   ├── ReservedTopic
+    │   ├── TopicNotFound
+    │   ├── TopicExists
+    │   ├── QueueNotFound
+    │   ├── MessageTooLarge
+    │   ├── DelayTooLong
+    │   ├── StoreFull
+    │   ├── StoreError
+    │   ├── CorruptRecord
+    │   ├── MessageNotFound
+    │   ├── NotQueueOwner
+    │   ├── GroupHasMembers
+    │   ├── OutOfOrderSequence        (transient)
+    │   ├── BrokerBusy                (transient)
+    │   ├── BrokerShuttingDown        (transient)
+    │   └── InternalBrokerError
+    ├── ConnectionBroken              the peer broke the connection (transient)
+    ├── ClientClosed                  you closed the client and then used it
+    ├── OperationTimeout              a send/request did not finish in its time budget
+    └── ConfigError                   invalid configuration or argument
+
+Expected outcomes (no new message, offset too small...) are *status values*, not
+exceptions: see :class:`equeue.protocol.PullStatus`.
+
+Clients map wire codes to exceptions through :func:`error_for_code` only, never by
+message text.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "BadRequest",
+    "BrokerBusy",
+    "BrokerError",
+    "BrokerShuttingDown",
+    "ClientClosed",
+    "ConfigError",
+    "ConnectionBroken",
+    "CorruptRecord",
+    "DelayTooLong",
+    "EQueueError",
+    "ErrorCode",
+    "GroupHasMembers",
+    "InternalBrokerError",
+    "InvalidName",
+    "LocalProtocolError",
+    "MessageNotFound",
+    "MessageTooLarge",
+    "NotQueueOwner",
+    "OperationTimeout",
+    "OutOfOrderSequence",
+    "ProtocolError",
+    "QueueNotFound",
+    "RemoteProtocolError",
+    "ReservedTopic",
+    "StoreError",
+    "StoreFull",
+    "TopicExists",
+    "TopicNotFound",
+    "UnknownRequest",
+    "error_for_code",
+]
+
+
+class ErrorCode(enum.IntEnum):
+    """Stable numeric error codes carried in response frames (u16 on the wire).
+
+    Never renumber: other-language clients depend on these values.
+    """
+
+    OK = 0
+    # framing / protocol: the connection is closed after these
+    PROTOCOL_ERROR = 1
+    UNSUPPORTED_VERSION = 2
+    FRAME_TOO_LARGE = 3
+    # request level
+    UNKNOWN_REQUEST = 4
+    BAD_REQUEST = 5
+    INVALID_NAME = 10
+    TOPIC_NOT_FOUND = 11
+    TOPIC_EXISTS = 12
+    QUEUE_NOT_FOUND = 13
+    RESERVED_TOPIC = 14
+    MESSAGE_TOO_LARGE = 20
+    STORE_FULL = 21
+    STORE_ERROR = 22
+    CORRUPT_RECORD = 23
+    DELAY_TOO_LONG = 24
+    MESSAGE_NOT_FOUND = 25
+    BROKER_BUSY = 30
+    SHUTTING_DOWN = 31
+    NOT_QUEUE_OWNER = 32
+    GROUP_HAS_MEMBERS = 33
+    OUT_OF_ORDER_SEQUENCE = 34
+    INTERNAL_ERROR = 99
+
+
+class EQueueError(Exception):
+    """Root of every equeue error."""
+
+    #: whether retrying the same operation later may succeed
+    transient: bool = False
+
+
+class ConfigError(EQueueError, ValueError):
+    """An invalid configuration value or argument (raised before anything is sent)."""
+
+
+class ClientClosed(EQueueError):
+    """The producer/consumer/connection was closed by its owner and then used."""
+
+
+class ConnectionBroken(EQueueError):
+    """The peer closed or broke the connection, or it could not be established."""
+
+    transient = True
+
+
+class OperationTimeout(EQueueError):
+    """An operation did not complete within its time budget (e.g. ``send_timeout``)."""
+
+    transient = True
+
+
+class ProtocolError(EQueueError):
+    """A framing or handshake violation. Carries the :class:`ErrorCode` to report."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to do something the protocol forbids (a bug in the caller)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that violate the protocol; the connection must be closed."""
+
+
+class BrokerError(EQueueError):
+    """The broker answered with an error code. ``code`` is the :class:`ErrorCode`."""
+
+    code: ErrorCode = ErrorCode.INTERNAL_ERROR
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None) -> None:
+        super().__init__(message or self.__class__.__name__)
+        if code is not None:
+            self.code = code
+
+    def __reduce__(self) -> tuple[type, tuple[str, ErrorCode]]:
+        return (self.__class__, (str(self), self.code))
+
+
+class BadRequest(BrokerError):
+    code = ErrorCode.BAD_REQUEST
+
+
+class UnknownRequest(BrokerError):
+    code = ErrorCode.UNKNOWN_REQUEST
+
+
+class InvalidName(BrokerError, ConfigError):
+    code = ErrorCode.INVALID_NAME
+
+
+class ReservedTopic(BrokerError):
+    code = ErrorCode.RESERVED_TOPIC
+
+
+class TopicNotFound(BrokerError):
+    code = ErrorCode.TOPIC_NOT_FOUND
+
+
+class TopicExists(BrokerError):
+    code = ErrorCode.TOPIC_EXISTS
+
+
+class QueueNotFound(BrokerError):
+    code = ErrorCode.QUEUE_NOT_FOUND
+
+
+class MessageTooLarge(BrokerError):
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class DelayTooLong(BrokerError):
+    code = ErrorCode.DELAY_TOO_LONG
+
+
+class StoreFull(BrokerError):
+    """The LMDB map or the disk is full: nothing of the request was stored."""
+
+    code = ErrorCode.STORE_FULL
+
+
+class StoreError(BrokerError):
+    code = ErrorCode.STORE_ERROR
+
+
+class CorruptRecord(BrokerError):
+    """A stored record failed its checksum."""
+
+    code = ErrorCode.CORRUPT_RECORD
+
+
+class MessageNotFound(BrokerError):
+    code = ErrorCode.MESSAGE_NOT_FOUND
+
+
+class NotQueueOwner(BrokerError):
+    """A pull/commit for a queue whose lease this consumer does not hold."""
+
+    code = ErrorCode.NOT_QUEUE_OWNER
+
+
+class GroupHasMembers(BrokerError):
+    code = ErrorCode.GROUP_HAS_MEMBERS
+
+
+class OutOfOrderSequence(BrokerError):
+    """An idempotent produce arrived before an earlier one of the same producer and
+    queue was stored; the producer resends its in-flight requests in order."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE
+    transient = True
+
+
+class BrokerBusy(BrokerError):
+    code = ErrorCode.BROKER_BUSY
+    transient = True
+
+
+class BrokerShuttingDown(BrokerError):
+    code = ErrorCode.SHUTTING_DOWN
+    transient = True
+
+
+class InternalBrokerError(BrokerError):
+    code = ErrorCode.INTERNAL_ERROR
+
+
+_BY_CODE: dict[ErrorCode, type[BrokerError]] = {
+    cls.code: cls
+    for cls in (
+        BadRequest,
+        UnknownRequest,
+        InvalidName,
+        ReservedTopic,
+        TopicNotFound,
+        TopicExists,
+        QueueNotFound,
+        MessageTooLarge,
+        DelayTooLong,
+        StoreFull,
+        StoreError,
+        CorruptRecord,
+        MessageNotFound,
+        NotQueueOwner,
+        GroupHasMembers,
+        OutOfOrderSequence,
+        BrokerBusy,
+        BrokerShuttingDown,
+        InternalBrokerError,
+    )
+}
+
+
+def error_for_code(code: int, message: str) -> EQueueError:
+    """Build the exception for a wire error ``code`` (the one mapping table)."""
+    try:
+        ec = ErrorCode(code)
+    except ValueError:
+        return InternalBrokerError(f"unknown error code {code}: {message}")
+    if ec in (ErrorCode.PROTOCOL_ERROR, ErrorCode.UNSUPPORTED_VERSION, ErrorCode.FRAME_TOO_LARGE):
+        return RemoteProtocolError(message, ec)
+    cls = _BY_CODE.get(ec, InternalBrokerError)
+    return cls(message, ec)

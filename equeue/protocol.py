@@ -1,0 +1,66 @@
+"""Request codes, push codes and status values shared by broker and clients.
+
+Numbers are part of the wire contract (see docs/protocol.md): never renumber.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["PullStatus", "PushCode", "RequestCode"]
+
+
+class RequestCode(enum.IntEnum):
+    """What a request frame asks for (u16 ``code`` of a request frame)."""
+
+    # hot paths: packed binary payloads (equeue.wire)
+    PRODUCE = 10
+    PULL = 11
+    # topics: JSON payloads (equeue.control)
+    CREATE_TOPIC = 20
+    DELETE_TOPIC = 21
+    LIST_TOPICS = 22
+    DESCRIBE_TOPIC = 23
+    ALTER_TOPIC = 24
+    GET_ROUTE = 25
+    # queue offsets
+    QUEUE_OFFSETS = 30
+    OFFSET_FOR_TIME = 31
+    # consumer offsets
+    COMMIT_OFFSET = 40
+    QUERY_OFFSET = 41
+    RESET_OFFSETS = 42
+    # groups
+    HEARTBEAT = 50
+    LEAVE_GROUP = 51
+    LIST_GROUPS = 52
+    DESCRIBE_GROUP = 53
+    RELEASE_QUEUES = 54
+    # admin
+    STATS = 60
+    # lookup
+    GET_MESSAGE = 70
+    FIND_BY_KEY = 71
+    # retry / dead letters
+    SEND_BACK = 80
+    DLQ_LIST = 81
+    DLQ_RESEND = 82
+
+
+class PushCode(enum.IntEnum):
+    """Server-initiated notifications (u16 ``code`` of a push frame)."""
+
+    #: a group this connection's member belongs to changed membership: rebalance now.
+    GROUP_CHANGED = 1
+
+
+class PullStatus(enum.IntEnum):
+    """Outcome of a pull. Expected outcomes are statuses, never exceptions."""
+
+    FOUND = 0
+    #: nothing at or after the offset (after the long-poll hold, if any)
+    NO_NEW_MESSAGE = 1
+    #: the offset is below the lowest retained offset; see ``min_offset``
+    OFFSET_TOO_SMALL = 2
+    #: the offset is past the next offset to be written; see ``max_offset``
+    OFFSET_OVERFLOW = 3
