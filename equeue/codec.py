@@ -125,6 +125,12 @@ class Push:
 Event = Hello | HelloAck | Request | Response | Push
 
 
+def _pack_handshake(version: int, extra: int) -> bytes:
+    if not (0 <= version <= 0xFFFF and 0 <= extra <= 0xFFFF):
+        raise LocalProtocolError("handshake version, flags or code out of range")
+    return _HANDSHAKE.pack(MAGIC, version, extra)
+
+
 class Connection:
     """One side of one equeue connection.
 
@@ -169,7 +175,7 @@ class Connection:
     @property
     def peer_closed(self) -> bool:
         """The peer closed its side and every complete event has been taken."""
-        return self._eof
+        return self._eof and self.buffered == 0
 
     def next_event(self) -> Event | _NeedData:
         """Return the next complete event, or :data:`NEED_DATA`.
@@ -247,13 +253,15 @@ class Connection:
         if isinstance(event, Hello):
             if self.role is not Role.CLIENT or self._our_hello_done:
                 raise LocalProtocolError("only a client sends Hello, once")
+            data = _pack_handshake(event.version, event.flags)
             self._our_hello_done = True
-            return [_HANDSHAKE.pack(MAGIC, event.version, event.flags)]
+            return [data]
         if isinstance(event, HelloAck):
             if self.role is not Role.SERVER or self._our_hello_done or not self._their_hello_done:
                 raise LocalProtocolError("a server sends HelloAck once, after the client's Hello")
+            data = _pack_handshake(event.version, event.code)
             self._our_hello_done = True
-            return [_HANDSHAKE.pack(MAGIC, event.version, event.code)]
+            return [data]
         if not self._our_hello_done:
             raise LocalProtocolError("handshake not sent yet")
         if isinstance(event, Request):

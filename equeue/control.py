@@ -27,6 +27,32 @@ converter = make_converter(forbid_extra_keys=False)
 T = TypeVar("T")
 
 
+# cattrs' default hooks coerce (``str(None) == "None"``, ``bool("false") is True``,
+# ``int(1.9) == 1``): a wrong JSON type must be a bad payload, not a silent new meaning.
+def _structure_str(value: object, _: type) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _structure_bool(value: object, _: type) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected a boolean, got {type(value).__name__}")
+    return value
+
+
+def _structure_int(value: object, _: type) -> int:
+    # str is allowed: JSON object keys (dict[int, ...]) are always strings
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return int(value)
+
+
+converter.register_structure_hook(str, _structure_str)
+converter.register_structure_hook(bool, _structure_bool)
+converter.register_structure_hook(int, _structure_int)
+
+
 def encode(obj: Any) -> bytes:
     """Encode a control model (or list of them) as compact JSON bytes."""
     return json.dumps(converter.unstructure(obj), separators=(",", ":")).encode()

@@ -443,6 +443,10 @@ def decode_pull_response(topic: str, buf: bytes) -> PullResult:
         status, lo, hi, nxt, count = _PULL_RESP.unpack_from(buf, 0)
     except struct.error as exc:
         raise _bad("truncated pull response") from exc
+    try:
+        pull_status = PullStatus(status)
+    except ValueError as exc:
+        raise _bad(f"unknown pull status {status}") from exc
     pos = _PULL_RESP.size
     msgs: list[Message] = []
     unpack = _PULL_ITEM.unpack_from
@@ -457,7 +461,7 @@ def decode_pull_response(topic: str, buf: bytes) -> PullResult:
             raise _bad("record overruns the pull response")
         msgs.append(decode_record(topic, g, mv[pos : pos + n]))
         pos += n
-    return PullResult(PullStatus(status), msgs, lo, hi, nxt)
+    return PullResult(pull_status, msgs, lo, hi, nxt)
 
 
 def iter_records(buf: bytes) -> Iterator[tuple[int, memoryview]]:

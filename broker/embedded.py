@@ -1,0 +1,80 @@
+"""A broker in a background thread, for blocking code (demos, Spark jobs, tests)."""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+import trio
+
+from equeue.config import BrokerConfig
+from equeue.errors import EQueueError
+
+
+class EmbeddedBroker:
+    """Run a :class:`~broker.server.Broker` on its own trio loop in a thread.
+
+    ``with EmbeddedBroker(BrokerConfig(data_dir=..., port=0)) as b: b.address``.
+    :meth:`stop` shuts it down gracefully and joins the thread; errors raised by the
+    broker (e.g. the port is taken) are re-raised from :meth:`start`/:meth:`stop`.
+    """
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._broker = None
+        self._error: BaseException | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    def start(self) -> EmbeddedBroker:
+        from broker.server import Broker
+
+        broker = self._broker = Broker(self.config)
+
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            async with trio.open_nursery() as n:
+                self.port = await n.start(broker.serve)
+                self._ready.set()
+
+        def target() -> None:
+            try:
+                trio.run(main)
+            except BaseException as exc:
+                self._error = exc
+            finally:
+                self._ready.set()
+
+        self._thread = threading.Thread(target=target, name="equeue-broker", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise EQueueError(f"broker failed to start: {self._error}") from self._error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._token is not None and self._thread.is_alive():
+            try:
+                trio.from_thread.run_sync(self._broker.stop, trio_token=self._token)  # type: ignore[union-attr]
+            except trio.RunFinishedError:
+                pass
+        self._thread.join()
+        self._thread = None
+        if self._error is not None:
+            raise EQueueError(f"broker failed: {self._error}") from self._error
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,176 @@
+"""Consumer-group registry: membership by heartbeats, expiry, and queue leases.
+
+A member is alive while it heartbeats (expiry: ``member_expiry`` seconds of
+silence). In clustering mode a member consumes a queue only while it holds that
+queue's lease (group, topic, queue): the broker grants a lease to one live member at
+a time, renews it with each heartbeat, and the pull/commit handlers reject members
+that do not hold it. Membership changes bump the group's ``generation`` and push
+GROUP_CHANGED to every live member so they rebalance at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from equeue import control
+
+log = logging.getLogger("equeue.groups")
+
+__all__ = ["GroupRegistry"]
+
+Notify = Callable[[str], None]  # called with the group name; the server pushes
+
+
+@attrs.define
+class Member:
+    consumer_id: str
+    host: str
+    topics: list[str]
+    mode: str
+    since_ms: int
+    last_seen: float  # trio clock
+    last_seen_ms: int
+    notify: Notify | None = None
+
+    def info(self) -> control.MemberInfo:
+        return control.MemberInfo(
+            self.consumer_id, self.host, list(self.topics), self.mode, self.since_ms, self.last_seen_ms
+        )
+
+
+@attrs.define
+class Group:
+    name: str
+    members: dict[str, Member] = attrs.Factory(dict)
+    leases: dict[str, str] = attrs.Factory(dict)  # "topic/queue" -> consumer id
+    generation: int = 0
+
+
+def lease_key(topic: str, queue_id: int) -> str:
+    return f"{topic}/{queue_id}"
+
+
+class GroupRegistry:
+    def __init__(self, member_expiry: float) -> None:
+        self.member_expiry = member_expiry
+        self.groups: dict[str, Group] = {}
+
+    # ---------------------------------------------------------------- membership
+    def heartbeat(
+        self, hb: control.Heartbeat, notify: Notify | None, queue_counts: dict[str, int]
+    ) -> control.HeartbeatAnswer:
+        g = self.groups.setdefault(hb.group, Group(hb.group))
+        now = trio.current_time()
+        wall = time.time_ns() // 1_000_000
+        m = g.members.get(hb.consumer_id)
+        changed = False
+        if m is None:
+            m = g.members[hb.consumer_id] = Member(
+                hb.consumer_id, hb.host, list(hb.topics), hb.mode, wall, now, wall, notify
+            )
+            changed = True
+            log.info("group %s: member %s joined", hb.group, hb.consumer_id)
+        else:
+            if sorted(m.topics) != sorted(hb.topics) or m.mode != hb.mode:
+                changed = True
+            m.topics, m.mode, m.host = list(hb.topics), hb.mode, hb.host or m.host
+            m.last_seen, m.last_seen_ms = now, wall
+            if notify is not None:
+                m.notify = notify
+        for key in hb.release:
+            if g.leases.get(key) == hb.consumer_id:
+                del g.leases[key]
+        if hb.release:
+            # a released lease may be what another member waits for
+            self._notify(g, exclude=hb.consumer_id)
+        for key in hb.acquire:
+            holder = g.leases.get(key)
+            if holder is None or holder == hb.consumer_id or holder not in g.members:
+                g.leases[key] = hb.consumer_id
+        if changed:
+            g.generation += 1
+            self._notify(g, exclude=hb.consumer_id)
+        held = sorted(k for k, v in g.leases.items() if v == hb.consumer_id)
+        return control.HeartbeatAnswer(
+            [x.info() for x in g.members.values()], g.generation, held, queue_counts
+        )
+
+    def leave(self, group: str, consumer_id: str) -> None:
+        g = self.groups.get(group)
+        if g is None or consumer_id not in g.members:
+            return
+        del g.members[consumer_id]
+        self._drop_leases(g, consumer_id)
+        g.generation += 1
+        log.info("group %s: member %s left", group, consumer_id)
+        self._notify(g)
+
+    def release(self, group: str, consumer_id: str, leases: list[str]) -> None:
+        g = self.groups.get(group)
+        if g is None:
+            return
+        for key in leases:
+            if g.leases.get(key) == consumer_id:
+                del g.leases[key]
+        self._notify(g, exclude=consumer_id)
+
+    def holds(self, group: str, consumer_id: str, topic: str, queue_id: int) -> bool:
+        """Whether ``consumer_id`` is live in ``group`` and holds the queue's lease."""
+        g = self.groups.get(group)
+        if g is None or consumer_id not in g.members:
+            return False
+        return g.leases.get(lease_key(topic, queue_id)) == consumer_id
+
+    def live_members(self, group: str) -> list[control.MemberInfo]:
+        g = self.groups.get(group)
+        return [m.info() for m in g.members.values()] if g else []
+
+    def owner(self, group: str, topic: str, queue_id: int) -> str | None:
+        g = self.groups.get(group)
+        if g is None:
+            return None
+        holder = g.leases.get(lease_key(topic, queue_id))
+        return holder if holder in g.members else None
+
+    def expire(self) -> None:
+        """Drop members silent for longer than the expiry, with their leases."""
+        deadline = trio.current_time() - self.member_expiry
+        for g in list(self.groups.values()):
+            dead = [cid for cid, m in g.members.items() if m.last_seen < deadline]
+            for cid in dead:
+                del g.members[cid]
+                self._drop_leases(g, cid)
+                log.warning("group %s: member %s expired (no heartbeat)", g.name, cid)
+            if dead:
+                g.generation += 1
+                self._notify(g)
+            if not g.members and not g.leases:
+                del self.groups[g.name]
+
+    def forget_connection(self, notify: Notify) -> None:
+        """A connection closed: stop pushing to it (members expire by heartbeat)."""
+        for g in self.groups.values():
+            for m in g.members.values():
+                if m.notify is notify:
+                    m.notify = None
+
+    async def run_expiry(self) -> None:
+        while True:
+            await trio.sleep(min(1.0, self.member_expiry / 5))
+            self.expire()
+
+    @staticmethod
+    def _drop_leases(g: Group, cid: str) -> None:
+        for key in [k for k, v in g.leases.items() if v == cid]:
+            del g.leases[key]
+
+    @staticmethod
+    def _notify(g: Group, exclude: str | None = None) -> None:
+        for m in g.members.values():
+            if m.consumer_id != exclude and m.notify is not None:
+                m.notify(g.name)

@@ -1,0 +1,365 @@
+"""The broker: a trio TCP server over the LMDB store.
+
+One task pair per connection: a reader that decodes frames and starts one handler
+task per request (so a parked pull never blocks a heartbeat on the same
+connection), and a writer fed by a channel that coalesces queued responses into
+one ``send_all``. Background tasks (appender, member expiry, scheduler,
+retention, async flush) live in the broker's nursery.
+
+Lifetime: ``await broker.serve(task_status=...)`` runs until :meth:`Broker.stop`
+(graceful: stop accepting, answer parked pulls, finish in-flight commits, close
+LMDB) or until cancelled (in-flight commits still finish and are answered).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from broker.appender import Appender
+from broker.groups import GroupRegistry
+from broker.handlers import Handlers
+from broker.lifecycle import Lifecycle
+from broker.longpoll import ParkedPulls
+from broker.store import Store, WriteOutcome
+from equeue import __version__, control
+from equeue.codec import (
+    HEADER,
+    KIND_PUSH,
+    KIND_RESPONSE,
+    NEED_DATA,
+    PROTOCOL_VERSION,
+    Connection,
+    Hello,
+    HelloAck,
+    Request,
+    Role,
+)
+from equeue.config import BrokerConfig
+from equeue.errors import EQueueError, ErrorCode, ProtocolError, RemoteProtocolError
+from equeue.protocol import PushCode
+
+log = logging.getLogger("equeue.broker")
+
+__all__ = ["Broker", "BrokerConfig"]
+
+_RECV = 256 * 1024
+
+
+@attrs.define
+class Counters:
+    messages_in: int = 0
+    messages_out: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    connections: int = 0
+    last_rate_t: float = 0.0
+    last_in: int = 0
+    last_out: int = 0
+    produce_rate: float = 0.0
+    pull_rate: float = 0.0
+
+
+def frame(kind: int, code: int, request_id: int, parts: list[bytes]) -> list[bytes]:
+    """Frame pieces of a response/push payload (see equeue.codec for the layout)."""
+    size = sum(len(p) for p in parts)
+    return [HEADER.pack(7 + size, kind, code, request_id), *parts]
+
+
+class Broker:
+    """An equeue broker. Use ``async with Broker(cfg) as b`` or ``await b.serve()``."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.store: Store = None  # type: ignore[assignment]  # opened in serve()
+        self.parked = ParkedPulls()
+        self.groups = GroupRegistry(config.member_expiry)
+        self.appender: Appender = None  # type: ignore[assignment]
+        self.handlers = Handlers(self)
+        self.stats = Counters()
+        self.closing = False
+        self.port: int = 0
+        self._stop = trio.Event()
+        self._started = time.monotonic()
+        self._inflight = 0
+        self._no_inflight = trio.Event()
+
+    # ------------------------------------------------------------------ lifetime
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the store, listen, serve until :meth:`stop`; ``task_status.started(port)``."""
+        cfg = self.config
+        self.store = await trio.to_thread.run_sync(
+            lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
+        )
+        self.appender = Appender(self.store, on_commit=self._on_commit)
+        lifecycle = self.lifecycle = Lifecycle(self)
+        try:
+            async with trio.open_nursery() as core:
+                core.start_soon(self.appender.run)
+                async with trio.open_nursery() as tasks:
+                    listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+                    self.port = listeners[0].socket.getsockname()[1]
+                    serve_scope = trio.CancelScope()
+
+                    async def accept() -> None:
+                        with serve_scope:
+                            await trio.serve_listeners(self._connection, listeners, handler_nursery=tasks)
+
+                    tasks.start_soon(accept)
+                    tasks.start_soon(self.groups.run_expiry)
+                    tasks.start_soon(lifecycle.run)
+                    if cfg.flush == "async":
+                        tasks.start_soon(self._flusher)
+                    log.info(
+                        "broker listening on %s:%d (data %s, flush %s)", cfg.host, self.port, cfg.data_dir, cfg.flush
+                    )
+                    task_status.started(self.port)
+                    await self._stop.wait()
+                    # graceful shutdown
+                    serve_scope.cancel()
+                    self.closing = True
+                    self.parked.close()
+                    with trio.move_on_after(cfg.shutdown_grace):
+                        while self._inflight:
+                            self._no_inflight = trio.Event()
+                            await self._no_inflight.wait()
+                    tasks.cancel_scope.cancel()
+                self.appender.close()
+        finally:
+            self.closing = True
+            await trio.to_thread.run_sync(self.store.close)
+            log.info("broker stopped")
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown (safe to call from the trio thread)."""
+        self._stop.set()
+
+    async def __aenter__(self) -> Broker:
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        try:
+            await nursery.start(self.serve)
+        except BaseException:
+            await self._nursery_cm.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        self.stop()
+        return await self._nursery_cm.__aexit__(*exc)  # type: ignore[arg-type]
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    # ------------------------------------------------------------------ internals
+    def _on_commit(self, outcome: WriteOutcome) -> None:
+        if outcome.touched:
+            self.parked.wake(outcome.touched)
+        if outcome.scheduled:
+            self.lifecycle.schedule_changed()
+
+    async def _flusher(self) -> None:
+        """``async`` flush policy: fsync committed data every ``flush_interval``."""
+        while True:
+            await trio.sleep(self.config.flush_interval)
+            await trio.to_thread.run_sync(self.store.sync)
+
+    def statistics(self) -> control.BrokerStats:
+        s = self.stats
+        now = time.monotonic()
+        if now - s.last_rate_t >= 1.0:
+            dt = now - s.last_rate_t if s.last_rate_t else now - self._started
+            s.produce_rate = (s.messages_in - s.last_in) / max(dt, 1e-9)
+            s.pull_rate = (s.messages_out - s.last_out) / max(dt, 1e-9)
+            s.last_rate_t, s.last_in, s.last_out = now, s.messages_in, s.messages_out
+        return control.BrokerStats(
+            version=__version__,
+            uptime_s=now - self._started,
+            connections=s.connections,
+            topics=len(self.store.topics),
+            messages_in=s.messages_in,
+            messages_out=s.messages_out,
+            bytes_in=s.bytes_in,
+            bytes_out=s.bytes_out,
+            produce_rate=s.produce_rate,
+            pull_rate=s.pull_rate,
+            parked_pulls=self.parked.parked,
+            next_global_offset=self.store.next_global,
+            store_bytes=self.store.store_bytes(),
+            map_size=self.store.map_size,
+            flush=self.config.flush,
+            transactions=self.appender.transactions,
+            pending_delayed=sum(self.store.sched_pending.values()),
+        )
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        self.stats.connections += 1
+        conn = _ServerConnection(self, stream)
+        try:
+            await conn.run()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            self.stats.connections -= 1
+            self.groups.forget_connection(conn.notify_group)
+            await trio.aclose_forcefully(stream)
+
+    def _enter(self) -> None:
+        self._inflight += 1
+
+    def _exit(self) -> None:
+        self._inflight -= 1
+        if not self._inflight:
+            self._no_inflight.set()
+
+
+class _ServerConnection:
+    def __init__(self, broker: Broker, stream: trio.SocketStream) -> None:
+        self.b = broker
+        self.stream = stream
+        self.codec = Connection(Role.SERVER, max_frame=broker.config.max_frame)
+        self.send_ch, self.recv_ch = trio.open_memory_channel[list[bytes]](math.inf)
+        self.peer = _peer(stream)
+
+    def notify_group(self, group: str) -> None:
+        payload = control.encode({"group": group})
+        try:
+            self.send_ch.send_nowait(frame(KIND_PUSH, PushCode.GROUP_CHANGED, 0, [payload]))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as outer:
+            outer.start_soon(self._writer)
+            try:
+                async with trio.open_nursery() as handlers:
+                    await self._reader(handlers)
+                    # peer gone or protocol error: abandon requests still running
+                    handlers.cancel_scope.cancel()
+            finally:
+                # the writer sends what is queued (e.g. a protocol error), then ends
+                self.send_ch.close()
+
+    async def _writer(self) -> None:
+        recv = self.recv_ch
+        try:
+            async for parts in recv:
+                buf = parts
+                while True:
+                    try:
+                        buf = buf + recv.receive_nowait()
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                data = b"".join(buf)
+                self.b.stats.bytes_out += len(data)
+                await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            # the peer went away; drain silently so handlers never block
+            async for _ in recv:
+                pass
+
+    async def _reader(self, nursery: trio.Nursery) -> None:
+        codec = self.codec
+        stream = self.stream
+        cfg = self.b.config
+        with trio.move_on_after(cfg.handshake_timeout) as hs:
+            while not codec.handshake_done:
+                data = await stream.receive_some(_RECV)
+                codec.receive_data(data)
+                try:
+                    ev = codec.next_event()
+                except RemoteProtocolError as exc:
+                    await self._fatal(exc)
+                    return
+                if isinstance(ev, Hello):
+                    code = ErrorCode.OK if ev.version == PROTOCOL_VERSION else ErrorCode.UNSUPPORTED_VERSION
+                    self.send_ch.send_nowait([codec.send(HelloAck(PROTOCOL_VERSION, code))])
+                    if code != ErrorCode.OK:
+                        log.info("client %s: unsupported protocol version %d", self.peer, ev.version)
+                        return
+                elif not data:
+                    return
+        if hs.cancelled_caught:
+            log.info("client %s: no handshake within %.0f s; closing", self.peer, cfg.handshake_timeout)
+            return
+        while True:
+            while True:
+                try:
+                    ev = codec.next_event()
+                except RemoteProtocolError as exc:
+                    await self._fatal(exc)
+                    return
+                if ev is NEED_DATA:
+                    break
+                if isinstance(ev, Request):
+                    nursery.start_soon(self._handle, ev)
+            if codec.peer_closed:
+                return
+            data = await stream.receive_some(_RECV)
+            codec.receive_data(data)
+            if not data:
+                try:
+                    codec.next_event()
+                except RemoteProtocolError:
+                    pass
+                return
+
+    async def _fatal(self, exc: ProtocolError) -> None:
+        """Report a protocol violation to the peer (request id 0), then close."""
+        log.info("client %s: protocol error (%s): %s; closing", self.peer, exc.code.name, exc)
+        if self.codec.handshake_done or isinstance(exc, RemoteProtocolError):
+            self.send_ch.send_nowait(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
+
+    async def _handle(self, req: Request) -> None:
+        self.b._enter()
+        try:
+            try:
+                parts = await self.b.handlers.dispatch(req.code, req.payload, self)
+                code = ErrorCode.OK
+            except EQueueError as exc:
+                code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
+                if code == ErrorCode.PROTOCOL_ERROR:
+                    code = ErrorCode.BAD_REQUEST  # a malformed payload: the framing is fine
+                parts = [str(exc).encode()]
+            except Exception as exc:  # a bug: answer, log, keep serving
+                log.exception("request %d (code %d) failed", req.request_id, req.code)
+                code, parts = ErrorCode.INTERNAL_ERROR, [f"internal error: {exc!r}".encode()]
+            try:
+                self.send_ch.send_nowait(frame(KIND_RESPONSE, code, req.request_id, parts))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        finally:
+            self.b._exit()
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "?"
+
+
+@asynccontextmanager
+async def open_broker(config: BrokerConfig) -> AsyncIterator[Broker]:
+    """``async with open_broker(cfg) as broker:`` -- serve for the block's duration."""
+    broker = Broker(config)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(broker.serve)
+        try:
+            yield broker
+        finally:
+            broker.stop()

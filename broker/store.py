@@ -1,0 +1,930 @@
+"""The LMDB store: a partitioned log with per-queue indexes.
+
+Layout (one LMDB environment, named databases; every integer big-endian so byte
+order is numeric order)::
+
+    meta       b"format"             -> u32 format version
+               b"next_global"        -> u64 next global offset (survives retention)
+               b"next_topic_id"      -> u32
+               b"deleting"           -> JSON list of topic ids whose data is being removed
+    topics     topic name (utf-8)    -> JSON TopicInfo
+    messages   u64 global offset     -> stored record (equeue.wire: crc32, header, entry)
+    qindex     u32 topic, u32 queue, u64 queue offset -> u64 global offset
+    kindex     u32 topic, u32 crc32(key), u64 global offset -> b""   (lookup by key)
+    qstats     u32 topic, u32 queue  -> u64 next queue offset, u64 retained bytes
+    offsets    group \\0 topic \\0 u32 queue -> u64 committed offset
+    schedule   u64 due ms, u64 seq   -> u32 topic, u32 queue, entry  (delayed messages)
+    sched_count u32 topic            -> u64 pending delayed messages
+    producers  16-byte producer id, u32 topic, u32 queue -> u64 last sequence, u64 ms,
+                                     then up to 16 × (u64 base seq, u64 global, u64 queue off,
+                                     u32 stored, u32 scheduled)
+
+Writes: :meth:`Store.write` runs a list of :class:`WriteOp` in ONE write
+transaction (group commit) and must be called from one thread at a time (the
+appender's worker). Each op checks its preconditions before it writes anything and
+may raise an :class:`~equeue.errors.EQueueError` then (only that op fails); a
+failure after writes began (map full, disk full, I/O) aborts the whole transaction
+and fails every op in it -- nothing is half-written. In-memory offsets change only
+after the commit succeeded, so readers never see an uncommitted message.
+
+Reads run in any thread, each in its own read transaction (MVCC).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+import lmdb
+
+from equeue import control, wire
+from equeue.errors import (
+    BadRequest,
+    CorruptRecord,
+    DelayTooLong,
+    EQueueError,
+    MessageTooLarge,
+    OutOfOrderSequence,
+    QueueNotFound,
+    StoreError,
+    StoreFull,
+    TopicExists,
+    TopicNotFound,
+)
+from equeue.models import SendResult
+from equeue.protocol import PullStatus
+from equeue.routing import key_hash
+
+log = logging.getLogger("equeue.store")
+
+FORMAT_VERSION: Final = 1
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+QKEY = struct.Struct(">IIQ")
+TQ = struct.Struct(">II")
+KKEY = struct.Struct(">IIQ")
+QSTAT = struct.Struct(">QQ")
+SKEY = struct.Struct(">QQ")
+PSTATE = struct.Struct(">QQ")
+PRING = struct.Struct(">QQQII")
+PKEY = struct.Struct(">16sII")
+PRODUCER_RING = 16
+_DBS = (
+    b"meta", b"topics", b"messages", b"qindex", b"kindex", b"qstats", b"offsets",
+    b"schedule", b"sched_count", b"producers",
+)  # fmt: skip
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    return group.encode() + b"\0" + topic.encode() + b"\0" + U32.pack(queue_id)
+
+
+@attrs.define
+class QueueState:
+    next_offset: int = 0
+    min_offset: int = 0
+    bytes: int = 0
+
+
+@attrs.frozen
+class ReadResult:
+    status: PullStatus
+    records: list[tuple[int, bytes]]
+    min_offset: int
+    max_offset: int
+    next_offset: int
+
+
+class _Writer:
+    """Context handed to write ops: the open transaction plus staged state."""
+
+    def __init__(self, store: Store, txn: lmdb.Transaction, now: int) -> None:
+        self.store = store
+        self.txn = txn
+        self.now = now
+        self.next_global = store.next_global
+        self.queues: dict[tuple[int, int], QueueState] = {}
+        self.topics: dict[str, control.TopicInfo | None] = {}
+        self.touched: set[tuple[int, int]] = set()
+        self.sched_delta: dict[int, int] = {}
+        self.next_topic_id: int | None = None
+        self.deleting: list[int] | None = None
+        self.committed_offsets: list[tuple[str, str, int, int]] = []
+        self.db = store.db
+        self.wrote = False
+
+    def queue(self, topic_id: int, queue_id: int) -> QueueState:
+        key = (topic_id, queue_id)
+        st = self.queues.get(key)
+        if st is None:
+            cur = self.store.queues.get(key) or QueueState()
+            st = self.queues[key] = attrs.evolve(cur)
+        return st
+
+    def topic(self, name: str) -> control.TopicInfo | None:
+        if name in self.topics:
+            return self.topics[name]
+        return self.store.topics.get(name)
+
+
+class WriteOp:
+    """One unit of work inside a group-commit transaction."""
+
+    def apply(self, w: _Writer) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+@attrs.define
+class ProduceOp(WriteOp):
+    """Append entries to one queue; entries with a future ``deliver_at`` go to the
+    schedule instead. Idempotent when ``producer_id`` is set."""
+
+    topic: control.TopicInfo
+    queue_id: int
+    entries: Sequence[bytes]
+    producer_id: bytes | None = None
+    base_sequence: int = 0
+    max_body: int = 1 << 62
+    max_delay_ms: int = 1 << 62
+
+    def apply(self, w: _Writer) -> wire.ProduceResponse:
+        t = self.topic
+        if w.topic(t.name) is None:
+            raise TopicNotFound(f"topic {t.name!r} was deleted")
+        if not 0 <= self.queue_id < t.queues:
+            raise QueueNotFound(f"topic {t.name!r} has {t.queues} queues; no queue {self.queue_id}")
+        keys, dues = _scan_entries(self.entries, self.max_body, w.now, self.max_delay_ms)
+        pkey = None
+        pstate = b""
+        n = len(self.entries)
+        if self.producer_id is not None:
+            pkey = PKEY.pack(self.producer_id, t.topic_id, self.queue_id)
+            pstate = w.txn.get(pkey, db=w.db[b"producers"]) or b""
+            if pstate:
+                last_seq, _ = PSTATE.unpack_from(pstate, 0)
+                if self.base_sequence <= last_seq:
+                    return _duplicate_answer(pstate, self.base_sequence)
+                if self.base_sequence != last_seq + 1:
+                    raise OutOfOrderSequence(
+                        f"sequence {self.base_sequence} after {last_seq}: resend in order"
+                    )
+        # ---- preconditions done; writes start
+        w.wrote = True
+        st = w.queue(t.topic_id, self.queue_id)
+        first_global, first_queue = w.next_global, st.next_offset
+        g, qo = first_global, first_queue
+        msgs: list[tuple[bytes, bytes]] = []
+        idx: list[tuple[bytes, bytes]] = []
+        kidx: list[tuple[bytes, bytes]] = []
+        added = 0
+        scheduled = 0
+        sched_db = w.db[b"schedule"]
+        for i, entry in enumerate(self.entries):
+            due = dues[i] if dues is not None else 0
+            if due:
+                seq = w.store.next_sched_seq()
+                w.txn.put(SKEY.pack(due, seq), TQ.pack(t.topic_id, self.queue_id) + entry, db=sched_db)
+                scheduled += 1
+                continue
+            rec = wire.encode_record(t.topic_id, self.queue_id, qo, w.now, entry)
+            gk = U64.pack(g)
+            msgs.append((gk, rec))
+            idx.append((QKEY.pack(t.topic_id, self.queue_id, qo), gk))
+            k = keys[i]
+            if k is not None:
+                kidx.append((KKEY.pack(t.topic_id, key_hash(k), g), b""))
+            added += len(rec)
+            g += 1
+            qo += 1
+        if msgs:
+            w.txn.cursor(db=w.db[b"messages"]).putmulti(msgs, append=True)
+            w.txn.cursor(db=w.db[b"qindex"]).putmulti(idx)
+            if kidx:
+                w.txn.cursor(db=w.db[b"kindex"]).putmulti(kidx)
+            w.next_global = g
+            st.next_offset = qo
+            st.bytes += added
+            w.touched.add((t.topic_id, self.queue_id))
+        if scheduled:
+            w.sched_delta[t.topic_id] = w.sched_delta.get(t.topic_id, 0) + scheduled
+        answer = wire.ProduceResponse(
+            first_global if msgs else -1, first_queue if msgs else -1, len(msgs), scheduled
+        )
+        if pkey is not None:
+            last = self.base_sequence + n - 1
+            ring = pstate[PSTATE.size :] if pstate else b""
+            item = PRING.pack(
+                self.base_sequence, answer.first_global & wire.NO_OFFSET,
+                answer.first_queue & wire.NO_OFFSET, answer.stored, answer.scheduled,
+            )  # fmt: skip
+            ring = (item + ring)[: PRING.size * PRODUCER_RING]
+            w.txn.put(pkey, PSTATE.pack(last, w.now) + ring, db=w.db[b"producers"])
+        return answer
+
+
+_EH = wire.ENTRY_HEADER
+
+
+def _scan_entries(
+    entries: Sequence[bytes], max_body: int, now: int, max_delay_ms: int
+) -> tuple[list[bytes | None], list[int] | None]:
+    """Keys and due times of entries; raises MessageTooLarge / DelayTooLong / BadRequest."""
+    keys: list[bytes | None] = []
+    dues: list[int] | None = None
+    unpack = _EH.unpack_from
+    hsize = _EH.size
+    for i, e in enumerate(entries):
+        try:
+            n, flags, deliver_at, _rc, kl, tl, pl = unpack(e, 0)
+        except struct.error as exc:
+            raise BadRequest("truncated message entry") from exc
+        body = n + 4 - hsize - kl - tl - pl
+        if body < 0 or n + 4 != len(e):
+            raise BadRequest(f"message {i}: entry lengths are inconsistent")
+        if body > max_body:
+            raise MessageTooLarge(f"message {i} body is {body} bytes; the broker's limit is {max_body}")
+        keys.append(e[hsize : hsize + kl] if flags & wire.FLAG_KEY else None)
+        if deliver_at > now:
+            if deliver_at - now > max_delay_ms:
+                raise DelayTooLong(
+                    f"message {i} is due in {(deliver_at - now) / 1000:.0f} s; the broker's maximum "
+                    f"delay is {max_delay_ms / 1000:.0f} s"
+                )
+            if dues is None:
+                dues = [0] * len(entries)
+            dues[i] = deliver_at
+    return keys, dues
+
+
+def _duplicate_answer(pstate: bytes, base_seq: int) -> wire.ProduceResponse:
+    """The original answer of a batch seen before, or a bare 'duplicate'."""
+    for pos in range(PSTATE.size, len(pstate), PRING.size):
+        seq, g, q, stored, sched = PRING.unpack_from(pstate, pos)
+        if seq == base_seq:
+            return wire.ProduceResponse(
+                -1 if g == wire.NO_OFFSET else g, -1 if q == wire.NO_OFFSET else q, stored, sched, True
+            )
+    return wire.ProduceResponse(-1, -1, 0, 0, True)
+
+
+@attrs.define
+class CreateTopicOp(WriteOp):
+    name: str
+    queues: int
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    exist_ok: bool = False
+
+    def apply(self, w: _Writer) -> control.TopicInfo:
+        existing = w.topic(self.name)
+        if existing is not None:
+            if self.exist_ok:
+                return existing
+            raise TopicExists(f"topic {self.name!r} already exists")
+        w.wrote = True
+        tid = w.next_topic_id if w.next_topic_id is not None else w.store.next_topic_id
+        w.next_topic_id = tid + 1
+        info = control.TopicInfo(
+            self.name, tid, self.queues, w.now, self.retention_ms, self.retention_bytes
+        )
+        w.txn.put(self.name.encode(), control.encode(info), db=w.db[b"topics"])
+        w.topics[self.name] = info
+        for q in range(self.queues):
+            w.queue(tid, q)
+        return info
+
+
+@attrs.define
+class AlterTopicOp(WriteOp):
+    name: str
+    queues: int | None = None
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+
+    def apply(self, w: _Writer) -> control.TopicInfo:
+        info = w.topic(self.name)
+        if info is None:
+            raise TopicNotFound(f"no topic {self.name!r}")
+        if self.queues is not None and self.queues < info.queues:
+            raise BadRequest(
+                f"topic {self.name!r} has {info.queues} queues; queue counts only grow "
+                "(shrinking would strand stored messages)"
+            )
+        changes: dict[str, Any] = {}
+        if self.queues is not None:
+            changes["queues"] = self.queues
+        if self.retention_ms is not None:
+            changes["retention_ms"] = None if self.retention_ms < 0 else self.retention_ms
+        if self.retention_bytes is not None:
+            changes["retention_bytes"] = None if self.retention_bytes < 0 else self.retention_bytes
+        new = attrs.evolve(info, **changes)
+        w.wrote = True
+        w.txn.put(self.name.encode(), control.encode(new), db=w.db[b"topics"])
+        w.topics[self.name] = new
+        for q in range(info.queues, new.queues):
+            w.queue(new.topic_id, q)
+        return new
+
+
+@attrs.define
+class DeleteTopicOp(WriteOp):
+    """Remove a topic now; its stored data is removed in bounded background steps."""
+
+    name: str
+
+    def apply(self, w: _Writer) -> None:
+        info = w.topic(self.name)
+        if info is None:
+            raise TopicNotFound(f"no topic {self.name!r}")
+        w.wrote = True
+        w.txn.delete(self.name.encode(), db=w.db[b"topics"])
+        w.topics[self.name] = None
+        deleting = w.deleting if w.deleting is not None else list(w.store.deleting)
+        deleting.append(info.topic_id)
+        w.deleting = deleting
+        w.txn.put(b"deleting", json.dumps(deleting).encode(), db=w.db[b"meta"])
+
+
+@attrs.define
+class CommitOffsetOp(WriteOp):
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+
+    def apply(self, w: _Writer) -> None:
+        w.wrote = True
+        w.txn.put(_offset_key(self.group, self.topic, self.queue_id), U64.pack(self.offset), db=w.db[b"offsets"])
+        w.committed_offsets.append((self.group, self.topic, self.queue_id, self.offset))
+
+
+@attrs.define
+class MoveDueOp(WriteOp):
+    """Move delayed messages due at ``w.now`` into their queues (remove from the
+    schedule + append to the log, in the same transaction). Returns the count moved."""
+
+    limit: int = 5000
+
+    def apply(self, w: _Writer) -> int:
+        sched_db = w.db[b"schedule"]
+        cur = w.txn.cursor(db=sched_db)
+        moved = 0
+        by_topic_id = {t.topic_id: t for t in w.store.topics.values()}
+        groups: dict[tuple[int, int], list[bytes]] = {}
+        dropped: dict[int, int] = {}
+        if not cur.first():
+            return 0
+        w.wrote = True
+        while moved < self.limit:
+            k = cur.key()
+            if not k:
+                break
+            due, _seq = SKEY.unpack(k)
+            if due > w.now:
+                break
+            v = cur.value()
+            tid, qid = TQ.unpack_from(v, 0)
+            entry = v[TQ.size :]
+            t = by_topic_id.get(tid)
+            if t is None or qid >= t.queues:
+                dropped[tid] = dropped.get(tid, 0) + 1
+                log.warning("dropping delayed message for deleted topic id %d", tid)
+            else:
+                groups.setdefault((tid, qid), []).append(_undelay(entry))
+            moved += 1
+            if not cur.delete():
+                break
+        for (tid, qid), entries in groups.items():
+            ProduceOp(by_topic_id[tid], qid, entries).apply(w)
+            dropped[tid] = dropped.get(tid, 0) + len(entries)
+        for tid, n in dropped.items():
+            w.sched_delta[tid] = w.sched_delta.get(tid, 0) - n
+        return moved
+
+
+def _undelay(entry: bytes) -> bytes:
+    """The entry with deliver_at cleared (it is being delivered now)."""
+    return entry[:5] + b"\0" * 8 + entry[13:]
+
+
+@attrs.define
+class RetentionOp(WriteOp):
+    """Delete the oldest messages past their topic's retention, at most ``limit``.
+
+    Per queue, from its head: a message goes when older than the time limit, when the
+    topic's retained bytes exceed the size limit (oldest queue head first), or -- with
+    ``delete_consumed`` -- when every group with an offset on the topic committed past it.
+    Also removes data of deleted topics. Returns the number of messages removed.
+    """
+
+    default_retention_ms: int | None
+    default_retention_bytes: int | None
+    delete_consumed: bool = False
+    limit: int = 5000
+
+    def apply(self, w: _Writer) -> int:
+        s = w.store
+        removed = 0
+        for tid in list(w.deleting if w.deleting is not None else s.deleting):
+            removed += self._purge_topic(w, tid, self.limit - removed)
+            if removed >= self.limit:
+                return removed
+        for t in list(s.topics.values()):
+            rms = t.retention_ms if t.retention_ms is not None else self.default_retention_ms
+            rbytes = t.retention_bytes if t.retention_bytes is not None else self.default_retention_bytes
+            cutoff = w.now - rms if rms is not None else None
+            consumed = s.min_committed(t.name) if self.delete_consumed else None
+            total = sum(w.queue(t.topic_id, q).bytes for q in range(t.queues))
+            while removed < self.limit:
+                best = None
+                for q in range(t.queues):
+                    st = w.queue(t.topic_id, q)
+                    if st.min_offset >= st.next_offset:
+                        continue
+                    g = self._head_global(w, t.topic_id, q, st.min_offset)
+                    if g is None:
+                        continue
+                    if best is None or g < best[0]:
+                        best = (g, q)
+                    # time / consumed limits apply per queue
+                    rec = w.txn.get(U64.pack(g), db=w.db[b"messages"])
+                    ts = wire.RECORD_HEADER.unpack_from(rec, 0)[5] if rec else 0
+                    too_old = cutoff is not None and ts < cutoff
+                    done = consumed is not None and st.min_offset < consumed.get(q, -1)
+                    if too_old or done:
+                        total -= self._delete_head(w, t.topic_id, q, st, g)
+                        removed += 1
+                        best = None
+                        break
+                else:
+                    if best is not None and rbytes is not None and total > rbytes:
+                        g, q = best
+                        st = w.queue(t.topic_id, q)
+                        total -= self._delete_head(w, t.topic_id, q, st, g)
+                        removed += 1
+                        continue
+                    break
+            if removed >= self.limit:
+                break
+        return removed
+
+    @staticmethod
+    def _head_global(w: _Writer, tid: int, q: int, off: int) -> int | None:
+        v = w.txn.get(QKEY.pack(tid, q, off), db=w.db[b"qindex"])
+        return U64.unpack(v)[0] if v else None
+
+    @staticmethod
+    def _delete_head(w: _Writer, tid: int, q: int, st: QueueState, g: int) -> int:
+        w.wrote = True
+        gk = U64.pack(g)
+        rec = w.txn.pop(gk, db=w.db[b"messages"])
+        w.txn.delete(QKEY.pack(tid, q, st.min_offset), db=w.db[b"qindex"])
+        size = len(rec) if rec else 0
+        if rec:
+            key = wire.record_entry_meta(rec).key
+            if key is not None:
+                w.txn.delete(KKEY.pack(tid, key_hash(key), g), db=w.db[b"kindex"])
+        st.min_offset += 1
+        st.bytes = max(0, st.bytes - size)
+        w.touched.add((tid, q))
+        return size
+
+    @staticmethod
+    def _purge_topic(w: _Writer, tid: int, limit: int) -> int:
+        cur = w.txn.cursor(db=w.db[b"qindex"])
+        prefix = U32.pack(tid)
+        n = 0
+        w.wrote = True
+        if cur.set_range(prefix):
+            while n < limit and cur.key()[:4] == prefix:
+                w.txn.delete(cur.value(), db=w.db[b"messages"])
+                n += 1
+                if not cur.delete():
+                    break
+        if n < limit:
+            kc = w.txn.cursor(db=w.db[b"kindex"])
+            if kc.set_range(prefix):
+                while n < limit and kc.key()[:4] == prefix:
+                    n += 1
+                    if not kc.delete():
+                        break
+        if n < limit:
+            qc = w.txn.cursor(db=w.db[b"qstats"])
+            if qc.set_range(prefix):
+                while qc.key()[:4] == prefix:
+                    if not qc.delete():
+                        break
+            deleting = [x for x in (w.deleting if w.deleting is not None else w.store.deleting) if x != tid]
+            w.deleting = deleting
+            w.txn.put(b"deleting", json.dumps(deleting).encode(), db=w.db[b"meta"])
+            for key in [k for k in w.store.queues if k[0] == tid]:
+                w.queues.pop(key, None)
+        return n
+
+
+@attrs.define
+class ExpireProducersOp(WriteOp):
+    """Forget idempotence state of producers silent for longer than ``ttl_ms``."""
+
+    ttl_ms: int
+    limit: int = 10_000
+
+    def apply(self, w: _Writer) -> int:
+        cur = w.txn.cursor(db=w.db[b"producers"])
+        n = 0
+        seen = 0
+        if not cur.first():
+            return 0
+        while seen < self.limit:
+            v = cur.value()
+            seen += 1
+            _, ts = PSTATE.unpack_from(v, 0)
+            if ts < w.now - self.ttl_ms:
+                w.wrote = True
+                n += 1
+                if not cur.delete():
+                    break
+            elif not cur.next():
+                break
+        return n
+
+
+@attrs.frozen
+class WriteOutcome:
+    results: list[Any]  # per op: its result or the EQueueError it raised
+    touched: set[tuple[int, int]]
+    committed_offsets: list[tuple[str, str, int, int]]
+    #: some op added delayed messages to the schedule
+    scheduled: bool = False
+
+
+class Store:
+    """The LMDB environment and its in-memory view (topics, queue offsets)."""
+
+    def __init__(self, path: str | Path, *, map_size: int = 8 << 30, sync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.sync_commits = sync
+        self.map_size = map_size
+        try:
+            self.env = lmdb.open(
+                str(self.path), map_size=map_size, max_dbs=len(_DBS) + 2, sync=sync,
+                metasync=sync, readahead=False, max_readers=512, writemap=False,
+            )  # fmt: skip
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        with self.env.begin(write=True) as txn:
+            self.db = {name: self.env.open_db(name, txn=txn) for name in _DBS}
+            fmt = txn.get(b"format", db=self.db[b"meta"])
+            if fmt is None:
+                txn.put(b"format", U32.pack(FORMAT_VERSION), db=self.db[b"meta"])
+            elif U32.unpack(fmt)[0] != FORMAT_VERSION:
+                raise StoreError(
+                    f"store at {self.path} has format {U32.unpack(fmt)[0]}, this broker reads "
+                    f"{FORMAT_VERSION}"
+                )
+        self.topics: dict[str, control.TopicInfo] = {}
+        self.queues: dict[tuple[int, int], QueueState] = {}
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.sched_pending: dict[int, int] = {}
+        self.deleting: list[int] = []
+        self.next_global = 0
+        self.next_topic_id = 1
+        self._sched_seq = time.time_ns()
+        self.transactions = 0
+        self._recover()
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        """Rebuild in-memory offsets from last keys (no full scan)."""
+        with self.env.begin() as txn:
+            meta = self.db[b"meta"]
+            ng = txn.get(b"next_global", db=meta)
+            self.next_global = U64.unpack(ng)[0] if ng else 0
+            cur = txn.cursor(db=self.db[b"messages"])
+            if cur.last():
+                self.next_global = max(self.next_global, U64.unpack(cur.key())[0] + 1)
+            nt = txn.get(b"next_topic_id", db=meta)
+            self.next_topic_id = U32.unpack(nt)[0] if nt else 1
+            dl = txn.get(b"deleting", db=meta)
+            self.deleting = json.loads(dl) if dl else []
+            for k, v in txn.cursor(db=self.db[b"topics"]):
+                info = control.decode(v, control.TopicInfo)
+                self.topics[k.decode()] = info
+            qidx = txn.cursor(db=self.db[b"qindex"])
+            for info in self.topics.values():
+                for q in range(info.queues):
+                    st = QueueState()
+                    v = txn.get(TQ.pack(info.topic_id, q), db=self.db[b"qstats"])
+                    if v:
+                        st.next_offset, st.bytes = QSTAT.unpack(v)
+                    # last key of the queue: set_range past it, step back
+                    if qidx.set_range(QKEY.pack(info.topic_id, q + 1, 0)):
+                        ok = qidx.prev()
+                    else:
+                        ok = qidx.last()
+                    if ok:
+                        t, qq, off = QKEY.unpack(qidx.key())
+                        if (t, qq) == (info.topic_id, q):
+                            st.next_offset = max(st.next_offset, off + 1)
+                    st.min_offset = st.next_offset
+                    if qidx.set_range(QKEY.pack(info.topic_id, q, 0)):
+                        t, qq, off = QKEY.unpack(qidx.key())
+                        if (t, qq) == (info.topic_id, q):
+                            st.min_offset = off
+                    self.queues[(info.topic_id, q)] = st
+            for k, v in txn.cursor(db=self.db[b"sched_count"]):
+                self.sched_pending[U32.unpack(k)[0]] = U64.unpack(v)[0]
+            for k, v in txn.cursor(db=self.db[b"offsets"]):
+                group, topic, rest = k.split(b"\0", 2)
+                self.offsets[(group.decode(), topic.decode(), U32.unpack(rest)[0])] = U64.unpack(v)[0]
+
+    def next_sched_seq(self) -> int:
+        self._sched_seq += 1
+        return self._sched_seq
+
+    # ------------------------------------------------------------------ writes
+    def write(self, ops: Sequence[WriteOp]) -> WriteOutcome:
+        """Run ``ops`` in one write transaction (call from one thread at a time).
+
+        Raises StoreFull / StoreError when the transaction as a whole failed: then
+        no op took effect.
+        """
+        ts = now_ms()
+        try:
+            txn = self.env.begin(write=True)
+        except lmdb.Error as exc:
+            raise _store_error(exc, self.path) from exc
+        w = _Writer(self, txn, ts)
+        results: list[Any] = []
+        try:
+            for op in ops:
+                try:
+                    results.append(op.apply(w))
+                except EQueueError as exc:
+                    results.append(exc)
+            if not w.wrote:
+                txn.abort()
+                return WriteOutcome(results, set(), [])
+            meta = self.db[b"meta"]
+            if w.next_global != self.next_global:
+                txn.put(b"next_global", U64.pack(w.next_global), db=meta)
+            if w.next_topic_id is not None:
+                txn.put(b"next_topic_id", U32.pack(w.next_topic_id), db=meta)
+            for (tid, q), st in w.queues.items():
+                txn.put(TQ.pack(tid, q), QSTAT.pack(st.next_offset, st.bytes), db=self.db[b"qstats"])
+            for tid, d in w.sched_delta.items():
+                n = max(0, self.sched_pending.get(tid, 0) + d)
+                txn.put(U32.pack(tid), U64.pack(n), db=self.db[b"sched_count"])
+            txn.commit()
+        except lmdb.Error as exc:
+            txn.abort()
+            err = _store_error(exc, self.path)
+            log.error("%s", err)
+            raise err from exc
+        except BaseException:
+            txn.abort()
+            raise
+        # committed: publish the new state
+        self.transactions += 1
+        self.next_global = w.next_global
+        if w.next_topic_id is not None:
+            self.next_topic_id = w.next_topic_id
+        for name, info in w.topics.items():
+            if info is None:
+                self.topics.pop(name, None)
+            else:
+                self.topics[name] = info
+        self.queues.update(w.queues)
+        if w.deleting is not None:
+            self.deleting = w.deleting
+            for key in [k for k in self.queues if k[0] in self.deleting]:
+                del self.queues[key]
+        for tid, d in w.sched_delta.items():
+            self.sched_pending[tid] = max(0, self.sched_pending.get(tid, 0) + d)
+        for group, topic, q, off in w.committed_offsets:
+            self.offsets[(group, topic, q)] = off
+        return WriteOutcome(
+            results, w.touched, w.committed_offsets, any(d > 0 for d in w.sched_delta.values())
+        )
+
+    def sync(self) -> None:
+        """Force committed data to disk (the ``async`` flush policy calls this)."""
+        self.env.sync(True)
+
+    def close(self) -> None:
+        try:
+            self.env.sync(True)
+        finally:
+            self.env.close()
+
+    # ------------------------------------------------------------------ reads
+    def topic(self, name: str) -> control.TopicInfo:
+        info = self.topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"no topic {name!r}")
+        return info
+
+    def queue_state(self, topic_id: int, queue_id: int) -> QueueState:
+        return self.queues.get((topic_id, queue_id)) or QueueState()
+
+    def read_queue(
+        self,
+        info: control.TopicInfo,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tag_filter: frozenset[bytes] | None = None,
+        verify: bool = True,
+    ) -> ReadResult:
+        """Read up to ``max_messages`` records of a queue from ``offset``.
+
+        Returns a status (never raises for expected outcomes); raises CorruptRecord
+        when the first record to return fails its checksum.
+        """
+        if not 0 <= queue_id < info.queues:
+            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
+        st = self.queue_state(info.topic_id, queue_id)
+        lo, hi = st.min_offset, st.next_offset
+        if offset < lo:
+            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], lo, hi, lo)
+        if offset > hi:
+            return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
+        if offset == hi:
+            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, hi)
+        records: list[tuple[int, bytes]] = []
+        size = 0
+        nxt = offset
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            get = txn.get
+            mdb = self.db[b"messages"]
+            if not cur.set_range(QKEY.pack(info.topic_id, queue_id, offset)):
+                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, offset)
+            prefix = TQ.pack(info.topic_id, queue_id)
+            scanned = 0
+            for k, gk in cur:
+                if k[:8] != prefix:
+                    break
+                qo = U64.unpack_from(k, 8)[0]
+                if qo != nxt:
+                    if not records and qo > nxt and nxt == offset:
+                        # retention removed the head while we looked
+                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], qo, hi, qo)
+                    break
+                rec = get(gk, db=mdb)
+                if rec is None:
+                    break
+                if verify:
+                    try:
+                        wire.record_header(rec)
+                    except CorruptRecord:
+                        if records:
+                            break
+                        raise
+                scanned += 1
+                if tag_filter is not None:
+                    tags = wire.record_entry_meta(rec).tags
+                    if tags not in tag_filter:
+                        nxt += 1
+                        if scanned >= max_messages * 16:
+                            break
+                        continue
+                if records and size + len(rec) > max_bytes:
+                    break
+                records.append((U64.unpack(gk)[0], rec))
+                size += len(rec)
+                nxt += 1
+                if len(records) >= max_messages:
+                    break
+        status = PullStatus.FOUND if records else PullStatus.NO_NEW_MESSAGE
+        return ReadResult(status, records, lo, max(hi, nxt), nxt)
+
+    def get_global(self, global_offset: int) -> bytes | None:
+        with self.env.begin() as txn:
+            return txn.get(U64.pack(global_offset), db=self.db[b"messages"])
+
+    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> tuple[int, bytes] | None:
+        with self.env.begin() as txn:
+            gk = txn.get(QKEY.pack(info.topic_id, queue_id, offset), db=self.db[b"qindex"])
+            if gk is None:
+                return None
+            rec = txn.get(gk, db=self.db[b"messages"])
+            return (U64.unpack(gk)[0], rec) if rec is not None else None
+
+    def find_by_key(self, info: control.TopicInfo, key: str, limit: int) -> list[tuple[int, bytes]]:
+        """Messages of ``info`` with ``key``, newest first (hash index + exact check)."""
+        kb = key.encode()
+        prefix = TQ.pack(info.topic_id, key_hash(kb))
+        out: list[tuple[int, bytes]] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"kindex"])
+            if cur.set_range(prefix + b"\xff" * 8):
+                ok = cur.prev()
+            else:
+                ok = cur.last()
+            while ok and len(out) < limit:
+                k = cur.key()
+                if k[:8] != prefix:
+                    break
+                g = U64.unpack_from(k, 8)[0]
+                rec = txn.get(U64.pack(g), db=self.db[b"messages"])
+                if rec is not None and wire.record_entry_meta(rec).key == kb:
+                    out.append((g, rec))
+                ok = cur.prev()
+        return out
+
+    def offset_for_time(self, info: control.TopicInfo, queue_id: int, ts_ms: int) -> int:
+        """First queue offset stored at or after ``ts_ms`` (binary search on store time)."""
+        st = self.queue_state(info.topic_id, queue_id)
+        lo, hi = st.min_offset, st.next_offset
+        with self.env.begin() as txn:
+            qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
+
+            def ts_at(off: int) -> int:
+                gk = txn.get(QKEY.pack(info.topic_id, queue_id, off), db=qdb)
+                rec = txn.get(gk, db=mdb) if gk else None
+                return wire.RECORD_HEADER.unpack_from(rec, 0)[5] if rec else 0
+
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ts_at(mid) < ts_ms:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        return lo
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int:
+        return self.offsets.get((group, topic, queue_id), -1)
+
+    def min_committed(self, topic: str) -> dict[int, int]:
+        """Per queue, the lowest offset committed by any group with offsets on ``topic``."""
+        out: dict[int, int] = {}
+        for (_g, t, q), off in self.offsets.items():
+            if t == topic:
+                out[q] = min(off, out.get(q, off))
+        return out
+
+    def next_due(self) -> int | None:
+        """Due time (ms) of the earliest delayed message, or None."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"schedule"])
+            if cur.first():
+                return int(SKEY.unpack(cur.key())[0])
+        return None
+
+    def pending_delayed(self, topic_id: int) -> int:
+        return self.sched_pending.get(topic_id, 0)
+
+    def describe(self, name: str) -> control.TopicDescription:
+        info = self.topic(name)
+        queues = []
+        for q in range(info.queues):
+            st = self.queue_state(info.topic_id, q)
+            queues.append(
+                control.QueueStats(q, st.min_offset, st.next_offset, st.next_offset - st.min_offset, st.bytes)
+            )
+        return control.TopicDescription(
+            info, queues, self.pending_delayed(info.topic_id), sum(q.bytes for q in queues)
+        )
+
+    def store_bytes(self) -> int:
+        info = self.env.info()
+        stat = self.env.stat()
+        return int(info["last_pgno"] + 1) * int(stat["psize"])
+
+    def groups_of(self, topic: str | None = None) -> set[str]:
+        return {g for (g, t, _q) in self.offsets if topic is None or t == topic}
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        return {(t, q): off for (g, t, q), off in self.offsets.items() if g == group}
+
+
+def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreFull(
+            f"the store's LMDB map is full ({path}): nothing was written. Raise --map-size "
+            "(restart the broker with a larger value) or lower retention to free space."
+        )
+    text = str(exc)
+    if "No space" in text or "ENOSPC" in text or isinstance(exc, lmdb.DiskError):
+        return StoreFull(f"the disk holding {path} is full: nothing was written. Free disk space.")
+    return StoreError(f"store write failed ({path}): {text}")
+
+
+def send_results(topic: str, queue_id: int, answer: wire.ProduceResponse, delayed: Iterable[bool]) -> list[SendResult]:
+    return answer.results(topic, queue_id, delayed)
+
+
+ReadFn = Callable[..., ReadResult]

@@ -1,0 +1,352 @@
+"""The client core shared by the producer, the consumer, the CLI and Spark.
+
+:class:`AsyncClient` keeps one multiplexed TCP connection to a broker (request ids
+let many requests share it; a parked pull never blocks a heartbeat), reconnects
+on demand (trying each configured broker in turn), maps error codes to exceptions
+through :func:`equeue.errors.error_for_code`, and exposes one typed method per
+request. Its lifetime is ``async with``: the reader task lives in its nursery.
+
+Errors: :class:`~equeue.errors.ConnectionBroken` when the connection cannot be
+made or dies (transient: callers may retry), the mapped
+:class:`~equeue.errors.BrokerError` for error answers,
+:class:`~equeue.errors.ClientClosed` after :meth:`AsyncClient.aclose`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from equeue import control, wire
+from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Push, Response, Role
+from equeue.codec import Request as RequestEvent
+from equeue.config import parse_address
+from equeue.errors import (
+    ClientClosed,
+    ConfigError,
+    ConnectionBroken,
+    EQueueError,
+    ErrorCode,
+    RemoteProtocolError,
+    error_for_code,
+)
+from equeue.models import PullResult
+from equeue.protocol import RequestCode
+
+log = logging.getLogger("equeue.client")
+
+__all__ = ["AsyncClient", "parse_brokers"]
+
+T = TypeVar("T")
+PushHandler = Callable[[int, bytes], None]
+
+
+def parse_brokers(brokers: str | Sequence[str]) -> list[tuple[str, int]]:
+    """``"h:p"``, ``"h1:p1,h2:p2"`` or a list of them → [(host, port), ...]."""
+    items = brokers.split(",") if isinstance(brokers, str) else list(brokers)
+    out = [parse_address(b) for b in items if b and b.strip()]
+    if not out:
+        raise ConfigError("no broker address given")
+    return out
+
+
+class _Slot:
+    __slots__ = ("done", "result")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Response | BaseException | None = None
+
+
+class _Link:
+    """One live connection: stream, codec, pending requests."""
+
+    def __init__(self, stream: trio.SocketStream, address: str) -> None:
+        self.stream = stream
+        self.address = address
+        self.codec = Connection(Role.CLIENT)
+        self.pending: dict[int, _Slot] = {}
+        self.send_lock = trio.Lock()
+        self.broken: BaseException | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if self.broken is None:
+            self.broken = exc
+        for slot in self.pending.values():
+            slot.result = exc
+            slot.done.set()
+        self.pending.clear()
+
+
+class AsyncClient:
+    """A trio client for one equeue cluster (a list of broker addresses)."""
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str] = "127.0.0.1:5800",
+        *,
+        connect_timeout: float = 5.0,
+        on_push: PushHandler | None = None,
+    ) -> None:
+        self.brokers = parse_brokers(brokers)
+        self.connect_timeout = connect_timeout
+        self.on_push = on_push
+        self._ids = itertools.count(1)
+        self._link: _Link | None = None
+        self._connect_lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._closed = False
+        self._next_broker = 0
+        #: incremented on every new connection (consumers re-register after a reconnect)
+        self.connection_epoch = 0
+
+    # ------------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> AsyncClient:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        await self.aclose()
+        cm, self._nursery_cm = self._nursery_cm, None
+        return await cm.__aexit__(*exc)  # type: ignore[no-any-return]
+
+    async def aclose(self) -> None:
+        """Close the connection; pending requests fail with ClientClosed."""
+        if self._closed:
+            return
+        self._closed = True
+        link, self._link = self._link, None
+        if link is not None:
+            link.fail(ClientClosed("client closed"))
+            await trio.aclose_forcefully(link.stream)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    @property
+    def connected(self) -> bool:
+        return self._link is not None and self._link.broken is None
+
+    # ------------------------------------------------------------------ connection
+    async def _connect(self) -> _Link:
+        if self._closed:
+            raise ClientClosed("client closed")
+        if self._nursery is None:
+            raise ClientClosed("use the client inside 'async with'")
+        link = self._link
+        if link is not None and link.broken is None:
+            return link
+        async with self._connect_lock:
+            link = self._link
+            if link is not None and link.broken is None:
+                return link
+            errors = []
+            for _ in range(len(self.brokers)):
+                host, port = self.brokers[self._next_broker % len(self.brokers)]
+                try:
+                    with trio.fail_after(self.connect_timeout):
+                        link = await self._open(host, port)
+                except (OSError, trio.TooSlowError, EQueueError) as exc:
+                    errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                    self._next_broker += 1
+                    continue
+                self._link = link
+                self.connection_epoch += 1
+                self._nursery.start_soon(self._reader, link)
+                return link
+            raise ConnectionBroken("cannot connect to any broker (" + "; ".join(errors) + ")")
+
+    async def _open(self, host: str, port: int) -> _Link:
+        stream = await trio.open_tcp_stream(host, port)
+        try:
+            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            link = _Link(stream, f"{host}:{port}")
+            await stream.send_all(link.codec.send(Hello()))
+            while True:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise ConnectionBroken(f"broker {host}:{port} closed during the handshake")
+                link.codec.receive_data(data)
+                ev = link.codec.next_event()
+                if ev is NEED_DATA:
+                    continue
+                if isinstance(ev, HelloAck):
+                    if ev.code != ErrorCode.OK:
+                        raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
+                    return link
+                raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+
+    async def _reader(self, link: _Link) -> None:
+        codec = link.codec
+        try:
+            while True:
+                while True:
+                    ev = codec.next_event()
+                    if ev is NEED_DATA:
+                        break
+                    if isinstance(ev, Response):
+                        if ev.request_id == 0:
+                            raise error_for_code(ev.code, ev.payload.decode("utf-8", "replace"))
+                        slot = link.pending.pop(ev.request_id, None)
+                        if slot is not None:
+                            slot.result = ev
+                            slot.done.set()
+                    elif isinstance(ev, Push) and self.on_push is not None:
+                        try:
+                            self.on_push(ev.code, ev.payload)
+                        except Exception:
+                            log.exception("push handler failed")
+                data = await link.stream.receive_some(256 * 1024)
+                if not data:
+                    raise ConnectionBroken(f"broker {link.address} closed the connection")
+                codec.receive_data(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            link.fail(ConnectionBroken(f"connection to {link.address} lost: {exc}"))
+        except EQueueError as exc:
+            link.fail(exc if exc.transient else ConnectionBroken(f"connection to {link.address} failed: {exc}"))
+        except BaseException as exc:
+            link.fail(ConnectionBroken(f"connection to {link.address} closed: {exc!r}"))
+            raise
+        finally:
+            if self._link is link:
+                self._link = None
+            await trio.aclose_forcefully(link.stream)
+
+    # ------------------------------------------------------------------ requests
+    async def request(self, code: int, payload: bytes) -> bytes:
+        """Send one request and wait for its answer payload.
+
+        Raises the mapped BrokerError for an error answer, ConnectionBroken when the
+        connection fails before the answer arrives (the request may or may not have
+        been processed), ClientClosed after close.
+        """
+        link = await self._connect()
+        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        slot = _Slot()
+        link.pending[rid] = slot
+        try:
+            data = link.codec.send(RequestEvent(rid, code, payload))
+            try:
+                async with link.send_lock:
+                    await link.stream.send_all(data)
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
+                link.fail(err)
+                raise err from exc
+            await slot.done.wait()
+        finally:
+            link.pending.pop(rid, None)
+        res = slot.result
+        if isinstance(res, BaseException):
+            raise res
+        assert res is not None
+        if res.code != ErrorCode.OK:
+            raise error_for_code(res.code, res.payload.decode("utf-8", "replace"))
+        return res.payload
+
+    async def call(self, req: Any, answer: type[T] | Any = None) -> T:
+        """Send a control request (an equeue.control model); decode the answer."""
+        payload = await self.request(req.CODE, control.encode(req))
+        if answer is None:
+            return None  # type: ignore[return-value]
+        return control.decode(payload, answer)
+
+    # ------------------------------------------------------------------ typed API
+    async def produce(self, req: wire.ProduceRequest) -> wire.ProduceResponse:
+        return wire.ProduceResponse.decode(await self.request(RequestCode.PRODUCE, req.encode()))
+
+    async def pull(self, req: wire.PullRequest) -> PullResult:
+        return wire.decode_pull_response(req.topic, await self.request(RequestCode.PULL, req.encode()))
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int = 4,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        exist_ok: bool = False,
+    ) -> control.TopicInfo:
+        return await self.call(
+            control.CreateTopic(name, queues, retention_ms, retention_bytes, exist_ok), control.TopicInfo
+        )
+
+    async def alter_topic(
+        self,
+        name: str,
+        *,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> control.TopicInfo:
+        return await self.call(control.AlterTopic(name, queues, retention_ms, retention_bytes), control.TopicInfo)
+
+    async def delete_topic(self, name: str) -> None:
+        await self.call(control.DeleteTopic(name))
+
+    async def list_topics(self, include_internal: bool = True) -> list[control.TopicInfo]:
+        return await self.call(control.ListTopics(include_internal), list[control.TopicInfo])
+
+    async def describe_topic(self, name: str) -> control.TopicDescription:
+        return await self.call(control.DescribeTopic(name), control.TopicDescription)
+
+    async def get_route(self, topic: str, auto_create: bool = True) -> control.TopicInfo:
+        return await self.call(control.GetRoute(topic, auto_create), control.TopicInfo)
+
+    async def queue_offsets(self, topic: str, queue_id: int) -> control.QueueStats:
+        return await self.call(control.QueueOffsets(topic, queue_id), control.QueueStats)
+
+    async def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        ans = await self.call(control.OffsetForTime(topic, queue_id, timestamp_ms), control.OffsetAnswer)
+        return ans.offset
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, consumer_id: str = "") -> None:
+        await self.call(control.CommitOffset(group, topic, queue_id, offset, consumer_id))
+
+    async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
+        return (await self.call(control.QueryOffset(group, topic, queue_id), control.OffsetAnswer)).offset
+
+    async def reset_offsets(
+        self, group: str, topic: str, to: str, timestamp_ms: int = 0, force: bool = False
+    ) -> dict[int, int]:
+        ans = await self.call(control.ResetOffsets(group, topic, to, timestamp_ms, force), control.ResetAnswer)
+        return ans.offsets
+
+    async def heartbeat(self, hb: control.Heartbeat) -> control.HeartbeatAnswer:
+        return await self.call(hb, control.HeartbeatAnswer)
+
+    async def leave_group(self, group: str, consumer_id: str) -> None:
+        await self.call(control.LeaveGroup(group, consumer_id))
+
+    async def release_queues(self, group: str, consumer_id: str, leases: list[str]) -> None:
+        await self.call(control.ReleaseQueues(group, consumer_id, leases))
+
+    async def list_groups(self) -> list[control.GroupSummary]:
+        return await self.call(control.ListGroups(), list[control.GroupSummary])
+
+    async def describe_group(self, group: str) -> control.GroupDescription:
+        return await self.call(control.DescribeGroup(group), control.GroupDescription)
+
+    async def stats(self) -> control.BrokerStats:
+        return await self.call(control.Stats(), control.BrokerStats)
+
+    async def get_message(
+        self, topic: str = "", queue_id: int = -1, queue_offset: int = -1, global_offset: int = -1
+    ) -> PullResult:
+        payload = await self.request(
+            RequestCode.GET_MESSAGE, control.encode(control.GetMessage(topic, queue_id, queue_offset, global_offset))
+        )
+        return wire.decode_pull_response(topic, payload)
+
+    async def find_by_key(self, topic: str, key: str, limit: int = 32) -> PullResult:
+        payload = await self.request(RequestCode.FIND_BY_KEY, control.encode(control.FindByKey(topic, key, limit)))
+        return wire.decode_pull_response(topic, payload)

@@ -1,0 +1,177 @@
+"""The blocking front over the async core: one trio loop in a helper thread.
+
+Every sync class (``Client``, ``Producer``, ``Consumer``) owns an async twin that
+runs on a private :class:`LoopThread`; its methods call the async ones through
+``trio.from_thread.run``. The logic exists once (in the async classes); the sync
+classes only forward. Safe from many threads (calls are serialised onto the loop)
+and across ``os.fork()``: a process that finds itself forked after the front was
+created starts a fresh loop and fresh connections (nothing survives a fork unnoticed).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from equeue.errors import ClientClosed
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+__all__ = ["LoopThread", "SyncFront"]
+
+
+class LoopThread:
+    """A trio event loop running in a daemon thread until :meth:`close`.
+
+    ``open_async(factory)`` builds an async object on the loop and enters its
+    ``async with`` there; the object lives until the loop closes.
+    """
+
+    def __init__(self, name: str = "equeue-loop") -> None:
+        self.pid = os.getpid()
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._stop: trio.Event | None = None
+        self._ready = threading.Event()
+        self._nursery: trio.Nursery | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._token = trio.lowlevel.current_trio_token()
+            self._stop = trio.Event()
+            async with trio.open_nursery() as n:
+                self._nursery = n
+                self._ready.set()
+                await self._stop.wait()
+                n.cancel_scope.cancel()
+
+        try:
+            trio.run(main)
+        except BaseException as exc:  # pragma: no cover - loop crash
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    @property
+    def alive(self) -> bool:
+        return self.pid == os.getpid() and self._thread.is_alive()
+
+    def run(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await afn(*args)`` on the loop and return its result (blocking)."""
+        if not self.alive:
+            raise ClientClosed("the client's event loop is not running (closed or forked)")
+        return trio.from_thread.run(afn, *args, trio_token=self._token)
+
+    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        if not self.alive:
+            raise ClientClosed("the client's event loop is not running (closed or forked)")
+        return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+
+    def open_async(self, factory: Callable[[], A]) -> A:
+        """Create ``factory()`` on the loop and keep it entered (``async with``) until close."""
+        holder: dict[str, Any] = {}
+
+        async def opener(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            obj = factory()
+            async with obj:  # type: ignore[attr-defined]
+                holder["obj"] = obj
+                task_status.started()
+                await trio.sleep_forever()
+
+        async def start() -> None:
+            assert self._nursery is not None
+            await self._nursery.start(opener)
+
+        self.run(start)
+        return holder["obj"]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        if self.pid != os.getpid():
+            return  # a forked child does not own the parent's thread
+        if self._thread.is_alive() and self._token is not None and self._stop is not None:
+            try:
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+            except trio.RunFinishedError:
+                pass
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+class SyncFront(Generic[A]):
+    """Base of the blocking classes: owns a loop thread and the async core object.
+
+    Subclasses call ``self._call(lambda core: core.method(...))``. After a fork the
+    core is rebuilt lazily in the child by ``_make_core``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: LoopThread | None = None
+        self._core: A | None = None
+        self._closed = False
+
+    def _make_core(self) -> A:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _ensure(self) -> tuple[LoopThread, A]:
+        if self._closed:
+            raise ClientClosed(f"{type(self).__name__} is closed")
+        loop = self._loop
+        if loop is not None and loop.alive and self._core is not None:
+            return loop, self._core
+        with self._lock:
+            if self._loop is None or not self._loop.alive or self._core is None:
+                self._loop = LoopThread(f"equeue-{type(self).__name__.lower()}")
+                self._core = self._loop.open_async(self._make_core)
+            return self._loop, self._core
+
+    def _call(self, fn: Callable[[A], Awaitable[T]]) -> T:
+        loop, core = self._ensure()
+
+        async def run() -> T:
+            return await fn(core)
+
+        return loop.run(run)
+
+    def _close_core(self, fn: Callable[[A], Awaitable[Any]] | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop, core = self._loop, self._core
+        if loop is None or not loop.alive:
+            return
+        try:
+            if fn is not None and core is not None:
+
+                async def run() -> None:
+                    await fn(core)
+
+                loop.run(run)
+        finally:
+            loop.close()
+            self._loop = None
+            self._core = None
+
+    def __enter__(self: T) -> T:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+    def __del__(self) -> None:
+        loop = getattr(self, "_loop", None)
+        if loop is not None and loop.alive:
+            try:
+                loop.close()
+            except Exception:
+                pass
