@@ -47,6 +47,8 @@ class BrokerConfig:
     port: int = DEFAULT_PORT
     #: "sync": fsync before every ack (group commit); "async": env.sync() every flush_interval
     flush: str = attrs.field(default="sync", validator=_flush)
+    #: port for /metrics and /stats over HTTP (0 = off)
+    http_port: int = 0
     flush_interval: float = attrs.field(default=0.5, validator=_positive)
     map_size: int = attrs.field(default=8 << 30, validator=_positive)
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=_positive)

@@ -3,6 +3,7 @@ garbage, caps and misuse."""
 
 from __future__ import annotations
 
+import itertools
 import struct
 import tracemalloc
 
@@ -44,7 +45,7 @@ def drain(conn: Connection) -> list[Event]:
         ev = conn.next_event()
         if ev is NEED_DATA:
             return out
-        assert not isinstance(ev, type(NEED_DATA))
+        assert isinstance(ev, Hello | HelloAck | Request | Response | Push)
         out.append(ev)
 
 
@@ -83,7 +84,7 @@ def frame(kind: int, code: int, rid: int, payload: bytes = b"") -> bytes:
 
 def split_at(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
-    return [data[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
 # ------------------------------------------------------------------------- handshake
@@ -326,7 +327,9 @@ def test_truncated_frame_on_client_side_at_eof_raises() -> None:
 
 
 # ------------------------------------------------------------------------- bad peers
-@pytest.mark.parametrize("prefix", [b"G", b"GET ", b"EQ\x00", b"HTTP/1.1 200 OK\r\n", b"EQMX\x00\x01"])
+@pytest.mark.parametrize(
+    "prefix", [b"G", b"GET ", b"EQ\x00", b"HTTP/1.1 200 OK\r\n", b"EQMX\x00\x01"]
+)
 def test_wrong_magic_rejected_early(prefix: bytes) -> None:
     server = Connection(Role.SERVER)
     server.receive_data(prefix)
@@ -388,7 +391,7 @@ def test_default_cap_boundary() -> None:
 
 
 def test_custom_cap_rejects_larger_frames_on_client() -> None:
-    client, server = pair(max_frame=32)
+    client, _ = pair(max_frame=32)
     client.receive_data(frame(1, 0, 1, b"x" * 40))
     with pytest.raises(RemoteProtocolError) as info:
         client.next_event()

@@ -361,9 +361,7 @@ offsets_or_none = st.just(-1) | i63
 
 
 @settings(max_examples=200)
-@given(
-    g=offsets_or_none, q=offsets_or_none, stored=u32, scheduled=u32, duplicate=st.booleans()
-)
+@given(g=offsets_or_none, q=offsets_or_none, stored=u32, scheduled=u32, duplicate=st.booleans())
 def test_produce_response_round_trip(
     g: int, q: int, stored: int, scheduled: int, duplicate: bool
 ) -> None:
@@ -554,8 +552,10 @@ def test_mutated_pull_response_raises_only_decode_errors(
     answer: tuple[PullStatus, int, int, int, list[Message], list[int]], data: st.DataObject
 ) -> None:
     status, lo, hi, nxt, msgs, globals_ = answer
-    records = [(g, encode_record(1, 0, i, 0, encode_entry(m))) for i, (m, g) in
-               enumerate(zip(msgs, globals_, strict=True))]
+    records = [
+        (g, encode_record(1, 0, i, 0, encode_entry(m)))
+        for i, (m, g) in enumerate(zip(msgs, globals_, strict=True))
+    ]
     buf = bytearray(b"".join(encode_pull_response(status, lo, hi, nxt, records)))
     i = data.draw(st.integers(0, len(buf) - 1), label="index")
     buf[i] ^= data.draw(st.integers(1, 255), label="mask")

@@ -1,0 +1,33 @@
+"""The ``equeue`` command line (typer). Sub-commands live one module per concept
+and import the broker/SDK packages lazily, so ``equeue --help`` stays fast.
+
+Every command takes ``--broker host:port`` (default ``127.0.0.1:5800``). Expected
+errors print one clear line to stderr and exit with status 1 (no traceback).
+"""
+
+from __future__ import annotations
+
+import typer
+
+from equeue.cli import broker_cmd, consume_cmd, group_cmd, message_cmd, produce_cmd, topic_cmd
+
+app = typer.Typer(
+    name="equeue",
+    help="equeue: a partitioned-log message broker. Start a broker, manage topics, produce and consume.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (broker_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd):
+    module.register(app)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    from equeue.cli._common import run_app
+
+    run_app(app)
+
+
+__all__ = ["app", "main"]

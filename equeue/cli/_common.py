@@ -1,0 +1,75 @@
+"""Shared CLI helpers: broker option, error handling, tables, logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from equeue.errors import EQueueError
+
+BROKER_OPTION = typer.Option("127.0.0.1:5800", "--broker", "-b", help="Broker address host:port.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one clear error line and exit non-zero."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def run_app(app: typer.Typer) -> None:
+    try:
+        app()
+    except EQueueError as exc:
+        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+@contextmanager
+def client(broker: str) -> Iterator[Any]:
+    """A blocking :class:`producer.Client`; errors become one-line failures."""
+    from producer import Client
+
+    c = Client(broker, connect_timeout=5.0)
+    try:
+        yield c
+    except EQueueError as exc:
+        fail(str(exc))
+    finally:
+        c.close()
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:
+    """Print an aligned table (numbers right-aligned)."""
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for c in columns:
+        t.add_column(c, justify="right" if c in right else "left")
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    console.print(t)
+
+
+def print_json(obj: Any) -> None:
+    from equeue.control import converter
+
+    sys.stdout.write(json.dumps(converter.unstructure(obj), indent=None, default=str) + "\n")
+
+
+def setup_logging(level: str) -> None:
+    """Structured (key=value) logs on stderr; quiet (WARNING) by default."""
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.WARNING),
+        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
+        stream=sys.stderr,
+    )

@@ -1,0 +1,9 @@
+"""``equeue consume``."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Placeholder registration (filled in by the consume command implementation)."""

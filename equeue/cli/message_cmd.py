@@ -1,0 +1,9 @@
+"""``equeue message``."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Placeholder registration (filled in by the message command implementation)."""

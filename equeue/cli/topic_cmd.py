@@ -1,0 +1,93 @@
+"""``equeue topic create|alter|list|describe|delete``."""
+
+from __future__ import annotations
+
+import typer
+
+from equeue.cli._common import BROKER_OPTION, client, print_json, table
+
+
+def register(app: typer.Typer) -> None:
+    topic_app = typer.Typer(help="Create, inspect and delete topics.", no_args_is_help=True)
+    app.add_typer(topic_app, name="topic")
+
+    @topic_app.command("create")
+    def create(
+        name: str,
+        queues: int = typer.Option(4, "--queues", "-q", help="Number of queues (partitions)."),
+        retention: str = typer.Option("", help="Override the broker's time retention (e.g. 24h)."),
+        retention_bytes: str = typer.Option("", help="Override the broker's size retention (e.g. 1GiB)."),
+        exist_ok: bool = typer.Option(False, "--exist-ok", help="Succeed if the topic exists."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Create a topic with N queues."""
+        from equeue.cli.broker_cmd import _duration_ms, _size
+
+        with client(broker) as c:
+            info = c.create_topic(
+                name, queues,
+                retention_ms=_duration_ms(retention) if retention else None,
+                retention_bytes=_size(retention_bytes) if retention_bytes else None,
+                exist_ok=exist_ok,
+            )  # fmt: skip
+        typer.echo(f"topic {info.name} ({info.queues} queues)")
+
+    @topic_app.command("alter")
+    def alter(
+        name: str,
+        queues: int = typer.Option(None, "--queues", "-q", help="New queue count (grow only)."),
+        retention: str = typer.Option("", help="Time retention override (e.g. 24h; 'default' clears it)."),
+        retention_bytes: str = typer.Option("", help="Size retention override (e.g. 1GiB; 'default' clears it)."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Grow a topic's queue count or change its retention overrides."""
+        from equeue.cli.broker_cmd import _duration_ms, _size
+
+        def pick(v: str, parse: object) -> int | None:
+            if not v:
+                return None
+            return -1 if v == "default" else parse(v)  # type: ignore[operator,no-any-return]
+
+        with client(broker) as c:
+            info = c.alter_topic(
+                name, queues=queues, retention_ms=pick(retention, _duration_ms),
+                retention_bytes=pick(retention_bytes, _size),
+            )  # fmt: skip
+        typer.echo(
+            f"topic {info.name}: {info.queues} queues, retention "
+            f"{info.retention_ms if info.retention_ms is not None else 'default'} ms / "
+            f"{info.retention_bytes if info.retention_bytes is not None else 'default'} bytes"
+        )
+
+    @topic_app.command("list")
+    def list_(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+        """List topics."""
+        with client(broker) as c:
+            topics = c.list_topics()
+        if as_json:
+            print_json(topics)
+            return
+        table(None, ["topic", "queues", "id"], [(t.name, t.queues, t.topic_id) for t in topics], right=["queues", "id"])
+
+    @topic_app.command("describe")
+    def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+        """Per queue: retained range, message count and bytes; pending delayed messages."""
+        with client(broker) as c:
+            d = c.describe_topic(name)
+        if as_json:
+            print_json(d)
+            return
+        rows = [(q.queue_id, q.min_offset, q.max_offset, q.count, f"{q.bytes:,}") for q in d.queues]
+        rows.append(("all", "", "", sum(q.count for q in d.queues), f"{d.store_bytes:,}"))
+        table(
+            f"topic {d.info.name}: {d.info.queues} queues, {d.pending_delayed} delayed pending",
+            ["queue", "min offset", "max offset", "messages", "bytes"], rows,
+            right=["queue", "min offset", "max offset", "messages", "bytes"],
+        )  # fmt: skip
+
+    @topic_app.command("delete")
+    def delete(name: str, broker: str = BROKER_OPTION) -> None:
+        """Delete a topic and (in the background) its messages."""
+        with client(broker) as c:
+            c.delete_topic(name)
+        typer.echo(f"deleted topic {name}")
