@@ -97,7 +97,8 @@ class Handlers:
         if info is not None:
             return info
         validate_topic(name, allow_internal=True)
-        if auto_create and self.b.config.auto_create_topics and not is_internal(name):
+        # internal retry/DLQ topics are always created on first use
+        if auto_create and (self.b.config.auto_create_topics or is_internal(name)):
             info = await self.b.appender.submit(
                 st.CreateTopicOp(name, self.b.config.default_queues, exist_ok=True)
             )
