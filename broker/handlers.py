@@ -310,7 +310,7 @@ class Handlers:
             hit = (req.global_offset, rec)
             topic_id = wire.record_header(rec, verify=False).topic_id
             name = next((t.name for t in self.store.topics.values() if t.topic_id == topic_id), "")
-            if req.topic and name and name != req.topic:
+            if req.topic and name != req.topic:  # name "" = its topic was deleted
                 raise MessageNotFound(f"global offset {req.global_offset} belongs to topic {name!r}")
         else:
             info = await self._topic(req.topic)

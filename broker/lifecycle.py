@@ -1,39 +1,77 @@
 """Background message lifecycle: delayed delivery, retention, producer-state expiry.
 
-The scheduler sleeps until the earliest due time in the schedule index (no polling
-loop) and is woken early when a commit schedules something; it moves due messages
-with :class:`~broker.store.MoveDueOp` (remove from schedule + append to the log in
-one transaction, through the appender, so it never races other writes). Retention
-runs every ``retention_check_interval`` in bounded transactions.
+Delayed delivery: the scheduler sleeps until the earliest due time in the LMDB
+``schedule`` index (no polling loop; a long sleep is capped at
+:data:`MAX_SLEEP` so a wall-clock step cannot strand a message) and is woken early
+when a commit schedules something (``Broker._on_commit`` → :meth:`schedule_changed`).
+It moves due messages with :class:`~broker.store.MoveDueOp` -- remove from the
+schedule + append to the log in ONE transaction, submitted through the appender so
+it never races other writes. A move either commits whole or not at all, so a crash
+at any point delivers each message exactly once (after restart, whatever is still
+in the schedule and due is moved at once).
+
+Fairness: one move takes at most ``move_batch`` messages (a burst of 100,000 due at
+the same second becomes ~50 transactions). The appender folds every produce or
+commit queued meanwhile into the same group-commit transaction as the next move, so
+producers wait at most about one move transaction; pulls read MVCC snapshots and
+are never blocked by a write.
+
+Retention runs every ``retention_check_interval`` (and on demand through
+:meth:`enforce_retention`) as :class:`~broker.store.RetentionOp` batches of at most
+``retention_batch`` deletions each, repeated until a batch comes back short.
+Producer idempotence state older than ``producer_state_ttl`` is expired in
+bounded batches too (:meth:`expire_producers`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import trio
 
 from broker.store import ExpireProducersOp, MoveDueOp, RetentionOp
-from equeue.errors import EQueueError
+from equeue.errors import BrokerShuttingDown, EQueueError
 
 if TYPE_CHECKING:
     from broker.server import Broker
 
 log = logging.getLogger("equeue.lifecycle")
 
-MOVE_BATCH = 5000
+__all__ = ["MAX_SLEEP", "MOVE_BATCH", "Lifecycle"]
+
+#: most delayed messages moved into the log per transaction
+MOVE_BATCH = 2000
+#: longest single sleep of the scheduler (re-reads the schedule and the wall clock)
+MAX_SLEEP = 30.0
+#: how often producer idempotence state is checked for expiry (seconds)
+PRODUCER_EXPIRY_INTERVAL = 3600.0
+#: producer-state entries examined per expiry transaction
+PRODUCER_EXPIRY_BATCH = 10_000
 
 
 class Lifecycle:
-    def __init__(self, broker: Broker) -> None:
+    """Owns the scheduler and the retention loop; :meth:`run` lives in the broker's nursery.
+
+    The public coroutines (:meth:`move_due`, :meth:`enforce_retention`,
+    :meth:`expire_producers`) may also be awaited directly (tests, admin), from the
+    broker's trio thread.
+    """
+
+    def __init__(self, broker: Broker, *, move_batch: int = MOVE_BATCH) -> None:
         self.b = broker
+        self.move_batch = move_batch
         self._schedule_changed = trio.Event()
+        #: delayed messages taken from the schedule since start
         self.moved = 0
+        self.move_transactions = 0
         self.retention_removed = 0
+        self.producers_expired = 0
 
     def schedule_changed(self) -> None:
+        """Wake the scheduler: something may now be due earlier than it thought."""
         self._schedule_changed.set()
 
     async def run(self) -> None:
@@ -41,9 +79,11 @@ class Lifecycle:
             n.start_soon(self._scheduler)
             n.start_soon(self._retention)
 
+    # ------------------------------------------------------------------ delayed delivery
     async def _scheduler(self) -> None:
         store = self.b.store
         while True:
+            # reset before reading the schedule: a wake-up after the read is not lost
             self._schedule_changed = trio.Event()
             due = store.next_due()
             if due is None:
@@ -51,46 +91,91 @@ class Lifecycle:
                 continue
             wait = (due - time.time_ns() / 1e6) / 1000
             if wait > 0:
-                with trio.move_on_after(wait):
+                with trio.move_on_after(min(wait, MAX_SLEEP)):
                     await self._schedule_changed.wait()
                 continue
             try:
-                moved = await self.b.appender.submit(MoveDueOp(MOVE_BATCH))
+                await self.move_due()
+            except BrokerShuttingDown:
+                return
             except EQueueError as exc:
                 log.error("moving due delayed messages failed: %s; retrying in 1 s", exc)
                 await trio.sleep(1)
                 continue
-            self.moved += moved
+            await trio.sleep(0)  # let handlers queue their ops before the next move
 
+    async def move_due(self) -> int:
+        """Move one bounded batch of due delayed messages into their queues now.
+
+        Returns how many left the schedule. Raises the EQueueError of a failed
+        transaction (nothing moved then).
+        """
+        moved: int = await self.b.appender.submit(MoveDueOp(self.move_batch))
+        if moved:
+            self.moved += moved
+            self.move_transactions += 1
+        return moved
+
+    # ------------------------------------------------------------------ retention
     async def _retention(self) -> None:
         cfg = self.b.config
-        last_expire = 0.0
+        next_expiry = trio.current_time()
         while True:
             await trio.sleep(cfg.retention_check_interval)
-            await self.enforce_retention()
-            if trio.current_time() - last_expire > 3600:
-                last_expire = trio.current_time()
-                try:
-                    await self.b.appender.submit(ExpireProducersOp(int(cfg.producer_state_ttl * 1000)))
-                except EQueueError as exc:
-                    log.warning("expiring producer state failed: %s", exc)
+            try:
+                await self.enforce_retention()
+                if trio.current_time() >= next_expiry:
+                    next_expiry = trio.current_time() + min(PRODUCER_EXPIRY_INTERVAL, cfg.producer_state_ttl)
+                    await self.expire_producers()
+            except BrokerShuttingDown:
+                return
+            except EQueueError as exc:
+                log.error("retention pass failed: %s; next try in %.0f s", exc, cfg.retention_check_interval)
+
+    def _live_groups(self) -> Mapping[str, frozenset[str]]:
+        """topic -> groups with a live member subscribed (for delete-consumed)."""
+        out: dict[str, set[str]] = {}
+        for g in self.b.groups.groups.values():
+            for m in g.members.values():
+                for t in m.topics:
+                    out.setdefault(t, set()).add(g.name)
+        return {t: frozenset(gs) for t, gs in out.items()}
 
     async def enforce_retention(self) -> int:
-        """Run retention now, in bounded transactions, until nothing is left to delete."""
+        """Apply retention now in bounded transactions until nothing is left to delete.
+
+        Returns the number of messages removed. Raises the EQueueError of a failed
+        transaction (earlier batches stay committed).
+        """
         cfg = self.b.config
+        live = self._live_groups() if cfg.delete_consumed else {}
         total = 0
         while True:
-            op = RetentionOp(cfg.retention_ms, cfg.retention_bytes, cfg.delete_consumed, cfg.retention_batch)
-            try:
-                n = await self.b.appender.submit(op)
-            except EQueueError as exc:
-                log.error("retention pass failed: %s", exc)
-                return total
+            op = RetentionOp(cfg.retention_ms, cfg.retention_bytes, cfg.delete_consumed, cfg.retention_batch, live)
+            n: int = await self.b.appender.submit(op)
             total += n
+            self.retention_removed += n
             if n < cfg.retention_batch:
                 break
             await trio.sleep(0)
         if total:
             log.info("retention removed %d messages", total)
-        self.retention_removed += total
+        return total
+
+    async def expire_producers(self, ttl: float | None = None) -> int:
+        """Forget idempotent-producer state idle longer than ``ttl`` seconds (default
+        ``producer_state_ttl``), walking the table in bounded transactions."""
+        ttl_ms = int((self.b.config.producer_state_ttl if ttl is None else ttl) * 1000)
+        start = b""
+        total = 0
+        while True:
+            n, nxt = await self.b.appender.submit(ExpireProducersOp(ttl_ms, PRODUCER_EXPIRY_BATCH, start))
+            total += n
+            if nxt is None:
+                break
+            start = nxt
+            await trio.sleep(0)
+        if total:
+            log.info("expired the idempotence state of %d idle producers", total)
+        self.producers_expired += total
         return total

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from equeue.codec import (
     HEADER,
     KIND_PUSH,
     KIND_RESPONSE,
+    MAGIC,
     NEED_DATA,
     PROTOCOL_VERSION,
     Connection,
@@ -52,6 +54,7 @@ log = logging.getLogger("equeue.broker")
 __all__ = ["Broker", "BrokerConfig"]
 
 _RECV = 256 * 1024
+_HANDSHAKE_REFUSAL = struct.Struct(">4sHH")
 
 
 @attrs.define
@@ -70,7 +73,7 @@ class Counters:
 
 def frame(kind: int, code: int, request_id: int, parts: list[bytes]) -> list[bytes]:
     """Frame pieces of a response/push payload (see equeue.codec for the layout)."""
-    size = sum(len(p) for p in parts)
+    size = sum(map(len, parts))
     return [HEADER.pack(7 + size, kind, code, request_id), *parts]
 
 
@@ -91,6 +94,8 @@ class Broker:
         self._started = time.monotonic()
         self._inflight = 0
         self._no_inflight = trio.Event()
+        self._conns: set[_ServerConnection] = set()
+        self._no_conns = trio.Event()
 
     # ------------------------------------------------------------------ lifetime
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -131,6 +136,12 @@ class Broker:
                         while self._inflight:
                             self._no_inflight = trio.Event()
                             await self._no_inflight.wait()
+                        # every answer is queued: stop reading, let writers flush, close
+                        for conn in list(self._conns):
+                            conn.shutdown()
+                        while self._conns:
+                            self._no_conns = trio.Event()
+                            await self._no_conns.wait()
                     tasks.cancel_scope.cancel()
                 self.appender.close()
         finally:
@@ -208,11 +219,15 @@ class Broker:
             pass
         self.stats.connections += 1
         conn = _ServerConnection(self, stream)
+        self._conns.add(conn)
         try:
             await conn.run()
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
+            self._conns.discard(conn)
+            if not self._conns:
+                self._no_conns.set()
             self.stats.connections -= 1
             self.groups.forget_connection(conn.notify_group)
             await trio.aclose_forcefully(stream)
@@ -233,6 +248,11 @@ class _ServerConnection:
         self.codec = Connection(Role.SERVER, max_frame=broker.config.max_frame)
         self.send_ch, self.recv_ch = trio.open_memory_channel[list[bytes]](math.inf)
         self.peer = _peer(stream)
+        self._reader_scope = trio.CancelScope()
+
+    def shutdown(self) -> None:
+        """Graceful close: stop reading requests; queued answers are still sent."""
+        self._reader_scope.cancel()
 
     def notify_group(self, group: str) -> None:
         payload = control.encode({"group": group})
@@ -246,7 +266,8 @@ class _ServerConnection:
             outer.start_soon(self._writer)
             try:
                 async with trio.open_nursery() as handlers:
-                    await self._reader(handlers)
+                    with self._reader_scope:
+                        await self._reader(handlers)
                     # peer gone or protocol error: abandon requests still running
                     handlers.cancel_scope.cancel()
             finally:
@@ -313,15 +334,22 @@ class _ServerConnection:
             if not data:
                 try:
                     codec.next_event()
-                except RemoteProtocolError:
-                    pass
+                except RemoteProtocolError as exc:  # a frame cut short by the peer's EOF
+                    await self._fatal(exc)
                 return
 
     async def _fatal(self, exc: ProtocolError) -> None:
-        """Report a protocol violation to the peer (request id 0), then close."""
+        """Report a protocol violation to the peer, then close.
+
+        Before the handshake the answer is handshake-shaped (magic, version, error
+        code), which is all a client expects to read then; afterwards it is a response
+        frame with request id 0 and the error text.
+        """
         log.info("client %s: protocol error (%s): %s; closing", self.peer, exc.code.name, exc)
-        if self.codec.handshake_done or isinstance(exc, RemoteProtocolError):
+        if self.codec.handshake_done:
             self.send_ch.send_nowait(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
+        else:
+            self.send_ch.send_nowait([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
 
     async def _handle(self, req: Request) -> None:
         self.b._enter()

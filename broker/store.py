@@ -32,11 +32,16 @@ Reads run in any thread, each in its own read transaction (MVCC).
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import struct
 import time
-from collections.abc import Callable, Iterable, Sequence
+from bisect import bisect_right
+from itertools import accumulate, islice, repeat
+from operator import add, getitem, ne
+from zlib import crc32
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
@@ -60,6 +65,7 @@ from equeue.errors import (
 from equeue.models import SendResult
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
+from equeue.wire import FLAG_KEY
 
 log = logging.getLogger("equeue.store")
 
@@ -122,6 +128,14 @@ class _Writer:
         self.committed_offsets: list[tuple[str, str, int, int]] = []
         self.db = store.db
         self.wrote = False
+        self._cursors: dict[bytes, lmdb.Cursor] = {}
+
+    def cursor(self, db: bytes) -> lmdb.Cursor:
+        """A cursor on named database ``db`` in this transaction (reused across ops)."""
+        cur = self._cursors.get(db)
+        if cur is None:
+            cur = self._cursors[db] = self.txn.cursor(db=self.db[db])
+        return cur
 
     def queue(self, topic_id: int, queue_id: int) -> QueueState:
         key = (topic_id, queue_id)
@@ -163,7 +177,7 @@ class ProduceOp(WriteOp):
             raise TopicNotFound(f"topic {t.name!r} was deleted")
         if not 0 <= self.queue_id < t.queues:
             raise QueueNotFound(f"topic {t.name!r} has {t.queues} queues; no queue {self.queue_id}")
-        keys, dues = _scan_entries(self.entries, self.max_body, w.now, self.max_delay_ms)
+        keyed, klens, dues = _scan_entries(self.entries, self.max_body, w.now, self.max_delay_ms)
         pkey = None
         pstate = b""
         n = len(self.entries)
@@ -180,45 +194,55 @@ class ProduceOp(WriteOp):
                     )
         # ---- preconditions done; writes start
         w.wrote = True
-        st = w.queue(t.topic_id, self.queue_id)
+        tid, qid = t.topic_id, self.queue_id
+        st = w.queue(tid, qid)
         first_global, first_queue = w.next_global, st.next_offset
-        g, qo = first_global, first_queue
-        msgs: list[tuple[bytes, bytes]] = []
-        idx: list[tuple[bytes, bytes]] = []
-        kidx: list[tuple[bytes, bytes]] = []
-        added = 0
+        entries = self.entries
         scheduled = 0
-        sched_db = w.db[b"schedule"]
-        for i, entry in enumerate(self.entries):
-            due = dues[i] if dues is not None else 0
-            if due:
-                seq = w.store.next_sched_seq()
-                w.txn.put(SKEY.pack(due, seq), TQ.pack(t.topic_id, self.queue_id) + entry, db=sched_db)
-                scheduled += 1
-                continue
-            rec = wire.encode_record(t.topic_id, self.queue_id, qo, w.now, entry)
-            gk = U64.pack(g)
-            msgs.append((gk, rec))
-            idx.append((QKEY.pack(t.topic_id, self.queue_id, qo), gk))
-            k = keys[i]
-            if k is not None:
-                kidx.append((KKEY.pack(t.topic_id, key_hash(k), g), b""))
-            added += len(rec)
-            g += 1
-            qo += 1
-        if msgs:
-            w.txn.cursor(db=w.db[b"messages"]).putmulti(msgs, append=True)
-            w.txn.cursor(db=w.db[b"qindex"]).putmulti(idx)
-            if kidx:
-                w.txn.cursor(db=w.db[b"kindex"]).putmulti(kidx)
-            w.next_global = g
-            st.next_offset = qo
-            st.bytes += added
-            w.touched.add((t.topic_id, self.queue_id))
+        if dues is not None:  # delayed entries go to the schedule, in order
+            live: list[bytes] = []
+            live_idx: list[int] = []
+            tq = TQ.pack(tid, qid)
+            for i, entry in enumerate(entries):
+                if dues[i]:
+                    _schedule_put(w, dues[i], tq + entry)
+                    scheduled += 1
+                else:
+                    live.append(entry)
+                    live_idx.append(i)
+            if keyed:
+                kl_of = dict(zip(keyed, klens))
+                keyed = [j for j, i in enumerate(live_idx) if i in kl_of]
+                klens = [kl_of[live_idx[j]] for j in keyed]
+            entries = live
+        m = len(entries)
+        if m:
+            # per-message work in C loops (map/zip), not Python bytecode: this is
+            # the broker's hottest loop (see docs/storage.md, "Performance")
+            g, qo, now = first_global, first_queue, w.now
+            offs = range(qo, qo + m)
+            ver = wire.RECORD_VERSION
+            rests = map(_REC_REST.pack, repeat(ver, m), repeat(tid, m), repeat(qid, m), offs, repeat(now, m))
+            crcs = map(crc32, entries, map(crc32, rests))  # == wire.encode_record's checksum
+            heads = map(_REC_HEADER.pack, crcs, repeat(ver, m), repeat(tid, m), repeat(qid, m), offs, repeat(now, m))
+            recs = list(map(add, heads, entries))
+            gks = list(map(U64.pack, range(g, g + m)))
+            w.cursor(b"messages").putmulti(zip(gks, recs), append=True)
+            w.cursor(b"qindex").putmulti(zip(map(QKEY.pack, repeat(tid, m), repeat(qid, m), offs), gks))
+            if keyed:  # key index: crc32 of the key bytes == equeue.routing.key_hash
+                hs = _EH.size
+                k = len(keyed)
+                keys = map(getitem, map(entries.__getitem__, keyed), map(slice, repeat(hs, k), map(add, repeat(hs, k), klens)))
+                kks = map(KKEY.pack, repeat(tid, k), map(crc32, keys), map(add, repeat(g, k), keyed))
+                w.cursor(b"kindex").putmulti(zip(kks, repeat(b"", k)))
+            w.next_global = g + m
+            st.next_offset = qo + m
+            st.bytes += sum(map(len, recs))
+            w.touched.add((tid, qid))
         if scheduled:
-            w.sched_delta[t.topic_id] = w.sched_delta.get(t.topic_id, 0) + scheduled
+            w.sched_delta[tid] = w.sched_delta.get(tid, 0) + scheduled
         answer = wire.ProduceResponse(
-            first_global if msgs else -1, first_queue if msgs else -1, len(msgs), scheduled
+            first_global if m else -1, first_queue if m else -1, m, scheduled
         )
         if pkey is not None:
             last = self.base_sequence + n - 1
@@ -235,25 +259,43 @@ class ProduceOp(WriteOp):
 _EH = wire.ENTRY_HEADER
 
 
+_CRC = slice(0, 4)
+_AFTER_CRC = slice(4, None)
+
+
+#: a stored record's header, and the same without its leading crc32
+_REC_HEADER = wire.RECORD_HEADER
+_REC_REST = struct.Struct(">" + _REC_HEADER.format.lstrip(">")[1:])
+
+
 def _scan_entries(
     entries: Sequence[bytes], max_body: int, now: int, max_delay_ms: int
-) -> tuple[list[bytes | None], list[int] | None]:
-    """Keys and due times of entries; raises MessageTooLarge / DelayTooLong / BadRequest."""
-    keys: list[bytes | None] = []
+) -> tuple[list[int], list[int], list[int] | None]:
+    """Indexes of entries with a key, their key lengths, and due times (None when no
+    entry is delayed).
+
+    Raises MessageTooLarge / DelayTooLong / BadRequest (before anything is written).
+    """
+    keyed: list[int] = []
+    klens: list[int] = []
     dues: list[int] | None = None
-    unpack = _EH.unpack_from
     hsize = _EH.size
-    for i, e in enumerate(entries):
-        try:
-            n, flags, deliver_at, _rc, kl, tl, pl = unpack(e, 0)
-        except struct.error as exc:
-            raise BadRequest("truncated message entry") from exc
-        body = n + 4 - hsize - kl - tl - pl
-        if body < 0 or n + 4 != len(e):
-            raise BadRequest(f"message {i}: entry lengths are inconsistent")
-        if body > max_body:
-            raise MessageTooLarge(f"message {i} body is {body} bytes; the broker's limit is {max_body}")
-        keys.append(e[hsize : hsize + kl] if flags & wire.FLAG_KEY else None)
+    try:
+        headers = list(map(_EH.unpack_from, entries))
+    except struct.error as exc:
+        raise BadRequest("truncated message entry") from exc
+    limit = max_body + hsize - 4  # an entry's n up to this cannot carry a body over max_body
+    for i, (n, flags, deliver_at, _rc, kl, tl, pl) in enumerate(headers):
+        if n - kl - tl - pl < hsize - 4 or n > limit:
+            e = entries[i]
+            body = n + 4 - hsize - kl - tl - pl
+            if body < 0 or n + 4 != len(e):
+                raise BadRequest(f"message {i}: entry lengths are inconsistent")
+            if body > max_body:
+                raise MessageTooLarge(f"message {i} body is {body} bytes; the broker's limit is {max_body}")
+        if flags & FLAG_KEY:
+            keyed.append(i)
+            klens.append(kl)
         if deliver_at > now:
             if deliver_at - now > max_delay_ms:
                 raise DelayTooLong(
@@ -263,7 +305,9 @@ def _scan_entries(
             if dues is None:
                 dues = [0] * len(entries)
             dues[i] = deliver_at
-    return keys, dues
+    if any(map(ne, map(len, entries), (h[0] + 4 for h in headers))):
+        raise BadRequest("an entry's length prefix does not match its size")
+    return keyed, klens, dues
 
 
 def _duplicate_answer(pstate: bytes, base_seq: int) -> wire.ProduceResponse:
@@ -370,67 +414,103 @@ class CommitOffsetOp(WriteOp):
 
 @attrs.define
 class MoveDueOp(WriteOp):
-    """Move delayed messages due at ``w.now`` into their queues (remove from the
-    schedule + append to the log, in the same transaction). Returns the count moved."""
+    """Move delayed messages due at ``w.now`` into their queues: remove them from the
+    schedule and append them to the log in the same transaction, earliest due first
+    (ties in produce order), at most ``limit`` per transaction so a burst never makes
+    one huge transaction. Returns the number of schedule entries consumed.
 
-    limit: int = 5000
+    Entries whose topic was deleted (or is now too small for their queue) and
+    entries that are malformed are dropped with a log line; they never make the
+    transaction fail, so one bad entry cannot block the schedule.
+    """
+
+    limit: int = 2000
 
     def apply(self, w: _Writer) -> int:
-        sched_db = w.db[b"schedule"]
-        cur = w.txn.cursor(db=sched_db)
-        moved = 0
-        by_topic_id = {t.topic_id: t for t in w.store.topics.values()}
-        groups: dict[tuple[int, int], list[bytes]] = {}
-        dropped: dict[int, int] = {}
-        if not cur.first():
-            return 0
+        cur = w.txn.cursor(db=w.db[b"schedule"])
+        if not cur.first() or SKEY.unpack(cur.key())[0] > w.now:
+            return 0  # nothing due: stay read-only
         w.wrote = True
+        by_id: dict[int, control.TopicInfo] = {}
+        for name in {*w.store.topics, *w.topics}:
+            info = w.topic(name)
+            if info is not None:
+                by_id[info.topic_id] = info
+        groups: dict[tuple[int, int], list[bytes]] = {}
+        delta: dict[int, int] = {}
+        moved = 0
         while moved < self.limit:
             k = cur.key()
-            if not k:
+            if not k or SKEY.unpack(k)[0] > w.now:
                 break
-            due, _seq = SKEY.unpack(k)
-            if due > w.now:
-                break
-            v = cur.value()
-            tid, qid = TQ.unpack_from(v, 0)
+            v = bytes(cur.value())
+            moved += 1
+            tid, qid = TQ.unpack_from(v, 0) if len(v) >= TQ.size else (0, 0)
             entry = v[TQ.size :]
-            t = by_topic_id.get(tid)
+            delta[tid] = delta.get(tid, 0) - 1
+            t = by_id.get(tid)
             if t is None or qid >= t.queues:
-                dropped[tid] = dropped.get(tid, 0) + 1
-                log.warning("dropping delayed message for deleted topic id %d", tid)
+                log.warning("dropping a delayed message of deleted topic id %d (queue %d)", tid, qid)
+            elif not _entry_ok(entry):
+                log.error("dropping a malformed delayed message for topic %s queue %d", t.name, qid)
             else:
                 groups.setdefault((tid, qid), []).append(_undelay(entry))
-            moved += 1
-            if not cur.delete():
-                break
+            cur.delete()  # moves to the next entry
         for (tid, qid), entries in groups.items():
-            ProduceOp(by_topic_id[tid], qid, entries).apply(w)
-            dropped[tid] = dropped.get(tid, 0) + len(entries)
-        for tid, n in dropped.items():
-            w.sched_delta[tid] = w.sched_delta.get(tid, 0) - n
+            # cannot raise: the topic exists in this txn, the queue is in range and the
+            # entries are well-formed and no longer delayed
+            ProduceOp(by_id[tid], qid, entries).apply(w)
+        for tid, d in delta.items():
+            w.sched_delta[tid] = w.sched_delta.get(tid, 0) + d
         return moved
 
 
+def _entry_ok(entry: bytes) -> bool:
+    try:
+        wire.entry_meta(entry)
+    except EQueueError:
+        return False
+    return len(entry) >= _EH.size and U32.unpack_from(entry, 0)[0] + 4 == len(entry)
+
+
 def _undelay(entry: bytes) -> bytes:
-    """The entry with deliver_at cleared (it is being delivered now)."""
+    """The entry with deliver_at cleared (it is being delivered now), so it is never
+    scheduled again if it passes through a produce path a second time."""
     return entry[:5] + b"\0" * 8 + entry[13:]
+
+
+def _schedule_put(w: _Writer, due: int, value: bytes) -> None:
+    """Add one entry to the schedule under (due, seq). Never overwrites: if a key
+    exists (sequence reused after a clock step back across a restart) take the next
+    sequence, so a pending delayed message can never be lost to a collision."""
+    db = w.db[b"schedule"]
+    while not w.txn.put(SKEY.pack(due, w.store.next_sched_seq()), value, db=db, overwrite=False):
+        pass
 
 
 @attrs.define
 class RetentionOp(WriteOp):
-    """Delete the oldest messages past their topic's retention, at most ``limit``.
+    """Delete the oldest messages past their topic's retention, at most ``limit`` per
+    transaction (the caller repeats while a full batch was removed).
 
-    Per queue, from its head: a message goes when older than the time limit, when the
-    topic's retained bytes exceed the size limit (oldest queue head first), or -- with
-    ``delete_consumed`` -- when every group with an offset on the topic committed past it.
-    Also removes data of deleted topics. Returns the number of messages removed.
+    Per topic (its overrides, else the broker defaults; 0 or None = no limit):
+
+    - time: per queue, from its head, messages stored before ``now - retention_ms``;
+    - consumed (``delete_consumed``): per queue, messages below the lowest committed
+      offset of every group that has offsets on the topic or a live subscriber
+      (``live_groups``); a group without an offset for a queue protects all of it;
+    - size: while the topic's retained record bytes exceed ``retention_bytes``, the
+      oldest head across its queues (lowest global offset) goes first.
+
+    Also removes the data of deleted topics. Messages go strictly from the head of a
+    queue, so the retained range stays contiguous. Returns the number removed.
     """
 
     default_retention_ms: int | None
     default_retention_bytes: int | None
     delete_consumed: bool = False
     limit: int = 5000
+    live_groups: Mapping[str, frozenset[str]] = attrs.Factory(dict)
 
     def apply(self, w: _Writer) -> int:
         s = w.store
@@ -440,58 +520,91 @@ class RetentionOp(WriteOp):
             if removed >= self.limit:
                 return removed
         for t in list(s.topics.values()):
-            rms = t.retention_ms if t.retention_ms is not None else self.default_retention_ms
-            rbytes = t.retention_bytes if t.retention_bytes is not None else self.default_retention_bytes
-            cutoff = w.now - rms if rms is not None else None
-            consumed = s.min_committed(t.name) if self.delete_consumed else None
-            total = sum(w.queue(t.topic_id, q).bytes for q in range(t.queues))
-            while removed < self.limit:
-                best = None
-                for q in range(t.queues):
-                    st = w.queue(t.topic_id, q)
-                    if st.min_offset >= st.next_offset:
-                        continue
-                    g = self._head_global(w, t.topic_id, q, st.min_offset)
-                    if g is None:
-                        continue
-                    if best is None or g < best[0]:
-                        best = (g, q)
-                    # time / consumed limits apply per queue
-                    rec = w.txn.get(U64.pack(g), db=w.db[b"messages"])
-                    ts = wire.RECORD_HEADER.unpack_from(rec, 0)[5] if rec else 0
-                    too_old = cutoff is not None and ts < cutoff
-                    done = consumed is not None and st.min_offset < consumed.get(q, -1)
-                    if too_old or done:
-                        total -= self._delete_head(w, t.topic_id, q, st, g)
-                        removed += 1
-                        best = None
-                        break
-                else:
-                    if best is not None and rbytes is not None and total > rbytes:
-                        g, q = best
-                        st = w.queue(t.topic_id, q)
-                        total -= self._delete_head(w, t.topic_id, q, st, g)
-                        removed += 1
-                        continue
-                    break
             if removed >= self.limit:
                 break
+            removed += self._topic(w, t, self.limit - removed)
         return removed
+
+    def _topic(self, w: _Writer, t: control.TopicInfo, budget: int) -> int:
+        rms = t.retention_ms if t.retention_ms is not None else self.default_retention_ms
+        rbytes = t.retention_bytes if t.retention_bytes is not None else self.default_retention_bytes
+        cutoff = w.now - rms if rms else None
+        consumed = self._consumed(w.store, t) if self.delete_consumed else {}
+        mdb = w.db[b"messages"]
+        tid = t.topic_id
+        removed = 0
+        if cutoff is not None or consumed:
+            for q in range(t.queues):
+                st = self._state(w, tid, q)
+                upto = consumed.get(q, 0)
+                while removed < budget and st.min_offset < st.next_offset:
+                    g = self._head_global(w, tid, q, st.min_offset)
+                    if g is None:
+                        break
+                    if st.min_offset >= upto:
+                        if cutoff is None:
+                            break
+                        rec = w.txn.get(U64.pack(g), db=mdb)
+                        if rec is not None and wire.RECORD_HEADER.unpack_from(rec, 0)[5] >= cutoff:
+                            break
+                    if st is not w.queues.get((tid, q)):
+                        st = w.queue(tid, q)
+                    self._delete_head(w, tid, q, st, g)
+                    removed += 1
+        if rbytes:
+            total = sum(self._state(w, tid, q).bytes for q in range(t.queues))
+            heads: list[tuple[int, int]] = []
+            if total > rbytes:
+                for q in range(t.queues):
+                    st = self._state(w, tid, q)
+                    g = self._head_global(w, tid, q, st.min_offset) if st.min_offset < st.next_offset else None
+                    if g is not None:
+                        heapq.heappush(heads, (g, q))
+            while removed < budget and total > rbytes and heads:
+                g, q = heapq.heappop(heads)
+                st = w.queue(tid, q)
+                total -= self._delete_head(w, tid, q, st, g)
+                removed += 1
+                if st.min_offset < st.next_offset:
+                    nxt = self._head_global(w, tid, q, st.min_offset)
+                    if nxt is not None:
+                        heapq.heappush(heads, (nxt, q))
+        return removed
+
+    def _consumed(self, s: Store, t: control.TopicInfo) -> dict[int, int]:
+        """Per queue, the offset below which every interested group has committed."""
+        groups = {g for (g, tt, _q) in s.offsets if tt == t.name}
+        groups |= self.live_groups.get(t.name, frozenset())
+        if not groups:
+            return {}
+        return {q: min(s.offsets.get((g, t.name, q), 0) for g in groups) for q in range(t.queues)}
+
+    @staticmethod
+    def _state(w: _Writer, tid: int, q: int) -> QueueState:
+        """Queue state as staged in this txn, without staging it (read-only)."""
+        return w.queues.get((tid, q)) or w.store.queues.get((tid, q)) or QueueState()
 
     @staticmethod
     def _head_global(w: _Writer, tid: int, q: int, off: int) -> int | None:
         v = w.txn.get(QKEY.pack(tid, q, off), db=w.db[b"qindex"])
-        return U64.unpack(v)[0] if v else None
+        if v is None:
+            log.warning("queue %d/%d has no index entry at its head offset %d", tid, q, off)
+            return None
+        return int(U64.unpack(v)[0])
 
     @staticmethod
     def _delete_head(w: _Writer, tid: int, q: int, st: QueueState, g: int) -> int:
+        """Delete the head message of a queue (record, queue index, key index)."""
         w.wrote = True
         gk = U64.pack(g)
         rec = w.txn.pop(gk, db=w.db[b"messages"])
         w.txn.delete(QKEY.pack(tid, q, st.min_offset), db=w.db[b"qindex"])
         size = len(rec) if rec else 0
         if rec:
-            key = wire.record_entry_meta(rec).key
+            try:
+                key = wire.record_entry_meta(rec).key
+            except EQueueError:
+                key = None
             if key is not None:
                 w.txn.delete(KKEY.pack(tid, key_hash(key), g), db=w.db[b"kindex"])
         st.min_offset += 1
@@ -501,6 +614,7 @@ class RetentionOp(WriteOp):
 
     @staticmethod
     def _purge_topic(w: _Writer, tid: int, limit: int) -> int:
+        """Remove up to ``limit`` records of a deleted topic; forget it when done."""
         cur = w.txn.cursor(db=w.db[b"qindex"])
         prefix = U32.pack(tid)
         n = 0
@@ -509,21 +623,18 @@ class RetentionOp(WriteOp):
             while n < limit and cur.key()[:4] == prefix:
                 w.txn.delete(cur.value(), db=w.db[b"messages"])
                 n += 1
-                if not cur.delete():
-                    break
+                cur.delete()
         if n < limit:
             kc = w.txn.cursor(db=w.db[b"kindex"])
             if kc.set_range(prefix):
                 while n < limit and kc.key()[:4] == prefix:
                     n += 1
-                    if not kc.delete():
-                        break
+                    kc.delete()
         if n < limit:
             qc = w.txn.cursor(db=w.db[b"qstats"])
             if qc.set_range(prefix):
                 while qc.key()[:4] == prefix:
-                    if not qc.delete():
-                        break
+                    qc.delete()
             deleting = [x for x in (w.deleting if w.deleting is not None else w.store.deleting) if x != tid]
             w.deleting = deleting
             w.txn.put(b"deleting", json.dumps(deleting).encode(), db=w.db[b"meta"])
@@ -534,29 +645,34 @@ class RetentionOp(WriteOp):
 
 @attrs.define
 class ExpireProducersOp(WriteOp):
-    """Forget idempotence state of producers silent for longer than ``ttl_ms``."""
+    """Forget the idempotence state of producers silent for longer than ``ttl_ms``.
+
+    Examines at most ``limit`` entries from ``start`` (a key; b"" = the first) and
+    returns ``(removed, next_start)``; ``next_start`` is None once the end was reached,
+    so the caller walks the whole table in bounded transactions.
+    """
 
     ttl_ms: int
     limit: int = 10_000
+    start: bytes = b""
 
-    def apply(self, w: _Writer) -> int:
+    def apply(self, w: _Writer) -> tuple[int, bytes | None]:
         cur = w.txn.cursor(db=w.db[b"producers"])
-        n = 0
-        seen = 0
-        if not cur.first():
-            return 0
-        while seen < self.limit:
-            v = cur.value()
+        ok = cur.set_range(self.start) if self.start else cur.first()
+        n = seen = 0
+        horizon = w.now - self.ttl_ms
+        while ok and seen < self.limit:
             seen += 1
-            _, ts = PSTATE.unpack_from(v, 0)
-            if ts < w.now - self.ttl_ms:
+            v = cur.value()
+            ts = PSTATE.unpack_from(v, 0)[1] if len(v) >= PSTATE.size else 0
+            if ts < horizon:
                 w.wrote = True
                 n += 1
-                if not cur.delete():
-                    break
-            elif not cur.next():
-                break
-        return n
+                cur.delete()  # moves to the next entry (key b"" past the end)
+                ok = bool(cur.key())
+            else:
+                ok = cur.next()
+        return n, (bytes(cur.key()) or None) if ok else None
 
 
 @attrs.frozen
@@ -763,6 +879,10 @@ class Store:
             return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
         if offset == hi:
             return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, hi)
+        if tag_filter is None and verify:
+            fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes)
+            if fast is not None:
+                return ReadResult(PullStatus.FOUND, fast, lo, hi, offset + len(fast))
         records: list[tuple[int, bytes]] = []
         size = 0
         nxt = offset
@@ -810,6 +930,38 @@ class Store:
                     break
         status = PullStatus.FOUND if records else PullStatus.NO_NEW_MESSAGE
         return ReadResult(status, records, lo, max(hi, nxt), nxt)
+
+    def _read_dense(
+        self, topic_id: int, queue_id: int, offset: int, count: int, max_bytes: int
+    ) -> list[tuple[int, bytes]] | None:
+        """The common read, with per-record work in C loops: ``count`` index entries
+        from ``offset`` (all below the queue's committed next offset, so they exist
+        unless retention is removing the head), their records by ``getmulti``, the
+        checksums compared in bulk. Returns None whenever anything is unusual (a gap,
+        a bad checksum, a missing record): the careful loop then decides."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            if not cur.set_key(QKEY.pack(topic_id, queue_id, offset)):
+                return None
+            idx = list(islice(cur.iternext(), count))
+            if len(idx) != count or idx[-1][0] != QKEY.pack(topic_id, queue_id, offset + count - 1):
+                return None  # keys are unique and sorted: first and last right => all dense
+            gks = [v for _k, v in idx]
+            got = txn.cursor(db=self.db[b"messages"]).getmulti(gks)
+        if len(got) != count:
+            return None
+        recs = [v for _k, v in got]
+        if len(recs) > 1 and sum(map(len, recs)) > max_bytes:
+            keep = bisect_right(list(accumulate(map(len, recs))), max_bytes)
+            recs, gks = recs[: max(1, keep)], gks[: max(1, keep)]
+        # verify: crc32 of everything after the stored crc == the stored crc; version byte
+        n = len(recs)
+        stored = map(int.from_bytes, map(getitem, recs, repeat(_CRC, n)), repeat("big", n))
+        if any(map(ne, map(crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored)):
+            return None
+        if any(map(ne, map(getitem, recs, repeat(4, n)), repeat(wire.RECORD_VERSION, n))):
+            return None
+        return list(zip(map(int.from_bytes, gks, repeat("big", n)), recs))
 
     def get_global(self, global_offset: int) -> bytes | None:
         with self.env.begin() as txn:

@@ -29,6 +29,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── ConnectionBroken              the peer broke the connection (transient)
     ├── ClientClosed                  you closed the client and then used it
     ├── OperationTimeout              a send/request did not finish in its time budget
+    ├── BufferFull                    a producer's send buffer is full (on_full="raise")
     └── ConfigError                   invalid configuration or argument
 
 Expected outcomes (no new message, offset too small...) are *status values*, not
@@ -47,6 +48,7 @@ __all__ = [
     "BrokerBusy",
     "BrokerError",
     "BrokerShuttingDown",
+    "BufferFull",
     "ClientClosed",
     "ConfigError",
     "ConnectionBroken",
@@ -132,6 +134,13 @@ class ConnectionBroken(EQueueError):
 
 class OperationTimeout(EQueueError):
     """An operation did not complete within its time budget (e.g. ``send_timeout``)."""
+
+    transient = True
+
+
+class BufferFull(EQueueError):
+    """A producer's buffer holds ``max_buffered_bytes`` already and it was told not
+    to wait (``on_full="raise"``); retry later or flush."""
 
     transient = True
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from itertools import chain
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Final
 
@@ -430,10 +431,9 @@ def encode_pull_response(
 ) -> list[bytes]:
     """Encode a pull answer as pieces (``records`` = (global offset, stored record))."""
     parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
-    pack = _PULL_ITEM.pack
-    for g, rec in records:
-        parts.append(pack(g, len(rec)))
-        parts.append(rec)
+    if records:  # per-record work in C loops: this builds every pull answer
+        gs, recs = zip(*records, strict=True)
+        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, gs, map(len, recs)), recs)))
     return parts
 
 

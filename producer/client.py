@@ -40,7 +40,7 @@ from equeue.protocol import RequestCode
 
 log = logging.getLogger("equeue.client")
 
-__all__ = ["AsyncClient", "parse_brokers"]
+__all__ = ["AsyncClient", "PendingReply", "parse_brokers"]
 
 T = TypeVar("T")
 PushHandler = Callable[[int, bytes], None]
@@ -56,11 +56,24 @@ def parse_brokers(brokers: str | Sequence[str]) -> list[tuple[str, int]]:
 
 
 class _Slot:
-    __slots__ = ("done", "result")
+    """A pending answer: ``done`` is set once ``result`` holds the response or the
+    failure; ``notify`` (optional) is called right after, in the loop thread."""
 
-    def __init__(self) -> None:
+    __slots__ = ("done", "notify", "result")
+
+    def __init__(self, notify: Callable[[], None] | None = None) -> None:
         self.done = trio.Event()
         self.result: Response | BaseException | None = None
+        self.notify = notify
+
+    def set(self, result: Response | BaseException) -> None:
+        self.result = result
+        self.done.set()
+        if self.notify is not None:
+            self.notify()
+
+
+PendingReply = _Slot
 
 
 class _Link:
@@ -77,10 +90,9 @@ class _Link:
     def fail(self, exc: BaseException) -> None:
         if self.broken is None:
             self.broken = exc
-        for slot in self.pending.values():
-            slot.result = exc
-            slot.done.set()
-        self.pending.clear()
+        pending, self.pending = self.pending, {}
+        for slot in pending.values():
+            slot.set(exc)
 
 
 class AsyncClient:
@@ -198,8 +210,7 @@ class AsyncClient:
                             raise error_for_code(ev.code, ev.payload.decode("utf-8", "replace"))
                         slot = link.pending.pop(ev.request_id, None)
                         if slot is not None:
-                            slot.result = ev
-                            slot.done.set()
+                            slot.set(ev)
                     elif isinstance(ev, Push) and self.on_push is not None:
                         try:
                             self.on_push(ev.code, ev.payload)
@@ -229,23 +240,51 @@ class AsyncClient:
         connection fails before the answer arrives (the request may or may not have
         been processed), ClientClosed after close.
         """
-        link = await self._connect()
-        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
-        slot = _Slot()
-        link.pending[rid] = slot
+        slot = await self.send_request(code, payload)
         try:
-            data = link.codec.send(RequestEvent(rid, code, payload))
-            try:
-                async with link.send_lock:
-                    await link.stream.send_all(data)
-            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
-                link.fail(err)
-                raise err from exc
             await slot.done.wait()
         finally:
+            if not slot.done.is_set():
+                link = self._link
+                if link is not None:
+                    for rid, s in list(link.pending.items()):
+                        if s is slot:
+                            del link.pending[rid]
+        return self.answer(slot)
+
+    async def send_request(
+        self, code: int, payload: bytes, notify: Callable[[], None] | None = None
+    ) -> PendingReply:
+        """Write one request now and return its pending answer (read it with
+        :meth:`answer` once ``reply.done`` is set). Requests written one after the
+        other by one task leave in that order (pipelining). ``notify()`` runs in the
+        loop when the answer or a failure arrives.
+
+        Raises ConnectionBroken when no connection can be made or the write fails
+        (then nothing is pending), ClientClosed after close.
+        """
+        link = await self._connect()
+        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        slot = _Slot(notify)
+        link.pending[rid] = slot
+        data = link.codec.send(RequestEvent(rid, code, payload))
+        try:
+            async with link.send_lock:
+                await link.stream.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
             link.pending.pop(rid, None)
-        res = slot.result
+            link.fail(err)
+            raise err from exc
+        except BaseException:
+            link.pending.pop(rid, None)
+            raise
+        return slot
+
+    @staticmethod
+    def answer(reply: PendingReply) -> bytes:
+        """The payload of a finished reply; raises its mapped error or failure."""
+        res = reply.result
         if isinstance(res, BaseException):
             raise res
         assert res is not None
@@ -306,7 +345,7 @@ class AsyncClient:
         return await self.call(control.QueueOffsets(topic, queue_id), control.QueueStats)
 
     async def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        ans = await self.call(control.OffsetForTime(topic, queue_id, timestamp_ms), control.OffsetAnswer)
+        ans: control.OffsetAnswer = await self.call(control.OffsetForTime(topic, queue_id, timestamp_ms), control.OffsetAnswer)
         return ans.offset
 
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, consumer_id: str = "") -> None:
@@ -318,7 +357,7 @@ class AsyncClient:
     async def reset_offsets(
         self, group: str, topic: str, to: str, timestamp_ms: int = 0, force: bool = False
     ) -> dict[int, int]:
-        ans = await self.call(control.ResetOffsets(group, topic, to, timestamp_ms, force), control.ResetAnswer)
+        ans: control.ResetAnswer = await self.call(control.ResetOffsets(group, topic, to, timestamp_ms, force), control.ResetAnswer)
         return ans.offsets
 
     async def heartbeat(self, hb: control.Heartbeat) -> control.HeartbeatAnswer:

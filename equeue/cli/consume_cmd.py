@@ -1,9 +1,68 @@
-"""``equeue consume``."""
+"""``equeue consume TOPIC --group G``: print messages as a member of a group."""
 
 from __future__ import annotations
 
+import json
+import sys
+from typing import Any
+
 import typer
+
+from equeue.cli._common import BROKER_OPTION, fail
+
+
+def _format(msg: Any, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(
+            {
+                "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
+                "global_offset": msg.global_offset, "key": msg.key, "tags": msg.tags,
+                "properties": msg.properties, "timestamp": msg.timestamp,
+                "reconsume_times": msg.reconsume_times, "body": msg.text,
+            }
+        )
+    return f"{msg.topic}/{msg.queue_id}@{msg.queue_offset} key={msg.key or ''} {msg.text}"
 
 
 def register(app: typer.Typer) -> None:
-    """Placeholder registration (filled in by the consume command implementation)."""
+    @app.command("consume")
+    def consume(
+        topic: str,
+        group: str = typer.Option(..., "--group", "-g", help="Consumer group."),
+        start: str = typer.Option("latest", "--from", help="earliest | latest (for a group with no offset)."),
+        max_messages: int = typer.Option(0, "--max", "-n", help="Exit after N messages (0: run until Ctrl-C)."),
+        fmt: str = typer.Option("text", "--format", "-f", help="text | json"),
+        tags: str = typer.Option("", "--tags", help='Tag filter, e.g. "paid || refunded".'),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Print messages of TOPIC as a member of group G; Ctrl-C commits and leaves."""
+        from consumer import Consumer
+        from equeue.errors import EQueueError
+
+        if start not in ("earliest", "latest"):
+            fail(f"--from must be earliest or latest, not {start!r}")
+        if fmt not in ("text", "json"):
+            fail(f"--format must be text or json, not {fmt!r}")
+        count = 0
+        c: Consumer | None = None
+        try:
+            c = Consumer(broker, group, [topic], start_from=start, tags=tags or None, concurrency=1)
+            consumer = c
+
+            def handler(msg: Any) -> None:
+                nonlocal count
+                sys.stdout.write(_format(msg, fmt) + "\n")
+                sys.stdout.flush()
+                count += 1
+                if max_messages and count >= max_messages:
+                    consumer.stop()
+
+            c.run(handler)
+        except KeyboardInterrupt:
+            pass  # Consumer.run already committed and left
+        except EQueueError as exc:
+            fail(str(exc))
+        finally:
+            if c is not None:
+                c.close()
+        typer.echo(f"consumed {count} message(s)", err=True)

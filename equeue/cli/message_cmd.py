@@ -1,9 +1,163 @@
-"""``equeue message``."""
+"""``equeue message get|find``: look up stored messages by offset or by key.
+
+``get`` reads one message by (queue, queue offset) or by global offset; ``find``
+lists the messages of a topic with a key, newest first, through the broker's key
+index (no log scan). Both print the headers, properties and body: the body as text
+when it is valid UTF-8 without control characters, else as hex (``--hex`` forces
+hex); ``--json`` prints one JSON object (``get``) or a JSON list (``find``).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
 import typer
+
+from equeue.cli._common import BROKER_OPTION, client, fail, table
+
+if TYPE_CHECKING:
+    from equeue.models import Message
+
+_PREVIEW = 48
+
+
+def _is_text(body: bytes) -> bool:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c.isprintable() or c in "\n\r\t" for c in text)
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _body(body: bytes, force_hex: bool) -> tuple[str, str]:
+    """(encoding, rendered body): ``utf-8`` text or ``hex``."""
+    if not force_hex and _is_text(body):
+        return "utf-8", body.decode("utf-8")
+    return "hex", body.hex()
+
+
+def message_dict(m: Message, force_hex: bool = False) -> dict[str, Any]:
+    """The JSON form of a looked-up message."""
+    enc, text = _body(m.body, force_hex)
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "global_offset": m.global_offset,
+        "timestamp": m.timestamp,
+        "stored_at": _iso(m.timestamp),
+        "key": m.key,
+        "tags": m.tags,
+        "reconsume_times": m.reconsume_times,
+        "properties": dict(m.properties),
+        "body_size": len(m.body),
+        "body_encoding": enc,
+        "body": text,
+    }
+
+
+def _print_message(m: Message, force_hex: bool) -> None:
+    enc, text = _body(m.body, force_hex)
+    rows = [
+        ("topic", m.topic), ("queue", m.queue_id), ("queue offset", m.queue_offset),
+        ("global offset", m.global_offset), ("stored at", f"{_iso(m.timestamp)} ({m.timestamp})"),
+        ("key", "-" if m.key is None else m.key), ("tags", "-" if m.tags is None else m.tags),
+        ("reconsume times", m.reconsume_times),
+    ]  # fmt: skip
+    out = [f"{name:<16}{value}" for name, value in rows]
+    if m.properties:
+        out.append("properties")
+        out += [f"  {k} = {v}" for k, v in sorted(m.properties.items())]
+    else:
+        out.append("properties      -")
+    out.append(f"body ({len(m.body)} bytes, {'text' if enc == 'utf-8' else 'hex'})")
+    out.append(text)
+    sys.stdout.write("\n".join(out) + "\n")
+
+
+def _preview(body: bytes) -> str:
+    if _is_text(body):
+        text = body.decode("utf-8").replace("\n", " ")
+        return text if len(text) <= _PREVIEW else text[: _PREVIEW - 1] + "…"
+    h = body.hex()
+    return "0x" + (h if len(h) <= _PREVIEW else h[: _PREVIEW - 1] + "…")
 
 
 def register(app: typer.Typer) -> None:
-    """Placeholder registration (filled in by the message command implementation)."""
+    msg_app = typer.Typer(help="Look up stored messages by offset or by key.", no_args_is_help=True)
+    app.add_typer(msg_app, name="message")
+
+    @msg_app.command("get")
+    def get(
+        topic: str,
+        queue: int = typer.Option(-1, "--queue", "-q", help="Queue id (with --offset)."),
+        offset: int = typer.Option(-1, "--offset", "-o", help="Queue offset (with --queue)."),
+        global_offset: int = typer.Option(-1, "--global-offset", "-g", help="Global offset (instead of --queue/--offset)."),
+        force_hex: bool = typer.Option(False, "--hex", help="Print the body as hex even if it is text."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Print one message: headers, properties and body.
+
+        Examples: ``equeue message get orders --queue 1 --offset 42``,
+        ``equeue message get orders --global-offset 1234 --json``.
+        """
+        by_queue = queue >= 0 or offset >= 0
+        if by_queue == (global_offset >= 0):
+            fail("give either --queue Q --offset O, or --global-offset G")
+        if by_queue and (queue < 0 or offset < 0):
+            fail("--queue and --offset go together (both >= 0)")
+        with client(broker) as c:
+            if by_queue:
+                res = c.get_message(topic, queue_id=queue, queue_offset=offset)
+            else:
+                res = c.get_message(topic, global_offset=global_offset)
+        if not res.messages:
+            fail("message not found")
+        m = res.messages[0]
+        if as_json:
+            sys.stdout.write(json.dumps(message_dict(m, force_hex)) + "\n")
+        else:
+            _print_message(m, force_hex)
+
+    @msg_app.command("find")
+    def find(
+        topic: str,
+        key: str = typer.Option(..., "--key", "-k", help="The message key to look up."),
+        limit: int = typer.Option(32, "--limit", "-n", min=1, max=1000, help="Most messages to list."),
+        force_hex: bool = typer.Option(False, "--hex", help="Print bodies as hex even if they are text."),
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON list of full messages."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """List the messages of TOPIC with KEY, newest first (key index, no log scan).
+
+        Example: ``equeue message find orders --key user-42 --limit 10``.
+        """
+        with client(broker) as c:
+            res = c.find_by_key(topic, key, limit)
+        msgs = res.messages
+        if as_json:
+            sys.stdout.write(json.dumps([message_dict(m, force_hex) for m in msgs]) + "\n")
+            return
+        if not msgs:
+            typer.echo(f"no messages with key {key!r} in topic {topic}", err=True)
+            return
+        from rich.markup import escape
+
+        rows = [
+            (m.global_offset, m.queue_id, m.queue_offset, _iso(m.timestamp), escape(m.tags or ""),
+             len(m.body), escape(m.body.hex() if force_hex else _preview(m.body)))
+            for m in msgs
+        ]  # fmt: skip
+        table(
+            f"{len(msgs)} message(s) with key {key!r} in {topic} (newest first)",
+            ["global", "queue", "offset", "stored at", "tags", "bytes", "body"], rows,
+            right=["global", "queue", "offset", "bytes"],
+        )  # fmt: skip

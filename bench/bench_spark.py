@@ -1,0 +1,81 @@
+"""Spark source throughput: drain a backlog of 1,000,000 × 100-byte messages from 4
+queues with ``spark.read.format("equeue")`` into a noop sink, in local[2].
+
+    .venv/bin/python bench/bench_spark.py [--messages 1000000] [--size 100] [--queues 4]
+
+Prints rows/s of the drain (session start-up and the first warm-up action excluded).
+The broker runs embedded in this process (its own thread), like `make run`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from broker import BrokerConfig, EmbeddedBroker  # noqa: E402
+from equeue import Message, wire  # noqa: E402
+from producer import Client  # noqa: E402
+
+
+def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
+    """Produce ``n`` messages of ``size`` bytes round-robin over the queues; returns seconds."""
+    entry = wire.encode_entry(Message(b"x" * size))
+    per_req = 5_000
+    t0 = time.perf_counter()
+    sent = 0
+    q = 0
+    while sent < n:
+        k = min(per_req, n - sent)
+        c.produce(wire.ProduceRequest(topic, q % queues, [entry] * k))
+        sent += k
+        q += 1
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--queues", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--master", default="local[2]")
+    a = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+    import spark
+
+    with tempfile.TemporaryDirectory() as d, EmbeddedBroker(
+        BrokerConfig(data_dir=Path(d) / "data", port=0, flush="async")
+    ) as b:
+        c = Client(b.address)
+        c.create_topic("bench", a.queues)
+        fill_s = fill(c, "bench", a.queues, a.messages, a.size)
+        print(f"backlog: {a.messages:,} × {a.size} B in {a.queues} queues (produced in {fill_s:.1f} s)")
+        t0 = time.perf_counter()
+        s = spark.session("equeue-bench", a.master)
+        print(f"session start: {time.perf_counter() - t0:.1f} s")
+        df = s.read.format("equeue").option("brokers", b.address).option("topic", "bench").load()
+        t0 = time.perf_counter()
+        df.where("queue_offset < 10").count()  # warm the Python workers
+        print(f"warm-up action: {time.perf_counter() - t0:.1f} s")
+        best = 0.0
+        for i in range(a.runs):
+            t0 = time.perf_counter()
+            df.write.format("noop").mode("overwrite").save()
+            dt = time.perf_counter() - t0
+            rate = a.messages / dt
+            best = max(best, rate)
+            print(f"run {i + 1}: {a.messages:,} rows in {dt:.2f} s = {rate:,.0f} rows/s")
+        print(f"spark read -> noop, {a.master}: best {best:,.0f} rows/s (target >= 800,000)")
+        s.stop()
+        c.close()
+
+
+if __name__ == "__main__":
+    main()

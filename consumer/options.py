@@ -1,0 +1,98 @@
+"""Consumer options: everything tunable, validated once at construction."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from equeue.allocation import get_strategy
+from equeue.config import DEFAULTS
+from equeue.errors import ConfigError
+
+__all__ = ["ConsumerOptions"]
+
+
+def _positive(_inst: object, attr: Any, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+def _mode(_inst: object, _attr: Any, value: str) -> None:
+    if value not in ("clustering", "broadcast"):
+        raise ConfigError(f"mode must be 'clustering' or 'broadcast', got {value!r}")
+
+
+def _start_from(_inst: object, _attr: Any, value: object) -> None:
+    if isinstance(value, dt.datetime):
+        return
+    if value not in ("earliest", "latest"):
+        raise ConfigError(f"start_from must be 'earliest', 'latest' or a datetime, got {value!r}")
+
+
+def _allocation(_inst: object, _attr: Any, value: object) -> None:
+    get_strategy(value)  # type: ignore[arg-type]  # raises ConfigError
+
+
+def _delays(value: Any) -> tuple[float, ...]:
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"retry_delays must be a sequence of seconds, got {value!r}") from exc
+    if not out or any(v < 0 for v in out):
+        raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0")
+    return out
+
+
+@attrs.frozen(kw_only=True)
+class ConsumerOptions:
+    """Tunables of a consumer (defaults: ARCHITECTURE §6). See docs/consumer.md."""
+
+    mode: str = attrs.field(default="clustering", validator=_mode)
+    #: where a group with no committed offset starts: "earliest", "latest" or a datetime
+    start_from: str | dt.datetime = attrs.field(default="latest", validator=_start_from)
+    #: broker-side tag filter, e.g. "paid || refunded" (None: everything)
+    tags: str | None = None
+    #: one message at a time per queue, in queue order
+    orderly: bool = False
+    #: handlers running at once (threads for sync handlers, tasks for async ones)
+    concurrency: int = attrs.field(default=16, validator=_positive)
+    allocation: str | Callable[..., Any] = attrs.field(default="average", validator=_allocation)
+    consumer_id: str | None = None
+    #: broadcast mode: where the per-group offsets file lives
+    state_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    pull_hold: float = attrs.field(default=DEFAULTS.pull_hold, validator=_positive)
+    #: messages per pull; while a queue has a backlog the batch doubles up to max_pull_batch
+    pull_batch: int = attrs.field(default=DEFAULTS.pull_batch, validator=_positive)
+    max_pull_batch: int = attrs.field(default=512, validator=_positive)
+    heartbeat_interval: float = attrs.field(default=DEFAULTS.heartbeat_interval, validator=_positive)
+    rebalance_interval: float = attrs.field(default=DEFAULTS.rebalance_interval, validator=_positive)
+    commit_interval: float = attrs.field(default=DEFAULTS.commit_interval, validator=_positive)
+    max_buffered_messages: int = attrs.field(default=DEFAULTS.max_buffered_messages, validator=_positive)
+    max_buffered_bytes: int = attrs.field(default=DEFAULTS.max_buffered_bytes, validator=_positive)
+    max_reconsume_times: int = DEFAULTS.max_reconsume_times
+    retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
+    #: close(): how long to wait for running handlers before abandoning them
+    close_timeout: float = attrs.field(default=30.0, validator=_positive)
+    #: rebalance: how long a revoked queue waits for its running handlers
+    revoke_timeout: float = attrs.field(default=10.0, validator=_positive)
+    connect_timeout: float = attrs.field(default=5.0, validator=_positive)
+    #: re-check record checksums in the consumer (the broker checks them on read)
+    verify_checksums: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_reconsume_times < 0:
+            raise ConfigError("max_reconsume_times must be >= 0")
+        if self.max_pull_batch < self.pull_batch:
+            raise ConfigError("max_pull_batch must be >= pull_batch")
+
+    @classmethod
+    def build(cls, **kwargs: Any) -> ConsumerOptions:
+        """Like the constructor, but an unknown option is a ConfigError."""
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"invalid consumer option: {exc}") from None

@@ -1,0 +1,208 @@
+"""Producer building blocks with no networking: entry encoding, due times,
+batches and the per-message send handle.
+
+A :class:`_Batch` is the unit the producer sends: entries for one (topic, queue),
+sent as one idempotent produce request with one base sequence. Every message of a
+batch gets a :class:`SendHandle` that points at (batch, index); resolving the batch
+resolves all of its handles at once, and a handle builds its :class:`SendResult`
+only when asked (cheap when nobody looks).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from equeue import wire
+from equeue.errors import ConfigError, OperationTimeout
+from equeue.models import SendResult
+
+if TYPE_CHECKING:
+    from producer._lane import _Lane
+
+__all__ = ["SendHandle", "deliver_at_ms", "encode_entry"]
+
+_HEADER = wire.ENTRY_HEADER
+_HSIZE = wire.ENTRY_HEADER.size - 4
+_MAX_SHORT = 0xFFFF
+
+
+def encode_entry(
+    body: bytes, key: bytes | None, tags: bytes | None, props: dict[str, str] | None, deliver_at: int
+) -> bytes:
+    """Encode one message entry (the layout of :func:`equeue.wire.encode_entry`,
+    without building a :class:`~equeue.models.Message` first: the produce hot path).
+
+    Raises ConfigError when the key or tags exceed 65535 bytes.
+    """
+    kl = len(key) if key is not None else 0
+    tl = len(tags) if tags is not None else 0
+    if kl > _MAX_SHORT or tl > _MAX_SHORT:
+        raise ConfigError("key and tags are limited to 65535 bytes each")
+    pb = wire.encode_props(props) if props else b""
+    flags = (wire.FLAG_KEY if key is not None else 0) | (wire.FLAG_TAGS if tags is not None else 0)
+    head = _HEADER.pack(_HSIZE + kl + tl + len(pb) + len(body), flags, deliver_at, 0, kl, tl, len(pb))
+    return b"".join((head, key or b"", tags or b"", pb, body))
+
+
+def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | None) -> int:
+    """The entry's due time in ms since the epoch (0 = deliver now).
+
+    ``delay`` is seconds or a timedelta; ``deliver_at`` an aware datetime or a naive
+    one read as UTC. A due time in the past means now. Raises ConfigError when both
+    are given or a value has the wrong type.
+    """
+    if delay is None and deliver_at is None:
+        return 0
+    if delay is not None and deliver_at is not None:
+        raise ConfigError("give either delay or deliver_at, not both")
+    now = time.time()
+    if delay is not None:
+        if isinstance(delay, dt.timedelta):
+            seconds = delay.total_seconds()
+        elif isinstance(delay, int | float):
+            seconds = float(delay)
+        else:
+            raise ConfigError(f"delay must be seconds or a timedelta, not {type(delay).__name__}")
+        due = now + seconds
+    else:
+        if not isinstance(deliver_at, dt.datetime):
+            raise ConfigError(f"deliver_at must be a datetime, not {type(deliver_at).__name__}")
+        if deliver_at.tzinfo is None:
+            deliver_at = deliver_at.replace(tzinfo=dt.UTC)
+        due = deliver_at.timestamp()
+    return int(due * 1000) if due > now else 0
+
+
+class _Batch:
+    """Entries for one lane, sent as one produce request.
+
+    ``pid``/``seq`` are assigned when the batch is first sent and kept across
+    retries (the broker deduplicates on them). ``delayed`` batches hold only
+    delayed entries, others only immediate ones, so the offsets in the answer map
+    onto entries without ambiguity.
+    """
+
+    __slots__ = (
+        "answer",
+        "attempts",
+        "deadline",
+        "delayed",
+        "entries",
+        "error",
+        "finished",
+        "first_at",
+        "lane",
+        "nbytes",
+        "pid",
+        "sent_behind",
+        "seq",
+        "tdone",
+        "thdone",
+    )  # fmt: skip
+
+    def __init__(self, lane: _Lane, delayed: bool, deadline: float, now: float) -> None:
+        self.lane = lane
+        self.entries: list[bytes] = []
+        self.nbytes = 0
+        self.delayed = delayed
+        self.deadline = deadline
+        self.first_at = now
+        self.pid: bytes | None = None
+        self.seq = -1
+        self.attempts = 0
+        #: sent while an earlier request of the lane was in flight (an
+        #: OutOfOrderSequence answer is then expected, not a fault)
+        self.sent_behind = False
+        self.answer: wire.ProduceResponse | None = None
+        self.error: BaseException | None = None
+        self.finished = False
+        self.tdone = trio.Event()
+        self.thdone = threading.Event()
+
+    def add(self, entry: bytes) -> int:
+        self.entries.append(entry)
+        self.nbytes += len(entry)
+        return len(self.entries) - 1
+
+    def finish(self, answer: wire.ProduceResponse | None, error: BaseException | None) -> None:
+        """Resolve every handle of the batch (loop thread only)."""
+        if self.finished:
+            return
+        self.answer, self.error, self.finished = answer, error, True
+        self.tdone.set()
+        self.thdone.set()
+
+    def result(self, index: int) -> SendResult:
+        if self.error is not None:
+            raise self.error
+        a = self.answer
+        assert a is not None
+        lane = self.lane
+        if a.first_global < 0:  # a duplicate whose original answer is forgotten, or all scheduled
+            return SendResult(lane.topic, lane.queue_id, -1, -1, a.scheduled > 0, a.duplicate)
+        if self.delayed and a.scheduled:  # some or all scheduled: which ones is unknown
+            return SendResult(lane.topic, lane.queue_id, -1, -1, True, a.duplicate)
+        return SendResult(
+            lane.topic, lane.queue_id, a.first_queue + index, a.first_global + index, False, a.duplicate
+        )
+
+
+class SendHandle:
+    """The pending result of one ``send_async``.
+
+    Blocking code calls :meth:`result` (optionally with a timeout); trio code
+    awaits the handle (``r = await handle``) or :meth:`wait`. Raises what the send
+    raised: a mapped broker error, ConnectionBroken after the retries,
+    OperationTimeout after ``send_timeout``, ClientClosed if the producer closed
+    first.
+    """
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: _Batch, index: int) -> None:
+        self._batch = batch
+        self._index = index
+
+    def done(self) -> bool:
+        """Whether the send finished (stored, or failed)."""
+        return self._batch.finished
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        """Block until the send finished; return where the message was stored.
+
+        Raises OperationTimeout if ``timeout`` seconds pass first (the send goes on).
+        Never call it without a timeout from the producer's own trio loop: await
+        the handle there.
+        """
+        b = self._batch
+        if not b.finished and not b.thdone.wait(timeout):
+            raise OperationTimeout(f"send not finished after {timeout} s")
+        return b.result(self._index)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block like :meth:`result`; return the failure (None if stored)."""
+        b = self._batch
+        if not b.finished and not b.thdone.wait(timeout):
+            raise OperationTimeout(f"send not finished after {timeout} s")
+        return b.error
+
+    async def wait(self) -> SendResult:
+        """Wait (in trio) until the send finished; return or raise as :meth:`result`."""
+        b = self._batch
+        if not b.finished:
+            await b.tdone.wait()
+        return b.result(self._index)
+
+    def __await__(self) -> Generator[Any, None, SendResult]:
+        return self.wait().__await__()
+
+    def __repr__(self) -> str:
+        b = self._batch
+        state = "pending" if not b.finished else ("failed" if b.error else "done")
+        return f"<SendHandle {b.lane.topic}/{b.lane.queue_id} #{self._index} {state}>"

@@ -1,0 +1,239 @@
+"""One lane per (topic, queue): the ordered, pipelined, idempotent send path.
+
+A lane owns the batches of one queue in order: the ``open`` batch still filling
+(sealed when ``linger`` passed, when full, or when a ``send``/``flush`` asks),
+``sendq`` (sealed, waiting for a free slot of the in-flight window) and
+``window`` (requests written, answers awaited, in sequence order). One task per
+lane writes requests in order and reads the answers in order.
+
+Idempotence: every batch gets the lane's producer id and a base sequence when it
+is first written, and keeps both across retries, so the broker answers a resent
+batch it already stored with the original offsets instead of storing it twice.
+
+Retries: when the head answer is a failure the lane stops writing, lets the
+window drain, then decides per batch in order:
+
+- ``OutOfOrderSequence`` behind a failed batch of the same producer id: the batch
+  was never stored (the broker refuses a gap), so it is renumbered under the
+  lane's fresh producer id and resent at no cost;
+- other transient errors (connection lost, broker busy or restarting, an
+  out-of-order answer that its position does not explain): resent with the same
+  id and sequence after an exponential backoff, up to ``retries`` times within
+  ``send_timeout``;
+- anything else, or retries/time exhausted: the batch fails with that error.
+  When a written batch fails, the lane switches to a fresh producer id (its fate
+  may be unknown, and the broker would refuse what follows it as a gap).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import trio
+
+from equeue import wire
+from equeue.errors import (
+    ClientClosed,
+    EQueueError,
+    OperationTimeout,
+    OutOfOrderSequence,
+    QueueNotFound,
+)
+from equeue.protocol import RequestCode
+from producer._batch import _Batch
+from producer.client import AsyncClient, PendingReply
+
+if TYPE_CHECKING:
+    from producer.producer import AsyncProducer
+
+log = logging.getLogger("equeue.producer")
+
+__all__ = ["_Lane"]
+
+
+def new_producer_id() -> bytes:
+    """16 random bytes (a uuid4)."""
+    return uuid.uuid4().bytes
+
+
+class _Lane:
+    """The send path of one queue of one topic (see the module docstring)."""
+
+    def __init__(self, core: AsyncProducer, topic: str, queue_id: int) -> None:
+        self.core = core
+        self.topic = topic
+        self.queue_id = queue_id
+        self.pid: bytes = core.producer_id
+        self.next_seq = 0
+        self.failed_pids: set[bytes] = set()
+        # guarded by core.lock (touched by submitting threads)
+        self.open: _Batch | None = None
+        self.sendq: collections.deque[_Batch] = collections.deque()
+        self.pending: set[_Batch] = set()
+        # loop thread only
+        self.window: collections.deque[tuple[_Batch, PendingReply | None, BaseException | None]] = (
+            collections.deque()
+        )
+        self.retry: list[_Batch] = []
+        self.started = False
+        self.wake = trio.Event()
+
+    def poke(self) -> None:
+        """Wake the lane task (loop thread only)."""
+        self.wake.set()
+
+    # ------------------------------------------------------------------ task
+    async def run(self) -> None:
+        """The lane task: lives in the producer's nursery until it closes."""
+        core = self.core
+        client = core.client
+        linger = core.linger
+        max_in_flight = core.max_in_flight
+        lock = core.lock
+        while True:
+            wake = self.wake = trio.Event()
+            now = time.monotonic()
+            with lock:
+                o = self.open
+                if o is not None and now - o.first_at >= linger:
+                    self.sendq.append(o)
+                    self.open = None
+            # write, in order, while the window has room (not while recovering)
+            if not self.retry:
+                while len(self.window) < max_in_flight and self.sendq:
+                    with lock:
+                        b = self.sendq.popleft()
+                    if b.finished:
+                        continue
+                    await self._write(client, b, now)
+            # read the answers, in order
+            window = self.window
+            while window:
+                b, reply, error = window[0]
+                if reply is not None and not reply.done.is_set():
+                    if time.monotonic() >= b.deadline:
+                        window.popleft()
+                        self.fail(b, OperationTimeout(
+                            f"no answer within send_timeout ({core.send_timeout:g} s); "
+                            "the message may or may not have been stored"
+                        ))  # fmt: skip
+                        continue
+                    break
+                window.popleft()
+                if reply is not None:
+                    try:
+                        answer = wire.ProduceResponse.decode(AsyncClient.answer(reply))
+                    except EQueueError as exc:
+                        error = exc
+                    else:
+                        self.resolve(b, answer)
+                        continue
+                b.error = error
+                self.retry.append(b)
+            if self.retry and not window:
+                await self._recover()
+                continue
+            # wait for a poke (new batch, answer), the linger of the open batch, a deadline
+            at = float("inf")
+            o = self.open
+            if o is not None:
+                at = o.first_at + linger
+            if window:
+                at = min(at, window[0][0].deadline)
+            if at == float("inf"):
+                await wake.wait()
+            else:
+                with trio.move_on_at(trio.current_time() + max(0.0, at - time.monotonic())):
+                    await wake.wait()
+
+    async def _write(self, client: AsyncClient, b: _Batch, now: float) -> None:
+        if b.pid is None:
+            if now >= b.deadline:
+                self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.core.send_timeout:g} s)"))
+                return
+            b.pid = self.pid
+            b.seq = self.next_seq
+            self.next_seq += len(b.entries)
+        b.sent_behind = bool(self.window)
+        payload = wire.ProduceRequest(
+            self.topic, self.queue_id, b.entries, b.pid, b.seq, self.core.auto_create
+        ).encode()
+        try:
+            reply = await client.send_request(RequestCode.PRODUCE, payload, self.poke)
+        except EQueueError as exc:
+            self.window.append((b, None, exc))
+        else:
+            self.window.append((b, reply, None))
+
+    async def _recover(self) -> None:
+        """Decide on every failed batch of the drained window (module docstring)."""
+        core = self.core
+        resend: list[_Batch] = []
+        backoff_attempts = 0
+        explained = False  # an earlier batch of this round failed: an out-of-order answer is expected
+        for b in self.retry:
+            e = b.error
+            b.error = None
+            assert e is not None
+            if isinstance(e, OutOfOrderSequence) and b.pid in self.failed_pids:
+                b.pid = self.pid
+                b.seq = self.next_seq
+                self.next_seq += len(b.entries)
+                resend.append(b)
+                continue
+            if isinstance(e, QueueNotFound):
+                core.invalidate_route(self.topic)
+            if isinstance(e, ClientClosed) or not (isinstance(e, EQueueError) and e.transient):
+                self.fail(b, e)
+                explained = True
+                continue
+            if not (isinstance(e, OutOfOrderSequence) and (b.sent_behind or explained)):
+                b.attempts += 1
+                if not isinstance(e, OutOfOrderSequence):
+                    backoff_attempts = max(backoff_attempts, b.attempts)
+            explained = True
+            if b.attempts > core.retries:
+                self.fail(b, e)
+                continue
+            if time.monotonic() >= b.deadline:
+                self.fail(b, OperationTimeout(f"send_timeout ({core.send_timeout:g} s) passed; last error: {e}"))
+                continue
+            log.debug("retrying %s/%d seq %d (attempt %d): %s", self.topic, self.queue_id, b.seq, b.attempts, e)
+            resend.append(b)
+        self.retry = []
+        if backoff_attempts and resend:
+            delay = min(core.retry_backoff * 2 ** (backoff_attempts - 1), 5.0)
+            delay = min(delay, max(0.0, min(b.deadline for b in resend) - time.monotonic()))
+            await trio.sleep(delay)
+        with core.lock:
+            self.sendq.extendleft(reversed(resend))
+
+    # ------------------------------------------------------------------ outcomes
+    def resolve(self, b: _Batch, answer: wire.ProduceResponse) -> None:
+        b.finish(answer, None)
+        self.core.release(self, b)
+
+    def fail(self, b: _Batch, error: BaseException) -> None:
+        """Fail a batch for good; a written batch retires the lane's producer id."""
+        if b.pid is not None and b.pid == self.pid:
+            self.failed_pids.add(self.pid)
+            self.pid = new_producer_id()
+            self.next_seq = 0
+        b.finish(None, error)
+        self.core.release(self, b)
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every unfinished batch (the producer is closing)."""
+        with self.core.lock:
+            batches = list(self.pending)
+            self.open = None
+            self.sendq.clear()
+        self.window.clear()
+        self.retry = []
+        for b in batches:
+            b.finish(None, error)
+            self.core.release(self, b)

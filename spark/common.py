@@ -1,0 +1,155 @@
+"""Shared helpers of the Spark source and sink: option parsing and a per-process client.
+
+Nothing here imports pyspark, so it is cheap to import in Spark's Python workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from equeue.errors import ConfigError, EQueueError
+from producer.sync_client import Client
+
+__all__ = [
+    "DataLossError",
+    "client_for",
+    "opt_bool",
+    "opt_int",
+    "opt_str",
+    "parse_offsets_json",
+    "topics_of",
+]
+
+#: offsets JSON: -2 = earliest retained, -1 = latest (the next offset to be written)
+EARLIEST = -2
+LATEST = -1
+
+
+class DataLossError(EQueueError):
+    """Offsets a query needs are gone (retention, or the topic was recreated).
+
+    Raised only with ``failOnDataLoss=true`` (the default)."""
+
+
+_clients: dict[tuple[int, str], Client] = {}
+_clients_lock = threading.Lock()
+
+
+def client_for(brokers: str) -> Client:
+    """A blocking client for ``brokers``, shared by every call in this process.
+
+    Spark reuses Python workers across tasks, so one connection serves many
+    partitions. The client is fork-aware; a forked child gets its own.
+    """
+    key = (os.getpid(), brokers)
+    with _clients_lock:
+        c = _clients.get(key)
+        if c is None:
+            c = _clients[key] = Client(brokers)
+        return c
+
+
+def drop_client(brokers: str) -> None:
+    """Forget (and close) the shared client, e.g. after its connection failed for good."""
+    with _clients_lock:
+        c = _clients.pop((os.getpid(), brokers), None)
+    if c is not None:
+        try:
+            c.close()
+        except EQueueError:
+            pass
+
+
+@atexit.register
+def _close_all() -> None:
+    with _clients_lock:
+        items = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+        _clients.clear()
+    for c in items:
+        try:
+            c.close()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------- options
+def opt_str(options: Mapping[str, str], name: str, default: str | None = None) -> str:
+    """A string option (Spark passes every option value as a string). Raises ConfigError
+    when a required option (``default is None``) is missing."""
+    v = options.get(name.lower(), options.get(name))
+    if v is None or v == "":
+        if default is None:
+            raise ConfigError(f'the equeue data source needs the option "{name}"')
+        return default
+    return str(v)
+
+
+def opt_int(options: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    v = options.get(name.lower(), options.get(name))
+    if v is None or v == "":
+        return default
+    try:
+        return int(str(v).strip())
+    except ValueError:
+        raise ConfigError(f'option "{name}" must be an integer, got {v!r}') from None
+
+
+def opt_bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    v = options.get(name.lower(), options.get(name))
+    if v is None or v == "":
+        return default
+    s = str(v).strip().lower()
+    if s in ("true", "1", "yes", "on"):
+        return True
+    if s in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f'option "{name}" must be true or false, got {v!r}')
+
+
+def topics_of(options: Mapping[str, str]) -> list[str]:
+    """The ``topic`` option: one topic or several, comma-separated (order kept, no repeats)."""
+    raw = opt_str(options, "topic")
+    out: list[str] = []
+    for t in raw.split(","):
+        t = t.strip()
+        if t and t not in out:
+            out.append(t)
+    if not out:
+        raise ConfigError('option "topic" names no topic')
+    return out
+
+
+def parse_offsets_json(text: str, topics: list[str], name: str) -> dict[str, dict[int, int]]:
+    """``{"orders": {"0": 10, "1": -2}}`` → {"orders": {0: 10, 1: -2}}.
+
+    Raises ConfigError for malformed JSON, a topic not in the ``topic`` option, or an
+    offset below -2.
+    """
+    try:
+        data: Any = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"option {name} is neither earliest, latest nor JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f'option {name} must be a JSON object like {{"orders": {{"0": 10}}}}')
+    out: dict[str, dict[int, int]] = {}
+    for topic, queues in data.items():
+        if topic not in topics:
+            raise ConfigError(f"option {name} names topic {topic!r}, which is not in the topic option")
+        if not isinstance(queues, dict):
+            raise ConfigError(f"option {name}: the value for {topic!r} must be an object of queue -> offset")
+        per: dict[int, int] = {}
+        for q, off in queues.items():
+            try:
+                qi, oi = int(q), int(off)
+            except (TypeError, ValueError):
+                raise ConfigError(f"option {name}: bad queue/offset {q!r}: {off!r} for {topic!r}") from None
+            if qi < 0 or oi < EARLIEST:
+                raise ConfigError(f"option {name}: bad queue/offset {q!r}: {off!r} for {topic!r}")
+            per[qi] = oi
+        out[topic] = per
+    return out

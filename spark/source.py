@@ -1,0 +1,539 @@
+"""The ``equeue`` PySpark data source: batch and streaming reads (and the sink hooks).
+
+One input partition reads one queue offset range ``[start, end)`` of one topic; big
+ranges are split so a backlog uses every core. ``read()`` runs in Spark's Python
+workers: it pulls raw records over one shared connection per worker process,
+verifies every record's crc32 and builds Arrow columns directly (no per-message
+Python objects), yielding ``pyarrow.RecordBatch``es in Spark's exact Arrow schema.
+
+Streaming offsets (what Spark checkpoints) are ``{"topic": {"queue": next_offset}}``:
+the checkpoint is the source of truth, a restart replays an uncommitted batch with
+the identical ranges. See docs/spark.md for every option.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import zlib
+from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from equeue import wire
+from equeue.errors import ConfigError, ConnectionBroken, CorruptRecord, EQueueError, TopicNotFound
+from equeue.protocol import PullStatus, RequestCode
+from spark.common import (
+    EARLIEST,
+    LATEST,
+    DataLossError,
+    client_for,
+    drop_client,
+    opt_bool,
+    opt_int,
+    opt_str,
+    parse_offsets_json,
+    topics_of,
+)
+
+log = logging.getLogger("equeue.spark")
+
+__all__ = ["SCHEMA", "EQueueDataSource", "RangePartition", "read_range"]
+
+SCHEMA = StructType(
+    [
+        StructField("topic", StringType(), True),
+        StructField("queue_id", IntegerType(), True),
+        StructField("queue_offset", LongType(), True),
+        StructField("global_offset", LongType(), True),
+        StructField("key", StringType(), True),
+        StructField("tags", StringType(), True),
+        StructField("properties", MapType(StringType(), StringType(), True), True),
+        StructField("body", BinaryType(), True),
+        StructField("timestamp", TimestampType(), True),
+    ]
+)
+
+#: most records one pull asks for (the broker's cap is 10,000)
+PULL_MAX_MESSAGES = 10_000
+PULL_MAX_BYTES = 8 << 20
+#: default cap of one input partition (offsets); bigger ranges are split
+DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
+
+Offsets = dict[str, dict[str, int]]  # topic -> queue id (as str, as in the checkpoint) -> offset
+
+
+@dataclass
+class RangePartition(InputPartition):
+    """Read ``[start, end)`` of one queue of one topic (pickled to the workers)."""
+
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+# --------------------------------------------------------------------------- reading
+# pull item (u64 global, u32 record length) + stored record header (topic id skipped)
+# + entry header (deliver_at, reconsume skipped): one unpack per record
+_ITEM = struct.Struct(">QI" + "IB4xIQQ" + "IB10xHHI")
+_RESP = struct.Struct(">BQQQI")  # status, min, max, next, count
+_REC_FIXED = wire.RECORD_HEADER.size + 4  # record header + entry length prefix
+_ENTRY_FIXED = wire.ENTRY_HEADER.size - 4  # entry header after its length prefix
+_DATA_AT = 12 + wire.RECORD_HEADER.size + wire.ENTRY_HEADER.size  # key starts here, from item start
+assert _ITEM.size == _DATA_AT == 64
+
+
+def _pull_raw(brokers: str, req: wire.PullRequest) -> bytes:
+    """One raw PULL; a broken connection is retried (reads are idempotent)."""
+    payload = req.encode()
+    for attempt in range(3):
+        try:
+            return client_for(brokers).request(RequestCode.PULL, payload)  # type: ignore[no-any-return]
+        except ConnectionBroken:
+            if attempt == 2:
+                raise
+            drop_client(brokers)
+    raise AssertionError("unreachable")
+
+
+def _to_string(values: list[bytes | None]) -> pa.Array:
+    arr = pa.array(values, pa.binary())
+    try:
+        return arr.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: decode with replacement characters, like the SDK
+        return pa.array([v.decode("utf-8", "replace") if v is not None else None for v in values], pa.string())
+
+
+def _batch(
+    payload: bytes, count: int, topic: str, queue_id: int, first: int, schema: pa.Schema
+) -> pa.RecordBatch:
+    """Turn the ``count`` records of a pull answer into one Arrow batch.
+
+    Raises CorruptRecord on a checksum mismatch, a malformed record, or a record that
+    is not the next offset of this queue.
+    """
+    unpack = _ITEM.unpack_from
+    crc32 = zlib.crc32
+    size = len(payload)
+    goffs = array("q")
+    stamps = array("q")
+    keys: list[bytes | None] = []
+    tags: list[bytes | None] = []
+    bodies: list[bytes] = []
+    poffs = array("i", [0])
+    pkeys: list[str] = []
+    pvals: list[str] = []
+    add_key, add_tag, add_body = keys.append, tags.append, bodies.append
+    add_g, add_ts, add_p = goffs.append, stamps.append, poffs.append
+    nprops = 0
+    pos = _RESP.size
+    expect = first
+    rec_fixed, entry_fixed, data_at = _REC_FIXED, _ENTRY_FIXED, _DATA_AT
+    for _ in range(count):
+        try:
+            g, n, crc, ver, qid, qoff, ts, elen, flags, kl, tl, pl = unpack(payload, pos)
+        except struct.error:
+            raise CorruptRecord(f"pull answer for {topic}/{queue_id} is truncated") from None
+        end = pos + 12 + n
+        if (
+            end > size
+            or ver != 1
+            or elen + rec_fixed != n
+            or kl + tl + pl + entry_fixed > elen
+            or qid != queue_id
+            or qoff != expect
+        ):
+            raise CorruptRecord(f"malformed record at {topic}/{queue_id} offset {expect} (global {g})")
+        if crc32(payload[pos + 16 : end]) != crc:
+            raise CorruptRecord(f"checksum mismatch at {topic}/{queue_id} offset {qoff} (global {g})")
+        p = pos + data_at
+        if flags:
+            add_key(payload[p : p + kl] if flags & 1 else None)
+            p += kl
+            add_tag(payload[p : p + tl] if flags & 2 else None)
+            p += tl
+        else:
+            add_key(None)
+            add_tag(None)
+            p += kl + tl
+        if pl:
+            for k, v in wire.decode_props(payload[p : p + pl]).items():
+                pkeys.append(k)
+                pvals.append(v)
+                nprops += 1
+            p += pl
+        add_p(nprops)
+        add_body(payload[p:end])
+        add_g(g)
+        add_ts(ts)
+        pos = end
+        expect += 1
+    ts_ms = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(stamps)])
+    props_type = schema.field("properties").type
+    columns = [
+        pa.repeat(pa.scalar(topic, pa.string()), count),
+        pa.repeat(pa.scalar(queue_id, pa.int32()), count),
+        pa.array(range(first, first + count), pa.int64()),
+        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(goffs)]),
+        _to_string(keys),
+        _to_string(tags),
+        pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(poffs)]),
+            pa.array(pkeys, pa.string()),
+            pa.array(pvals, pa.string()),
+            type=props_type,
+        ),
+        pa.array(bodies, pa.binary()),
+        pc.multiply(ts_ms, 1000).cast(pa.timestamp("us", tz="UTC")),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def read_range(
+    brokers: str,
+    part: RangePartition,
+    schema: pa.Schema,
+    fail_on_data_loss: bool = True,
+) -> Iterator[pa.RecordBatch]:
+    """Yield the records of ``part`` as Arrow batches (one per pull, ≤ 10,000 rows).
+
+    Raises DataLossError (with ``fail_on_data_loss``) when part of the range is no
+    longer retained or the queue is shorter than the range; otherwise logs a warning
+    and skips what is gone. Raises CorruptRecord for a damaged record.
+    """
+    pos, end = part.start, part.end
+    topic, qid = part.topic, part.queue_id
+    if pos >= end:
+        return
+
+    def pull_at(offset: int) -> Future[bytes]:
+        req = wire.PullRequest(topic, qid, offset, min(PULL_MAX_MESSAGES, end - offset), PULL_MAX_BYTES)
+        return ahead.submit(_pull_raw, brokers, req)
+
+    # one pull in flight while the previous answer is parsed: the broker never waits for us
+    with ThreadPoolExecutor(1, thread_name_prefix="equeue-pull") as ahead:
+        pending = pull_at(pos)
+        while True:
+            payload = pending.result()
+            status, lo, hi, _nxt, count = _RESP.unpack_from(payload, 0)
+            if status == PullStatus.FOUND and count:
+                count = min(count, end - pos)
+                first, pos = pos, pos + count
+                if pos < end:
+                    pending = pull_at(pos)
+                yield _batch(payload, count, topic, qid, first, schema)
+                if pos >= end:
+                    return
+            elif status == PullStatus.OFFSET_TOO_SMALL:
+                msg = (
+                    f"equeue source: {topic}/{qid} offsets [{pos}, {min(lo, end)}) are no longer "
+                    f"retained (lowest retained offset is {lo})"
+                )
+                if fail_on_data_loss:
+                    raise DataLossError(msg + "; set failOnDataLoss=false to skip lost data")
+                log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+                pos = lo
+                if pos >= end:
+                    return
+                pending = pull_at(pos)
+            else:
+                msg = (
+                    f"equeue source: {topic}/{qid} ends at offset {hi} but the query needs offsets "
+                    f"up to {end} (was the topic deleted and recreated?)"
+                )
+                if fail_on_data_loss:
+                    raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
+                log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+                return
+
+
+# --------------------------------------------------------------------------- planning
+def split_ranges(
+    ranges: Sequence[tuple[str, int, int, int]], min_partitions: int, max_per_partition: int
+) -> list[RangePartition]:
+    """Turn (topic, queue, start, end) ranges into input partitions.
+
+    Every range becomes at least one partition; ranges longer than
+    ``max_per_partition`` are split; if fewer than ``min_partitions`` result, the
+    ranges are split further in proportion to their size (like Kafka's minPartitions).
+    Deterministic: the same ranges always give the same partitions.
+    """
+    live = [(t, q, s, e) for t, q, s, e in ranges if e > s]
+    total = sum(e - s for _, _, s, e in live)
+    out: list[RangePartition] = []
+    for t, q, s, e in live:
+        size = e - s
+        parts = -(-size // max_per_partition)
+        if min_partitions > len(live) and total:
+            parts = max(parts, round(size * min_partitions / total))
+        parts = max(1, min(parts, size))
+        for i in range(parts):
+            a = s + size * i // parts
+            b = s + size * (i + 1) // parts
+            out.append(RangePartition(t, q, a, b))
+    return out
+
+
+def allocate(lags: Mapping[tuple[str, str], int], budget: int) -> dict[tuple[str, str], int]:
+    """Split ``budget`` offsets across queues in proportion to their lag.
+
+    Never gives a queue more than its lag; gives out the whole budget when the total
+    lag is larger (largest remainders first, ties by queue name, so it is deterministic).
+    """
+    total = sum(lags.values())
+    if total <= budget:
+        return dict(lags)
+    shares = {k: budget * v // total for k, v in lags.items()}
+    left = budget - sum(shares.values())
+    order = sorted(lags, key=lambda k: (-(budget * lags[k] % total), k))
+    for k in order:
+        if left <= 0:
+            break
+        if shares[k] < lags[k]:
+            shares[k] += 1
+            left -= 1
+    return shares
+
+
+class _Options:
+    """The parsed source options (everything ``read()`` needs travels in here)."""
+
+    def __init__(self, options: Mapping[str, str]) -> None:
+        self.brokers = opt_str(options, "brokers", "127.0.0.1:5800")
+        self.topics = topics_of(options)
+        self.starting = opt_str(options, "startingOffsets", "")
+        self.ending = opt_str(options, "endingOffsets", "")
+        self.max_per_trigger = opt_int(options, "maxOffsetsPerTrigger")
+        if self.max_per_trigger is not None and self.max_per_trigger < 1:
+            raise ConfigError("maxOffsetsPerTrigger must be >= 1")
+        self.fail_on_data_loss = opt_bool(options, "failOnDataLoss", True)
+        self.group = opt_str(options, "group", "") or None
+        self.min_partitions = opt_int(options, "minPartitions", 0) or 0
+        self.max_per_partition = (
+            opt_int(options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION)
+            or DEFAULT_MAX_RECORDS_PER_PARTITION
+        )
+        if self.max_per_partition < 1:
+            raise ConfigError("maxRecordsPerPartition must be >= 1")
+
+
+class _Base:
+    """What the batch and stream readers share: options, schema, queue bounds, read()."""
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        self.opts = _Options(options)
+        self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        if not self.arrow_schema.equals(to_arrow_schema(SCHEMA, timezone="UTC")):
+            raise ConfigError("the equeue source has a fixed schema; do not pass .schema(...)")
+
+    def bounds(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """Per topic and queue: (lowest retained offset, next offset to be written).
+
+        A topic that does not exist (yet) has no queues (logged once per call)."""
+        c = client_for(self.opts.brokers)
+        out: dict[str, dict[int, tuple[int, int]]] = {}
+        for t in self.opts.topics:
+            try:
+                d = c.describe_topic(t)
+            except TopicNotFound:
+                log.warning("equeue source: topic %r does not exist (yet)", t)
+                out[t] = {}
+                continue
+            out[t] = {qs.queue_id: (qs.min_offset, qs.max_offset) for qs in d.queues}
+        return out
+
+    def resolve(self, spec: str, default: int, name: str) -> Offsets:
+        """Offsets for ``earliest`` / ``latest`` / JSON against the current queue bounds."""
+        b = self.bounds()
+        spec = spec.strip()
+        if spec.lower() in ("", "earliest", "latest"):
+            which = {"earliest": EARLIEST, "latest": LATEST}.get(spec.lower(), default)
+            per: dict[str, dict[int, int]] = {t: {} for t in b}
+        else:
+            which = default
+            per = parse_offsets_json(spec, self.opts.topics, name)
+        out: Offsets = {}
+        for t, queues in b.items():
+            given = per.get(t, {})
+            for q in given:
+                if q not in queues:
+                    raise ConfigError(f"option {name}: topic {t!r} has no queue {q}")
+            out[t] = {}
+            for q, (lo, hi) in sorted(queues.items()):
+                off = given.get(q, which)
+                out[t][str(q)] = lo if off == EARLIEST else hi if off == LATEST else off
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.opts.brokers, partition, self.arrow_schema, self.opts.fail_on_data_loss)
+
+    def plan(self, start: Offsets, end: Offsets) -> list[RangePartition]:
+        ranges = []
+        for t, queues in end.items():
+            for q, e in queues.items():
+                s = start.get(t, {}).get(q, 0)
+                ranges.append((t, int(q), int(s), int(e)))
+        ranges.sort(key=lambda r: (r[0], r[1]))
+        return split_ranges(ranges, self.opts.min_partitions, self.opts.max_per_partition)
+
+
+class EQueueBatchReader(_Base, DataSourceReader):
+    """``spark.read.format("equeue")``: ``startingOffsets`` (default earliest) up to
+    ``endingOffsets`` (default latest), fixed when the query is planned."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        start = self.resolve(self.opts.starting, EARLIEST, "startingOffsets")
+        end = self.resolve(self.opts.ending, LATEST, "endingOffsets")
+        for t, queues in end.items():
+            for q, e in queues.items():
+                s = start[t][q]
+                if s > e:
+                    raise ConfigError(
+                        f"equeue source: {t}/{q}: startingOffsets {s} is after endingOffsets {e}"
+                    )
+        return self.plan(start, end)
+
+
+class EQueueStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("equeue")``: micro-batches over the queues' offsets.
+
+    Runs on the driver (offsets, planning, commit); ``read()`` runs in workers on a
+    separate instance, so it only uses the options and the partition.
+    """
+
+    def __init__(self, options: Mapping[str, str], schema: StructType) -> None:
+        super().__init__(options, schema)
+        self._target: Offsets | None = None
+        self._group_committed: dict[str, Any] | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        return self.resolve(self.opts.starting, LATEST, "startingOffsets")
+
+    def latest(self) -> Offsets:
+        return {t: {str(q): hi for q, (_, hi) in sorted(qs.items())} for t, qs in self.bounds().items()}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self.latest()
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return self.latest()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        # Spark asks for the next batch only after the previous one committed, so
+        # ``start`` is committed: record it for ``group`` (Spark's own commit() call
+        # for a batch comes one batch late, and never for the last availableNow batch)
+        self.commit(start)
+        latest = self.latest()
+        if self._target is not None:  # availableNow: never past what existed at its start
+            latest = {
+                t: {q: min(hi, self._target.get(t, {}).get(q, 0)) for q, hi in qs.items()}
+                for t, qs in latest.items()
+            }
+        lags: dict[tuple[str, str], int] = {}
+        end: Offsets = {}
+        for t, qs in latest.items():
+            end[t] = {}
+            for q, hi in qs.items():
+                s = int(start.get(t, {}).get(q, 0))  # a queue new since the last batch starts at 0
+                if hi < s:
+                    msg = f"equeue source: {t}/{q} now ends at {hi}, before the query's offset {s}"
+                    if self.opts.fail_on_data_loss:
+                        raise DataLossError(msg + " (topic recreated?); set failOnDataLoss=false to go on")
+                    log.warning("%s; waiting for it to catch up (failOnDataLoss=false)", msg)
+                    hi = s
+                end[t][q] = s
+                lags[(t, q)] = hi - s
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        take = allocate(lags, budget) if budget is not None else lags
+        for (t, q), n in take.items():
+            end[t][q] += n
+        for t, qs in start.items():  # keep queues of topics that vanished at their offset
+            if t in end:
+                for q, off in qs.items():
+                    end[t].setdefault(q, int(off))
+        return end
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return self.plan(start, end)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark finished every offset below ``end``: with ``group``, record it on the broker
+        (once per change; a failure is logged, the query goes on)."""
+        if not self.opts.group or end == self._group_committed:
+            return
+        c = client_for(self.opts.brokers)
+        try:
+            for t, qs in end.items():
+                for q, off in qs.items():
+                    c.commit_offset(self.opts.group, t, int(q), int(off))
+        except EQueueError as exc:
+            log.warning("equeue source: committing offsets of group %s failed: %s", self.opts.group, exc)
+            return
+        self._group_committed = {t: dict(qs) for t, qs in end.items()}
+
+    def stop(self) -> None:
+        pass
+
+
+class EQueueDataSource(DataSource):
+    """``format("equeue")``: read a topic (batch or streaming) or write to one."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "equeue"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return EQueueBatchReader(self.options, schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return EQueueStreamReader(self.options, schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from spark.sink import EQueueBatchWriter
+
+        return EQueueBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from spark.sink import EQueueStreamWriter
+
+        return EQueueStreamWriter(self.options, schema, overwrite)

@@ -1,0 +1,117 @@
+"""Three member processes, one joining later and one SIGKILLed half-way: every message
+handled at least once, in queue order per member, duplicates only from the killed
+member's uncommitted window, and no queue handled by two members at the same time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from broker import EmbeddedBroker
+from equeue import Message, wire
+from producer import Client
+from tests.conftest import ROOT, make_config
+from tests.integration.test_consumer import check_no_overlap_and_order
+
+MEMBER = r"""
+import signal, sys, time
+sys.path.insert(0, sys.argv[1])
+from consumer import Consumer
+addr, name, out = sys.argv[2], sys.argv[3], sys.argv[4]
+f = open(out, "a", buffering=1)
+c = Consumer(addr, "cg", "orders", orderly=True, start_from="earliest", consumer_id=name,
+             heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=1.0)
+def handler(m):
+    t0 = time.monotonic()
+    time.sleep(0.001)
+    f.write(f"{m.queue_id} {m.queue_offset} {t0} {time.monotonic()}\n")
+signal.signal(signal.SIGTERM, lambda *a: c.stop())
+c.run(handler)
+c.close()
+"""
+
+TOTAL, QUEUES = 30_000, 8
+
+
+def read(path: Path, name: str) -> list[tuple[str, int, int, float, float]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 4:
+                out.append((name, int(parts[0]), int(parts[1]), float(parts[2]), float(parts[3])))
+    return out
+
+
+@pytest.mark.slow
+def test_kill_and_join(tmp_path: Path) -> None:
+    script = tmp_path / "member.py"
+    script.write_text(MEMBER)
+    with EmbeddedBroker(make_config(tmp_path / "data", member_expiry=2.0)) as b:
+        with Client(b.address) as c:
+            c.create_topic("orders", QUEUES)
+            per_queue: dict[int, list[bytes]] = {q: [] for q in range(QUEUES)}
+            from equeue.routing import queue_for_key
+
+            for i in range(TOTAL):
+                key = f"user-{i % 500}"
+                per_queue[queue_for_key(key, QUEUES)].append(wire.encode_entry(Message(f"{i}", key=key)))
+            for q, entries in per_queue.items():
+                for k in range(0, len(entries), 1000):
+                    c.produce(wire.ProduceRequest("orders", q, entries[k : k + 1000]))
+        procs: dict[str, subprocess.Popen[bytes]] = {}
+
+        def spawn(name: str) -> None:
+            procs[name] = subprocess.Popen(
+                [sys.executable, str(script), str(ROOT), b.address, name, str(tmp_path / f"{name}.log")],
+                cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )  # fmt: skip
+
+        def handled() -> list[tuple[str, int, int, float, float]]:
+            return [r for n in ("m1", "m2", "m3") for r in read(tmp_path / f"{n}.log", n)]
+
+        try:
+            spawn("m1")
+            spawn("m2")
+            deadline = time.monotonic() + 60
+            killed = joined = False
+            while time.monotonic() < deadline:
+                recs = handled()
+                distinct = len({(q, o) for _, q, o, _, _ in recs})
+                if not joined and distinct >= TOTAL // 5:
+                    spawn("m3")
+                    joined = True
+                if joined and not killed and distinct >= TOTAL // 2 and any(r[0] == "m3" for r in recs):
+                    procs["m1"].send_signal(signal.SIGKILL)
+                    procs["m1"].wait(10)
+                    killed = True
+                if killed and distinct == TOTAL:
+                    break
+                time.sleep(0.1)
+            for name in ("m2", "m3"):
+                if name in procs and procs[name].poll() is None:
+                    procs[name].send_signal(signal.SIGTERM)
+            for name in ("m2", "m3"):
+                if name in procs:
+                    assert procs[name].wait(30) == 0
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+    recs = handled()
+    keys = [(q, o) for _, q, o, _, _ in recs]
+    assert len(set(keys)) == TOTAL, "every message handled at least once"
+    assert {r[0] for r in recs} == {"m1", "m2", "m3"}
+    counts: dict[tuple[int, int], int] = {}
+    for k in keys:
+        counts[k] = counts.get(k, 0) + 1
+    by_m1 = {(q, o) for n, q, o, _, _ in recs if n == "m1"}
+    dups = [k for k, n in counts.items() if n > 1]
+    assert all(k in by_m1 for k in dups), "duplicates only from the killed member"
+    check_no_overlap_and_order(recs)

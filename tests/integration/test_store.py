@@ -1,0 +1,211 @@
+"""The LMDB store on its own: append/read, atomicity, recovery, corruption, map full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from broker.store import QKEY, U64, CommitOffsetOp, CreateTopicOp, ProduceOp, Store
+from equeue import Message, wire
+from equeue.control import TopicInfo
+from equeue.errors import CorruptRecord, MessageTooLarge, QueueNotFound, StoreFull
+from equeue.protocol import PullStatus
+
+
+def entries(n: int, prefix: str = "m", size: int = 0, key: bool = True) -> list[bytes]:
+    pad = b"." * size
+    return [
+        wire.encode_entry(Message(f"{prefix}{i}".encode() + pad, key=f"k{i}" if key else None, tags="t"))
+        for i in range(n)
+    ]
+
+
+def make_topic(store: Store, name: str = "t", queues: int = 4) -> TopicInfo:
+    (info,) = store.write([CreateTopicOp(name, queues)]).results
+    assert isinstance(info, TopicInfo)
+    return info
+
+
+def bodies(store: Store, info: TopicInfo, queue: int, offset: int = 0, n: int = 10_000) -> list[bytes]:
+    r = store.read_queue(info, queue, offset, n, 1 << 30)
+    return [wire.decode_record(info.name, g, rec).body for g, rec in r.records]
+
+
+def raw_counts(store: Store) -> tuple[int, int]:
+    """(messages, queue-index entries) as LMDB holds them."""
+    with store.env.begin() as txn:
+        return (
+            txn.stat(store.db[b"messages"])["entries"],
+            txn.stat(store.db[b"qindex"])["entries"],
+        )
+
+
+def test_append_and_read(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    info = make_topic(store)
+    out = store.write([ProduceOp(info, 1, entries(5)), ProduceOp(info, 2, entries(3, "x"))])
+    a, b = out.results
+    assert (a.first_global, a.first_queue, a.stored) == (0, 0, 5)
+    assert (b.first_global, b.first_queue, b.stored) == (5, 0, 3)
+    assert out.touched == {(info.topic_id, 1), (info.topic_id, 2)}
+    r = store.read_queue(info, 1, 0, 100, 1 << 20)
+    assert r.status is PullStatus.FOUND
+    msgs = [wire.decode_record("t", g, rec) for g, rec in r.records]
+    assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(5)]
+    assert [m.queue_offset for m in msgs] == list(range(5))
+    assert [m.global_offset for m in msgs] == list(range(5))
+    assert [m.key for m in msgs] == [f"k{i}" for i in range(5)]
+    assert (r.min_offset, r.max_offset, r.next_offset) == (0, 5, 5)
+    # partial reads, by count and by bytes
+    assert bodies(store, info, 1, 2, 2) == [b"m2", b"m3"]
+    r = store.read_queue(info, 1, 0, 100, 1)
+    assert len(r.records) == 1 and r.next_offset == 1  # at least one record even over max_bytes
+    # statuses
+    assert store.read_queue(info, 1, 5, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
+    assert store.read_queue(info, 1, 6, 10, 1 << 20).status is PullStatus.OFFSET_OVERFLOW
+    assert store.read_queue(info, 0, 0, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
+    with pytest.raises(QueueNotFound):
+        store.read_queue(info, 4, 0, 10, 1 << 20)
+    # lookups
+    g, rec = store.get_queue_offset(info, 2, 1) or (None, b"")
+    assert g == 6 and wire.decode_record("t", 6, rec).body == b"x1"
+    assert store.get_global(7) is not None and store.get_global(8) is None
+    found = store.find_by_key(info, "k1", 10)
+    assert sorted(g for g, _ in found) == [1, 6]
+    store.close()
+
+
+def test_tag_filter_skips_but_advances(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    info = make_topic(store, queues=1)
+    es = [wire.encode_entry(Message(b"a", tags="a")), wire.encode_entry(Message(b"b", tags="b"))] * 3
+    store.write([ProduceOp(info, 0, es)])
+    r = store.read_queue(info, 0, 0, 10, 1 << 20, frozenset({b"b"}))
+    assert [wire.decode_record("t", g, rec).body for g, rec in r.records] == [b"b"] * 3
+    assert r.next_offset == 6
+    store.close()
+
+
+def test_every_message_has_its_index_entry(tmp_path: Path) -> None:
+    """Message and queue-index entry are written in one transaction: the two
+    databases always agree, also when some ops of a group commit fail."""
+    store = Store(tmp_path)
+    info = make_topic(store)
+    big = [wire.encode_entry(Message(b"z" * 2000))]
+    out = store.write(
+        [
+            ProduceOp(info, 0, entries(10)),
+            ProduceOp(info, 1, big, max_body=1000),  # fails its precondition: writes nothing
+            ProduceOp(info, 9, entries(1)),  # no such queue
+            ProduceOp(info, 1, entries(4)),
+        ]
+    )
+    assert isinstance(out.results[1], MessageTooLarge)
+    assert isinstance(out.results[2], QueueNotFound)
+    assert out.results[3].first_global == 10
+    assert raw_counts(store) == (14, 14)
+    with store.env.begin() as txn:
+        for k, gk in txn.cursor(db=store.db[b"qindex"]):
+            tid, q, off = QKEY.unpack(k)
+            rec = txn.get(gk, db=store.db[b"messages"])
+            assert rec is not None
+            h = wire.record_header(rec)
+            assert (h.topic_id, h.queue_id, h.queue_offset) == (tid, q, off)
+    assert bodies(store, info, 1) == [f"m{i}".encode() for i in range(4)]
+    store.close()
+
+
+def test_reopen_recovers_offsets(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    info = make_topic(store, queues=3)
+    for q in range(3):
+        store.write([ProduceOp(info, q, entries(q + 2, f"q{q}-"))])
+    store.write([CommitOffsetOp("g", "t", 1, 2)])
+    store.close()
+
+    store = Store(tmp_path)
+    info2 = store.topic("t")
+    assert info2 == info
+    assert store.next_global == 2 + 3 + 4
+    assert [store.queue_state(info.topic_id, q).next_offset for q in range(3)] == [2, 3, 4]
+    assert store.committed("g", "t", 1) == 2
+    (ans,) = store.write([ProduceOp(info2, 1, entries(2, "new"))]).results
+    assert (ans.first_global, ans.first_queue) == (9, 3)
+    assert bodies(store, info2, 1) == [b"q1-0", b"q1-1", b"q1-2", b"new0", b"new1"]
+    store.close()
+
+
+def test_recovery_uses_last_keys_when_stats_are_stale(tmp_path: Path) -> None:
+    """Next offsets come from the last keys of the log and the index."""
+    store = Store(tmp_path)
+    info = make_topic(store, queues=1)
+    store.write([ProduceOp(info, 0, entries(5))])
+    with store.env.begin(write=True) as txn:  # simulate stale counters
+        txn.delete(b"next_global", db=store.db[b"meta"])
+        txn.delete(b"\0\0\0\1\0\0\0\0", db=store.db[b"qstats"])
+    store.close()
+    store = Store(tmp_path)
+    assert store.next_global == 5
+    assert store.queue_state(info.topic_id, 0).next_offset == 5
+    store.close()
+
+
+def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    info = make_topic(store, queues=1)
+    store.write([ProduceOp(info, 0, entries(4, size=50))])
+    # flip one byte of the body of the record at global offset 2, behind the store's back
+    with store.env.begin(write=True) as txn:
+        rec = bytearray(txn.get(U64.pack(2), db=store.db[b"messages"]))
+        rec[-5] ^= 0x40
+        txn.put(U64.pack(2), bytes(rec), db=store.db[b"messages"])
+    # records before the bad one are returned; the read stops before it
+    r = store.read_queue(info, 0, 0, 10, 1 << 20)
+    assert [g for g, _ in r.records] == [0, 1] and r.next_offset == 2
+    # reading the bad one itself raises, with the queue and offset in the message
+    with pytest.raises(CorruptRecord, match="offset 2"):
+        store.read_queue(info, 0, 2, 10, 1 << 20)
+    rec2 = store.get_global(2)
+    assert rec2 is not None
+    with pytest.raises(CorruptRecord):
+        wire.decode_record("t", 2, rec2)
+    assert bodies(store, info, 0, 3) == [b"m3" + b"." * 50]
+    store.close()
+
+
+def test_map_full_fails_cleanly_and_reads_keep_working(tmp_path: Path) -> None:
+    store = Store(tmp_path, map_size=1 << 20)  # 1 MiB
+    info = make_topic(store, queues=2)
+    store.write([ProduceOp(info, 0, entries(20, size=100))])
+    before = raw_counts(store)
+    nxt = store.next_global
+    with pytest.raises(StoreFull, match="map-size"):
+        # ~2 MiB in one transaction: cannot fit
+        store.write([ProduceOp(info, 1, entries(40, size=50_000, key=False))])
+    # nothing half-written: counts, offsets and in-memory state unchanged
+    assert raw_counts(store) == before
+    assert store.next_global == nxt
+    assert store.queue_state(info.topic_id, 1).next_offset == 0
+    assert bodies(store, info, 0)[:2] == [b"m0" + b"." * 100, b"m1" + b"." * 100]
+    assert store.read_queue(info, 1, 0, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
+    # the store stays usable: a write that fits succeeds at the next dense offsets
+    (ans,) = store.write([ProduceOp(info, 1, entries(2))]).results
+    assert (ans.first_global, ans.first_queue) == (nxt, 0)
+    store.close()
+    # and the file is intact after reopening
+    store = Store(tmp_path, map_size=1 << 20)
+    assert store.next_global == nxt + 2
+    store.close()
+
+
+def test_raw_lmdb_is_consistent_after_many_group_commits(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    info = make_topic(store, queues=4)
+    for i in range(20):
+        store.write([ProduceOp(info, (i + j) % 4, entries(7)) for j in range(3)])
+    assert raw_counts(store) == (420, 420)
+    for q in range(4):
+        r = store.read_queue(info, q, 0, 1000, 1 << 30)
+        assert [wire.record_header(rec).queue_offset for _, rec in r.records] == list(range(105))
+    store.close()
