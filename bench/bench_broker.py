@@ -92,7 +92,7 @@ async def drain(addr: str, queues: int, max_messages: int, decode: bool) -> tupl
                     r = wire.decode_pull_response("bench", raw)
                     n, off = len(r.messages), r.next_offset
                 else:
-                    status, _lo, _hi, nxt, n = wire._PULL_RESP.unpack_from(raw, 0)
+                    _status, _lo, _hi, nxt, n = wire._PULL_RESP.unpack_from(raw, 0)
                     off = nxt
                 if n == 0:
                     return
@@ -115,7 +115,7 @@ async def wake_latency(addr: str, rounds: int) -> tuple[list[float], list[float]
         for _ in range(rounds):
             t: dict[str, float] = {}
 
-            async def pull() -> None:
+            async def pull(off: int = off, t: dict[str, float] = t) -> None:
                 r = await puller.pull(wire.PullRequest("wake", 0, off, 32, max_wait_ms=10_000))
                 t["pull"] = time.perf_counter()
                 assert len(r.messages) == 1
@@ -143,7 +143,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--queues", type=int, default=4)
-    ap.add_argument("--inflight", type=int, default=16)
+    ap.add_argument("--inflight", type=int, default=64)
     ap.add_argument("--pull-batch", type=int, default=1000)
     ap.add_argument("--flush", default="sync")
     ap.add_argument("--decode", action="store_true", help="also decode pulled records into Messages")

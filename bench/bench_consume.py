@@ -158,7 +158,7 @@ def c2(addr: str, n: int, tmp: str) -> tuple[float, list[int]]:
     go = Path(tmp) / "go"
     procs = [
         subprocess.Popen([sys.executable, str(script), str(ROOT), addr, "c2", str(n), str(go)],
-                         stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
         for _ in range(2)
     ]
     for p in procs:

@@ -6,7 +6,7 @@ charged to the producer being measured); the P1-style producer runs here. Both u
 the low-level ``AsyncClient``.
 
 - D1 "spread": 100,000 x 100-byte delayed messages (4 queues), due uniformly over a
-  10 s window; each body carries its due time. Four long-poll pull loops (one per
+  10 s window (run once on its own, once with P1 running); each body carries its due time. Four long-poll pull loops (one per
   queue) read them as they arrive. Reported: lag = broker store timestamp - due
   (when the scheduler moved it) and arrival - due (when the pull loop had it), p50 /
   p99 / max, and how many arrived early (must be 0).
@@ -203,7 +203,7 @@ def run_child(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------- driver
 def scenario(
-    address: str, args: argparse.Namespace, name: str, burst: bool
+    address: str, args: argparse.Namespace, name: str, burst: bool, with_p1: bool = True
 ) -> tuple[dict[str, Any], tuple[float, list[tuple[int, float]]]]:
     cmd = [
         sys.executable, __file__, "--role", "delayed", "--address", address, "--delayed", str(args.delayed),
@@ -218,7 +218,7 @@ def scenario(
         raise RuntimeError(f"delayed side failed: {line!r}")
     t0 = int(m.group(1))
     time.sleep(max(0.0, (t0 - now_ms()) / 1000))
-    rate = trio.run(p1, address, args.p1, f"p1-{name}")
+    rate = trio.run(p1, address, args.p1, f"p1-{name}") if with_p1 else (0.0, [])
     out = child.stdout.read()
     child.wait(60)
     res = json.loads(out.split("RESULT ", 1)[1])
@@ -252,6 +252,15 @@ def main() -> None:
                   f"{rate:,.0f} msg/s; request latency {lat_text(lat)}")
             return rate
 
+        res, _ = scenario(broker.address, args, "D1-quiet", False, with_p1=False)
+        sl, al = res["store_lag"], res["arrive_lag"]
+        print(
+            f"D1 without P1: {res['n']:,} delayed msgs due over {args.window:.0f} s"
+            f" (scheduled at {res['schedule_rate']:,.0f} msg/s)\n"
+            f"    lag store-due  p50 {sl[0]:.0f} ms  p99 {sl[1]:.0f} ms  max {sl[2]:.0f} ms"
+            f"  (early: {res['early']}, in due order per queue: {res['order_ok']})\n"
+            f"    lag arrive-due p50 {al[0]:.0f} ms  p99 {al[1]:.0f} ms  max {al[2]:.0f} ms"
+        )
         before = baseline("1")
         for i, (name, burst) in enumerate((("D1", False), ("D2", True))):
             res, (rate, lat) = scenario(broker.address, args, name, burst)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.store import CreateTopicOp, ProduceOp, Store  # noqa: E402
-from equeue import Message, wire  # noqa: E402
+from broker.store import CreateTopicOp, ProduceOp, Store
+from equeue import Message, wire
 
 
 def main() -> None:

@@ -120,12 +120,11 @@ class Handlers:
         if not req.entries:
             raise BadRequest("empty produce batch")
         cfg = self.b.config
-        answer: wire.ProduceResponse = await self.b.appender.submit(
-            st.ProduceOp(
-                info, req.queue_id, req.entries, req.producer_id, req.base_sequence,
-                cfg.max_message_bytes, int(cfg.max_delay * 1000),
-            )  # fmt: skip
-        )
+        op = st.ProduceOp(
+            info, req.queue_id, req.entries, req.producer_id, req.base_sequence,
+            cfg.max_message_bytes, int(cfg.max_delay * 1000),
+        )  # fmt: skip
+        answer: wire.ProduceResponse = await self.b.appender.submit(op)
         self.b.stats.messages_in += answer.stored
         self.b.stats.bytes_in += len(payload)
         return [answer.encode()]
@@ -288,12 +287,11 @@ class Handlers:
                 qs = self.store.queue_state(info.topic_id, q)
                 committed = offsets.get((t, q), -1)
                 base = committed if committed >= 0 else qs.min_offset
-                queues.append(
-                    control.GroupQueue(
-                        t, q, self.b.groups.owner(req.group, t, q), committed, qs.next_offset,
-                        max(0, qs.next_offset - max(base, qs.min_offset)),
-                    )  # fmt: skip
-                )
+                gq = control.GroupQueue(
+                    t, q, self.b.groups.owner(req.group, t, q), committed, qs.next_offset,
+                    max(0, qs.next_offset - max(base, qs.min_offset)),
+                )  # fmt: skip
+                queues.append(gq)
         g = self.b.groups.groups.get(req.group)
         return control.GroupDescription(req.group, members, queues, g.generation if g else 0)
 

@@ -28,6 +28,7 @@ import trio
 from broker.appender import Appender
 from broker.groups import GroupRegistry
 from broker.handlers import Handlers
+from broker.http import serve_http
 from broker.lifecycle import Lifecycle
 from broker.longpoll import ParkedPulls
 from broker.store import Store, WriteOutcome
@@ -90,6 +91,8 @@ class Broker:
         self.stats = Counters()
         self.closing = False
         self.port: int = 0
+        #: bound port of the /metrics + /stats endpoint (0 = off)
+        self.http_port: int = 0
         self._stop = trio.Event()
         self._started = time.monotonic()
         self._inflight = 0
@@ -123,6 +126,8 @@ class Broker:
                     tasks.start_soon(lifecycle.run)
                     if cfg.flush == "async":
                         tasks.start_soon(self._flusher)
+                    if cfg.http_port:
+                        self.http_port = await tasks.start(serve_http, self, cfg.host, cfg.http_port)
                     log.info(
                         "broker listening on %s:%d (data %s, flush %s)", cfg.host, self.port, cfg.data_dir, cfg.flush
                     )
@@ -222,8 +227,8 @@ class Broker:
         self._conns.add(conn)
         try:
             await conn.run()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+        except* (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass  # a peer reset (e.g. a SIGKILLed client) arrives wrapped in the nurseries' group
         finally:
             self._conns.discard(conn)
             if not self._conns:

@@ -38,12 +38,13 @@ import logging
 import struct
 import time
 from bisect import bisect_right
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from itertools import accumulate, islice, repeat
 from operator import add, getitem, ne
-from zlib import crc32
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
+from zlib import crc32
 
 import attrs
 import lmdb
@@ -183,7 +184,7 @@ class ProduceOp(WriteOp):
         n = len(self.entries)
         if self.producer_id is not None:
             pkey = PKEY.pack(self.producer_id, t.topic_id, self.queue_id)
-            pstate = w.txn.get(pkey, db=w.db[b"producers"]) or b""
+            pstate = bytes(w.txn.get(pkey, db=w.db[b"producers"]) or b"")
             if pstate:
                 last_seq, _ = PSTATE.unpack_from(pstate, 0)
                 if self.base_sequence <= last_seq:
@@ -211,7 +212,7 @@ class ProduceOp(WriteOp):
                     live.append(entry)
                     live_idx.append(i)
             if keyed:
-                kl_of = dict(zip(keyed, klens))
+                kl_of = dict(zip(keyed, klens, strict=True))
                 keyed = [j for j, i in enumerate(live_idx) if i in kl_of]
                 klens = [kl_of[live_idx[j]] for j in keyed]
             entries = live
@@ -227,14 +228,14 @@ class ProduceOp(WriteOp):
             heads = map(_REC_HEADER.pack, crcs, repeat(ver, m), repeat(tid, m), repeat(qid, m), offs, repeat(now, m))
             recs = list(map(add, heads, entries))
             gks = list(map(U64.pack, range(g, g + m)))
-            w.cursor(b"messages").putmulti(zip(gks, recs), append=True)
-            w.cursor(b"qindex").putmulti(zip(map(QKEY.pack, repeat(tid, m), repeat(qid, m), offs), gks))
+            w.cursor(b"messages").putmulti(zip(gks, recs, strict=True), append=True)
+            w.cursor(b"qindex").putmulti(zip(map(QKEY.pack, repeat(tid, m), repeat(qid, m), offs), gks, strict=True))
             if keyed:  # key index: crc32 of the key bytes == equeue.routing.key_hash
                 hs = _EH.size
                 k = len(keyed)
                 keys = map(getitem, map(entries.__getitem__, keyed), map(slice, repeat(hs, k), map(add, repeat(hs, k), klens)))
-                kks = map(KKEY.pack, repeat(tid, k), map(crc32, keys), map(add, repeat(g, k), keyed))
-                w.cursor(b"kindex").putmulti(zip(kks, repeat(b"", k)))
+                kks = map(KKEY.pack, repeat(tid, k), map(crc32, keys), map(add, repeat(g, k), keyed))  # type: ignore[arg-type]
+                w.cursor(b"kindex").putmulti(zip(kks, repeat(b"", k), strict=True))
             w.next_global = g + m
             st.next_offset = qo + m
             st.bytes += sum(map(len, recs))
@@ -260,6 +261,7 @@ _EH = wire.ENTRY_HEADER
 
 
 _CRC = slice(0, 4)
+_from_be: Callable[[bytes], int] = partial(int.from_bytes, byteorder="big")
 _AFTER_CRC = slice(4, None)
 
 
@@ -458,19 +460,23 @@ class MoveDueOp(WriteOp):
             cur.delete()  # moves to the next entry
         for (tid, qid), entries in groups.items():
             # cannot raise: the topic exists in this txn, the queue is in range and the
-            # entries are well-formed and no longer delayed
-            ProduceOp(by_id[tid], qid, entries).apply(w)
+            # entries are well-formed and no longer delayed. If it did, abort the whole
+            # transaction (a RuntimeError does) rather than commit half a move.
+            try:
+                ProduceOp(by_id[tid], qid, entries).apply(w)
+            except EQueueError as exc:
+                raise RuntimeError(f"moving delayed messages into {tid}/{qid} failed: {exc}") from exc
         for tid, d in delta.items():
             w.sched_delta[tid] = w.sched_delta.get(tid, 0) + d
         return moved
 
 
 def _entry_ok(entry: bytes) -> bool:
-    try:
-        wire.entry_meta(entry)
-    except EQueueError:
+    """The lengths ProduceOp checks are consistent (they were when it was scheduled)."""
+    if len(entry) < _EH.size:
         return False
-    return len(entry) >= _EH.size and U32.unpack_from(entry, 0)[0] + 4 == len(entry)
+    n, _flags, _due, _rc, kl, tl, pl = _EH.unpack_from(entry, 0)
+    return n + 4 == len(entry) and kl + tl + pl <= n + 4 - _EH.size
 
 
 def _undelay(entry: bytes) -> bytes:
@@ -735,15 +741,15 @@ class Store:
             dl = txn.get(b"deleting", db=meta)
             self.deleting = json.loads(dl) if dl else []
             for k, v in txn.cursor(db=self.db[b"topics"]):
-                info = control.decode(v, control.TopicInfo)
-                self.topics[k.decode()] = info
+                info: control.TopicInfo = control.decode(v, control.TopicInfo)
+                self.topics[bytes(k).decode()] = info
             qidx = txn.cursor(db=self.db[b"qindex"])
             for info in self.topics.values():
                 for q in range(info.queues):
                     st = QueueState()
-                    v = txn.get(TQ.pack(info.topic_id, q), db=self.db[b"qstats"])
-                    if v:
-                        st.next_offset, st.bytes = QSTAT.unpack(v)
+                    sv = txn.get(TQ.pack(info.topic_id, q), db=self.db[b"qstats"])
+                    if sv:
+                        st.next_offset, st.bytes = QSTAT.unpack(sv)
                     # last key of the queue: set_range past it, step back
                     if qidx.set_range(QKEY.pack(info.topic_id, q + 1, 0)):
                         ok = qidx.prev()
@@ -876,7 +882,11 @@ class Store:
         if offset < lo:
             return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], lo, hi, lo)
         if offset > hi:
-            return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
+            # The writer thread publishes next offsets just after its commit, so a
+            # reader may already have seen committed messages past ``hi``: ask LMDB.
+            hi = max(hi, self._last_committed(info.topic_id, queue_id) + 1)
+            if offset > hi:
+                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
         if offset == hi:
             return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, hi)
         if tag_filter is None and verify:
@@ -956,12 +966,23 @@ class Store:
             recs, gks = recs[: max(1, keep)], gks[: max(1, keep)]
         # verify: crc32 of everything after the stored crc == the stored crc; version byte
         n = len(recs)
-        stored = map(int.from_bytes, map(getitem, recs, repeat(_CRC, n)), repeat("big", n))
-        if any(map(ne, map(crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored)):
+        stored = map(_from_be, map(getitem, recs, repeat(_CRC, n)))  # type: ignore[arg-type]
+        if any(map(ne, map(crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored)):  # type: ignore[arg-type]
             return None
-        if any(map(ne, map(getitem, recs, repeat(4, n)), repeat(wire.RECORD_VERSION, n))):
+        if any(map(ne, map(getitem, recs, repeat(4, n)), repeat(wire.RECORD_VERSION, n))):  # type: ignore[arg-type]
             return None
-        return list(zip(map(int.from_bytes, gks, repeat("big", n)), recs))
+        return list(zip(map(_from_be, gks), recs, strict=True))
+
+    def _last_committed(self, topic_id: int, queue_id: int) -> int:
+        """Highest committed queue offset of a queue according to LMDB (-1 if empty)."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            ok = cur.prev() if cur.set_range(QKEY.pack(topic_id, queue_id + 1, 0)) else cur.last()
+            if ok:
+                t, q, off = QKEY.unpack(cur.key())
+                if (t, q) == (topic_id, queue_id):
+                    return int(off)
+        return -1
 
     def get_global(self, global_offset: int) -> bytes | None:
         with self.env.begin() as txn:

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import struct
 import zlib
-from itertools import chain
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import chain
 from typing import Final
 
 import attrs
@@ -433,7 +433,7 @@ def encode_pull_response(
     parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
     if records:  # per-record work in C loops: this builds every pull answer
         gs, recs = zip(*records, strict=True)
-        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, gs, map(len, recs)), recs)))
+        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, gs, map(len, recs)), recs, strict=True)))
     return parts
 
 

@@ -4,6 +4,7 @@ well-behaved client at the same time (the broker lives on)."""
 from __future__ import annotations
 
 import os
+import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -243,7 +244,7 @@ async def test_frame_over_the_cap_from_a_real_client(
 ) -> None:
     s = await connect(broker)
     payload = b"x" * (broker.config.max_frame + 10)
-    with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):  # noqa: PT012
+    with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError)):
         with trio.fail_after(10):
             await s.send_all(request(1, RequestCode.PRODUCE, payload))
             await read_until_closed(s)
@@ -273,3 +274,14 @@ async def test_client_codec_reports_a_refused_handshake(broker: Broker) -> None:
     codec2.receive_data(b"HTTP/1.1 400")
     with pytest.raises(RemoteProtocolError):
         codec2.next_event()
+
+
+async def test_connection_reset_by_peer(broker: Broker, served: Callable[[], Awaitable[None]]) -> None:
+    """A client that resets its connection (RST) mid-stream does not hurt the broker."""
+    for _ in range(5):
+        s = await connect(broker)
+        await s.send_all(request(1, RequestCode.PULL, wire.PullRequest("good", 0, 10**6, max_wait_ms=5000).encode()))
+        s.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.socket.close()  # RST
+        await trio.sleep(0.05)
+    await served()

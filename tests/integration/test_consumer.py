@@ -319,8 +319,11 @@ def check_no_overlap_and_order(log: list[tuple[str, int, int, float, float]]) ->
         by_queue[q].append((t0, t1, name, off))
         per_member[(name, q)].append(off)
     for q, runs in by_queue.items():
-        for (_s0, e0, n0, _), (s1, _e1, n1, _) in zip(runs, runs[1:], strict=False):
-            assert n0 == n1 or s1 >= e0, f"queue {q}: {n0} and {n1} overlapped"
+        last_end: dict[str, float] = {}  # member -> end of its latest handling of q
+        for start, end, name, _off in runs:
+            for other, other_end in last_end.items():
+                assert other == name or start >= other_end, f"queue {q}: {other} and {name} overlapped"
+            last_end[name] = max(end, last_end.get(name, end))
     for key, offs in per_member.items():
         assert offs == sorted(offs) and len(set(offs)) == len(offs), f"{key} out of order"
 

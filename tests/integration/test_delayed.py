@@ -145,3 +145,30 @@ async def test_lifecycle_move_due_is_noop_when_nothing_due(broker: Broker) -> No
             assert await lc.move_due() == 0
             assert broker.store.transactions == tx  # read-only: no empty commit
             assert (await c.describe_topic("d")).pending_delayed == 1
+
+
+def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
+    """Store level: one bad schedule entry never blocks the others (and never half-commits)."""
+    from broker.store import SKEY, TQ, CreateTopicOp, DeleteTopicOp, MoveDueOp, ProduceOp, Store
+
+    store = Store(tmp_path / "s", map_size=1 << 28)
+    try:
+        keep, gone = store.write([CreateTopicOp("keep", 1), CreateTopicOp("gone", 1)]).results
+        due = now_ms() + 200
+        store.write([
+            ProduceOp(keep, 0, [delayed("a", due), delayed("b", due + 1)]),
+            ProduceOp(gone, 0, [delayed("x", due)]),
+        ])  # fmt: skip
+        with store.env.begin(write=True) as txn:  # a truncated entry, due first
+            txn.put(SKEY.pack(due - 1, 1), TQ.pack(keep.topic_id, 0) + b"\x00\x00\x00\x30junk", db=store.db[b"schedule"])
+        store.write([DeleteTopicOp("gone")])
+        assert store.write([MoveDueOp()]).results == [0]  # not due yet
+        time.sleep(0.25)
+        assert store.write([MoveDueOp(limit=2)]).results == [2]  # junk (dropped) + "a"
+        assert store.write([MoveDueOp()]).results == [2]  # "x" (dropped) + "b"
+        assert store.next_due() is None
+        r = store.read_queue(keep, 0, 0, 10, 1 << 20)
+        assert [wire.decode_record("keep", g, rec).text for g, rec in r.records] == ["a", "b"]
+        assert store.pending_delayed(keep.topic_id) == 0
+    finally:
+        store.close()
