@@ -184,9 +184,11 @@ class AsyncProducer:
         for route in list(self._routes.values()):
             for lane in route.lanes.values():
                 lane.fail_all(ClientClosed("the producer closed before this message was sent"))
+        # close the client first: the caller's task may run inside the cancel scopes
+        # entered by __aenter__, so nothing may be awaited after cancelling them
+        await self.client.aclose()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-        await self.client.aclose()
 
     @property
     def closed(self) -> bool:
