@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import threading
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import trio
 
 from equeue.config import BrokerConfig
 from equeue.errors import EQueueError
+
+if TYPE_CHECKING:
+    from broker.server import Broker
 
 
 class EmbeddedBroker:
@@ -25,7 +29,7 @@ class EmbeddedBroker:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
-        self._broker = None
+        self._broker: Broker | None = None
         self._error: BaseException | None = None
 
     @property
@@ -61,9 +65,9 @@ class EmbeddedBroker:
     def stop(self) -> None:
         if self._thread is None:
             return
-        if self._token is not None and self._thread.is_alive():
+        if self._token is not None and self._broker is not None and self._thread.is_alive():
             try:
-                trio.from_thread.run_sync(self._broker.stop, trio_token=self._token)  # type: ignore[union-attr]
+                trio.from_thread.run_sync(self._broker.stop, trio_token=self._token)
             except trio.RunFinishedError:
                 pass
         self._thread.join()
