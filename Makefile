@@ -39,7 +39,7 @@ bench: install
 
 bench-peers: install
 	EXTRA_PEERS="equeue=$(CURDIR)/bench/peers/equeue_peer.py" PARTS="redis nats" \
-	EXTRA_RUNS="equeue equeue-sync --set flush=sync --label 'equeue, flush sync'; equeue equeue-async --set flush=async --label 'equeue, flush async'" \
+	EXTRA_RUNS="equeue equeue-sync --set flush=sync --label 'equeue, flush sync'; equeue equeue-async --set flush=async --label 'equeue, flush async'; equeue equeue-stream --set flush=sync --set pub_mode=async --workloads P1,P2 --label 'equeue, flush sync, streaming send_async'" \
 	PYTHON=$(abspath $(PY)) bash ../shared/bench-peers/run_all.sh
 	$(PY) bench/peers/render_docs.py peerbench-results
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker import BrokerConfig, EmbeddedBroker  # noqa: E402
-from equeue import Message, wire  # noqa: E402
-from producer import Client  # noqa: E402
+from broker import BrokerConfig, EmbeddedBroker
+from equeue import Message, wire
+from producer import Client
 
 
 def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
@@ -36,6 +36,39 @@ def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
         sent += k
         q += 1
     return time.perf_counter() - t0
+
+
+def raw_pull_rate(c: Client, topic: str, queues: int, n: int) -> float:
+    """The broker's serving ceiling: pull the whole backlog raw (no parsing), one connection."""
+    from equeue.protocol import RequestCode
+
+    t0 = time.perf_counter()
+    got = 0
+    for q in range(queues):
+        off = 0
+        while True:
+            raw = c.request(RequestCode.PULL, wire.PullRequest(topic, q, off, 10_000, 8 << 20).encode())
+            count = int.from_bytes(raw[25:29], "big")
+            if not count:
+                break
+            off += count
+            got += count
+    return got / (time.perf_counter() - t0)
+
+
+def parse_rate(c: Client, topic: str) -> float:
+    """Client-side cost: parse one 10,000-record pull answer into Arrow, repeatedly."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from equeue.protocol import RequestCode
+    from spark.source import SCHEMA, _batch
+
+    raw = c.request(RequestCode.PULL, wire.PullRequest(topic, 0, 0, 10_000, 8 << 20).encode())
+    schema = to_arrow_schema(SCHEMA, timezone="UTC")
+    t0 = time.perf_counter()
+    for _ in range(20):
+        _batch(raw, 10_000, topic, 0, 0, schema)
+    return 200_000 / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -57,6 +90,8 @@ def main() -> None:
         c.create_topic("bench", a.queues)
         fill_s = fill(c, "bench", a.queues, a.messages, a.size)
         print(f"backlog: {a.messages:,} × {a.size} B in {a.queues} queues (produced in {fill_s:.1f} s)")
+        print(f"broker raw pull, 1 connection, no parsing: {raw_pull_rate(c, 'bench', a.queues, a.messages):,.0f} rows/s")
+        print(f"client parse to Arrow (crc checked), 1 core: {parse_rate(c, 'bench'):,.0f} rows/s")
         t0 = time.perf_counter()
         s = spark.session("equeue-bench", a.master)
         print(f"session start: {time.perf_counter() - t0:.1f} s")

@@ -17,8 +17,8 @@ import logging
 import struct
 import zlib
 from array import array
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 

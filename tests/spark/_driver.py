@@ -18,11 +18,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import spark  # noqa: E402
-from spark.source import EQueueDataSource, EQueueStreamReader, RangePartition  # noqa: E402
+import spark
+from spark.source import EQueueDataSource, EQueueStreamReader, RangePartition
 
 
 class PausingReader(EQueueStreamReader):
+    marker = ""
+
     def read(self, partition: Any) -> Iterator[Any]:
         marker = self.marker
         if marker and isinstance(partition, RangePartition) and partition.start > 0:
@@ -38,7 +40,7 @@ class PausingSource(EQueueDataSource):
 
     def streamReader(self, schema: Any) -> PausingReader:
         r = PausingReader(self.options, schema)
-        r.marker = self.options.get("pausemarker", "")  # type: ignore[attr-defined]
+        r.marker = self.options.get("pausemarker", "")
         return r
 
 

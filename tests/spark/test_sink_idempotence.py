@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from broker import BrokerConfig, EmbeddedBroker  # noqa: E402
-from equeue import wire  # noqa: E402
-from equeue.routing import queue_for_key  # noqa: E402
-from producer import Client  # noqa: E402
-from spark import sink  # noqa: E402
-from spark.common import drop_client  # noqa: E402
-from spark.source import allocate, split_ranges  # noqa: E402
+from broker import BrokerConfig, EmbeddedBroker
+from equeue import wire
+from equeue.routing import queue_for_key
+from producer import Client
+from spark import sink
+from spark.common import drop_client
+from spark.source import allocate, split_ranges
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
 
@@ -34,7 +34,7 @@ def _rows(n: int) -> list[tuple[str | None, bytes]]:
 
 def _publish(addr: str, pid: bytes, rows: list[tuple[str | None, bytes]], stop_after: int | None = None) -> sink.SinkCommit:
     pub = sink._Publisher(addr, "out", pid, 0)
-    for i, (key, body) in enumerate(rows):
+    for key, body in rows:
         if stop_after is not None and pub.commit.requests >= stop_after:
             return pub.commit  # the task "dies": buffered rows are never sent
         pub.add("out", key, sink._encode(body, key, None, None))
