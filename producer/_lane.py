@@ -97,19 +97,12 @@ class _Lane:
         while True:
             wake = self.wake = trio.Event()
             now = time.monotonic()
-            with lock:
-                o = self.open
-                if o is not None and now - o.first_at >= linger:
-                    self.sendq.append(o)
-                    self.open = None
-            # write, in order, while the window has room (not while recovering)
-            if not self.retry:
-                while len(self.window) < max_in_flight and self.sendq:
-                    with lock:
-                        b = self.sendq.popleft()
-                    if b.finished:
-                        continue
-                    await self._write(client, b, now)
+            o = self.open
+            if o is not None and now - o.first_at >= linger:
+                with lock:
+                    if self.open is o:
+                        self.sendq.append(o)
+                        self.open = None
             # read the answers, in order
             window = self.window
             while window:
@@ -137,6 +130,13 @@ class _Lane:
             if self.retry and not window:
                 await self._recover()
                 continue
+            # write, in order, while the window has room (not while recovering)
+            if not self.retry:
+                while len(self.window) < max_in_flight and self.sendq:
+                    b = self.sendq.popleft()  # deque: atomic; appends happen under the lock
+                    if b.finished:
+                        continue
+                    await self._write(client, b, now)
             # wait for a poke (new batch, answer), the linger of the open batch, a deadline
             at = float("inf")
             o = self.open
@@ -166,6 +166,7 @@ class _Lane:
             reply = await client.send_request(RequestCode.PRODUCE, payload, self.poke)
         except EQueueError as exc:
             self.window.append((b, None, exc))
+            self.poke()  # handle the failure at once
         else:
             self.window.append((b, reply, None))
 

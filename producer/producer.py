@@ -28,9 +28,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
+from zlib import crc32
 
 import trio
 
+from equeue import wire
 from equeue.errors import (
     BufferFull,
     ClientClosed,
@@ -41,13 +43,17 @@ from equeue.errors import (
 )
 from equeue.models import Message, SendResult
 from equeue.names import validate_topic
-from equeue.routing import RoundRobin, queue_for_key
+from equeue.routing import RoundRobin
 from producer._batch import SendHandle, _Batch, deliver_at_ms, encode_entry
 from producer._lane import _Lane, new_producer_id
 from producer.client import AsyncClient
 from producer.syncfront import SyncFront
 
 log = logging.getLogger("equeue.producer")
+
+_pack = wire.ENTRY_HEADER.pack
+_HSIZE = wire.ENTRY_HEADER.size - 4
+assert wire.FLAG_KEY == 1
 
 __all__ = ["AsyncProducer", "Message", "Producer", "QueueSelector", "SendHandle", "SendResult"]
 
@@ -235,8 +241,14 @@ class AsyncProducer:
         ``on_full="raise"``). Validation errors are raised here; send errors by
         the handle.
         """
-        due = deliver_at_ms(delay, deliver_at)
-        return await self._submit(topic, body, key, tags, properties, due, False)
+        due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
+        h = self.try_submit(topic, body, key, tags, properties, due, False)
+        if h is None:
+            h = await self._submit(topic, body, key, tags, properties, due, False)
+        elif h._index == 0:
+            # yield once per new batch (not per message): lets the lanes run
+            await trio.lowlevel.checkpoint()
+        return h
 
     def send_nowait(
         self,
@@ -319,20 +331,23 @@ class AsyncProducer:
         route = self._routes.get(topic)
         if route is None:
             return None
-        if not isinstance(body, bytes):
-            if isinstance(body, str):
-                body = body.encode()
-            elif isinstance(body, bytearray | memoryview):
-                body = bytes(body)
-            else:
-                raise ConfigError(f"message body must be bytes or str, not {type(body).__name__}")
+        if type(body) is bytes:
+            data: bytes = body  # type: ignore[assignment]
+        elif isinstance(body, str):
+            data = body.encode()
+        elif isinstance(body, bytes | bytearray | memoryview):
+            data = bytes(body)
+        else:
+            raise ConfigError(f"message body must be bytes or str, not {type(body).__name__}")
+        body = data
         if len(body) > self.max_message_bytes:
             raise MessageTooLarge(f"message body is {len(body)} bytes; the limit is {self.max_message_bytes}")
         kb: bytes | None
-        if key is None:
+        tk = type(key)
+        if tk is str:
+            kb = key.encode()  # type: ignore[union-attr]
+        elif key is None:
             kb = None
-        elif isinstance(key, str):
-            kb = key.encode()
         elif isinstance(key, bytes):
             kb = key
         else:
@@ -344,12 +359,16 @@ class AsyncProducer:
             if not isinstance(qid, int) or not 0 <= qid < count:
                 raise ConfigError(f"queue_selector returned {qid!r}; {topic!r} has {count} queues")
         elif kb is not None:
-            qid = queue_for_key(kb, count)
+            qid = (crc32(kb) & 0xFFFFFFFF) % count  # equeue.routing.queue_for_key, inlined
         else:
             qid = route.rr.next(count)
-        if properties:
-            properties = {str(k): str(v) for k, v in properties.items()}
-        entry = encode_entry(body, kb, tags.encode() if tags is not None else None, properties, due)
+        if tags is None and not properties and kb is not None and len(kb) <= 0xFFFF:
+            kl = len(kb)
+            entry = b"".join((_pack(_HSIZE + kl + len(data), 1, due, 0, kl, 0, 0), kb, data))
+        else:
+            if properties:
+                properties = {str(k): str(v) for k, v in properties.items()}
+            entry = encode_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
         n = len(entry)
         delayed = due > 0
         kick = None
@@ -571,7 +590,7 @@ class Producer(SyncFront[AsyncProducer]):
         Buffers directly from the calling thread (no hop to the loop) unless the
         topic is new or the buffer is full; then blocks (or raises BufferFull).
         """
-        due = deliver_at_ms(delay, deliver_at)
+        due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
         loop, core = self._ensure()
         h = core.try_submit(topic, body, key, tags, properties, due, False)
         if h is not None:

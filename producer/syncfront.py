@@ -24,6 +24,17 @@ A = TypeVar("A")
 
 __all__ = ["LoopThread", "SyncFront"]
 
+#: bumped in a forked child: a loop made before the fork is not running there
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class LoopThread:
     """A trio event loop running in a daemon thread until :meth:`close`.
@@ -34,6 +45,8 @@ class LoopThread:
 
     def __init__(self, name: str = "equeue-loop") -> None:
         self.pid = os.getpid()
+        self._generation = _fork_generation
+        self._running = False
         self._token: trio.lowlevel.TrioToken | None = None
         self._stop: trio.Event | None = None
         self._ready = threading.Event()
@@ -51,6 +64,7 @@ class LoopThread:
             self._stop = trio.Event()
             async with trio.open_nursery() as n:
                 self._nursery = n
+                self._running = True
                 self._ready.set()
                 await self._stop.wait()
                 n.cancel_scope.cancel()
@@ -60,11 +74,13 @@ class LoopThread:
         except BaseException as exc:  # pragma: no cover - loop crash
             self._error = exc
         finally:
+            self._running = False
             self._ready.set()
 
     @property
     def alive(self) -> bool:
-        return self.pid == os.getpid() and self._thread.is_alive()
+        """Running, in this process (cheap: no syscall; checked on every call)."""
+        return self._running and self._generation == _fork_generation
 
     def run(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``await afn(*args)`` on the loop and return its result (blocking)."""

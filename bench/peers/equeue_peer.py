@@ -493,29 +493,51 @@ def role_l1_consume(a: dict[str, Any]) -> dict[str, Any]:
 
 
 def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
-    """L1 producer: ``send`` one message at a time at a fixed rate (``time.sleep``
-    pacing, blocking ``Producer``), 8-byte send timestamp first in the body."""
-    from producer import Producer
+    """L1 producer: ``send`` one message at a time at a fixed rate (each ack awaited),
+    8-byte send timestamp first in the body. ``api=async``: ``AsyncProducer`` paced by
+    ``trio.sleep_until`` (the trio equivalent of the harness's ``time.sleep``);
+    ``api=sync``: blocking ``Producer`` paced by ``time.sleep``."""
+    from producer import AsyncProducer, Producer
 
     rate, seconds = a["rate"], a["seconds"]
     n = rate * seconds
     fillers, _queues = C.make_messages(n, a["size"] - 8, a.get("seed", 7))
     keys = _keys(n)
     pack = C.TS.pack
-    late = 0
-    with Producer(ADDR) as p:
-        p.queue_count(TOPIC)
-        t0 = time.time() + 0.05
-        for i in range(n):
-            target = t0 + i / rate
-            d = target - time.time()
-            if d > 0:
-                time.sleep(d)
-            elif d < -0.001:
-                late += 1
-            p.send(TOPIC, pack(time.time_ns()) + fillers[i], key=keys[i])
-        el = time.time() - t0
-    return {"sent": n, "seconds": el, "achieved_rate": n / el, "late_gt_1ms": late}
+    if _api(a) == "sync":
+        late = 0
+        with Producer(ADDR) as p:
+            p.queue_count(TOPIC)
+            t0 = time.time() + 0.05
+            for i in range(n):
+                target = t0 + i / rate
+                d = target - time.time()
+                if d > 0:
+                    time.sleep(d)
+                elif d < -0.001:
+                    late += 1
+                p.send(TOPIC, pack(time.time_ns()) + fillers[i], key=keys[i])
+            el = time.time() - t0
+    else:
+        import trio
+
+        async def main() -> tuple[float, int]:
+            late = 0
+            async with AsyncProducer(ADDR) as p:
+                await p.queue_count(TOPIC)
+                t0 = time.time() + 0.05
+                for i in range(n):
+                    target = t0 + i / rate
+                    d = target - time.time()
+                    if d > 0:
+                        await trio.sleep(d)
+                    elif d < -0.001:
+                        late += 1
+                    await p.send(TOPIC, pack(time.time_ns()) + fillers[i], key=keys[i])
+                return time.time() - t0, late
+
+        el, late = trio.run(main)
+    return {"sent": n, "seconds": el, "achieved_rate": n / el, "late_gt_1ms": late, "api": _api(a)}
 
 
 def role_check(a: dict[str, Any]) -> dict[str, Any]:

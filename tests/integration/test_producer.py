@@ -1,0 +1,325 @@
+"""Producer SDK against a real broker: routing, batching, buffered mode, errors."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from broker import Broker, EmbeddedBroker
+from equeue import (
+    BufferFull,
+    ClientClosed,
+    ConfigError,
+    InvalidName,
+    Message,
+    MessageTooLarge,
+    PullStatus,
+    ReservedTopic,
+    TopicNotFound,
+    wire,
+)
+from equeue.routing import queue_for_key
+from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+from producer._batch import deliver_at_ms, encode_entry
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def read_queue(c: AsyncClient, topic: str, queue_id: int) -> list[Message]:
+    out: list[Message] = []
+    offset = 0
+    while True:
+        r = await c.pull(wire.PullRequest(topic, queue_id, offset, 1000))
+        if r.status is not PullStatus.FOUND:
+            return out
+        out += r.messages
+        offset = r.next_offset
+
+
+def test_entry_encoding_matches_wire() -> None:
+    for m in (
+        Message(b"body"),
+        Message("héllo", key="k", tags="t", properties={"a": "1", "b": "ü"}, deliver_at=123),
+        Message(b"", key="", tags=""),
+    ):
+        got = encode_entry(
+            m.body,
+            m.key.encode() if m.key is not None else None,
+            m.tags.encode() if m.tags is not None else None,
+            m.properties,
+            m.deliver_at,
+        )
+        assert got == wire.encode_entry(m)
+
+
+def test_deliver_at_conversion() -> None:
+    assert deliver_at_ms(None, None) == 0
+    assert deliver_at_ms(-5, None) == 0
+    now_ms = dt.datetime.now(dt.UTC).timestamp() * 1000
+    assert abs(deliver_at_ms(10, None) - (now_ms + 10_000)) < 1000
+    assert abs(deliver_at_ms(dt.timedelta(minutes=1), None) - (now_ms + 60_000)) < 1000
+    naive = dt.datetime.now(dt.UTC).replace(tzinfo=None) + dt.timedelta(seconds=30)
+    assert abs(deliver_at_ms(None, naive) - (now_ms + 30_000)) < 1000
+    with pytest.raises(ConfigError):
+        deliver_at_ms(1, naive)
+
+
+async def test_send_routes_keys_stably(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, AsyncProducer(broker.address) as p:
+            await c.create_topic("orders", 4)
+            results: dict[str, list[SendResult]] = {}
+            for i in range(60):
+                key = f"user-{i % 12}"
+                results.setdefault(key, []).append(await p.send("orders", f"m{i}", key=key))
+            for key, rs in results.items():
+                assert {r.queue_id for r in rs} == {queue_for_key(key, 4)}
+                offsets = [r.queue_offset for r in rs]
+                assert offsets == sorted(offsets)
+            assert len({r.queue_id for rs in results.values() for r in rs}) == 4
+            stored = await read_queue(c, "orders", queue_for_key("user-3", 4))
+            assert [m.text for m in stored if m.key == "user-3"] == [f"m{i}" for i in range(3, 60, 12)]
+
+
+async def test_round_robin_spreads_evenly(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, AsyncProducer(broker.address) as p:
+            await c.create_topic("rr", 4)
+            rs = [await p.send("rr", b"x") for _ in range(40)]
+            counts = [sum(1 for r in rs if r.queue_id == q) for q in range(4)]
+            assert counts == [10, 10, 10, 10]
+
+
+async def test_queue_selector_and_properties(broker: Broker) -> None:
+    seen: list[tuple[int, str | None]] = []
+
+    def selector(count: int, msg: Message) -> int:
+        seen.append((count, msg.key))
+        return count - 1
+
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, AsyncProducer(broker.address, queue_selector=selector) as p:
+            await c.create_topic("sel", 3)
+            r = await p.send("sel", b"body", key="k", tags="paid", properties={"n": 1})
+            assert r.queue_id == 2 and seen == [(3, "k")]
+            (m,) = await read_queue(c, "sel", 2)
+            assert (m.body, m.key, m.tags, m.properties) == (b"body", "k", "paid", {"n": "1"})
+
+
+async def test_send_batch_groups_per_queue_in_input_order(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, AsyncProducer(broker.address) as p:
+            await c.create_topic("b", 4)
+            msgs = [Message(f"m{i}", key=f"k{i % 8}") for i in range(100)]
+            rs = await p.send_batch("b", msgs)
+            assert [r.queue_id for r in rs] == [queue_for_key(f"k{i % 8}", 4) for i in range(100)]
+            # one request per queue: offsets within a queue are consecutive in input order
+            for q in range(4):
+                offs = [r.queue_offset for r in rs if r.queue_id == q]
+                assert offs == list(range(len(offs)))
+            globals_ = sorted(r.global_offset for r in rs)
+            assert globals_ == list(range(100))
+            stats = await c.stats()
+            assert stats.transactions <= 3  # topic creation + the batch (one group commit, or two)
+
+
+async def test_buffered_send_async_and_flush(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, AsyncProducer(broker.address, linger=0.05) as p:
+            await c.create_topic("buf", 2)
+            handles = [await p.send_async("buf", f"m{i}", key=str(i)) for i in range(500)]
+            assert not all(h.done() for h in handles)
+            await p.flush()
+            assert all(h.done() for h in handles)
+            rs = [await h for h in handles]
+            assert len({(r.queue_id, r.queue_offset) for r in rs}) == 500
+            total = [len(await read_queue(c, "buf", q)) for q in range(2)]
+            assert sum(total) == 500
+
+
+async def test_backpressure_blocks_then_completes(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c, AsyncProducer(
+            broker.address, max_buffered_bytes=32 * 1024, max_batch_bytes=8 * 1024, max_in_flight=2
+        ) as p:
+            await c.create_topic("bp", 2)
+            peak = 0
+            handles = []
+            for i in range(400):
+                handles.append(await p.send_async("bp", b"x" * 1000, key=str(i)))
+                peak = max(peak, p.statistics()["buffered_bytes"])
+            await p.flush()
+            assert peak <= 32 * 1024
+            rs = [await h for h in handles]
+            assert len({(r.queue_id, r.queue_offset) for r in rs}) == 400
+
+
+async def test_buffer_full_raises_when_asked(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncProducer(
+            broker.address, max_buffered_bytes=16 * 1024, max_batch_bytes=16 * 1024, linger=60, on_full="raise"
+        ) as p:
+            await p.send("full", b"warm-up")
+            with pytest.raises(BufferFull):
+                for _ in range(100):
+                    await p.send_async("full", b"x" * 1000)
+            await p.flush()
+            assert p.statistics()["buffered_bytes"] == 0
+            await p.send_async("full", b"fits again")
+
+
+async def test_errors_before_sending(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncProducer(broker.address, max_message_bytes=1000, auto_create=False) as p:
+            with pytest.raises(InvalidName):
+                await p.send("bad name", b"x")
+            with pytest.raises(ReservedTopic):
+                await p.send("%DLQ%g", b"x")
+            with pytest.raises(TopicNotFound):
+                await p.send("missing", b"x")
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("t", 1)
+            with pytest.raises(MessageTooLarge):
+                await p.send("t", b"x" * 1001)
+            with pytest.raises(ConfigError):
+                await p.send("t", b"x", key=b"k" * 70_000)
+            assert (await p.send("t", b"x" * 1000)).queue_offset == 0
+        with pytest.raises(ClientClosed):
+            await p.send("t", b"x")
+
+
+async def test_delayed_send_is_scheduled(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncProducer(broker.address) as p:
+            r = await p.send("later", b"x", delay=30)
+            assert r.scheduled and r.queue_offset == -1
+            r2 = await p.send("later", b"y", deliver_at=dt.datetime.now(dt.UTC) + dt.timedelta(minutes=5))
+            assert r2.scheduled
+            r3 = await p.send("later", b"z")
+            assert not r3.scheduled and r3.queue_offset >= 0
+
+
+# ---------------------------------------------------------------------- sync front
+def test_sync_producer_from_8_threads(embedded_broker: EmbeddedBroker) -> None:
+    results: list[tuple[int, SendResult]] = []
+    errors: list[BaseException] = []
+    with Producer(embedded_broker.address) as p:
+
+        def worker(t: int) -> None:
+            try:
+                for i in range(40):
+                    if i % 2:
+                        results.append((t, p.send("threads", f"{t}-{i}", key=f"k{t}")))
+                    else:
+                        results.append((t, p.send_async("threads", f"{t}-{i}", key=f"k{t}").result(10)))
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        assert not errors
+        assert len(results) == 320
+        assert len({r.global_offset for _, r in results}) == 320
+        assert all(r.queue_id == queue_for_key(f"k{t}", 4) for t, r in results)
+        for t in range(8):  # one thread's messages keep their order within the queue
+            offs = [r.queue_offset for tt, r in results if tt == t]
+            assert offs == sorted(offs)
+    with pytest.raises(ClientClosed):
+        p.send("threads", b"x")
+
+
+_KEYS_SCRIPT = """
+import json, sys
+from producer import Producer
+with Producer(sys.argv[1]) as p:
+    print(json.dumps({k: p.send("hashed", k, key=k).queue_id for k in sys.argv[2:]}))
+"""
+
+
+def test_same_key_same_queue_across_processes(embedded_broker: EmbeddedBroker) -> None:
+    keys = [f"customer-{i}" for i in range(20)]
+    out = []
+    for seed in ("1", "2"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        proc = subprocess.run(
+            [sys.executable, "-c", _KEYS_SCRIPT, embedded_broker.address, *keys],
+            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        out.append(json.loads(proc.stdout))
+    assert out[0] == out[1] == {k: queue_for_key(k, 4) for k in keys}
+
+
+def test_producer_survives_fork(embedded_broker: EmbeddedBroker) -> None:
+    with Producer(embedded_broker.address) as p:
+        before = p.send("forked", b"parent-1")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: reuse the producer object created before the fork
+            code = 1
+            try:
+                res = [p.send("forked", f"child-{i}".encode()) for i in range(3)]
+                h = p.send_async("forked", b"child-async")
+                res.append(h.result(10))
+                os.write(w, json.dumps([x.global_offset for x in res]).encode())
+                p.close()
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(w)
+        _, status = os.waitpid(pid, 0)
+        data = os.read(r, 4096)
+        os.close(r)
+        assert os.waitstatus_to_exitcode(status) == 0
+        child_offsets = json.loads(data)
+        assert len(child_offsets) == 4
+        after = p.send("forked", b"parent-2")
+        assert after.global_offset > max(child_offsets) > before.global_offset
+    with Client(embedded_broker.address) as c:
+        bodies = []
+        for q in range(4):
+            res = c.pull(wire.PullRequest("forked", q, 0, 100))
+            bodies += [m.text for m in res.messages]
+        assert sorted(bodies) == sorted(["parent-1", "parent-2", "child-0", "child-1", "child-2", "child-async"])
+
+
+def test_cli_produce_from_file(embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    from equeue.cli import app
+
+    lines = [json.dumps({"user": f"u{i % 3}", "n": i}) for i in range(30)]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(lines) + "\n\n")
+    runner = CliRunner()
+    res = runner.invoke(
+        app,
+        ["produce", "cli", "--file", str(src), "--key-field", "user", "--tags", "t1",
+         "--property", "src=file", "--property", "v=2", "--json", "-b", embedded_broker.address],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    results = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 30
+    assert {r["queue_id"] for r in results} == {queue_for_key(f"u{i}", 4) for i in range(3)}
+    with Client(embedded_broker.address) as c:
+        stored = []
+        for q in range(4):
+            stored += c.pull(wire.PullRequest("cli", q, 0, 100)).messages
+    assert sorted(m.text for m in stored) == sorted(lines)
+    m = stored[0]
+    assert m.tags == "t1" and m.properties == {"src": "file", "v": "2"}
+    assert m.key == json.loads(m.text)["user"]
+    res = runner.invoke(app, ["produce", "cli", "--file", str(src), "-b", embedded_broker.address])
+    assert res.exit_code == 0 and "sent 30 messages" in res.output
+    res = runner.invoke(app, ["produce", "cli", "--file", str(tmp_path / "nope"), "-b", embedded_broker.address])
+    assert res.exit_code != 0

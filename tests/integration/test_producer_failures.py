@@ -1,0 +1,189 @@
+"""Producer retries and idempotence: a lost ack (TCP proxy), a broker restart."""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from typing import Any
+
+import trio
+
+from broker import Broker
+from equeue import EQueueError, Message, PullStatus, wire
+from equeue.codec import HEADER
+from equeue.protocol import RequestCode
+from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+
+
+class AckDropper:
+    """A TCP proxy to the broker that forwards everything, except that after
+    forwarding the ``nth`` produce request it drops the connection instead of
+    passing on that request's answer (the broker stored it; the client never
+    hears so)."""
+
+    def __init__(self, upstream: str, nth: int = 1) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.nth = nth
+        self.produces = 0
+        self.target: int | None = None
+        self.dropped = 0
+        self.connections = 0
+        self.port = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def serve(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        task_status.started()
+        await trio.serve_listeners(self._conn, listeners)
+
+    async def _conn(self, client: trio.SocketStream) -> None:
+        self.connections += 1
+        upstream = await trio.open_tcp_stream(*self.upstream)
+        async with trio.open_nursery() as n:
+            n.start_soon(self._pump, client, upstream, True, n.cancel_scope)
+            n.start_soon(self._pump, upstream, client, False, n.cancel_scope)
+        await trio.aclose_forcefully(client)
+        await trio.aclose_forcefully(upstream)
+
+    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, to_broker: bool, scope: trio.CancelScope) -> None:
+        buf = b""
+        handshake = 8
+        try:
+            while True:
+                data = await src.receive_some(65536)
+                if not data:
+                    break
+                buf += data
+                out = b""
+                if handshake:
+                    take = min(handshake, len(buf))
+                    out, buf, handshake = buf[:take], buf[take:], handshake - take
+                while handshake == 0 and len(buf) >= 4:
+                    (length,) = struct.unpack_from(">I", buf)
+                    if len(buf) < 4 + length:
+                        break
+                    frame, buf = buf[: 4 + length], buf[4 + length :]
+                    _, kind, code, rid = HEADER.unpack_from(frame)
+                    if to_broker and kind == 0 and code == RequestCode.PRODUCE:
+                        self.produces += 1
+                        if self.produces == self.nth:
+                            self.target = rid
+                    if not to_broker and kind == 1 and rid == self.target:
+                        self.target = None
+                        self.dropped += 1
+                        await dst.send_all(out)
+                        scope.cancel()  # drop both sides: the answer never arrives
+                        return
+                    out += frame
+                if out:
+                    await dst.send_all(out)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()
+
+
+async def read_all(c: AsyncClient, topic: str, queues: int) -> dict[int, Message]:
+    """Every stored message of ``topic`` by global offset."""
+    out: dict[int, Message] = {}
+    for q in range(queues):
+        offset = 0
+        while True:
+            r = await c.pull(wire.PullRequest(topic, q, offset, 1000))
+            if r.status is not PullStatus.FOUND:
+                break
+            out.update((m.global_offset, m) for m in r.messages)
+            offset = r.next_offset
+    return out
+
+
+async def test_lost_ack_is_retried_without_a_duplicate(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = AckDropper(broker.address, nth=1)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("idem", 1)
+                async with AsyncProducer(proxy.address, retry_backoff=0.05) as p:
+                    r = await p.send("idem", b"once", key="k")
+                    assert proxy.dropped == 1 and proxy.connections == 2
+                    assert r.duplicate  # the broker recognised the resend ...
+                    assert (r.queue_id, r.queue_offset) == (0, 0)  # ... and gave the original offsets
+                    r2 = await p.send("idem", b"twice", key="k")
+                    assert (r2.queue_offset, r2.duplicate) == (1, False)
+                stored = await read_all(c, "idem", 1)
+                assert [m.text for m in stored.values()] == ["once", "twice"]
+                assert stored[r.global_offset].text == "once"
+            n.cancel_scope.cancel()
+
+
+async def test_lost_ack_in_a_pipelined_stream(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = AckDropper(broker.address, nth=5)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("pipe", 2)
+                async with AsyncProducer(proxy.address, retry_backoff=0.05, linger=0.001, max_batch_bytes=2048) as p:
+                    handles = [await p.send_async("pipe", f"m{i}", key=str(i % 7)) for i in range(600)]
+                    await p.flush()
+                    results: list[SendResult] = [await h for h in handles]
+                assert proxy.dropped == 1
+                stored = await read_all(c, "pipe", 2)
+                assert sorted(m.text for m in stored.values()) == sorted(f"m{i}" for i in range(600))
+                for i, r in enumerate(results):
+                    assert stored[r.global_offset].text == f"m{i}"
+                    assert stored[r.global_offset].queue_offset == r.queue_offset
+            n.cancel_scope.cancel()
+
+
+def test_broker_restart_during_a_send_loop(broker_process: Any) -> None:
+    bp = broker_process()
+    port = bp.port
+    with Client(bp.address) as c:
+        c.create_topic("restart", 4)
+    ok: list[tuple[int, SendResult]] = []
+    failed: list[tuple[int, EQueueError]] = []
+    stop = threading.Event()
+    with Producer(bp.address, retries=8, retry_backoff=0.1, send_timeout=20) as p:
+
+        def loop() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    ok.append((i, p.send("restart", f"m{i}", key=f"k{i % 5}")))
+                except EQueueError as exc:
+                    failed.append((i, exc))
+                i += 1
+
+        th = threading.Thread(target=loop)
+        th.start()
+        time.sleep(0.5)
+        bp.kill()
+        bp2 = broker_process(port=port)
+        time.sleep(0.5)
+        stop.set()
+        th.join(60)
+        assert not th.is_alive()
+    sent = len(ok) + len(failed)
+    assert sent > 0 and sorted(i for i, _ in ok + failed) == list(range(sent))  # each send returned or raised
+    with Client(bp2.address) as c:
+        stored: dict[int, Message] = {}
+        for q in range(4):
+            offset = 0
+            while True:
+                res = c.pull(wire.PullRequest("restart", q, offset, 1000))
+                if res.status is not PullStatus.FOUND:
+                    break
+                stored.update((m.global_offset, m) for m in res.messages)
+                offset = res.next_offset
+    for i, r in ok:
+        m = stored[r.global_offset]
+        assert (m.text, m.queue_id, m.queue_offset) == (f"m{i}", r.queue_id, r.queue_offset)
+    texts = [m.text for m in stored.values()]
+    assert len(texts) == len(set(texts))  # never stored twice
