@@ -56,11 +56,20 @@ class Appender:
         Returns the op's result; raises the EQueueError the op (or the whole
         transaction) failed with, or BrokerShuttingDown once closing.
         """
+        return await self.wait(self.enqueue(op))
+
+    def enqueue(self, op: WriteOp) -> _Pending:
+        """Queue ``op`` now (no checkpoint), so ops enqueued one after another are
+        committed in that order; :meth:`wait` for its outcome."""
         if self._closing:
             raise BrokerShuttingDown("the broker is shutting down")
         p = _Pending(op)
         self._pending.append(p)
         self._wakeup.set()
+        return p
+
+    async def wait(self, p: _Pending) -> Any:
+        """Wait until an enqueued op committed; return its result or raise its error."""
         # shielded: once queued, the op may commit; we must not drop its outcome
         with trio.CancelScope(shield=True):
             await p.done.wait()

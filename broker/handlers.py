@@ -107,11 +107,21 @@ class Handlers:
         raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")
 
     # ------------------------------------------------------------------ hot paths
-    async def produce(self, payload: bytes, ctx: Any) -> Parts:
+    def produce_prepare(self, payload: bytes) -> Any:
+        """Decode, validate and enqueue a produce request at once, without a
+        checkpoint, so one connection's requests commit in arrival order (pipelined
+        batches of a producer then never reach the appender swapped).
+
+        Returns the appender's pending op, or None when the topic does not exist
+        yet (the async :meth:`produce` path creates it). Raises EQueueError for bad
+        requests.
+        """
         req = wire.ProduceRequest.decode(payload)
         if self.b.closing:
             raise BrokerShuttingDown("the broker is shutting down")
-        info = await self._topic(req.topic, auto_create=req.auto_create)
+        info = self.store.topics.get(req.topic)
+        if info is None:
+            return None
         if not 0 <= req.queue_id < info.queues:
             raise QueueNotFound(
                 f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id} "
@@ -124,10 +134,25 @@ class Handlers:
             info, req.queue_id, req.entries, req.producer_id, req.base_sequence,
             cfg.max_message_bytes, int(cfg.max_delay * 1000),
         )  # fmt: skip
-        answer: wire.ProduceResponse = await self.b.appender.submit(op)
+        return self.b.appender.enqueue(op)
+
+    async def produce_finish(self, pending: Any, nbytes: int) -> Parts:
+        """Wait for a prepared produce to commit; the answer payload."""
+        answer: wire.ProduceResponse = await self.b.appender.wait(pending)
         self.b.stats.messages_in += answer.stored
-        self.b.stats.bytes_in += len(payload)
+        self.b.stats.bytes_in += nbytes
         return [answer.encode()]
+
+    async def produce(self, payload: bytes, ctx: Any) -> Parts:
+        """The general path: auto-creates a missing topic first."""
+        pending = self.produce_prepare(payload)
+        if pending is None:
+            req = wire.ProduceRequest.decode(payload)
+            await self._topic(req.topic, auto_create=req.auto_create)
+            pending = self.produce_prepare(payload)
+            if pending is None:
+                raise TopicNotFound(f"topic {req.topic!r} was deleted")
+        return await self.produce_finish(pending, len(payload))
 
     async def pull(self, payload: bytes, ctx: Any) -> Parts:
         req = wire.PullRequest.decode(payload)

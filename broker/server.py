@@ -48,7 +48,7 @@ from equeue.codec import (
 )
 from equeue.config import BrokerConfig
 from equeue.errors import EQueueError, ErrorCode, ProtocolError, RemoteProtocolError
-from equeue.protocol import PushCode
+from equeue.protocol import PushCode, RequestCode
 
 log = logging.getLogger("equeue.broker")
 
@@ -331,7 +331,14 @@ class _ServerConnection:
                 if ev is NEED_DATA:
                     break
                 if isinstance(ev, Request):
-                    nursery.start_soon(self._handle, ev)
+                    prepared: Any = None
+                    if ev.code == RequestCode.PRODUCE:
+                        # enqueue now: a connection's produces commit in arrival order
+                        try:
+                            prepared = self.b.handlers.produce_prepare(ev.payload)
+                        except Exception as exc:
+                            prepared = exc
+                    nursery.start_soon(self._handle, ev, prepared)
             if codec.peer_closed:
                 return
             data = await stream.receive_some(_RECV)
@@ -356,11 +363,16 @@ class _ServerConnection:
         else:
             self.send_ch.send_nowait([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
 
-    async def _handle(self, req: Request) -> None:
+    async def _handle(self, req: Request, prepared: Any = None) -> None:
         self.b._enter()
         try:
             try:
-                parts = await self.b.handlers.dispatch(req.code, req.payload, self)
+                if isinstance(prepared, Exception):
+                    raise prepared
+                if prepared is not None:
+                    parts = await self.b.handlers.produce_finish(prepared, len(req.payload))
+                else:
+                    parts = await self.b.handlers.dispatch(req.code, req.payload, self)
                 code = ErrorCode.OK
             except EQueueError as exc:
                 code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)

@@ -185,6 +185,13 @@ class ProduceOp(WriteOp):
         if self.producer_id is not None:
             pkey = PKEY.pack(self.producer_id, t.topic_id, self.queue_id)
             pstate = bytes(w.txn.get(pkey, db=w.db[b"producers"]) or b"")
+            if not pstate and self.base_sequence != 0:
+                # An unknown producer starts at 0. Accepting a later batch first would
+                # make the earlier one look like a duplicate and drop it.
+                raise OutOfOrderSequence(
+                    f"sequence {self.base_sequence} from a producer this broker does not know: "
+                    "its batches start at 0 (resend in order, or use a new producer id)"
+                )
             if pstate:
                 last_seq, _ = PSTATE.unpack_from(pstate, 0)
                 if self.base_sequence <= last_seq:

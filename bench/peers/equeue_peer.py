@@ -168,6 +168,16 @@ def _rss_kb(pid: int) -> tuple[int, int]:
     return rss, hwm
 
 
+def _rss_split_mb(pid: int) -> dict[str, float]:
+    """RssAnon (Python heap) and RssFile (mapped LMDB pages, page cache) in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("RssAnon:", "RssFile:")):
+                out[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return out
+
+
 def _broker_pid(port: int = PORT) -> int | None:
     """PID of the process listening on 127.0.0.1:port (found via /proc, same user)."""
     want = f":{port:04X}"
@@ -601,6 +611,7 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
         trio.run(produce)
         rss, hwm = _rss_kb(pid)
         fig["after_produce_mb"] = rss / 1024
+        fig["after_produce_anon_mb"] = _rss_split_mb(pid).get("RssAnon")
         print(f"produced {messages:,} in {time.perf_counter() - t:.1f} s; RSS {rss / 1024:.1f} MiB "
               f"(peak {hwm / 1024:.1f})", flush=True)  # fmt: skip
         peak = [0]
@@ -622,13 +633,16 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
         t = time.perf_counter()
         trio.run(drain)
         rss, hwm = _rss_kb(pid)
+        split = _rss_split_mb(pid)
         fig.update(drain_max_mb=max(peak[0], rss) / 1024, after_drain_mb=rss / 1024, peak_mb=hwm / 1024,
+                   anon_mb=split.get("RssAnon"), file_mb=split.get("RssFile"),
                    loadavg=list(os.getloadavg()))  # fmt: skip
         if out:
             with open(out, "w") as f:
                 json.dump(fig, f, indent=1)
         print(f"drained {messages:,} in {time.perf_counter() - t:.1f} s; RSS during drain max "
-              f"{peak[0] / 1024:.1f} MiB, after {rss / 1024:.1f} MiB (peak {hwm / 1024:.1f})", flush=True)  # fmt: skip
+              f"{peak[0] / 1024:.1f} MiB, after {rss / 1024:.1f} MiB (peak {hwm / 1024:.1f}; anonymous "
+              f"{split.get('RssAnon', 0):.1f}, file-backed {split.get('RssFile', 0):.1f})", flush=True)  # fmt: skip
     finally:
         srv.stop()
         shutil.rmtree(tmp, ignore_errors=True)

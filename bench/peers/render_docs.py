@@ -334,8 +334,11 @@ def render(results: Path, note: str | None) -> str:
                    f"idle {m['idle_mb']:.0f} MiB; after producing {m['messages']:,} × 100 B "
                    f"{m['after_produce_mb']:.0f} MiB; during the drain ≤ {m['drain_max_mb']:.0f} MiB; "
                    f"after draining all {m['messages']:,}: {m['after_drain_mb']:.0f} MiB "
-                   f"(peak {m['peak_mb']:.0f} MiB). LMDB pages are file-backed (page cache shared "
-                   f"with the OS), so RSS includes mapped data pages that the kernel can drop.")  # fmt: skip
+                   f"(peak {m['peak_mb']:.0f} MiB"
+                   + (f"; of which anonymous {m['anon_mb']:.0f} MiB, file-backed {m['file_mb']:.0f} MiB"
+                      if m.get("anon_mb") is not None else "")
+                   + "). The file-backed part is LMDB's memory map (data pages in the shared page "
+                   "cache, which the kernel can drop); the anonymous part is the Python process.")  # fmt: skip
         out.append("")
     out.append("Reproduce: `make bench-peers` (REPS=3 by default in the harness; `REPS=1` for a "
                "quick pass; `WORKLOADS=P1,C1` for a subset). Raw JSON lines stay in "

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,29 @@ def test_cli_produce_from_file(embedded_broker: EmbeddedBroker, tmp_path: Path) 
     assert res.exit_code == 0 and "sent 30 messages" in res.output
     res = runner.invoke(app, ["produce", "cli", "--file", str(tmp_path / "nope"), "-b", embedded_broker.address])
     assert res.exit_code != 0
+
+
+def test_mixed_delayed_and_immediate_buffered_sends_store_each_once(
+    embedded_broker: EmbeddedBroker,
+) -> None:
+    """Regression: delayed and immediate messages go in separate pipelined batches of
+    one lane; every one must be stored exactly once (none answered as a duplicate)."""
+    addr = embedded_broker.address
+    with Client(addr) as c, Producer(addr) as p:
+        c.create_topic("mixed", 4)
+        handles = [
+            p.send_async("mixed", f"m{i}", key=f"c{i % 50}", delay=0.5 if i % 25 == 0 else None)
+            for i in range(2000)
+        ]
+        p.flush()
+        results = [h.result(10) for h in handles]
+        assert not any(r.duplicate for r in results)
+        assert sum(r.scheduled for r in results) == 80
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            if sum(q.count for q in c.describe_topic("mixed").queues) == 2000:
+                break
+            time.sleep(0.1)
+        desc = c.describe_topic("mixed")
+        assert sum(q.count for q in desc.queues) == 2000
+        assert desc.pending_delayed == 0

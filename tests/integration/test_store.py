@@ -209,3 +209,25 @@ def test_raw_lmdb_is_consistent_after_many_group_commits(tmp_path: Path) -> None
         r = store.read_queue(info, q, 0, 1000, 1 << 30)
         assert [wire.record_header(rec).queue_offset for _, rec in r.records] == list(range(105))
     store.close()
+
+
+def test_unknown_producer_must_start_at_sequence_zero(tmp_path: Path) -> None:
+    """A later batch of a new producer arriving first must not make the earlier one
+    look like a duplicate: the broker refuses it (transient) until sequence 0 is in."""
+    from broker.store import CreateTopicOp, ProduceOp, Store
+    from equeue import Message, OutOfOrderSequence, wire
+
+    s = Store(tmp_path / "d", map_size=1 << 26)
+    try:
+        info = s.write([CreateTopicOp("t", 1)]).results[0]
+        pid = b"p" * 16
+        e = [wire.encode_entry(Message(b"x"))]
+        out = s.write([ProduceOp(info, 0, e * 2, pid, 2), ProduceOp(info, 0, e * 2, pid, 0)])
+        assert isinstance(out.results[0], OutOfOrderSequence)
+        assert out.results[1].stored == 2
+        again = s.write([ProduceOp(info, 0, e * 2, pid, 2)]).results[0]
+        assert (again.first_queue, again.stored, again.duplicate) == (2, 2, False)
+        dup = s.write([ProduceOp(info, 0, e * 2, pid, 0)]).results[0]
+        assert dup.duplicate and dup.first_queue == 0
+    finally:
+        s.close()
