@@ -202,12 +202,16 @@ def target_table(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             out.append(f"| {name} | no successful run | {'; '.join(peers)} | – |")
             continue
         shown = fms(v) + " ms" if metric.startswith("lat") else fnum(v, 1 if metric == "MB_per_s" else 0)
+        slow = False
         if w == "L1":
             rates = [res(r, "producer", "achieved_rate") for r in rs]
-            if any(x is not None and x < 0.97 * 2000 for x in rates):
+            slow = any(x is not None and x < 0.97 * 2000 for x in rates)
+            if slow:
                 shown += f" (producer reached only {fnum(med(rates))} msg/s)"
         met = v >= goal if higher else v <= goal
-        if met:
+        if met and slow:
+            verdict = "within the limit, but not a valid L1 run: the producer could not hold 2,000 msg/s"
+        elif met:
             verdict = "met"
         elif higher:
             verdict = f"missed: {v / goal:.0%} of target ({fnum(goal - v, 1 if metric == 'MB_per_s' else 0)} short)"
