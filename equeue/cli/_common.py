@@ -52,7 +52,9 @@ def client(broker: str) -> Iterator[Any]:
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:
     """Print an aligned table (numbers right-aligned)."""
-    t = Table(title=title, title_justify="left", header_style="bold")
+    if title:
+        console.print(title, highlight=False)  # on its own line: never wrapped to the table's width
+    t = Table(header_style="bold")
     for c in columns:
         t.add_column(c, justify="right" if c in right else "left")
     for r in rows:
