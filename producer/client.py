@@ -85,6 +85,8 @@ class _Link:
         self.codec = Connection(Role.CLIENT)
         self.pending: dict[int, _Slot] = {}
         self.send_lock = trio.Lock()
+        #: encoded frames waiting for the next write (in request order)
+        self.outbox: list[bytes] = []
         self.broken: BaseException | None = None
 
     def fail(self, exc: BaseException) -> None:
@@ -267,10 +269,19 @@ class AsyncClient:
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
         slot = _Slot(notify)
         link.pending[rid] = slot
-        data = link.codec.send(RequestEvent(rid, code, payload))
+        # Coalesce: queue the frame; whoever holds the send lock writes everything
+        # queued in one send_all. Requests issued together (e.g. one batch per queue)
+        # then leave in one segment and the broker commits them in one transaction.
+        link.outbox.append(link.codec.send(RequestEvent(rid, code, payload)))
         try:
-            async with link.send_lock:
-                await link.stream.send_all(data)
+            async with link.send_lock:  # acquiring is a checkpoint: others queue meanwhile
+                if link.outbox:
+                    data = b"".join(link.outbox)
+                    link.outbox.clear()
+                    # Shielded: the frames taken may be other tasks' requests (a
+                    # heartbeat...). Cancelling this task must not drop them unsent.
+                    with trio.CancelScope(shield=True):
+                        await link.stream.send_all(data)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
             link.pending.pop(rid, None)
