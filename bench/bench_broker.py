@@ -17,8 +17,6 @@ Workloads (100-byte messages, 4 queues, one client process):
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import statistics
 import subprocess
 import sys
@@ -31,23 +29,16 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from broker.process import BrokerProcess  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from equeue.protocol import RequestCode  # noqa: E402
 from producer import AsyncClient  # noqa: E402
 
 
 def start_broker(data_dir: str, flush: str, extra: list[str]) -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        sys.executable, "-m", "equeue", "broker", "start", "--port", "0", "--data-dir", data_dir,
-        "--flush", flush, "--log-level", "warning", *extra,
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        m = re.search(r"listening on [\d.]+:(\d+)", line)
-        if m:
-            return proc, f"127.0.0.1:{m.group(1)}"
-    raise SystemExit(f"broker did not start (rc={proc.poll()})")
+    b = BrokerProcess(data_dir, "--flush", flush, *extra).start()
+    assert b.proc is not None
+    return b.proc, b.address
 
 
 async def produce(addr: str, total: int, batch: int, size: int, inflight: int, queues: int) -> float:

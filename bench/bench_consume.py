@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import trio  # noqa: E402
 
+from broker.process import BrokerProcess  # noqa: E402
 from consumer import AsyncConsumer, Consumer  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from producer import AsyncClient  # noqa: E402
@@ -85,19 +85,9 @@ trio.run(main)
 
 
 def start_broker(data: str, flush: str) -> tuple[subprocess.Popen[str], str]:
-    p = subprocess.Popen(
-        [sys.executable, "-m", "equeue", "broker", "start", "--port", "0", "--data-dir", data,
-         "--flush", flush, "--log-level", "warning"],
-        stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
-    assert p.stderr is not None
-    while True:
-        line = p.stderr.readline()
-        if not line:
-            raise SystemExit("broker did not start")
-        m = re.search(r"listening on ([\d.]+:\d+)", line)
-        if m:
-            return p, m.group(1)
+    b = BrokerProcess(data, "--flush", flush).start()
+    assert b.proc is not None
+    return b.proc, b.address
 
 
 async def fill(addr: str, n: int, size: int) -> None:

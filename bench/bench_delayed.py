@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from broker.process import BrokerProcess  # noqa: E402
 from equeue import Message, PullStatus, wire  # noqa: E402
 from producer import AsyncClient  # noqa: E402
 
@@ -50,36 +49,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class BrokerProc:
-    """A broker subprocess on a free port with a temporary data directory."""
+class BrokerProc(BrokerProcess):
+    """The broker under test, in its own process, on a temporary data dir."""
 
     def __init__(self, *args: str) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="equeue-bench-")
-        cmd = [
-            sys.executable, "-m", "equeue", "broker", "start", "--port", "0",
-            "--data-dir", self.tmp.name, "--log-level", "warning", *args,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )  # fmt: skip
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError(f"broker exited early (rc={self.proc.poll()})")
-            m = re.search(r"listening on ([\d.]+):(\d+)", line)
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
-                return
-        raise RuntimeError("broker did not start in time")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.tmp.cleanup()
-
+        super().__init__(None, *args)
+        self.start()
 
 def lat_text(lat: list[tuple[int, float]], lo: int = 0, hi: int = 1 << 62) -> str:
     xs = [x for t, x in lat if lo <= t <= hi]

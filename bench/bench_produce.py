@@ -18,11 +18,7 @@ The broker runs as ``python -m equeue broker start --port 0 --flush sync|async``
 from __future__ import annotations
 
 import argparse
-import os
-import re
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -33,42 +29,16 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from broker.process import BrokerProcess  # noqa: E402
 from producer import AsyncProducer, Client, Message, Producer  # noqa: E402
 
 
-class BrokerProc:
-    """A broker subprocess on a free port with a temporary data directory."""
+class BrokerProc(BrokerProcess):
+    """The broker under test, in its own process, on a temporary data dir."""
 
     def __init__(self, flush: str) -> None:
-        self.tmp = tempfile.TemporaryDirectory(prefix="equeue-bench-")
-        cmd = [
-            sys.executable, "-m", "equeue", "broker", "start", "--port", "0",
-            "--data-dir", self.tmp.name, "--flush", flush, "--log-level", "warning",
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(
-            cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )  # fmt: skip
-        assert self.proc.stderr is not None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError(f"broker exited early (rc={self.proc.poll()})")
-            m = re.search(r"listening on ([\d.]+):(\d+)", line)
-            if m:
-                self.address = f"{m.group(1)}:{m.group(2)}"
-                return
-        raise RuntimeError("broker did not start in time")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.tmp.cleanup()
-
+        super().__init__(None, "--flush", flush)
+        self.start()
 
 def pct(values: list[float], p: float) -> float:
     s = sorted(values)

@@ -13,12 +13,6 @@ Timing is measured by ``bench/``, never asserted here beyond generous bounds.
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +20,7 @@ from typing import Any
 import pytest
 
 from broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
+from broker.process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,52 +47,6 @@ def embedded_broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     """A live broker in a background thread, for blocking (sync) tests."""
     with EmbeddedBroker(make_config(tmp_path / "data")) as b:
         yield b
-
-
-class BrokerProcess:
-    """A broker subprocess (``python -m equeue broker start``) for crash tests."""
-
-    def __init__(self, data_dir: Path, *args: str, port: int = 0) -> None:
-        self.data_dir = data_dir
-        self.args = args
-        self.port = port
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self, timeout: float = 30.0) -> BrokerProcess:
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        cmd = [
-            sys.executable, "-m", "equeue", "broker", "start", "--data-dir", str(self.data_dir),
-            "--port", str(self.port), "--log-level", "warning", *self.args,
-        ]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
-        deadline = time.monotonic() + timeout
-        assert self.proc.stderr is not None
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise RuntimeError(f"broker exited early (rc={self.proc.poll()})")
-            m = re.search(r"listening on [\d.]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                return self
-        raise RuntimeError("broker did not start in time")
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> int:
-        """SIGTERM and wait: the graceful path."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            return self.proc.wait(30)
-        return self.proc.returncode if self.proc else 0
 
 
 @pytest.fixture

@@ -1,0 +1,126 @@
+"""A broker in a child process (``python -m equeue broker start``).
+
+For crash tests (SIGKILL needs a real process), benchmarks (the broker must not share
+the client's interpreter) and scripts. The child listens on ``port`` (0 = any free
+port, read back from its "listening on host:port" line).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+from equeue.errors import EQueueError
+
+__all__ = ["BrokerProcess"]
+
+_LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
+
+
+class BrokerProcess:
+    """``with BrokerProcess(data_dir, "--flush", "async") as b: b.address``.
+
+    ``data_dir`` None uses a temporary directory removed by :meth:`close`. Extra
+    ``args`` go to ``equeue broker start``. :meth:`start` raises EQueueError when
+    the broker exits or stays silent for ``timeout`` seconds; its stderr is kept
+    (last lines in ``stderr_tail``) and drained so a chatty broker never blocks.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        *args: str,
+        port: int = 0,
+        log_level: str = "warning",
+        python: str = sys.executable,
+    ) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="equeue-broker-") if data_dir is None else None
+        self.data_dir = Path(self._tmp.name if self._tmp else data_dir)  # type: ignore[arg-type]
+        self.args = args
+        self.port = port
+        self.host = "127.0.0.1"
+        self.log_level = log_level
+        self.python = python
+        self.proc: subprocess.Popen[str] | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, timeout: float = 30.0) -> BrokerProcess:
+        cmd = [
+            self.python, "-m", "equeue", "broker", "start", "--data-dir", str(self.data_dir),
+            "--port", str(self.port), "--log-level", self.log_level, *self.args,
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )  # fmt: skip
+        stderr = self.proc.stderr
+        assert stderr is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = stderr.readline()
+            if not line:
+                raise EQueueError(
+                    f"broker exited early (rc={self.proc.wait()}): {''.join(self.stderr_tail)[-2000:]}"
+                )
+            self.stderr_tail.append(line)
+            m = _LISTENING.search(line)
+            if m:
+                self.host, self.port = m.group(1), int(m.group(2))
+                threading.Thread(target=self._drain, args=(stderr,), daemon=True).start()
+                return self
+        self.kill()
+        raise EQueueError(f"broker did not start within {timeout:.0f} s")
+
+    def _drain(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.stderr_tail.append(line)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs (crash tests)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, the graceful path; SIGKILL if it does not exit in ``timeout``."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        """Stop the broker and remove a temporary data directory."""
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> BrokerProcess:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
