@@ -39,15 +39,17 @@ def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
 
 
 def raw_pull_rate(c: Client, topic: str, queues: int, n: int) -> float:
-    """The broker's serving ceiling: pull the whole backlog raw (no parsing), one connection."""
+    """The broker's serving ceiling: pull the whole backlog raw (packed, no parsing), one connection."""
     from equeue.protocol import RequestCode
+    from spark.source import PULL_FLAGS
 
     t0 = time.perf_counter()
     got = 0
     for q in range(queues):
         off = 0
         while True:
-            raw = c.request(RequestCode.PULL, wire.PullRequest(topic, q, off, 10_000, 8 << 20).encode())
+            req = wire.PullRequest(topic, q, off, 10_000, 8 << 20, flags=PULL_FLAGS)
+            raw = c.request(RequestCode.PULL, req.encode())
             count = int.from_bytes(raw[25:29], "big")
             if not count:
                 break
@@ -61,13 +63,14 @@ def parse_rate(c: Client, topic: str) -> float:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from equeue.protocol import RequestCode
-    from spark.source import SCHEMA, _batch
+    from spark.columns import packed_batch
+    from spark.source import PULL_FLAGS, SCHEMA
 
-    raw = c.request(RequestCode.PULL, wire.PullRequest(topic, 0, 0, 10_000, 8 << 20).encode())
+    raw = c.request(RequestCode.PULL, wire.PullRequest(topic, 0, 0, 10_000, 8 << 20, flags=PULL_FLAGS).encode())
     schema = to_arrow_schema(SCHEMA, timezone="UTC")
     t0 = time.perf_counter()
     for _ in range(20):
-        _batch(raw, 10_000, topic, 0, 0, schema)
+        packed_batch(raw, topic, 0, 0, 10_000, schema)
     return 200_000 / (time.perf_counter() - t0)
 
 

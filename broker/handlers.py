@@ -166,7 +166,8 @@ class Handlers:
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
         max_bytes = max(1, min(req.max_bytes, self.b.config.max_frame - 1024))
-        r = self.store.read_queue(info, req.queue_id, req.offset, max_messages, max_bytes, tags)
+        verify = not req.flags & wire.PULL_CLIENT_VERIFIES
+        r = self.store.read_queue(info, req.queue_id, req.offset, max_messages, max_bytes, tags, verify)
         offset = req.offset
         if r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset > offset:
             offset = r.next_offset  # everything so far filtered out by tags
@@ -176,10 +177,14 @@ class Handlers:
                 while r.status is PullStatus.NO_NEW_MESSAGE and not self.b.closing:
                     await self.b.parked.wait(info.topic_id, req.queue_id)
                     info = await self._topic(req.topic)
-                    r = self.store.read_queue(info, req.queue_id, offset, max_messages, max_bytes, tags)
+                    r = self.store.read_queue(info, req.queue_id, offset, max_messages, max_bytes, tags, verify)
                     if r.status is PullStatus.NO_NEW_MESSAGE:
                         offset = max(offset, r.next_offset)
-        self.b.stats.messages_out += len(r.records)
+        self.b.stats.messages_out += len(r.recs)
+        if req.flags & wire.PULL_PACKED:
+            return wire.encode_pull_response_packed(
+                r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs
+            )
         return wire.encode_pull_response(r.status, r.min_offset, r.max_offset, r.next_offset, r.records)
 
     # ------------------------------------------------------------------ topics

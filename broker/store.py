@@ -37,10 +37,11 @@ import json
 import logging
 import struct
 import time
+from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from itertools import accumulate, islice, repeat
+from itertools import accumulate, chain, islice, repeat
 from operator import add, getitem, ne
 from pathlib import Path
 from typing import Any, Final
@@ -105,11 +106,20 @@ class QueueState:
 
 @attrs.frozen
 class ReadResult:
+    """What a read found: parallel sequences of global offsets and stored records,
+    plus the queue's range."""
+
     status: PullStatus
-    records: list[tuple[int, bytes]]
+    globals: Sequence[int]
+    recs: list[bytes]
     min_offset: int
     max_offset: int
     next_offset: int
+
+    @property
+    def records(self) -> list[tuple[int, bytes]]:
+        """(global offset, stored record) pairs."""
+        return list(zip(self.globals, self.recs, strict=True))
 
 
 class _Writer:
@@ -879,28 +889,30 @@ class Store:
     ) -> ReadResult:
         """Read up to ``max_messages`` records of a queue from ``offset``.
 
-        Returns a status (never raises for expected outcomes); raises CorruptRecord
-        when the first record to return fails its checksum.
+        ``verify=False`` skips the checksum recheck, for a client that verifies every
+        record itself. Returns a status (never raises for expected outcomes); raises
+        CorruptRecord when the first record to return fails its checksum.
         """
         if not 0 <= queue_id < info.queues:
             raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
         st = self.queue_state(info.topic_id, queue_id)
         lo, hi = st.min_offset, st.next_offset
         if offset < lo:
-            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], lo, hi, lo)
+            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], lo, hi, lo)
         if offset > hi:
             # The writer thread publishes next offsets just after its commit, so a
             # reader may already have seen committed messages past ``hi``: ask LMDB.
             hi = max(hi, self._last_committed(info.topic_id, queue_id) + 1)
             if offset > hi:
-                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
+                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], [], lo, hi, hi)
         if offset == hi:
-            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, hi)
-        if tag_filter is None and verify:
-            fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes)
+            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, hi)
+        if tag_filter is None:
+            fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes, verify)
             if fast is not None:
-                return ReadResult(PullStatus.FOUND, fast, lo, hi, offset + len(fast))
-        records: list[tuple[int, bytes]] = []
+                return ReadResult(PullStatus.FOUND, fast[0], fast[1], lo, hi, offset + len(fast[1]))
+        gbes: list[int] = []
+        recs: list[bytes] = []
         size = 0
         nxt = offset
         with self.env.begin() as txn:
@@ -908,7 +920,7 @@ class Store:
             get = txn.get
             mdb = self.db[b"messages"]
             if not cur.set_range(QKEY.pack(info.topic_id, queue_id, offset)):
-                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, offset)
+                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, offset)
             prefix = TQ.pack(info.topic_id, queue_id)
             scanned = 0
             for k, gk in cur:
@@ -916,9 +928,9 @@ class Store:
                     break
                 qo = U64.unpack_from(k, 8)[0]
                 if qo != nxt:
-                    if not records and qo > nxt and nxt == offset:
+                    if not recs and qo > nxt and nxt == offset:
                         # retention removed the head while we looked
-                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], qo, hi, qo)
+                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], qo, hi, qo)
                     break
                 rec = get(gk, db=mdb)
                 if rec is None:
@@ -927,7 +939,7 @@ class Store:
                     try:
                         wire.record_header(rec)
                     except CorruptRecord:
-                        if records:
+                        if recs:
                             break
                         raise
                 scanned += 1
@@ -938,47 +950,70 @@ class Store:
                         if scanned >= max_messages * 16:
                             break
                         continue
-                if records and size + len(rec) > max_bytes:
+                if recs and size + len(rec) > max_bytes:
                     break
-                records.append((U64.unpack(gk)[0], rec))
+                gbes.append(U64.unpack(gk)[0])
+                recs.append(rec)
                 size += len(rec)
                 nxt += 1
-                if len(records) >= max_messages:
+                if len(recs) >= max_messages:
                     break
-        status = PullStatus.FOUND if records else PullStatus.NO_NEW_MESSAGE
-        return ReadResult(status, records, lo, max(hi, nxt), nxt)
+        status = PullStatus.FOUND if recs else PullStatus.NO_NEW_MESSAGE
+        return ReadResult(status, gbes, recs, lo, max(hi, nxt), nxt)
 
     def _read_dense(
-        self, topic_id: int, queue_id: int, offset: int, count: int, max_bytes: int
-    ) -> list[tuple[int, bytes]] | None:
-        """The common read, with per-record work in C loops: ``count`` index entries
-        from ``offset`` (all below the queue's committed next offset, so they exist
-        unless retention is removing the head), their records by ``getmulti``, the
-        checksums compared in bulk. Returns None whenever anything is unusual (a gap,
-        a bad checksum, a missing record): the careful loop then decides."""
+        self, topic_id: int, queue_id: int, offset: int, count: int, max_bytes: int, verify: bool
+    ) -> tuple[Sequence[int], list[bytes]] | None:
+        """The common read, with per-record work in C loops: ``count`` records from
+        ``offset``, all below the queue's committed next offset (so they exist unless
+        retention is removing the head).
+
+        A produce batch is stored as a run of consecutive global offsets, so the index
+        is only probed (binary search) for where runs end, and each run is one cursor
+        walk over the log. Where runs are short (many small interleaved batches) it
+        reads the whole index range and fetches the records with ``getmulti``.
+        Checksums (with ``verify``) are compared in bulk. Returns None whenever
+        anything is unusual (a gap, a bad checksum, a missing record): the careful
+        loop then decides."""
+        qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db[b"qindex"])
-            if not cur.set_key(QKEY.pack(topic_id, queue_id, offset)):
-                return None
-            idx = list(islice(cur.iternext(), count))
-            if len(idx) != count or idx[-1][0] != QKEY.pack(topic_id, queue_id, offset + count - 1):
-                return None  # keys are unique and sorted: first and last right => all dense
-            gks = [v for _k, v in idx]
-            got = txn.cursor(db=self.db[b"messages"]).getmulti(gks)
-        if len(got) != count:
-            return None
-        recs = [v for _k, v in got]
+            runs = _find_runs(txn, qdb, topic_id, queue_id, offset, count)
+            if runs is None:
+                cur = txn.cursor(db=qdb)
+                if not cur.set_key(QKEY.pack(topic_id, queue_id, offset)):
+                    return None
+                gks = list(islice(cur.iternext(keys=False), count))
+                last = txn.get(QKEY.pack(topic_id, queue_id, offset + count - 1), db=qdb)
+                if len(gks) != count or last != gks[-1]:
+                    return None  # keys are unique and sorted: first and last right => all dense
+                got = txn.cursor(db=mdb).getmulti(gks)
+                if len(got) != count:
+                    return None
+                recs = [v for _k, v in got]
+                globals_: Sequence[int] = list(map(_from_be, gks))
+            else:
+                cur = txn.cursor(db=mdb)
+                recs = []
+                for g, m in runs:
+                    if not cur.set_key(U64.pack(g)):
+                        return None
+                    run = list(islice(cur.iternext(keys=False), m))
+                    if len(run) != m or (m > 1 and cur.key() != U64.pack(g + m - 1)):
+                        return None
+                    recs += run
+                globals_ = array("Q", chain.from_iterable(range(g, g + m) for g, m in runs))
         if len(recs) > 1 and sum(map(len, recs)) > max_bytes:
-            keep = bisect_right(list(accumulate(map(len, recs))), max_bytes)
-            recs, gks = recs[: max(1, keep)], gks[: max(1, keep)]
-        # verify: crc32 of everything after the stored crc == the stored crc; version byte
-        n = len(recs)
-        stored = map(_from_be, map(getitem, recs, repeat(_CRC, n)))  # type: ignore[arg-type]
-        if any(map(ne, map(crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored)):  # type: ignore[arg-type]
-            return None
-        if any(map(ne, map(getitem, recs, repeat(4, n)), repeat(wire.RECORD_VERSION, n))):  # type: ignore[arg-type]
-            return None
-        return list(zip(map(_from_be, gks), recs, strict=True))
+            keep = max(1, bisect_right(list(accumulate(map(len, recs))), max_bytes))
+            recs, globals_ = recs[:keep], globals_[:keep]
+        if verify:
+            # crc32 of everything after the stored crc == the stored crc; version byte
+            n = len(recs)
+            stored = map(_from_be, map(getitem, recs, repeat(_CRC, n)))  # type: ignore[arg-type]
+            if any(map(ne, map(crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored)):  # type: ignore[arg-type]
+                return None
+            if any(map(ne, map(getitem, recs, repeat(4, n)), repeat(wire.RECORD_VERSION, n))):  # type: ignore[arg-type]
+                return None
+        return globals_, recs
 
     def _last_committed(self, topic_id: int, queue_id: int) -> int:
         """Highest committed queue offset of a queue according to LMDB (-1 if empty)."""
@@ -1089,6 +1124,44 @@ class Store:
 
     def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
         return {(t, q): off for (g, t, q), off in self.offsets.items() if g == group}
+
+
+#: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
+_MIN_RUN = 64
+
+
+def _find_runs(
+    txn: lmdb.Transaction, qdb: Any, topic_id: int, queue_id: int, offset: int, count: int
+) -> list[tuple[int, int]] | None:
+    """Split queue offsets ``[offset, offset + count)`` into runs of consecutive global
+    offsets: [(first global, length), ...], probing the index by binary search.
+
+    Global offsets grow strictly with queue offsets, so ``global(o) - o`` never
+    decreases and a run is the prefix where it stays equal. None when a probe finds
+    no entry or the runs are too short to be worth walking."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    budget = max(1, count // _MIN_RUN)
+    while i < count:
+        if len(runs) >= budget:
+            return None
+        gi = txn.get(QKEY.pack(topic_id, queue_id, offset + i), db=qdb)
+        if gi is None:
+            return None
+        g = int.from_bytes(gi, "big")
+        lo, hi = i, count - 1  # invariant: offset+lo is in the run; find its last member
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            gm = txn.get(QKEY.pack(topic_id, queue_id, offset + mid), db=qdb)
+            if gm is None:
+                return None
+            if int.from_bytes(gm, "big") - g == mid - i:
+                lo = mid
+            else:
+                hi = mid - 1
+        runs.append((g, lo - i + 1))
+        i = lo + 1
+    return runs
 
 
 def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:

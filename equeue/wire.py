@@ -25,7 +25,9 @@ Nothing here does I/O; decoders raise :class:`~equeue.errors.RemoteProtocolError
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Final
@@ -48,6 +50,7 @@ __all__ = [
     "decode_record",
     "encode_entry",
     "encode_pull_response",
+    "encode_pull_response_packed",
     "encode_record",
     "entry_meta",
     "split_entries",
@@ -376,6 +379,12 @@ class ProduceResponse:
 # --------------------------------------------------------------------------- pull
 _PULL_FIXED = struct.Struct(">IQIII")  # queue, offset, max messages, max bytes, max wait ms
 
+#: pull flag: answer in the packed layout (all global offsets, then all lengths, then the records)
+PULL_PACKED: Final = 1
+#: pull flag: the client verifies every record's checksum itself, so the broker skips its recheck
+PULL_CLIENT_VERIFIES: Final = 2
+_PULL_FLAGS_KNOWN: Final = PULL_PACKED | PULL_CLIENT_VERIFIES
+
 
 @attrs.frozen(slots=True)
 class PullRequest:
@@ -383,6 +392,8 @@ class PullRequest:
 
     ``group``/``consumer_id`` (optional) let the broker enforce queue leases;
     ``tags`` is a filter expression (``"a || b"``; empty or ``*`` = all).
+    ``flags`` (:data:`PULL_PACKED`, :data:`PULL_CLIENT_VERIFIES`) is an optional trailing
+    byte, sent only when not 0, so the plain layout is unchanged.
     """
 
     topic: str
@@ -394,6 +405,7 @@ class PullRequest:
     group: str = ""
     consumer_id: str = ""
     tags: str = ""
+    flags: int = 0
 
     def encode(self) -> bytes:
         return b"".join(
@@ -403,6 +415,7 @@ class PullRequest:
                 _pack_str(self.group),
                 _pack_str(self.consumer_id),
                 _pack_str(self.tags),
+                bytes((self.flags,)) if self.flags else b"",
             )
         )
 
@@ -417,9 +430,15 @@ class PullRequest:
         group, pos = _unpack_str(buf, pos)
         cid, pos = _unpack_str(buf, pos)
         tags, pos = _unpack_str(buf, pos)
+        flags = 0
+        if pos + 1 == len(buf):
+            flags = buf[pos]
+            if not flags or flags & ~_PULL_FLAGS_KNOWN:  # 0 is never sent: it is the absent byte
+                raise _bad(f"bad pull flags {flags:#x}")
+            pos += 1
         if pos != len(buf):
             raise _bad("trailing bytes after pull request")
-        return cls(topic, q, off, mm, mb, mw, group, cid, tags)
+        return cls(topic, q, off, mm, mb, mw, group, cid, tags, flags)
 
 
 _PULL_RESP = struct.Struct(">BQQQI")  # status, min, max, next, count
@@ -435,6 +454,31 @@ def encode_pull_response(
         gs, recs = zip(*records, strict=True)
         parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, gs, map(len, recs)), recs, strict=True)))
     return parts
+
+
+def encode_pull_response_packed(
+    status: PullStatus,
+    min_offset: int,
+    max_offset: int,
+    next_offset: int,
+    globals_: Sequence[int],
+    records: Sequence[bytes],
+) -> list[bytes]:
+    """Encode a pull answer in the packed layout (:data:`PULL_PACKED`): the same head,
+    then ``count`` u64 global offsets, then ``count`` u32 record lengths, then the
+    records back to back. A reader finds every field with array arithmetic instead of
+    walking the answer record by record."""
+    lens = array("I", map(len, records))
+    gs = array("Q", globals_)
+    if sys.byteorder == "little":
+        lens.byteswap()
+        gs.byteswap()
+    return [
+        _PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records)),
+        gs.tobytes(),
+        lens.tobytes(),
+        *records,
+    ]
 
 
 def decode_pull_response(topic: str, buf: bytes) -> PullResult:

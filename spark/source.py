@@ -14,16 +14,12 @@ the identical ranges. See docs/spark.md for every option.
 from __future__ import annotations
 
 import logging
-import struct
-import zlib
-from array import array
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -51,20 +47,21 @@ from pyspark.sql.types import (
 )
 
 from equeue import wire
-from equeue.errors import ConfigError, ConnectionBroken, CorruptRecord, EQueueError, TopicNotFound
-from equeue.protocol import PullStatus, RequestCode
+from equeue.errors import ConfigError, EQueueError, TopicNotFound
+from equeue.protocol import PullStatus
+from spark.columns import HEAD, packed_batch
 from spark.common import (
     EARLIEST,
     LATEST,
     DataLossError,
     client_for,
-    drop_client,
     opt_bool,
     opt_int,
     opt_str,
     parse_offsets_json,
     topics_of,
 )
+from spark.puller import puller_for, release
 
 log = logging.getLogger("equeue.spark")
 
@@ -87,6 +84,10 @@ SCHEMA = StructType(
 #: most records one pull asks for (the broker's cap is 10,000)
 PULL_MAX_MESSAGES = 10_000
 PULL_MAX_BYTES = 8 << 20
+#: pulls kept in flight per range read
+PULL_DEPTH = 2
+#: packed answers, checksums verified here (in parallel workers) rather than by the broker
+PULL_FLAGS = wire.PULL_PACKED | wire.PULL_CLIENT_VERIFIES
 #: default cap of one input partition (offsets); bigger ranges are split
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 
@@ -104,122 +105,6 @@ class RangePartition(InputPartition):
 
 
 # --------------------------------------------------------------------------- reading
-# pull item (u64 global, u32 record length) + stored record header (topic id skipped)
-# + entry header (deliver_at, reconsume skipped): one unpack per record
-_ITEM = struct.Struct(">QI" + "IB4xIQQ" + "IB10xHHI")
-_RESP = struct.Struct(">BQQQI")  # status, min, max, next, count
-_REC_FIXED = wire.RECORD_HEADER.size + 4  # record header + entry length prefix
-_ENTRY_FIXED = wire.ENTRY_HEADER.size - 4  # entry header after its length prefix
-_DATA_AT = 12 + wire.RECORD_HEADER.size + wire.ENTRY_HEADER.size  # key starts here, from item start
-assert _ITEM.size == _DATA_AT == 64
-
-
-def _pull_raw(brokers: str, req: wire.PullRequest) -> bytes:
-    """One raw PULL; a broken connection is retried (reads are idempotent)."""
-    payload = req.encode()
-    for attempt in range(3):
-        try:
-            return client_for(brokers).request(RequestCode.PULL, payload)  # type: ignore[no-any-return]
-        except ConnectionBroken:
-            if attempt == 2:
-                raise
-            drop_client(brokers)
-    raise AssertionError("unreachable")
-
-
-def _to_string(values: list[bytes | None]) -> pa.Array:
-    arr = pa.array(values, pa.binary())
-    try:
-        return arr.cast(pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: decode with replacement characters, like the SDK
-        return pa.array([v.decode("utf-8", "replace") if v is not None else None for v in values], pa.string())
-
-
-def _batch(
-    payload: bytes, count: int, topic: str, queue_id: int, first: int, schema: pa.Schema
-) -> pa.RecordBatch:
-    """Turn the ``count`` records of a pull answer into one Arrow batch.
-
-    Raises CorruptRecord on a checksum mismatch, a malformed record, or a record that
-    is not the next offset of this queue.
-    """
-    unpack = _ITEM.unpack_from
-    crc32 = zlib.crc32
-    size = len(payload)
-    goffs = array("q")
-    stamps = array("q")
-    keys: list[bytes | None] = []
-    tags: list[bytes | None] = []
-    bodies: list[bytes] = []
-    poffs = array("i", [0])
-    pkeys: list[str] = []
-    pvals: list[str] = []
-    add_key, add_tag, add_body = keys.append, tags.append, bodies.append
-    add_g, add_ts, add_p = goffs.append, stamps.append, poffs.append
-    nprops = 0
-    pos = _RESP.size
-    expect = first
-    rec_fixed, entry_fixed, data_at = _REC_FIXED, _ENTRY_FIXED, _DATA_AT
-    for _ in range(count):
-        try:
-            g, n, crc, ver, qid, qoff, ts, elen, flags, kl, tl, pl = unpack(payload, pos)
-        except struct.error:
-            raise CorruptRecord(f"pull answer for {topic}/{queue_id} is truncated") from None
-        end = pos + 12 + n
-        if (
-            end > size
-            or ver != 1
-            or elen + rec_fixed != n
-            or kl + tl + pl + entry_fixed > elen
-            or qid != queue_id
-            or qoff != expect
-        ):
-            raise CorruptRecord(f"malformed record at {topic}/{queue_id} offset {expect} (global {g})")
-        if crc32(payload[pos + 16 : end]) != crc:
-            raise CorruptRecord(f"checksum mismatch at {topic}/{queue_id} offset {qoff} (global {g})")
-        p = pos + data_at
-        if flags:
-            add_key(payload[p : p + kl] if flags & 1 else None)
-            p += kl
-            add_tag(payload[p : p + tl] if flags & 2 else None)
-            p += tl
-        else:
-            add_key(None)
-            add_tag(None)
-            p += kl + tl
-        if pl:
-            for k, v in wire.decode_props(payload[p : p + pl]).items():
-                pkeys.append(k)
-                pvals.append(v)
-                nprops += 1
-            p += pl
-        add_p(nprops)
-        add_body(payload[p:end])
-        add_g(g)
-        add_ts(ts)
-        pos = end
-        expect += 1
-    ts_ms = pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(stamps)])
-    props_type = schema.field("properties").type
-    columns = [
-        pa.repeat(pa.scalar(topic, pa.string()), count),
-        pa.repeat(pa.scalar(queue_id, pa.int32()), count),
-        pa.array(range(first, first + count), pa.int64()),
-        pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(goffs)]),
-        _to_string(keys),
-        _to_string(tags),
-        pa.MapArray.from_arrays(
-            pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(poffs)]),
-            pa.array(pkeys, pa.string()),
-            pa.array(pvals, pa.string()),
-            type=props_type,
-        ),
-        pa.array(bodies, pa.binary()),
-        pc.multiply(ts_ms, 1000).cast(pa.timestamp("us", tz="UTC")),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
-
-
 def read_range(
     brokers: str,
     part: RangePartition,
@@ -236,23 +121,40 @@ def read_range(
     topic, qid = part.topic, part.queue_id
     if pos >= end:
         return
+    puller = puller_for(brokers)
+    try:
+        # pulls stay PULL_DEPTH ahead of parsing, so the broker never waits for this reader
+        asked: deque[int] = deque()  # how many records each outstanding pull asked for
+        ahead = pos
 
-    def pull_at(offset: int) -> Future[bytes]:
-        req = wire.PullRequest(topic, qid, offset, min(PULL_MAX_MESSAGES, end - offset), PULL_MAX_BYTES)
-        return ahead.submit(_pull_raw, brokers, req)
+        def fill() -> None:
+            nonlocal ahead
+            while ahead < end and len(asked) < PULL_DEPTH:
+                n = min(PULL_MAX_MESSAGES, end - ahead)
+                puller.submit(wire.PullRequest(topic, qid, ahead, n, PULL_MAX_BYTES, flags=PULL_FLAGS))
+                asked.append(n)
+                ahead += n
 
-    # one pull in flight while the previous answer is parsed: the broker never waits for us
-    with ThreadPoolExecutor(1, thread_name_prefix="equeue-pull") as ahead:
-        pending = pull_at(pos)
+        def restart(at: int) -> None:
+            nonlocal ahead
+            puller.reset()
+            asked.clear()
+            ahead = at
+            fill()
+
+        fill()
         while True:
-            payload = pending.result()
-            status, lo, hi, _nxt, count = _RESP.unpack_from(payload, 0)
+            payload = puller.next()
+            wanted = asked.popleft()
+            status, lo, hi, _nxt, count = HEAD.unpack_from(payload, 0)
             if status == PullStatus.FOUND and count:
-                count = min(count, end - pos)
+                count = min(count, wanted)
                 first, pos = pos, pos + count
-                if pos < end:
-                    pending = pull_at(pos)
-                yield _batch(payload, count, topic, qid, first, schema)
+                if count < wanted and pos < end:
+                    restart(pos)  # a short answer (byte cap): the pulls sent after it start too far on
+                else:
+                    fill()
+                yield packed_batch(payload, topic, qid, first, count, schema)
                 if pos >= end:
                     return
             elif status == PullStatus.OFFSET_TOO_SMALL:
@@ -266,7 +168,7 @@ def read_range(
                 pos = lo
                 if pos >= end:
                     return
-                pending = pull_at(pos)
+                restart(pos)
             else:
                 msg = (
                     f"equeue source: {topic}/{qid} ends at offset {hi} but the query needs offsets "
@@ -276,6 +178,8 @@ def read_range(
                     raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
                 log.warning("%s; skipping them (failOnDataLoss=false)", msg)
                 return
+    finally:
+        release(brokers, puller)
 
 
 # --------------------------------------------------------------------------- planning

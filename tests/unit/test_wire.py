@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from equeue import wire
 from equeue.errors import CorruptRecord, EQueueError, RemoteProtocolError
 from equeue.models import Message, PullResult, SendResult
 from equeue.protocol import PullStatus
@@ -441,6 +442,7 @@ pull_requests = st.builds(
     group=short_text,
     consumer_id=short_text,
     tags=short_text,
+    flags=st.integers(0, 3),
 )
 
 
@@ -458,6 +460,27 @@ def test_pull_request_defaults_round_trip() -> None:
 def test_pull_request_trailing_bytes() -> None:
     with pytest.raises(RemoteProtocolError):
         PullRequest.decode(PullRequest("t", 0, 0).encode() + b"\x00")
+    with pytest.raises(RemoteProtocolError):
+        PullRequest.decode(PullRequest("t", 0, 0, flags=1).encode() + b"\x01")
+
+
+def test_pull_request_flags() -> None:
+    plain = PullRequest("t", 0, 0).encode()
+    assert PullRequest.decode(plain + b"\x03").flags == wire.PULL_PACKED | wire.PULL_CLIENT_VERIFIES
+    assert PullRequest("t", 0, 0, flags=0).encode() == plain  # the plain layout is unchanged
+    with pytest.raises(RemoteProtocolError):
+        PullRequest.decode(plain + b"\x04")  # unknown flag
+
+
+def test_packed_pull_response_layout() -> None:
+    recs = [encode_record(1, 0, i, 5, encode_entry(Message(b"x" * i))) for i in range(3)]
+    buf = b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 9, 3, [7, 8, 9], recs))
+    head = struct.calcsize(">BQQQI")
+    assert buf[head - 4 : head] == (3).to_bytes(4, "big")
+    assert buf[head : head + 24] == b"".join(g.to_bytes(8, "big") for g in (7, 8, 9))
+    lens = [int.from_bytes(buf[head + 24 + 4 * i : head + 28 + 4 * i], "big") for i in range(3)]
+    assert lens == [len(r) for r in recs]
+    assert buf[head + 36 :] == b"".join(recs)
 
 
 @settings(max_examples=200)
@@ -472,8 +495,9 @@ def test_garbage_pull_request_raises_only_decode_errors(buf: bytes) -> None:
 @settings(max_examples=100)
 @given(req=pull_requests, data=st.data())
 def test_truncated_pull_request_is_rejected(req: PullRequest, data: st.DataObject) -> None:
+    # (the optional flags byte is the one part whose absence is valid: frames carry their length)
     buf = req.encode()
-    cut = data.draw(st.integers(0, len(buf) - 1))
+    cut = data.draw(st.integers(0, len(buf) - 1 - (1 if req.flags else 0)))
     with pytest.raises(RemoteProtocolError):
         PullRequest.decode(buf[:cut])
 

@@ -1,0 +1,212 @@
+"""A blocking, pipelined pull connection for the Spark reader's bulk reads.
+
+Spark's Python workers read one queue range at a time, in one thread, as fast as the
+broker serves it. A plain blocking socket driven by the shared sans-I/O codec
+(``equeue.codec``) is the leanest transport for that: no event-loop thread, no
+hand-off between threads, and the next pull is already on the wire while the current
+answer is being turned into Arrow columns (``depth`` pulls in flight).
+
+Pulls are reads, so a broken connection is simply reopened and the pulls still
+outstanding are sent again. Errors the broker answers are raised as the mapped
+:class:`~equeue.errors.EQueueError`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections import deque
+from typing import Final
+
+from equeue import wire
+from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
+from equeue.errors import (
+    ConnectionBroken,
+    EQueueError,
+    ErrorCode,
+    RemoteProtocolError,
+    error_for_code,
+)
+from equeue.protocol import RequestCode
+from producer.client import parse_brokers
+
+__all__ = ["Puller", "puller_for", "release"]
+
+#: bytes asked of the kernel per receive (answers are up to PULL_MAX_BYTES)
+_RECV: Final = 1 << 20
+#: seconds to connect, and the longest silence tolerated while an answer is due
+CONNECT_TIMEOUT: Final = 10.0
+READ_TIMEOUT: Final = 60.0
+#: how many times a range read reconnects before giving up
+RETRIES: Final = 3
+
+
+class Puller:
+    """Pipelined pulls over one blocking connection (one thread at a time).
+
+    ``submit(req)`` sends a pull and remembers it; ``next()`` returns the answer payload
+    of the oldest submitted pull. Raises ConnectionBroken when the broker cannot be
+    reached after :data:`RETRIES` attempts, the mapped EQueueError for an error
+    answer.
+    """
+
+    def __init__(self, brokers: str) -> None:
+        self.addresses = parse_brokers(brokers)
+        self._sock: socket.socket | None = None
+        self._codec: Connection | None = None
+        self._rid = 0
+        self._queue: deque[tuple[int, bytes]] = deque()  # (request id, request payload), oldest first
+        self._answers: dict[int, Response] = {}
+        self._turn = 0
+
+    # ------------------------------------------------------------------ connection
+    def _connect(self) -> None:
+        errors = []
+        for i in range(len(self.addresses)):
+            host, port = self.addresses[(self._turn + i) % len(self.addresses)]
+            try:
+                sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
+            except OSError as exc:
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.settimeout(READ_TIMEOUT)
+                codec = Connection(Role.CLIENT)
+                sock.sendall(codec.send(Hello()))
+                ev = self._receive_event(sock, codec)
+                if not isinstance(ev, HelloAck):
+                    raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
+                if ev.code != ErrorCode.OK:
+                    raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
+            except (OSError, EQueueError) as exc:
+                sock.close()
+                errors.append(f"{host}:{port}: {exc}")
+                continue
+            self._sock, self._codec = sock, codec
+            self._turn += i
+            return
+        raise ConnectionBroken("cannot connect to any broker (" + "; ".join(errors) + ")")
+
+    @staticmethod
+    def _receive_event(sock: socket.socket, codec: Connection) -> object:
+        while True:
+            ev = codec.next_event()
+            if ev is not NEED_DATA:
+                return ev
+            try:
+                data = sock.recv(_RECV)
+            except OSError as exc:
+                raise ConnectionBroken(f"connection lost: {exc}") from exc
+            if not data:
+                raise ConnectionBroken("the broker closed the connection")
+            codec.receive_data(data)
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._codec = None
+        self._answers.clear()
+        self._turn += 1
+
+    def _reconnect(self) -> None:
+        """Open a connection and send every outstanding pull again, oldest first."""
+        self._connect()
+        for rid, payload in self._queue:
+            self._write(rid, payload)
+
+    def _write(self, rid: int, payload: bytes) -> None:
+        assert self._sock is not None and self._codec is not None
+        try:
+            self._sock.sendall(self._codec.send(Request(rid, RequestCode.PULL, payload)))
+        except OSError as exc:
+            self._drop()
+            raise ConnectionBroken(f"connection lost: {exc}") from exc
+
+    # ------------------------------------------------------------------ pulls
+    @property
+    def outstanding(self) -> int:
+        return len(self._queue)
+
+    def submit(self, req: wire.PullRequest) -> None:
+        """Send a pull now (its answer is read later by :meth:`next`)."""
+        self._rid = (self._rid + 1) & 0xFFFFFFFF or 1
+        payload = req.encode()
+        self._queue.append((self._rid, payload))
+        for attempt in range(RETRIES):
+            try:
+                if self._sock is None:
+                    self._reconnect()  # sends this pull too
+                else:
+                    self._write(self._rid, payload)
+                return
+            except ConnectionBroken:
+                self._drop()
+                if attempt == RETRIES - 1:
+                    self._queue.pop()
+                    raise
+
+    def next(self) -> bytes:
+        """The answer payload of the oldest outstanding pull."""
+        if not self._queue:
+            raise RuntimeError("no pull outstanding")
+        rid = self._queue[0][0]
+        for attempt in range(RETRIES):
+            try:
+                if self._sock is None:
+                    self._reconnect()
+                res = self._answer(rid)
+                break
+            except ConnectionBroken:
+                self._drop()
+                if attempt == RETRIES - 1:
+                    self._queue.clear()
+                    raise
+        self._queue.popleft()
+        if res.code != ErrorCode.OK:
+            raise error_for_code(res.code, res.payload.decode("utf-8", "replace"))
+        return res.payload
+
+    def _answer(self, rid: int) -> Response:
+        assert self._sock is not None and self._codec is not None
+        while rid not in self._answers:
+            ev = self._receive_event(self._sock, self._codec)
+            if isinstance(ev, Response):
+                if ev.request_id == 0:  # the broker refused the connection as a whole
+                    raise error_for_code(ev.code, ev.payload.decode("utf-8", "replace"))
+                self._answers[ev.request_id] = ev
+            # pushes (group changes) do not concern a reader
+        return self._answers.pop(rid)
+
+    def reset(self) -> None:
+        """Forget outstanding pulls (their answers are dropped with the connection)."""
+        if self._queue:
+            self._queue.clear()
+            self._drop()
+
+    def close(self) -> None:
+        self._queue.clear()
+        self._drop()
+
+
+_pool: dict[tuple[int, str], list[Puller]] = {}
+_pool_lock = threading.Lock()
+
+
+def puller_for(brokers: str) -> Puller:
+    """A connected-on-demand puller for this process (reused across Spark tasks: Spark
+    keeps its Python workers). Give it back with :func:`release`."""
+    key = (os.getpid(), brokers)
+    with _pool_lock:
+        free = _pool.get(key)
+        if free:
+            return free.pop()
+    return Puller(brokers)
+
+
+def release(brokers: str, puller: Puller) -> None:
+    """Return a puller to the pool; one with pulls still outstanding is reset first."""
+    puller.reset()
+    with _pool_lock:
+        _pool.setdefault((os.getpid(), brokers), []).append(puller)

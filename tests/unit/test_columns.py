@@ -1,0 +1,99 @@
+"""The Spark reader's packed-answer parser against the reference record decoder."""
+
+from __future__ import annotations
+
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pytest.importorskip("numpy")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from equeue import Message, wire  # noqa: E402
+from equeue.errors import CorruptRecord  # noqa: E402
+from equeue.protocol import PullStatus  # noqa: E402
+from spark.columns import packed_batch  # noqa: E402
+
+SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("queue_id", pa.int32()),
+        ("queue_offset", pa.int64()),
+        ("global_offset", pa.int64()),
+        ("key", pa.string()),
+        ("tags", pa.string()),
+        ("properties", pa.map_(pa.string(), pa.string())),
+        ("body", pa.binary()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+texts = st.none() | st.text(max_size=12)
+messages = st.builds(
+    Message,
+    body=st.binary(max_size=60),
+    key=texts,
+    tags=texts,
+    properties=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
+)
+
+
+def answer(msgs: list[Message], queue_id: int = 2, first: int = 40, first_global: int = 1000) -> bytes:
+    recs = [
+        wire.encode_record(7, queue_id, first + i, 1_700_000_000_000 + i, wire.encode_entry(m))
+        for i, m in enumerate(msgs)
+    ]
+    gs = [first_global + 3 * i for i in range(len(msgs))]
+    return b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 99, first + len(msgs), gs, recs))
+
+
+@settings(max_examples=150)
+@given(msgs=st.lists(messages, min_size=1, max_size=20), data=st.data())
+def test_packed_batch_matches_decoder(msgs: list[Message], data: st.DataObject) -> None:
+    buf = answer(msgs)
+    count = data.draw(st.integers(1, len(msgs)))
+    rows = packed_batch(buf, "orders", 2, 40, count, SCHEMA).to_pylist()
+    assert len(rows) == count
+    for i, (row, m) in enumerate(zip(rows, msgs, strict=False)):
+        assert (row["topic"], row["queue_id"], row["queue_offset"], row["global_offset"]) == (
+            "orders",
+            2,
+            40 + i,
+            1000 + 3 * i,
+        )
+        assert (row["key"], row["tags"], row["body"]) == (m.key, m.tags, m.body)
+        assert dict(row["properties"]) == m.properties
+        assert int(row["timestamp"].timestamp() * 1000) == 1_700_000_000_000 + i
+
+
+def test_invalid_utf8_key_is_replaced_not_fatal() -> None:
+    entry = bytearray(wire.encode_entry(Message(b"b", key="ab")))
+    at = wire.ENTRY_HEADER.size
+    entry[at : at + 2] = b"\xff\xfe"
+    rec = wire.encode_record(7, 0, 0, 5, bytes(entry))
+    buf = b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 1, 1, [0], [rec]))
+    (row,) = packed_batch(buf, "t", 0, 0, 1, SCHEMA).to_pylist()
+    assert row["key"] == "\ufffd\ufffd"
+
+
+@pytest.mark.parametrize("what", ["checksum", "queue offset", "queue id", "length", "truncated"])
+def test_damage_is_detected(what: str) -> None:
+    msgs = [Message(f"m{i}".encode(), key="k") for i in range(5)]
+    buf = bytearray(answer(msgs, queue_id=0, first=0))
+    if what == "checksum":
+        buf[-1] ^= 1  # last byte of the last body
+        first, qid = 0, 0
+    elif what == "queue offset":
+        first, qid = 1, 0
+    elif what == "queue id":
+        first, qid = 0, 1
+    elif what == "length":
+        head = 29 + 8 * 5  # the first record's length
+        buf[head : head + 4] = (3).to_bytes(4, "big")
+        first, qid = 0, 0
+    else:
+        buf = buf[:-3]
+        first, qid = 0, 0
+    with pytest.raises(CorruptRecord):
+        packed_batch(bytes(buf), "t", qid, first, 5, SCHEMA)
