@@ -1,12 +1,23 @@
 """The appender: the single writer. It drains every pending write op into one LMDB
-write transaction (group commit) run in one worker thread, then answers the ops
-and wakes parked pulls. A transaction never spans an ``await``: it opens and
-commits inside :meth:`broker.store.Store.write`, in the worker thread.
+write transaction (group commit) run in one long-lived worker thread, then answers
+the ops and wakes parked pulls. A transaction never spans an ``await``: it opens
+and commits inside :meth:`broker.store.Store.write`, in the worker thread.
+
+Hand-off, for latency: the trio side appends to a list under a lock and notifies a
+condition (no loop iteration, no checkpoint); the writer thread, blocked on that
+condition, takes everything queued (up to ``max_batch_ops``) as one batch, writes
+it, and posts the answers back with ``TrioToken.run_sync_soon``: one callback per
+transaction that stores the results and sets the ops' events (and calls their
+``callback``) in the loop thread. While a transaction is being written, new ops
+pile up and form the next batch: many concurrent requests, one transaction, one
+fsync. A ``trio.to_thread`` call per batch would cost two extra thread hops and a
+loop iteration each time (~0.1 ms here).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +32,27 @@ __all__ = ["Appender"]
 
 
 class _Pending:
-    __slots__ = ("done", "op", "result")
+    """One queued op. ``done`` is set (and ``callback(self)`` called, in the loop
+    thread) once ``result`` holds the op's result or its exception."""
 
-    def __init__(self, op: WriteOp) -> None:
+    __slots__ = ("callback", "done", "op", "result")
+
+    def __init__(self, op: WriteOp, callback: Callable[[_Pending], None] | None = None) -> None:
         self.op = op
         self.done = trio.Event()
         self.result: Any = None
+        self.callback = callback
+
+    def resolve(self, result: Any) -> None:
+        """Store the outcome and wake the waiter (loop thread only; never raises)."""
+        self.result = result
+        self.done.set()
+        cb = self.callback
+        if cb is not None:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("appender completion callback failed")
 
 
 class Appender:
@@ -38,16 +64,26 @@ class Appender:
         *,
         max_batch_ops: int = 2048,
         on_commit: Callable[[WriteOutcome], None] | None = None,
+        on_answered: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.max_batch_ops = max_batch_ops
+        #: called (loop thread) after the ops of a committed transaction are answered
         self.on_commit = on_commit
+        #: called (loop thread) after every answered batch, committed or failed
+        self.on_answered = on_answered
+        #: queued ops, FIFO; guarded by ``_cond`` (the loop appends, the writer takes)
         self._pending: list[_Pending] = []
-        self._wakeup = trio.Event()
-        self._limiter = trio.CapacityLimiter(1)
+        self._cond = threading.Condition(threading.Lock())
+        #: the writer thread exits once the queue is empty (close) ...
+        self._drain_and_stop = False
+        #: ... or right after its current transaction (cancelled run)
+        self._stop_now = False
+        self._writer_waiting = False
         self._closing = False
-        self._idle = trio.Event()
-        self._idle.set()
+        self._running = False
+        self._stopped: trio.Event | None = None
+        self._fatal: BaseException | None = None
         self.transactions = 0
 
     async def submit(self, op: WriteOp) -> Any:
@@ -58,83 +94,136 @@ class Appender:
         """
         return await self.wait(self.enqueue(op))
 
-    def enqueue(self, op: WriteOp) -> _Pending:
+    def enqueue(self, op: WriteOp, callback: Callable[[_Pending], None] | None = None) -> _Pending:
         """Queue ``op`` now (no checkpoint), so ops enqueued one after another are
-        committed in that order; :meth:`wait` for its outcome."""
+        committed in that order; :meth:`wait` for its outcome, or pass ``callback``
+        to be called with the pending op once it is answered (in the loop thread)."""
         if self._closing:
             raise BrokerShuttingDown("the broker is shutting down")
-        p = _Pending(op)
-        self._pending.append(p)
-        self._wakeup.set()
+        p = _Pending(op, callback)
+        with self._cond:
+            self._pending.append(p)
+            if self._writer_waiting:
+                self._cond.notify()
         return p
 
     async def wait(self, p: _Pending) -> Any:
         """Wait until an enqueued op committed; return its result or raise its error."""
         # shielded: once queued, the op may commit; we must not drop its outcome
-        with trio.CancelScope(shield=True):
-            await p.done.wait()
+        if not p.done.is_set():
+            with trio.CancelScope(shield=True):
+                await p.done.wait()
         if isinstance(p.result, BaseException):
             raise p.result
         return p.result
 
     async def run(self) -> None:
-        """Commit loop; returns after :meth:`close` once every queued op is answered.
+        """Start the writer thread; return after :meth:`close` once every queued op
+        is answered.
 
         If cancelled, the transaction in progress still completes and is answered
-        (it is shielded); ops still queued are failed with BrokerShuttingDown.
+        (the wait for it is shielded); ops still queued are failed with
+        BrokerShuttingDown.
         """
+        if self._running:
+            raise RuntimeError("Appender.run is already running")
+        self._running = True
+        stopped = self._stopped = trio.Event()
+        token = trio.lowlevel.current_trio_token()
+        thread = threading.Thread(target=self._writer, args=(token, stopped), name="equeue-appender", daemon=True)
+        thread.start()
         try:
-            await self._loop()
+            await stopped.wait()
         finally:
             self._closing = True
+            with self._cond:
+                leftover, self._pending = self._pending, []
+                self._stop_now = True
+                self._cond.notify()
             err = BrokerShuttingDown("the broker stopped before this request was written")
-            for p in self._pending:
-                p.result = err
-                p.done.set()
-            self._pending.clear()
-
-    async def _loop(self) -> None:
-        while True:
-            if not self._pending:
-                if self._closing:
-                    return
-                self._wakeup = trio.Event()
-                await self._wakeup.wait()
-                continue
-            batch = self._pending[: self.max_batch_ops]
-            del self._pending[: len(batch)]
-            self._idle = trio.Event()
-            try:
-                ops = [p.op for p in batch]
-                with trio.CancelScope(shield=True):
-                    outcome = await trio.to_thread.run_sync(self.store.write, ops, limiter=self._limiter)
-            except EQueueError as exc:
-                for p in batch:
-                    p.result = exc
-                    p.done.set()
-                self._idle.set()
-                continue
-            except BaseException as exc:  # an unexpected bug must not strand waiters
-                log.exception("store write failed unexpectedly")
-
-                err = InternalBrokerError(f"store write failed: {exc!r}")
-                for p in batch:
-                    p.result = err
-                    p.done.set()
-                self._idle.set()
-                if not isinstance(exc, Exception):
-                    raise
-                continue
-            self.transactions += 1
-            for p, r in zip(batch, outcome.results, strict=True):
-                p.result = r
-                p.done.set()
-            self._idle.set()
-            if self.on_commit is not None:
-                self.on_commit(outcome)
+            for p in leftover:
+                p.resolve(err)
+            if leftover:
+                self._answered()
+            with trio.CancelScope(shield=True):
+                # the writer posts its last answers, then ``stopped.set`` (FIFO)
+                await stopped.wait()
+            # the thread has posted its final callback; it ends right after
+            thread.join()
+            self._running = False
+        if self._fatal is not None:
+            raise self._fatal
 
     def close(self) -> None:
         """Refuse new ops; :meth:`run` returns after answering the queued ones."""
         self._closing = True
-        self._wakeup.set()
+        with self._cond:
+            self._drain_and_stop = True
+            self._cond.notify()
 
+    # ------------------------------------------------------------------ writer thread
+    def _writer(self, token: trio.lowlevel.TrioToken, stopped: trio.Event) -> None:
+        """The writer thread: one transaction per batch, answers posted to the loop."""
+        cond = self._cond
+        write = self.store.write
+        post = token.run_sync_soon
+        try:
+            while True:
+                with cond:
+                    while not self._pending and not self._stop_now and not self._drain_and_stop:
+                        self._writer_waiting = True
+                        cond.wait()
+                        self._writer_waiting = False
+                    if self._stop_now or not self._pending:
+                        return
+                    batch = self._pending[: self.max_batch_ops]
+                    del self._pending[: len(batch)]
+                try:
+                    outcome = write([p.op for p in batch])
+                except EQueueError as exc:
+                    post(self._fail, batch, exc)
+                    continue
+                except BaseException as exc:  # an unexpected bug must not strand waiters
+                    log.exception("store write failed unexpectedly")
+                    post(self._fail, batch, InternalBrokerError(f"store write failed: {exc!r}"))
+                    if not isinstance(exc, Exception):
+                        self._fatal = exc
+                        return
+                    continue
+                post(self._answer, batch, outcome)
+        except BaseException as exc:  # pragma: no cover - a bug in this loop itself
+            log.exception("appender writer thread failed")
+            self._fatal = exc
+        finally:
+            post(stopped.set)
+
+    # ------------------------------------------------------------------ loop-thread callbacks
+    def _answer(self, batch: list[_Pending], outcome: WriteOutcome) -> None:
+        self.transactions += 1
+        try:
+            for p, r in zip(batch, outcome.results, strict=True):
+                p.resolve(r)
+        except Exception as exc:  # a store bug (results do not match the ops): answer anyway
+            log.exception("answering a transaction failed")
+            err = InternalBrokerError(f"answering the write failed: {exc!r}")
+            for p in batch:
+                if not p.done.is_set():
+                    p.resolve(err)
+        if self.on_commit is not None:
+            try:
+                self.on_commit(outcome)
+            except Exception:
+                log.exception("on_commit failed")
+        self._answered()
+
+    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        for p in batch:
+            p.resolve(exc)
+        self._answered()
+
+    def _answered(self) -> None:
+        if self.on_answered is not None:
+            try:
+                self.on_answered()
+            except Exception:
+                log.exception("on_answered failed")

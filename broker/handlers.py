@@ -138,7 +138,10 @@ class Handlers:
 
     async def produce_finish(self, pending: Any, nbytes: int) -> Parts:
         """Wait for a prepared produce to commit; the answer payload."""
-        answer: wire.ProduceResponse = await self.b.appender.wait(pending)
+        return self.produce_answer(await self.b.appender.wait(pending), nbytes)
+
+    def produce_answer(self, answer: wire.ProduceResponse, nbytes: int) -> Parts:
+        """The answer payload of a committed produce (and its statistics)."""
         self.b.stats.messages_in += answer.stored
         self.b.stats.bytes_in += nbytes
         return [answer.encode()]

@@ -13,8 +13,10 @@ LMDB) or until cancelled (in-flight commits still finish and are answered).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
 import socket
 import struct
 import time
@@ -99,6 +101,8 @@ class Broker:
         self._no_inflight = trio.Event()
         self._conns: set[_ServerConnection] = set()
         self._no_conns = trio.Event()
+        #: connections holding answers of the transaction being answered
+        self._staged: list[_ServerConnection] = []
 
     # ------------------------------------------------------------------ lifetime
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -107,7 +111,7 @@ class Broker:
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
-        self.appender = Appender(self.store, on_commit=self._on_commit)
+        self.appender = Appender(self.store, on_commit=self._on_commit, on_answered=self._flush_staged)
         lifecycle = self.lifecycle = Lifecycle(self)
         try:
             async with trio.open_nursery() as core:
@@ -177,6 +181,13 @@ class Broker:
         return f"{self.config.host}:{self.port}"
 
     # ------------------------------------------------------------------ internals
+    def _flush_staged(self) -> None:
+        """The appender answered a transaction: write the staged answers, one write
+        per connection."""
+        staged, self._staged = self._staged, []
+        for conn in staged:
+            conn.flush_staged()
+
     def _on_commit(self, outcome: WriteOutcome) -> None:
         if outcome.touched:
             self.parked.wake(outcome.touched)
@@ -254,6 +265,12 @@ class _ServerConnection:
         self.send_ch, self.recv_ch = trio.open_memory_channel[list[bytes]](math.inf)
         self.peer = _peer(stream)
         self._reader_scope = trio.CancelScope()
+        #: the writer task has frames to send (or is sending): write through it
+        self._busy = False
+        #: no more direct writes (closing, or a write failed: the writer drains)
+        self._no_direct = False
+        #: answers of the transaction being answered, written once it is (see _stage)
+        self._staged: list[bytes] = []
 
     def shutdown(self) -> None:
         """Graceful close: stop reading requests; queued answers are still sent."""
@@ -261,8 +278,60 @@ class _ServerConnection:
 
     def notify_group(self, group: str) -> None:
         payload = control.encode({"group": group})
+        self._send(frame(KIND_PUSH, PushCode.GROUP_CHANGED, 0, [payload]))
+
+    # ------------------------------------------------------------------ output
+    # Frames leave in one of two ways. While the writer task is idle (nothing
+    # queued, not sending) an answer is written at once, from the synchronous code
+    # that produced it, with one non-blocking write to the socket: no wake-up of the
+    # writer task, one loop iteration less per request. Otherwise -- or for what a
+    # full socket buffer did not take -- it is queued for the writer task, which
+    # coalesces everything queued into one ``send_all``. ``_busy`` keeps the two
+    # from interleaving bytes: it is set before anything is queued and cleared by
+    # the writer only once the queue is empty and its last write finished.
+
+    def _send(self, parts: list[bytes]) -> None:
+        """Send one frame (its pieces): now if the writer is idle, else via the writer."""
+        if not self._busy and not self._no_direct:
+            self._write_direct(b"".join(parts))
+        else:
+            self._enqueue(parts)
+
+    def _stage(self, parts: list[bytes]) -> None:
+        """Hold an answer until the appender finished answering its transaction
+        (then :meth:`flush_staged` writes all of them at once)."""
+        if not self._staged:
+            self.b._staged.append(self)
+        self._staged += parts
+
+    def flush_staged(self) -> None:
+        data = b"".join(self._staged)
+        self._staged.clear()
+        if data:
+            if not self._busy and not self._no_direct:
+                self._write_direct(data)
+            else:
+                self._enqueue([data])
+
+    def _write_direct(self, data: bytes) -> None:
+        fd = self.stream.socket.fileno()
+        sent = 0
+        if fd >= 0:
+            try:
+                sent = os.write(fd, data)  # the socket is non-blocking (trio's)
+            except BlockingIOError:
+                pass
+            except OSError:
+                # the peer is gone: the reader sees it; let the writer fail quietly
+                self._no_direct = True
+        self.b.stats.bytes_out += sent
+        if sent < len(data):
+            self._enqueue([data[sent:]] if sent else [data])
+
+    def _enqueue(self, parts: list[bytes]) -> None:
+        self._busy = True
         try:
-            self.send_ch.send_nowait(frame(KIND_PUSH, PushCode.GROUP_CHANGED, 0, [payload]))
+            self.send_ch.send_nowait(parts)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
@@ -277,6 +346,8 @@ class _ServerConnection:
                     handlers.cancel_scope.cancel()
             finally:
                 # the writer sends what is queued (e.g. a protocol error), then ends
+                self.flush_staged()
+                self._no_direct = True
                 self.send_ch.close()
 
     async def _writer(self) -> None:
@@ -284,16 +355,25 @@ class _ServerConnection:
         try:
             async for parts in recv:
                 buf = parts
-                while True:
+                while buf:
+                    while True:
+                        try:
+                            buf = buf + recv.receive_nowait()
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    data = b"".join(buf)
+                    buf = []
+                    self.b.stats.bytes_out += len(data)
+                    await self.stream.send_all(data)
+                    # frames queued during the write: send them before going idle
                     try:
-                        buf = buf + recv.receive_nowait()
+                        buf = recv.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                data = b"".join(buf)
-                self.b.stats.bytes_out += len(data)
-                await self.stream.send_all(data)
+                self._busy = False
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # the peer went away; drain silently so handlers never block
+            self._no_direct = True
             async for _ in recv:
                 pass
 
@@ -312,7 +392,7 @@ class _ServerConnection:
                     return
                 if isinstance(ev, Hello):
                     code = ErrorCode.OK if ev.version == PROTOCOL_VERSION else ErrorCode.UNSUPPORTED_VERSION
-                    self.send_ch.send_nowait([codec.send(HelloAck(PROTOCOL_VERSION, code))])
+                    self._enqueue([codec.send(HelloAck(PROTOCOL_VERSION, code))])
                     if code != ErrorCode.OK:
                         log.info("client %s: unsupported protocol version %d", self.peer, ev.version)
                         return
@@ -338,6 +418,14 @@ class _ServerConnection:
                             prepared = self.b.handlers.produce_prepare(ev.payload)
                         except Exception as exc:
                             prepared = exc
+                        else:
+                            if prepared is not None:
+                                # answered straight from the commit callback: no task
+                                self.b._enter()
+                                prepared.callback = functools.partial(
+                                    self._produce_done, ev.request_id, len(ev.payload)
+                                )
+                                continue
                     nursery.start_soon(self._handle, ev, prepared)
             if codec.peer_closed:
                 return
@@ -359,9 +447,9 @@ class _ServerConnection:
         """
         log.info("client %s: protocol error (%s): %s; closing", self.peer, exc.code.name, exc)
         if self.codec.handshake_done:
-            self.send_ch.send_nowait(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
+            self._enqueue(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
         else:
-            self.send_ch.send_nowait([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
+            self._enqueue([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
 
     async def _handle(self, req: Request, prepared: Any = None) -> None:
         self.b._enter()
@@ -369,25 +457,43 @@ class _ServerConnection:
             try:
                 if isinstance(prepared, Exception):
                     raise prepared
-                if prepared is not None:
-                    parts = await self.b.handlers.produce_finish(prepared, len(req.payload))
-                else:
-                    parts = await self.b.handlers.dispatch(req.code, req.payload, self)
-                code = ErrorCode.OK
-            except EQueueError as exc:
-                code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
-                if code == ErrorCode.PROTOCOL_ERROR:
-                    code = ErrorCode.BAD_REQUEST  # a malformed payload: the framing is fine
-                parts = [str(exc).encode()]
-            except Exception as exc:  # a bug: answer, log, keep serving
-                log.exception("request %d (code %d) failed", req.request_id, req.code)
-                code, parts = ErrorCode.INTERNAL_ERROR, [f"internal error: {exc!r}".encode()]
-            try:
-                self.send_ch.send_nowait(frame(KIND_RESPONSE, code, req.request_id, parts))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+                parts = await self.b.handlers.dispatch(req.code, req.payload, self)
+                code: int = ErrorCode.OK
+            except Exception as exc:
+                code, parts = self._error_answer(exc, req.request_id, req.code)
+            self._respond(code, req.request_id, parts)
         finally:
             self.b._exit()
+
+    def _produce_done(self, request_id: int, nbytes: int, pending: Any) -> None:
+        """A prepared produce was answered by the appender (loop thread, no task):
+        the same answer as ``Handlers.produce_finish``, staged for the writer."""
+        try:
+            result = pending.result
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                parts = self.b.handlers.produce_answer(result, nbytes)
+                code: int = ErrorCode.OK
+            except Exception as exc:
+                code, parts = self._error_answer(exc, request_id, RequestCode.PRODUCE)
+            self._stage(frame(KIND_RESPONSE, code, request_id, parts))
+        finally:
+            self.b._exit()
+
+    @staticmethod
+    def _error_answer(exc: Exception, request_id: int, req_code: int) -> tuple[int, list[bytes]]:
+        if isinstance(exc, EQueueError):
+            code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
+            if code == ErrorCode.PROTOCOL_ERROR:
+                code = ErrorCode.BAD_REQUEST  # a malformed payload: the framing is fine
+            return code, [str(exc).encode()]
+        # a bug: answer, log, keep serving
+        log.error("request %d (code %d) failed", request_id, req_code, exc_info=exc)
+        return ErrorCode.INTERNAL_ERROR, [f"internal error: {exc!r}".encode()]
+
+    def _respond(self, code: int, request_id: int, parts: list[bytes]) -> None:
+        self._send(frame(KIND_RESPONSE, code, request_id, parts))
 
 
 def _peer(stream: trio.SocketStream) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -36,9 +37,11 @@ from typing import TYPE_CHECKING
 import trio
 
 from equeue import wire
+from equeue.codec import Response
 from equeue.errors import (
     ClientClosed,
     EQueueError,
+    ErrorCode,
     OperationTimeout,
     OutOfOrderSequence,
     QueueNotFound,
@@ -53,6 +56,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("equeue.producer")
 
 __all__ = ["_Lane"]
+
+
+def _answered(entry: tuple[_Batch, PendingReply | None, BaseException | None]) -> bool:
+    reply = entry[1]
+    return reply is None or reply.done.is_set()
 
 
 def new_producer_id() -> bytes:
@@ -81,10 +89,90 @@ class _Lane:
         self.retry: list[_Batch] = []
         self.started = False
         self.wake = trio.Event()
+        #: the cancel scope of the task's idle wait, while it is parked there
+        self._parked: trio.CancelScope | None = None
 
     def poke(self) -> None:
         """Wake the lane task (loop thread only)."""
         self.wake.set()
+
+    def kick(self) -> None:
+        """New sealed batches (loop thread only, synchronous).
+
+        When the task is parked idle (no open batch, nothing to recover) and the
+        connection is free, the sealed batches are written right here with
+        :meth:`AsyncClient.send_request_nowait`: a blocking ``send`` then costs no
+        wake-up of the lane task (answers are taken by :meth:`on_reply`). Anything
+        else wakes the task, which does the same work the general way.
+        """
+        if self._parked is None or self.retry or self.open is not None or not self._write_now():
+            self.wake.set()
+
+    def _write_now(self) -> bool:
+        """Write sealed batches into the window without waiting; False when the
+        task must take over (connection busy or down, a batch past its deadline)."""
+        core = self.core
+        client = core.client
+        window = self.window
+        sendq = self.sendq
+        now = time.monotonic()
+        wrote = False
+        while sendq and len(window) < core.max_in_flight:
+            b = sendq[0]
+            if b.finished:
+                sendq.popleft()
+                continue
+            if (b.pid is None and now >= b.deadline) or not client.can_send_now():
+                return False
+            sendq.popleft()  # deque: atomic; appends happen under the lock
+            payload = self._payload(b)
+            try:
+                reply = client.send_request_nowait(RequestCode.PRODUCE, payload, self.on_reply)
+            except EQueueError as exc:
+                window.append((b, None, exc))
+                return False  # the task handles the failure
+            window.append((b, reply, None))
+            wrote = True
+        if wrote and self._parked is not None:
+            # the parked task must still enforce the head's send_timeout
+            at = trio.current_time() + max(0.0, window[0][0].deadline - now)
+            if at < self._parked.deadline:
+                self._parked.deadline = at
+        return True
+
+    def _payload(self, b: _Batch) -> bytes:
+        """Number ``b`` on its first send (kept across retries); its request payload."""
+        if b.pid is None:
+            b.pid = self.pid
+            b.seq = self.next_seq
+            self.next_seq += len(b.entries)
+        b.sent_behind = bool(self.window)
+        return wire.ProduceRequest(self.topic, self.queue_id, b.entries, b.pid, b.seq, self.core.auto_create).encode()
+
+    def on_reply(self) -> None:
+        """An answer or a failure arrived (loop thread, called by the client's reader).
+
+        Successful answers at the head of the window are resolved right here, so a
+        waiting ``send`` wakes without a round through the lane task; the task is
+        woken only when it has work: a failure to handle, a batch to write into the
+        freed window slot.
+        """
+        window = self.window
+        while window and not self.retry:
+            b, reply, _ = window[0]
+            if reply is None or not reply.done.is_set():
+                break
+            res = reply.result
+            if not isinstance(res, Response) or res.code != ErrorCode.OK:
+                break  # the lane task decides (retry, fail)
+            try:
+                answer = wire.ProduceResponse.decode(res.payload)
+            except EQueueError:
+                break
+            window.popleft()
+            self.resolve(b, answer)
+        if self.sendq or self.retry or (window and _answered(window[0])):
+            self.wake.set()
 
     # ------------------------------------------------------------------ task
     async def run(self) -> None:
@@ -144,31 +232,28 @@ class _Lane:
                 at = o.first_at + linger
             if window:
                 at = min(at, window[0][0].deadline)
-            if at == float("inf"):
-                await wake.wait()
-            else:
-                with trio.move_on_at(trio.current_time() + max(0.0, at - time.monotonic())):
+            deadline = math.inf if at == math.inf else trio.current_time() + max(0.0, at - time.monotonic())
+            with trio.CancelScope(deadline=deadline) as parked:
+                self._parked = parked
+                try:
                     await wake.wait()
+                finally:
+                    self._parked = None
 
     async def _write(self, client: AsyncClient, b: _Batch, now: float) -> None:
-        if b.pid is None:
-            if now >= b.deadline:
-                self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.core.send_timeout:g} s)"))
-                return
-            b.pid = self.pid
-            b.seq = self.next_seq
-            self.next_seq += len(b.entries)
-        b.sent_behind = bool(self.window)
-        payload = wire.ProduceRequest(
-            self.topic, self.queue_id, b.entries, b.pid, b.seq, self.core.auto_create
-        ).encode()
+        if b.pid is None and now >= b.deadline:
+            self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.core.send_timeout:g} s)"))
+            return
+        payload = self._payload(b)
         try:
-            reply = await client.send_request(RequestCode.PRODUCE, payload, self.poke)
+            reply = await client.send_request(RequestCode.PRODUCE, payload, self.on_reply)
         except EQueueError as exc:
             self.window.append((b, None, exc))
             self.poke()  # handle the failure at once
         else:
             self.window.append((b, reply, None))
+            if reply.done.is_set():
+                self.poke()  # answered before it joined the window: on_reply could not see it
 
     async def _recover(self) -> None:
         """Decide on every failed batch of the drained window (module docstring)."""

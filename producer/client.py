@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -291,6 +292,70 @@ class AsyncClient:
             link.pending.pop(rid, None)
             raise
         return slot
+
+    def can_send_now(self) -> bool:
+        """Whether :meth:`send_request_nowait` can write at once (connected, and no
+        other write in progress or queued)."""
+        link = self._link
+        return (
+            link is not None
+            and link.broken is None
+            and not self._closed
+            and self._nursery is not None
+            and not link.outbox
+            and not link.send_lock.locked()
+        )
+
+    def send_request_nowait(
+        self, code: int, payload: bytes, notify: Callable[[], None] | None = None
+    ) -> PendingReply:
+        """Like :meth:`send_request` but synchronous (loop thread only): writes the
+        request straight to the socket with one non-blocking write, without a task
+        switch or checkpoint. What the socket buffer does not take is queued and
+        written (in order, before anything else) by a task.
+
+        Raises trio.WouldBlock when :meth:`can_send_now` is false (use
+        :meth:`send_request`), ConnectionBroken when the write fails (then nothing
+        is pending), ClientClosed after close.
+        """
+        if self._closed:
+            raise ClientClosed("client closed")
+        if not self.can_send_now():
+            raise trio.WouldBlock
+        link = self._link
+        assert link is not None and self._nursery is not None
+        fd = link.stream.socket.fileno()
+        if fd < 0:
+            raise trio.WouldBlock
+        rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)
+        data = link.codec.send(RequestEvent(rid, code, payload))
+        slot = _Slot(notify)
+        link.pending[rid] = slot
+        try:
+            sent = os.write(fd, data)  # trio's sockets are non-blocking
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
+            link.pending.pop(rid, None)
+            link.fail(err)
+            raise err from exc
+        if sent < len(data):
+            link.outbox.append(data[sent:] if sent else data)
+            self._nursery.start_soon(self._flush_outbox, link)
+        return slot
+
+    async def _flush_outbox(self, link: _Link) -> None:
+        """Write what a non-blocking write left over (and anything queued behind it)."""
+        try:
+            async with link.send_lock:
+                if link.outbox:
+                    data = b"".join(link.outbox)
+                    link.outbox.clear()
+                    with trio.CancelScope(shield=True):
+                        await link.stream.send_all(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            link.fail(ConnectionBroken(f"connection to {link.address} lost: {exc}"))
 
     @staticmethod
     def answer(reply: PendingReply) -> bytes:

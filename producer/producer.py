@@ -57,6 +57,9 @@ assert wire.FLAG_KEY == 1
 
 __all__ = ["AsyncProducer", "Message", "Producer", "QueueSelector", "SendHandle", "SendResult"]
 
+#: seconds between checks that the loop still runs while a blocking send waits
+_LIVENESS_CHECK = 1.0
+
 #: ``queue_selector(queue_count, message) -> queue_id``
 QueueSelector = Callable[[int, Message], int]
 Body = bytes | bytearray | memoryview | str
@@ -472,7 +475,7 @@ class AsyncProducer:
 
     def _wake(self, lane: _Lane) -> None:
         if lane.started:
-            lane.poke()
+            lane.kick()
         elif self._nursery is not None and not self._closed:
             lane.started = True
             self._nursery.start_soon(lane.run, name=f"equeue-lane-{lane.topic}-{lane.queue_id}")
@@ -565,14 +568,28 @@ class Producer(SyncFront[AsyncProducer]):
         delay: Delay = None,
         deliver_at: dt.datetime | None = None,
     ) -> SendResult:
-        """Send one message and block until it is stored (see AsyncProducer.send)."""
+        """Send one message and block until it is stored (see AsyncProducer.send).
+
+        The message is buffered and its batch sealed from the calling thread, which
+        then blocks on the batch's thread event (set by the loop when the answer
+        arrives): no round trip through ``trio.from_thread`` unless the topic is new
+        or the buffer is full.
+        """
         due = deliver_at_ms(delay, deliver_at)
+        loop, core = self._ensure()
+        h = core.try_submit(topic, body, key, tags, properties, due, True)
+        if h is None:
 
-        async def run(core: AsyncProducer) -> SendResult:
-            h = await core._submit(topic, body, key, tags, properties, due, True)
-            return await h.wait()
+            async def run(core: AsyncProducer) -> SendResult:
+                h = await core._submit(topic, body, key, tags, properties, due, True)
+                return await h.wait()
 
-        return self._call(run)
+            return self._call(run)
+        b = h._batch
+        while not b.finished and not b.thdone.wait(_LIVENESS_CHECK):
+            if not loop.alive:
+                raise ClientClosed("the producer's event loop is not running (closed or forked)")
+        return b.result(h._index)
 
     def send_async(
         self,
