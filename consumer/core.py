@@ -9,11 +9,15 @@ handler. Messages flow::
         ▲                                                   │
         └── flow control (outstanding per queue) ◀── finish ┘──▶ sliding window ──▶ commit
 
-A worker takes a *chunk* of a batch (bigger when much is waiting, so thread hand-offs
-are amortised; one message when little is), runs the handler on each message (sync
-handlers in worker threads, async ones as tasks) and marks each one done. A handler
-that raises sends its message to the retry topic (or, in orderly mode, retries it in
-place) and the message counts as done, so it never blocks committing later offsets.
+A worker takes a *chunk* of a batch (sized to about ``CHUNK_SECONDS`` of handler
+time, so thread hand-offs are amortised; one message for slow handlers), runs the
+handler on each message and marks each one done. Async handlers run as tasks. Sync
+handlers run in worker threads, or — ``handler_threads="auto"``, the default — inline
+on the loop thread once they have proved fast (see :class:`_SyncPlacement`): for a
+fast handler, the hand-off to a thread and passing the GIL between the loop and the
+handler thread cost more than the handler. A handler that raises sends its message to
+the retry topic (or, in orderly mode, retries it in place) and the message counts as
+done, so it never blocks committing later offsets.
 """
 
 from __future__ import annotations
@@ -58,7 +62,26 @@ CHUNK_SECONDS = 0.002
 #: handler time per extra concurrent chunk: fast handlers are CPU-bound Python, which the
 #: GIL serialises anyway, so they run one chunk at a time (threads would only contend)
 PARALLEL_SECONDS = 0.00002
+#: sync handlers go inline once PROBE_CALLS calls in a row, run in worker threads,
+#: averaged less than this (seconds per call) with no call longer than SLOW_CALL
+INLINE_CALL = 50e-6
+#: inline handlers go back to threads when one call takes longer than this, or when the
+#: calls of one inline slice average more than INLINE_LEAVE
+SLOW_CALL = 0.002
+INLINE_LEAVE = 2 * INLINE_CALL
+#: inline handler time between two checkpoints: the most the loop (heartbeats, lease
+#: renewals, pulls, commits) waits for inline handlers, plus one call
+INLINE_SLICE = 0.005
+#: fast thread calls in a row needed to go inline; doubled after every fall-back
+PROBE_CALLS = 256
+MAX_PROBE_CALLS = 1 << 20
+#: trio's errors for a trio call that only works off the loop thread, made by a handler
+#: running inline: a blocking equeue client or trio.from_thread.* with a token ("call it
+#: from a thread"), trio.from_thread.* without one ("wasn't created by Trio": it works
+#: in a trio worker thread), a nested trio.run. Such a handler needs a thread.
+_LOOP_THREAD_ERRORS = ("call it from a thread", "wasn't created by Trio", "from inside a run()")
 _Item = tuple[ProcessQueue, list[Message], list[int]]
+Invoke = Callable[[list[Message], bool], Awaitable["ChunkResult"]]
 
 
 @attrs.frozen
@@ -82,6 +105,50 @@ class _Iteration:
 
     def __init__(self) -> None:
         self.current: _Item | None = None
+
+
+class _SyncPlacement:
+    """Where sync handler calls run: worker threads, or inline on the loop thread.
+
+    Starts in threads. Calls run in threads are timed there; after ``probe`` calls in a
+    row averaging under INLINE_CALL per chunk with none over SLOW_CALL, calls go inline
+    (``handler_threads="auto"`` only). Inline calls run in slices of at most
+    INLINE_SLICE with a checkpoint between slices; one call over SLOW_CALL, a slice
+    averaging over INLINE_LEAVE, or trio's "call it from a thread" error sends the
+    handler back to threads (the rest of the chunk included), and ``probe`` doubles,
+    so a handler that keeps changing its mind settles in threads.
+    """
+
+    __slots__ = ("allowed", "fallbacks", "inline", "probe", "streak")
+
+    def __init__(self, allowed: bool) -> None:
+        self.allowed = allowed
+        self.inline = False
+        self.streak = 0
+        self.probe = PROBE_CALLS
+        self.fallbacks = 0
+
+    def observed(self, calls: int, elapsed: float, slow: bool) -> None:
+        """A chunk of ``calls`` ran in a thread in ``elapsed`` seconds."""
+        if not self.allowed or not calls:
+            return
+        if slow or elapsed > INLINE_CALL * calls:
+            self.streak = 0
+            return
+        self.streak += calls
+        if self.streak >= self.probe:
+            self.inline = True
+            log.debug("sync handler is fast (%.1f us/call): running it inline", 1e6 * elapsed / calls)
+
+    def leave(self, why: str, forever: bool = False) -> None:
+        """Back to threads (``forever``: this handler cannot run on the loop thread)."""
+        self.inline = False
+        self.streak = 0
+        self.fallbacks += 1
+        self.probe = min(self.probe * 2, MAX_PROBE_CALLS)
+        if forever:
+            self.allowed = False
+        log.info("sync handler %s: running it in worker threads%s", why, "" if forever else " again")
 
 
 class AsyncConsumer:
@@ -133,6 +200,8 @@ class AsyncConsumer:
         #: moving average of one handler call, seconds
         self._handler_time = CHUNK_SECONDS
         self._active = 0
+        #: sync handlers of the current run(): threads or inline (None: async handler)
+        self._placement: _SyncPlacement | None = None
         self._run_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
@@ -220,9 +289,11 @@ class AsyncConsumer:
     async def run(self, handler: Handler) -> None:
         """Hand every message to ``handler`` until :meth:`stop` or :meth:`aclose`.
 
-        ``handler(msg)`` returning means done; raising means retry (see docs). Sync
-        handlers run in worker threads, async ones as tasks, up to ``concurrency``
-        at once (orderly: one per queue). Raises RuntimeError if already consuming.
+        ``handler(msg)`` returning means done; raising means retry (see docs). Async
+        handlers run as tasks, sync ones in worker threads, up to ``concurrency`` at
+        once (orderly: one per queue) — or, with ``handler_threads="auto"``, inline on
+        this loop, one at a time, once they prove fast (docs/consumer.md, "Where
+        handlers run"). Raises RuntimeError if already consuming.
         """
         if self._consuming:
             raise RuntimeError("this consumer is already consuming (run or iteration)")
@@ -239,9 +310,10 @@ class AsyncConsumer:
             self._run_scope = None
             self._consuming = False
 
-    def _invoker(self, handler: Handler) -> Callable[[list[Message], bool], Awaitable[ChunkResult]]:
+    def _invoker(self, handler: Handler) -> Invoke:
         call = getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
+            self._placement = None
 
             async def invoke_async(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
                 fails: list[tuple[int, BaseException]] = []
@@ -258,35 +330,104 @@ class AsyncConsumer:
 
             return invoke_async
 
-        def run_chunk(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+        place = self._placement = _SyncPlacement(self.options.handler_threads == "auto")
+        clock = time.perf_counter
+
+        def run_chunk(msgs: list[Message], stop_on_failure: bool) -> tuple[int, list[tuple[int, BaseException]], float, bool]:
+            """In a worker thread: (processed, failures, seconds, a call was slow)."""
             fails: list[tuple[int, BaseException]] = []
+            t0 = t = clock()
+            slow = False
             for i, m in enumerate(msgs):
                 if self._stopping:
-                    return i, fails
+                    return i, fails, t - t0, slow
                 try:
                     handler(m)
                 except Exception as exc:
                     fails.append((i, exc))
                     if stop_on_failure:
-                        return i + 1, fails
-            return len(msgs), fails
+                        return i + 1, fails, clock() - t0, slow
+                t1 = clock()
+                if t1 - t > SLOW_CALL:
+                    slow = True
+                t = t1
+            return len(msgs), fails, t - t0, slow
 
         limiter = trio.CapacityLimiter(self.options.concurrency)
         to_thread = trio.to_thread.run_sync
 
+        async def in_threads(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+            processed, fails, elapsed, slow = await to_thread(
+                run_chunk, msgs, stop_on_failure, limiter=limiter, abandon_on_cancel=True
+            )
+            place.observed(processed, elapsed, slow)
+            return processed, fails
+
+        checkpoint = trio.lowlevel.checkpoint
+
+        async def inline(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+            """On the loop thread, in slices of INLINE_SLICE with a checkpoint between."""
+            fails: list[tuple[int, BaseException]] = []
+            n = len(msgs)
+            i = first = 0
+            t = start = clock()
+            while i < n:
+                if self._stopping:
+                    return i, fails
+                try:
+                    handler(msgs[i])
+                except Exception as exc:
+                    if isinstance(exc, RuntimeError) and any(e in str(exc) for e in _LOOP_THREAD_ERRORS):
+                        place.leave(f"made a blocking trio call ({exc})", forever=True)
+                        return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                    fails.append((i, exc))
+                    if stop_on_failure:
+                        return i + 1, fails
+                i += 1
+                t1 = clock()
+                if t1 - t > SLOW_CALL:
+                    place.leave(f"call took {1000 * (t1 - t):.1f} ms")
+                    return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                t = t1
+                if t1 - start >= INLINE_SLICE:
+                    if t1 - start > INLINE_LEAVE * (i - first):
+                        place.leave(f"calls average {1e6 * (t1 - start) / (i - first):.0f} us")
+                        return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                    await checkpoint()
+                    t = start = clock()
+                    first = i
+            return n, fails
+
         async def invoke_sync(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
-            return await to_thread(run_chunk, msgs, stop_on_failure, limiter=limiter, abandon_on_cancel=True)
+            if place.inline:
+                return await inline(msgs, stop_on_failure)
+            return await in_threads(msgs, stop_on_failure)
 
         return invoke_sync
+
+    @staticmethod
+    async def _rest_in_threads(
+        i: int, msgs: list[Message], fails: list[tuple[int, BaseException]], stop_on_failure: bool,
+        in_threads: Invoke,
+    ) -> ChunkResult:  # fmt: skip
+        """Run ``msgs[i:]`` in threads after ``msgs[:i]`` ran inline (with ``fails``)."""
+        if i >= len(msgs):
+            return i, fails
+        processed, more = await in_threads(msgs[i:], stop_on_failure)
+        return i + processed, fails + [(i + j, exc) for j, exc in more]
 
     def _chunk(self) -> int:
         return max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / max(self._handler_time, 1e-7))))
 
-    async def _worker(self, invoke: Callable[[list[Message], bool], Awaitable[ChunkResult]]) -> None:
+    async def _worker(self, invoke: Invoke) -> None:
         orderly = self.options.orderly
         clock = time.perf_counter
+        place = self._placement
         while not self._stopping:
-            allowed = max(1, min(self._workers, int(self._handler_time / PARALLEL_SECONDS)))
+            if place is not None and place.inline:
+                allowed = 1  # inline calls share the loop thread: one chunk at a time
+            else:
+                allowed = max(1, min(self._workers, int(self._handler_time / PARALLEL_SECONDS)))
             item = self._take(self._chunk()) if self._active < allowed else None
             if item is None:
                 await self._lot.park()
@@ -312,14 +453,16 @@ class AsyncConsumer:
 
     async def _process(
         self, q: ProcessQueue, msgs: list[Message], offs: list[int],
-        invoke: Callable[[list[Message], bool], Awaitable[ChunkResult]],
+        invoke: Invoke,
     ) -> None:  # fmt: skip
         processed, fails = await invoke(msgs, False)
         o = self.options
         mm, mb = o.max_buffered_messages, o.max_buffered_bytes
         if not fails:
-            for i in range(processed):
-                q.finish(offs[i], len(msgs[i].body), mm, mb)
+            if processed == len(msgs):
+                q.finish_many(offs, sum([len(m.body) for m in msgs]), mm, mb)
+            else:
+                q.finish_many(offs[:processed], sum([len(m.body) for m in msgs[:processed]]), mm, mb)
             self.consumed += processed
             return
         failed = {i for i, _ in fails}
@@ -340,7 +483,7 @@ class AsyncConsumer:
 
     async def _process_orderly(
         self, q: ProcessQueue, msgs: list[Message], offs: list[int],
-        invoke: Callable[[list[Message], bool], Awaitable[ChunkResult]],
+        invoke: Invoke,
     ) -> None:  # fmt: skip
         o = self.options
         mm, mb = o.max_buffered_messages, o.max_buffered_bytes
@@ -498,34 +641,45 @@ class AsyncConsumer:
 
     async def _iter_next(self, it: _Iteration) -> Message | None:
         """Mark the previous message done; wait for the next (None once stopped)."""
-        cur, it.current = it.current, None
-        if cur is not None:
-            q, msgs, offs = cur
-            o = self.options
-            q.finish(offs[0], len(msgs[0].body), o.max_buffered_messages, o.max_buffered_bytes)
-            self.consumed += 1
-            self._release(q, 1)
+        msgs = await self._iter_next_batch(it, 1, 1)
+        return None if msgs is None else msgs[0]
+
+    async def _iter_next_batch(self, it: _Iteration, done: int, limit: int) -> list[Message] | None:
+        """The first ``done`` messages of the batch handed out last are done, the rest
+        go back first in line; wait for the next batch of up to ``limit`` messages of
+        one queue (None once stopped). One loop hand-off per batch for the blocking
+        iterator."""
+        self._iter_settle(it, done)
         while not self._stopping:
-            item = self._take(1)
+            item = self._take(limit)
             if item is not None:
                 it.current = item
-                return item[1][0]
+                return item[1]
             await self._lot.park()
         return None
 
-    def _iter_end(self, it: _Iteration) -> None:
-        """The loop ended without asking for the next message: its message is not done;
-        put it back first in line (a later iteration, or a restart, redelivers it)."""
+    def _iter_settle(self, it: _Iteration, done: int) -> None:
         cur, it.current = it.current, None
-        self._consuming = False
         if cur is None:
             return
         q, msgs, offs = cur
-        self._release(q, 1)
-        if not q.stopped:
-            self._ready.appendleft([q, msgs, offs, 0])
-            self._ready_count += 1
+        o = self.options
+        mm, mb = o.max_buffered_messages, o.max_buffered_bytes
+        if done:
+            q.finish_many(offs[:done], sum([len(m.body) for m in msgs[:done]]), mm, mb)
+            self.consumed += done
+        self._release(q, len(msgs))
+        if done < len(msgs) and not q.stopped:
+            self._ready.appendleft([q, msgs[done:], offs[done:], 0])
+            self._ready_count += len(msgs) - done
             self._lot.unpark()
+
+    def _iter_end(self, it: _Iteration, done: int = 0) -> None:
+        """The loop ended without asking for the next message: its message (and the
+        rest of its batch) is not done; put it back first in line (a later iteration,
+        or a restart, redelivers it). The ``done`` before it are done."""
+        self._iter_settle(it, done)
+        self._consuming = False
 
     # ------------------------------------------------------------------ queues
     def start_queue(self, topic: str, queue_id: int, *, retry: bool) -> None:

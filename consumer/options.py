@@ -37,6 +37,11 @@ def _allocation(_inst: object, _attr: Any, value: object) -> None:
     get_strategy(value)  # type: ignore[arg-type]  # raises ConfigError
 
 
+def _handler_threads(_inst: object, _attr: Any, value: str) -> None:
+    if value not in ("auto", "always"):
+        raise ConfigError(f"handler_threads must be 'auto' or 'always', got {value!r}")
+
+
 def _delays(value: Any) -> tuple[float, ...]:
     try:
         out = tuple(float(v) for v in value)
@@ -60,6 +65,10 @@ class ConsumerOptions:
     orderly: bool = False
     #: handlers running at once (threads for sync handlers, tasks for async ones)
     concurrency: int = attrs.field(default=16, validator=_positive)
+    #: sync handlers: "auto" runs them inline on the consumer's loop thread once they
+    #: prove fast (back to threads when a call is slow); "always": every call in a
+    #: worker thread (for handlers that may block). See docs/consumer.md.
+    handler_threads: str = attrs.field(default="auto", validator=_handler_threads)
     allocation: str | Callable[..., Any] = attrs.field(default="average", validator=_allocation)
     consumer_id: str | None = None
     #: broadcast mode: where the per-group offsets file lives

@@ -63,7 +63,21 @@ class ProcessQueue:
         """One message is done: advance the window, maybe resume pulling."""
         self.window.done(offset)
         self.buffered_bytes -= size
-        if self.paused and len(self.window) < max_messages and self.buffered_bytes < max_bytes:
+        if self.paused:
+            self._maybe_resume(max_messages, max_bytes)
+
+    def finish_many(self, offsets: list[int], size: int, max_messages: int, max_bytes: int) -> None:
+        """Messages at ``offsets`` (``size`` body bytes in all) are done."""
+        self.window.done_many(offsets)
+        self.buffered_bytes -= size
+        if self.paused:
+            self._maybe_resume(max_messages, max_bytes)
+
+    def _maybe_resume(self, max_messages: int, max_bytes: int) -> None:
+        """A paused queue pulls again once it is down to half its limits (hysteresis:
+        resuming at the limit would pull a message or two per round trip whenever the
+        handlers are the bottleneck, which costs far more per message than a batch)."""
+        if len(self.window) <= max_messages // 2 and self.buffered_bytes <= max_bytes // 2:
             self.paused = False
             self.resume.set()
 
