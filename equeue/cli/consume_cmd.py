@@ -46,7 +46,11 @@ def register(app: typer.Typer) -> None:
         count = 0
         c: Consumer | None = None
         try:
-            c = Consumer(broker, group, [topic], start_from=start, tags=tags or None, concurrency=1)
+            # handler_threads="always": writing to a pipe may block (a slow reader); in a
+            # worker thread that never holds up heartbeats
+            c = Consumer(
+                broker, group, [topic], start_from=start, tags=tags or None, concurrency=1, handler_threads="always"
+            )
             consumer = c
 
             def handler(msg: Any) -> None:
