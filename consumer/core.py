@@ -107,6 +107,14 @@ class _Iteration:
         self.current: _Item | None = None
 
 
+def _on_loop(token: trio.lowlevel.TrioToken) -> bool:
+    """True when called from the trio run that ``token`` belongs to."""
+    try:
+        return trio.lowlevel.current_trio_token() is token
+    except RuntimeError:  # not in any trio run: another thread
+        return False
+
+
 class _SyncPlacement:
     """Where sync handler calls run: worker threads, or inline on the loop thread.
 
@@ -206,6 +214,8 @@ class AsyncConsumer:
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
         self._routes: dict[str, int] = {}
+        #: the loop this consumer runs on (set on entry): stop() from another thread goes through it
+        self._token: trio.lowlevel.TrioToken | None = None
         self._store = (
             BroadcastOffsetStore(o.state_dir or default_state_dir(), self.group)
             if o.mode == "broadcast" else None
@@ -216,6 +226,7 @@ class AsyncConsumer:
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> AsyncConsumer:
+        self._token = trio.lowlevel.current_trio_token()
         await self.client.__aenter__()
         try:
             self._nursery_cm = trio.open_nursery()
@@ -249,9 +260,21 @@ class AsyncConsumer:
 
     def stop(self) -> None:
         """Stop handing out messages (final). Running handlers finish; :meth:`run`
-        returns and iteration ends. Safe to call from a handler; :meth:`aclose`
+        returns and iteration ends. Safe to call from a handler, including a sync
+        handler running in a worker thread (the loop's part is then scheduled on the
+        loop: trio objects are touched from the loop thread only); :meth:`aclose`
         then commits and leaves."""
-        self._stopping = True
+        self._stopping = True  # a plain flag: handlers see it at once, from any thread
+        token = self._token
+        if token is not None and not _on_loop(token):
+            try:
+                token.run_sync_soon(self._wake_stopped)
+            except trio.RunFinishedError:
+                pass
+            return
+        self._wake_stopped()
+
+    def _wake_stopped(self) -> None:
         self._stop_evt.set()
         self._lot.unpark_all()
 

@@ -381,3 +381,40 @@ def test_rebalance_with_inline_handlers_no_overlap(embedded_broker: EmbeddedBrok
     assert inline["m1"] > 0 and {x[0] for x in log} == {"m1", "m2"}
     assert sorted((q, o) for _, q, o, _, _ in log) == [(q, i) for q in range(4) for i in range(per_queue)]
     check_no_overlap_and_order(log)
+
+
+async def test_async_consumer_stop_from_a_handler_thread(broker: Broker) -> None:
+    """A sync handler running in a worker thread may call ``stop()`` on the
+    AsyncConsumer: the loop's part of stopping is scheduled on the loop (touching
+    trio's parking lot from another thread corrupted it: TrioInternalError)."""
+
+    class Lot:  # records which thread wakes the workers
+        def __init__(self, lot: Any) -> None:
+            self.lot, self.threads = lot, set()
+
+        def __getattr__(self, name: str) -> Any:
+            if name.startswith("unpark"):
+                self.threads.add(threading.current_thread().name)
+            return getattr(self.lot, name)
+
+    with trio.fail_after(60):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("stopper", 2)
+            await produce(c, "stopper", 0, 500)
+            await produce(c, "stopper", 1, 500)
+        for round_ in range(3):
+            seen: list[str] = []
+            async with AsyncConsumer(
+                broker.address, f"gs{round_}", "stopper", start_from="earliest", handler_threads="always", **FAST
+            ) as con:
+                lot = con._lot = Lot(con._lot)  # type: ignore[assignment]
+
+                def handler(m: Message, seen: list[str] = seen, at: int = 50 + 100 * round_) -> None:
+                    seen.append(threading.current_thread().name)
+                    if len(seen) == at:
+                        con.stop()
+
+                await con.run(handler)  # returns once stopped
+            assert len(seen) >= 50 + 100 * round_
+            assert threading.current_thread().name not in seen, "the handler ran in worker threads"
+            assert lot.threads == {threading.current_thread().name}, lot.threads
