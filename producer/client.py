@@ -275,14 +275,7 @@ class AsyncClient:
         # then leave in one segment and the broker commits them in one transaction.
         link.outbox.append(link.codec.send(RequestEvent(rid, code, payload)))
         try:
-            async with link.send_lock:  # acquiring is a checkpoint: others queue meanwhile
-                if link.outbox:
-                    data = b"".join(link.outbox)
-                    link.outbox.clear()
-                    # Shielded: the frames taken may be other tasks' requests (a
-                    # heartbeat...). Cancelling this task must not drop them unsent.
-                    with trio.CancelScope(shield=True):
-                        await link.stream.send_all(data)
+            await self._write_outbox(link)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
             link.pending.pop(rid, None)
@@ -345,15 +338,22 @@ class AsyncClient:
             self._nursery.start_soon(self._flush_outbox, link)
         return slot
 
+    @staticmethod
+    async def _write_outbox(link: _Link) -> None:
+        """Write every queued frame in one ``send_all`` (under the send lock)."""
+        async with link.send_lock:  # acquiring is a checkpoint: others queue meanwhile
+            if link.outbox:
+                data = b"".join(link.outbox)
+                link.outbox.clear()
+                # Shielded: the frames taken may be other tasks' requests (a
+                # heartbeat...). Cancelling this task must not drop them unsent.
+                with trio.CancelScope(shield=True):
+                    await link.stream.send_all(data)
+
     async def _flush_outbox(self, link: _Link) -> None:
         """Write what a non-blocking write left over (and anything queued behind it)."""
         try:
-            async with link.send_lock:
-                if link.outbox:
-                    data = b"".join(link.outbox)
-                    link.outbox.clear()
-                    with trio.CancelScope(shield=True):
-                        await link.stream.send_all(data)
+            await self._write_outbox(link)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             link.fail(ConnectionBroken(f"connection to {link.address} lost: {exc}"))
 
