@@ -82,7 +82,6 @@ class Appender:
         self._writer_waiting = False
         self._closing = False
         self._running = False
-        self._stopped: trio.Event | None = None
         self._fatal: BaseException | None = None
         self.transactions = 0
 
@@ -128,7 +127,7 @@ class Appender:
         if self._running:
             raise RuntimeError("Appender.run is already running")
         self._running = True
-        stopped = self._stopped = trio.Event()
+        stopped = trio.Event()
         token = trio.lowlevel.current_trio_token()
         thread = threading.Thread(target=self._writer, args=(token, stopped), name="equeue-appender", daemon=True)
         thread.start()

@@ -184,11 +184,8 @@ class Handlers:
                     if r.status is PullStatus.NO_NEW_MESSAGE:
                         offset = max(offset, r.next_offset)
         self.b.stats.messages_out += len(r.recs)
-        if req.flags & wire.PULL_PACKED:
-            return wire.encode_pull_response_packed(
-                r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs
-            )
-        return wire.encode_pull_response(r.status, r.min_offset, r.max_offset, r.next_offset, r.records)
+        encode = wire.encode_pull_response_packed if req.flags & wire.PULL_PACKED else wire.encode_pull_response_plain
+        return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)
 
     # ------------------------------------------------------------------ topics
     async def create_topic(self, req: control.CreateTopic, ctx: Any) -> control.TopicInfo:

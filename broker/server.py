@@ -305,13 +305,10 @@ class _ServerConnection:
         self._staged += parts
 
     def flush_staged(self) -> None:
-        data = b"".join(self._staged)
-        self._staged.clear()
-        if data:
-            if not self._busy and not self._no_direct:
-                self._write_direct(data)
-            else:
-                self._enqueue([data])
+        """Write the staged answers (one write when the writer is idle)."""
+        staged, self._staged = self._staged, []
+        if staged:
+            self._send(staged)
 
     def _write_direct(self, data: bytes) -> None:
         fd = self.stream.socket.fileno()

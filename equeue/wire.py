@@ -51,6 +51,7 @@ __all__ = [
     "encode_entry",
     "encode_pull_response",
     "encode_pull_response_packed",
+    "encode_pull_response_plain",
     "encode_record",
     "entry_meta",
     "split_entries",
@@ -449,10 +450,23 @@ def encode_pull_response(
     status: PullStatus, min_offset: int, max_offset: int, next_offset: int, records: Sequence[tuple[int, bytes]]
 ) -> list[bytes]:
     """Encode a pull answer as pieces (``records`` = (global offset, stored record))."""
+    gs, recs = zip(*records, strict=True) if records else ((), ())
+    return encode_pull_response_plain(status, min_offset, max_offset, next_offset, gs, recs)
+
+
+def encode_pull_response_plain(
+    status: PullStatus,
+    min_offset: int,
+    max_offset: int,
+    next_offset: int,
+    globals_: Sequence[int],
+    records: Sequence[bytes],
+) -> list[bytes]:
+    """Encode a pull answer in the plain layout from parallel sequences of global
+    offsets and stored records (as :class:`broker.store.ReadResult` holds them)."""
     parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
     if records:  # per-record work in C loops: this builds every pull answer
-        gs, recs = zip(*records, strict=True)
-        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, gs, map(len, recs)), recs, strict=True)))
+        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, globals_, map(len, records)), records, strict=True)))
     return parts
 
 

@@ -105,6 +105,13 @@ class RangePartition(InputPartition):
 
 
 # --------------------------------------------------------------------------- reading
+def _data_lost(msg: str, what: str, fail: bool) -> None:
+    """Raise DataLossError (``failOnDataLoss=true``) or log that the reader skips ``what``."""
+    if fail:
+        raise DataLossError(f"{msg}; set failOnDataLoss=false to skip {what}")
+    log.warning("%s; skipping them (failOnDataLoss=false)", msg)
+
+
 def read_range(
     brokers: str,
     part: RangePartition,
@@ -158,25 +165,23 @@ def read_range(
                 if pos >= end:
                     return
             elif status == PullStatus.OFFSET_TOO_SMALL:
-                msg = (
+                _data_lost(
                     f"equeue source: {topic}/{qid} offsets [{pos}, {min(lo, end)}) are no longer "
-                    f"retained (lowest retained offset is {lo})"
+                    f"retained (lowest retained offset is {lo})",
+                    "lost data",
+                    fail_on_data_loss,
                 )
-                if fail_on_data_loss:
-                    raise DataLossError(msg + "; set failOnDataLoss=false to skip lost data")
-                log.warning("%s; skipping them (failOnDataLoss=false)", msg)
                 pos = lo
                 if pos >= end:
                     return
                 restart(pos)
             else:
-                msg = (
+                _data_lost(
                     f"equeue source: {topic}/{qid} ends at offset {hi} but the query needs offsets "
-                    f"up to {end} (was the topic deleted and recreated?)"
+                    f"up to {end} (was the topic deleted and recreated?)",
+                    "them",
+                    fail_on_data_loss,
                 )
-                if fail_on_data_loss:
-                    raise DataLossError(msg + "; set failOnDataLoss=false to skip them")
-                log.warning("%s; skipping them (failOnDataLoss=false)", msg)
                 return
     finally:
         release(brokers, puller)
