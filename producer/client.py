@@ -243,7 +243,12 @@ class AsyncClient:
         connection fails before the answer arrives (the request may or may not have
         been processed), ClientClosed after close.
         """
-        slot = await self.send_request(code, payload)
+        # Straight to the socket when nothing else is being written: no lock, no
+        # task switch before the bytes leave (one loop iteration less per request).
+        if self.can_send_now():
+            slot = self.send_request_nowait(code, payload)
+        else:
+            slot = await self.send_request(code, payload)
         try:
             await slot.done.wait()
         finally:
