@@ -6,8 +6,9 @@ and commits inside :meth:`broker.store.Store.write`, in the worker thread.
 Hand-off, for latency: the trio side appends to a list under a lock and notifies a
 condition (no loop iteration, no checkpoint); the writer thread, blocked on that
 condition, takes everything queued (up to ``max_batch_ops``) as one batch, writes
-it, and posts the answers back with ``TrioToken.run_sync_soon``: one callback per
-transaction that stores the results and sets the ops' events (and calls their
+it, lets ``on_written`` act on the commit in the writer thread (the broker answers
+parked pulls there), and posts the answers back with ``TrioToken.run_sync_soon``: one
+callback per transaction that stores the results and sets the ops' events (and calls their
 ``callback``) in the loop thread. While a transaction is being written, new ops
 pile up and form the next batch: many concurrent requests, one transaction, one
 fsync. A ``trio.to_thread`` call per batch would cost two extra thread hops and a
@@ -65,6 +66,7 @@ class Appender:
         max_batch_ops: int = 2048,
         on_commit: Callable[[WriteOutcome], None] | None = None,
         on_answered: Callable[[], None] | None = None,
+        on_written: Callable[[WriteOutcome], None] | None = None,
     ) -> None:
         self.store = store
         self.max_batch_ops = max_batch_ops
@@ -72,6 +74,9 @@ class Appender:
         self.on_commit = on_commit
         #: called (loop thread) after every answered batch, committed or failed
         self.on_answered = on_answered
+        #: called in the writer thread right after a commit, before its answers are
+        #: posted to the loop (answers parked pulls without a hop through the loop)
+        self.on_written = on_written
         #: queued ops, FIFO; guarded by ``_cond`` (the loop appends, the writer takes)
         self._pending: list[_Pending] = []
         self._cond = threading.Condition(threading.Lock())
@@ -166,6 +171,7 @@ class Appender:
         cond = self._cond
         write = self.store.write
         post = token.run_sync_soon
+        written = self.on_written
         try:
             while True:
                 with cond:
@@ -189,6 +195,11 @@ class Appender:
                         self._fatal = exc
                         return
                     continue
+                if written is not None:
+                    try:
+                        written(outcome)
+                    except Exception:
+                        log.exception("on_written failed")
                 post(self._answer, batch, outcome)
         except BaseException as exc:  # pragma: no cover - a bug in this loop itself
             log.exception("appender writer thread failed")

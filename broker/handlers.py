@@ -46,7 +46,7 @@ class Handlers:
         self.b = broker
         self.table: dict[int, Handler] = {
             RequestCode.PRODUCE: self.produce,
-            RequestCode.PULL: self.pull,
+            RequestCode.PULL: self._pull,
         }
         control_handlers: dict[type, Callable[[Any, Any], Awaitable[Any]]] = {
             control.CreateTopic: self.create_topic,
@@ -157,35 +157,68 @@ class Handlers:
                 raise TopicNotFound(f"topic {req.topic!r} was deleted")
         return await self.produce_finish(pending, len(payload))
 
-    async def pull(self, payload: bytes, ctx: Any) -> Parts:
+    async def pull(self, payload: bytes, ctx: Any, request_id: int = 0) -> Parts | None:
+        """Answer a pull; park it (long-poll) while there is nothing to return.
+
+        With a ``request_id`` and a connection that can take an answer from another
+        thread (``ctx.answer_from_thread``), the appender's writer thread may answer
+        the parked pull itself right after the commit that fed it; then this returns
+        None and the caller sends nothing.
+        """
         req = wire.PullRequest.decode(payload)
         info = await self._topic(req.topic)
-        if not 0 <= req.queue_id < info.queues:
-            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id}")
-        if req.consumer_id and not self.b.groups.holds(req.group, req.consumer_id, req.topic, req.queue_id):
-            raise NotQueueOwner(
-                f"consumer {req.consumer_id} does not hold {req.topic}/{req.queue_id} in group {req.group}"
-            )
+        qid = req.queue_id
+        if not 0 <= qid < info.queues:
+            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {qid}")
+        if req.consumer_id and not self.b.groups.holds(req.group, req.consumer_id, req.topic, qid):
+            raise NotQueueOwner(f"consumer {req.consumer_id} does not hold {req.topic}/{qid} in group {req.group}")
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
         max_bytes = max(1, min(req.max_bytes, self.b.config.max_frame - 1024))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
-        r = self.store.read_queue(info, req.queue_id, req.offset, max_messages, max_bytes, tags, verify)
+        encode = wire.encode_pull_response_packed if req.flags & wire.PULL_PACKED else wire.encode_pull_response_plain
+        store = self.store
+        r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify)
         offset = req.offset
         if r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset > offset:
             offset = r.next_offset  # everything so far filtered out by tags
         if r.status is PullStatus.NO_NEW_MESSAGE and req.max_wait_ms > 0 and not self.b.closing:
+            answer = None
+            send = getattr(ctx, "answer_from_thread", None)
+            if request_id and send is not None:
+                topic_id = info.topic_id
+
+                def answer() -> int | None:
+                    # writer thread, after a commit to this queue; ``offset`` is read
+                    # as it is now (the pull task is parked, it does not change it)
+                    now = store.topics.get(req.topic)
+                    if now is None or now.topic_id != topic_id or qid >= now.queues:
+                        return None
+                    got = store.read_queue(now, qid, offset, max_messages, max_bytes, tags, verify)
+                    if got.status is not PullStatus.FOUND:
+                        return None
+                    parts = encode(got.status, got.min_offset, got.max_offset, got.next_offset, got.globals, got.recs)
+                    return len(got.recs) if send(request_id, parts) else None
+
             wait = min(req.max_wait_ms / 1000, self.b.config.max_pull_wait)
             with trio.move_on_after(wait):
                 while r.status is PullStatus.NO_NEW_MESSAGE and not self.b.closing:
-                    await self.b.parked.wait(info.topic_id, req.queue_id)
+                    sent = await self.b.parked.wait(info.topic_id, qid, answer)
+                    if sent is not None:
+                        self.b.stats.messages_out += sent
+                        return None
                     info = await self._topic(req.topic)
-                    r = self.store.read_queue(info, req.queue_id, offset, max_messages, max_bytes, tags, verify)
+                    r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)
                     if r.status is PullStatus.NO_NEW_MESSAGE:
                         offset = max(offset, r.next_offset)
         self.b.stats.messages_out += len(r.recs)
-        encode = wire.encode_pull_response_packed if req.flags & wire.PULL_PACKED else wire.encode_pull_response_plain
         return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)
+
+    async def _pull(self, payload: bytes, ctx: Any) -> Parts:
+        """``pull`` for the dispatch table: always answered through the caller."""
+        parts = await self.pull(payload, ctx)
+        assert parts is not None  # no request id: the writer thread never answers
+        return parts
 
     # ------------------------------------------------------------------ topics
     async def create_topic(self, req: control.CreateTopic, ctx: Any) -> control.TopicInfo:

@@ -1,47 +1,134 @@
 """Parked pulls: a pull with nothing to return waits here until a commit to its
-queue wakes it or its hold time ends (EQueue's SuspendedPullRequestManager)."""
+queue wakes it or its hold time ends (EQueue's SuspendedPullRequestManager).
+
+A parked pull may carry an ``answer`` function. The appender's writer thread calls
+it right after the commit that touched the pull's queue (:meth:`ParkedPulls.answer`):
+it reads the new records and writes the answer to the consumer's socket itself, so
+a long-polling consumer gets a new message without two thread hops through the
+event loop (the answer posted back to the loop, then the woken pull task reading
+it). When the writer thread cannot answer (nothing new for this pull, the socket
+busy), the pull task wakes and reads as before.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
 import trio
 
-__all__ = ["ParkedPulls"]
+log = logging.getLogger("equeue.broker")
+
+__all__ = ["Answer", "ParkedPulls"]
+
+#: Called in the writer thread: the number of messages written in answer, or None
+#: when it wrote nothing (then the pull task reads and answers itself).
+Answer = Callable[[], "int | None"]
+
+
+class _Parked:
+    __slots__ = ("answer", "event", "key", "outcome")
+
+    def __init__(self, key: tuple[int, int], answer: Answer | None) -> None:
+        self.key = key
+        self.answer = answer
+        self.event = trio.Event()
+        #: what the writer thread's answer returned (None: the pull task answers)
+        self.outcome: int | None = None
 
 
 class ParkedPulls:
-    """One :class:`trio.Event` per queue with waiters; a commit sets and drops it."""
+    """Parked pulls per queue. The loop parks and unparks; the writer thread takes
+    (claims) the pulls of the queues it committed to. ``_lock`` guards the table."""
 
     def __init__(self) -> None:
-        self._events: dict[tuple[int, int], trio.Event] = {}
+        self._lock = threading.Lock()
+        self._queues: dict[tuple[int, int], list[_Parked]] = {}
+        self._token: trio.lowlevel.TrioToken | None = None
         self.parked = 0
         self.closed = False
 
-    async def wait(self, topic_id: int, queue_id: int) -> None:
-        """Wait for the next commit to (topic_id, queue_id); callers bound it with a
-        cancel scope (``trio.move_on_at``). Returns at once once closed."""
-        if self.closed:
-            return
-        key = (topic_id, queue_id)
-        ev = self._events.get(key)
-        if ev is None:
-            ev = self._events[key] = trio.Event()
-        self.parked += 1
-        try:
-            await ev.wait()
-        finally:
-            self.parked -= 1
+    async def wait(self, topic_id: int, queue_id: int, answer: Answer | None = None) -> int | None:
+        """Wait for the next commit to (topic_id, queue_id). Callers bound the wait
+        with a cancel scope (``trio.move_on_at``). Returns at once once closed.
 
-    def wake(self, queues: set[tuple[int, int]]) -> None:
-        """Wake every pull parked on any of ``queues``."""
-        pop = self._events.pop
-        for key in queues:
-            ev = pop(key, None)
-            if ev is not None:
-                ev.set()
+        Returns the writer thread's answer count when it answered the pull (the
+        caller must then send nothing), else None. Once the writer thread has
+        claimed the pull, a cancellation waits (shielded, briefly) for its outcome:
+        if it answered, the count is returned and the cancellation is absorbed, so
+        a request is never answered twice.
+        """
+        if self.closed:
+            return None
+        if self._token is None:
+            self._token = trio.lowlevel.current_trio_token()
+        key = (topic_id, queue_id)
+        p = _Parked(key, answer)
+        with self._lock:
+            self._queues.setdefault(key, []).append(p)
+            self.parked += 1
+        try:
+            await p.event.wait()
+        except trio.Cancelled:
+            if self._unpark(p):
+                raise
+            # claimed by the writer thread: its outcome is moments away
+            with trio.CancelScope(shield=True):
+                await p.event.wait()
+            if p.outcome is None:
+                raise
+        return p.outcome
+
+    def _unpark(self, p: _Parked) -> bool:
+        """Remove ``p`` if still parked (not claimed); True if it was."""
+        with self._lock:
+            waiting = self._queues.get(p.key)
+            if waiting is None or p not in waiting:
+                return False
+            waiting.remove(p)
+            if not waiting:
+                del self._queues[p.key]
+            self.parked -= 1
+            return True
+
+    def _take(self, queues: Iterable[tuple[int, int]]) -> list[_Parked]:
+        taken: list[_Parked] = []
+        with self._lock:
+            pop = self._queues.pop
+            for key in queues:
+                waiting = pop(key, None)
+                if waiting:
+                    taken += waiting
+            self.parked -= len(taken)
+        return taken
+
+    def answer(self, queues: Iterable[tuple[int, int]]) -> None:
+        """Writer thread, after a commit touching ``queues``: claim their parked
+        pulls, let each answer itself, wake each pull task (never raises)."""
+        token = self._token
+        if token is None:
+            return
+        for p in self._take(queues):
+            if p.answer is not None:
+                try:
+                    p.outcome = p.answer()
+                except Exception:  # the pull task reads again and reports it
+                    log.exception("answering a parked pull from the writer thread failed")
+                    p.outcome = None
+            try:
+                token.run_sync_soon(p.event.set)
+            except trio.RunFinishedError:
+                return
+
+    def wake(self, queues: Iterable[tuple[int, int]]) -> None:
+        """Loop thread: wake every pull parked on any of ``queues`` (they read)."""
+        for p in self._take(queues):
+            p.event.set()
 
     def close(self) -> None:
         """Answer every parked pull now (shutdown) and refuse to park new ones."""
         self.closed = True
-        for ev in self._events.values():
-            ev.set()
-        self._events.clear()
+        with self._lock:
+            queues = list(self._queues)
+        self.wake(queues)

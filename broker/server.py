@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -95,6 +96,8 @@ class Broker:
         self.port: int = 0
         #: bound port of the /metrics + /stats endpoint (0 = off)
         self.http_port: int = 0
+        #: the loop's token (set in serve); the writer thread posts callbacks with it
+        self.token: trio.lowlevel.TrioToken = None  # type: ignore[assignment]
         self._stop = trio.Event()
         self._started = time.monotonic()
         self._inflight = 0
@@ -108,10 +111,13 @@ class Broker:
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, listen, serve until :meth:`stop`; ``task_status.started(port)``."""
         cfg = self.config
+        self.token = trio.lowlevel.current_trio_token()
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
-        self.appender = Appender(self.store, on_commit=self._on_commit, on_answered=self._flush_staged)
+        self.appender = Appender(
+            self.store, on_commit=self._on_commit, on_answered=self._flush_staged, on_written=self._on_written
+        )
         lifecycle = self.lifecycle = Lifecycle(self)
         try:
             async with trio.open_nursery() as core:
@@ -188,9 +194,14 @@ class Broker:
         for conn in staged:
             conn.flush_staged()
 
+    def _on_written(self, outcome: WriteOutcome) -> None:
+        # writer thread: parked pulls on the queues just written answer from here
+        if outcome.touched:
+            self.parked.answer(outcome.touched)
+
     def _on_commit(self, outcome: WriteOutcome) -> None:
         if outcome.touched:
-            self.parked.wake(outcome.touched)
+            self.parked.wake(outcome.touched)  # pulls parked since the commit
         if outcome.scheduled:
             self.lifecycle.schedule_changed()
 
@@ -269,6 +280,12 @@ class _ServerConnection:
         self._busy = False
         #: no more direct writes (closing, or a write failed: the writer drains)
         self._no_direct = False
+        #: guards the output state above against the appender's writer thread, which
+        #: writes answers to parked pulls (see answer_from_thread)
+        self._out_lock = threading.Lock()
+        #: the tail of a frame the writer thread could only partly write: it goes
+        #: out before anything else (see _enqueue)
+        self._rest: bytes | None = None
         #: answers of the transaction being answered, written once it is (see _stage)
         self._staged: list[bytes] = []
 
@@ -292,10 +309,41 @@ class _ServerConnection:
 
     def _send(self, parts: list[bytes]) -> None:
         """Send one frame (its pieces): now if the writer is idle, else via the writer."""
-        if not self._busy and not self._no_direct:
-            self._write_direct(b"".join(parts))
-        else:
-            self._enqueue(parts)
+        with self._out_lock:
+            if not self._busy and not self._no_direct:
+                self._write_direct(b"".join(parts))
+            else:
+                self._enqueue(parts)
+
+    def answer_from_thread(self, request_id: int, parts: list[bytes]) -> bool:
+        """Writer thread: write the OK answer to request ``request_id`` now, if the
+        writer task is idle. True when the answer is written (or its tail handed to the
+        writer task, first in line) -- or lost with a dead peer; False when nothing was
+        written (the caller answers through the loop instead)."""
+        data = b"".join(frame(KIND_RESPONSE, ErrorCode.OK, request_id, parts))
+        with self._out_lock:
+            if self._busy or self._no_direct:
+                return False
+            fd = self.stream.socket.fileno()
+            if fd < 0:
+                return False
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                return False
+            except OSError:
+                self._no_direct = True  # the peer is gone; the reader sees it
+                return True
+            self.b.stats.bytes_out += sent
+            if sent < len(data):
+                self._busy = True
+                self._rest = data[sent:]
+                self.b.token.run_sync_soon(self._push_rest)
+            return True
+
+    def _push_rest(self) -> None:
+        with self._out_lock:
+            self._enqueue([])
 
     def _stage(self, parts: list[bytes]) -> None:
         """Hold an answer until the appender finished answering its transaction
@@ -311,6 +359,7 @@ class _ServerConnection:
             self._send(staged)
 
     def _write_direct(self, data: bytes) -> None:
+        """One non-blocking write; the rest goes to the writer task (``_out_lock`` held)."""
         fd = self.stream.socket.fileno()
         sent = 0
         if fd >= 0:
@@ -326,6 +375,13 @@ class _ServerConnection:
             self._enqueue([data[sent:]] if sent else [data])
 
     def _enqueue(self, parts: list[bytes]) -> None:
+        """Queue pieces for the writer task, behind a partly written frame's tail
+        (``_out_lock`` held, or no writer thread involved yet)."""
+        rest, self._rest = self._rest, None
+        if rest is not None:
+            parts = [rest, *parts]
+        if not parts:
+            return
         self._busy = True
         try:
             self.send_ch.send_nowait(parts)
@@ -344,7 +400,9 @@ class _ServerConnection:
             finally:
                 # the writer sends what is queued (e.g. a protocol error), then ends
                 self.flush_staged()
-                self._no_direct = True
+                with self._out_lock:
+                    self._no_direct = True
+                    self._enqueue([])  # a partly written frame's tail, if any
                 self.send_ch.close()
 
     async def _writer(self) -> None:
@@ -367,10 +425,12 @@ class _ServerConnection:
                         buf = recv.receive_nowait()
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                self._busy = False
+                with self._out_lock:
+                    self._busy = False
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             # the peer went away; drain silently so handlers never block
-            self._no_direct = True
+            with self._out_lock:
+                self._no_direct = True
             async for _ in recv:
                 pass
 
@@ -443,10 +503,11 @@ class _ServerConnection:
         frame with request id 0 and the error text.
         """
         log.info("client %s: protocol error (%s): %s; closing", self.peer, exc.code.name, exc)
-        if self.codec.handshake_done:
-            self._enqueue(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
-        else:
-            self._enqueue([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
+        with self._out_lock:
+            if self.codec.handshake_done:
+                self._enqueue(frame(KIND_RESPONSE, exc.code, 0, [str(exc).encode()]))
+            else:
+                self._enqueue([_HANDSHAKE_REFUSAL.pack(MAGIC, PROTOCOL_VERSION, exc.code)])
 
     async def _handle(self, req: Request, prepared: Any = None) -> None:
         self.b._enter()
@@ -454,7 +515,14 @@ class _ServerConnection:
             try:
                 if isinstance(prepared, Exception):
                     raise prepared
-                parts = await self.b.handlers.dispatch(req.code, req.payload, self)
+                if req.code == RequestCode.PULL:
+                    # a parked pull may be answered by the writer thread (then None)
+                    answer = await self.b.handlers.pull(req.payload, self, req.request_id)
+                    if answer is None:
+                        return
+                    parts = answer
+                else:
+                    parts = await self.b.handlers.dispatch(req.code, req.payload, self)
                 code: int = ErrorCode.OK
             except Exception as exc:
                 code, parts = self._error_answer(exc, req.request_id, req.code)

@@ -279,3 +279,162 @@ def test_send_times_out_when_a_directly_written_request_gets_no_answer(broker_pr
         # the lane recovers (fresh producer id) and sends again
         r = p.send("stall", b"after", key="k")
         assert r.queue_offset >= 1
+
+
+# ---------------------------------------------------------------------- parked pulls answered by the writer thread
+
+
+def _request(s: socket.socket, c: Connection, rid: int, code: int, payload: bytes) -> Response:
+    """Send one request and read the next response, which must be its answer."""
+    s.sendall(c.send(Request(rid, code, payload)))
+    got = _read_responses(s, c, 1)
+    assert list(got) == [rid], f"expected the answer to {rid}, got {list(got)}"
+    return got[rid]
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[object]:
+    """Record the results of ``cls.name`` calls (the real method still runs)."""
+    results: list[object] = []
+    real = getattr(cls, name)
+
+    def wrapped(*a: object, **k: object) -> object:
+        r = real(*a, **k)
+        results.append(r)
+        return r
+
+    monkeypatch.setattr(cls, name, wrapped)
+    return results
+
+
+async def test_parked_pull_is_answered_once_from_the_writer_thread(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.server import _ServerConnection
+
+    sent = _count_calls(monkeypatch, _ServerConnection, "answer_from_thread")
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("lp", 2)
+        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+        try:
+            s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("lp", 1, 0, 32, 1 << 20, 10_000).encode())))
+            with trio.fail_after(10):
+                while broker.parked.parked == 0:
+                    await trio.sleep(0.001)
+                await admin.produce(wire.ProduceRequest("lp", 1, [wire.encode_entry(Message(b"hello"))]))
+                first = await trio.to_thread.run_sync(_read_responses, s, c, 1)
+                # the next frame on the connection answers the next request: no second answer to 1
+                nothing = wire.PullRequest("lp", 1, 1, 32, 1 << 20).encode()
+                second = await trio.to_thread.run_sync(_request, s, c, 2, RequestCode.PULL, nothing)
+        finally:
+            s.close()
+    r = wire.decode_pull_response("lp", first[1].payload)
+    assert [m.body for m in r.messages] == [b"hello"] and r.next_offset == 1
+    assert wire.decode_pull_response("lp", second.payload).status.name == "NO_NEW_MESSAGE"
+    assert sent == [True]
+    assert broker.stats.messages_out == 1
+    assert broker.parked.parked == 0
+
+
+async def test_pulls_expiring_as_commits_land_get_exactly_one_answer_each(broker: Broker) -> None:
+    """Short holds racing a steady stream of commits: each pull is answered once
+    (by the writer thread, or by its own task on expiry), and reading from the
+    answers' next offsets sees every message once, in order."""
+    total = 600
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("race", 1)
+
+        def consume() -> list[bytes]:
+            s, c = _raw_connect(broker.address)
+            got: list[bytes] = []
+            try:
+                offset, rid = 0, 0
+                while len(got) < total:
+                    rid += 1
+                    hold = 1 + rid % 3  # ms: expiries land among the commits
+                    req = wire.PullRequest("race", 0, offset, 7, 1 << 20, hold).encode()
+                    r = wire.decode_pull_response("race", _request(s, c, rid, RequestCode.PULL, req).payload)
+                    got += [m.body for m in r.messages]
+                    offset = r.next_offset
+            finally:
+                s.close()
+            return got
+
+        async def produce() -> None:
+            for i in range(total):
+                await admin.produce(wire.ProduceRequest("race", 0, [wire.encode_entry(Message(b"%d" % i))]))
+                if i % 3 == 0:
+                    await trio.sleep(0.001)
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as n:
+                n.start_soon(produce)
+                got = await trio.to_thread.run_sync(consume)
+    assert got == [b"%d" % i for i in range(total)]
+
+
+async def test_writer_thread_answer_bigger_than_the_socket_buffer(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread's write of a parked pull's answer only partly fits the
+    socket: the writer task sends the rest, before the answer to a later request."""
+    from broker.server import _ServerConnection
+
+    pushed = _count_calls(monkeypatch, _ServerConnection, "_push_rest")
+    bodies = [os.urandom(10_000) for _ in range(300)]
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("wide", 1)
+        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+        try:
+            s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000).encode())))
+            with trio.fail_after(20):
+                while broker.parked.parked == 0:
+                    await trio.sleep(0.001)
+                await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
+                # queued while the tail of the first answer is still waiting to go
+                s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
+                await trio.sleep(0.2)
+                answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
+        finally:
+            s.close()
+    assert pushed, "the first write was not partial; the test did not exercise the tail"
+    big = wire.decode_pull_response("wide", answers[1].payload)
+    assert [m.body for m in big.messages] == bodies
+    assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload).messages] == bodies[-1:]
+
+
+async def test_parked_pull_of_a_closed_connection_is_dropped_quietly(broker: Broker) -> None:
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("gone", 1)
+        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+        s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("gone", 0, 0, 32, 1 << 20, 10_000).encode())))
+        with trio.fail_after(10):
+            while broker.parked.parked == 0:
+                await trio.sleep(0.001)
+            s.close()
+            await admin.produce(wire.ProduceRequest("gone", 0, [wire.encode_entry(Message(b"x"))]))
+            while broker.parked.parked:
+                await trio.sleep(0.001)
+            r = await admin.pull(wire.PullRequest("gone", 0, 0, 32, 1 << 20))
+    assert [m.body for m in r.messages] == [b"x"]
+
+
+async def test_parked_pull_with_a_tag_filter_waits_past_filtered_commits(broker: Broker) -> None:
+    """A commit with nothing for the parked pull's filter does not answer it (the
+    writer thread leaves it to its task, which parks again); the next match does."""
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("tagged", 1)
+
+        async def later() -> None:
+            while broker.parked.parked == 0:
+                await trio.sleep(0.001)
+            await admin.produce(wire.ProduceRequest("tagged", 0, [wire.encode_entry(Message(b"no", tags="b"))]))
+            await trio.sleep(0.05)
+            assert broker.parked.parked == 1  # still waiting
+            await admin.produce(wire.ProduceRequest("tagged", 0, [wire.encode_entry(Message(b"yes", tags="a"))]))
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as n:
+                n.start_soon(later)
+                r = await admin.pull(wire.PullRequest("tagged", 0, 0, 32, 1 << 20, 10_000, tags="a"))
+    assert [m.body for m in r.messages] == [b"yes"]
+    assert r.next_offset == 2
