@@ -73,7 +73,7 @@ INLINE_LEAVE = 2 * INLINE_CALL
 #: renewals, pulls, commits) waits for inline handlers, plus one call
 INLINE_SLICE = 0.005
 #: fast thread calls in a row needed to go inline; doubled after every fall-back
-PROBE_CALLS = 256
+PROBE_CALLS = 32
 MAX_PROBE_CALLS = 1 << 20
 #: trio's errors for a trio call that only works off the loop thread, made by a handler
 #: running inline: a blocking equeue client or trio.from_thread.* with a token ("call it

@@ -153,7 +153,16 @@ async def pull_loop(
                 return
             if msgs:
                 deliver(q, msgs, nxt)
-                q.batch = min(q.batch * 2, o.max_pull_batch) if len(msgs) >= n else o.pull_batch
+                if len(msgs) >= n:
+                    q.batch = min(q.batch * 2, o.max_pull_batch)
+                else:
+                    q.batch = o.pull_batch
+                    # Caught up (a short answer): let the worker woken by deliver run
+                    # the handler first -- it runs in the next scheduling batch; two
+                    # checkpoints put the next pull behind it whatever order trio
+                    # picks in that batch. The pull would park at the broker anyway.
+                    await trio.lowlevel.checkpoint()
+                    await trio.lowlevel.checkpoint()
             elif status is PullStatus.NO_NEW_MESSAGE:
                 q.window.advance(nxt)
             elif status is PullStatus.OFFSET_TOO_SMALL:
