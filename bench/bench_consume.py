@@ -111,14 +111,13 @@ PRODUCER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import trio
-from equeue import Message, wire
-from producer import AsyncClient
+from producer import AsyncProducer
 addr, rate, secs = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 async def main():
-    async with AsyncClient(addr) as c:
+    async with AsyncProducer(addr) as p:
+        await p.queue_count("lat")
         async def send(i):
-            body = str(time.time_ns()).encode()
-            await c.produce(wire.ProduceRequest("lat", i % 4, [wire.encode_entry(Message(body))]))
+            await p.send("lat", str(time.time_ns()).encode(), key="k%d" % (i % 8))
         n = int(rate * secs)
         t0 = trio.current_time()
         async with trio.open_nursery() as nur:
@@ -308,44 +307,55 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown benchmark(s): {sorted(unknown)}")
     with tempfile.TemporaryDirectory(prefix="equeue-bench-") as tmp:
-        broker, addr = start_broker(os.path.join(tmp, "data"), args.flush)
-        try:
-            trio.run(fill, addr, n, args.size)
-            print(f"backlog: {n:,} x {args.size} B in 4 queues (broker flush={args.flush})")
-            for r in range(args.repeat):
-                bp = broker.pid
-                if "c1s" in only:
-                    rate, note = c1_sync(addr, n, f"c1s{r}", bp)
-                    print(f"C1 sync Consumer, no-op handler:        {rate:,.0f} msg/s ({note})")
-                if "c1t" in only:
-                    rate, note = c1_sync(addr, n, f"c1t{r}", bp, handler_threads="always")
-                    print(f"C1 sync Consumer, handler_threads=always: {rate:,.0f} msg/s ({note})")
-                if "c1i" in only:
-                    rate, note = c1_iter(addr, n, f"c1i{r}", bp)
-                    print(f"C1 sync Consumer, iterator form:        {rate:,.0f} msg/s ({note})")
-                if "c1a" in only:
-                    rate, note = c1_async(addr, n, f"c1a{r}", bp)
-                    print(f"C1 AsyncConsumer, no-op async handler:  {rate:,.0f} msg/s ({note})")
-                if "c1f" in only:
-                    rate, note = c1_sync(addr, n, f"c1f{r}", bp, max_pull_batch=32)
-                    print(f"C1 sync, fixed pull batch 32:           {rate:,.0f} msg/s ({note})")
-                if "c2" in only:
-                    rate, split, note = c2(addr, n, tmp, f"c2s{r}", broker_pid=broker.pid)
-                    print(f"C2 two member processes (Consumer):     {rate:,.0f} msg/s together (split {split}; {note})")
-                if "c2t" in only:
-                    rate, split, note = c2(addr, n, tmp, f"c2t{r}", broker_pid=broker.pid, handler_threads="always")
-                    print(f"C2 two member processes (Consumer, handler_threads=always): {rate:,.0f} msg/s together "
-                          f"(split {split}; {note})")  # fmt: skip
-                if "c2a" in only:
-                    rate, split, note = c2(addr, n, tmp, f"c2a{r}", use_async=True, broker_pid=broker.pid)
-                    print(f"C2 two member processes (AsyncConsumer): {rate:,.0f} msg/s together "
-                          f"(split {split}; {note})")  # fmt: skip
-            if "l1" in only:
+        if only - {"l1"}:
+            c_benchmarks(args, only, n, tmp)
+        if "l1" in only:
+            # a fresh broker of its own, like the peer harness: no backlog being flushed
+            broker, addr = start_broker(os.path.join(tmp, "l1-data"), args.flush)
+            try:
                 p50, p99, mx, cnt = l1(addr, args.rate, args.seconds, tmp)
-                print(f"L1 {args.rate} msg/s for {args.seconds:.0f} s, {cnt:,} msgs: send-to-handler "
-                      f"p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {mx:.2f} ms")  # fmt: skip
-        finally:
-            broker.kill()
+            finally:
+                broker.kill()
+            print(f"L1 {args.rate} msg/s for {args.seconds:.0f} s, {cnt:,} msgs (broker flush={args.flush}): "
+                  f"send-to-handler p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {mx:.2f} ms")  # fmt: skip
+
+
+def c_benchmarks(args: argparse.Namespace, only: set[str], n: int, tmp: str) -> None:
+    """The C benchmarks, on one broker holding the backlog."""
+    broker, addr = start_broker(os.path.join(tmp, "data"), args.flush)
+    try:
+        trio.run(fill, addr, n, args.size)
+        print(f"backlog: {n:,} x {args.size} B in 4 queues (broker flush={args.flush})")
+        for r in range(args.repeat):
+            bp = broker.pid
+            if "c1s" in only:
+                rate, note = c1_sync(addr, n, f"c1s{r}", bp)
+                print(f"C1 sync Consumer, no-op handler:        {rate:,.0f} msg/s ({note})")
+            if "c1t" in only:
+                rate, note = c1_sync(addr, n, f"c1t{r}", bp, handler_threads="always")
+                print(f"C1 sync Consumer, handler_threads=always: {rate:,.0f} msg/s ({note})")
+            if "c1i" in only:
+                rate, note = c1_iter(addr, n, f"c1i{r}", bp)
+                print(f"C1 sync Consumer, iterator form:        {rate:,.0f} msg/s ({note})")
+            if "c1a" in only:
+                rate, note = c1_async(addr, n, f"c1a{r}", bp)
+                print(f"C1 AsyncConsumer, no-op async handler:  {rate:,.0f} msg/s ({note})")
+            if "c1f" in only:
+                rate, note = c1_sync(addr, n, f"c1f{r}", bp, max_pull_batch=32)
+                print(f"C1 sync, fixed pull batch 32:           {rate:,.0f} msg/s ({note})")
+            if "c2" in only:
+                rate, split, note = c2(addr, n, tmp, f"c2s{r}", broker_pid=broker.pid)
+                print(f"C2 two member processes (Consumer):     {rate:,.0f} msg/s together (split {split}; {note})")
+            if "c2t" in only:
+                rate, split, note = c2(addr, n, tmp, f"c2t{r}", broker_pid=broker.pid, handler_threads="always")
+                print(f"C2 two member processes (Consumer, handler_threads=always): {rate:,.0f} msg/s together "
+                      f"(split {split}; {note})")  # fmt: skip
+            if "c2a" in only:
+                rate, split, note = c2(addr, n, tmp, f"c2a{r}", use_async=True, broker_pid=broker.pid)
+                print(f"C2 two member processes (AsyncConsumer): {rate:,.0f} msg/s together "
+                      f"(split {split}; {note})")  # fmt: skip
+    finally:
+        broker.kill()
 
 
 if __name__ == "__main__":
