@@ -8,9 +8,9 @@ then matches every message's stages and prints p50/p90 of each hop::
     .venv/bin/python bench/trace_l1.py [--rate 1000] [--seconds 4] [--flush async]
 
 Stages: send → broker parsed the produce (``recv``) → the writer thread starts the
-transaction (``cstart``) → commit done (``cend``) → answers posted back on the loop
-(``ans``) → the woken pull has read the record (``read``) → the consumer has the
-answer (``cons``). A diagnostic: the hooks wrap internal functions.
+transaction (``cstart``) → commit done (``cend``) → the writer thread has read the
+record for the parked pull (``read``; it then writes the answer itself) → the consumer
+has the answer (``cons``). A diagnostic: the hooks wrap internal functions.
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import trio
 
-STAGES = ["recv", "cstart", "cend", "ans", "read"]
+STAGES = ["recv", "cstart", "cend", "read"]
 
 
 def broker_proc(q: Any, done: Any, flush: str) -> None:
-    import broker.appender as ap
     import broker.handlers as hd
     import broker.server as srv
     import broker.store as st
@@ -57,7 +56,6 @@ def broker_proc(q: Any, done: Any, flush: str) -> None:
 
     hook(hd.Handlers, "produce_prepare", "recv", None)
     hook(st.Store, "write", "cstart", "cend")
-    hook(ap.Appender, "_answer", "ans", None)
     hook(st.Store, "read_queue", None, "read", only_found=True)
 
     async def main() -> None:
