@@ -195,12 +195,13 @@ class Appender:
                         self._fatal = exc
                         return
                     continue
-                if written is not None:
-                    try:
+                try:
+                    if written is not None:
                         written(outcome)
-                    except Exception:
-                        log.exception("on_written failed")
-                post(self._answer, batch, outcome)
+                except Exception:
+                    log.exception("on_written failed")
+                finally:  # committed: its ops are answered whatever on_written did
+                    post(self._answer, batch, outcome)
         except BaseException as exc:  # pragma: no cover - a bug in this loop itself
             log.exception("appender writer thread failed")
             self._fatal = exc

@@ -186,26 +186,30 @@ class Handlers:
             answer = None
             send = getattr(ctx, "answer_from_thread", None)
             if request_id and send is not None:
-                topic_id = info.topic_id
 
-                def answer() -> int | None:
-                    # writer thread, after a commit to this queue; ``offset`` is read
-                    # as it is now (the pull task is parked, it does not change it)
+                def answer() -> tuple[int, int] | None:
+                    # writer thread, after a commit to this queue; ``offset`` and
+                    # ``info`` are read as they are now (the pull task is parked on
+                    # them and does not change them meanwhile)
+                    if not ctx.idle():
+                        return None  # the writer task is busy: the loop answers
                     now = store.topics.get(req.topic)
-                    if now is None or now.topic_id != topic_id or qid >= now.queues:
+                    if now is None or now.topic_id != info.topic_id or qid >= now.queues:
                         return None
                     got = store.read_queue(now, qid, offset, max_messages, max_bytes, tags, verify)
                     if got.status is not PullStatus.FOUND:
                         return None
                     parts = encode(got.status, got.min_offset, got.max_offset, got.next_offset, got.globals, got.recs)
-                    return len(got.recs) if send(request_id, parts) else None
+                    size = send(request_id, parts)
+                    return (len(got.recs), size) if size else None
 
             wait = min(req.max_wait_ms / 1000, self.b.config.max_pull_wait)
             with trio.move_on_after(wait):
                 while r.status is PullStatus.NO_NEW_MESSAGE and not self.b.closing:
                     sent = await self.b.parked.wait(info.topic_id, qid, answer)
                     if sent is not None:
-                        self.b.stats.messages_out += sent
+                        self.b.stats.messages_out += sent[0]
+                        self.b.stats.bytes_out += sent[1]
                         return None
                     info = await self._topic(req.topic)
                     r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)

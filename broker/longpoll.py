@@ -18,13 +18,20 @@ from collections.abc import Callable, Iterable
 
 import trio
 
+from equeue.errors import EQueueError
+
 log = logging.getLogger("equeue.broker")
 
 __all__ = ["Answer", "ParkedPulls"]
 
-#: Called in the writer thread: the number of messages written in answer, or None
-#: when it wrote nothing (then the pull task reads and answers itself).
-Answer = Callable[[], "int | None"]
+#: Called in the writer thread: (messages, bytes) written in answer, or None when it
+#: wrote nothing (then the pull task reads and answers itself).
+Answer = Callable[[], "tuple[int, int] | None"]
+
+#: at most this many parked pulls are answered by the writer thread per commit (the
+#: rest are woken and answer from the loop), so a crowd of long-polling consumers on
+#: one queue cannot hold up the produce answers and the next transaction for long
+MAX_THREAD_ANSWERS = 64
 
 
 class _Parked:
@@ -35,29 +42,32 @@ class _Parked:
         self.answer = answer
         self.event = trio.Event()
         #: what the writer thread's answer returned (None: the pull task answers)
-        self.outcome: int | None = None
+        self.outcome: tuple[int, int] | None = None
 
 
 class ParkedPulls:
     """Parked pulls per queue. The loop parks and unparks; the writer thread takes
-    (claims) the pulls of the queues it committed to. ``_lock`` guards the table."""
+    (claims) the pulls of the queues it committed to. ``_lock`` guards the table; a
+    queue's pulls are an insertion-ordered dict (O(1) unpark)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queues: dict[tuple[int, int], list[_Parked]] = {}
+        self._queues: dict[tuple[int, int], dict[_Parked, None]] = {}
         self._token: trio.lowlevel.TrioToken | None = None
         self.parked = 0
         self.closed = False
 
-    async def wait(self, topic_id: int, queue_id: int, answer: Answer | None = None) -> int | None:
+    async def wait(
+        self, topic_id: int, queue_id: int, answer: Answer | None = None
+    ) -> tuple[int, int] | None:
         """Wait for the next commit to (topic_id, queue_id). Callers bound the wait
         with a cancel scope (``trio.move_on_at``). Returns at once once closed.
 
-        Returns the writer thread's answer count when it answered the pull (the
+        Returns (messages, bytes) when the writer thread answered the pull (the
         caller must then send nothing), else None. Once the writer thread has
         claimed the pull, a cancellation waits (shielded, briefly) for its outcome:
-        if it answered, the count is returned and the cancellation is absorbed, so
-        a request is never answered twice.
+        if it answered, that is returned and the cancellation absorbed, so a request
+        is never answered twice.
         """
         if self.closed:
             return None
@@ -66,12 +76,12 @@ class ParkedPulls:
         key = (topic_id, queue_id)
         p = _Parked(key, answer)
         with self._lock:
-            self._queues.setdefault(key, []).append(p)
+            self._queues.setdefault(key, {})[p] = None
             self.parked += 1
         try:
             await p.event.wait()
-        except trio.Cancelled:
-            if self._unpark(p):
+        except BaseException as exc:
+            if self._unpark(p) or not isinstance(exc, trio.Cancelled):
                 raise
             # claimed by the writer thread: its outcome is moments away
             with trio.CancelScope(shield=True):
@@ -86,7 +96,7 @@ class ParkedPulls:
             waiting = self._queues.get(p.key)
             if waiting is None or p not in waiting:
                 return False
-            waiting.remove(p)
+            del waiting[p]
             if not waiting:
                 del self._queues[p.key]
             self.parked -= 1
@@ -105,21 +115,29 @@ class ParkedPulls:
 
     def answer(self, queues: Iterable[tuple[int, int]]) -> None:
         """Writer thread, after a commit touching ``queues``: claim their parked
-        pulls, let each answer itself, wake each pull task (never raises)."""
+        pulls, let (up to MAX_THREAD_ANSWERS of) them answer themselves, and wake
+        every pull task taken, whatever happens (never raises)."""
         token = self._token
         if token is None:
             return
-        for p in self._take(queues):
-            if p.answer is not None:
+        taken = self._take(queues)
+        try:
+            for p in taken[:MAX_THREAD_ANSWERS]:
+                if p.answer is None:
+                    continue
                 try:
                     p.outcome = p.answer()
-                except Exception:  # the pull task reads again and reports it
+                except EQueueError:  # e.g. a damaged record: the pull task reports it
+                    p.outcome = None
+                except Exception:
                     log.exception("answering a parked pull from the writer thread failed")
                     p.outcome = None
-            try:
-                token.run_sync_soon(p.event.set)
-            except trio.RunFinishedError:
-                return
+        finally:
+            for p in taken:
+                try:
+                    token.run_sync_soon(p.event.set)
+                except trio.RunFinishedError:
+                    break
 
     def wake(self, queues: Iterable[tuple[int, int]]) -> None:
         """Loop thread: wake every pull parked on any of ``queues`` (they read)."""

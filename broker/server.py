@@ -315,31 +315,35 @@ class _ServerConnection:
             else:
                 self._enqueue(parts)
 
-    def answer_from_thread(self, request_id: int, parts: list[bytes]) -> bool:
+    def idle(self) -> bool:
+        """Whether a direct write would be taken now (a hint when read off the loop)."""
+        return not self._busy and not self._no_direct
+
+    def answer_from_thread(self, request_id: int, parts: list[bytes]) -> int:
         """Writer thread: write the OK answer to request ``request_id`` now, if the
-        writer task is idle. True when the answer is written (or its tail handed to the
-        writer task, first in line) -- or lost with a dead peer; False when nothing was
-        written (the caller answers through the loop instead)."""
+        writer task is idle. Returns the frame's size when the answer is written (or
+        its tail handed to the writer task, first in line) or lost with a dead peer;
+        0 when nothing was written (the caller answers through the loop instead).
+        The caller counts the bytes (``stats`` belong to the loop thread)."""
         data = b"".join(frame(KIND_RESPONSE, ErrorCode.OK, request_id, parts))
         with self._out_lock:
             if self._busy or self._no_direct:
-                return False
+                return 0
             fd = self.stream.socket.fileno()
             if fd < 0:
-                return False
+                return 0
             try:
                 sent = os.write(fd, data)
             except BlockingIOError:
-                return False
+                return 0
             except OSError:
                 self._no_direct = True  # the peer is gone; the reader sees it
-                return True
-            self.b.stats.bytes_out += sent
+                return len(data)
             if sent < len(data):
                 self._busy = True
                 self._rest = data[sent:]
                 self.b.token.run_sync_soon(self._push_rest)
-            return True
+            return len(data)
 
     def _push_rest(self) -> None:
         with self._out_lock:
@@ -433,6 +437,11 @@ class _ServerConnection:
                 self._no_direct = True
             async for _ in recv:
                 pass
+        finally:
+            # ended (or cancelled while idle): no direct write may start a frame now
+            # that nobody would finish
+            with self._out_lock:
+                self._no_direct = True
 
     async def _reader(self, nursery: trio.Nursery) -> None:
         codec = self.codec
@@ -449,7 +458,8 @@ class _ServerConnection:
                     return
                 if isinstance(ev, Hello):
                     code = ErrorCode.OK if ev.version == PROTOCOL_VERSION else ErrorCode.UNSUPPORTED_VERSION
-                    self._enqueue([codec.send(HelloAck(PROTOCOL_VERSION, code))])
+                    with self._out_lock:
+                        self._enqueue([codec.send(HelloAck(PROTOCOL_VERSION, code))])
                     if code != ErrorCode.OK:
                         log.info("client %s: unsupported protocol version %d", self.peer, ev.version)
                         return

@@ -18,7 +18,7 @@ from broker import Broker, EmbeddedBroker
 from broker import store as st
 from broker.appender import Appender
 from equeue import Message, wire
-from equeue.codec import NEED_DATA, Connection, Hello, Request, Response, Role
+from equeue.codec import HEADER, NEED_DATA, Connection, Hello, Request, Response, Role
 from equeue.errors import BrokerShuttingDown, ErrorCode, OperationTimeout
 from equeue.protocol import RequestCode
 from producer import AsyncClient, AsyncProducer, Producer
@@ -101,9 +101,12 @@ async def test_appender_cancelled_answers_every_waiter(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- broker output
 
 
-def _raw_connect(address: str) -> tuple[socket.socket, Connection]:
+def _raw_connect(address: str, rcvbuf: int = 0) -> tuple[socket.socket, Connection]:
     host, port = address.rsplit(":", 1)
-    s = socket.create_connection((host, int(port)))
+    s = socket.socket()
+    if rcvbuf:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.connect((host, int(port)))
     c = Connection(Role.CLIENT)
     s.sendall(c.send(Hello()))
     while True:
@@ -330,7 +333,7 @@ async def test_parked_pull_is_answered_once_from_the_writer_thread(
     r = wire.decode_pull_response("lp", first[1].payload)
     assert [m.body for m in r.messages] == [b"hello"] and r.next_offset == 1
     assert wire.decode_pull_response("lp", second.payload).status.name == "NO_NEW_MESSAGE"
-    assert sent == [True]
+    assert sent == [HEADER.size + len(first[1].payload)]  # the whole frame
     assert broker.stats.messages_out == 1
     assert broker.parked.parked == 0
 
@@ -438,3 +441,125 @@ async def test_parked_pull_with_a_tag_filter_waits_past_filtered_commits(broker:
                 r = await admin.pull(wire.PullRequest("tagged", 0, 0, 32, 1 << 20, 10_000, tags="a"))
     assert [m.body for m in r.messages] == [b"yes"]
     assert r.next_offset == 2
+
+
+async def test_loop_answer_waits_behind_the_tail_of_a_writer_thread_answer(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer the loop sends while the tail of the writer thread's partial write
+    is still waiting (before ``_push_rest`` ran) goes out after that tail."""
+    from broker.server import _ServerConnection
+
+    real = _ServerConnection._push_rest
+    bodies = [os.urandom(10_000) for _ in range(300)]
+    async with trio.open_nursery() as nursery:
+
+        def deferred(self: _ServerConnection) -> None:
+            async def later() -> None:
+                await trio.sleep(0.3)
+                real(self)
+
+            nursery.start_soon(later)
+
+        monkeypatch.setattr(_ServerConnection, "_push_rest", deferred)
+        async with AsyncClient(broker.address) as admin:
+            await admin.create_topic("wide", 1)
+            s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+            try:
+                pull = wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000).encode()
+                s.sendall(c.send(Request(1, RequestCode.PULL, pull)))
+                with trio.fail_after(20):
+                    while broker.parked.parked == 0:
+                        await trio.sleep(0.001)
+                    await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
+                    s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
+                    await trio.sleep(0.1)  # request 2 is answered while the tail waits
+                    answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
+            finally:
+                s.close()
+    assert [m.body for m in wire.decode_pull_response("wide", answers[1].payload).messages] == bodies
+    assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload).messages] == bodies[-1:]
+
+
+class _PausingStream:
+    """A server stream whose ``send_all`` pauses half way through (the connection's
+    writer task busy while the socket buffer has room)."""
+
+    def __init__(self, inner: trio.SocketStream) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def send_all(self, data: bytes) -> None:
+        half = len(data) // 2
+        await self._inner.send_all(data[:half])
+        await trio.sleep(0.3)
+        await self._inner.send_all(data[half:])
+
+
+async def test_writer_thread_never_writes_into_a_busy_writer_task(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.server import _ServerConnection
+
+    real_init = _ServerConnection.__init__
+
+    def init(self: _ServerConnection, b: Broker, stream: trio.SocketStream) -> None:
+        stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
+        real_init(self, b, _PausingStream(stream))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_ServerConnection, "__init__", init)
+    bodies = [os.urandom(10_000) for _ in range(100)]
+    result: dict[str, dict[int, Response]] = {}
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("busy", 2)
+        await admin.produce(wire.ProduceRequest("busy", 1, [wire.encode_entry(Message(b)) for b in bodies]))
+        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address, 32 << 10)
+        try:
+            with trio.fail_after(20):
+                s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("busy", 0, 0, 32, 1 << 20, 10_000).encode())))
+                while broker.parked.parked == 0:
+                    await trio.sleep(0.001)
+                s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("busy", 1, 0, 1000, 8 << 20).encode())))
+                reader = threading.Thread(target=lambda: result.update(a=_read_responses(s, c, 2)))
+                reader.start()
+                await trio.sleep(0.1)  # the writer task is half way through answer 2
+                await admin.produce(wire.ProduceRequest("busy", 0, [wire.encode_entry(Message(b"small"))]))
+                await trio.to_thread.run_sync(reader.join)
+        finally:
+            s.close()
+    answers = result["a"]
+    assert [m.body for m in wire.decode_pull_response("busy", answers[1].payload).messages] == [b"small"]
+    assert [m.body for m in wire.decode_pull_response("busy", answers[2].payload).messages] == bodies
+
+
+async def test_a_crowd_of_parked_pulls_past_the_writer_thread_cap_is_answered_once_each(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from broker.longpoll import MAX_THREAD_ANSWERS
+    from broker.server import _ServerConnection
+
+    sent = _count_calls(monkeypatch, _ServerConnection, "answer_from_thread")
+    crowd = MAX_THREAD_ANSWERS + 6
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("crowd", 1)
+        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+        try:
+            pull = wire.PullRequest("crowd", 0, 0, 32, 1 << 20, 10_000).encode()
+            s.sendall(b"".join(c.send(Request(rid, RequestCode.PULL, pull)) for rid in range(1, crowd + 1)))
+            with trio.fail_after(20):
+                while broker.parked.parked < crowd:
+                    await trio.sleep(0.001)
+                await admin.produce(wire.ProduceRequest("crowd", 0, [wire.encode_entry(Message(b"all"))]))
+                answers = await trio.to_thread.run_sync(_read_responses, s, c, crowd)
+                # nothing more follows: the next frame answers the next request
+                tail = wire.PullRequest("crowd", 0, 1, 32, 1 << 20).encode()
+                await trio.to_thread.run_sync(_request, s, c, crowd + 1, RequestCode.PULL, tail)
+        finally:
+            s.close()
+    assert sorted(answers) == list(range(1, crowd + 1))
+    for ev in answers.values():
+        assert [m.body for m in wire.decode_pull_response("crowd", ev.payload).messages] == [b"all"]
+    assert len(sent) == MAX_THREAD_ANSWERS and all(sent)
+    assert broker.stats.messages_out == crowd
