@@ -309,6 +309,13 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[
     return results
 
 
+async def _park(broker: Broker, s: socket.socket, c: Connection, pulls: dict[int, wire.PullRequest]) -> None:
+    """Send long-poll pulls (request id -> pull) and wait until the broker parked them all."""
+    s.sendall(b"".join(c.send(Request(rid, RequestCode.PULL, p.encode())) for rid, p in pulls.items()))
+    while broker.parked.parked < len(pulls):
+        await trio.sleep(0.001)
+
+
 async def test_parked_pull_is_answered_once_from_the_writer_thread(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -319,10 +326,8 @@ async def test_parked_pull_is_answered_once_from_the_writer_thread(
         await admin.create_topic("lp", 2)
         s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
         try:
-            s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("lp", 1, 0, 32, 1 << 20, 10_000).encode())))
             with trio.fail_after(10):
-                while broker.parked.parked == 0:
-                    await trio.sleep(0.001)
+                await _park(broker, s, c, {1: wire.PullRequest("lp", 1, 0, 32, 1 << 20, 10_000)})
                 await admin.produce(wire.ProduceRequest("lp", 1, [wire.encode_entry(Message(b"hello"))]))
                 first = await trio.to_thread.run_sync(_read_responses, s, c, 1)
                 # the next frame on the connection answers the next request: no second answer to 1
@@ -375,33 +380,44 @@ async def test_pulls_expiring_as_commits_land_get_exactly_one_answer_each(broker
     assert got == [b"%d" % i for i in range(total)]
 
 
+@pytest.mark.parametrize("tail_late", [False, True], ids=["tail-pushed-at-once", "tail-pushed-late"])
 async def test_writer_thread_answer_bigger_than_the_socket_buffer(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, tail_late: bool
 ) -> None:
     """The writer thread's write of a parked pull's answer only partly fits the
-    socket: the writer task sends the rest, before the answer to a later request."""
+    socket: the writer task sends the rest, before the answer to a later request --
+    also when the loop answers that request before the tail was handed over."""
     from broker.server import _ServerConnection
 
     pushed = _count_calls(monkeypatch, _ServerConnection, "_push_rest")
     bodies = [os.urandom(10_000) for _ in range(300)]
-    async with AsyncClient(broker.address) as admin:
-        await admin.create_topic("wide", 1)
-        s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
-        try:
-            s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000).encode())))
-            with trio.fail_after(20):
-                while broker.parked.parked == 0:
-                    await trio.sleep(0.001)
-                await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
-                # queued while the tail of the first answer is still waiting to go
-                s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
-                await trio.sleep(0.2)
-                answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
-        finally:
-            s.close()
+    async with trio.open_nursery() as nursery:
+        if tail_late:
+            real = _ServerConnection._push_rest
+
+            def deferred(self: _ServerConnection) -> None:
+                async def later() -> None:
+                    await trio.sleep(0.3)
+                    real(self)
+                    pushed.append(None)
+
+                nursery.start_soon(later)
+
+            monkeypatch.setattr(_ServerConnection, "_push_rest", deferred)
+        async with AsyncClient(broker.address) as admin:
+            await admin.create_topic("wide", 1)
+            s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
+            try:
+                with trio.fail_after(20):
+                    await _park(broker, s, c, {1: wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000)})
+                    await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
+                    s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
+                    await trio.sleep(0.1)  # request 2 is answered (late tail: while the tail waits)
+                    answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
+            finally:
+                s.close()
     assert pushed, "the first write was not partial; the test did not exercise the tail"
-    big = wire.decode_pull_response("wide", answers[1].payload)
-    assert [m.body for m in big.messages] == bodies
+    assert [m.body for m in wire.decode_pull_response("wide", answers[1].payload).messages] == bodies
     assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload).messages] == bodies[-1:]
 
 
@@ -409,10 +425,8 @@ async def test_parked_pull_of_a_closed_connection_is_dropped_quietly(broker: Bro
     async with AsyncClient(broker.address) as admin:
         await admin.create_topic("gone", 1)
         s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
-        s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("gone", 0, 0, 32, 1 << 20, 10_000).encode())))
         with trio.fail_after(10):
-            while broker.parked.parked == 0:
-                await trio.sleep(0.001)
+            await _park(broker, s, c, {1: wire.PullRequest("gone", 0, 0, 32, 1 << 20, 10_000)})
             s.close()
             await admin.produce(wire.ProduceRequest("gone", 0, [wire.encode_entry(Message(b"x"))]))
             while broker.parked.parked:
@@ -441,44 +455,6 @@ async def test_parked_pull_with_a_tag_filter_waits_past_filtered_commits(broker:
                 r = await admin.pull(wire.PullRequest("tagged", 0, 0, 32, 1 << 20, 10_000, tags="a"))
     assert [m.body for m in r.messages] == [b"yes"]
     assert r.next_offset == 2
-
-
-async def test_loop_answer_waits_behind_the_tail_of_a_writer_thread_answer(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An answer the loop sends while the tail of the writer thread's partial write
-    is still waiting (before ``_push_rest`` ran) goes out after that tail."""
-    from broker.server import _ServerConnection
-
-    real = _ServerConnection._push_rest
-    bodies = [os.urandom(10_000) for _ in range(300)]
-    async with trio.open_nursery() as nursery:
-
-        def deferred(self: _ServerConnection) -> None:
-            async def later() -> None:
-                await trio.sleep(0.3)
-                real(self)
-
-            nursery.start_soon(later)
-
-        monkeypatch.setattr(_ServerConnection, "_push_rest", deferred)
-        async with AsyncClient(broker.address) as admin:
-            await admin.create_topic("wide", 1)
-            s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
-            try:
-                pull = wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000).encode()
-                s.sendall(c.send(Request(1, RequestCode.PULL, pull)))
-                with trio.fail_after(20):
-                    while broker.parked.parked == 0:
-                        await trio.sleep(0.001)
-                    await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
-                    s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
-                    await trio.sleep(0.1)  # request 2 is answered while the tail waits
-                    answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
-            finally:
-                s.close()
-    assert [m.body for m in wire.decode_pull_response("wide", answers[1].payload).messages] == bodies
-    assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload).messages] == bodies[-1:]
 
 
 class _PausingStream:
@@ -518,9 +494,7 @@ async def test_writer_thread_never_writes_into_a_busy_writer_task(
         s, c = await trio.to_thread.run_sync(_raw_connect, broker.address, 32 << 10)
         try:
             with trio.fail_after(20):
-                s.sendall(c.send(Request(1, RequestCode.PULL, wire.PullRequest("busy", 0, 0, 32, 1 << 20, 10_000).encode())))
-                while broker.parked.parked == 0:
-                    await trio.sleep(0.001)
+                await _park(broker, s, c, {1: wire.PullRequest("busy", 0, 0, 32, 1 << 20, 10_000)})
                 s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("busy", 1, 0, 1000, 8 << 20).encode())))
                 reader = threading.Thread(target=lambda: result.update(a=_read_responses(s, c, 2)))
                 reader.start()
@@ -546,11 +520,9 @@ async def test_a_crowd_of_parked_pulls_past_the_writer_thread_cap_is_answered_on
         await admin.create_topic("crowd", 1)
         s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
         try:
-            pull = wire.PullRequest("crowd", 0, 0, 32, 1 << 20, 10_000).encode()
-            s.sendall(b"".join(c.send(Request(rid, RequestCode.PULL, pull)) for rid in range(1, crowd + 1)))
+            pull = wire.PullRequest("crowd", 0, 0, 32, 1 << 20, 10_000)
             with trio.fail_after(20):
-                while broker.parked.parked < crowd:
-                    await trio.sleep(0.001)
+                await _park(broker, s, c, dict.fromkeys(range(1, crowd + 1), pull))
                 await admin.produce(wire.ProduceRequest("crowd", 0, [wire.encode_entry(Message(b"all"))]))
                 answers = await trio.to_thread.run_sync(_read_responses, s, c, crowd)
                 # nothing more follows: the next frame answers the next request
