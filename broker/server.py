@@ -329,16 +329,11 @@ class _ServerConnection:
         with self._out_lock:
             if self._busy or self._no_direct:
                 return 0
-            fd = self.stream.socket.fileno()
-            if fd < 0:
+            sent = self._os_write(data)
+            if sent < 0:
+                return len(data)  # lost with the peer
+            if sent == 0:
                 return 0
-            try:
-                sent = os.write(fd, data)
-            except BlockingIOError:
-                return 0
-            except OSError:
-                self._no_direct = True  # the peer is gone; the reader sees it
-                return len(data)
             if sent < len(data):
                 self._busy = True
                 self._rest = data[sent:]
@@ -362,18 +357,24 @@ class _ServerConnection:
         if staged:
             self._send(staged)
 
+    def _os_write(self, data: bytes) -> int:
+        """One non-blocking write (``_out_lock`` held): the bytes the socket took, 0
+        when it took none (full, or closed), -1 when the peer is gone (then no more
+        direct writes: the reader sees the loss, the writer task fails quietly)."""
+        fd = self.stream.socket.fileno()
+        if fd < 0:
+            return 0
+        try:
+            return os.write(fd, data)  # the socket is non-blocking (trio's)
+        except BlockingIOError:
+            return 0
+        except OSError:
+            self._no_direct = True
+            return -1
+
     def _write_direct(self, data: bytes) -> None:
         """One non-blocking write; the rest goes to the writer task (``_out_lock`` held)."""
-        fd = self.stream.socket.fileno()
-        sent = 0
-        if fd >= 0:
-            try:
-                sent = os.write(fd, data)  # the socket is non-blocking (trio's)
-            except BlockingIOError:
-                pass
-            except OSError:
-                # the peer is gone: the reader sees it; let the writer fail quietly
-                self._no_direct = True
+        sent = max(self._os_write(data), 0)
         self.b.stats.bytes_out += sent
         if sent < len(data):
             self._enqueue([data[sent:]] if sent else [data])
