@@ -25,8 +25,9 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow and not spark" tests
 
 check: install
-	$(VENV)/bin/ruff check equeue broker producer consumer spark tests bench
-	$(VENV)/bin/mypy equeue broker producer consumer spark
+	$(VENV)/bin/ruff check equeue client broker producer consumer spark tests bench
+	$(VENV)/bin/mypy equeue client broker producer consumer spark
+	$(VENV)/bin/lint-imports
 
 run: install
 	$(PY) -m spark.pipeline

@@ -36,6 +36,7 @@ from typing import Any
 import attrs
 import trio
 
+from client.connection import AsyncClient
 from consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from consumer.options import ConsumerOptions
 from consumer.queues import ProcessQueue, pull_loop
@@ -46,7 +47,6 @@ from equeue.errors import ClientClosed, ConfigError, EQueueError, NotQueueOwner
 from equeue.models import Message
 from equeue.names import validate_group, validate_topic
 from equeue.protocol import PushCode
-from producer.client import AsyncClient
 
 log = logging.getLogger("equeue.consumer")
 

@@ -1,7 +1,7 @@
 """``Consumer``: the blocking front of :class:`consumer.core.AsyncConsumer`.
 
 All logic lives in the async core, running on a private trio loop in a helper thread
-(:class:`producer.syncfront.SyncFront`); this class only forwards. Sync handlers run
+(:class:`client.syncfront.SyncFront`); this class only forwards. Sync handlers run
 in worker threads of that loop, or inline on the loop thread once they prove fast
 (``handler_threads``, see docs/consumer.md). The iterator form takes messages from
 the loop a batch at a time (one hand-off per batch, sized to the loop body's speed).
@@ -15,10 +15,10 @@ from typing import Any
 
 import trio
 
+from client.syncfront import SyncFront
 from consumer.core import CHUNK_SECONDS, MAX_CHUNK, AsyncConsumer, ConsumerStatistics, log
 from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
-from producer.syncfront import SyncFront
 
 __all__ = ["Consumer"]
 

@@ -1,10 +1,9 @@
-"""equeue producer SDK (and the client core shared by the consumer, CLI and Spark)."""
+"""equeue producer SDK. ``AsyncClient`` and ``Client`` are re-exported from :mod:`client`."""
 
+from client import AsyncClient, Client
 from equeue.models import Message, SendResult
 from producer._batch import SendHandle
-from producer.client import AsyncClient
 from producer.producer import AsyncProducer, Producer, QueueSelector
-from producer.sync_client import Client
 
 __all__ = [
     "AsyncClient",

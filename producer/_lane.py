@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from client.connection import AsyncClient, PendingReply
 from equeue import wire
 from equeue.codec import Response
 from equeue.errors import (
@@ -48,7 +49,6 @@ from equeue.errors import (
 )
 from equeue.protocol import RequestCode
 from producer._batch import _Batch
-from producer.client import AsyncClient, PendingReply
 
 if TYPE_CHECKING:
     from producer.producer import AsyncProducer

@@ -32,6 +32,8 @@ from zlib import crc32
 
 import trio
 
+from client.connection import AsyncClient
+from client.syncfront import SyncFront
 from equeue import wire
 from equeue.errors import (
     BufferFull,
@@ -46,8 +48,6 @@ from equeue.names import validate_topic
 from equeue.routing import RoundRobin
 from producer._batch import SendHandle, _Batch, deliver_at_ms, encode_entry
 from producer._lane import _Lane, new_producer_id
-from producer.client import AsyncClient
-from producer.syncfront import SyncFront
 
 log = logging.getLogger("equeue.producer")
 

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from client.sync import Client
 from equeue.errors import ConfigError, EQueueError
-from producer.sync_client import Client
 
 __all__ = [
     "DataLossError",

@@ -19,6 +19,7 @@ import threading
 from collections import deque
 from typing import Final
 
+from client.connection import parse_brokers
 from equeue import wire
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.errors import (
@@ -29,7 +30,6 @@ from equeue.errors import (
     error_for_code,
 )
 from equeue.protocol import RequestCode
-from producer.client import parse_brokers
 
 __all__ = ["Puller", "puller_for", "release"]
 

@@ -1,12 +1,12 @@
-"""``Client``: the blocking twin of :class:`producer.client.AsyncClient`."""
+"""``Client``: the blocking twin of :class:`client.connection.AsyncClient`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from producer.client import AsyncClient
-from producer.syncfront import SyncFront
+from client.connection import AsyncClient
+from client.syncfront import SyncFront
 
 
 class Client(SyncFront[AsyncClient]):

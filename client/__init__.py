@@ -1,0 +1,14 @@
+"""The client core shared by the producer, the consumer, the CLI and Spark.
+
+It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
+``producer`` and ``consumer`` both use it without importing each other:
+
+- :mod:`client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`client.sync`: :class:`Client`, its blocking twin;
+- :mod:`client.syncfront`: the loop thread that every blocking front runs on.
+"""
+
+from client.connection import AsyncClient, PendingReply, parse_brokers
+from client.sync import Client
+
+__all__ = ["AsyncClient", "Client", "PendingReply", "parse_brokers"]

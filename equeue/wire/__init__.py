@@ -1,0 +1,93 @@
+"""Packed binary layouts of the hot paths, one module per message family.
+
+- :mod:`equeue.wire.entries`: message entries (what a producer sends);
+- :mod:`equeue.wire.records`: stored records (an entry inside a checksummed header);
+- :mod:`equeue.wire.produce`: produce requests and answers;
+- :mod:`equeue.wire.pull`: pull requests and answers, tag filters.
+
+All integers are big-endian; docs/protocol.md draws every layout. Nothing here
+does I/O. Decoders raise :class:`~equeue.errors.RemoteProtocolError` on malformed
+input, or :class:`~equeue.errors.CorruptRecord` for stored records. Each layout has
+exactly one encoder and one decoder, and every caller (broker, producer, consumer,
+Spark) goes through them.
+"""
+
+from equeue.wire._prims import NO_OFFSET
+from equeue.wire.entries import (
+    ENTRY_HEADER,
+    FLAG_KEY,
+    FLAG_TAGS,
+    EntryMeta,
+    decode_entries,
+    decode_props,
+    encode_entry,
+    encode_props,
+    entry_fields,
+    entry_meta,
+    split_entries,
+)
+from equeue.wire.produce import (
+    PRODUCE_IDEMPOTENT,
+    PRODUCE_NO_AUTO_CREATE,
+    ProduceRequest,
+    ProduceResponse,
+)
+from equeue.wire.pull import (
+    _PULL_ITEM,
+    _PULL_RESP,
+    PULL_CLIENT_VERIFIES,
+    PULL_PACKED,
+    PullRequest,
+    decode_pull_response,
+    encode_pull_response,
+    encode_pull_response_packed,
+    encode_pull_response_plain,
+    iter_records,
+    parse_tag_filter,
+)
+from equeue.wire.records import (
+    RECORD_HEADER,
+    RECORD_VERSION,
+    RecordHeader,
+    decode_record,
+    encode_record,
+    record_entry_meta,
+    record_header,
+)
+
+__all__ = [
+    "ENTRY_HEADER",
+    "FLAG_KEY",
+    "FLAG_TAGS",
+    "NO_OFFSET",
+    "PRODUCE_IDEMPOTENT",
+    "PRODUCE_NO_AUTO_CREATE",
+    "PULL_CLIENT_VERIFIES",
+    "PULL_PACKED",
+    "RECORD_HEADER",
+    "RECORD_VERSION",
+    "_PULL_ITEM",
+    "_PULL_RESP",
+    "EntryMeta",
+    "ProduceRequest",
+    "ProduceResponse",
+    "PullRequest",
+    "RecordHeader",
+    "decode_entries",
+    "decode_props",
+    "decode_pull_response",
+    "decode_record",
+    "encode_entry",
+    "encode_props",
+    "encode_pull_response",
+    "encode_pull_response_packed",
+    "encode_pull_response_plain",
+    "encode_record",
+    "entry_fields",
+    "entry_meta",
+    "iter_records",
+    "parse_tag_filter",
+    "record_entry_meta",
+    "record_header",
+    "split_entries",
+]

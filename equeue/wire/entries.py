@@ -1,0 +1,158 @@
+"""Message entries: what a producer sends, stored verbatim inside a record.
+
+::
+
+    +-------+-------+------------+-----------+---------+----------+-----------+-----+------+-------+------+
+    | len   | flags | deliver_at | reconsume | key_len | tags_len | props_len | key | tags | props | body |
+    | u32   | u8    | u64 ms     | u16       | u16     | u16      | u32       |     |      |       |      |
+    +-------+-------+------------+-----------+---------+----------+-----------+-----+------+-------+------+
+    len counts the bytes after itself; flags bit 0 = key present, bit 1 = tags present;
+    props = repeated (u16 klen, key, u32 vlen, value), UTF-8; body = the rest.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Final
+
+import attrs
+
+from equeue.errors import CorruptRecord
+from equeue.models import Message
+from equeue.wire._prims import _U32, _bad
+
+ENTRY_HEADER: Final = struct.Struct(">IBQHHHI")  # len, flags, deliver_at, reconsume, klen, tlen, plen
+FLAG_KEY: Final = 1
+FLAG_TAGS: Final = 2
+_PROP_K = struct.Struct(">H")
+_PROP_V = struct.Struct(">I")
+
+
+def encode_props(props: dict[str, str]) -> bytes:
+    if not props:
+        return b""
+    parts: list[bytes] = []
+    for k, v in props.items():
+        kb, vb = k.encode(), v.encode()
+        parts += (_PROP_K.pack(len(kb)), kb, _PROP_V.pack(len(vb)), vb)
+    return b"".join(parts)
+
+
+def decode_props(buf: bytes | memoryview) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos, end = 0, len(buf)
+    try:
+        while pos < end:
+            (kl,) = _PROP_K.unpack_from(buf, pos)
+            pos += 2
+            if pos + kl + 4 > end:
+                raise _bad("property overruns its block")
+            k = bytes(buf[pos : pos + kl]).decode()
+            pos += kl
+            (vl,) = _PROP_V.unpack_from(buf, pos)
+            pos += 4
+            if pos + vl > end:
+                raise _bad("property overruns its block")
+            out[k] = bytes(buf[pos : pos + vl]).decode()
+            pos += vl
+    except (struct.error, UnicodeDecodeError) as exc:
+        raise _bad(f"malformed properties: {exc}") from exc
+    return out
+
+
+def encode_entry(msg: Message) -> bytes:
+    """Encode one message to send (its produce-side fields only)."""
+    key = msg.key.encode() if msg.key is not None else b""
+    tags = msg.tags.encode() if msg.tags is not None else b""
+    props = encode_props(msg.properties)
+    if len(key) > 0xFFFF or len(tags) > 0xFFFF:
+        raise ValueError("key and tags are limited to 65535 bytes")
+    flags = (FLAG_KEY if msg.key is not None else 0) | (FLAG_TAGS if msg.tags is not None else 0)
+    body = msg.body
+    n = ENTRY_HEADER.size - 4 + len(key) + len(tags) + len(props) + len(body)
+    return b"".join(
+        (
+            ENTRY_HEADER.pack(
+                n, flags, msg.deliver_at, min(msg.reconsume_times, 0xFFFF), len(key), len(tags), len(props)
+            ),
+            key,
+            tags,
+            props,
+            body,
+        )
+    )
+
+
+@attrs.frozen(slots=True)
+class EntryMeta:
+    """What the broker needs from an entry without decoding its body."""
+
+    deliver_at: int
+    key: bytes | None
+    tags: bytes | None
+    body_len: int
+
+
+def entry_meta(entry: bytes | memoryview, base: int = 0) -> EntryMeta:
+    """Read the header of the entry at ``base``; validates the lengths."""
+    try:
+        n, flags, deliver_at, _rc, kl, tl, pl = ENTRY_HEADER.unpack_from(entry, base)
+    except struct.error as exc:
+        raise _bad("truncated message entry") from exc
+    body_len = n - (ENTRY_HEADER.size - 4) - kl - tl - pl
+    if body_len < 0 or base + 4 + n > len(entry):
+        raise _bad("message entry lengths are inconsistent")
+    p = base + ENTRY_HEADER.size
+    key = bytes(entry[p : p + kl]) if flags & FLAG_KEY else None
+    tags = bytes(entry[p + kl : p + kl + tl]) if flags & FLAG_TAGS else None
+    return EntryMeta(deliver_at, key, tags, body_len)
+
+
+def split_entries(buf: bytes, pos: int, count: int) -> list[bytes]:
+    """Slice ``count`` length-prefixed entries from ``buf`` starting at ``pos``.
+
+    Validates only the outer lengths (cheap); the entries must end exactly at the
+    end of ``buf``.
+    """
+    out: list[bytes] = []
+    end = len(buf)
+    unpack = _U32.unpack_from
+    hdr = ENTRY_HEADER.size - 4
+    for _ in range(count):
+        if pos + 4 > end:
+            raise _bad("truncated batch: fewer entries than announced")
+        (n,) = unpack(buf, pos)
+        stop = pos + 4 + n
+        if n < hdr or stop > end:
+            raise _bad("message entry overruns the batch")
+        out.append(buf[pos:stop])
+        pos = stop
+    if pos != end:
+        raise _bad("trailing bytes after the last entry")
+    return out
+
+
+def entry_fields(
+    e: bytes | memoryview, base: int, limit: int
+) -> tuple[str | None, str | None, dict[str, str], bytes, int, int]:
+    n, flags, deliver_at, rc, kl, tl, pl = ENTRY_HEADER.unpack_from(e, base)
+    p = base + ENTRY_HEADER.size
+    stop = base + 4 + n
+    if stop > limit or p + kl + tl + pl > stop:
+        raise CorruptRecord("entry lengths are inconsistent")
+    key = bytes(e[p : p + kl]).decode("utf-8", "replace") if flags & FLAG_KEY else None
+    p += kl
+    tags = bytes(e[p : p + tl]).decode("utf-8", "replace") if flags & FLAG_TAGS else None
+    p += tl
+    props = decode_props(e[p : p + pl]) if pl else {}
+    p += pl
+    return key, tags, props, bytes(e[p:stop]), deliver_at, rc
+
+
+def decode_entries(buf: bytes, pos: int, count: int) -> list[Message]:
+    """Decode ``count`` entries into produce-side messages (tests, scheduler)."""
+    out = []
+    for e in split_entries(buf, pos, count):
+        key, tags, props, body, deliver_at, rc = entry_fields(e, 0, len(e))
+        out.append(Message(body, key, tags, props, deliver_at, reconsume_times=rc))
+    return out

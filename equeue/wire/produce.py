@@ -1,0 +1,115 @@
+"""Produce requests (a batch of entries for one queue) and their answers."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+import attrs
+
+from equeue.models import SendResult
+from equeue.wire._prims import _U32, NO_OFFSET, _bad, pack_str, unpack_str
+from equeue.wire.entries import split_entries
+
+_PRODUCE_FIXED = struct.Struct(">IB")  # queue id, flags
+_PRODUCE_IDEM = struct.Struct(">16sQ")  # producer id, base sequence
+PRODUCE_IDEMPOTENT: Final = 1
+#: do not auto-create the topic even when the broker would
+PRODUCE_NO_AUTO_CREATE: Final = 2
+
+
+@attrs.frozen(slots=True)
+class ProduceRequest:
+    """A batch of entries for one queue of one topic.
+
+    ``entries`` are encoded message entries (see :func:`encode_entry`). With a
+    ``producer_id`` (16 bytes) the request is idempotent: ``base_sequence`` is the
+    sequence number of its first entry for this (producer, topic, queue).
+    """
+
+    topic: str
+    queue_id: int
+    entries: Sequence[bytes]
+    producer_id: bytes | None = None
+    base_sequence: int = 0
+    auto_create: bool = True
+
+    def encode(self) -> bytes:
+        flags = (PRODUCE_IDEMPOTENT if self.producer_id else 0) | (
+            0 if self.auto_create else PRODUCE_NO_AUTO_CREATE
+        )
+        parts = [pack_str(self.topic), _PRODUCE_FIXED.pack(self.queue_id, flags)]
+        if self.producer_id:
+            parts.append(_PRODUCE_IDEM.pack(self.producer_id, self.base_sequence))
+        parts.append(_U32.pack(len(self.entries)))
+        parts.extend(self.entries)
+        return b"".join(parts)
+
+    @classmethod
+    def decode(cls, buf: bytes) -> ProduceRequest:
+        topic, pos = unpack_str(buf, 0)
+        try:
+            queue_id, flags = _PRODUCE_FIXED.unpack_from(buf, pos)
+            pos += _PRODUCE_FIXED.size
+            pid: bytes | None = None
+            seq = 0
+            if flags & PRODUCE_IDEMPOTENT:
+                pid, seq = _PRODUCE_IDEM.unpack_from(buf, pos)
+                pos += _PRODUCE_IDEM.size
+            (count,) = _U32.unpack_from(buf, pos)
+            pos += 4
+        except struct.error as exc:
+            raise _bad("truncated produce request") from exc
+        entries = split_entries(buf, pos, count)
+        return cls(topic, queue_id, entries, pid, seq, not flags & PRODUCE_NO_AUTO_CREATE)
+
+
+_PRODUCE_RESP = struct.Struct(">BQQII")  # duplicate, first global, first queue, stored, scheduled
+
+
+@attrs.frozen(slots=True)
+class ProduceResponse:
+    """Offsets of a stored batch: non-delayed entries, in order, got consecutive
+    offsets from ``first_global``/``first_queue``; delayed ones were scheduled."""
+
+    first_global: int
+    first_queue: int
+    stored: int
+    scheduled: int
+    duplicate: bool = False
+
+    def encode(self) -> bytes:
+        return _PRODUCE_RESP.pack(
+            1 if self.duplicate else 0,
+            self.first_global & NO_OFFSET,
+            self.first_queue & NO_OFFSET,
+            self.stored,
+            self.scheduled,
+        )
+
+    @classmethod
+    def decode(cls, buf: bytes) -> ProduceResponse:
+        try:
+            dup, g, q, stored, sched = _PRODUCE_RESP.unpack(buf)
+        except struct.error as exc:
+            raise _bad("malformed produce response") from exc
+        return cls(
+            -1 if g == NO_OFFSET else g, -1 if q == NO_OFFSET else q, stored, sched, bool(dup)
+        )
+
+    def results(self, topic: str, queue_id: int, delayed: Iterable[bool]) -> list[SendResult]:
+        """One :class:`SendResult` per entry of the request, in request order."""
+        out: list[SendResult] = []
+        i = 0
+        for is_delayed in delayed:
+            if is_delayed:
+                out.append(SendResult(topic, queue_id, -1, -1, scheduled=True, duplicate=self.duplicate))
+            elif self.first_global < 0:
+                out.append(SendResult(topic, queue_id, -1, -1, duplicate=True))
+            else:
+                out.append(
+                    SendResult(topic, queue_id, self.first_queue + i, self.first_global + i, False, self.duplicate)
+                )
+                i += 1
+        return out
