@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.store import CreateTopicOp, ProduceOp, Store
+from broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue import Message, wire
 
 
@@ -34,7 +34,7 @@ def main() -> None:
     entries = [wire.encode_entry(Message(body, key=f"k{i}" if args.keys else None)) for i in range(args.batch)]
     with tempfile.TemporaryDirectory(prefix="equeue-bench-") as d:
         store = Store(Path(d), map_size=8 << 30, sync=True)
-        (info,) = store.write([CreateTopicOp("bench", args.queues)]).results
+        (info,) = store.write([CreateTopicOp("bench", args.queues)]).settled()
         ops_per_txn = max(1, args.txn // args.batch)
         txns = args.messages // (ops_per_txn * args.batch)
         t0, c0 = time.perf_counter(), time.process_time()

@@ -35,7 +35,7 @@ STAGES = ["recv", "cstart", "cend", "read"]
 def broker_proc(q: Any, done: Any, flush: str) -> None:
     import broker.handlers as hd
     import broker.server as srv
-    import broker.store as st
+    import broker.storage as st
     from broker import BrokerConfig
 
     ev: list[tuple[str, int]] = []

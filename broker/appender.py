@@ -1,15 +1,16 @@
 """The appender: the single writer. It drains every pending write op into one LMDB
 write transaction (group commit) run in one long-lived worker thread, then answers
 the ops and wakes parked pulls. A transaction never spans an ``await``: it opens
-and commits inside :meth:`broker.store.Store.write`, in the worker thread.
+and commits inside :meth:`broker.storage.Store.write`, in the worker thread.
 
 Hand-off, for latency: the trio side appends to a list under a lock and notifies a
 condition (no loop iteration, no checkpoint); the writer thread, blocked on that
 condition, takes everything queued (up to ``max_batch_ops``) as one batch, writes
 it, lets ``on_written`` act on the commit in the writer thread (the broker answers
 parked pulls there), and posts the answers back with ``TrioToken.run_sync_soon``: one
-callback per transaction that stores the results and sets the ops' events (and calls their
-``callback``) in the loop thread. While a transaction is being written, new ops
+callback per transaction that hands each op its ``outcome`` (``outcome.Value`` or
+``outcome.Error``: what crosses from the writer thread to the loop) and sets the ops'
+events (and calls their ``callback``) in the loop thread. While a transaction is being written, new ops
 pile up and form the next batch: many concurrent requests, one transaction, one
 fsync. A ``trio.to_thread`` call per batch would cost two extra thread hops and a
 loop iteration each time (~0.1 ms here).
@@ -22,9 +23,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import outcome
 import trio
 
-from broker.store import Store, WriteOp, WriteOutcome
+from broker.storage import Store, WriteOp, WriteOutcome, settled
 from equeue.errors import BrokerShuttingDown, EQueueError, InternalBrokerError
 
 log = logging.getLogger("equeue.appender")
@@ -34,19 +36,24 @@ __all__ = ["Appender"]
 
 class _Pending:
     """One queued op. ``done`` is set (and ``callback(self)`` called, in the loop
-    thread) once ``result`` holds the op's result or its exception."""
+    thread) once ``outcome`` holds the op's result or its exception."""
 
-    __slots__ = ("callback", "done", "op", "result")
+    __slots__ = ("callback", "done", "op", "outcome")
 
     def __init__(self, op: WriteOp, callback: Callable[[_Pending], None] | None = None) -> None:
         self.op = op
         self.done = trio.Event()
-        self.result: Any = None
+        self.outcome: outcome.Outcome[Any] | None = None
         self.callback = callback
 
-    def resolve(self, result: Any) -> None:
+    @property
+    def result(self) -> Any:
+        """The op's result, or the exception it failed with (None until ``done``)."""
+        return None if self.outcome is None else settled(self.outcome)
+
+    def resolve(self, result: outcome.Outcome[Any]) -> None:
         """Store the outcome and wake the waiter (loop thread only; never raises)."""
-        self.result = result
+        self.outcome = result
         self.done.set()
         cb = self.callback
         if cb is not None:
@@ -117,9 +124,8 @@ class Appender:
         if not p.done.is_set():
             with trio.CancelScope(shield=True):
                 await p.done.wait()
-        if isinstance(p.result, BaseException):
-            raise p.result
-        return p.result
+        assert p.outcome is not None
+        return p.outcome.unwrap()
 
     async def run(self) -> None:
         """Start the writer thread; return after :meth:`close` once every queued op
@@ -146,7 +152,7 @@ class Appender:
                 self._cond.notify()
             err = BrokerShuttingDown("the broker stopped before this request was written")
             for p in leftover:
-                p.resolve(err)
+                p.resolve(outcome.Error(err))
             if leftover:
                 self._answered()
             with trio.CancelScope(shield=True):
@@ -183,25 +189,27 @@ class Appender:
                         return
                     batch = self._pending[: self.max_batch_ops]
                     del self._pending[: len(batch)]
-                try:
-                    outcome = write([p.op for p in batch])
-                except EQueueError as exc:
-                    post(self._fail, batch, exc)
-                    continue
-                except BaseException as exc:  # an unexpected bug must not strand waiters
-                    log.exception("store write failed unexpectedly")
+                done = outcome.capture(write, [p.op for p in batch])
+                if isinstance(done, outcome.Error):
+                    exc = done.error
+                    if isinstance(exc, EQueueError):  # the whole transaction failed
+                        post(self._fail, batch, exc)
+                        continue
+                    # an unexpected bug must not strand waiters
+                    log.error("store write failed unexpectedly", exc_info=exc)
                     post(self._fail, batch, InternalBrokerError(f"store write failed: {exc!r}"))
                     if not isinstance(exc, Exception):
                         self._fatal = exc
                         return
                     continue
+                committed = done.unwrap()
                 try:
                     if written is not None:
-                        written(outcome)
+                        written(committed)
                 except Exception:
                     log.exception("on_written failed")
                 finally:  # committed: its ops are answered whatever on_written did
-                    post(self._answer, batch, outcome)
+                    post(self._answer, batch, committed)
         except BaseException as exc:  # pragma: no cover - a bug in this loop itself
             log.exception("appender writer thread failed")
             self._fatal = exc
@@ -209,27 +217,28 @@ class Appender:
             post(stopped.set)
 
     # ------------------------------------------------------------------ loop-thread callbacks
-    def _answer(self, batch: list[_Pending], outcome: WriteOutcome) -> None:
+    def _answer(self, batch: list[_Pending], committed: WriteOutcome) -> None:
         self.transactions += 1
         try:
-            for p, r in zip(batch, outcome.results, strict=True):
+            for p, r in zip(batch, committed.results, strict=True):
                 p.resolve(r)
         except Exception as exc:  # a store bug (results do not match the ops): answer anyway
             log.exception("answering a transaction failed")
             err = InternalBrokerError(f"answering the write failed: {exc!r}")
             for p in batch:
                 if not p.done.is_set():
-                    p.resolve(err)
+                    p.resolve(outcome.Error(err))
         if self.on_commit is not None:
             try:
-                self.on_commit(outcome)
+                self.on_commit(committed)
             except Exception:
                 log.exception("on_commit failed")
         self._answered()
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+        """The whole transaction failed: every op gets its own ``outcome.Error``."""
         for p in batch:
-            p.resolve(exc)
+            p.resolve(outcome.Error(exc))
         self._answered()
 
     def _answered(self) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker import store as st
+from broker import storage as st
 from equeue import control, wire
 from equeue.errors import (
     BadRequest,

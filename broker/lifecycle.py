@@ -3,8 +3,8 @@
 Delayed delivery: the scheduler sleeps until the earliest due time in the LMDB
 ``schedule`` index (no polling loop; a long sleep is capped at
 :data:`MAX_SLEEP` so a wall-clock step cannot strand a message) and is woken early
-when a commit schedules something (``Broker._on_commit`` → :meth:`schedule_changed`).
-It moves due messages with :class:`~broker.store.MoveDueOp` -- remove from the
+when a commit schedules something (the broker's commit callback calls
+:meth:`schedule_changed`). It moves due messages with :class:`~broker.storage.MoveDueOp` -- remove from the
 schedule + append to the log in ONE transaction, submitted through the appender so
 it never races other writes. A move either commits whole or not at all, so a crash
 at any point delivers each message exactly once (after restart, whatever is still
@@ -17,30 +17,38 @@ producers wait at most about one move transaction; pulls read MVCC snapshots and
 are never blocked by a write.
 
 Retention runs every ``retention_check_interval`` (and on demand through
-:meth:`enforce_retention`) as :class:`~broker.store.RetentionOp` batches of at most
+:meth:`enforce_retention`) as :class:`~broker.storage.RetentionOp` batches of at most
 ``retention_batch`` deletions each, repeated until a batch comes back short.
 Producer idempotence state older than ``producer_state_ttl`` is expired in
 bounded batches too (:meth:`expire_producers`).
+
+Collaborators: the store reader (the schedule's next due time, the store's wall
+clock that due times are measured on, and the move counters, committed with each
+move), the appender's ``submit``, the broker's configuration and the live
+subscriptions of the group registry. Sleeps use the trio clock.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import trio
 
-from broker.store import ExpireProducersOp, MoveDueOp, RetentionOp
+from broker.groups import GroupRegistry
+from broker.storage import ExpireProducersOp, MoveDueOp, RetentionOp, StoreReader, WriteOp
+from equeue.config import BrokerConfig
 from equeue.errors import BrokerShuttingDown, EQueueError
-
-if TYPE_CHECKING:
-    from broker.server import Broker
 
 log = logging.getLogger("equeue.lifecycle")
 
-__all__ = ["MAX_SLEEP", "MOVE_BATCH", "Lifecycle"]
+__all__ = ["MAX_SLEEP", "MOVE_BATCH", "Lifecycle", "LiveGroups", "Submit", "subscribed_groups"]
+
+#: queue a write op and wait for its result (``Appender.submit``)
+Submit = Callable[[WriteOp], Awaitable[Any]]
+#: topic -> groups with a live member subscribed (what ``delete_consumed`` protects)
+LiveGroups = Callable[[], Mapping[str, frozenset[str]]]
 
 #: most delayed messages moved into the log per transaction
 MOVE_BATCH = 2000
@@ -60,15 +68,34 @@ class Lifecycle:
     broker's trio thread.
     """
 
-    def __init__(self, broker: Broker, *, move_batch: int = MOVE_BATCH) -> None:
-        self.b = broker
+    def __init__(
+        self,
+        store: StoreReader,
+        submit: Submit,
+        config: BrokerConfig,
+        live_groups: LiveGroups,
+        *,
+        move_batch: int = MOVE_BATCH,
+    ) -> None:
+        self._store = store
+        self._submit = submit
+        self._config = config
+        self._live_groups = live_groups
         self.move_batch = move_batch
         self._schedule_changed = trio.Event()
-        #: delayed messages taken from the schedule since start
-        self.moved = 0
-        self.move_transactions = 0
         self.retention_removed = 0
         self.producers_expired = 0
+
+    @property
+    def moved(self) -> int:
+        """Delayed messages taken from the schedule since the store opened. Counted
+        in the move's own commit, so whoever sees a moved message sees it counted."""
+        return self._store.view.moved
+
+    @property
+    def move_transactions(self) -> int:
+        """Transactions that moved delayed messages since the store opened."""
+        return self._store.view.move_transactions
 
     def schedule_changed(self) -> None:
         """Wake the scheduler: something may now be due earlier than it thought."""
@@ -81,7 +108,7 @@ class Lifecycle:
 
     # ------------------------------------------------------------------ delayed delivery
     async def _scheduler(self) -> None:
-        store = self.b.store
+        store = self._store
         while True:
             # reset before reading the schedule: a wake-up after the read is not lost
             self._schedule_changed = trio.Event()
@@ -89,7 +116,7 @@ class Lifecycle:
             if due is None:
                 await self._schedule_changed.wait()
                 continue
-            wait = (due - time.time_ns() / 1e6) / 1000
+            wait = (due - store.clock()) / 1000  # the store's wall clock: due times are its ms
             if wait > 0:
                 with trio.move_on_after(min(wait, MAX_SLEEP)):
                     await self._schedule_changed.wait()
@@ -110,15 +137,12 @@ class Lifecycle:
         Returns how many left the schedule. Raises the EQueueError of a failed
         transaction (nothing moved then).
         """
-        moved: int = await self.b.appender.submit(MoveDueOp(self.move_batch))
-        if moved:
-            self.moved += moved
-            self.move_transactions += 1
+        moved: int = await self._submit(MoveDueOp(self.move_batch))
         return moved
 
     # ------------------------------------------------------------------ retention
     async def _retention(self) -> None:
-        cfg = self.b.config
+        cfg = self._config
         next_expiry = trio.current_time()
         while True:
             await trio.sleep(cfg.retention_check_interval)
@@ -132,27 +156,18 @@ class Lifecycle:
             except EQueueError as exc:
                 log.error("retention pass failed: %s; next try in %.0f s", exc, cfg.retention_check_interval)
 
-    def _live_groups(self) -> Mapping[str, frozenset[str]]:
-        """topic -> groups with a live member subscribed (for delete-consumed)."""
-        out: dict[str, set[str]] = {}
-        for g in self.b.groups.groups.values():
-            for m in g.members.values():
-                for t in m.topics:
-                    out.setdefault(t, set()).add(g.name)
-        return {t: frozenset(gs) for t, gs in out.items()}
-
     async def enforce_retention(self) -> int:
         """Apply retention now in bounded transactions until nothing is left to delete.
 
         Returns the number of messages removed. Raises the EQueueError of a failed
         transaction (earlier batches stay committed).
         """
-        cfg = self.b.config
+        cfg = self._config
         live = self._live_groups() if cfg.delete_consumed else {}
         total = 0
         while True:
             op = RetentionOp(cfg.retention_ms, cfg.retention_bytes, cfg.delete_consumed, cfg.retention_batch, live)
-            n: int = await self.b.appender.submit(op)
+            n: int = await self._submit(op)
             total += n
             self.retention_removed += n
             if n < cfg.retention_batch:
@@ -165,11 +180,11 @@ class Lifecycle:
     async def expire_producers(self, ttl: float | None = None) -> int:
         """Forget idempotent-producer state idle longer than ``ttl`` seconds (default
         ``producer_state_ttl``), walking the table in bounded transactions."""
-        ttl_ms = int((self.b.config.producer_state_ttl if ttl is None else ttl) * 1000)
+        ttl_ms = int((self._config.producer_state_ttl if ttl is None else ttl) * 1000)
         start = b""
         total = 0
         while True:
-            n, nxt = await self.b.appender.submit(ExpireProducersOp(ttl_ms, PRODUCER_EXPIRY_BATCH, start))
+            n, nxt = await self._submit(ExpireProducersOp(ttl_ms, PRODUCER_EXPIRY_BATCH, start))
             total += n
             if nxt is None:
                 break
@@ -179,3 +194,14 @@ class Lifecycle:
             log.info("expired the idempotence state of %d idle producers", total)
         self.producers_expired += total
         return total
+
+
+def subscribed_groups(registry: GroupRegistry) -> Mapping[str, frozenset[str]]:
+    """topic -> groups with a live member subscribed in ``registry`` (a
+    :data:`LiveGroups` once bound with ``functools.partial``)."""
+    out: dict[str, set[str]] = {}
+    for g in registry.groups.values():
+        for m in g.members.values():
+            for t in m.topics:
+                out.setdefault(t, set()).add(g.name)
+    return {t: frozenset(gs) for t, gs in out.items()}

@@ -32,9 +32,9 @@ from broker.appender import Appender
 from broker.groups import GroupRegistry
 from broker.handlers import Handlers
 from broker.http import serve_http
-from broker.lifecycle import Lifecycle
+from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
-from broker.store import Store, WriteOutcome
+from broker.storage import Store, WriteOutcome
 from equeue import __version__, control
 from equeue.codec import (
     HEADER,
@@ -118,7 +118,9 @@ class Broker:
         self.appender = Appender(
             self.store, on_commit=self._on_commit, on_answered=self._flush_staged, on_written=self._on_written
         )
-        lifecycle = self.lifecycle = Lifecycle(self)
+        lifecycle = self.lifecycle = Lifecycle(
+            self.store, self.appender.submit, cfg, functools.partial(subscribed_groups, self.groups)
+        )
         try:
             async with trio.open_nursery() as core:
                 core.start_soon(self.appender.run)

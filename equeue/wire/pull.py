@@ -101,7 +101,7 @@ def encode_pull_response_plain(
     records: Sequence[bytes],
 ) -> list[bytes]:
     """Encode a pull answer in the plain layout from parallel sequences of global
-    offsets and stored records (as :class:`broker.store.ReadResult` holds them)."""
+    offsets and stored records (as :class:`broker.storage.ReadResult` holds them)."""
     parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
     if records:  # per-record work in C loops: this builds every pull answer
         parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, globals_, map(len, records)), records, strict=True)))

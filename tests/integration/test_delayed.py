@@ -3,6 +3,7 @@ queue at its due time (never early), in order of due time, exactly once."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,38 @@ async def test_delayed_delivered_at_due_time(broker: Broker) -> None:
             assert m.timestamp - due < 1000 and arrived - due < 1500
             assert (await c.describe_topic("d")).pending_delayed == 0
             assert broker.lifecycle.moved == 1
+
+
+async def test_move_is_counted_before_the_moved_message_is_visible(broker: Broker) -> None:
+    """Bug 6: the writer thread answers a parked pull right after the move's commit,
+    before the loop hears of the commit. ``lifecycle.moved`` must already count the
+    move then. The writer thread is held just after it answered, so the check runs
+    while the loop has not yet received the move's outcome."""
+    holding = threading.Event()  # the writer thread answers the parked pull ...
+    release = threading.Event()  # ... then waits for this before posting the outcome
+    answer = broker.parked.answer
+
+    def answer_then_hold(queues: set[tuple[int, int]]) -> None:
+        hold = bool(queues) and not release.is_set()
+        if hold:
+            holding.set()
+        answer(queues)
+        if hold:
+            release.wait(10)
+
+    broker.parked.answer = answer_then_hold  # type: ignore[method-assign]
+    try:
+        with trio.fail_after(15):
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("d", 1)
+                await c.produce(wire.ProduceRequest("d", 0, [delayed("later", now_ms() + 300)]))
+                [m] = await pull_all(c, "d", 0, 1, hold_ms=3000)
+                assert holding.is_set() and not release.is_set()  # the outcome is still held
+                assert m.text == "later"
+                assert broker.lifecycle.moved == 1
+                assert broker.lifecycle.move_transactions == 1
+    finally:
+        release.set()
 
 
 async def test_order_of_due_time_and_mixed_batch(broker: Broker) -> None:
@@ -129,11 +162,7 @@ async def test_burst_moves_in_bounded_batches_without_stalling_produce(tmp_path:
             produce_latency = trio.current_time() - t0
             got = await pull_all(c, "burst", 0, n)
             assert [int(m.text) for m in got] == list(range(n))
-            # a long-polling pull may be answered (by the writer thread) before the
-            # loop has counted the move that fed it
-            while b.lifecycle.moved < n:
-                await trio.sleep(0.005)
-            assert b.lifecycle.moved == n
+            assert b.lifecycle.moved == n  # counted in the commit that made them visible
             assert b.lifecycle.move_transactions >= n // batch
             assert (await c.describe_topic("burst")).pending_delayed == 0
             assert produce_latency < 5.0  # generous: it rides in the next move's transaction
@@ -153,23 +182,24 @@ async def test_lifecycle_move_due_is_noop_when_nothing_due(broker: Broker) -> No
 
 def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
     """Store level: one bad schedule entry never blocks the others (and never half-commits)."""
-    from broker.store import SKEY, TQ, CreateTopicOp, DeleteTopicOp, MoveDueOp, ProduceOp, Store
+    from broker.storage import CreateTopicOp, DeleteTopicOp, MoveDueOp, ProduceOp, Store, layout
 
-    store = Store(tmp_path / "s", map_size=1 << 28)
+    wall = [now_ms()]
+    store = Store(tmp_path / "s", map_size=1 << 28, clock=lambda: wall[0])
     try:
-        keep, gone = store.write([CreateTopicOp("keep", 1), CreateTopicOp("gone", 1)]).results
+        keep, gone = store.write([CreateTopicOp("keep", 1), CreateTopicOp("gone", 1)]).settled()
         due = now_ms() + 200
         store.write([
             ProduceOp(keep, 0, [delayed("a", due), delayed("b", due + 1)]),
             ProduceOp(gone, 0, [delayed("x", due)]),
         ])  # fmt: skip
         with store.env.begin(write=True) as txn:  # a truncated entry, due first
-            txn.put(SKEY.pack(due - 1, 1), TQ.pack(keep.topic_id, 0) + b"\x00\x00\x00\x30junk", db=store.db[b"schedule"])
+            txn.put(layout.schedule_key(due - 1, 1), layout.schedule_target(keep.topic_id, 0) + b"\x00\x00\x00\x30junk", db=store.db[b"schedule"])
         store.write([DeleteTopicOp("gone")])
-        assert store.write([MoveDueOp()]).results == [0]  # not due yet
-        time.sleep(0.25)
-        assert store.write([MoveDueOp(limit=2)]).results == [2]  # junk (dropped) + "a"
-        assert store.write([MoveDueOp()]).results == [2]  # "x" (dropped) + "b"
+        assert store.write([MoveDueOp()]).settled() == [0]  # not due yet
+        wall[0] += 250
+        assert store.write([MoveDueOp(limit=2)]).settled() == [2]  # junk (dropped) + "a"
+        assert store.write([MoveDueOp()]).settled() == [2]  # "x" (dropped) + "b"
         assert store.next_due() is None
         r = store.read_queue(keep, 0, 0, 10, 1 << 20)
         assert [wire.decode_record("keep", g, rec).text for g, rec in r.records] == ["a", "b"]

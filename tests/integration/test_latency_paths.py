@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from broker import Broker, EmbeddedBroker
-from broker import store as st
+from broker import storage as st
 from broker.appender import Appender
 from equeue import Message, wire
 from equeue.codec import HEADER, NEED_DATA, Connection, Hello, Request, Response, Role

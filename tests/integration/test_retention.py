@@ -5,6 +5,7 @@ answers OFFSET_TOO_SMALL with the valid range. Also producer-state expiry."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 import trio
 
 from broker import Broker, open_broker
-from broker.store import PKEY
+from broker.storage import layout
 from equeue import Message, PullStatus, wire
 from equeue.errors import MessageNotFound
 from producer import AsyncClient
@@ -27,15 +28,23 @@ async def produce(c: AsyncClient, topic: str, queue: int, entries: list[bytes], 
     return await c.produce(wire.ProduceRequest(topic, queue, entries, **kw))
 
 
+def step_clock(b: Broker) -> list[int]:
+    """Give ``b``'s store a wall clock the test steps: ``wall[0] += ms``."""
+    wall = [time.time_ns() // 1_000_000]
+    b.store.clock = lambda: wall[0]
+    return wall
+
+
 async def test_time_retention_deletes_only_old_and_pull_below_range(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with open_broker(make_config(tmp_path / "data")) as b, AsyncClient(b.address) as c:
+            wall = step_clock(b)
             await c.create_topic("t", 2)
             await c.create_topic("keep", 1)
             for q in (0, 1):
                 await produce(c, "t", q, batch(f"old{q}-", 30))
             await produce(c, "keep", 0, batch("k", 5))
-            await trio.sleep(1.6)
+            wall[0] += 1600
             for q in (0, 1):
                 await produce(c, "t", q, batch(f"new{q}-", 20))
             before = await c.describe_topic("t")
@@ -120,10 +129,11 @@ async def test_retention_runs_in_bounded_transactions(tmp_path: Path) -> None:
     with trio.fail_after(30):
         cfg = make_config(tmp_path / "data", retention_batch=100)
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            wall = step_clock(b)
             await c.create_topic("t", 1, retention_ms=1)
             for _ in range(5):
                 await produce(c, "t", 0, batch("m", 250))
-            await trio.sleep(0.05)
+            wall[0] += 50
             tx = b.store.transactions
             assert await b.lifecycle.enforce_retention() == 1250
             assert b.store.transactions - tx >= 13  # ceil(1250 / 100), never one big txn
@@ -200,14 +210,17 @@ async def test_deleted_topic_data_is_purged(tmp_path: Path) -> None:
             with pytest.raises(MessageNotFound):  # still on disk, but its topic is gone
                 await c.get_message("gone", global_offset=0)
             await b.lifecycle.enforce_retention()
-            assert b.store.deleting == []
+            assert b.store.deleting == ()
             with b.store.env.begin() as txn:
                 assert txn.stat(b.store.db[b"messages"])["entries"] == 5
                 assert txn.stat(b.store.db[b"kindex"])["entries"] == 5
             assert (await c.describe_topic("stay")).queues[0].count == 5
 
 
-async def test_producer_state_expiry(broker: Broker) -> None:
+async def test_producer_state_expiry(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    import broker.lifecycle as lifecycle_mod
+
+    wall = step_clock(broker)
     with trio.fail_after(15):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("t", 1)
@@ -219,20 +232,14 @@ async def test_producer_state_expiry(broker: Broker) -> None:
                 assert txn.stat(db)["entries"] == 25
             lc = broker.lifecycle
             assert await lc.expire_producers() == 0  # all fresh (default TTL 7 days)
-            import broker.lifecycle as lifecycle_mod
-
-            old_batch = lifecycle_mod.PRODUCER_EXPIRY_BATCH
-            lifecycle_mod.PRODUCER_EXPIRY_BATCH = 4  # walk the table in several transactions
-            try:
-                await trio.sleep(0.05)
-                # a producer seen just now is kept
-                await produce(c, "t", 0, batch("m", 1), producer_id=pids[0], base_sequence=1)
-                assert await lc.expire_producers(ttl=0.03) == 24
-            finally:
-                lifecycle_mod.PRODUCER_EXPIRY_BATCH = old_batch
+            monkeypatch.setattr(lifecycle_mod, "PRODUCER_EXPIRY_BATCH", 4)  # several transactions
+            wall[0] += 60_000
+            # a producer seen just now is kept
+            await produce(c, "t", 0, batch("m", 1), producer_id=pids[0], base_sequence=1)
+            assert await lc.expire_producers(ttl=30) == 24
             with broker.store.env.begin() as txn:
                 keys = [bytes(k) for k, _ in txn.cursor(db=db)]
-            assert [PKEY.unpack(k)[0] for k in keys] == [pids[0]]
+            assert keys == [layout.producer_key(pids[0], broker.store.topic("t").topic_id, 0)]
             # an expired producer starts over: its sequence 0 is new again, not a duplicate
             ans = await produce(c, "t", 0, batch("again", 1), producer_id=pids[1], base_sequence=0)
             assert (ans.stored, ans.duplicate) == (1, False)

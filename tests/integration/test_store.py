@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.store import QKEY, U64, CommitOffsetOp, CreateTopicOp, ProduceOp, Store
+from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, layout
 from equeue import Message, wire
 from equeue.control import TopicInfo
 from equeue.errors import CorruptRecord, MessageTooLarge, QueueNotFound, StoreFull
@@ -22,7 +22,7 @@ def entries(n: int, prefix: str = "m", size: int = 0, key: bool = True) -> list[
 
 
 def make_topic(store: Store, name: str = "t", queues: int = 4) -> TopicInfo:
-    (info,) = store.write([CreateTopicOp(name, queues)]).results
+    (info,) = store.write([CreateTopicOp(name, queues)]).settled()
     assert isinstance(info, TopicInfo)
     return info
 
@@ -45,7 +45,7 @@ def test_append_and_read(tmp_path: Path) -> None:
     store = Store(tmp_path)
     info = make_topic(store)
     out = store.write([ProduceOp(info, 1, entries(5)), ProduceOp(info, 2, entries(3, "x"))])
-    a, b = out.results
+    a, b = out.settled()
     assert (a.first_global, a.first_queue, a.stored) == (0, 0, 5)
     assert (b.first_global, b.first_queue, b.stored) == (5, 0, 3)
     assert out.touched == {(info.topic_id, 1), (info.topic_id, 2)}
@@ -101,13 +101,13 @@ def test_every_message_has_its_index_entry(tmp_path: Path) -> None:
             ProduceOp(info, 1, entries(4)),
         ]
     )
-    assert isinstance(out.results[1], MessageTooLarge)
-    assert isinstance(out.results[2], QueueNotFound)
-    assert out.results[3].first_global == 10
+    assert isinstance(out.settled()[1], MessageTooLarge)
+    assert isinstance(out.settled()[2], QueueNotFound)
+    assert out.settled()[3].first_global == 10
     assert raw_counts(store) == (14, 14)
     with store.env.begin() as txn:
         for k, gk in txn.cursor(db=store.db[b"qindex"]):
-            tid, q, off = QKEY.unpack(k)
+            tid, q, off = layout.unpack_qindex_key(k)
             rec = txn.get(gk, db=store.db[b"messages"])
             assert rec is not None
             h = wire.record_header(rec)
@@ -130,7 +130,7 @@ def test_reopen_recovers_offsets(tmp_path: Path) -> None:
     assert store.next_global == 2 + 3 + 4
     assert [store.queue_state(info.topic_id, q).next_offset for q in range(3)] == [2, 3, 4]
     assert store.committed("g", "t", 1) == 2
-    (ans,) = store.write([ProduceOp(info2, 1, entries(2, "new"))]).results
+    (ans,) = store.write([ProduceOp(info2, 1, entries(2, "new"))]).settled()
     assert (ans.first_global, ans.first_queue) == (9, 3)
     assert bodies(store, info2, 1) == [b"q1-0", b"q1-1", b"q1-2", b"new0", b"new1"]
     store.close()
@@ -143,7 +143,7 @@ def test_recovery_uses_last_keys_when_stats_are_stale(tmp_path: Path) -> None:
     store.write([ProduceOp(info, 0, entries(5))])
     with store.env.begin(write=True) as txn:  # simulate stale counters
         txn.delete(b"next_global", db=store.db[b"meta"])
-        txn.delete(b"\0\0\0\1\0\0\0\0", db=store.db[b"qstats"])
+        txn.delete(layout.queue_key(info.topic_id, 0), db=store.db[b"qstats"])
     store.close()
     store = Store(tmp_path)
     assert store.next_global == 5
@@ -157,9 +157,9 @@ def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
     store.write([ProduceOp(info, 0, entries(4, size=50))])
     # flip one byte of the body of the record at global offset 2, behind the store's back
     with store.env.begin(write=True) as txn:
-        rec = bytearray(txn.get(U64.pack(2), db=store.db[b"messages"]))
+        rec = bytearray(txn.get(layout.global_key(2), db=store.db[b"messages"]))
         rec[-5] ^= 0x40
-        txn.put(U64.pack(2), bytes(rec), db=store.db[b"messages"])
+        txn.put(layout.global_key(2), bytes(rec), db=store.db[b"messages"])
     # records before the bad one are returned; the read stops before it
     r = store.read_queue(info, 0, 0, 10, 1 << 20)
     assert [g for g, _ in r.records] == [0, 1] and r.next_offset == 2
@@ -190,7 +190,7 @@ def test_map_full_fails_cleanly_and_reads_keep_working(tmp_path: Path) -> None:
     assert bodies(store, info, 0)[:2] == [b"m0" + b"." * 100, b"m1" + b"." * 100]
     assert store.read_queue(info, 1, 0, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
     # the store stays usable: a write that fits succeeds at the next dense offsets
-    (ans,) = store.write([ProduceOp(info, 1, entries(2))]).results
+    (ans,) = store.write([ProduceOp(info, 1, entries(2))]).settled()
     assert (ans.first_global, ans.first_queue) == (nxt, 0)
     store.close()
     # and the file is intact after reopening
@@ -214,20 +214,19 @@ def test_raw_lmdb_is_consistent_after_many_group_commits(tmp_path: Path) -> None
 def test_unknown_producer_must_start_at_sequence_zero(tmp_path: Path) -> None:
     """A later batch of a new producer arriving first must not make the earlier one
     look like a duplicate: the broker refuses it (transient) until sequence 0 is in."""
-    from broker.store import CreateTopicOp, ProduceOp, Store
     from equeue import Message, OutOfOrderSequence, wire
 
     s = Store(tmp_path / "d", map_size=1 << 26)
     try:
-        info = s.write([CreateTopicOp("t", 1)]).results[0]
+        info = s.write([CreateTopicOp("t", 1)]).settled()[0]
         pid = b"p" * 16
         e = [wire.encode_entry(Message(b"x"))]
         out = s.write([ProduceOp(info, 0, e * 2, pid, 2), ProduceOp(info, 0, e * 2, pid, 0)])
-        assert isinstance(out.results[0], OutOfOrderSequence)
-        assert out.results[1].stored == 2
-        again = s.write([ProduceOp(info, 0, e * 2, pid, 2)]).results[0]
+        assert isinstance(out.settled()[0], OutOfOrderSequence)
+        assert out.settled()[1].stored == 2
+        again = s.write([ProduceOp(info, 0, e * 2, pid, 2)]).settled()[0]
         assert (again.first_queue, again.stored, again.duplicate) == (2, 2, False)
-        dup = s.write([ProduceOp(info, 0, e * 2, pid, 0)]).results[0]
+        dup = s.write([ProduceOp(info, 0, e * 2, pid, 0)]).settled()[0]
         assert dup.duplicate and dup.first_queue == 0
     finally:
         s.close()
@@ -252,7 +251,7 @@ def test_dense_reads_match_what_was_written(tmp_path: Path, shape: str, verify: 
             ops = [ProduceOp(info, q, batch[: size // 2]), ProduceOp(info, (q + 1) % 3, batch[size // 2 :])]
         else:
             ops = [ProduceOp(info, q, batch)]
-        for op, res in zip(ops, store.write(ops).results, strict=True):
+        for op, res in zip(ops, store.write(ops).settled(), strict=True):
             expect[op.queue_id] += [(res.first_global + i, e) for i, e in enumerate(op.entries)]
     for q in range(3):
         want = expect[q]

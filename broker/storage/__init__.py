@@ -1,0 +1,50 @@
+"""The broker's storage: a partitioned log with per-queue indexes in one LMDB
+environment.
+
+Where each concept lives:
+
+- :mod:`~broker.storage.layout`: the named databases, their keys and values;
+- :mod:`~broker.storage.view`: the immutable committed state readers see;
+- :mod:`~broker.storage.store`: open, recover, write (one transaction), publish;
+- :mod:`~broker.storage.reader`: pulls, lookups, the committed state;
+- :mod:`~broker.storage.writes`: the frame of a write op (context, outcome);
+- one module per family of write op: :mod:`~broker.storage.produce` (append,
+  producer dedup), :mod:`~broker.storage.topics`, :mod:`~broker.storage.offsets`,
+  :mod:`~broker.storage.schedule` (delayed messages),
+  :mod:`~broker.storage.retention`, :mod:`~broker.storage.producers` (producer-state
+  expiry).
+
+docs/storage.md describes the layout, the write path and the thread contract.
+"""
+
+from broker.storage.offsets import CommitOffsetOp
+from broker.storage.produce import ProduceOp
+from broker.storage.producers import ExpireProducersOp
+from broker.storage.reader import ReadResult, StoreReader
+from broker.storage.retention import RetentionOp
+from broker.storage.schedule import MoveDueOp
+from broker.storage.store import Store
+from broker.storage.topics import AlterTopicOp, CreateTopicOp, DeleteTopicOp
+from broker.storage.view import QueueState, StoreView
+from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, settled
+
+__all__ = [
+    "AlterTopicOp",
+    "CommitOffsetOp",
+    "CreateTopicOp",
+    "DeleteTopicOp",
+    "ExpireProducersOp",
+    "MoveDueOp",
+    "ProduceOp",
+    "QueueState",
+    "ReadResult",
+    "RetentionOp",
+    "Store",
+    "StoreReader",
+    "StoreView",
+    "WriteContext",
+    "WriteOp",
+    "WriteOutcome",
+    "now_ms",
+    "settled",
+]

@@ -1,0 +1,164 @@
+"""The store's on-disk layout: one LMDB environment, ten named databases, and the
+encoders and decoders of their keys (and fixed-width values). No other module packs
+or unpacks a key.
+
+Every integer in a key is big-endian, so LMDB's byte order is numeric order: a
+cursor walks a queue in offset order, the schedule in due order, and a prefix (a
+topic id, a topic and queue) selects one contiguous key range::
+
+    meta         "format"          -> u32 format version
+                 "next_global"     -> u64 next global offset (survives retention)
+                 "next_topic_id"   -> u32
+                 "deleting"        -> JSON list of topic ids whose data is being removed
+    topics       topic name        -> JSON TopicInfo
+    messages     u64 global        -> stored record (equeue.wire.records)
+    qindex       u32 topic | u32 queue | u64 queue offset -> u64 global
+    kindex       u32 topic | u32 crc32(key) | u64 global  -> b""  (lookup by key)
+    qstats       u32 topic | u32 queue -> u64 next queue offset | u64 retained bytes
+    offsets      group \\0 topic \\0 u32 queue -> u64 committed offset
+    schedule     u64 due ms | u64 seq -> u32 topic | u32 queue | entry  (delayed)
+    sched_count  u32 topic -> u64 pending delayed messages
+    producers    16-byte producer id | u32 topic | u32 queue
+                 -> u64 last sequence | u64 last seen ms
+                    | up to 16 x (u64 base seq | u64 global | u64 queue offset
+                                 | u32 stored | u32 scheduled)
+
+How a produced message is found again::
+
+    (topic t, queue q, offset o) --qindex--> g --messages--> record
+    (topic t, key k)  --kindex prefix (t, crc32(k))--> g ... --messages--> record
+    queue range: first and last qindex key under the prefix (t, q)
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from functools import partial
+from typing import Final
+
+#: the on-disk format this code reads and writes (meta "format")
+FORMAT_VERSION: Final = 1
+#: the named databases, in the order they are opened
+DATABASES: Final = (
+    b"meta", b"topics", b"messages", b"qindex", b"kindex", b"qstats", b"offsets",
+    b"schedule", b"sched_count", b"producers",
+)  # fmt: skip
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_TQ = struct.Struct(">II")
+_QKEY = struct.Struct(">IIQ")
+_QSTAT = struct.Struct(">QQ")
+_SKEY = struct.Struct(">QQ")
+_PKEY = struct.Struct(">16sII")
+_PSTATE = struct.Struct(">QQ")
+_PRING = struct.Struct(">QQQII")
+
+# ---------------------------------------------------------------- meta values
+#: u32 values of ``meta`` ("format", "next_topic_id")
+pack_u32: Final = _U32.pack
+#: u64 values (``meta`` "next_global", ``offsets``, ``sched_count``)
+pack_u64: Final = _U64.pack
+
+
+#: what LMDB hands back: bytes, or a memoryview with ``buffers=True``
+Buf = bytes | memoryview
+
+
+def unpack_u32(b: Buf) -> int:
+    return int(_U32.unpack(b)[0])
+
+
+def unpack_u64(b: Buf) -> int:
+    return int(_U64.unpack(b)[0])
+
+
+# ---------------------------------------------------------------- messages
+#: key of ``messages``: the global offset; also the value of ``qindex``
+global_key: Final = _U64.pack
+#: the global offset of a ``messages`` key (or ``qindex`` value)
+global_of: Final[Callable[[Buf], int]] = partial(int.from_bytes, byteorder="big")
+
+# ---------------------------------------------------------------- qindex, qstats
+#: key of ``qindex``: (topic id, queue id, queue offset)
+qindex_key: Final = _QKEY.pack
+#: key of ``qstats`` and the prefix of one queue's ``qindex`` keys: (topic id, queue id)
+queue_key: Final = _TQ.pack
+#: the (topic id, queue id, queue offset) of a ``qindex`` key
+unpack_qindex_key: Final = _QKEY.unpack
+#: value of ``qstats``: (next queue offset, retained bytes)
+pack_qstats: Final = _QSTAT.pack
+unpack_qstats: Final = _QSTAT.unpack
+QUEUE_PREFIX: Final = _TQ.size
+
+
+def qindex_offset(key: Buf) -> int:
+    """The queue offset of a ``qindex`` key."""
+    return int(_U64.unpack_from(key, QUEUE_PREFIX)[0])
+
+
+def topic_prefix(topic_id: int) -> bytes:
+    """The prefix of every ``qindex``, ``kindex`` and ``qstats`` key of a topic."""
+    return _U32.pack(topic_id)
+
+
+# ---------------------------------------------------------------- kindex
+#: key of ``kindex``: (topic id, crc32 of the key bytes, global offset)
+kindex_key: Final = _QKEY.pack
+#: the prefix of one key hash's ``kindex`` keys: (topic id, crc32 of the key bytes)
+key_hash_prefix: Final = _TQ.pack
+
+
+def kindex_global(key: Buf) -> int:
+    """The global offset of a ``kindex`` key."""
+    return int(_U64.unpack_from(key, _TQ.size)[0])
+
+
+# ---------------------------------------------------------------- offsets
+def offset_key(group: str, topic: str, queue_id: int) -> bytes:
+    """Key of ``offsets``: group, topic, queue id."""
+    return group.encode() + b"\0" + topic.encode() + b"\0" + _U32.pack(queue_id)
+
+
+def unpack_offset_key(key: Buf) -> tuple[str, str, int]:
+    group, topic, rest = bytes(key).split(b"\0", 2)
+    return group.decode(), topic.decode(), int(_U32.unpack(rest)[0])
+
+
+# ---------------------------------------------------------------- schedule
+#: key of ``schedule``: (due ms, sequence)
+schedule_key: Final = _SKEY.pack
+#: value prefix of ``schedule``: (topic id, queue id), then the entry
+schedule_target: Final = _TQ.pack
+SCHEDULE_TARGET: Final = _TQ.size
+
+
+def schedule_due(key: Buf) -> int:
+    """The due time (ms) of a ``schedule`` key."""
+    return int(_SKEY.unpack(key)[0])
+
+
+def unpack_schedule_target(value: Buf) -> tuple[int, int]:
+    """The (topic id, queue id) a ``schedule`` value is for ((0, 0) if truncated)."""
+    if len(value) < _TQ.size:
+        return 0, 0
+    tid, qid = _TQ.unpack_from(value, 0)
+    return int(tid), int(qid)
+
+
+# ---------------------------------------------------------------- producers
+#: key of ``producers``: (16-byte producer id, topic id, queue id)
+producer_key: Final = _PKEY.pack
+#: head of a ``producers`` value: (last sequence, last seen ms)
+PRODUCER_STATE: Final = _PSTATE
+#: one remembered answer in a ``producers`` value:
+#: (base sequence, first global, first queue offset, stored, scheduled)
+PRODUCER_ANSWER: Final = _PRING
+#: answers remembered per producer and queue (the dedup window)
+PRODUCER_RING: Final = 16
+
+
+def producer_last_seen(value: Buf) -> int:
+    """The last-seen time (ms) of a ``producers`` value (0 if truncated)."""
+    return int(_PSTATE.unpack_from(value, 0)[1]) if len(value) >= _PSTATE.size else 0

@@ -1,0 +1,400 @@
+"""Reads: pulls (:meth:`StoreReader.read_queue`), lookups by offset, key and time,
+and the committed state (topics, queue ranges, offsets) of the published view.
+
+Reads run in any thread, each in its own LMDB read transaction (MVCC): a write
+never blocks them. Each read takes ``self.view`` once and works from that one
+committed snapshot.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Mapping, Sequence
+from itertools import accumulate, chain, islice
+from typing import Any
+
+import attrs
+import lmdb
+
+from broker.storage import layout
+from broker.storage.view import QueueState, StoreView
+from equeue import control
+from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
+from equeue.protocol import PullStatus
+from equeue.routing import key_hash
+from equeue.wire.records import record_entry_meta, record_header, record_timestamp, records_intact
+
+#: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
+_MIN_RUN = 64
+
+
+@attrs.frozen
+class ReadResult:
+    """What a read found: parallel sequences of global offsets and stored records,
+    plus the queue's range."""
+
+    status: PullStatus
+    globals: Sequence[int]
+    recs: list[bytes]
+    min_offset: int
+    max_offset: int
+    next_offset: int
+
+    @property
+    def records(self) -> list[tuple[int, bytes]]:
+        """(global offset, stored record) pairs."""
+        return list(zip(self.globals, self.recs, strict=True))
+
+
+ReadFn = Callable[..., ReadResult]
+
+
+class StoreReader:
+    """Read access to the store: LMDB read transactions plus the published view."""
+
+    env: lmdb.Environment
+    db: dict[bytes, Any]
+    #: the committed state; replaced whole (one reference swap) after each commit
+    view: StoreView
+    #: wall-clock ms: store times and due times are measured on it
+    clock: Callable[[], int]
+    map_size: int
+
+    # ------------------------------------------------------------------ committed state
+    @property
+    def topics(self) -> Mapping[str, control.TopicInfo]:
+        return self.view.topics
+
+    @property
+    def queues(self) -> Mapping[tuple[int, int], QueueState]:
+        return self.view.queues
+
+    @property
+    def next_global(self) -> int:
+        return self.view.next_global
+
+    @property
+    def sched_pending(self) -> Mapping[int, int]:
+        return self.view.sched_pending
+
+    @property
+    def deleting(self) -> tuple[int, ...]:
+        return self.view.deleting
+
+    @property
+    def transactions(self) -> int:
+        """Write transactions committed since the store was opened."""
+        return self.view.transactions
+
+    def topic(self, name: str) -> control.TopicInfo:
+        """Raises TopicNotFound."""
+        info = self.view.topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"no topic {name!r}")
+        return info
+
+    def queue_state(self, topic_id: int, queue_id: int) -> QueueState:
+        return self.view.queue(topic_id, queue_id)
+
+    def committed(self, group: str, topic: str, queue_id: int) -> int:
+        return self.view.offsets.get((group, topic, queue_id), -1)
+
+    def min_committed(self, topic: str) -> dict[int, int]:
+        """Per queue, the lowest offset committed by any group with offsets on ``topic``."""
+        out: dict[int, int] = {}
+        for (_g, t, q), off in self.view.offsets.items():
+            if t == topic:
+                out[q] = min(off, out.get(q, off))
+        return out
+
+    def groups_of(self, topic: str | None = None) -> set[str]:
+        return {g for (g, t, _q) in self.view.offsets if topic is None or t == topic}
+
+    def group_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        return {(t, q): off for (g, t, q), off in self.view.offsets.items() if g == group}
+
+    def pending_delayed(self, topic_id: int) -> int:
+        return self.view.sched_pending.get(topic_id, 0)
+
+    def describe(self, name: str) -> control.TopicDescription:
+        """Raises TopicNotFound."""
+        v = self.view
+        info = v.topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"no topic {name!r}")
+        queues = []
+        for q in range(info.queues):
+            st = v.queue(info.topic_id, q)
+            queues.append(
+                control.QueueStats(q, st.min_offset, st.next_offset, st.next_offset - st.min_offset, st.bytes)
+            )
+        return control.TopicDescription(
+            info, queues, v.sched_pending.get(info.topic_id, 0), sum(q.bytes for q in queues)
+        )
+
+    def store_bytes(self) -> int:
+        info = self.env.info()
+        stat = self.env.stat()
+        return int(info["last_pgno"] + 1) * int(stat["psize"])
+
+    # ------------------------------------------------------------------ pulls
+    def read_queue(
+        self,
+        info: control.TopicInfo,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tag_filter: frozenset[bytes] | None = None,
+        verify: bool = True,
+    ) -> ReadResult:
+        """Read up to ``max_messages`` records of a queue from ``offset``.
+
+        ``verify=False`` skips the checksum recheck, for a client that verifies every
+        record itself. Returns a status (never raises for expected outcomes); raises
+        QueueNotFound, or CorruptRecord when the first record to return fails its
+        checksum.
+        """
+        if not 0 <= queue_id < info.queues:
+            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
+        st = self.view.queue(info.topic_id, queue_id)
+        lo, hi = st.min_offset, st.next_offset
+        if offset < lo:
+            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], lo, hi, lo)
+        if offset > hi:
+            # The writer thread publishes a new view just after its commit, so a
+            # reader may already have seen committed messages past ``hi``: ask LMDB.
+            hi = max(hi, self._last_committed(info.topic_id, queue_id) + 1)
+            if offset > hi:
+                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], [], lo, hi, hi)
+        if offset == hi:
+            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, hi)
+        if tag_filter is None:
+            fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes, verify)
+            if fast is not None:
+                return ReadResult(PullStatus.FOUND, fast[0], fast[1], lo, hi, offset + len(fast[1]))
+        return self._read_careful(info, queue_id, offset, max_messages, max_bytes, tag_filter, verify, lo, hi)
+
+    def _read_careful(
+        self,
+        info: control.TopicInfo,
+        queue_id: int,
+        offset: int,
+        max_messages: int,
+        max_bytes: int,
+        tag_filter: frozenset[bytes] | None,
+        verify: bool,
+        lo: int,
+        hi: int,
+    ) -> ReadResult:
+        """Record by record: tag filters, and whatever the dense read found unusual
+        (the end of the data, retention at the head, a damaged record)."""
+        gbes: list[int] = []
+        recs: list[bytes] = []
+        size = 0
+        nxt = offset
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            get = txn.get
+            mdb = self.db[b"messages"]
+            if not cur.set_range(layout.qindex_key(info.topic_id, queue_id, offset)):
+                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, offset)
+            prefix = layout.queue_key(info.topic_id, queue_id)
+            scanned = 0
+            for k, gk in cur:
+                if not k.startswith(prefix):
+                    break
+                qo = layout.qindex_offset(k)
+                if qo != nxt:
+                    if not recs and qo > nxt and nxt == offset:
+                        # retention removed the head while we looked
+                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], qo, hi, qo)
+                    break
+                rec = get(gk, db=mdb)
+                if rec is None:
+                    break
+                if verify:
+                    try:
+                        record_header(rec)
+                    except CorruptRecord:
+                        if recs:
+                            break
+                        raise
+                scanned += 1
+                if tag_filter is not None:
+                    tags = record_entry_meta(rec).tags
+                    if tags not in tag_filter:
+                        nxt += 1
+                        if scanned >= max_messages * 16:
+                            break
+                        continue
+                if recs and size + len(rec) > max_bytes:
+                    break
+                gbes.append(layout.global_of(gk))
+                recs.append(rec)
+                size += len(rec)
+                nxt += 1
+                if len(recs) >= max_messages:
+                    break
+        status = PullStatus.FOUND if recs else PullStatus.NO_NEW_MESSAGE
+        return ReadResult(status, gbes, recs, lo, max(hi, nxt), nxt)
+
+    def _read_dense(
+        self, topic_id: int, queue_id: int, offset: int, count: int, max_bytes: int, verify: bool
+    ) -> tuple[Sequence[int], list[bytes]] | None:
+        """The common read, with per-record work in C loops: ``count`` records from
+        ``offset``, all below the queue's committed next offset (so they exist unless
+        retention is removing the head).
+
+        A produce batch is stored as a run of consecutive global offsets, so the index
+        is only probed (binary search) for where runs end, and each run is one cursor
+        walk over the log. Where runs are short (many small interleaved batches) it
+        reads the whole index range and fetches the records with ``getmulti``.
+        Checksums (with ``verify``) are compared in bulk. Returns None whenever
+        anything is unusual (a gap, a bad checksum, a missing record): the careful
+        loop then decides."""
+        qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
+        with self.env.begin() as txn:
+            runs = _find_runs(txn, qdb, topic_id, queue_id, offset, count)
+            if runs is None:
+                cur = txn.cursor(db=qdb)
+                if not cur.set_key(layout.qindex_key(topic_id, queue_id, offset)):
+                    return None
+                gks = list(islice(cur.iternext(keys=False), count))
+                last = txn.get(layout.qindex_key(topic_id, queue_id, offset + count - 1), db=qdb)
+                if len(gks) != count or last != gks[-1]:
+                    return None  # keys are unique and sorted: first and last right => all dense
+                got = txn.cursor(db=mdb).getmulti(gks)
+                if len(got) != count:
+                    return None
+                recs = [v for _k, v in got]
+                globals_: Sequence[int] = list(map(layout.global_of, gks))
+            else:
+                cur = txn.cursor(db=mdb)
+                recs = []
+                for g, m in runs:
+                    if not cur.set_key(layout.global_key(g)):
+                        return None
+                    run = list(islice(cur.iternext(keys=False), m))
+                    if len(run) != m or (m > 1 and cur.key() != layout.global_key(g + m - 1)):
+                        return None
+                    recs += run
+                globals_ = array("Q", chain.from_iterable(range(g, g + m) for g, m in runs))
+        if len(recs) > 1 and sum(map(len, recs)) > max_bytes:
+            keep = max(1, bisect_right(list(accumulate(map(len, recs))), max_bytes))
+            recs, globals_ = recs[:keep], globals_[:keep]
+        if verify and not records_intact(recs):
+            return None
+        return globals_, recs
+
+    def _last_committed(self, topic_id: int, queue_id: int) -> int:
+        """Highest committed queue offset of a queue according to LMDB (-1 if empty)."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            ok = cur.prev() if cur.set_range(layout.qindex_key(topic_id, queue_id + 1, 0)) else cur.last()
+            if ok:
+                t, q, off = layout.unpack_qindex_key(cur.key())
+                if (t, q) == (topic_id, queue_id):
+                    return int(off)
+        return -1
+
+    # ------------------------------------------------------------------ lookups
+    def get_global(self, global_offset: int) -> bytes | None:
+        with self.env.begin() as txn:
+            rec: bytes | None = txn.get(layout.global_key(global_offset), db=self.db[b"messages"])
+            return rec
+
+    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> tuple[int, bytes] | None:
+        """(global offset, stored record) at a queue offset, or None."""
+        with self.env.begin() as txn:
+            gk = txn.get(layout.qindex_key(info.topic_id, queue_id, offset), db=self.db[b"qindex"])
+            if gk is None:
+                return None
+            rec = txn.get(gk, db=self.db[b"messages"])
+            return (layout.global_of(gk), rec) if rec is not None else None
+
+    def find_by_key(self, info: control.TopicInfo, key: str, limit: int) -> list[tuple[int, bytes]]:
+        """Messages of ``info`` with ``key``, newest first (hash index + exact check)."""
+        kb = key.encode()
+        prefix = layout.key_hash_prefix(info.topic_id, key_hash(kb))
+        out: list[tuple[int, bytes]] = []
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"kindex"])
+            if cur.set_range(prefix + b"\xff" * 8):
+                ok = cur.prev()
+            else:
+                ok = cur.last()
+            while ok and len(out) < limit:
+                k = cur.key()
+                if not k.startswith(prefix):
+                    break
+                g = layout.kindex_global(k)
+                rec = txn.get(layout.global_key(g), db=self.db[b"messages"])
+                if rec is not None and record_entry_meta(rec).key == kb:
+                    out.append((g, rec))
+                ok = cur.prev()
+        return out
+
+    def offset_for_time(self, info: control.TopicInfo, queue_id: int, ts_ms: int) -> int:
+        """First queue offset stored at or after ``ts_ms`` (binary search on store time)."""
+        st = self.view.queue(info.topic_id, queue_id)
+        lo, hi = st.min_offset, st.next_offset
+        with self.env.begin() as txn:
+            qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
+
+            def ts_at(off: int) -> int:
+                gk = txn.get(layout.qindex_key(info.topic_id, queue_id, off), db=qdb)
+                rec = txn.get(gk, db=mdb) if gk else None
+                return record_timestamp(rec) if rec else 0
+
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ts_at(mid) < ts_ms:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        return lo
+
+    def next_due(self) -> int | None:
+        """Due time (ms) of the earliest delayed message, or None."""
+        with self.env.begin() as txn:
+            cur = txn.cursor(db=self.db[b"schedule"])
+            if cur.first():
+                return layout.schedule_due(cur.key())
+        return None
+
+
+def _find_runs(
+    txn: lmdb.Transaction, qdb: Any, topic_id: int, queue_id: int, offset: int, count: int
+) -> list[tuple[int, int]] | None:
+    """Split queue offsets ``[offset, offset + count)`` into runs of consecutive global
+    offsets: [(first global, length), ...], probing the index by binary search.
+
+    Global offsets grow strictly with queue offsets, so ``global(o) - o`` never
+    decreases and a run is the prefix where it stays equal. None when a probe finds
+    no entry or the runs are too short to be worth walking."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    budget = max(1, count // _MIN_RUN)
+    key = layout.qindex_key
+    while i < count:
+        if len(runs) >= budget:
+            return None
+        gi = txn.get(key(topic_id, queue_id, offset + i), db=qdb)
+        if gi is None:
+            return None
+        g = layout.global_of(gi)
+        lo, hi = i, count - 1  # invariant: offset+lo is in the run; find its last member
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            gm = txn.get(key(topic_id, queue_id, offset + mid), db=qdb)
+            if gm is None:
+                return None
+            if layout.global_of(gm) - g == mid - i:
+                lo = mid
+            else:
+                hi = mid - 1
+        runs.append((g, lo - i + 1))
+        i = lo + 1
+    return runs

@@ -1,0 +1,88 @@
+"""Delayed delivery, store side: :class:`MoveDueOp` moves due messages from the
+``schedule`` database into their queues (:class:`~broker.storage.produce.ProduceOp`
+schedules them, through :meth:`WriteContext.schedule_put`)."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+
+from broker.storage import layout
+from broker.storage.produce import ProduceOp
+from broker.storage.writes import WriteContext, WriteOp
+from equeue import wire
+from equeue.errors import EQueueError
+
+log = logging.getLogger("equeue.store")
+
+_EH = wire.ENTRY_HEADER
+
+
+@attrs.define
+class MoveDueOp(WriteOp):
+    """Move delayed messages due at ``w.now`` into their queues: remove them from the
+    schedule and append them to the log in the same transaction, earliest due first
+    (ties in produce order), at most ``limit`` per transaction so a burst never makes
+    one huge transaction. Returns the number of schedule entries consumed.
+
+    Entries whose topic was deleted (or is now too small for their queue) and
+    entries that are malformed are dropped with a log line; they never make the
+    transaction fail, so one bad entry cannot block the schedule.
+    """
+
+    limit: int = 2000
+
+    def apply(self, w: WriteContext) -> int:
+        cur = w.txn.cursor(db=w.db[b"schedule"])
+        if not cur.first() or layout.schedule_due(cur.key()) > w.now:
+            return 0  # nothing due: stay read-only
+        w.wrote = True
+        by_id = w.topic_ids()
+        groups: dict[tuple[int, int], list[bytes]] = {}
+        delta: dict[int, int] = {}
+        moved = 0
+        while moved < self.limit:
+            k = cur.key()
+            if not k or layout.schedule_due(k) > w.now:
+                break
+            v = bytes(cur.value())
+            moved += 1
+            tid, qid = layout.unpack_schedule_target(v)
+            entry = v[layout.SCHEDULE_TARGET :]
+            delta[tid] = delta.get(tid, 0) - 1
+            t = by_id.get(tid)
+            if t is None or qid >= t.queues:
+                log.warning("dropping a delayed message of deleted topic id %d (queue %d)", tid, qid)
+            elif not _entry_ok(entry):
+                log.error("dropping a malformed delayed message for topic %s queue %d", t.name, qid)
+            else:
+                groups.setdefault((tid, qid), []).append(_undelay(entry))
+            cur.delete()  # moves to the next entry
+        for (tid, qid), entries in groups.items():
+            # cannot raise: the topic exists in this txn, the queue is in range and the
+            # entries are well-formed and no longer delayed. If it did, abort the whole
+            # transaction (a RuntimeError does) rather than commit half a move.
+            try:
+                ProduceOp(by_id[tid], qid, entries).apply(w)
+            except EQueueError as exc:
+                raise RuntimeError(f"moving delayed messages into {tid}/{qid} failed: {exc}") from exc
+        for tid, d in delta.items():
+            w.sched_delta[tid] = w.sched_delta.get(tid, 0) + d
+        w.moved += moved
+        w.move_transactions = 1
+        return moved
+
+
+def _entry_ok(entry: bytes) -> bool:
+    """The lengths ProduceOp checks are consistent (they were when it was scheduled)."""
+    if len(entry) < _EH.size:
+        return False
+    n, _flags, _due, _rc, kl, tl, pl = _EH.unpack_from(entry, 0)
+    return n + 4 == len(entry) and kl + tl + pl <= n + 4 - _EH.size
+
+
+def _undelay(entry: bytes) -> bytes:
+    """The entry with deliver_at cleared (it is being delivered now), so it is never
+    scheduled again if it passes through a produce path a second time."""
+    return entry[:5] + b"\0" * 8 + entry[13:]

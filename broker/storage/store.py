@@ -1,0 +1,197 @@
+"""The store: open the LMDB environment, recover the committed state, run write
+transactions and publish what they changed.
+
+Writes: :meth:`Store.write` runs a list of :class:`~broker.storage.writes.WriteOp`
+in ONE write transaction (group commit), opened and committed inside that one
+synchronous call, and must be called from one thread at a time (the appender's
+writer thread). Each op checks its preconditions before it writes anything and may
+raise an :class:`~equeue.errors.EQueueError` then (only that op fails); a failure
+after writes began (map full, disk full, I/O) aborts the whole transaction and
+fails every op in it -- nothing is half-written.
+
+Publishing: after the commit, the writer builds a new immutable
+:class:`~broker.storage.view.StoreView` and swaps it in with one assignment
+(``self.view = ...``); readers never see an uncommitted message or a half-applied
+transaction. The writer touches only LMDB and the view it publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import outcome
+
+from broker.storage import layout
+from broker.storage.reader import StoreReader
+from broker.storage.view import QueueState, StoreView, frozen_map
+from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
+from equeue import control
+from equeue.errors import EQueueError, StoreError, StoreFull
+
+log = logging.getLogger("equeue.store")
+
+
+class Store(StoreReader):
+    """The LMDB environment, its write path and its published view."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        map_size: int = 8 << 30,
+        sync: bool = True,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        """Open (or create) the store at ``path`` and recover its state. ``clock``
+        (wall-clock ms) stamps each transaction: store times, due checks, producer
+        last-seen times.
+
+        Raises StoreError when LMDB cannot open it or its format is unknown.
+        """
+        self.path = Path(path)
+        self.clock = clock
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.sync_commits = sync
+        self.map_size = map_size
+        try:
+            self.env = lmdb.open(
+                str(self.path), map_size=map_size, max_dbs=len(layout.DATABASES) + 2, sync=sync,
+                metasync=sync, readahead=False, max_readers=512, writemap=False,
+            )  # fmt: skip
+        except lmdb.Error as exc:
+            raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
+        with self.env.begin(write=True) as txn:
+            self.db = {name: self.env.open_db(name, txn=txn) for name in layout.DATABASES}
+            fmt = txn.get(b"format", db=self.db[b"meta"])
+            if fmt is None:
+                txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=self.db[b"meta"])
+            elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION:
+                raise StoreError(
+                    f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
+                    f"{layout.FORMAT_VERSION}"
+                )
+        #: writer thread only: the last schedule sequence handed out
+        self._sched_seq = time.time_ns()
+        self.view = self._recover()
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> StoreView:
+        """The committed state, from last keys and the small tables (no full scan)."""
+        db = self.db
+        topics: dict[str, control.TopicInfo] = {}
+        queues: dict[tuple[int, int], QueueState] = {}
+        pending: dict[int, int] = {}
+        offsets: dict[tuple[str, str, int], int] = {}
+        with self.env.begin() as txn:
+            meta = db[b"meta"]
+            ng = txn.get(b"next_global", db=meta)
+            next_global = layout.unpack_u64(ng) if ng else 0
+            cur = txn.cursor(db=db[b"messages"])
+            if cur.last():
+                next_global = max(next_global, layout.global_of(cur.key()) + 1)
+            nt = txn.get(b"next_topic_id", db=meta)
+            next_topic_id = layout.unpack_u32(nt) if nt else 1
+            dl = txn.get(b"deleting", db=meta)
+            deleting = tuple(json.loads(dl)) if dl else ()
+            for k, v in txn.cursor(db=db[b"topics"]):
+                info: control.TopicInfo = control.decode(v, control.TopicInfo)
+                topics[bytes(k).decode()] = info
+            qidx = txn.cursor(db=db[b"qindex"])
+            for info in topics.values():
+                for q in range(info.queues):
+                    next_offset = size = 0
+                    sv = txn.get(layout.queue_key(info.topic_id, q), db=db[b"qstats"])
+                    if sv:
+                        next_offset, size = layout.unpack_qstats(sv)
+                    # last key of the queue: set_range past it, step back
+                    if qidx.set_range(layout.qindex_key(info.topic_id, q + 1, 0)):
+                        ok = qidx.prev()
+                    else:
+                        ok = qidx.last()
+                    if ok:
+                        t, qq, off = layout.unpack_qindex_key(qidx.key())
+                        if (t, qq) == (info.topic_id, q):
+                            next_offset = max(next_offset, off + 1)
+                    min_offset = next_offset
+                    if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
+                        t, qq, off = layout.unpack_qindex_key(qidx.key())
+                        if (t, qq) == (info.topic_id, q):
+                            min_offset = off
+                    queues[(info.topic_id, q)] = QueueState(next_offset, min_offset, size)
+            for k, v in txn.cursor(db=db[b"sched_count"]):
+                pending[layout.unpack_u32(k)] = layout.unpack_u64(v)
+            for k, v in txn.cursor(db=db[b"offsets"]):
+                offsets[layout.unpack_offset_key(k)] = layout.unpack_u64(v)
+        return StoreView(
+            frozen_map(topics), frozen_map(queues), frozen_map(offsets), frozen_map(pending),
+            deleting, next_global, next_topic_id,
+        )  # fmt: skip
+
+    def _next_sched_seq(self) -> int:
+        self._sched_seq += 1
+        return self._sched_seq
+
+    # ------------------------------------------------------------------ writes
+    def write(self, ops: Sequence[WriteOp]) -> WriteOutcome:
+        """Run ``ops`` in one write transaction and publish the new view (call from
+        one thread at a time).
+
+        Returns each op's result as an ``outcome.Value``, or ``outcome.Error`` with
+        the EQueueError that op raised. Raises StoreFull / StoreError when the
+        transaction as a whole failed: then no op took effect.
+        """
+        try:
+            txn = self.env.begin(write=True)
+        except lmdb.Error as exc:
+            raise _store_error(exc, self.path) from exc
+        w = WriteContext(self.view, txn, self.db, self.clock(), self._next_sched_seq)
+        results: list[outcome.Outcome[Any]] = []
+        try:
+            for op in ops:
+                try:
+                    results.append(outcome.Value(op.apply(w)))
+                except EQueueError as exc:
+                    results.append(outcome.Error(exc))
+            if not w.wrote:
+                txn.abort()
+                return WriteOutcome(results, set())
+            w.stage_counters()
+            txn.commit()
+        except lmdb.Error as exc:
+            txn.abort()
+            err = _store_error(exc, self.path)
+            log.error("%s", err)
+            raise err from exc
+        except BaseException:
+            txn.abort()
+            raise
+        self.view = w.next_view()  # committed: publish, one reference swap
+        return WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()))
+
+    def sync(self) -> None:
+        """Force committed data to disk (the ``async`` flush policy calls this)."""
+        self.env.sync(True)
+
+    def close(self) -> None:
+        try:
+            self.env.sync(True)
+        finally:
+            self.env.close()
+
+
+def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreFull(
+            f"the store's LMDB map is full ({path}): nothing was written. Raise --map-size "
+            "(restart the broker with a larger value) or lower retention to free space."
+        )
+    text = str(exc)
+    if "No space" in text or "ENOSPC" in text or isinstance(exc, lmdb.DiskError):
+        return StoreFull(f"the disk holding {path} is full: nothing was written. Free disk space.")
+    return StoreError(f"store write failed ({path}): {text}")

@@ -1,0 +1,71 @@
+"""What readers see of the store: an immutable snapshot of its committed state.
+
+The thread contract: the writer thread (the appender's, or whoever calls
+:meth:`~broker.storage.store.Store.write`) builds a new :class:`StoreView` after
+each commit and publishes it with ONE reference swap (``store.view = new``).
+Nothing in a published view ever changes, so a reader on the event loop (or in
+any thread) that takes ``store.view`` once sees one consistent, committed state:
+never a queue's next offset past its last committed message, never a topic
+whose creation has not committed, never half of a transaction.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final, TypeVar
+
+import attrs
+
+from equeue import control
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def frozen_map(d: dict[K, V]) -> MappingProxyType[K, V]:
+    """A read-only view of ``d``; the caller hands ``d`` over and never changes it.
+    (``.copy()`` of the proxy is a fast dict copy: how the writer derives the next map.)"""
+    return MappingProxyType(d)
+
+
+@attrs.frozen(slots=True)
+class QueueState:
+    """A queue's committed range: offsets ``[min_offset, next_offset)`` are stored,
+    holding ``bytes`` record bytes."""
+
+    next_offset: int = 0
+    min_offset: int = 0
+    bytes: int = 0
+
+
+#: the state of a queue that has none yet
+EMPTY_QUEUE: Final = QueueState()
+
+
+@attrs.frozen(slots=True)
+class StoreView:
+    """The committed in-memory state of the store. Mappings are read-only proxies."""
+
+    #: topic name -> its description
+    topics: MappingProxyType[str, control.TopicInfo]
+    #: (topic id, queue id) -> committed range
+    queues: MappingProxyType[tuple[int, int], QueueState]
+    #: (group, topic, queue id) -> committed consumer offset
+    offsets: MappingProxyType[tuple[str, str, int], int]
+    #: topic id -> delayed messages waiting in the schedule
+    sched_pending: MappingProxyType[int, int]
+    #: ids of deleted topics whose data retention is still removing
+    deleting: tuple[int, ...] = ()
+    next_global: int = 0
+    next_topic_id: int = 1
+    #: write transactions committed since the store was opened
+    transactions: int = 0
+    #: delayed messages taken from the schedule since the store was opened, and the
+    #: transactions that took them (committed with the move, so a consumer that
+    #: sees a moved message sees it counted)
+    moved: int = 0
+    move_transactions: int = 0
+
+    def queue(self, topic_id: int, queue_id: int) -> QueueState:
+        """A queue's committed range (empty for a queue the view does not know)."""
+        return self.queues.get((topic_id, queue_id), EMPTY_QUEUE)

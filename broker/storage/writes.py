@@ -1,0 +1,206 @@
+"""The frame every write operation runs in: :class:`WriteOp` (one unit of work),
+:class:`WriteContext` (the open write transaction plus the state it staged) and
+:class:`WriteOutcome` (what a committed transaction hands back).
+
+An op reads the committed state from ``ctx.base`` (the :class:`StoreView` the
+transaction started from) merged with what earlier ops of the same transaction
+staged, checks its preconditions, then writes to LMDB through ``ctx.txn`` and
+stages its in-memory changes on the context. Nothing is published until the
+transaction committed: :meth:`WriteContext.next_view` then builds the new view.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import lmdb
+import outcome
+
+from broker.storage import layout
+from broker.storage.view import QueueState, StoreView, frozen_map
+from equeue import control
+
+
+def now_ms() -> int:
+    """Wall-clock time in ms: the store's timestamps and due times."""
+    return time.time_ns() // 1_000_000
+
+
+@attrs.define(slots=True)
+class QueueDraft:
+    """A queue's range as staged by the running transaction (mutable, writer only)."""
+
+    next_offset: int = 0
+    min_offset: int = 0
+    bytes: int = 0
+
+
+class WriteOp:
+    """One unit of work inside a group-commit transaction.
+
+    :meth:`apply` returns the op's result, or raises an
+    :class:`~equeue.errors.EQueueError` before it wrote anything (then only this op
+    fails); any other exception aborts the whole transaction.
+    """
+
+    def apply(self, ctx: WriteContext) -> Any:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def settled(result: outcome.Outcome[Any]) -> Any:
+    """What an outcome holds, without raising: its value, or its exception."""
+    if isinstance(result, outcome.Value):
+        return result.value
+    assert isinstance(result, outcome.Error)
+    return result.error
+
+
+@attrs.frozen
+class WriteOutcome:
+    """A committed transaction: per op, ``outcome.Value(result)`` or
+    ``outcome.Error(exc)`` (the EQueueError it raised), in op order."""
+
+    results: list[outcome.Outcome[Any]]
+    #: (topic id, queue id) of every queue whose messages changed
+    touched: set[tuple[int, int]]
+    #: some op added delayed messages to the schedule
+    scheduled: bool = False
+
+    def settled(self) -> list[Any]:
+        """Each op's result, or the exception it failed with."""
+        return list(map(settled, self.results))
+
+
+class WriteContext:
+    """The open write transaction of :meth:`Store.write` and the state its ops staged."""
+
+    def __init__(
+        self,
+        base: StoreView,
+        txn: lmdb.Transaction,
+        db: dict[bytes, Any],
+        now: int,
+        next_sched_seq: Callable[[], int],
+    ) -> None:
+        self.base = base
+        self.txn = txn
+        self.db = db
+        #: the transaction's timestamp (ms): store time of every record it writes
+        self.now = now
+        self.next_sched_seq = next_sched_seq
+        self.next_global = base.next_global
+        self.next_topic_id: int | None = None
+        self.queues: dict[tuple[int, int], QueueDraft] = {}
+        #: topic name -> new description, or None once deleted
+        self.topics: dict[str, control.TopicInfo | None] = {}
+        self.deleting: list[int] | None = None
+        self.offsets: dict[tuple[str, str, int], int] = {}
+        self.sched_delta: dict[int, int] = {}
+        self.touched: set[tuple[int, int]] = set()
+        self.moved = 0
+        self.move_transactions = 0
+        #: something was written (else the transaction is aborted, not committed)
+        self.wrote = False
+        self._cursors: dict[bytes, lmdb.Cursor] = {}
+
+    def cursor(self, db: bytes) -> lmdb.Cursor:
+        """A cursor on named database ``db`` in this transaction (reused across ops)."""
+        cur = self._cursors.get(db)
+        if cur is None:
+            cur = self._cursors[db] = self.txn.cursor(db=self.db[db])
+        return cur
+
+    def queue(self, topic_id: int, queue_id: int) -> QueueDraft:
+        """A queue's staged range, to change (staged on first use)."""
+        key = (topic_id, queue_id)
+        st = self.queues.get(key)
+        if st is None:
+            cur = self.base.queue(topic_id, queue_id)
+            st = self.queues[key] = QueueDraft(cur.next_offset, cur.min_offset, cur.bytes)
+        return st
+
+    def queue_now(self, topic_id: int, queue_id: int) -> QueueDraft | QueueState:
+        """A queue's range as this transaction sees it, without staging it (read only)."""
+        return self.queues.get((topic_id, queue_id)) or self.base.queue(topic_id, queue_id)
+
+    def topic(self, name: str) -> control.TopicInfo | None:
+        """A topic as this transaction sees it (None: no such topic)."""
+        if name in self.topics:
+            return self.topics[name]
+        return self.base.topics.get(name)
+
+    def topic_ids(self) -> dict[int, control.TopicInfo]:
+        """Every topic this transaction sees, by id."""
+        out: dict[int, control.TopicInfo] = {}
+        for name in {*self.base.topics, *self.topics}:
+            info = self.topic(name)
+            if info is not None:
+                out[info.topic_id] = info
+        return out
+
+    def deleting_now(self) -> list[int]:
+        """Deleted topics whose data is still being removed, as this transaction sees them."""
+        return list(self.deleting if self.deleting is not None else self.base.deleting)
+
+    def schedule_put(self, due: int, value: bytes) -> None:
+        """Add one entry to the schedule under (due, seq). Never overwrites: if a key
+        exists (sequence reused after a clock step back across a restart) take the next
+        sequence, so a pending delayed message can never be lost to a collision."""
+        db = self.db[b"schedule"]
+        while not self.txn.put(layout.schedule_key(due, self.next_sched_seq()), value, db=db, overwrite=False):
+            pass
+
+    # ------------------------------------------------------------------ commit
+    def stage_counters(self) -> None:
+        """Write the counters the ops changed (meta, qstats, sched_count) before commit."""
+        txn, db, base = self.txn, self.db, self.base
+        if self.next_global != base.next_global:
+            txn.put(b"next_global", layout.pack_u64(self.next_global), db=db[b"meta"])
+        if self.next_topic_id is not None:
+            txn.put(b"next_topic_id", layout.pack_u32(self.next_topic_id), db=db[b"meta"])
+        qstats = db[b"qstats"]
+        for (tid, q), st in self.queues.items():
+            txn.put(layout.queue_key(tid, q), layout.pack_qstats(st.next_offset, st.bytes), db=qstats)
+        for tid, d in self.sched_delta.items():
+            n = max(0, base.sched_pending.get(tid, 0) + d)
+            txn.put(layout.pack_u32(tid), layout.pack_u64(n), db=db[b"sched_count"])
+
+    def next_view(self) -> StoreView:
+        """The view after this transaction committed (built from the base, never
+        changing it: maps that changed are copied)."""
+        b = self.base
+        topics, queues, offsets, pending = b.topics, b.queues, b.offsets, b.sched_pending
+        if self.topics:
+            t = topics.copy()
+            for name, info in self.topics.items():
+                if info is None:
+                    t.pop(name, None)
+                else:
+                    t[name] = info
+            topics = frozen_map(t)
+        deleting = b.deleting if self.deleting is None else tuple(self.deleting)
+        if self.queues or self.deleting is not None:
+            q = queues.copy()
+            for key, draft in self.queues.items():
+                q[key] = QueueState(draft.next_offset, draft.min_offset, draft.bytes)
+            if self.deleting is not None:
+                for key in [k for k in q if k[0] in deleting]:
+                    del q[key]
+            queues = frozen_map(q)
+        if self.offsets:
+            o = offsets.copy()
+            o.update(self.offsets)
+            offsets = frozen_map(o)
+        if self.sched_delta:
+            p = pending.copy()
+            for tid, d in self.sched_delta.items():
+                p[tid] = max(0, p.get(tid, 0) + d)
+            pending = frozen_map(p)
+        return StoreView(
+            topics, queues, offsets, pending, deleting, self.next_global,
+            b.next_topic_id if self.next_topic_id is None else self.next_topic_id,
+            b.transactions + 1, b.moved + self.moved, b.move_transactions + self.move_transactions,
+        )  # fmt: skip
