@@ -174,22 +174,8 @@ class StoreReader:
             fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes, verify)
             if fast is not None:
                 return ReadResult(PullStatus.FOUND, fast[0], fast[1], lo, hi, offset + len(fast[1]))
-        return self._read_careful(info, queue_id, offset, max_messages, max_bytes, tag_filter, verify, lo, hi)
-
-    def _read_careful(
-        self,
-        info: control.TopicInfo,
-        queue_id: int,
-        offset: int,
-        max_messages: int,
-        max_bytes: int,
-        tag_filter: frozenset[bytes] | None,
-        verify: bool,
-        lo: int,
-        hi: int,
-    ) -> ReadResult:
-        """Record by record: tag filters, and whatever the dense read found unusual
-        (the end of the data, retention at the head, a damaged record)."""
+        # record by record: tag filters, and whatever the dense read found unusual
+        # (the end of the data, retention at the head, a damaged record)
         gbes: list[int] = []
         recs: list[bytes] = []
         size = 0
