@@ -7,13 +7,13 @@ Hand-off, for latency: the trio side appends to a list under a lock and notifies
 condition (no loop iteration, no checkpoint); the writer thread, blocked on that
 condition, takes everything queued (up to ``max_batch_ops``) as one batch, writes
 it, lets ``on_written`` act on the commit in the writer thread (the broker answers
-parked pulls there), and posts the answers back with ``TrioToken.run_sync_soon``: one
-callback per transaction that hands each op its ``outcome`` (``outcome.Value`` or
-``outcome.Error``: what crosses from the writer thread to the loop) and sets the ops'
-events (and calls their ``callback``) in the loop thread. While a transaction is being written, new ops
-pile up and form the next batch: many concurrent requests, one transaction, one
-fsync. A ``trio.to_thread`` call per batch would cost two extra thread hops and a
-loop iteration each time (~0.1 ms here).
+parked pulls there), and posts the answers back with ``TrioToken.run_sync_soon``:
+one callback per transaction that hands each op its ``outcome`` (``outcome.Value``
+or ``outcome.Error``: what crosses from the writer thread to the loop) and sets the
+ops' events (and calls their ``callback``) in the loop thread. While a transaction
+is being written, new ops pile up and form the next batch: many concurrent
+requests, one transaction, one fsync. A ``trio.to_thread`` call per batch would
+cost two extra thread hops and a loop iteration each time (~0.1 ms here).
 """
 
 from __future__ import annotations

@@ -4,11 +4,12 @@ Delayed delivery: the scheduler sleeps until the earliest due time in the LMDB
 ``schedule`` index (no polling loop; a long sleep is capped at
 :data:`MAX_SLEEP` so a wall-clock step cannot strand a message) and is woken early
 when a commit schedules something (the broker's commit callback calls
-:meth:`schedule_changed`). It moves due messages with :class:`~broker.storage.MoveDueOp` -- remove from the
-schedule + append to the log in ONE transaction, submitted through the appender so
-it never races other writes. A move either commits whole or not at all, so a crash
-at any point delivers each message exactly once (after restart, whatever is still
-in the schedule and due is moved at once).
+:meth:`schedule_changed`). It moves due messages with
+:class:`~broker.storage.MoveDueOp` -- remove from the schedule + append to the log
+in ONE transaction, submitted through the appender so it never races other writes.
+A move either commits whole or not at all, so a crash at any point delivers each
+message exactly once (after restart, whatever is still in the schedule and due is
+moved at once).
 
 Fairness: one move takes at most ``move_batch`` messages (a burst of 100,000 due at
 the same second becomes ~50 transactions). The appender folds every produce or
