@@ -100,14 +100,6 @@ class StoreReader:
     def committed(self, group: str, topic: str, queue_id: int) -> int:
         return self.view.offsets.get((group, topic, queue_id), -1)
 
-    def min_committed(self, topic: str) -> dict[int, int]:
-        """Per queue, the lowest offset committed by any group with offsets on ``topic``."""
-        out: dict[int, int] = {}
-        for (_g, t, q), off in self.view.offsets.items():
-            if t == topic:
-                out[q] = min(off, out.get(q, off))
-        return out
-
     def groups_of(self, topic: str | None = None) -> set[str]:
         return {g for (g, t, _q) in self.view.offsets if topic is None or t == topic}
 
