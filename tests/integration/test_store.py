@@ -267,3 +267,62 @@ def test_dense_reads_match_what_was_written(tmp_path: Path, shape: str, verify: 
         r = store.read_queue(info, q, 0, 10_000, 1, verify=verify)
         assert len(r.recs) == 1
     store.close()
+
+
+def test_view_is_an_immutable_snapshot_swapped_after_commit(tmp_path: Path) -> None:
+    """Readers hold a view that never changes; a commit publishes a new one, a
+    transaction that wrote nothing or failed publishes none."""
+    store = Store(tmp_path, map_size=1 << 20)
+    info = make_topic(store, queues=2)
+    v0 = store.view
+    store.write([ProduceOp(info, 0, entries(3))])
+    v1 = store.view
+    assert v1 is not v0
+    assert (v0.queue(info.topic_id, 0).next_offset, v1.queue(info.topic_id, 0).next_offset) == (0, 3)
+    assert (v0.next_global, v1.next_global, v1.transactions - v0.transactions) == (0, 3, 1)
+    with pytest.raises(TypeError):
+        v1.queues[(info.topic_id, 0)] = v0.queue(info.topic_id, 0)  # type: ignore[index]
+    out = store.write([ProduceOp(info, 7, entries(1))])  # fails its precondition: no write
+    assert isinstance(out.settled()[0], QueueNotFound)
+    assert store.view is v1
+    with pytest.raises(StoreFull):
+        store.write([ProduceOp(info, 1, entries(40, size=50_000, key=False))])
+    assert store.view is v1
+    store.close()
+
+
+def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
+    """While the writer commits (topics, then one message per transaction), every
+    view a reader takes is committed: each topic it lists has its queues, and each
+    queue's last offset is readable."""
+    import threading
+
+    store = Store(tmp_path, sync=False)
+    stop = threading.Event()
+    seen: list[int] = []
+    problems: list[str] = []
+
+    def reader() -> None:
+        while not stop.is_set():
+            v = store.view
+            for info in v.topics.values():
+                if (info.topic_id, info.queues - 1) not in v.queues:
+                    problems.append(f"topic {info.name} without its queues")
+                st = v.queue(info.topic_id, 0)
+                if st.next_offset and store.get_queue_offset(info, 0, st.next_offset - 1) is None:
+                    problems.append(f"{info.name}: offset {st.next_offset - 1} published, not readable")
+                seen.append(st.next_offset)
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for n in range(20):
+            info = make_topic(store, f"t{n}", 3)
+            for _ in range(10):
+                store.write([ProduceOp(info, 0, entries(1))])
+    finally:
+        stop.set()
+        t.join()
+    store.close()
+    assert problems == []
+    assert seen
