@@ -147,6 +147,12 @@ def unpack_schedule_target(value: Buf) -> tuple[int, int]:
     return int(tid), int(qid)
 
 
+# ---------------------------------------------------------------- sched_count
+#: key of ``sched_count``: the topic id
+sched_count_key: Final = _U32.pack
+unpack_sched_count_key: Final = unpack_u32
+
+
 # ---------------------------------------------------------------- producers
 #: key of ``producers``: (16-byte producer id, topic id, queue id)
 producer_key: Final = _PKEY.pack

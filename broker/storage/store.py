@@ -125,7 +125,7 @@ class Store(StoreReader):
                             min_offset = off
                     queues[(info.topic_id, q)] = QueueState(next_offset, min_offset, size)
             for k, v in txn.cursor(db=db[b"sched_count"]):
-                pending[layout.unpack_u32(k)] = layout.unpack_u64(v)
+                pending[layout.unpack_sched_count_key(k)] = layout.unpack_u64(v)
             for k, v in txn.cursor(db=db[b"offsets"]):
                 offsets[layout.unpack_offset_key(k)] = layout.unpack_u64(v)
         return StoreView(

@@ -166,7 +166,7 @@ class WriteContext:
             txn.put(layout.queue_key(tid, q), layout.pack_qstats(st.next_offset, st.bytes), db=qstats)
         for tid, d in self.sched_delta.items():
             n = max(0, base.sched_pending.get(tid, 0) + d)
-            txn.put(layout.pack_u32(tid), layout.pack_u64(n), db=db[b"sched_count"])
+            txn.put(layout.sched_count_key(tid), layout.pack_u64(n), db=db[b"sched_count"])
 
     def next_view(self) -> StoreView:
         """The view after this transaction committed (built from the base, never
