@@ -1,6 +1,6 @@
 """Request handlers: one method per request code (EQueue's one-handler-per-code),
 grouped by request family, one module each (produce, pull, topics, offsets,
-membership, lookup).
+membership, lookup, dead letters).
 
 Each handler takes the request payload (control requests: the decoded model) and a
 :class:`~broker.handlers.base.RequestContext`, and returns the response payload as
@@ -24,6 +24,7 @@ from broker.handlers.base import (
     Submit,
     TopicDirectory,
 )
+from broker.handlers.dlq import DeadLetterHandlers
 from broker.handlers.lookup import LookupHandlers
 from broker.handlers.membership import GroupHandlers
 from broker.handlers.offsets import OffsetHandlers
@@ -59,6 +60,7 @@ class Handlers:
         o = OffsetHandlers(topics, store, submit, groups)
         g = GroupHandlers(store, groups)
         lookup = LookupHandlers(topics, store)
+        dlq = DeadLetterHandlers(topics, store, submit, limits)
         self._statistics = statistics
         self.table: dict[int, Handler] = {
             RequestCode.PRODUCE: self.produce.handle,
@@ -84,6 +86,9 @@ class Handlers:
             control.Stats: self.stats,
             control.GetMessage: lookup.get_message,
             control.FindByKey: lookup.find_by_key,
+            control.SendBack: dlq.send_back,
+            control.DlqList: dlq.list_letters,
+            control.DlqResend: dlq.resend,
         }
         for code, cls in control.REQUEST_TYPES.items():
             self.table[code] = self._control(cls, control_handlers[cls])
