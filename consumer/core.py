@@ -42,7 +42,7 @@ from consumer.options import ConsumerOptions
 from consumer.queues import ProcessQueue, pull_loop
 from consumer.rebalance import Coordinator
 from consumer.retry import retry_delay, send_back
-from equeue.errors import ClientClosed, ConfigError, EQueueError, NotQueueOwner
+from equeue.errors import ClientClosed, ConfigError, EQueueError, MessageNotFound, NotQueueOwner
 from equeue.models import Message
 from equeue.names import validate_group, validate_topic
 from equeue.protocol import PushCode
@@ -565,6 +565,9 @@ class AsyncConsumer:
                 ans = await send_back(self.client, self.group, where, m.reconsume_times, o.retry_delays,
                                       o.max_reconsume_times)  # fmt: skip
                 break
+            except MessageNotFound as exc:  # retention removed it meanwhile: nothing left to retry
+                log.warning("could not send %s/%d@%d back: %s; skipped", *where, exc)
+                return True
             except EQueueError as exc:
                 if self._stopping or isinstance(exc, ClientClosed):
                     log.warning("could not send %s back: %s (it will be redelivered)", m.key, exc)

@@ -66,10 +66,6 @@ class RequestContext:
         self.output = output
 
 
-#: for requests made without a connection (tests, the dispatch of a pull as a table entry)
-NO_CONTEXT = RequestContext()
-
-
 class Closing:
     """Whether the broker is shutting down (set once by the server; read by handlers)."""
 
