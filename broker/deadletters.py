@@ -5,8 +5,9 @@ A resent letter is recorded in the store's ``meta`` database under
 the same transaction as the resend itself (:class:`ResendOp`), so a second resend
 of the same letter -- a rerun of ``equeue dlq resend --all``, or two running at
 once -- finds the record and writes nothing. Group names cannot contain ``/``, so
-the keys of two groups never collide. A record outlives its letter (retention
-removes letters, not records); it is 8 bytes plus the key.
+the keys of two groups never collide. Records of letters retention has removed
+are deleted by the group's next resend (``prune_below``: every id under the first
+retained letter of each queue), so they do not pile up.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ __all__ = ["Letter", "ResendOp", "ResentMarksOp"]
 _U64 = struct.Struct(">Q")
 
 
+def _prefix(group: str) -> bytes:
+    return b"dlq-resent/" + group.encode() + b"/"
+
+
 def _marker(group: str, letter_id: int) -> bytes:
-    return b"dlq-resent/" + group.encode() + b"/" + _U64.pack(letter_id)
+    return _prefix(group) + _U64.pack(letter_id)
 
 
 @attrs.frozen
@@ -56,11 +61,14 @@ class ResendOp(WriteOp):
     modulo the topic's queue count now) and record it, in this one transaction.
 
     Returns (resent ids, already resent ids, {id: reason} for letters that could not
-    be written: origin topic gone, entry refused). Never raises once it wrote.
+    be written: origin topic gone, entry refused). Never raises once it wrote. Also
+    deletes the group's records of ids below ``prune_below`` (letters retention
+    removed).
     """
 
     group: str
     letters: list[Letter]
+    prune_below: int = 0
 
     def apply(self, w: _Writer) -> tuple[list[int], list[int], dict[int, str]]:
         meta = w.db[b"meta"]
@@ -85,4 +93,18 @@ class ResendOp(WriteOp):
             w.wrote = True
             w.txn.put(key, stamp, db=meta)
             resent.append(letter.id)
+        self._prune(w)
         return resent, already, failed
+
+    def _prune(self, w: _Writer) -> None:
+        prefix = _prefix(self.group)
+        cur = w.txn.cursor(db=w.db[b"meta"])
+        if not cur.set_range(prefix):
+            return
+        while True:
+            key = bytes(cur.key())
+            if not key.startswith(prefix) or _U64.unpack_from(key, len(prefix))[0] >= self.prune_below:
+                return
+            w.wrote = True
+            if not cur.delete():  # moves to the next key
+                return

@@ -167,6 +167,23 @@ class DeadLetterHandlers:
                 await self._resend(req.group, msgs, answer)
         return answer
 
+    def _first_retained(self, group: str) -> int:
+        """A global offset below every retained letter of the group (its queues'
+        first records; the store's next offset when none is retained)."""
+        store = self._store
+        info = store.topics.get(dlq_topic(group))
+        first = store.next_global
+        if info is None:
+            return first
+        for q in range(info.queues):
+            qs = store.queue_state(info.topic_id, q)
+            if qs.min_offset < qs.next_offset:
+                hit = store.get_queue_offset(info, q, qs.min_offset)
+                if hit is None:  # its first record is being removed right now: keep every record
+                    return 0
+                first = min(first, hit[0])
+        return first
+
     async def _resend(self, group: str, msgs: list[Message], answer: control.DlqResendAnswer) -> None:
         letters = []
         for m in msgs:
@@ -178,7 +195,7 @@ class DeadLetterHandlers:
             entry = wire.encode_entry(Message(m.body, m.key, m.tags, props))
             letters.append(Letter(m.global_offset, origin, _int(m.properties.get(PROP_ORIGIN_QUEUE), 0), entry))
         if letters:
-            resent, already, failed = await self._submit(ResendOp(group, letters))
+            resent, already, failed = await self._submit(ResendOp(group, letters, self._first_retained(group)))
             answer.resent.extend(resent)
             answer.already_resent.extend(already)
             answer.failed.update(failed)

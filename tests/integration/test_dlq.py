@@ -169,3 +169,25 @@ def test_cli_dlq_list_pages_and_resend_all_twice(embedded_broker: EmbeddedBroker
     assert "resent 0 message(s) from %DLQ%g; 3 resent before" in cli("dlq", "resend", "g", "--all")
     with Client(b) as c:
         assert c.queue_offsets("src", 0).max_offset == 6
+
+
+async def test_resend_records_of_removed_letters_are_pruned(broker: Broker) -> None:
+    def records() -> list[bytes]:
+        with broker.store.env.begin() as txn:
+            return [bytes(k) for k, _ in txn.cursor(db=broker.store.db[b"meta"]) if bytes(k).startswith(b"dlq-resent/g/")]
+
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            await _dead_letters(c, "g", 4)
+            assert len((await c.dlq_resend("g", all_letters=True)).resent) == 4
+            assert len(records()) == 4
+            # retention removes every letter; the next resend drops their records
+            await c.alter_topic(dlq_topic("g"), retention_bytes=1)
+            assert await broker.lifecycle.enforce_retention() == 4
+            await c.alter_topic(dlq_topic("g"), retention_bytes=-1)
+            await c.produce(wire.ProduceRequest("src", 0, [wire.encode_entry(Message("late"))]))
+            late = (await c.queue_offsets("src", 0)).max_offset - 1
+            await c.send_back("g", "src", 0, late, 1, 1)
+            again = await c.dlq_resend("g", all_letters=True)
+            assert len(again.resent) == 1 and again.already_resent == []
+            assert len(records()) == 1
