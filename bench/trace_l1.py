@@ -33,7 +33,7 @@ STAGES = ["recv", "cstart", "cend", "read"]
 
 
 def broker_proc(q: Any, done: Any, flush: str) -> None:
-    import broker.handlers as hd
+    import broker.handlers.produce as hd
     import broker.server as srv
     import broker.storage as st
     from broker import BrokerConfig
@@ -54,7 +54,7 @@ def broker_proc(q: Any, done: Any, flush: str) -> None:
 
         setattr(cls, name, wrapped)
 
-    hook(hd.Handlers, "produce_prepare", "recv", None)
+    hook(hd.ProduceHandler, "prepare", "recv", None)
     hook(st.Store, "write", "cstart", "cend")
     hook(st.Store, "read_queue", None, "read", only_found=True)
 

@@ -153,10 +153,14 @@ class GroupRegistry:
                 del self.groups[g.name]
 
     def forget_connection(self, notify: Notify) -> None:
-        """A connection closed: stop pushing to it (members expire by heartbeat)."""
+        """A connection closed: stop pushing to it (members expire by heartbeat).
+
+        Compared with ``==``: a bound method is a new object at every attribute
+        access, so identity never matches; equal bound methods share their object.
+        """
         for g in self.groups.values():
             for m in g.members.values():
-                if m.notify is notify:
+                if m.notify == notify:
                     m.notify = None
 
     async def run_expiry(self) -> None:

@@ -1,5 +1,5 @@
 """A tiny HTTP/1.1 endpoint for monitoring: ``GET /metrics`` (Prometheus text
-format 0.0.4) and ``GET /stats`` (JSON of :meth:`Broker.statistics`).
+format 0.0.4) and ``GET /stats`` (JSON of the broker's statistics).
 
 Started by :meth:`broker.server.Broker.serve` when ``BrokerConfig.http_port`` is not
 0. One request per connection (``Connection: close``); requests are capped at 8 KiB
@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
+from broker.storage import StoreReader
 from equeue import control
-
-if TYPE_CHECKING:
-    from broker.server import Broker
 
 log = logging.getLogger("equeue.http")
 
@@ -50,9 +49,13 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_metrics(broker: Broker) -> str:
+#: the broker's statistics now
+Snapshot = Callable[[], control.BrokerStats]
+
+
+def render_metrics(statistics: Snapshot, store: StoreReader) -> str:
     """The broker's metrics in the Prometheus text exposition format."""
-    s = broker.statistics()
+    s = statistics()
     out: list[str] = []
     for field, name, kind, text in _METRICS:
         out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {getattr(s, field)}"]
@@ -61,7 +64,6 @@ def render_metrics(broker: Broker) -> str:
         "# TYPE equeue_info gauge",
         f'equeue_info{{version="{_label(s.version)}",flush="{_label(s.flush)}"}} 1',
     ]
-    store = broker.store
     per_queue = (
         ("equeue_queue_min_offset", "Lowest retained queue offset."),
         ("equeue_queue_max_offset", "Next queue offset to be written."),
@@ -88,7 +90,7 @@ def _response(status: str, ctype: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _handle(broker: Broker, stream: trio.SocketStream) -> None:
+async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketStream) -> None:
     try:
         buf = b""
         with trio.move_on_after(_REQUEST_TIMEOUT):
@@ -106,10 +108,10 @@ async def _handle(broker: Broker, stream: trio.SocketStream) -> None:
         else:
             path = parts[1].split("?", 1)[0]
             if path == "/metrics":
-                body = render_metrics(broker).encode()
+                body = render_metrics(statistics, store).encode()
                 reply = _response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
             elif path == "/stats":
-                stats = control.converter.unstructure(broker.statistics())
+                stats = control.converter.unstructure(statistics())
                 reply = _response("200 OK", "application/json", json.dumps(stats, indent=1).encode() + b"\n")
             else:
                 reply = _response("404 Not Found", "text/plain", b"try /metrics or /stats\n")
@@ -125,7 +127,9 @@ async def _handle(broker: Broker, stream: trio.SocketStream) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def serve_http(broker: Broker, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def serve_http(
+    statistics: Snapshot, store: StoreReader, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
     """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
@@ -133,8 +137,6 @@ async def serve_http(broker: Broker, host: str, port: int, *, task_status: Any =
     task_status.started(bound)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _handle(broker, stream)
+        await _handle(statistics, store, stream)
 
     await trio.serve_listeners(handler, listeners)
-
-

@@ -1,40 +1,30 @@
 """Parked pulls: a pull with nothing to return waits here until a commit to its
 queue wakes it or its hold time ends (EQueue's SuspendedPullRequestManager).
 
-A parked pull may carry an ``answer`` function. The appender's writer thread calls
-it right after the commit that touched the pull's queue (:meth:`ParkedPulls.answer`):
-it reads the new records and writes the answer to the consumer's socket itself, so
-a long-polling consumer gets a new message without two thread hops through the
-event loop (the answer posted back to the loop, then the woken pull task reading
-it). When the writer thread cannot answer (nothing new for this pull, the socket
-busy), the pull task wakes and reads as before.
+A parked pull may carry an ``answer`` function, which the appender's writer thread
+calls right after the commit that touched the pull's queue: the one thread crossing,
+described (with its measurement) in :mod:`broker.thread_answer`. When the writer
+thread cannot answer (nothing new for this pull, the socket busy), the pull task
+wakes and reads as before.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable
 
 import trio
 
-from equeue.errors import EQueueError
-
-log = logging.getLogger("equeue.broker")
-
-__all__ = ["Answer", "ParkedPulls"]
+__all__ = ["Answer", "Parked", "ParkedPulls"]
 
 #: Called in the writer thread: (messages, bytes) written in answer, or None when it
 #: wrote nothing (then the pull task reads and answers itself).
 Answer = Callable[[], "tuple[int, int] | None"]
 
-#: at most this many parked pulls are answered by the writer thread per commit (the
-#: rest are woken and answer from the loop), so a crowd of long-polling consumers on
-#: one queue cannot hold up the produce answers and the next transaction for long
-MAX_THREAD_ANSWERS = 64
 
+class Parked:
+    """One parked pull: its queue, its writer-thread answer (if any), its wake-up."""
 
-class _Parked:
     __slots__ = ("answer", "event", "key", "outcome")
 
     def __init__(self, key: tuple[int, int], answer: Answer | None) -> None:
@@ -52,7 +42,7 @@ class ParkedPulls:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._queues: dict[tuple[int, int], dict[_Parked, None]] = {}
+        self._queues: dict[tuple[int, int], dict[Parked, None]] = {}
         self._token: trio.lowlevel.TrioToken | None = None
         self.parked = 0
         self.closed = False
@@ -74,7 +64,7 @@ class ParkedPulls:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
         key = (topic_id, queue_id)
-        p = _Parked(key, answer)
+        p = Parked(key, answer)
         with self._lock:
             self._queues.setdefault(key, {})[p] = None
             self.parked += 1
@@ -90,7 +80,7 @@ class ParkedPulls:
                 raise
         return p.outcome
 
-    def _unpark(self, p: _Parked) -> bool:
+    def _unpark(self, p: Parked) -> bool:
         """Remove ``p`` if still parked (not claimed); True if it was."""
         with self._lock:
             waiting = self._queues.get(p.key)
@@ -102,8 +92,10 @@ class ParkedPulls:
             self.parked -= 1
             return True
 
-    def _take(self, queues: Iterable[tuple[int, int]]) -> list[_Parked]:
-        taken: list[_Parked] = []
+    def claim(self, queues: Iterable[tuple[int, int]]) -> list[Parked]:
+        """Any thread: take every pull parked on ``queues`` (they are no longer
+        parked; wake them with :meth:`release`, or :meth:`wake` on the loop)."""
+        taken: list[Parked] = []
         with self._lock:
             pop = self._queues.pop
             for key in queues:
@@ -113,35 +105,21 @@ class ParkedPulls:
             self.parked -= len(taken)
         return taken
 
-    def answer(self, queues: Iterable[tuple[int, int]]) -> None:
-        """Writer thread, after a commit touching ``queues``: claim their parked
-        pulls, let (up to MAX_THREAD_ANSWERS of) them answer themselves, and wake
-        every pull task taken, whatever happens (never raises)."""
+    def release(self, claimed: list[Parked]) -> None:
+        """Any thread: wake the pull tasks of ``claimed`` pulls (through the loop's
+        token; never raises)."""
         token = self._token
         if token is None:
             return
-        taken = self._take(queues)
-        try:
-            for p in taken[:MAX_THREAD_ANSWERS]:
-                if p.answer is None:
-                    continue
-                try:
-                    p.outcome = p.answer()
-                except EQueueError:  # e.g. a damaged record: the pull task reports it
-                    p.outcome = None
-                except Exception:
-                    log.exception("answering a parked pull from the writer thread failed")
-                    p.outcome = None
-        finally:
-            for p in taken:
-                try:
-                    token.run_sync_soon(p.event.set)
-                except trio.RunFinishedError:
-                    break
+        for p in claimed:
+            try:
+                token.run_sync_soon(p.event.set)
+            except trio.RunFinishedError:
+                break
 
     def wake(self, queues: Iterable[tuple[int, int]]) -> None:
         """Loop thread: wake every pull parked on any of ``queues`` (they read)."""
-        for p in self._take(queues):
+        for p in self.claim(queues):
             p.event.set()
 
     def close(self) -> None:

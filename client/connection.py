@@ -470,3 +470,28 @@ class AsyncClient:
     async def find_by_key(self, topic: str, key: str, limit: int = 32) -> PullResult:
         payload = await self.request(RequestCode.FIND_BY_KEY, control.encode(control.FindByKey(topic, key, limit)))
         return wire.decode_pull_response(topic, payload)
+
+    # ------------------------------------------------------------------ retry / dead letters
+    async def send_back(
+        self, group: str, topic: str, queue_id: int, queue_offset: int, reconsume_times: int,
+        max_reconsume_times: int = 16, retry_delays_ms: Sequence[int] = (),
+    ) -> control.SendBackAnswer:  # fmt: skip
+        """Hand back the message at (topic, queue_id, queue_offset) whose handler
+        failed: the broker copies it to the group's retry topic (delayed) or, once
+        ``reconsume_times >= max_reconsume_times``, to its dead-letter topic."""
+        req = control.SendBack(
+            group, topic, queue_id, queue_offset, reconsume_times, max_reconsume_times, list(retry_delays_ms)
+        )
+        return await self.call(req, control.SendBackAnswer)
+
+    async def dlq_list(self, group: str, queue_id: int = 0, offset: int = 0, limit: int = 100) -> control.DlqPage:
+        """One page of the group's dead letters from the cursor (queue_id, offset);
+        continue with the page's ``next_queue_id``/``next_offset`` until ``done``."""
+        return await self.call(control.DlqList(group, queue_id, offset, limit), control.DlqPage)
+
+    async def dlq_resend(
+        self, group: str, ids: Sequence[int] = (), all_letters: bool = False
+    ) -> control.DlqResendAnswer:
+        """Send dead letters back to their origin topic, each at most once (a letter
+        resent before is reported in ``already_resent``, not sent again)."""
+        return await self.call(control.DlqResend(group, list(ids), all_letters), control.DlqResendAnswer)

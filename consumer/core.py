@@ -41,9 +41,8 @@ from consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from consumer.options import ConsumerOptions
 from consumer.queues import ProcessQueue, pull_loop
 from consumer.rebalance import Coordinator
-from consumer.retry import retry_delay, send_back_message
-from equeue import wire
-from equeue.errors import ClientClosed, ConfigError, EQueueError, NotQueueOwner
+from consumer.retry import retry_delay, send_back
+from equeue.errors import ClientClosed, ConfigError, EQueueError, MessageNotFound, NotQueueOwner
 from equeue.models import Message
 from equeue.names import validate_group, validate_topic
 from equeue.protocol import PushCode
@@ -213,7 +212,6 @@ class AsyncConsumer:
         self._run_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
-        self._routes: dict[str, int] = {}
         #: the loop this consumer runs on (set on entry): stop() from another thread goes through it
         self._token: trio.lowlevel.TrioToken | None = None
         self._store = (
@@ -497,7 +495,7 @@ class AsyncConsumer:
             if self._store is not None:  # broadcast: retry locally
                 assert self._nursery is not None
                 self._nursery.start_soon(self._local_retry, q, m, offs[i])
-            elif await self._send_back(m):
+            elif await self._send_back(m, (q.topic, q.queue_id, offs[i])):
                 q.finish(offs[i], len(m.body), mm, mb)
         for i in range(processed):
             if i not in failed:
@@ -529,7 +527,7 @@ class AsyncConsumer:
             log.info("orderly handler failed on %s/%d@%d (attempt %d): %r",
                      m.topic, m.queue_id, m.queue_offset, m.reconsume_times + 1, fails[0][1])  # fmt: skip
             if m.reconsume_times >= o.max_reconsume_times:
-                if not await self._send_back(m):
+                if not await self._send_back(m, (q.topic, q.queue_id, offs[k])):
                     return
                 q.finish(offs[k], len(m.body), mm, mb)
                 i = k + 1
@@ -544,7 +542,7 @@ class AsyncConsumer:
     async def _local_retry(self, q: ProcessQueue, m: Message, off: int) -> None:
         o = self.options
         if m.reconsume_times >= o.max_reconsume_times:
-            if await self._send_back(m):
+            if await self._send_back(m, (q.topic, q.queue_id, off)):
                 q.finish(off, len(m.body), o.max_buffered_messages, o.max_buffered_bytes)
             return
         with trio.move_on_after(retry_delay(o.retry_delays, m.reconsume_times)):
@@ -556,29 +554,29 @@ class AsyncConsumer:
         self._ready_count += 1
         self._lot.unpark()
 
-    async def _send_back(self, m: Message) -> bool:
-        """Produce a failed message to the retry (or dead-letter) topic; retried until
-        it succeeds or the consumer stops. Returns whether it was sent."""
+    async def _send_back(self, m: Message, where: tuple[str, int, int]) -> bool:
+        """Hand a failed message (read at ``where``: topic, queue, offset) back to the
+        broker, which writes it to the retry (or dead-letter) topic; retried until it
+        succeeds or the consumer stops. Returns whether it was sent."""
         o = self.options
-        topic, out = send_back_message(m, self.group, o.retry_delays, o.max_reconsume_times)
-        entry = wire.encode_entry(out)
         backoff = 0.05
         while True:
             try:
-                n = self._routes.get(topic)
-                if n is None:
-                    n = self._routes[topic] = (await self.client.get_route(topic)).queues
-                qid = m.queue_id % n if m.queue_id >= 0 else 0
-                await self.client.produce(wire.ProduceRequest(topic, qid, [entry]))
+                ans = await send_back(self.client, self.group, where, m.reconsume_times, o.retry_delays,
+                                      o.max_reconsume_times)  # fmt: skip
                 break
+            except MessageNotFound as exc:  # retention removed it meanwhile: nothing left to retry
+                log.warning("could not send %s/%d@%d back: %s; skipped", *where, exc)
+                return True
             except EQueueError as exc:
                 if self._stopping or isinstance(exc, ClientClosed):
-                    log.warning("could not send %s back to %s: %s (it will be redelivered)", m.key, topic, exc)
+                    log.warning("could not send %s back: %s (it will be redelivered)", m.key, exc)
                     return False
-                log.warning("sending a failed message to %s failed: %s; retrying", topic, exc)
+                log.warning("sending a failed message back failed: %s; retrying", exc)
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
-        if topic == self.coordinator.retry_topic:
+        topic = ans.topic
+        if not ans.dead_lettered:
             self.retried += 1
             if not any(q.retry for q in self.queues.values()):
                 self.coordinator.trigger()  # the retry topic may have just been created

@@ -23,6 +23,12 @@ Byte layout (all integers big-endian)::
 request id 0, code = :class:`~equeue.protocol.PushCode`). ``length`` is checked
 against the frame cap *before* any buffer for the payload is allocated.
 
+The server's encoders are plain functions (:func:`encode_response`,
+:func:`encode_push`, :func:`encode_handshake_answer`): they keep no state, so the
+server's output code (and, for parked pulls, the appender's writer thread) frames
+an answer without holding the connection's state machine. :meth:`Connection.send`
+frames through the same functions.
+
 Rules: the client speaks first (its handshake); nothing else may be sent or
 received before the handshake completes; only clients send requests; only servers
 send responses and pushes. A violation by the peer raises
@@ -55,6 +61,9 @@ __all__ = [
     "Request",
     "Response",
     "Role",
+    "encode_handshake_answer",
+    "encode_push",
+    "encode_response",
 ]
 
 MAGIC: Final = b"EQMQ"
@@ -129,6 +138,33 @@ def _pack_handshake(version: int, extra: int) -> bytes:
     if not (0 <= version <= 0xFFFF and 0 <= extra <= 0xFFFF):
         raise LocalProtocolError("handshake version, flags or code out of range")
     return _HANDSHAKE.pack(MAGIC, version, extra)
+
+
+def encode_frame(kind: int, code: int, request_id: int, parts: list[bytes]) -> list[bytes]:
+    """One frame as pieces: the header, then ``parts`` (the payload) uncopied.
+
+    The one frame encoder (requests, responses and pushes all pass here). Raises
+    ``struct.error`` for a code or request id out of range; callers that take them
+    from users check first (:meth:`Connection.send_parts`).
+    """
+    return [HEADER.pack(_HEADER_BODY + sum(map(len, parts)), kind, code, request_id), *parts]
+
+
+def encode_response(code: int, request_id: int, parts: list[bytes]) -> list[bytes]:
+    """A response frame (``code``: an ErrorCode, 0 = OK) to request ``request_id``
+    (0 = a connection-level error), payload ``parts`` uncopied."""
+    return encode_frame(KIND_RESPONSE, code, request_id, parts)
+
+
+def encode_push(code: int, payload: bytes) -> list[bytes]:
+    """A push frame (``code``: a PushCode; request id 0)."""
+    return encode_frame(KIND_PUSH, code, 0, [payload])
+
+
+def encode_handshake_answer(code: int, version: int = PROTOCOL_VERSION) -> bytes:
+    """The server's handshake answer: OK, or the code refusing the connection (sent
+    also to a peer whose own handshake was unreadable, before closing)."""
+    return _pack_handshake(version, code)
 
 
 class Connection:
@@ -284,7 +320,6 @@ class Connection:
             raise LocalProtocolError("code or request id out of range")
         if length + 4 > self.max_frame:
             raise LocalProtocolError(f"frame of {length + 4} bytes exceeds the {self.max_frame}-byte cap")
-        header = HEADER.pack(length, kind, code, rid)
         if len(payload) < 4096:
-            return [header + payload]
-        return [header, payload]
+            return [b"".join(encode_frame(kind, code, rid, [payload]))]
+        return encode_frame(kind, code, rid, [payload])

@@ -351,6 +351,103 @@ class FindByKey:
     limit: int = 32
 
 
+# ----------------------------------------------------------------------------- retry / dead letters
+@attrs.frozen
+class SendBack:
+    """A consumer hands back a message its handler failed on. The broker reads it at
+    (``topic``, ``queue_id``, ``queue_offset``) -- where the consumer read it: its
+    origin topic, or the group's retry topic for a retried message -- and writes a
+    copy to ``%RETRY%<group>``, delayed by ``retry_delays_ms[reconsume_times]`` (the
+    last delay repeats; empty: the broker's default ladder), with
+    ``reconsume_times + 1``; or, once ``reconsume_times >= max_reconsume_times``, to
+    ``%DLQ%<group>``. The copy keeps (or gains) the ``%ORIGIN_*`` properties."""
+
+    CODE: ClassVar = RequestCode.SEND_BACK
+    group: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    reconsume_times: int = 0
+    max_reconsume_times: int = 16
+    retry_delays_ms: list[int] = attrs.Factory(list)
+
+
+@attrs.frozen
+class SendBackAnswer:
+    #: where the copy went: ``%RETRY%<group>`` or ``%DLQ%<group>``
+    topic: str
+    queue_id: int
+    dead_lettered: bool
+    #: when the retry is due (epoch ms); 0 for a dead letter
+    deliver_at: int = 0
+
+
+@attrs.frozen
+class DlqList:
+    """One page of a group's dead letters, from the cursor (``queue_id``,
+    ``offset``) on: queue by queue, oldest first, at most ``limit`` (≤ 1000)."""
+
+    CODE: ClassVar = RequestCode.DLQ_LIST
+    group: str
+    queue_id: int = 0
+    offset: int = 0
+    limit: int = 100
+
+
+@attrs.frozen
+class DeadLetter:
+    #: its global offset: what DLQ_RESEND takes
+    id: int
+    queue_id: int
+    queue_offset: int
+    origin_topic: str
+    origin_queue: int
+    origin_offset: int
+    key: str | None
+    tags: str | None
+    reconsume_times: int
+    #: store time, epoch ms
+    timestamp: int
+    properties: dict[str, str]
+    #: the body, base64
+    body: str
+    #: a DLQ_RESEND already sent it back
+    resent: bool = False
+
+
+@attrs.frozen
+class DlqPage:
+    letters: list[DeadLetter]
+    #: where the next page starts (pass them back as ``queue_id``/``offset``)
+    next_queue_id: int
+    next_offset: int
+    #: no dead letter after this page (at the time of the call)
+    done: bool
+
+
+@attrs.frozen
+class DlqResend:
+    """Send dead letters back to their origin topic (0 attempts, no ``%`` properties):
+    the letters ``ids``, or every letter of the group with ``all_letters``. Each
+    letter is resent at most once: the resend and its record are written in one
+    transaction, and letters already resent are skipped."""
+
+    CODE: ClassVar = RequestCode.DLQ_RESEND
+    group: str
+    ids: list[int] = attrs.Factory(list)
+    all_letters: bool = False
+
+
+@attrs.frozen
+class DlqResendAnswer:
+    #: ids resent by this request
+    resent: list[int]
+    #: ids an earlier request resent (nothing done)
+    already_resent: list[int]
+    #: ids that could not be resent, with the reason (e.g. the origin topic is gone)
+    failed: dict[int, str] = attrs.Factory(dict)
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.CODE: cls
     for cls in (
@@ -373,5 +470,8 @@ REQUEST_TYPES: dict[int, type] = {
         Stats,
         GetMessage,
         FindByKey,
+        SendBack,
+        DlqList,
+        DlqResend,
     )
 }

@@ -10,6 +10,7 @@ topic id, a topic and queue) selects one contiguous key range::
                  "next_global"     -> u64 next global offset (survives retention)
                  "next_topic_id"   -> u32
                  "deleting"        -> JSON list of topic ids whose data is being removed
+                 "dlq-resent/" group "/" u64 letter id -> u64 ms of its resend
     topics       topic name        -> JSON TopicInfo
     messages     u64 global        -> stored record (equeue.wire.records)
     qindex       u32 topic | u32 queue | u64 queue offset -> u64 global
@@ -124,6 +125,23 @@ def offset_key(group: str, topic: str, queue_id: int) -> bytes:
 def unpack_offset_key(key: Buf) -> tuple[str, str, int]:
     group, topic, rest = bytes(key).split(b"\0", 2)
     return group.decode(), topic.decode(), int(_U32.unpack(rest)[0])
+
+
+# ---------------------------------------------------------------- dead letters
+def dlq_resent_prefix(group: str) -> bytes:
+    """Prefix (in ``meta``) of the records of a group's resent dead letters. Group
+    names cannot contain ``/``, so two groups' keys never collide."""
+    return b"dlq-resent/" + group.encode() + b"/"
+
+
+def dlq_resent_key(group: str, letter_id: int) -> bytes:
+    """Key (in ``meta``) recording that dead letter ``letter_id`` of ``group`` was resent."""
+    return dlq_resent_prefix(group) + _U64.pack(letter_id)
+
+
+def dlq_resent_id(key: Buf, prefix_len: int) -> int:
+    """The letter id of a key made by :func:`dlq_resent_key`."""
+    return int(_U64.unpack_from(key, prefix_len)[0])
 
 
 # ---------------------------------------------------------------- schedule

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 import typer
 
@@ -12,31 +11,6 @@ from equeue.cli._common import BROKER_OPTION, client, fail, print_json, table
 
 def _ms(ts: int) -> str:
     return dt.datetime.fromtimestamp(ts / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _read_all(c: Any, topic: str, limit: int) -> list[Any]:
-    """Every retained message of a topic (oldest first per queue), up to ``limit``."""
-    from equeue import wire
-    from equeue.errors import TopicNotFound
-    from equeue.protocol import PullStatus
-
-    try:
-        desc = c.describe_topic(topic)
-    except TopicNotFound:
-        return []
-    out: list[Any] = []
-    for qs in desc.queues:
-        off = qs.min_offset
-        while off < qs.max_offset and len(out) < limit:
-            r = c.pull(wire.PullRequest(topic, qs.queue_id, off, min(256, limit - len(out))))
-            if r.status is not PullStatus.FOUND:
-                if r.status is PullStatus.OFFSET_TOO_SMALL:
-                    off = r.min_offset
-                    continue
-                break
-            out.extend(r.messages)
-            off = r.next_offset
-    return out
 
 
 def register(app: typer.Typer) -> None:
@@ -103,31 +77,39 @@ def register(app: typer.Typer) -> None:
     @dlq_app.command("list")
     def dlq_list(
         group: str,
-        limit: int = typer.Option(1000, "--limit", help="At most this many messages."),
+        limit: int = typer.Option(100, "--limit", help="At most this many letters (one page, up to 1000)."),
+        queue: int = typer.Option(0, "--queue", help="Start at this queue of %DLQ%GROUP (from a previous page)."),
+        offset: int = typer.Option(0, "--offset", help="Start at this offset of that queue (from a previous page)."),
         broker: str = BROKER_OPTION,
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """Messages in %DLQ%GROUP: id (global offset), origin, attempts, time, body."""
-        from equeue.names import dlq_topic, validate_group
+        """One page of %DLQ%GROUP: id (global offset), origin, attempts, time, body, resent."""
+        import base64
+
+        from equeue.names import validate_group
 
         validate_group(group)
         with client(broker) as c:
-            msgs = _read_all(c, dlq_topic(group), limit)
+            page = c.dlq_list(group, queue, offset, limit)
+        texts = [base64.b64decode(d.body).decode("utf-8", "replace") for d in page.letters]
         if as_json:
             print_json([
-                {"id": m.global_offset, "origin_topic": m.origin_topic, "key": m.key, "tags": m.tags,
-                 "reconsume_times": m.reconsume_times, "timestamp": m.timestamp,
-                 "properties": m.properties, "body": m.text}
-                for m in msgs
+                {"id": d.id, "origin_topic": d.origin_topic, "key": d.key, "tags": d.tags,
+                 "reconsume_times": d.reconsume_times, "timestamp": d.timestamp, "properties": d.properties,
+                 "body": text, "resent": d.resent}
+                for d, text in zip(page.letters, texts, strict=True)
             ])  # fmt: skip
-            return
-        rows = [
-            (m.global_offset, m.origin_topic, m.key or "", m.reconsume_times, _ms(m.timestamp),
-             m.text[:60])
-            for m in msgs
-        ]  # fmt: skip
-        table(f"dead letters of {group}: {len(msgs)}", ["id", "origin", "key", "attempts", "time", "body"],
-              rows, right=["id", "attempts"])  # fmt: skip
+        else:
+            rows = [
+                (d.id, d.origin_topic, d.key or "", d.reconsume_times, _ms(d.timestamp), "yes" if d.resent else "",
+                 text[:60])
+                for d, text in zip(page.letters, texts, strict=True)
+            ]  # fmt: skip
+            table(f"dead letters of {group}: {len(page.letters)}",
+                  ["id", "origin", "key", "attempts", "time", "resent", "body"], rows, right=["id", "attempts"])  # fmt: skip
+        if not page.done:
+            typer.echo(f"more: equeue dlq list {group} --queue {page.next_queue_id} --offset {page.next_offset}",
+                       err=True)  # fmt: skip
 
     @dlq_app.command("resend")
     def dlq_resend(
@@ -136,30 +118,16 @@ def register(app: typer.Typer) -> None:
         all_: bool = typer.Option(False, "--all", help="Resend every dead letter of the group."),
         broker: str = BROKER_OPTION,
     ) -> None:
-        """Send dead letters back to their origin topic (fresh: 0 attempts)."""
-        from equeue import Message, wire
-        from equeue.models import SYSTEM_PROPERTY_PREFIX
-        from equeue.names import dlq_topic, validate_group
+        """Send dead letters back to their origin topic (fresh: 0 attempts), each at most once."""
+        from equeue.names import validate_group
 
         validate_group(group)
         if not ids and not all_:
             fail("pass --id ID (repeatable) or --all")
-        topic = dlq_topic(group)
         with client(broker) as c:
-            if all_:
-                msgs = _read_all(c, topic, 1 << 30)
-            else:
-                msgs = []
-                for i in ids:
-                    r = c.get_message(topic, global_offset=i)
-                    msgs.extend(r.messages)
-            routes: dict[str, int] = {}
-            for m in msgs:
-                origin = m.origin_topic
-                if origin not in routes:
-                    routes[origin] = c.get_route(origin, False).queues
-                props = {k: v for k, v in m.properties.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)}
-                qid = int(m.properties.get("%ORIGIN_QUEUE", "0")) % routes[origin]
-                entry = wire.encode_entry(Message(m.body, m.key, m.tags, props))
-                c.produce(wire.ProduceRequest(origin, qid, [entry]))
-        typer.echo(f"resent {len(msgs)} message(s) from {topic}")
+            ans = c.dlq_resend(group, ids, all_)
+        typer.echo(f"resent {len(ans.resent)} message(s) from %DLQ%{group}; {len(ans.already_resent)} resent before")
+        for i, reason in sorted(ans.failed.items()):
+            typer.echo(f"not resent: {i}: {reason}", err=True)
+        if ans.failed:
+            raise typer.Exit(1)

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -319,9 +320,9 @@ async def _park(broker: Broker, s: socket.socket, c: Connection, pulls: dict[int
 async def test_parked_pull_is_answered_once_from_the_writer_thread(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.server import _ServerConnection
+    from broker.output import Output
 
-    sent = _count_calls(monkeypatch, _ServerConnection, "answer_from_thread")
+    sent = _count_calls(monkeypatch, Output, "write_from_thread")
     async with AsyncClient(broker.address) as admin:
         await admin.create_topic("lp", 2)
         s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
@@ -387,15 +388,15 @@ async def test_writer_thread_answer_bigger_than_the_socket_buffer(
     """The writer thread's write of a parked pull's answer only partly fits the
     socket: the writer task sends the rest, before the answer to a later request --
     also when the loop answers that request before the tail was handed over."""
-    from broker.server import _ServerConnection
+    from broker.output import Output
 
-    pushed = _count_calls(monkeypatch, _ServerConnection, "_push_rest")
+    pushed = _count_calls(monkeypatch, Output, "_push_rest")
     bodies = [os.urandom(10_000) for _ in range(300)]
     async with trio.open_nursery() as nursery:
         if tail_late:
-            real = _ServerConnection._push_rest
+            real = Output._push_rest
 
-            def deferred(self: _ServerConnection) -> None:
+            def deferred(self: Output) -> None:
                 async def later() -> None:
                     await trio.sleep(0.3)
                     real(self)
@@ -403,7 +404,7 @@ async def test_writer_thread_answer_bigger_than_the_socket_buffer(
 
                 nursery.start_soon(later)
 
-            monkeypatch.setattr(_ServerConnection, "_push_rest", deferred)
+            monkeypatch.setattr(Output, "_push_rest", deferred)
         async with AsyncClient(broker.address) as admin:
             await admin.create_topic("wide", 1)
             s, c = await trio.to_thread.run_sync(_raw_connect, broker.address)
@@ -477,15 +478,15 @@ class _PausingStream:
 async def test_writer_thread_never_writes_into_a_busy_writer_task(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.server import _ServerConnection
+    from broker.output import Output
 
-    real_init = _ServerConnection.__init__
+    real_init = Output.__init__
 
-    def init(self: _ServerConnection, b: Broker, stream: trio.SocketStream) -> None:
+    def init(self: Output, stream: trio.SocketStream, *args: Any) -> None:
         stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
-        real_init(self, b, _PausingStream(stream))  # type: ignore[arg-type]
+        real_init(self, _PausingStream(stream), *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(_ServerConnection, "__init__", init)
+    monkeypatch.setattr(Output, "__init__", init)
     bodies = [os.urandom(10_000) for _ in range(100)]
     result: dict[str, dict[int, Response]] = {}
     async with AsyncClient(broker.address) as admin:
@@ -511,10 +512,10 @@ async def test_writer_thread_never_writes_into_a_busy_writer_task(
 async def test_a_crowd_of_parked_pulls_past_the_writer_thread_cap_is_answered_once_each(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.longpoll import MAX_THREAD_ANSWERS
-    from broker.server import _ServerConnection
+    from broker.output import Output
+    from broker.thread_answer import MAX_THREAD_ANSWERS
 
-    sent = _count_calls(monkeypatch, _ServerConnection, "answer_from_thread")
+    sent = _count_calls(monkeypatch, Output, "write_from_thread")
     crowd = MAX_THREAD_ANSWERS + 6
     async with AsyncClient(broker.address) as admin:
         await admin.create_topic("crowd", 1)

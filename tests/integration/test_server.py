@@ -228,3 +228,16 @@ async def test_http_metrics_and_stats(tmp_path: Path) -> None:
 
 async def test_http_is_off_by_default(broker: Broker) -> None:
     assert broker.config.http_port == 0 and broker.http_port == 0
+
+
+async def test_closed_connection_is_detached_from_its_group_members(broker: Broker) -> None:
+    """Issue 12 bug 1: ``forget_connection`` compared bound methods by identity (always
+    False), so a closed connection stayed referenced by its members until they expired."""
+    with trio.fail_after(10):
+        async with AsyncClient(broker.address) as c:
+            await c.heartbeat(control.Heartbeat("g", "m1", ["t"]))
+            member = broker.groups.groups["g"].members["m1"]
+            assert member.notify is not None
+        while broker.stats.connections:  # the broker noticed the close
+            await trio.sleep(0.01)
+        assert member.notify is None

@@ -24,6 +24,9 @@ from equeue.codec import (
     Request,
     Response,
     Role,
+    encode_handshake_answer,
+    encode_push,
+    encode_response,
 )
 from equeue.errors import EQueueError, ErrorCode, LocalProtocolError, RemoteProtocolError
 
@@ -566,3 +569,51 @@ def test_rejected_hello_leaves_the_state_unchanged() -> None:
     assert not server.handshake_done
     client.receive_data(server.send(HelloAck()))
     assert client.next_event() == HelloAck()
+
+
+# ---------------------------------------------------------------- server encoders
+@given(
+    code=u16,
+    request_id=u32,
+    parts=st.lists(st.binary(max_size=300), max_size=6),
+    chunk=st.integers(1, 64),
+)
+def test_encode_response_is_decoded_by_the_client(
+    code: int, request_id: int, parts: list[bytes], chunk: int
+) -> None:
+    client, _server = pair()
+    data = b"".join(encode_response(code, request_id, parts))
+    for i in range(0, len(data), chunk):
+        client.receive_data(data[i : i + chunk])
+    assert drain(client) == [Response(request_id, code, b"".join(parts))]
+
+
+@given(response=responses)
+def test_encode_response_matches_the_state_machine(response: Response) -> None:
+    _client, server = pair()
+    assert b"".join(
+        encode_response(response.code, response.request_id, [response.payload])
+    ) == server.send(response)
+
+
+@given(push=pushes)
+def test_encode_push_is_decoded_by_the_client(push: Push) -> None:
+    client, server = pair()
+    data = b"".join(encode_push(push.code, push.payload))
+    assert data == server.send(push)
+    client.receive_data(data)
+    assert drain(client) == [push]
+
+
+@given(code=u16)
+def test_encode_handshake_answer_is_a_hello_ack(code: int) -> None:
+    client = Connection(Role.CLIENT)
+    client.send(Hello())
+    client.receive_data(encode_handshake_answer(code))
+    assert client.next_event() == HelloAck(PROTOCOL_VERSION, code)
+
+
+def test_encode_response_keeps_payload_pieces_uncopied() -> None:
+    big = b"x" * 10_000
+    parts = encode_response(0, 7, [b"head", big])
+    assert parts[2] is big and len(parts) == 3

@@ -28,6 +28,10 @@ ANSWER_TYPES: list[type] = [
     control.GroupQueue,
     control.GroupDescription,
     control.BrokerStats,
+    control.SendBackAnswer,
+    control.DeadLetter,
+    control.DlqPage,
+    control.DlqResendAnswer,
 ]
 
 #: floats travel as JSON numbers: NaN would never compare equal after a round trip
@@ -58,7 +62,7 @@ ALL_MODELS = sorted([*REQUEST_TYPES.values(), *ANSWER_TYPES], key=lambda c: c.__
 
 
 def test_request_types_are_keyed_by_their_code() -> None:
-    assert len(REQUEST_TYPES) == 19
+    assert len(REQUEST_TYPES) == 22
     for code, cls in REQUEST_TYPES.items():
         assert getattr(cls, "CODE") == code  # noqa: B009
         assert isinstance(code, RequestCode)

@@ -1,0 +1,128 @@
+"""What every request family shares: the per-request context, the narrow write
+side, the configuration values handlers read, and topic lookup (with auto-create).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import attrs
+
+from broker.groups import Notify
+from broker.storage import StoreReader
+from broker.storage import CreateTopicOp, WriteOp
+from broker.thread_answer import ThreadWritable
+from equeue import control
+from equeue.config import BrokerConfig
+from equeue.errors import QueueNotFound, TopicNotFound
+from equeue.names import is_internal, validate_topic
+
+log = logging.getLogger("equeue.handlers")
+
+__all__ = [
+    "Closing",
+    "Limits",
+    "OpQueue",
+    "Parts",
+    "RequestContext",
+    "Submit",
+    "TopicDirectory",
+    "check_queue",
+]
+
+#: a response payload, as pieces
+Parts = list[bytes]
+#: the appender's submit: queue a write op, wait until it committed, its result
+Submit = Callable[[WriteOp], Awaitable[Any]]
+
+
+class OpQueue(Protocol):
+    """The appender's write side as the produce fast path uses it."""
+
+    def enqueue(self, op: WriteOp, callback: Any = None) -> Any: ...
+    async def wait(self, p: Any) -> Any: ...
+
+
+class RequestContext:
+    """What a handler may know of the request it answers and of its connection.
+
+    ``notify`` pushes GROUP_CHANGED to the connection (heartbeats register it).
+    ``output`` is where the writer thread may write this request's answer itself
+    (parked pulls, :mod:`broker.thread_answer`); None: answers go through the caller.
+    """
+
+    __slots__ = ("notify", "output", "request_id")
+
+    def __init__(
+        self,
+        request_id: int = 0,
+        notify: Notify | None = None,
+        output: ThreadWritable | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.notify = notify
+        self.output = output
+
+
+class Closing:
+    """Whether the broker is shutting down (set once by the server; read by handlers)."""
+
+    __slots__ = ("closing",)
+
+    def __init__(self) -> None:
+        self.closing = False
+
+
+@attrs.frozen
+class Limits:
+    """The configuration values the handlers read."""
+
+    auto_create_topics: bool
+    default_queues: int
+    max_queues: int
+    max_message_bytes: int
+    max_delay_ms: int
+    max_frame: int
+    max_pull_wait: float
+
+    @classmethod
+    def from_config(cls, cfg: BrokerConfig) -> Limits:
+        return cls(
+            cfg.auto_create_topics, cfg.default_queues, cfg.max_queues, cfg.max_message_bytes,
+            int(cfg.max_delay * 1000), cfg.max_frame, cfg.max_pull_wait,
+        )  # fmt: skip
+
+
+def check_queue(info: control.TopicInfo, queue_id: int) -> None:
+    """Raises QueueNotFound unless ``queue_id`` is one of the topic's queues."""
+    if not 0 <= queue_id < info.queues:
+        raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
+
+
+class TopicDirectory:
+    """Topic lookup for handlers: an existing topic, or one created on first use
+    (when the broker auto-creates topics; retry and dead-letter topics always)."""
+
+    def __init__(self, store: StoreReader, submit: Submit, limits: Limits) -> None:
+        self._store = store
+        self._submit = submit
+        self._auto_create = limits.auto_create_topics
+        self._default_queues = limits.default_queues
+
+    def get(self, name: str) -> control.TopicInfo | None:
+        return self._store.topics.get(name)
+
+    async def require(self, name: str, auto_create: bool = False) -> control.TopicInfo:
+        """The topic ``name``; raises TopicNotFound (or InvalidName)."""
+        info = self._store.topics.get(name)
+        if info is not None:
+            return info
+        validate_topic(name, allow_internal=True)
+        # internal retry/DLQ topics are always created on first use
+        if auto_create and (self._auto_create or is_internal(name)):
+            info = await self._submit(CreateTopicOp(name, self._default_queues, exist_ok=True))
+            log.info("auto-created topic %s with %d queues", name, info.queues)
+            return info  # type: ignore[no-any-return]
+        raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")

@@ -1,0 +1,201 @@
+"""Retry and dead letters: SEND_BACK, DLQ_LIST, DLQ_RESEND.
+
+SEND_BACK moves a failed message's copy to the group's retry topic (delayed, the
+delay ladder of ARCHITECTURE §6) or, past the consumer's maximum, to its
+dead-letter topic: the broker reads the message itself, so the consumer sends only
+where it read it. DLQ_LIST answers one page of dead letters; DLQ_RESEND resends
+letters at most once each (:mod:`broker.storage.deadletters`).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+
+from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
+from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory, check_queue
+from broker.storage import StoreReader
+from broker.storage import ProduceOp
+from equeue import control, wire
+from equeue.config import DEFAULTS
+from equeue.errors import BadRequest, MessageNotFound, TopicNotFound
+from equeue.models import (
+    PROP_ORIGIN_GLOBAL,
+    PROP_ORIGIN_OFFSET,
+    PROP_ORIGIN_QUEUE,
+    PROP_ORIGIN_TOPIC,
+    PROP_RETRY_GROUP,
+    SYSTEM_PROPERTY_PREFIX,
+    Message,
+)
+from equeue.names import dlq_topic, retry_topic, validate_group
+from equeue.protocol import PullStatus
+
+__all__ = ["DeadLetterHandlers", "retry_delay_ms"]
+
+#: the default delay ladder (ms), when a SEND_BACK names none
+DEFAULT_DELAYS_MS = tuple(int(d * 1000) for d in DEFAULTS.retry_delays)
+#: most letters per DLQ_LIST page, and per DLQ_RESEND transaction
+MAX_PAGE = 1000
+
+
+def retry_delay_ms(delays_ms: tuple[int, ...] | list[int], reconsume_times: int) -> int:
+    """The delay before attempt ``reconsume_times + 1`` (the last delay repeats)."""
+    return delays_ms[min(reconsume_times, len(delays_ms) - 1)] if delays_ms else 0
+
+
+def _int(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+def _letter(m: Message, resent: bool) -> control.DeadLetter:
+    props = m.properties
+    return control.DeadLetter(
+        m.global_offset, m.queue_id, m.queue_offset, m.origin_topic,
+        _int(props.get(PROP_ORIGIN_QUEUE), -1), _int(props.get(PROP_ORIGIN_OFFSET), -1),
+        m.key, m.tags, m.reconsume_times, m.timestamp, props, base64.b64encode(m.body).decode("ascii"), resent,
+    )  # fmt: skip
+
+
+class DeadLetterHandlers:
+    def __init__(self, topics: TopicDirectory, store: StoreReader, submit: Submit, limits: Limits) -> None:
+        self._topics = topics
+        self._store = store
+        self._submit = submit
+        self._max_body = limits.max_message_bytes
+        self._max_delay_ms = limits.max_delay_ms
+        #: record bytes per DLQ_LIST page (base64 and JSON add about half again)
+        self._page_bytes = max(1, (limits.max_frame - 4096) // 2)
+
+    # ------------------------------------------------------------------ SEND_BACK
+    async def send_back(self, req: control.SendBack, ctx: RequestContext) -> control.SendBackAnswer:
+        validate_group(req.group)
+        if req.reconsume_times < 0 or req.max_reconsume_times < 0 or any(d < 0 for d in req.retry_delays_ms):
+            raise BadRequest("reconsume_times, max_reconsume_times and retry delays must be >= 0")
+        info = await self._topics.require(req.topic)
+        check_queue(info, req.queue_id)
+        found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset)
+        if found is None:
+            raise MessageNotFound(f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset}")
+        msg = wire.decode_record(info.name, found[0], found[1])
+        props = dict(msg.properties)
+        props.setdefault(PROP_ORIGIN_TOPIC, msg.topic)
+        props.setdefault(PROP_ORIGIN_QUEUE, str(msg.queue_id))
+        props.setdefault(PROP_ORIGIN_OFFSET, str(msg.queue_offset))
+        props.setdefault(PROP_ORIGIN_GLOBAL, str(msg.global_offset))
+        props[PROP_RETRY_GROUP] = req.group
+        rc = req.reconsume_times
+        dead = rc >= req.max_reconsume_times
+        if dead:
+            target, deliver_at = dlq_topic(req.group), 0
+            copy = Message(msg.body, msg.key, msg.tags, props, reconsume_times=rc)
+        else:
+            delays = req.retry_delays_ms or DEFAULT_DELAYS_MS
+            target = retry_topic(req.group)
+            deliver_at = time.time_ns() // 1_000_000 + retry_delay_ms(delays, rc)
+            copy = Message(msg.body, msg.key, msg.tags, props, deliver_at=deliver_at, reconsume_times=rc + 1)
+        dest = await self._topics.require(target, auto_create=True)
+        qid = _int(props.get(PROP_ORIGIN_QUEUE), 0) % dest.queues
+        await self._submit(
+            ProduceOp(dest, qid, [wire.encode_entry(copy)], max_body=self._max_body, max_delay_ms=self._max_delay_ms)
+        )
+        return control.SendBackAnswer(target, qid, dead, deliver_at)
+
+    # ------------------------------------------------------------------ DLQ_LIST
+    def _letters(self, group: str) -> control.TopicInfo | None:
+        validate_group(group)
+        return self._store.topics.get(dlq_topic(group))
+
+    def _page(
+        self, info: control.TopicInfo, queue_id: int, offset: int, limit: int
+    ) -> tuple[list[Message], int, int, bool]:
+        """Up to ``limit`` letters from the cursor on; (letters, next queue, next offset, done)."""
+        out: list[Message] = []
+        budget = self._page_bytes
+        q, off = max(0, queue_id), max(0, offset)
+        while q < info.queues:
+            qs = self._store.queue_state(info.topic_id, q)
+            off = max(off, qs.min_offset)
+            if off < qs.next_offset:
+                r = self._store.read_queue(info, q, off, limit - len(out), budget)
+                if r.status is PullStatus.FOUND:
+                    out += [wire.decode_record(info.name, g, rec) for g, rec in zip(r.globals, r.recs, strict=True)]
+                    budget -= sum(map(len, r.recs))
+                    off = r.next_offset
+                    if len(out) >= limit or budget <= 0:
+                        return out, q, off, q == info.queues - 1 and off >= qs.next_offset
+                    continue
+                if r.status is PullStatus.OFFSET_TOO_SMALL:
+                    off = r.min_offset
+                    continue
+            q, off = q + 1, 0
+        return out, q, 0, True
+
+    async def list_letters(self, req: control.DlqList, ctx: RequestContext) -> control.DlqPage:
+        info = self._letters(req.group)
+        if info is None:
+            return control.DlqPage([], 0, 0, True)  # no dead letters yet
+        limit = max(1, min(req.limit, MAX_PAGE))
+        msgs, nq, noff, done = self._page(info, req.queue_id, req.offset, limit)
+        resent: set[int] = await self._submit(ResentMarksOp(req.group, [m.global_offset for m in msgs]))
+        return control.DlqPage([_letter(m, m.global_offset in resent) for m in msgs], nq, noff, done)
+
+    # ------------------------------------------------------------------ DLQ_RESEND
+    async def resend(self, req: control.DlqResend, ctx: RequestContext) -> control.DlqResendAnswer:
+        info = self._letters(req.group)
+        if info is None:
+            raise TopicNotFound(f"group {req.group!r} has no dead letters ({dlq_topic(req.group)} does not exist)")
+        if not req.ids and not req.all_letters:
+            raise BadRequest("name the letters to resend (ids) or ask for all of them")
+        answer = control.DlqResendAnswer([], [], {})
+        if req.ids:
+            msgs = []
+            for i in dict.fromkeys(req.ids):
+                rec = self._store.get_global(i) if i >= 0 else None
+                if rec is None or wire.record_header(rec, verify=False).topic_id != info.topic_id:
+                    raise MessageNotFound(f"no dead letter {i} in {info.name} (see: equeue dlq list {req.group})")
+                msgs.append(wire.decode_record(info.name, i, rec))
+            for start in range(0, len(msgs), MAX_PAGE):
+                await self._resend(req.group, msgs[start : start + MAX_PAGE], answer)
+        if req.all_letters:
+            q, off, done = 0, 0, False
+            while not done:
+                msgs, q, off, done = self._page(info, q, off, MAX_PAGE)
+                await self._resend(req.group, msgs, answer)
+        return answer
+
+    def _first_retained(self, group: str) -> int:
+        """A global offset below every retained letter of the group (its queues'
+        first records; the store's next offset when none is retained)."""
+        store = self._store
+        info = store.topics.get(dlq_topic(group))
+        first = store.next_global
+        if info is None:
+            return first
+        for q in range(info.queues):
+            qs = store.queue_state(info.topic_id, q)
+            if qs.min_offset < qs.next_offset:
+                hit = store.get_queue_offset(info, q, qs.min_offset)
+                if hit is None:  # its first record is being removed right now: keep every record
+                    return 0
+                first = min(first, hit[0])
+        return first
+
+    async def _resend(self, group: str, msgs: list[Message], answer: control.DlqResendAnswer) -> None:
+        letters = []
+        for m in msgs:
+            origin = m.properties.get(PROP_ORIGIN_TOPIC)
+            if origin is None:
+                answer.failed[m.global_offset] = "no origin topic recorded"
+                continue
+            props = {k: v for k, v in m.properties.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)}
+            entry = wire.encode_entry(Message(m.body, m.key, m.tags, props))
+            letters.append(Letter(m.global_offset, origin, _int(m.properties.get(PROP_ORIGIN_QUEUE), 0), entry))
+        if letters:
+            resent, already, failed = await self._submit(ResendOp(group, letters, self._first_retained(group)))
+            answer.resent.extend(resent)
+            answer.already_resent.extend(already)
+            answer.failed.update(failed)

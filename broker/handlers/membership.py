@@ -1,0 +1,73 @@
+"""Group requests: heartbeat (membership and leases), leave, release, list, describe."""
+
+from __future__ import annotations
+
+from broker.groups import GroupRegistry
+from broker.handlers.base import RequestContext
+from broker.storage import StoreReader
+from equeue import control
+from equeue.names import validate_group
+
+__all__ = ["GroupHandlers"]
+
+
+class GroupHandlers:
+    def __init__(self, store: StoreReader, groups: GroupRegistry) -> None:
+        self._store = store
+        self._groups = groups
+
+    async def heartbeat(
+        self, req: control.Heartbeat, ctx: RequestContext
+    ) -> control.HeartbeatAnswer:
+        validate_group(req.group)
+        counts: dict[str, int] = {}
+        for t in req.topics:
+            info = self._store.topics.get(t)
+            if info is not None:
+                counts[t] = info.queues
+        return self._groups.heartbeat(req, ctx.notify, counts)
+
+    async def leave_group(self, req: control.LeaveGroup, ctx: RequestContext) -> None:
+        self._groups.leave(req.group, req.consumer_id)
+
+    async def release_queues(self, req: control.ReleaseQueues, ctx: RequestContext) -> None:
+        self._groups.release(req.group, req.consumer_id, req.leases)
+
+    async def list_groups(
+        self, req: control.ListGroups, ctx: RequestContext
+    ) -> list[control.GroupSummary]:
+        store, groups = self._store, self._groups
+        names = set(groups.groups) | store.groups_of()
+        out = []
+        for name in sorted(names):
+            members = groups.live_members(name)
+            topics = sorted(
+                {t for m in members for t in m.topics}
+                | {t for (t, _q) in store.group_offsets(name)}
+            )
+            out.append(control.GroupSummary(name, len(members), topics))
+        return out
+
+    async def describe_group(
+        self, req: control.DescribeGroup, ctx: RequestContext
+    ) -> control.GroupDescription:
+        store, groups = self._store, self._groups
+        members = groups.live_members(req.group)
+        offsets = store.group_offsets(req.group)
+        topics = {t for m in members for t in m.topics} | {t for (t, _q) in offsets}
+        queues = []
+        for t in sorted(topics):
+            info = store.topics.get(t)
+            if info is None:
+                continue
+            for q in range(info.queues):
+                qs = store.queue_state(info.topic_id, q)
+                committed = offsets.get((t, q), -1)
+                base = committed if committed >= 0 else qs.min_offset
+                gq = control.GroupQueue(
+                    t, q, groups.owner(req.group, t, q), committed, qs.next_offset,
+                    max(0, qs.next_offset - max(base, qs.min_offset)),
+                )  # fmt: skip
+                queues.append(gq)
+        g = groups.groups.get(req.group)
+        return control.GroupDescription(req.group, members, queues, g.generation if g else 0)

@@ -1,0 +1,87 @@
+"""Offset requests: a queue's range, offset for a time, consumer offsets (commit,
+query, reset)."""
+
+from __future__ import annotations
+
+from broker.groups import GroupRegistry
+from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_queue
+from broker.storage import StoreReader
+from broker.storage import CommitOffsetOp
+from equeue import control
+from equeue.errors import BadRequest, GroupHasMembers, NotQueueOwner
+from equeue.names import validate_group
+
+__all__ = ["OffsetHandlers"]
+
+
+class OffsetHandlers:
+    def __init__(
+        self, topics: TopicDirectory, store: StoreReader, submit: Submit, groups: GroupRegistry
+    ) -> None:
+        self._topics = topics
+        self._store = store
+        self._submit = submit
+        self._groups = groups
+
+    async def queue_offsets(
+        self, req: control.QueueOffsets, ctx: RequestContext
+    ) -> control.QueueStats:
+        info = await self._topics.require(req.topic)
+        check_queue(info, req.queue_id)
+        q = self._store.queue_state(info.topic_id, req.queue_id)
+        return control.QueueStats(
+            req.queue_id, q.min_offset, q.next_offset, q.next_offset - q.min_offset, q.bytes
+        )
+
+    async def offset_for_time(
+        self, req: control.OffsetForTime, ctx: RequestContext
+    ) -> control.OffsetAnswer:
+        info = await self._topics.require(req.topic)
+        check_queue(info, req.queue_id)
+        return control.OffsetAnswer(
+            self._store.offset_for_time(info, req.queue_id, req.timestamp_ms)
+        )
+
+    async def commit_offset(self, req: control.CommitOffset, ctx: RequestContext) -> None:
+        validate_group(req.group)
+        info = await self._topics.require(req.topic)
+        check_queue(info, req.queue_id)
+        if req.consumer_id and not self._groups.holds(
+            req.group, req.consumer_id, req.topic, req.queue_id
+        ):
+            raise NotQueueOwner(
+                f"consumer {req.consumer_id} does not hold {req.topic}/{req.queue_id} in group {req.group}"
+            )
+        if req.offset < 0:
+            raise BadRequest("offset must be >= 0")
+        await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset))
+
+    async def query_offset(
+        self, req: control.QueryOffset, ctx: RequestContext
+    ) -> control.OffsetAnswer:
+        return control.OffsetAnswer(self._store.committed(req.group, req.topic, req.queue_id))
+
+    async def reset_offsets(
+        self, req: control.ResetOffsets, ctx: RequestContext
+    ) -> control.ResetAnswer:
+        validate_group(req.group)
+        info = await self._topics.require(req.topic)
+        if self._groups.live_members(req.group) and not req.force:
+            raise GroupHasMembers(
+                f"group {req.group!r} has live members; stop them first or pass --force"
+            )
+        out: dict[int, int] = {}
+        for q in range(info.queues):
+            qs = self._store.queue_state(info.topic_id, q)
+            if req.to == "earliest":
+                off = qs.min_offset
+            elif req.to == "latest":
+                off = qs.next_offset
+            elif req.to == "time":
+                off = self._store.offset_for_time(info, q, req.timestamp_ms)
+            else:
+                raise BadRequest(f"reset target must be earliest, latest or time, not {req.to!r}")
+            out[q] = off
+        for q, off in out.items():
+            await self._submit(CommitOffsetOp(req.group, req.topic, q, off))
+        return control.ResetAnswer(out)

@@ -1,0 +1,84 @@
+"""PRODUCE: decode, validate and queue a batch for the appender; answer once it
+committed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from broker.handlers.base import Closing, Limits, OpQueue, Parts, RequestContext, TopicDirectory
+from broker.stats import Counters
+from broker.storage import ProduceOp
+from equeue import wire
+from equeue.errors import BadRequest, BrokerShuttingDown, QueueNotFound, TopicNotFound
+
+__all__ = ["ProduceHandler"]
+
+
+class ProduceHandler:
+    """The produce hot path (:meth:`prepare` + :meth:`answer`, no task) and the
+    general path (:meth:`handle`, which may create the topic first)."""
+
+    def __init__(
+        self,
+        topics: TopicDirectory,
+        appender: OpQueue,
+        counters: Counters,
+        closing: Closing,
+        limits: Limits,
+    ) -> None:
+        self._topics = topics
+        self._appender = appender
+        self._counters = counters
+        self._closing = closing
+        self._max_body = limits.max_message_bytes
+        self._max_delay_ms = limits.max_delay_ms
+
+    def prepare(self, payload: bytes) -> Any:
+        """Decode, validate and enqueue a produce request at once, without a
+        checkpoint, so one connection's requests commit in arrival order (pipelined
+        batches of a producer then never reach the appender swapped).
+
+        Returns the appender's pending op, or None when the topic does not exist
+        yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
+        requests.
+        """
+        req = wire.ProduceRequest.decode(payload)
+        if self._closing.closing:
+            raise BrokerShuttingDown("the broker is shutting down")
+        info = self._topics.get(req.topic)
+        if info is None:
+            return None
+        if not 0 <= req.queue_id < info.queues:
+            raise QueueNotFound(
+                f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id} "
+                f"(queue count: {info.queues})"
+            )
+        if not req.entries:
+            raise BadRequest("empty produce batch")
+        op = ProduceOp(
+            info,
+            req.queue_id,
+            req.entries,
+            req.producer_id,
+            req.base_sequence,
+            self._max_body,
+            self._max_delay_ms,
+        )
+        return self._appender.enqueue(op)
+
+    def answer(self, answer: wire.ProduceResponse, nbytes: int) -> Parts:
+        """The answer payload of a committed produce (and its statistics)."""
+        self._counters.messages_in += answer.stored
+        self._counters.bytes_in += nbytes
+        return [answer.encode()]
+
+    async def handle(self, payload: bytes, ctx: RequestContext) -> Parts:
+        """The general path: auto-creates a missing topic first."""
+        pending = self.prepare(payload)
+        if pending is None:
+            req = wire.ProduceRequest.decode(payload)
+            await self._topics.require(req.topic, auto_create=req.auto_create)
+            pending = self.prepare(payload)
+            if pending is None:
+                raise TopicNotFound(f"topic {req.topic!r} was deleted")
+        return self.answer(await self._appender.wait(pending), len(payload))

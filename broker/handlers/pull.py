@@ -1,0 +1,97 @@
+"""PULL: read a queue; park the pull (long-poll) while there is nothing to return."""
+
+from __future__ import annotations
+
+import trio
+
+from broker.groups import GroupRegistry
+from broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
+from broker.longpoll import ParkedPulls
+from broker.storage import StoreReader
+from broker.stats import Counters
+from broker.thread_answer import PullAnswer
+from equeue import wire
+from equeue.errors import NotQueueOwner, QueueNotFound
+from equeue.protocol import PullStatus
+
+__all__ = ["PullHandler"]
+
+
+class PullHandler:
+    def __init__(
+        self, topics: TopicDirectory, store: StoreReader, groups: GroupRegistry, parked: ParkedPulls,
+        counters: Counters, closing: Closing, limits: Limits,
+    ) -> None:  # fmt: skip
+        self._topics = topics
+        self._store = store
+        self._groups = groups
+        self._parked = parked
+        self._counters = counters
+        self._closing = closing
+        self._max_bytes = limits.max_frame - 1024
+        self._max_wait = limits.max_pull_wait
+
+    async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:
+        """Answer a pull; park it (long-poll) while there is nothing to return.
+
+        With a ``ctx.output`` (and a request id), the appender's writer thread may
+        answer the parked pull itself right after the commit that fed it
+        (:mod:`broker.thread_answer`); then this returns None and the caller sends
+        nothing.
+        """
+        req = wire.PullRequest.decode(payload)
+        info = await self._topics.require(req.topic)
+        qid = req.queue_id
+        if not 0 <= qid < info.queues:
+            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {qid}")
+        if req.consumer_id and not self._groups.holds(req.group, req.consumer_id, req.topic, qid):
+            raise NotQueueOwner(
+                f"consumer {req.consumer_id} does not hold {req.topic}/{qid} in group {req.group}"
+            )
+        tags = wire.parse_tag_filter(req.tags)
+        max_messages = max(1, min(req.max_messages, 10_000))
+        max_bytes = max(1, min(req.max_bytes, self._max_bytes))
+        verify = not req.flags & wire.PULL_CLIENT_VERIFIES
+        encode = (
+            wire.encode_pull_response_packed
+            if req.flags & wire.PULL_PACKED
+            else wire.encode_pull_response_plain
+        )
+        store = self._store
+        counters = self._counters
+        r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify)
+        offset = req.offset
+        if r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset > offset:
+            offset = r.next_offset  # everything so far filtered out by tags
+        closing = self._closing
+        if r.status is PullStatus.NO_NEW_MESSAGE and req.max_wait_ms > 0 and not closing.closing:
+            answer = None
+            if ctx.request_id and ctx.output is not None:
+                answer = PullAnswer(
+                    store,
+                    ctx.output,
+                    ctx.request_id,
+                    info,
+                    qid,
+                    offset,
+                    max_messages,
+                    max_bytes,
+                    tags,
+                    verify,
+                    encode,
+                )
+            with trio.move_on_after(min(req.max_wait_ms / 1000, self._max_wait)):
+                while r.status is PullStatus.NO_NEW_MESSAGE and not closing.closing:
+                    sent = await self._parked.wait(info.topic_id, qid, answer)
+                    if sent is not None:
+                        counters.messages_out += sent[0]
+                        counters.bytes_out += sent[1]
+                        return None
+                    info = await self._topics.require(req.topic)
+                    r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)
+                    if r.status is PullStatus.NO_NEW_MESSAGE:
+                        offset = max(offset, r.next_offset)
+                        if answer is not None:
+                            answer.info, answer.offset = info, offset
+        counters.messages_out += len(r.recs)
+        return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)
