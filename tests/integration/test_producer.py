@@ -30,7 +30,7 @@ from equeue import (
 )
 from equeue.routing import queue_for_key
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
-from producer._batch import deliver_at_ms, encode_entry
+from producer._batch import deliver_at_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,22 +44,6 @@ async def read_queue(c: AsyncClient, topic: str, queue_id: int) -> list[Message]
             return out
         out += r.messages
         offset = r.next_offset
-
-
-def test_entry_encoding_matches_wire() -> None:
-    for m in (
-        Message(b"body"),
-        Message("héllo", key="k", tags="t", properties={"a": "1", "b": "ü"}, deliver_at=123),
-        Message(b"", key="", tags=""),
-    ):
-        got = encode_entry(
-            m.body,
-            m.key.encode() if m.key is not None else None,
-            m.tags.encode() if m.tags is not None else None,
-            m.properties,
-            m.deliver_at,
-        )
-        assert got == wire.encode_entry(m)
 
 
 def test_deliver_at_conversion() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import stamina
 import trio
@@ -68,7 +70,7 @@ async def test_retry_async_waits_with_trio_clock(autojump_clock: trio.abc.Clock)
 
     stamina.set_testing(False)
     assert await retry_async(fn, policy) == "ok"
-    gaps = [b - a for a, b in zip(stamped, stamped[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamped)]
     assert gaps == pytest.approx([1.0, 2.0])
 
 

@@ -1,0 +1,63 @@
+"""The producer's memory bound: bytes of encoded entries not answered yet.
+
+Submitting threads reserve bytes (:meth:`Buffer.try_reserve`) under :attr:`Buffer.lock`,
+the same lock that guards every lane's open batch, send queue and pending set (a
+message is buffered and placed in its batch in one critical section). The loop
+releases the bytes of each finished batch and wakes the tasks waiting for space.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import trio
+
+from equeue.errors import BufferFull
+from producer.options import OnFull
+
+__all__ = ["Buffer"]
+
+
+class Buffer:
+    """At most ``limit`` buffered bytes (one entry may always go alone into an
+    empty buffer); beyond that callers wait (``OnFull.BLOCK``) or get BufferFull."""
+
+    def __init__(self, limit: int, on_full: OnFull) -> None:
+        self.limit = limit
+        self.on_full = on_full
+        #: guards ``used`` and the lanes' open/sendq/pending (any thread)
+        self.lock = threading.Lock()
+        self.used = 0
+        self._space = trio.Event()
+        self._waiters = 0
+
+    def full_error(self) -> BufferFull:
+        return BufferFull(f"{self.used} bytes are buffered (max_buffered_bytes={self.limit})")
+
+    def try_reserve(self, n: int) -> bool:
+        """Count ``n`` more bytes; False when they do not fit (``OnFull.BLOCK``).
+
+        Call with :attr:`lock` held. Raises BufferFull instead with ``OnFull.RAISE``.
+        """
+        if self.used + n > self.limit and self.used > 0:
+            if self.on_full is OnFull.RAISE:
+                raise self.full_error()
+            return False
+        self.used += n
+        return True
+
+    def release(self, n: int) -> None:
+        """A batch of ``n`` bytes finished (loop thread): free them, wake the waiters."""
+        with self.lock:
+            self.used -= n
+        if self._waiters:
+            self._space.set()
+            self._space = trio.Event()
+
+    async def wait_space(self) -> None:
+        """Wait until some bytes are released (loop thread)."""
+        self._waiters += 1
+        try:
+            await self._space.wait()
+        finally:
+            self._waiters -= 1
