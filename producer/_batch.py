@@ -56,6 +56,7 @@ def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | 
 class _Batch:
     """Entries for one (topic, queue), sent as one produce request.
 
+    The submit path appends to ``entries`` and ``nbytes`` under the buffer lock.
     ``pid``/``seq`` are assigned when the batch is first sent and kept across
     retries (the broker deduplicates on them). ``delayed`` batches hold only
     delayed entries, others only immediate ones, so the offsets in the answer map
@@ -100,11 +101,6 @@ class _Batch:
         self.finished = False
         self.tdone = trio.Event()
         self.thdone = threading.Event()
-
-    def add(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        self.nbytes += len(entry)
-        return len(self.entries) - 1
 
     def finish(self, answer: wire.ProduceResponse | None, error: BaseException | None) -> None:
         """Resolve every handle of the batch (loop thread only)."""

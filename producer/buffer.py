@@ -1,9 +1,13 @@
 """The producer's memory bound: bytes of encoded entries not answered yet.
 
-Submitting threads reserve bytes (:meth:`Buffer.try_reserve`) under :attr:`Buffer.lock`,
-the same lock that guards every lane's open batch, send queue and pending set (a
-message is buffered and placed in its batch in one critical section). The loop
-releases the bytes of each finished batch and wakes the tasks waiting for space.
+The submit path (:meth:`producer.AsyncProducer.try_submit`, any thread) adds an
+entry's bytes to :attr:`Buffer.used` under :attr:`Buffer.lock`, the same lock that
+guards every lane's open batch, send queue and pending set (a message is counted
+and placed in its batch in one critical section): at most :attr:`Buffer.limit`
+bytes, but one entry may always go alone into an empty buffer; beyond that it
+waits (:meth:`Buffer.wait_space`, ``OnFull.BLOCK``) or raises BufferFull
+(``OnFull.RAISE``). The loop releases the bytes of each finished batch and wakes
+the tasks waiting for space.
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ __all__ = ["Buffer"]
 
 
 class Buffer:
-    """At most ``limit`` buffered bytes (one entry may always go alone into an
-    empty buffer); beyond that callers wait (``OnFull.BLOCK``) or get BufferFull."""
+    """The buffered bytes of one producer and the wait for space (module docstring)."""
 
     def __init__(self, limit: int, on_full: OnFull) -> None:
         self.limit = limit
@@ -33,18 +36,6 @@ class Buffer:
 
     def full_error(self) -> BufferFull:
         return BufferFull(f"{self.used} bytes are buffered (max_buffered_bytes={self.limit})")
-
-    def try_reserve(self, n: int) -> bool:
-        """Count ``n`` more bytes; False when they do not fit (``OnFull.BLOCK``).
-
-        Call with :attr:`lock` held. Raises BufferFull instead with ``OnFull.RAISE``.
-        """
-        if self.used + n > self.limit and self.used > 0:
-            if self.on_full is OnFull.RAISE:
-                raise self.full_error()
-            return False
-        self.used += n
-        return True
 
     def release(self, n: int) -> None:
         """A batch of ``n`` bytes finished (loop thread): free them, wake the waiters."""

@@ -53,18 +53,18 @@ class Route:
         properties: dict[str, Any] | None,
         due: int,
     ) -> int:
-        """The queue of one message (any thread). Raises ConfigError when a
-        ``queue_selector`` returns no valid queue id."""
-        count = self.count
+        """The queue of one message (any thread; the produce hot path). Raises
+        ConfigError when a ``queue_selector`` returns no valid queue id."""
         selector = options.queue_selector
-        if selector is not None:
-            qid = selector(count, Message(body, key, tags, properties or {}, due, self.topic))
-            if not isinstance(qid, int) or not 0 <= qid < count:
-                raise ConfigError(f"queue_selector returned {qid!r}; {self.topic!r} has {count} queues")
-            return qid
-        if key is not None:
-            return queue_for_key(key, count)
-        return self.rr.next(count)
+        if selector is None:
+            if key is not None:
+                return queue_for_key(key, self.count)
+            return self.rr.next(self.count)
+        count = self.count
+        qid = selector(count, Message(body, key, tags, properties or {}, due, self.topic))
+        if not isinstance(qid, int) or not 0 <= qid < count:
+            raise ConfigError(f"queue_selector returned {qid!r}; {self.topic!r} has {count} queues")
+        return qid
 
 
 class Routes:
