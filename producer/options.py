@@ -105,7 +105,10 @@ class ProducerOptions:
     retry_backoff: float = attrs.field(default=0.2, validator=_range(0))
     #: from the call to the answer, retries included, seconds
     send_timeout: float = attrs.field(default=30.0, validator=_range(0, above=True))
-    #: how long a batch waits for more messages, seconds (``inf``: until full or asked)
+    #: how long a batch waits for more messages, seconds. ``inf``: until full or
+    #: asked (``send``, ``send_batch``, ``flush``); then a ``send_async`` waiting
+    #: for buffer space held only by open batches waits for good, so keep
+    #: ``max_buffered_bytes`` above (queues x ``max_batch_bytes``)
     linger: float = attrs.field(default=0.005, validator=_range(0))
     #: the largest produce request (one bigger message goes alone)
     max_batch_bytes: int = attrs.field(default=1 << 20, validator=_range(1, MAX_BATCH_BYTES))

@@ -50,11 +50,11 @@ log = logging.getLogger("equeue.spark")
 
 __all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id_for", "sink_options"]
 
-#: rows published together (one ``send_batch`` per topic); a request carries at most
-#: this many entries
-CHUNK_ROWS = 5_000
-#: body bytes published together (a bigger row goes alone)
-CHUNK_BYTES = 16 << 20
+#: rows published together (one ``send_batch`` per topic): a queue's share of a
+#: chunk goes in one request up to MAX_REQUEST_BYTES
+CHUNK_ROWS = 50_000
+#: body bytes published together (a bigger row goes alone): bounds a task's memory
+CHUNK_BYTES = 32 << 20
 #: one produce request carries at most this many bytes
 MAX_REQUEST_BYTES = 4 << 20
 #: attempts per request (the first send and 4 resends)
