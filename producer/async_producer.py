@@ -345,10 +345,9 @@ class AsyncProducer:
     def _lanes_of(self, handles: Iterable[SendHandle]) -> set[_Lane]:
         """The lanes holding the batches of ``handles``."""
         lanes: set[_Lane] = set()
-        for h in handles:
-            b = h._batch
-            route = self._routes.get(b.topic)
-            lane = route.lanes.get(b.queue_id) if route is not None else None
+        for topic, queue_id in {(h._batch.topic, h._batch.queue_id) for h in handles}:
+            route = self._routes.get(topic)
+            lane = route.lanes.get(queue_id) if route is not None else None
             if lane is not None:
                 lanes.add(lane)
         return lanes
