@@ -280,6 +280,16 @@ def test_producer_survives_fork(embedded_broker: EmbeddedBroker) -> None:
         assert sorted(bodies) == sorted(["parent-1", "parent-2", "child-0", "child-1", "child-2", "child-async"])
 
 
+def test_a_forked_child_does_not_reuse_a_given_producer_id() -> None:
+    fixed = bytes(range(16))
+    with Producer("127.0.0.1:1", producer_id=fixed) as p:
+        assert p.producer_id == fixed
+        p._pid = -1  # as seen from a forked child
+        child_core = p._make_core()
+        assert child_core.producer_id != fixed
+        assert child_core.options.producer_id is None and child_core.options.retries == p.options.retries
+
+
 def test_cli_produce_from_file(embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
     from equeue.cli import app
 
