@@ -5,6 +5,7 @@
 - :mod:`producer.options`: :class:`ProducerOptions` and :class:`OnFull`;
 - :mod:`producer.routes`: queue counts and queue selection;
 - :mod:`producer.buffer`: the bound on buffered bytes;
+- :mod:`producer.stats`: what the sends came to (:class:`SendStats`);
 - :mod:`producer._lane`: the ordered, pipelined, idempotent send path of one queue;
 - :mod:`producer._batch`: batches, due times and :class:`SendHandle`.
 
@@ -16,6 +17,7 @@ from equeue.models import Message, SendResult
 from producer._batch import SendHandle
 from producer.async_producer import AsyncProducer
 from producer.options import OnFull, ProducerOptions, QueueSelector
+from producer.stats import SendStats
 from producer.sync_producer import Producer
 
 __all__ = [
@@ -29,4 +31,5 @@ __all__ = [
     "QueueSelector",
     "SendHandle",
     "SendResult",
+    "SendStats",
 ]

@@ -28,8 +28,9 @@ window drain, then decides per batch in order:
   error (a replay under the same id then resends them all in order).
 
 The lane takes only what it uses: the client, the options, its producer id, the
-:class:`~producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``)
-and a callback for a queue the broker does not know.
+:class:`~producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``),
+the :class:`~producer.stats.SendStats` it counts outcomes in, and a callback for a
+queue the broker does not know.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from equeue.protocol import RequestCode
 from producer._batch import _Batch
 from producer.buffer import Buffer
 from producer.options import ProducerOptions, new_producer_id
+from producer.stats import SendStats
 
 log = logging.getLogger("equeue.producer")
 
@@ -80,6 +82,7 @@ class _Lane:
         options: ProducerOptions,
         producer_id: bytes,
         buffer: Buffer,
+        stats: SendStats,
         on_queue_missing: Callable[[str], None],
     ) -> None:
         self.topic = topic
@@ -89,6 +92,7 @@ class _Lane:
         self.policy = options.retry_policy
         self.buffer = buffer
         self.lock = buffer.lock
+        self.stats = stats
         self.on_queue_missing = on_queue_missing
         self.pid: bytes = producer_id
         self.next_seq = 0
@@ -355,9 +359,13 @@ class _Lane:
             self._release(b)
 
     def _release(self, b: _Batch) -> None:
-        """A batch finished: free its buffer bytes once (loop thread)."""
+        """A batch finished: count its outcome and free its buffer bytes, once (loop thread)."""
         with self.lock:
             if b not in self.pending:
                 return
             self.pending.discard(b)
+        if b.error is not None:
+            self.stats.failed_batch(len(b.entries), b.error)
+        elif b.answer is not None:
+            self.stats.answered(len(b.entries), b.answer)
         self.buffer.release(b.nbytes)

@@ -35,6 +35,7 @@ from producer._lane import _Lane
 from producer.buffer import Buffer
 from producer.options import OnFull, ProducerOptions, new_producer_id
 from producer.routes import Route, Routes
+from producer.stats import SendStats
 
 __all__ = ["AsyncProducer", "Body", "Delay"]
 
@@ -69,6 +70,8 @@ class AsyncProducer:
         #: guards lanes' open/sendq/pending and the buffer count (submitting threads)
         self.lock = self._buffer.lock
         self._routes = Routes(self.client, options)
+        #: what the sends came to (counted per finished batch)
+        self.send_stats = SendStats()
         self._kicks: set[_Lane] = set()
         self._kick_scheduled = False
         self._closed = False
@@ -96,14 +99,16 @@ class AsyncProducer:
             if stack is not None:
                 await stack.aclose()
 
-    async def aclose(self) -> None:
+    async def aclose(self, flush: bool = True) -> None:
         """Flush (within ``send_timeout``), then close; later calls raise ClientClosed.
 
-        Messages still unsent after the flush fail with ClientClosed.
+        Messages still unsent after the flush fail with ClientClosed. With
+        ``flush=False`` nothing more is sent: buffered messages fail at once (those
+        already written may or may not be stored).
         """
         if self._closed:
             return
-        if self._nursery is not None:
+        if flush and self._nursery is not None:
             with trio.move_on_after(self.options.send_timeout):
                 await self.flush()
         self._closed = True
@@ -220,11 +225,13 @@ class AsyncProducer:
         return (await self._route(topic)).count
 
     def statistics(self) -> dict[str, int]:
-        """Buffered bytes and lanes (for monitoring)."""
+        """Buffered bytes, lanes, and the messages stored, scheduled, answered as
+        duplicates and failed so far (for monitoring; see :class:`SendStats`)."""
         return {
             "buffered_bytes": self._buffer.used,
             "topics": len(self._routes.topics),
             "lanes": len(self._routes.lanes()),
+            **self.send_stats.counts(),
         }
 
     # ------------------------------------------------------------------ submit path
@@ -339,6 +346,7 @@ class AsyncProducer:
             options=self.options,
             producer_id=self.producer_id,
             buffer=self._buffer,
+            stats=self.send_stats,
             on_queue_missing=self._routes.invalidate,
         )
 

@@ -19,6 +19,7 @@ from equeue.models import Message, SendResult
 from producer._batch import SendHandle, deliver_at_ms
 from producer.async_producer import AsyncProducer, Body, Delay
 from producer.options import ProducerOptions
+from producer.stats import SendStats
 
 __all__ = ["Producer"]
 
@@ -142,11 +143,18 @@ class Producer(SyncFront[AsyncProducer]):
         return self._call(lambda core: core.queue_count(topic))
 
     def statistics(self) -> dict[str, int]:
+        """Buffered bytes, lanes and message outcomes (see AsyncProducer.statistics)."""
         return self._ensure()[1].statistics()
 
-    def close(self) -> None:
-        """Flush (within ``send_timeout``) and close. Idempotent."""
-        self._close_core(lambda core: core.aclose())
+    @property
+    def send_stats(self) -> SendStats:
+        """What the sends came to so far (complete up to the last ``flush``)."""
+        return self._ensure()[1].send_stats
+
+    def close(self, flush: bool = True) -> None:
+        """Flush (within ``send_timeout``; not with ``flush=False``) and close.
+        Idempotent. See AsyncProducer.aclose."""
+        self._close_core(lambda core: core.aclose(flush))
 
     @property
     def closed(self) -> bool:

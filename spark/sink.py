@@ -8,10 +8,11 @@ Exactly-once publishing without a broker transaction: every Spark task writes as
 
 Rows are published through the producer core (:class:`producer.Producer`: its
 routing, sequence numbers, idempotence and retry policy), configured by
-:func:`sink_options` so that a replay sends the very same requests: rows go out in
-chunks of at most :data:`CHUNK_ROWS` rows / :data:`CHUNK_BYTES` bytes, each chunk
-with one ``send_batch`` per topic (in row order), so every request is sealed by
-size or at the end of its chunk, never by time (``linger`` is infinite). Rows go
+:func:`sink_options` so that a replay sends the very same requests: rows are
+handed to the producer in row order and the producer is flushed every
+:data:`CHUNK_ROWS` rows / :data:`CHUNK_BYTES` bytes, so every request ends by size
+or at the end of its chunk, never by time (``linger`` is infinite) and never where
+a failure struck (a failed task closes its producer without flushing). Rows go
 to ``queue_for_key(key, queues)`` (round-robin in row order without a key), and
 each (topic, queue) numbers its entries 0, 1, 2... within the task. The id is kept
 after a failure (``stable_id``). A replayed micro-batch (same query id, batch id,
@@ -42,7 +43,6 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from equeue.errors import ConfigError, EQueueError
-from equeue.models import Message
 from producer import Producer, ProducerOptions
 from spark.common import opt_str
 
@@ -50,8 +50,8 @@ log = logging.getLogger("equeue.spark")
 
 __all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id_for", "sink_options"]
 
-#: rows published together (one ``send_batch`` per topic): a queue's share of a
-#: chunk goes in one request up to MAX_REQUEST_BYTES
+#: rows per chunk (then the producer is flushed): a queue's share of a chunk goes
+#: in one request up to MAX_REQUEST_BYTES
 CHUNK_ROWS = 50_000
 #: body bytes published together (a bigger row goes alone): bounds a task's memory
 CHUNK_BYTES = 32 << 20
@@ -97,7 +97,7 @@ class SinkCommit(WriterCommitMessage):
     stored: int = 0
     duplicates: int = 0
     scheduled: int = 0
-    #: chunks published (one ``send_batch`` round per chunk)
+    #: chunks published (one flush of the producer each)
     chunks: int = 0
     per_topic: dict[str, int] = field(default_factory=dict)
 
@@ -108,13 +108,11 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
 
 
 class _Publisher:
-    """Publishes the rows of one task in deterministic chunks through a producer."""
+    """Publishes the rows of one task through a producer, in deterministic chunks."""
 
     def __init__(self, brokers: str, default_topic: str | None, producer_id: bytes, partition_id: int) -> None:
         self.default_topic = default_topic
         self.producer = Producer(brokers, options=sink_options(producer_id))
-        #: the current chunk: topic -> its rows, in row order
-        self.chunk: dict[str, list[Message]] = {}
         self.chunk_rows = 0
         self.chunk_bytes = 0
         self.commit = SinkCommit(partition_id)
@@ -139,42 +137,54 @@ class _Publisher:
             if isinstance(key, bytes | bytearray):
                 key = bytes(key).decode("utf-8", "replace")
             p = props[i] if props is not None else None
-            self.add(topic, Message(body, key, tags[i] if tags is not None else None, dict(p) if p else {}))
+            self.add(topic, body, key, tags[i] if tags is not None else None, dict(p) if p else None)
 
-    def add(self, topic: str, msg: Message) -> None:
-        """Add one row to the chunk; publish the chunk first when the row does not fit."""
-        n = len(msg.body)
+    def add(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> None:
+        """Publish one row (buffered in the producer; the chunk is flushed first when
+        the row does not fit in it). Raises what the producer raises before sending."""
+        n = len(body)
         if self.chunk_rows and (self.chunk_rows >= CHUNK_ROWS or self.chunk_bytes + n > CHUNK_BYTES):
             self.flush()
-        self.chunk.setdefault(topic, []).append(msg)
+        self.producer.send_async(topic, body, key=key, tags=tags, properties=properties)
         self.chunk_rows += 1
         self.chunk_bytes += n
         self.commit.rows += 1
         self.commit.per_topic[topic] = self.commit.per_topic.get(topic, 0) + 1
 
     def flush(self) -> None:
-        """Publish the chunk and wait for every answer (raises the first failure)."""
-        chunk, self.chunk = self.chunk, {}
-        self.chunk_rows = self.chunk_bytes = 0
-        if not chunk:
+        """End the chunk: send what it holds and wait for every answer; raise the
+        first failure of the task."""
+        if not self.chunk_rows:
             return
-        for topic, msgs in chunk.items():
-            for r in self.producer.send_batch(topic, msgs):
-                if r.duplicate:
-                    self.commit.duplicates += 1
-                elif r.scheduled:
-                    self.commit.scheduled += 1
-                else:
-                    self.commit.stored += 1
+        self.chunk_rows = self.chunk_bytes = 0
+        self.producer.flush()
         self.commit.chunks += 1
+        st = self.producer.send_stats
+        self.commit.stored, self.commit.scheduled, self.commit.duplicates = st.stored, st.scheduled, st.duplicates
+        if st.first_error is not None:
+            raise st.first_error
 
     def close(self) -> SinkCommit:
         """Publish what is left, close the producer, return the task's counts."""
         try:
             self.flush()
-        finally:
-            self.producer.close()
+        except BaseException:
+            self.abort()
+            raise
+        self.producer.close()
         return self.commit
+
+    def abort(self) -> None:
+        """The task failed: close the producer without ending the current chunk (its
+        requests would end where the failure struck, not where a replay ends them)."""
+        self.producer.close(flush=False)
 
 
 class _WriterBase:
@@ -196,7 +206,7 @@ class _WriterBase:
             for batch in iterator:
                 pub.add_batch(batch)
         except BaseException:
-            pub.producer.close()
+            pub.abort()
             raise
         return pub.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -180,6 +181,22 @@ async def test_errors_before_sending(broker: Broker) -> None:
             assert (await p.send("t", b"x" * 1000)).queue_offset == 0
         with pytest.raises(ClientClosed):
             await p.send("t", b"x")
+
+
+async def test_statistics_count_outcomes_and_close_without_flush_sends_nothing(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("st", 2)
+            async with AsyncProducer(broker.address, linger=math.inf) as p:
+                await p.send_batch("st", [Message(b"a"), Message(b"b"), Message(b"c", deliver_at=int(time.time() * 1000) + 60_000)])
+                st = p.statistics()
+                assert (st["stored"], st["scheduled"], st["duplicates"], st["failed"]) == (2, 1, 0, 0)
+                h = await p.send_async("st", b"never")  # waits in an open batch (linger is infinite)
+                await p.aclose(flush=False)
+                with pytest.raises(ClientClosed):
+                    await h
+                assert p.send_stats.failed == 1 and isinstance(p.send_stats.first_error, ClientClosed)
+            assert [len(await read_queue(c, "st", q)) for q in range(2)] == [1, 1]
 
 
 async def test_delayed_send_is_scheduled(broker: Broker) -> None:

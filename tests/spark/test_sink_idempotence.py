@@ -19,7 +19,6 @@ from broker import BrokerConfig, EmbeddedBroker
 from equeue import wire
 from equeue.codec import HEADER
 from equeue.errors import ConnectionBroken
-from equeue.models import Message
 from equeue.protocol import RequestCode
 from equeue.routing import queue_for_key
 from producer import Client
@@ -43,9 +42,9 @@ def _publish(addr: str, pid: bytes, rows: list[tuple[str | None, bytes]], stop_a
     pub = sink._Publisher(addr, "out", pid, 0)
     for key, body in rows:
         if stop_after is not None and pub.commit.chunks >= stop_after:
-            pub.producer.close()
-            return pub.commit  # the task "dies": the rows of its current chunk are never sent
-        pub.add("out", Message(body, key))
+            pub.abort()  # the task fails: the rows of its current chunk are never sent
+            return pub.commit
+        pub.add("out", body, key)
     return pub.close()
 
 
@@ -156,7 +155,7 @@ def test_sink_pauses_between_resends(broker: EmbeddedBroker) -> None:
     proxy = ProduceBreaker(broker.address)
     try:
         pub = sink._Publisher(proxy.address, "out", sink.producer_id_for("spark-write", "w-2", 0), 0)
-        pub.add("out", Message(b"x"))
+        pub.add("out", b"x")
         with pytest.raises(ConnectionBroken):
             pub.close()
     finally:
