@@ -53,11 +53,11 @@ __all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id
 #: rows per chunk (then the producer is flushed): a queue's share of a chunk goes
 #: in one request up to MAX_REQUEST_BYTES
 CHUNK_ROWS = 50_000
-#: body bytes published together (a bigger row goes alone): bounds a task's memory
+#: body bytes per chunk (a bigger row makes a chunk alone): bounds a task's memory
 CHUNK_BYTES = 32 << 20
 #: one produce request carries at most this many bytes
 MAX_REQUEST_BYTES = 4 << 20
-#: attempts per request (the first send and 4 resends)
+#: resends of a failed request (5 attempts in all)
 SEND_RETRIES = 4
 
 _UNBOUNDED = 1 << 62
@@ -75,8 +75,8 @@ def sink_options(producer_id: bytes) -> ProducerOptions:
     """The producer options of one sink task: its stable id, requests sealed only by
     size or by the end of a chunk (``linger`` infinite), and no client-side buffer
     or body limit: a task's memory is bounded by its chunk, and the broker's body
-    limit applies. Submitting a chunk therefore never waits for buffer space, the
-    one wait that could let time decide where a request ends."""
+    limit applies. (With a bounded buffer a row could wait for space that only open
+    batches hold, and they end only by size or at the end of the chunk.)"""
     return ProducerOptions(
         producer_id=producer_id,
         stable_id=True,
