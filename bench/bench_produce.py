@@ -11,6 +11,10 @@ The broker runs as ``python -m equeue broker start --port 0 --flush sync|async``
 - P3: 20,000 x 100-byte messages, ``send`` waiting for each ack: msg/s, p50/p99
   (targets >= 4,000 msg/s with ``--flush sync``, >= 20,000 msg/s with ``async``).
 
+The ``cpu/msg`` column is the producer process's CPU time (all its threads, loop
+included) per message: on a shared, loaded machine it moves far less than the
+wall-clock rate, so compare it when checking that the produce path did not slow down.
+
     .venv/bin/python bench/bench_produce.py [--flush sync,async] [--front sync,async]
         [--workloads P1,P2,P3] [--scale 1.0]
 """
@@ -121,7 +125,10 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply message counts")
     args = ap.parse_args()
     work = args.workloads.upper().split(",")
-    print(f"{'flush':6} {'front':6} {'workload':9} {'msgs':>8} {'secs':>7} {'msg/s':>10} {'MB/s':>7}  latency")
+    print(
+        f"{'flush':6} {'front':6} {'workload':9} {'msgs':>8} {'secs':>7} {'msg/s':>10} {'MB/s':>7} "
+        f"{'cpu/msg':>9}  latency"
+    )
     for flush in args.flush.split(","):
         broker = BrokerProc(flush)
         try:
@@ -135,6 +142,7 @@ def main() -> None:
                 for w in work:
                     topic = f"{w}-{front}"
                     lat_s = ""
+                    cpu0 = time.process_time()
                     if w == "P1":
                         n, size = int(200_000 * args.scale), 100
                         secs = stream(broker.address, topic, n, size, args.p1_mode)
@@ -147,10 +155,11 @@ def main() -> None:
                             n = max(200, n // 10)  # one fsync per message: keep the run short
                         secs, lat = each(broker.address, topic, n, size)
                         lat_s = f"p50 {pct(lat, 0.5) * 1e3:.2f} ms  p99 {pct(lat, 0.99) * 1e3:.2f} ms"
+                    cpu_us = (time.process_time() - cpu0) / n * 1e6
                     rate = n / secs
                     print(
                         f"{flush:6} {front:6} {w:9} {n:>8} {secs:>7.2f} {rate:>10,.0f} "
-                        f"{rate * size / 1e6:>7.1f}  {lat_s}",
+                        f"{rate * size / 1e6:>7.1f} {cpu_us:>6.2f} us  {lat_s}",
                         flush=True,
                     )
         finally:

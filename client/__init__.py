@@ -4,6 +4,8 @@ It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 ``producer`` and ``consumer`` both use it without importing each other:
 
 - :mod:`client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`client.link`: one live connection and its pending answers;
+- :mod:`client.retry`: the one retry policy;
 - :mod:`client.sync`: :class:`Client`, its blocking twin;
 - :mod:`client.syncfront`: the loop thread that every blocking front runs on.
 """

@@ -5,6 +5,7 @@ let many requests share it; a parked pull never blocks a heartbeat), reconnects
 on demand (trying each configured broker in turn), maps error codes to exceptions
 through :func:`equeue.errors.error_for_code`, and exposes one typed method per
 request. Its lifetime is ``async with``: the reader task lives in its nursery.
+One live connection and its pending answers are a :class:`client.link._Link`.
 
 Errors: :class:`~equeue.errors.ConnectionBroken` when the connection cannot be
 made or dies (transient: callers may retry), the mapped
@@ -23,13 +24,12 @@ from typing import Any, TypeVar
 
 import trio
 
+from client.link import PendingReply, _Link, _Slot, parse_brokers
 from equeue import control, wire
-from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Push, Response, Role
+from equeue.codec import NEED_DATA, Hello, HelloAck, Push, Response
 from equeue.codec import Request as RequestEvent
-from equeue.config import parse_address
 from equeue.errors import (
     ClientClosed,
-    ConfigError,
     ConnectionBroken,
     EQueueError,
     ErrorCode,
@@ -45,57 +45,6 @@ __all__ = ["AsyncClient", "PendingReply", "parse_brokers"]
 
 T = TypeVar("T")
 PushHandler = Callable[[int, bytes], None]
-
-
-def parse_brokers(brokers: str | Sequence[str]) -> list[tuple[str, int]]:
-    """``"h:p"``, ``"h1:p1,h2:p2"`` or a list of them → [(host, port), ...]."""
-    items = brokers.split(",") if isinstance(brokers, str) else list(brokers)
-    out = [parse_address(b) for b in items if b and b.strip()]
-    if not out:
-        raise ConfigError("no broker address given")
-    return out
-
-
-class _Slot:
-    """A pending answer: ``done`` is set once ``result`` holds the response or the
-    failure; ``notify`` (optional) is called right after, in the loop thread."""
-
-    __slots__ = ("done", "notify", "result")
-
-    def __init__(self, notify: Callable[[], None] | None = None) -> None:
-        self.done = trio.Event()
-        self.result: Response | BaseException | None = None
-        self.notify = notify
-
-    def set(self, result: Response | BaseException) -> None:
-        self.result = result
-        self.done.set()
-        if self.notify is not None:
-            self.notify()
-
-
-PendingReply = _Slot
-
-
-class _Link:
-    """One live connection: stream, codec, pending requests."""
-
-    def __init__(self, stream: trio.SocketStream, address: str) -> None:
-        self.stream = stream
-        self.address = address
-        self.codec = Connection(Role.CLIENT)
-        self.pending: dict[int, _Slot] = {}
-        self.send_lock = trio.Lock()
-        #: encoded frames waiting for the next write (in request order)
-        self.outbox: list[bytes] = []
-        self.broken: BaseException | None = None
-
-    def fail(self, exc: BaseException) -> None:
-        if self.broken is None:
-            self.broken = exc
-        pending, self.pending = self.pending, {}
-        for slot in pending.values():
-            slot.set(exc)
 
 
 class AsyncClient:

@@ -1,17 +1,35 @@
-"""equeue producer SDK. ``AsyncClient`` and ``Client`` are re-exported from :mod:`client`."""
+"""equeue producer SDK.
+
+- :mod:`producer.async_producer`: :class:`AsyncProducer` (trio), the submit path;
+- :mod:`producer.sync_producer`: :class:`Producer`, its blocking twin;
+- :mod:`producer.options`: :class:`ProducerOptions` and :class:`OnFull`;
+- :mod:`producer.routes`: queue counts and queue selection;
+- :mod:`producer.buffer`: the bound on buffered bytes;
+- :mod:`producer.stats`: what the sends came to (:class:`SendStats`);
+- :mod:`producer._lane`: the ordered, pipelined, idempotent send path of one queue;
+- :mod:`producer._batch`: batches, due times and :class:`SendHandle`.
+
+``AsyncClient`` and ``Client`` are re-exported from :mod:`client`.
+"""
 
 from client import AsyncClient, Client
 from equeue.models import Message, SendResult
 from producer._batch import SendHandle
-from producer.producer import AsyncProducer, Producer, QueueSelector
+from producer.async_producer import AsyncProducer
+from producer.options import OnFull, ProducerOptions, QueueSelector
+from producer.stats import SendStats
+from producer.sync_producer import Producer
 
 __all__ = [
     "AsyncClient",
     "AsyncProducer",
     "Client",
     "Message",
+    "OnFull",
     "Producer",
+    "ProducerOptions",
     "QueueSelector",
     "SendHandle",
     "SendResult",
+    "SendStats",
 ]

@@ -1,5 +1,5 @@
-"""Producer building blocks with no networking: entry encoding, due times,
-batches and the per-message send handle.
+"""Producer building blocks with no networking: due times, batches and the
+per-message send handle.
 
 A :class:`_Batch` is the unit the producer sends: entries for one (topic, queue),
 sent as one idempotent produce request with one base sequence. Every message of a
@@ -14,7 +14,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -22,33 +22,7 @@ from equeue import wire
 from equeue.errors import ConfigError, OperationTimeout
 from equeue.models import SendResult
 
-if TYPE_CHECKING:
-    from producer._lane import _Lane
-
-__all__ = ["SendHandle", "deliver_at_ms", "encode_entry"]
-
-_HEADER = wire.ENTRY_HEADER
-_HSIZE = wire.ENTRY_HEADER.size - 4
-_MAX_SHORT = 0xFFFF
-
-
-def encode_entry(
-    body: bytes, key: bytes | None, tags: bytes | None, props: dict[str, str] | None, deliver_at: int
-) -> bytes:
-    """Encode one message entry (the layout of :func:`equeue.wire.encode_entry`,
-    without building a :class:`~equeue.models.Message` first: the produce hot path).
-
-    Raises ConfigError when the key or tags exceed 65535 bytes.
-    """
-    kl = len(key) if key is not None else 0
-    tl = len(tags) if tags is not None else 0
-    if kl > _MAX_SHORT or tl > _MAX_SHORT:
-        raise ConfigError("key and tags are limited to 65535 bytes each")
-    pb = wire.encode_props(props) if props else b""
-    flags = (wire.FLAG_KEY if key is not None else 0) | (wire.FLAG_TAGS if tags is not None else 0)
-    head = _HEADER.pack(_HSIZE + kl + tl + len(pb) + len(body), flags, deliver_at, 0, kl, tl, len(pb))
-    return b"".join((head, key or b"", tags or b"", pb, body))
-
+__all__ = ["SendHandle", "deliver_at_ms"]
 
 def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | None) -> int:
     """The entry's due time in ms since the epoch (0 = deliver now).
@@ -80,8 +54,9 @@ def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | 
 
 
 class _Batch:
-    """Entries for one lane, sent as one produce request.
+    """Entries for one (topic, queue), sent as one produce request.
 
+    The submit path appends to ``entries`` and ``nbytes`` under the buffer lock.
     ``pid``/``seq`` are assigned when the batch is first sent and kept across
     retries (the broker deduplicates on them). ``delayed`` batches hold only
     delayed entries, others only immediate ones, so the offsets in the answer map
@@ -97,17 +72,19 @@ class _Batch:
         "error",
         "finished",
         "first_at",
-        "lane",
         "nbytes",
         "pid",
+        "queue_id",
         "sent_behind",
         "seq",
         "tdone",
         "thdone",
+        "topic",
     )  # fmt: skip
 
-    def __init__(self, lane: _Lane, delayed: bool, deadline: float, now: float) -> None:
-        self.lane = lane
+    def __init__(self, topic: str, queue_id: int, delayed: bool, deadline: float, now: float) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
         self.entries: list[bytes] = []
         self.nbytes = 0
         self.delayed = delayed
@@ -125,11 +102,6 @@ class _Batch:
         self.tdone = trio.Event()
         self.thdone = threading.Event()
 
-    def add(self, entry: bytes) -> int:
-        self.entries.append(entry)
-        self.nbytes += len(entry)
-        return len(self.entries) - 1
-
     def finish(self, answer: wire.ProduceResponse | None, error: BaseException | None) -> None:
         """Resolve every handle of the batch (loop thread only)."""
         if self.finished:
@@ -143,13 +115,12 @@ class _Batch:
             raise self.error
         a = self.answer
         assert a is not None
-        lane = self.lane
         if a.first_global < 0:  # a duplicate whose original answer is forgotten, or all scheduled
-            return SendResult(lane.topic, lane.queue_id, -1, -1, a.scheduled > 0, a.duplicate)
+            return SendResult(self.topic, self.queue_id, -1, -1, a.scheduled > 0, a.duplicate)
         if self.delayed and a.scheduled:  # some or all scheduled: which ones is unknown
-            return SendResult(lane.topic, lane.queue_id, -1, -1, True, a.duplicate)
+            return SendResult(self.topic, self.queue_id, -1, -1, True, a.duplicate)
         return SendResult(
-            lane.topic, lane.queue_id, a.first_queue + index, a.first_global + index, False, a.duplicate
+            self.topic, self.queue_id, a.first_queue + index, a.first_global + index, False, a.duplicate
         )
 
 
@@ -205,4 +176,4 @@ class SendHandle:
     def __repr__(self) -> str:
         b = self._batch
         state = "pending" if not b.finished else ("failed" if b.error else "done")
-        return f"<SendHandle {b.lane.topic}/{b.lane.queue_id} #{self._index} {state}>"
+        return f"<SendHandle {b.topic}/{b.queue_id} #{self._index} {state}>"

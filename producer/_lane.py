@@ -18,11 +18,19 @@ window drain, then decides per batch in order:
   lane's fresh producer id and resent at no cost;
 - other transient errors (connection lost, broker busy or restarting, an
   out-of-order answer that its position does not explain): resent with the same
-  id and sequence after an exponential backoff, up to ``retries`` times within
+  id and sequence after the pause of the producer's retry policy
+  (:meth:`client.retry.RetryPolicy.delay`), up to ``retries`` times within
   ``send_timeout``;
 - anything else, or retries/time exhausted: the batch fails with that error.
   When a written batch fails, the lane switches to a fresh producer id (its fate
-  may be unknown, and the broker would refuse what follows it as a gap).
+  may be unknown, and the broker would refuse what follows it as a gap). With
+  ``stable_id`` it keeps its id instead and every later batch fails with the same
+  error (a replay under the same id then resends them all in order).
+
+The lane takes only what it uses: the client, the options, its producer id, the
+:class:`~producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``),
+the :class:`~producer.stats.SendStats` it counts outcomes in, and a callback for a
+queue the broker does not know.
 """
 
 from __future__ import annotations
@@ -31,8 +39,7 @@ import collections
 import logging
 import math
 import time
-import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import trio
 
@@ -49,9 +56,9 @@ from equeue.errors import (
 )
 from equeue.protocol import RequestCode
 from producer._batch import _Batch
-
-if TYPE_CHECKING:
-    from producer.producer import AsyncProducer
+from producer.buffer import Buffer
+from producer.options import ProducerOptions, new_producer_id
+from producer.stats import SendStats
 
 log = logging.getLogger("equeue.producer")
 
@@ -63,22 +70,36 @@ def _answered(entry: tuple[_Batch, PendingReply | None, BaseException | None]) -
     return reply is None or reply.done.is_set()
 
 
-def new_producer_id() -> bytes:
-    """16 random bytes (a uuid4)."""
-    return uuid.uuid4().bytes
-
-
 class _Lane:
     """The send path of one queue of one topic (see the module docstring)."""
 
-    def __init__(self, core: AsyncProducer, topic: str, queue_id: int) -> None:
-        self.core = core
+    def __init__(
+        self,
+        topic: str,
+        queue_id: int,
+        *,
+        client: AsyncClient,
+        options: ProducerOptions,
+        producer_id: bytes,
+        buffer: Buffer,
+        stats: SendStats,
+        on_queue_missing: Callable[[str], None],
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.pid: bytes = core.producer_id
+        self.client = client
+        self.options = options
+        self.policy = options.retry_policy
+        self.buffer = buffer
+        self.lock = buffer.lock
+        self.stats = stats
+        self.on_queue_missing = on_queue_missing
+        self.pid: bytes = producer_id
         self.next_seq = 0
         self.failed_pids: set[bytes] = set()
-        # guarded by core.lock (touched by submitting threads)
+        #: with ``stable_id``: the failure that ended this lane's sequence
+        self.dead: BaseException | None = None
+        # guarded by self.lock (touched by submitting threads)
         self.open: _Batch | None = None
         self.sendq: collections.deque[_Batch] = collections.deque()
         self.pending: set[_Batch] = set()
@@ -111,13 +132,15 @@ class _Lane:
     def _write_now(self) -> bool:
         """Write sealed batches into the window without waiting; False when the
         task must take over (connection busy or down, a batch past its deadline)."""
-        core = self.core
-        client = core.client
+        if self.dead is not None:
+            return False
+        client = self.client
         window = self.window
         sendq = self.sendq
         now = time.monotonic()
         wrote = False
-        while sendq and len(window) < core.max_in_flight:
+        max_in_flight = self.options.max_in_flight
+        while sendq and len(window) < max_in_flight:
             b = sendq[0]
             if b.finished:
                 sendq.popleft()
@@ -147,7 +170,7 @@ class _Lane:
             b.seq = self.next_seq
             self.next_seq += len(b.entries)
         b.sent_behind = bool(self.window)
-        return wire.ProduceRequest(self.topic, self.queue_id, b.entries, b.pid, b.seq, self.core.auto_create).encode()
+        return wire.ProduceRequest(self.topic, self.queue_id, b.entries, b.pid, b.seq, self.options.auto_create).encode()
 
     def on_reply(self) -> None:
         """An answer or a failure arrived (loop thread, called by the client's reader).
@@ -177,11 +200,11 @@ class _Lane:
     # ------------------------------------------------------------------ task
     async def run(self) -> None:
         """The lane task: lives in the producer's nursery until it closes."""
-        core = self.core
-        client = core.client
-        linger = core.linger
-        max_in_flight = core.max_in_flight
-        lock = core.lock
+        client = self.client
+        options = self.options
+        linger = options.linger
+        max_in_flight = options.max_in_flight
+        lock = self.lock
         while True:
             wake = self.wake = trio.Event()
             now = time.monotonic()
@@ -199,7 +222,7 @@ class _Lane:
                     if time.monotonic() >= b.deadline:
                         window.popleft()
                         self.fail(b, OperationTimeout(
-                            f"no answer within send_timeout ({core.send_timeout:g} s); "
+                            f"no answer within send_timeout ({options.send_timeout:g} s); "
                             "the message may or may not have been stored"
                         ))  # fmt: skip
                         continue
@@ -241,8 +264,11 @@ class _Lane:
                     self._parked = None
 
     async def _write(self, client: AsyncClient, b: _Batch, now: float) -> None:
+        if self.dead is not None:
+            self.fail(b, self.dead)
+            return
         if b.pid is None and now >= b.deadline:
-            self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.core.send_timeout:g} s)"))
+            self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.options.send_timeout:g} s)"))
             return
         payload = self._payload(b)
         try:
@@ -257,7 +283,7 @@ class _Lane:
 
     async def _recover(self) -> None:
         """Decide on every failed batch of the drained window (module docstring)."""
-        core = self.core
+        options = self.options
         resend: list[_Batch] = []
         backoff_attempts = 0
         explained = False  # an earlier batch of this round failed: an out-of-order answer is expected
@@ -265,6 +291,9 @@ class _Lane:
             e = b.error
             b.error = None
             assert e is not None
+            if self.dead is not None:
+                self.fail(b, self.dead)
+                continue
             if isinstance(e, OutOfOrderSequence) and b.pid in self.failed_pids:
                 b.pid = self.pid
                 b.seq = self.next_seq
@@ -272,7 +301,7 @@ class _Lane:
                 resend.append(b)
                 continue
             if isinstance(e, QueueNotFound):
-                core.invalidate_route(self.topic)
+                self.on_queue_missing(self.topic)
             if isinstance(e, ClientClosed) or not (isinstance(e, EQueueError) and e.transient):
                 self.fail(b, e)
                 explained = True
@@ -282,39 +311,44 @@ class _Lane:
                 if not isinstance(e, OutOfOrderSequence):
                     backoff_attempts = max(backoff_attempts, b.attempts)
             explained = True
-            if b.attempts > core.retries:
+            if b.attempts > options.retries:
                 self.fail(b, e)
                 continue
             if time.monotonic() >= b.deadline:
-                self.fail(b, OperationTimeout(f"send_timeout ({core.send_timeout:g} s) passed; last error: {e}"))
+                self.fail(b, OperationTimeout(f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))
                 continue
             log.debug("retrying %s/%d seq %d (attempt %d): %s", self.topic, self.queue_id, b.seq, b.attempts, e)
             resend.append(b)
         self.retry = []
         if backoff_attempts and resend:
-            delay = min(core.retry_backoff * 2 ** (backoff_attempts - 1), 5.0)
+            delay = self.policy.delay(backoff_attempts)
             delay = min(delay, max(0.0, min(b.deadline for b in resend) - time.monotonic()))
             await trio.sleep(delay)
-        with core.lock:
+        with self.lock:
             self.sendq.extendleft(reversed(resend))
 
     # ------------------------------------------------------------------ outcomes
     def resolve(self, b: _Batch, answer: wire.ProduceResponse) -> None:
         b.finish(answer, None)
-        self.core.release(self, b)
+        self._release(b)
 
     def fail(self, b: _Batch, error: BaseException) -> None:
-        """Fail a batch for good; a written batch retires the lane's producer id."""
+        """Fail a batch for good; a written batch retires the lane's producer id
+        (or, with ``stable_id``, ends the lane's sequence: see the module docstring)."""
         if b.pid is not None and b.pid == self.pid:
-            self.failed_pids.add(self.pid)
-            self.pid = new_producer_id()
-            self.next_seq = 0
+            if self.options.stable_id:
+                if self.dead is None:
+                    self.dead = error
+            else:
+                self.failed_pids.add(self.pid)
+                self.pid = new_producer_id()
+                self.next_seq = 0
         b.finish(None, error)
-        self.core.release(self, b)
+        self._release(b)
 
     def fail_all(self, error: BaseException) -> None:
         """Fail every unfinished batch (the producer is closing)."""
-        with self.core.lock:
+        with self.lock:
             batches = list(self.pending)
             self.open = None
             self.sendq.clear()
@@ -322,4 +356,16 @@ class _Lane:
         self.retry = []
         for b in batches:
             b.finish(None, error)
-            self.core.release(self, b)
+            self._release(b)
+
+    def _release(self, b: _Batch) -> None:
+        """A batch finished: count its outcome and free its buffer bytes, once (loop thread)."""
+        with self.lock:
+            if b not in self.pending:
+                return
+            self.pending.discard(b)
+        if b.error is not None:
+            self.stats.failed_batch(len(b.entries), b.error)
+        elif b.answer is not None:
+            self.stats.answered(len(b.entries), b.answer)
+        self.buffer.release(b.nbytes)

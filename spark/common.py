@@ -54,17 +54,6 @@ def client_for(brokers: str) -> Client:
         return c
 
 
-def drop_client(brokers: str) -> None:
-    """Forget (and close) the shared client, e.g. after its connection failed for good."""
-    with _clients_lock:
-        c = _clients.pop((os.getpid(), brokers), None)
-    if c is not None:
-        try:
-            c.close()
-        except EQueueError:
-            pass
-
-
 @atexit.register
 def _close_all() -> None:
     with _clients_lock:

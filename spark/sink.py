@@ -6,18 +6,28 @@ Exactly-once publishing without a broker transaction: every Spark task writes as
     producer_id = blake2b("<query id>/<batch id>/<partition id>", 16 bytes)   (streaming)
     producer_id = blake2b("<write id>/<partition id>", 16 bytes)              (batch write)
 
-Rows go to ``queue_for_key(key, queues)`` (round-robin by row index without a key),
-and each (topic, queue) numbers its entries 0, 1, 2... within the task. A replayed
-micro-batch (same query id, batch id, partitioning and rows) sends the same
-requests with the same sequences, and the broker answers each one it already
-stored as a duplicate without storing it again; a task that died half-way resumes:
-its stored requests are duplicates, the rest are stored. See docs/spark.md.
+Rows are published through the producer core (:class:`producer.Producer`: its
+routing, sequence numbers, idempotence and retry policy), configured by
+:func:`sink_options` so that a replay sends the very same requests: rows are
+handed to the producer in row order and the producer is flushed every
+:data:`CHUNK_ROWS` rows / :data:`CHUNK_BYTES` bytes, so every request ends by size
+or at the end of its chunk, never by time (``linger`` is infinite) and never where
+a failure struck (a failed task closes its producer without flushing). Rows go
+to ``queue_for_key(key, queues)`` (round-robin in row order without a key), and
+each (topic, queue) numbers its entries 0, 1, 2... within the task. The id is kept
+after a failure (``stable_id``). A replayed micro-batch (same query id, batch id,
+partitioning and rows) therefore sends the same requests with the same sequences,
+and the broker answers each one it already stored as a duplicate without storing
+it again; a task that died half-way resumes: its stored requests are duplicates,
+the rest are stored. Transient failures are resent by the producer after the
+pauses of its retry policy. See docs/spark.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,18 +42,25 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from equeue import wire
-from equeue.errors import ConfigError, ConnectionBroken, EQueueError, OutOfOrderSequence
-from equeue.routing import queue_for_key
-from spark.common import client_for, drop_client, opt_str
+from equeue.errors import ConfigError, EQueueError
+from producer import Producer, ProducerOptions
+from spark.common import opt_str
 
 log = logging.getLogger("equeue.spark")
 
-__all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id_for"]
+__all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id_for", "sink_options"]
 
-#: one produce request carries at most this many entries / bytes
-MAX_REQUEST_ENTRIES = 5_000
+#: rows per chunk (then the producer is flushed): a queue's share of a chunk goes
+#: in one request up to MAX_REQUEST_BYTES
+CHUNK_ROWS = 50_000
+#: body bytes per chunk (a bigger row makes a chunk alone): bounds a task's memory
+CHUNK_BYTES = 32 << 20
+#: one produce request carries at most this many bytes
 MAX_REQUEST_BYTES = 4 << 20
+#: resends of a failed request (5 attempts in all)
+SEND_RETRIES = 4
+
+_UNBOUNDED = 1 << 62
 
 BATCH_ID_KEY = "streaming.sql.batchId"
 QUERY_ID_KEY = "sql.streaming.queryId"
@@ -52,6 +69,23 @@ QUERY_ID_KEY = "sql.streaming.queryId"
 def producer_id_for(*parts: object) -> bytes:
     """The 16-byte idempotent producer id of one Spark task (stable across replays)."""
     return hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=16).digest()
+
+
+def sink_options(producer_id: bytes) -> ProducerOptions:
+    """The producer options of one sink task: its stable id, requests sealed only by
+    size or by the end of a chunk (``linger`` infinite), and no client-side buffer
+    or body limit: a task's memory is bounded by its chunk, and the broker's body
+    limit applies. (With a bounded buffer a row could wait for space that only open
+    batches hold, and they end only by size or at the end of the chunk.)"""
+    return ProducerOptions(
+        producer_id=producer_id,
+        stable_id=True,
+        linger=math.inf,
+        retries=SEND_RETRIES,
+        max_batch_bytes=MAX_REQUEST_BYTES,
+        max_buffered_bytes=_UNBOUNDED,
+        max_message_bytes=_UNBOUNDED,
+    )
 
 
 @dataclass
@@ -63,20 +97,9 @@ class SinkCommit(WriterCommitMessage):
     stored: int = 0
     duplicates: int = 0
     scheduled: int = 0
-    requests: int = 0
+    #: chunks published (one flush of the producer each)
+    chunks: int = 0
     per_topic: dict[str, int] = field(default_factory=dict)
-
-
-def _encode(body: bytes, key: str | None, tags: str | None, props: Any) -> bytes:
-    """One message entry (equeue.wire layout), without building a Message object."""
-    kb = key.encode() if key is not None else b""
-    tb = tags.encode() if tags is not None else b""
-    pb = wire.encode_props(dict(props)) if props else b""
-    if len(kb) > 0xFFFF or len(tb) > 0xFFFF:
-        raise ConfigError("equeue sink: key and tags are limited to 65535 bytes")
-    flags = (wire.FLAG_KEY if key is not None else 0) | (wire.FLAG_TAGS if tags is not None else 0)
-    n = wire.ENTRY_HEADER.size - 4 + len(kb) + len(tb) + len(pb) + len(body)
-    return b"".join((wire.ENTRY_HEADER.pack(n, flags, 0, 0, len(kb), len(tb), len(pb)), kb, tb, pb, body))
 
 
 def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
@@ -85,24 +108,14 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
 
 
 class _Publisher:
-    """Routes rows of one task to queues and sends them as idempotent requests."""
+    """Publishes the rows of one task through a producer, in deterministic chunks."""
 
     def __init__(self, brokers: str, default_topic: str | None, producer_id: bytes, partition_id: int) -> None:
-        self.brokers = brokers
         self.default_topic = default_topic
-        self.producer_id = producer_id
-        self.queues: dict[str, int] = {}
-        self.rr: dict[str, int] = {}
-        self.buf: dict[tuple[str, int], list[bytes]] = {}
-        self.buf_bytes: dict[tuple[str, int], int] = {}
-        self.seq: dict[tuple[str, int], int] = {}
+        self.producer = Producer(brokers, options=sink_options(producer_id))
+        self.chunk_rows = 0
+        self.chunk_bytes = 0
         self.commit = SinkCommit(partition_id)
-
-    def _queue_count(self, topic: str) -> int:
-        n = self.queues.get(topic)
-        if n is None:
-            n = self.queues[topic] = client_for(self.brokers).get_route(topic).queues
-        return n
 
     def add_batch(self, batch: pa.RecordBatch) -> None:
         bodies = _column(batch, "body")
@@ -117,68 +130,61 @@ class _Publisher:
         for i, body in enumerate(bodies):
             if body is None:
                 raise ConfigError("equeue sink: a row has a null body")
-            if isinstance(body, str):
-                body = body.encode()
             topic = topics[i] if topics is not None else self.default_topic
             if not topic:
                 raise ConfigError("equeue sink: a row has a null topic")
             key = keys[i] if keys is not None else None
             if isinstance(key, bytes | bytearray):
                 key = bytes(key).decode("utf-8", "replace")
-            tag = tags[i] if tags is not None else None
-            entry = _encode(bytes(body), key, tag, props[i] if props is not None else None)
-            self.add(topic, key, entry)
+            p = props[i] if props is not None else None
+            self.add(topic, body, key, tags[i] if tags is not None else None, dict(p) if p else None)
 
-    def add(self, topic: str, key: str | None, entry: bytes) -> None:
-        qn = self._queue_count(topic)
-        if key is not None:
-            q = queue_for_key(key, qn)
-        else:
-            r = self.rr.get(topic, 0)
-            self.rr[topic] = r + 1
-            q = r % qn
-        k = (topic, q)
-        lst = self.buf.setdefault(k, [])
-        lst.append(entry)
-        size = self.buf_bytes[k] = self.buf_bytes.get(k, 0) + len(entry)
+    def add(
+        self,
+        topic: str,
+        body: bytes | str,
+        key: str | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+    ) -> None:
+        """Publish one row (buffered in the producer; the chunk is flushed first when
+        the row does not fit in it). Raises what the producer raises before sending."""
+        n = len(body)
+        if self.chunk_rows and (self.chunk_rows >= CHUNK_ROWS or self.chunk_bytes + n > CHUNK_BYTES):
+            self.flush()
+        self.producer.send_async(topic, body, key=key, tags=tags, properties=properties)
+        self.chunk_rows += 1
+        self.chunk_bytes += n
         self.commit.rows += 1
         self.commit.per_topic[topic] = self.commit.per_topic.get(topic, 0) + 1
-        if len(lst) >= MAX_REQUEST_ENTRIES or size >= MAX_REQUEST_BYTES:
-            self.flush(k)
 
-    def flush(self, k: tuple[str, int]) -> None:
-        entries = self.buf.pop(k, None)
-        self.buf_bytes.pop(k, None)
-        if not entries:
+    def flush(self) -> None:
+        """End the chunk: send what it holds and wait for every answer; raise the
+        first failure of the task."""
+        if not self.chunk_rows:
             return
-        topic, q = k
-        seq = self.seq.get(k, 0)
-        req = wire.ProduceRequest(topic, q, entries, producer_id=self.producer_id, base_sequence=seq)
-        ans = self._send(req)
-        self.seq[k] = seq + len(entries)
-        self.commit.requests += 1
-        if ans.duplicate:
-            self.commit.duplicates += len(entries)
-        else:
-            self.commit.stored += ans.stored
-            self.commit.scheduled += ans.scheduled
-
-    def _send(self, req: wire.ProduceRequest) -> wire.ProduceResponse:
-        # resending the same (producer, sequence) is safe: the broker drops duplicates
-        for attempt in range(5):
-            try:
-                return client_for(self.brokers).produce(req)  # type: ignore[no-any-return]
-            except (ConnectionBroken, OutOfOrderSequence) as exc:
-                if attempt == 4:
-                    raise
-                log.warning("equeue sink: %s; resending (idempotent)", exc)
-                drop_client(self.brokers)
-        raise AssertionError("unreachable")
+        self.chunk_rows = self.chunk_bytes = 0
+        self.producer.flush()
+        self.commit.chunks += 1
+        st = self.producer.send_stats
+        self.commit.stored, self.commit.scheduled, self.commit.duplicates = st.stored, st.scheduled, st.duplicates
+        if st.first_error is not None:
+            raise st.first_error
 
     def close(self) -> SinkCommit:
-        for k in sorted(self.buf):
-            self.flush(k)
+        """Publish what is left, close the producer, return the task's counts."""
+        try:
+            self.flush()
+        except BaseException:
+            self.abort()
+            raise
+        self.producer.close()
         return self.commit
+
+    def abort(self) -> None:
+        """The task failed: close the producer without ending the current chunk (its
+        requests would end where the failure struck, not where a replay ends them)."""
+        self.producer.close(flush=False)
 
 
 class _WriterBase:
@@ -196,8 +202,12 @@ class _WriterBase:
     def _publish(self, producer_id: bytes, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         ctx = TaskContext.get()
         pub = _Publisher(self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0)
-        for batch in iterator:
-            pub.add_batch(batch)
+        try:
+            for batch in iterator:
+                pub.add_batch(batch)
+        except BaseException:
+            pub.abort()
+            raise
         return pub.close()
 
     @staticmethod

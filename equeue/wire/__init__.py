@@ -24,6 +24,7 @@ from equeue.wire.entries import (
     encode_props,
     entry_fields,
     entry_meta,
+    pack_entry,
     split_entries,
 )
 from equeue.wire.produce import (
@@ -86,6 +87,7 @@ __all__ = [
     "entry_fields",
     "entry_meta",
     "iter_records",
+    "pack_entry",
     "parse_tag_filter",
     "record_entry_meta",
     "record_header",

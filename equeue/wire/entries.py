@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Final
 
 import attrs
 
-from equeue.errors import CorruptRecord
+from equeue.errors import ConfigError, CorruptRecord
 from equeue.models import Message
 from equeue.wire._prims import _U32, _bad
 
@@ -28,7 +29,8 @@ _PROP_K = struct.Struct(">H")
 _PROP_V = struct.Struct(">I")
 
 
-def encode_props(props: dict[str, str]) -> bytes:
+def encode_props(props: Mapping[str, str]) -> bytes:
+    """The properties block of an entry: repeated (u16 klen, key, u32 vlen, value)."""
     if not props:
         return b""
     parts: list[bytes] = []
@@ -60,26 +62,54 @@ def decode_props(buf: bytes | memoryview) -> dict[str, str]:
     return out
 
 
+_pack_header = ENTRY_HEADER.pack
+#: header bytes counted by an entry's ``len`` (the header after the length itself)
+_AFTER_LEN: Final = ENTRY_HEADER.size - 4
+_MAX_SHORT: Final = 0xFFFF
+
+
+def pack_entry(
+    body: bytes,
+    key: bytes | None = None,
+    tags: bytes | None = None,
+    props: Mapping[str, str] | None = None,
+    deliver_at: int = 0,
+    reconsume: int = 0,
+) -> bytes:
+    """Encode one message entry from its raw fields: the one encoder of the layout.
+
+    ``key``/``tags`` None means absent (flag bit clear), ``b""`` present and empty.
+    This is the produce hot path (the producer calls it once per message), so the
+    common shapes (no tags, no properties) are packed without the general join.
+
+    Raises ConfigError (a ValueError) when the key or the tags exceed 65535 bytes.
+    """
+    if tags is None and not props:
+        if key is None:
+            return _pack_header(_AFTER_LEN + len(body), 0, deliver_at, reconsume, 0, 0, 0) + body
+        kl = len(key)
+        if kl <= _MAX_SHORT:
+            return b"".join((_pack_header(_AFTER_LEN + kl + len(body), FLAG_KEY, deliver_at, reconsume, kl, 0, 0), key, body))
+    kl = len(key) if key is not None else 0
+    tl = len(tags) if tags is not None else 0
+    if kl > _MAX_SHORT or tl > _MAX_SHORT:
+        raise ConfigError("key and tags are limited to 65535 bytes each")
+    pb = encode_props(props) if props else b""
+    flags = (FLAG_KEY if key is not None else 0) | (FLAG_TAGS if tags is not None else 0)
+    head = _pack_header(_AFTER_LEN + kl + tl + len(pb) + len(body), flags, deliver_at, reconsume, kl, tl, len(pb))
+    return b"".join((head, key or b"", tags or b"", pb, body))
+
+
 def encode_entry(msg: Message) -> bytes:
-    """Encode one message to send (its produce-side fields only)."""
-    key = msg.key.encode() if msg.key is not None else b""
-    tags = msg.tags.encode() if msg.tags is not None else b""
-    props = encode_props(msg.properties)
-    if len(key) > 0xFFFF or len(tags) > 0xFFFF:
-        raise ValueError("key and tags are limited to 65535 bytes")
-    flags = (FLAG_KEY if msg.key is not None else 0) | (FLAG_TAGS if msg.tags is not None else 0)
-    body = msg.body
-    n = ENTRY_HEADER.size - 4 + len(key) + len(tags) + len(props) + len(body)
-    return b"".join(
-        (
-            ENTRY_HEADER.pack(
-                n, flags, msg.deliver_at, min(msg.reconsume_times, 0xFFFF), len(key), len(tags), len(props)
-            ),
-            key,
-            tags,
-            props,
-            body,
-        )
+    """Encode one message to send (its produce-side fields) with :func:`pack_entry`;
+    ``reconsume_times`` saturates at 65535."""
+    return pack_entry(
+        msg.body,
+        msg.key.encode() if msg.key is not None else None,
+        msg.tags.encode() if msg.tags is not None else None,
+        msg.properties,
+        msg.deliver_at,
+        min(msg.reconsume_times, _MAX_SHORT),
     )
 
 
@@ -117,7 +147,7 @@ def split_entries(buf: bytes, pos: int, count: int) -> list[bytes]:
     out: list[bytes] = []
     end = len(buf)
     unpack = _U32.unpack_from
-    hdr = ENTRY_HEADER.size - 4
+    hdr = _AFTER_LEN
     for _ in range(count):
         if pos + 4 > end:
             raise _bad("truncated batch: fewer entries than announced")

@@ -23,7 +23,7 @@ PRODUCE_NO_AUTO_CREATE: Final = 2
 class ProduceRequest:
     """A batch of entries for one queue of one topic.
 
-    ``entries`` are encoded message entries (see :func:`encode_entry`). With a
+    ``entries`` are encoded message entries (see :func:`~equeue.wire.entries.pack_entry`). With a
     ``producer_id`` (16 bytes) the request is idempotent: ``base_sequence`` is the
     sequence number of its first entry for this (producer, topic, queue).
     """

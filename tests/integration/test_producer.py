@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ from equeue import (
 )
 from equeue.routing import queue_for_key
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
-from producer._batch import deliver_at_ms, encode_entry
+from producer._batch import deliver_at_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,22 +45,6 @@ async def read_queue(c: AsyncClient, topic: str, queue_id: int) -> list[Message]
             return out
         out += r.messages
         offset = r.next_offset
-
-
-def test_entry_encoding_matches_wire() -> None:
-    for m in (
-        Message(b"body"),
-        Message("héllo", key="k", tags="t", properties={"a": "1", "b": "ü"}, deliver_at=123),
-        Message(b"", key="", tags=""),
-    ):
-        got = encode_entry(
-            m.body,
-            m.key.encode() if m.key is not None else None,
-            m.tags.encode() if m.tags is not None else None,
-            m.properties,
-            m.deliver_at,
-        )
-        assert got == wire.encode_entry(m)
 
 
 def test_deliver_at_conversion() -> None:
@@ -198,6 +183,22 @@ async def test_errors_before_sending(broker: Broker) -> None:
             await p.send("t", b"x")
 
 
+async def test_statistics_count_outcomes_and_close_without_flush_sends_nothing(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("st", 2)
+            async with AsyncProducer(broker.address, linger=math.inf) as p:
+                await p.send_batch("st", [Message(b"a"), Message(b"b"), Message(b"c", deliver_at=int(time.time() * 1000) + 60_000)])
+                st = p.statistics()
+                assert (st["stored"], st["scheduled"], st["duplicates"], st["failed"]) == (2, 1, 0, 0)
+                h = await p.send_async("st", b"never")  # waits in an open batch (linger is infinite)
+                await p.aclose(flush=False)
+                with pytest.raises(ClientClosed):
+                    await h
+                assert p.send_stats.failed == 1 and isinstance(p.send_stats.first_error, ClientClosed)
+            assert [len(await read_queue(c, "st", q)) for q in range(2)] == [1, 1]
+
+
 async def test_delayed_send_is_scheduled(broker: Broker) -> None:
     with trio.fail_after(20):
         async with AsyncProducer(broker.address) as p:
@@ -294,6 +295,16 @@ def test_producer_survives_fork(embedded_broker: EmbeddedBroker) -> None:
             res = c.pull(wire.PullRequest("forked", q, 0, 100))
             bodies += [m.text for m in res.messages]
         assert sorted(bodies) == sorted(["parent-1", "parent-2", "child-0", "child-1", "child-2", "child-async"])
+
+
+def test_a_forked_child_does_not_reuse_a_given_producer_id() -> None:
+    fixed = bytes(range(16))
+    with Producer("127.0.0.1:1", producer_id=fixed) as p:
+        assert p.producer_id == fixed
+        p._pid = -1  # as seen from a forked child
+        child_core = p._make_core()
+        assert child_core.producer_id != fixed
+        assert child_core.options.producer_id is None and child_core.options.retries == p.options.retries
 
 
 def test_cli_produce_from_file(embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:

@@ -7,11 +7,13 @@ import threading
 import time
 from typing import Any
 
+import pytest
 import trio
 
 from broker import Broker
 from equeue import EQueueError, Message, PullStatus, wire
 from equeue.codec import HEADER
+from equeue.errors import ConnectionBroken
 from equeue.protocol import RequestCode
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
 
@@ -139,6 +141,30 @@ async def test_lost_ack_in_a_pipelined_stream(broker: Broker) -> None:
                 for i, r in enumerate(results):
                     assert stored[r.global_offset].text == f"m{i}"
                     assert stored[r.global_offset].queue_offset == r.queue_offset
+            n.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("stable_id", [False, True])
+async def test_a_lost_batch_retires_the_id_or_ends_a_stable_sequence(broker: Broker, stable_id: bool) -> None:
+    """A written batch that fails for good (its ack lost, no retries left): by default
+    the queue goes on under a fresh producer id; with ``stable_id`` it keeps its id
+    and later sends fail with the same error (a replay under that id resends them)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = AckDropper(broker.address, nth=1)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("lost", 1)
+                async with AsyncProducer(proxy.address, retries=0, stable_id=stable_id) as p:
+                    with pytest.raises(ConnectionBroken):
+                        await p.send("lost", b"first")
+                    if stable_id:
+                        with pytest.raises(ConnectionBroken):
+                            await p.send("lost", b"second")
+                    else:
+                        assert (await p.send("lost", b"second")).queue_offset == 1
+                stored = await read_all(c, "lost", 1)
+                assert [m.text for m in stored.values()] == (["first"] if stable_id else ["first", "second"])
             n.cancel_scope.cancel()
 
 

@@ -3,6 +3,11 @@ again with the same producer id stores every row exactly once (real broker)."""
 
 from __future__ import annotations
 
+import itertools
+import socket
+import struct
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,10 +17,12 @@ pytest.importorskip("pyspark")
 
 from broker import BrokerConfig, EmbeddedBroker
 from equeue import wire
+from equeue.codec import HEADER
+from equeue.errors import ConnectionBroken
+from equeue.protocol import RequestCode
 from equeue.routing import queue_for_key
 from producer import Client
 from spark import sink
-from spark.common import drop_client
 from spark.source import allocate, split_ranges
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
@@ -25,7 +32,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
 def broker(tmp_path: Path) -> Iterator[EmbeddedBroker]:
     with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "data", port=0, map_size=1 << 28)) as b:
         yield b
-        drop_client(b.address)
 
 
 def _rows(n: int) -> list[tuple[str | None, bytes]]:
@@ -35,9 +41,10 @@ def _rows(n: int) -> list[tuple[str | None, bytes]]:
 def _publish(addr: str, pid: bytes, rows: list[tuple[str | None, bytes]], stop_after: int | None = None) -> sink.SinkCommit:
     pub = sink._Publisher(addr, "out", pid, 0)
     for key, body in rows:
-        if stop_after is not None and pub.commit.requests >= stop_after:
-            return pub.commit  # the task "dies": buffered rows are never sent
-        pub.add("out", key, sink._encode(body, key, None, None))
+        if stop_after is not None and pub.commit.chunks >= stop_after:
+            pub.abort()  # the task fails: the rows of its current chunk are never sent
+            return pub.commit
+        pub.add("out", body, key)
     return pub.close()
 
 
@@ -50,7 +57,7 @@ def _stored(c: Client) -> list[tuple[int, bytes, str | None]]:
 
 
 def test_half_done_task_replayed_stores_each_row_once(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sink, "MAX_REQUEST_ENTRIES", 10)  # many requests per queue
+    monkeypatch.setattr(sink, "CHUNK_ROWS", 10)  # many chunks, several requests per queue
     rows = _rows(200)
     pid = sink.producer_id_for("spark-stream", "query-1", 7, 0)
     with Client(broker.address) as c:
@@ -68,6 +75,96 @@ def test_half_done_task_replayed_stores_each_row_once(broker: EmbeddedBroker, mo
         # another batch id is another producer: its rows are new messages
         other = _publish(broker.address, sink.producer_id_for("spark-stream", "query-1", 8, 0), rows[:10])
         assert other.stored == 10
+
+
+def test_replay_with_big_rows_splits_requests_the_same_way(broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Requests end at MAX_REQUEST_BYTES inside a chunk: a replay still sends the same ones."""
+    monkeypatch.setattr(sink, "MAX_REQUEST_BYTES", 4096)
+    rows = [(None, bytes([65 + i % 26]) * 1500) for i in range(120)]
+    pid = sink.producer_id_for("spark-write", "w-1", 0)
+    with Client(broker.address) as c:
+        c.create_topic("out", 2)
+        first = _publish(broker.address, pid, rows[:60])  # a run that got half-way
+        assert first.stored == 60
+        again = _publish(broker.address, pid, rows)
+        assert (again.duplicates, again.stored) == (60, 60)
+        assert sorted(b for _, b, _ in _stored(c)) == sorted(b for _, b in rows)
+
+
+class ProduceBreaker:
+    """A TCP proxy to the broker that forwards the handshake and every request but
+    a produce: on a produce it closes both sides (the request never arrives), and
+    notes when."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.rsplit(":", 1)
+        self.upstream = (host, int(port))
+        self.produce_times: list[float] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, to_broker: bool) -> None:
+        buf = b""
+        handshake = 8 if to_broker else 0
+        try:
+            while data := src.recv(65536):
+                if not to_broker:
+                    dst.sendall(data)
+                    continue
+                buf += data
+                if handshake:
+                    take = min(handshake, len(buf))
+                    dst.sendall(buf[:take])
+                    buf, handshake = buf[take:], handshake - take
+                while not handshake and len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">I", buf)[0]:
+                    n = 4 + struct.unpack_from(">I", buf)[0]
+                    frame, buf = buf[:n], buf[n:]
+                    if HEADER.unpack_from(frame)[2] == RequestCode.PRODUCE:
+                        self.produce_times.append(time.monotonic())
+                        raise ConnectionResetError("produce refused")
+                    dst.sendall(frame)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def test_sink_pauses_between_resends(broker: EmbeddedBroker) -> None:
+    """Bug 4: the sink resent a failed request at once, 5 times in a row. It now
+    resends through the producer's retry policy: a growing pause between attempts."""
+    with Client(broker.address) as c:
+        c.create_topic("out", 1)
+    proxy = ProduceBreaker(broker.address)
+    try:
+        pub = sink._Publisher(proxy.address, "out", sink.producer_id_for("spark-write", "w-2", 0), 0)
+        pub.add("out", b"x")
+        with pytest.raises(ConnectionBroken):
+            pub.close()
+    finally:
+        proxy.close()
+    times = proxy.produce_times
+    assert len(times) == sink.SEND_RETRIES + 1
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.15, gaps  # the first pause is retry_backoff (0.2 s)
+    assert gaps[-1] > gaps[0]
 
 
 def test_allocate_splits_budget_by_lag() -> None:

@@ -39,7 +39,7 @@ from equeue.names import (
     validate_group,
     validate_topic,
 )
-from equeue.routing import RoundRobin, key_hash, queue_for_key
+from equeue.routing import RoundRobin, key_bytes_hash, key_hash, queue_for_key
 
 # ------------------------------------------------------------------------- routing
 #: (key, crc32) pairs: the standard CRC-32 check value and values any zlib computes
@@ -87,6 +87,30 @@ def test_queue_for_key_is_crc32_mod_n(key: str, n: int) -> None:
     assert 0 <= q < n
     assert q == (zlib.crc32(key.encode("utf-8")) & 0xFFFFFFFF) % n
     assert q == queue_for_key(key.encode("utf-8"), n)
+
+
+@settings(max_examples=200)
+@given(key=st.binary(max_size=50), n=st.integers(1, 1024))
+def test_the_producers_routing_is_queue_for_key(key: bytes, n: int) -> None:
+    """The producer's inline fast path and :meth:`producer.routes.Route.select` pick
+    the queue :func:`queue_for_key` names."""
+    from producer.options import ProducerOptions
+    from producer.routes import Route
+
+    assert key_bytes_hash(key) % n == queue_for_key(key, n)
+    assert Route("t", n).select(key, ProducerOptions(), b"", None, None, 0) == queue_for_key(key, n)
+
+
+def test_route_select_round_robin_and_selector() -> None:
+    from producer.options import ProducerOptions
+    from producer.routes import Route
+
+    r = Route("t", 3)
+    assert [r.select(None, ProducerOptions(), b"", None, None, 0) for _ in range(4)] == [0, 1, 2, 0]
+    pick_last = ProducerOptions(queue_selector=lambda count, msg: count - 1)
+    assert r.select(b"k", pick_last, b"", None, None, 0) == 2
+    with pytest.raises(ConfigError):
+        r.select(b"k", ProducerOptions(queue_selector=lambda count, msg: count), b"", None, None, 0)
 
 
 @pytest.mark.parametrize("n", [0, -1])

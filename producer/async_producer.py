@@ -1,0 +1,410 @@
+"""The trio producer, :class:`AsyncProducer`: the submit path and the lifetime.
+
+Routing (:mod:`producer.routes`): a keyed message goes to ``crc32(key) mod
+queue_count`` (:func:`equeue.routing.queue_for_key`), others round-robin, or
+wherever the ``queue_selector`` option says.
+
+Batching: messages accumulate per queue for ``linger`` seconds or up to
+``max_batch_bytes``, then go out as one idempotent produce request; up to
+``max_in_flight`` requests per queue are in flight at once (:mod:`producer._lane`).
+``send`` seals its batch at once and waits for the answer; ``send_async`` returns a
+:class:`~producer._batch.SendHandle`. At most ``max_buffered_bytes`` of
+unacknowledged entries are held (:mod:`producer.buffer`): beyond that
+``send_async`` waits (or raises BufferFull with ``on_full="raise"``). Options:
+:class:`~producer.options.ProducerOptions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import trio
+
+from client.connection import AsyncClient
+from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
+from equeue.models import Message, SendResult
+from equeue.routing import key_bytes_hash
+from equeue.wire import pack_entry
+from producer._batch import SendHandle, _Batch, deliver_at_ms
+from producer._lane import _Lane
+from producer.buffer import Buffer
+from producer.options import OnFull, ProducerOptions, new_producer_id
+from producer.routes import Route, Routes
+from producer.stats import SendStats
+
+__all__ = ["AsyncProducer", "Body", "Delay"]
+
+Body = bytes | bytearray | memoryview | str
+Delay = float | dt.timedelta | None
+
+
+class AsyncProducer:
+    """A trio producer. Use ``async with AsyncProducer("host:port") as p``.
+
+    Options: an ``options=ProducerOptions(...)``, or its fields as keyword
+    arguments (``retries=5, linger=0.01, ...``), not both. Raises ConfigError for
+    an invalid option.
+    """
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str] = "127.0.0.1:5800",
+        *,
+        options: ProducerOptions | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if options is None:
+            options = ProducerOptions(**kwargs)
+        elif kwargs:
+            raise ConfigError("give either options= or keyword options, not both")
+        self.brokers = brokers
+        self.options = options
+        self.producer_id = options.producer_id or new_producer_id()
+        self.client = AsyncClient(brokers, connect_timeout=options.connect_timeout)
+        self._buffer = Buffer(options.max_buffered_bytes, options.on_full)
+        #: guards lanes' open/sendq/pending and the buffer count (submitting threads)
+        self.lock = self._buffer.lock
+        self._routes = Routes(self.client, options)
+        #: what the sends came to (counted per finished batch)
+        self.send_stats = SendStats()
+        self._kicks: set[_Lane] = set()
+        self._kick_scheduled = False
+        self._closed = False
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._loop_ident = 0
+
+    # ------------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> AsyncProducer:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(self.client)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            self._token = trio.lowlevel.current_trio_token()
+            self._loop_ident = threading.get_ident()
+            self._nursery.start_soon(self._routes.refresher)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.aclose()
+        finally:
+            stack, self._stack = self._stack, None
+            if stack is not None:
+                await stack.aclose()
+
+    async def aclose(self, flush: bool = True) -> None:
+        """Flush (within ``send_timeout``), then close; later calls raise ClientClosed.
+
+        Messages still unsent after the flush fail with ClientClosed. With
+        ``flush=False`` nothing more is sent: buffered messages fail at once (those
+        already written may or may not be stored).
+        """
+        if self._closed:
+            return
+        if flush and self._nursery is not None:
+            with trio.move_on_after(self.options.send_timeout):
+                await self.flush()
+        self._closed = True
+        for lane in self._routes.lanes():
+            lane.fail_all(ClientClosed("the producer closed before this message was sent"))
+        # close the client first: the caller's task may run inside the cancel scopes
+        # entered by __aenter__, so nothing may be awaited after cancelling them
+        await self.client.aclose()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ public API
+    async def send(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        delay: Delay = None,
+        deliver_at: dt.datetime | None = None,
+    ) -> SendResult:
+        """Send one message and wait until it is stored (or scheduled).
+
+        Raises InvalidName/ReservedTopic, MessageTooLarge, ConfigError before
+        sending; TopicNotFound, DelayTooLong and the other mapped broker errors;
+        ConnectionBroken/BrokerBusy after ``retries``; OperationTimeout after
+        ``send_timeout``; ClientClosed once closed.
+        """
+        due = deliver_at_ms(delay, deliver_at)
+        h = await self._submit(topic, body, key, tags, properties, due, True)
+        return await h.wait()
+
+    async def send_async(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        delay: Delay = None,
+        deliver_at: dt.datetime | None = None,
+    ) -> SendHandle:
+        """Buffer one message; return a handle to ``await`` for its SendResult.
+
+        Waits only to learn a new topic's queue count, or for buffer space when
+        ``max_buffered_bytes`` are pending (raises BufferFull instead with
+        ``on_full="raise"``). Validation errors are raised here; send errors by
+        the handle.
+        """
+        due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
+        h = self.try_submit(topic, body, key, tags, properties, due, False)
+        if h is None:
+            h = await self._submit(topic, body, key, tags, properties, due, False)
+        elif h._index == 0:
+            # yield once per new batch (not per message): lets the lanes run
+            await trio.lowlevel.checkpoint()
+        return h
+
+    def send_nowait(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        delay: Delay = None,
+        deliver_at: dt.datetime | None = None,
+    ) -> SendHandle:
+        """Like :meth:`send_async` but never waits: raises BufferFull when the buffer
+        is full, and trio.WouldBlock when the topic's queue count is not known yet."""
+        due = deliver_at_ms(delay, deliver_at)
+        h = self.try_submit(topic, body, key, tags, properties, due, False)
+        if h is None:
+            if self._routes.get(topic) is None:
+                raise trio.WouldBlock
+            raise self._buffer.full_error()
+        return h
+
+    async def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
+        """Send messages (routed one by one), grouped per queue into as few requests
+        as ``max_batch_bytes`` allows; wait for all. Results are in input order.
+
+        Raises the first failure (messages of other queues may have been stored).
+        """
+        handles: list[SendHandle] = []
+        for m in messages:
+            if not isinstance(m, Message):
+                m = Message(m)
+            h = self.try_submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+            if h is None:
+                h = await self._submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+            handles.append(h)
+        self._seal_lanes(self._lanes_of(handles))
+        return [await h.wait() for h in handles]
+
+    async def flush(self) -> None:
+        """Send everything buffered now and wait until all of it is answered (stored
+        or failed: failures are reported by the handles, not raised here)."""
+        batches = self._seal_lanes(self._routes.lanes())
+        for b in batches:
+            if not b.finished:
+                await b.tdone.wait()
+
+    async def queue_count(self, topic: str) -> int:
+        """The topic's queue count as this producer routes with it (fetched if unknown)."""
+        return (await self._route(topic)).count
+
+    def statistics(self) -> dict[str, int]:
+        """Buffered bytes, lanes, and the messages stored, scheduled, answered as
+        duplicates and failed so far (for monitoring; see :class:`SendStats`)."""
+        return {
+            "buffered_bytes": self._buffer.used,
+            "topics": len(self._routes.topics),
+            "lanes": len(self._routes.lanes()),
+            **self.send_stats.counts(),
+        }
+
+    # ------------------------------------------------------------------ submit path
+    def try_submit(
+        self,
+        topic: str,
+        body: Body,
+        key: str | bytes | None,
+        tags: str | None,
+        properties: dict[str, Any] | None,
+        due: int,
+        seal: bool,
+    ) -> SendHandle | None:
+        """Route, encode and buffer one message without waiting (any thread).
+
+        Returns None when the topic's queue count is not known yet or the buffer is
+        full (with ``on_full="block"``); the caller then awaits :meth:`_submit`.
+        Raises validation errors, BufferFull, ClientClosed.
+        """
+        if self._closed:
+            raise ClientClosed("the producer is closed")
+        route = self._routes.topics.get(topic)
+        if route is None:
+            return None
+        options = self.options
+        if type(body) is bytes:
+            data: bytes = body  # type: ignore[assignment]
+        elif isinstance(body, str):
+            data = body.encode()
+        elif isinstance(body, bytes | bytearray | memoryview):
+            data = bytes(body)
+        else:
+            raise ConfigError(f"message body must be bytes or str, not {type(body).__name__}")
+        if len(data) > options.max_message_bytes:
+            raise MessageTooLarge(f"message body is {len(data)} bytes; the limit is {options.max_message_bytes}")
+        kb: bytes | None
+        tk = type(key)
+        if tk is str:
+            kb = key.encode()  # type: ignore[union-attr]
+        elif key is None:
+            kb = None
+        elif isinstance(key, bytes):
+            kb = key
+        else:
+            raise ConfigError(f"key must be str or bytes, not {type(key).__name__}")
+        if kb is not None and options.queue_selector is None:
+            qid = key_bytes_hash(kb) % route.count  # Route.select's common case, inline
+        else:
+            qid = route.select(kb, options, data, tags, properties, due)
+        if properties:
+            properties = {str(k): str(v) for k, v in properties.items()}
+        entry = pack_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
+        n = len(entry)
+        delayed = due > 0
+        kick = None
+        buffer = self._buffer
+        with buffer.lock:
+            used = buffer.used  # Buffer's reservation, inline: the produce hot path
+            if used + n > buffer.limit and used > 0:
+                if buffer.on_full is OnFull.RAISE:
+                    raise buffer.full_error()
+                return None
+            buffer.used = used + n
+            lane = route.lanes.get(qid)
+            if lane is None:
+                lane = route.lanes[qid] = self._new_lane(topic, qid)
+            b = lane.open
+            if b is not None and (b.delayed != delayed or b.nbytes + n > options.max_batch_bytes):
+                lane.sendq.append(b)
+                lane.open = b = None
+            if b is None:
+                now = time.monotonic()
+                b = lane.open = _Batch(topic, qid, delayed, now + options.send_timeout, now)
+                lane.pending.add(b)
+                kick = lane
+            entries = b.entries
+            entries.append(entry)
+            b.nbytes += n
+            idx = len(entries) - 1
+            if seal:
+                lane.sendq.append(b)
+                lane.open = None
+                kick = lane
+        if kick is not None:
+            self._kick(kick)
+        return SendHandle(b, idx)
+
+    async def _submit(
+        self,
+        topic: str,
+        body: Body,
+        key: str | bytes | None,
+        tags: str | None,
+        properties: dict[str, Any] | None,
+        due: int,
+        seal: bool,
+    ) -> SendHandle:
+        while True:
+            h = self.try_submit(topic, body, key, tags, properties, due, seal)
+            if h is not None:
+                return h
+            if self._routes.get(topic) is None:
+                await self._route(topic)
+                continue
+            await self._buffer.wait_space()
+
+    def _new_lane(self, topic: str, queue_id: int) -> _Lane:
+        return _Lane(
+            topic,
+            queue_id,
+            client=self.client,
+            options=self.options,
+            producer_id=self.producer_id,
+            buffer=self._buffer,
+            stats=self.send_stats,
+            on_queue_missing=self._routes.invalidate,
+        )
+
+    def _lanes_of(self, handles: Iterable[SendHandle]) -> set[_Lane]:
+        """The lanes holding the batches of ``handles``."""
+        lanes: set[_Lane] = set()
+        for topic, queue_id in {(h._batch.topic, h._batch.queue_id) for h in handles}:
+            route = self._routes.get(topic)
+            lane = route.lanes.get(queue_id) if route is not None else None
+            if lane is not None:
+                lanes.add(lane)
+        return lanes
+
+    def _seal_lanes(self, lanes: Iterable[_Lane]) -> list[_Batch]:
+        """Seal the open batches of ``lanes`` and wake them; return their unfinished batches."""
+        out: list[_Batch] = []
+        for lane in lanes:
+            with self.lock:
+                if lane.open is not None:
+                    lane.sendq.append(lane.open)
+                    lane.open = None
+                out.extend(lane.pending)
+            self._kick(lane)
+        return out
+
+    # ------------------------------------------------------------------ waking lanes
+    def _kick(self, lane: _Lane) -> None:
+        if threading.get_ident() == self._loop_ident:
+            self._wake(lane)
+            return
+        with self.lock:
+            self._kicks.add(lane)
+            if self._kick_scheduled:
+                return
+            self._kick_scheduled = True
+        assert self._token is not None
+        try:
+            self._token.run_sync_soon(self._run_kicks)
+        except trio.RunFinishedError:
+            raise ClientClosed("the producer's event loop is not running") from None
+
+    def _run_kicks(self) -> None:
+        with self.lock:
+            kicks, self._kicks = self._kicks, set()
+            self._kick_scheduled = False
+        for lane in kicks:
+            self._wake(lane)
+
+    def _wake(self, lane: _Lane) -> None:
+        if lane.started:
+            lane.kick()
+        elif self._nursery is not None and not self._closed:
+            lane.started = True
+            self._nursery.start_soon(lane.run, name=f"equeue-lane-{lane.topic}-{lane.queue_id}")
+
+    # ------------------------------------------------------------------ routes
+    async def _route(self, topic: str) -> Route:
+        """The cached route of ``topic``, fetched (with retries) on first use."""
+        if self._closed and self._routes.get(topic) is None:
+            raise ClientClosed("the producer is closed")
+        return await self._routes.fetch(topic)

@@ -1,0 +1,131 @@
+"""Where a producer's messages go: cached queue counts per topic and queue selection.
+
+Selection (:meth:`Route.select`): a keyed message goes to
+:func:`equeue.routing.queue_for_key` (``crc32(key) mod queue_count``), others
+round-robin (:class:`equeue.routing.RoundRobin`), unless a ``queue_selector``
+option decides. Queue counts are fetched on first use (with the retry policy,
+within ``send_timeout``), refreshed every ``route_refresh`` seconds by
+:meth:`Routes.refresher`, and at once when the broker answers QueueNotFound
+(:meth:`Routes.invalidate`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import trio
+
+from client.connection import AsyncClient
+from client.retry import retry_async
+from equeue.errors import ConfigError, EQueueError, OperationTimeout
+from equeue.models import Message
+from equeue.names import validate_topic
+from equeue.routing import RoundRobin, queue_for_key
+from producer._lane import _Lane
+from producer.options import ProducerOptions
+
+log = logging.getLogger("equeue.producer")
+
+__all__ = ["Route", "Routes"]
+
+
+class Route:
+    """One topic as the producer sees it: its queue count and its lanes."""
+
+    __slots__ = ("count", "fetched", "lanes", "rr", "topic")
+
+    def __init__(self, topic: str, count: int) -> None:
+        self.topic = topic
+        self.count = count
+        self.fetched = time.monotonic()
+        self.rr = RoundRobin()
+        #: queue id -> lane (created under the buffer lock by the submit path)
+        self.lanes: dict[int, _Lane] = {}
+
+    def select(
+        self,
+        key: bytes | None,
+        options: ProducerOptions,
+        body: bytes,
+        tags: str | None,
+        properties: dict[str, Any] | None,
+        due: int,
+    ) -> int:
+        """The queue of one message (any thread; the produce hot path). Raises
+        ConfigError when a ``queue_selector`` returns no valid queue id."""
+        selector = options.queue_selector
+        if selector is None:
+            if key is not None:
+                return queue_for_key(key, self.count)
+            return self.rr.next(self.count)
+        count = self.count
+        qid = selector(count, Message(body, key, tags, properties or {}, due, self.topic))
+        if not isinstance(qid, int) or not 0 <= qid < count:
+            raise ConfigError(f"queue_selector returned {qid!r}; {self.topic!r} has {count} queues")
+        return qid
+
+
+class Routes:
+    """The routes of every topic a producer used (loop thread, read by any thread)."""
+
+    def __init__(self, client: AsyncClient, options: ProducerOptions) -> None:
+        self.client = client
+        self.options = options
+        self.topics: dict[str, Route] = {}
+        self._refresh_now = trio.Event()
+
+    def get(self, topic: str) -> Route | None:
+        """The cached route, or None before its first fetch (any thread, no wait)."""
+        return self.topics.get(topic)
+
+    async def fetch(self, topic: str) -> Route:
+        """The cached route of ``topic``, fetched on first use.
+
+        Raises InvalidName/ReservedTopic, TopicNotFound (``auto_create`` off or refused
+        by the broker), the last transient error after ``retries`` (see
+        :attr:`ProducerOptions.retry_policy`), OperationTimeout after ``send_timeout``.
+        """
+        route = self.topics.get(topic)
+        if route is not None:
+            return route
+        validate_topic(topic)
+        opts = self.options
+        with trio.move_on_after(opts.send_timeout) as cs:
+            info = await retry_async(lambda: self.client.get_route(topic, opts.auto_create), opts.retry_policy)
+        if cs.cancelled_caught:
+            raise OperationTimeout(f"no route for topic {topic!r} within send_timeout ({opts.send_timeout:g} s)")
+        route = self.topics.get(topic)
+        if route is None:
+            route = self.topics[topic] = Route(topic, info.queues)
+        return route
+
+    def invalidate(self, topic: str) -> None:
+        """The broker said a queue does not exist: refresh the queue count now."""
+        route = self.topics.get(topic)
+        if route is not None:
+            route.fetched = 0.0
+            self._refresh_now.set()
+
+    def lanes(self) -> list[_Lane]:
+        """Every lane of every topic (a snapshot)."""
+        return [lane for route in list(self.topics.values()) for lane in list(route.lanes.values())]
+
+    async def refresher(self) -> None:
+        """Refresh every queue count each ``route_refresh`` seconds, or at once after
+        :meth:`invalidate` (runs until cancelled; failures are logged at debug)."""
+        while True:
+            with trio.move_on_after(self.options.route_refresh):
+                await self._refresh_now.wait()
+            self._refresh_now = trio.Event()
+            for topic, route in list(self.topics.items()):
+                try:
+                    info = await self.client.get_route(topic, False)
+                except EQueueError as exc:
+                    log.debug("route refresh of %s failed: %s", topic, exc)
+                    continue
+                if info.queues != route.count:
+                    log.info("topic %s now has %d queues (was %d)", topic, info.queues, route.count)
+                    route.count = info.queues
+                route.fetched = time.monotonic()

@@ -1,0 +1,161 @@
+"""The blocking producer, :class:`Producer`: forwards to an
+:class:`~producer.async_producer.AsyncProducer` running on a private trio loop in a
+helper thread (:mod:`client.syncfront`); the logic exists once, in the async class.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from client.syncfront import SyncFront
+from equeue.errors import ClientClosed, ConfigError, OperationTimeout
+from equeue.models import Message, SendResult
+from producer._batch import SendHandle, deliver_at_ms
+from producer.async_producer import AsyncProducer, Body, Delay
+from producer.options import ProducerOptions
+from producer.stats import SendStats
+
+__all__ = ["Producer"]
+
+#: seconds between checks that the loop still runs while a blocking send waits
+_LIVENESS_CHECK = 1.0
+
+
+class Producer(SyncFront[AsyncProducer]):
+    """The blocking producer: same methods and options as :class:`AsyncProducer`.
+
+    Safe to share between threads. After ``os.fork()`` the child builds its own
+    loop, connection and producer id on first use (nothing of the parent's is
+    reused).
+    """
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str] = "127.0.0.1:5800",
+        *,
+        options: ProducerOptions | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if options is None:
+            options = ProducerOptions(**kwargs)  # validates the options now
+        elif kwargs:
+            raise ConfigError("give either options= or keyword options, not both")
+        super().__init__()
+        self.brokers = brokers
+        self.options = options
+        self._pid = os.getpid()
+        self._ensure()  # connects on first send
+
+    def _make_core(self) -> AsyncProducer:
+        options = self.options
+        if os.getpid() != self._pid and options.producer_id is not None:
+            # a forked child must not share the parent's sequences
+            options = attrs.evolve(options, producer_id=None)
+        return AsyncProducer(self.brokers, options=options)
+
+    @property
+    def producer_id(self) -> bytes:
+        return self._ensure()[1].producer_id
+
+    def send(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        delay: Delay = None,
+        deliver_at: dt.datetime | None = None,
+    ) -> SendResult:
+        """Send one message and block until it is stored (see AsyncProducer.send).
+
+        The message is buffered and its batch sealed from the calling thread, which
+        then blocks on the batch's thread event (set by the loop when the answer
+        arrives): no round trip through ``trio.from_thread`` unless the topic is new
+        or the buffer is full.
+        """
+        due = deliver_at_ms(delay, deliver_at)
+        loop, core = self._ensure()
+        h = core.try_submit(topic, body, key, tags, properties, due, True)
+        if h is None:
+
+            async def run(core: AsyncProducer) -> SendResult:
+                h = await core._submit(topic, body, key, tags, properties, due, True)
+                return await h.wait()
+
+            return self._call(run)
+        b = h._batch
+        while not b.finished and not b.thdone.wait(_LIVENESS_CHECK):
+            if not loop.alive:
+                raise ClientClosed("the producer's event loop is not running (closed or forked)")
+        return b.result(h._index)
+
+    def send_async(
+        self,
+        topic: str,
+        body: Body,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        delay: Delay = None,
+        deliver_at: dt.datetime | None = None,
+    ) -> SendHandle:
+        """Buffer one message; return a handle (``handle.result(timeout)``).
+
+        Buffers directly from the calling thread (no hop to the loop) unless the
+        topic is new or the buffer is full; then blocks (or raises BufferFull).
+        """
+        due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
+        loop, core = self._ensure()
+        h = core.try_submit(topic, body, key, tags, properties, due, False)
+        if h is not None:
+            return h
+        return loop.run(lambda: core._submit(topic, body, key, tags, properties, due, False))
+
+    def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
+        """Send messages grouped per queue; block until all are stored."""
+        msgs = list(messages)
+        return self._call(lambda core: core.send_batch(topic, msgs))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything buffered so far is answered.
+
+        Raises OperationTimeout when ``timeout`` seconds pass first.
+        """
+
+        async def run(core: AsyncProducer) -> None:
+            with trio.move_on_after(timeout if timeout is not None else float("inf")) as cs:
+                await core.flush()
+            if cs.cancelled_caught:
+                raise OperationTimeout(f"flush did not finish within {timeout} s")
+
+        self._call(run)
+
+    def queue_count(self, topic: str) -> int:
+        return self._call(lambda core: core.queue_count(topic))
+
+    def statistics(self) -> dict[str, int]:
+        """Buffered bytes, lanes and message outcomes (see AsyncProducer.statistics)."""
+        return self._ensure()[1].statistics()
+
+    @property
+    def send_stats(self) -> SendStats:
+        """What the sends came to so far (complete up to the last ``flush``)."""
+        return self._ensure()[1].send_stats
+
+    def close(self, flush: bool = True) -> None:
+        """Flush (within ``send_timeout``; not with ``flush=False``) and close.
+        Idempotent. See AsyncProducer.aclose."""
+        self._close_core(lambda core: core.aclose(flush))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
