@@ -81,7 +81,7 @@ MAX_PROBE_CALLS = 1 << 20
 #: in a trio worker thread), a nested trio.run. Such a handler needs a thread.
 _LOOP_THREAD_ERRORS = ("call it from a thread", "wasn't created by Trio", "from inside a run()")
 _Item = tuple[ProcessQueue, list[Message], list[int]]
-Invoke = Callable[[list[Message], bool], Awaitable["ChunkResult"]]
+Invoke = Callable[[ProcessQueue, list[Message], int, bool], Awaitable["ChunkResult"]]
 
 
 @attrs.frozen
@@ -338,10 +338,10 @@ class AsyncConsumer:
         if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
             self._placement = None
 
-            async def invoke_async(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+            async def invoke_async(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
                 fails: list[tuple[int, BaseException]] = []
                 for i, m in enumerate(msgs):
-                    if self._stopping:
+                    if (self._stopping or q.stopped) and q.taken_top <= top:
                         return i, fails
                     try:
                         await handler(m)
@@ -356,13 +356,15 @@ class AsyncConsumer:
         place = self._placement = _SyncPlacement(self.options.handler_threads == "auto")
         clock = time.perf_counter
 
-        def run_chunk(msgs: list[Message], stop_on_failure: bool) -> tuple[int, list[tuple[int, BaseException]], float, bool]:
+        def run_chunk(
+            q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool
+        ) -> tuple[int, list[tuple[int, BaseException]], float, bool]:
             """In a worker thread: (processed, failures, seconds, a call was slow)."""
             fails: list[tuple[int, BaseException]] = []
             t0 = t = clock()
             slow = False
             for i, m in enumerate(msgs):
-                if self._stopping:
+                if (self._stopping or q.stopped) and q.taken_top <= top:
                     return i, fails, t - t0, slow
                 try:
                     handler(m)
@@ -379,30 +381,30 @@ class AsyncConsumer:
         limiter = trio.CapacityLimiter(self.options.concurrency)
         to_thread = trio.to_thread.run_sync
 
-        async def in_threads(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+        async def in_threads(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
             processed, fails, elapsed, slow = await to_thread(
-                run_chunk, msgs, stop_on_failure, limiter=limiter, abandon_on_cancel=True
+                run_chunk, q, msgs, top, stop_on_failure, limiter=limiter, abandon_on_cancel=True
             )
             place.observed(processed, elapsed, slow)
             return processed, fails
 
         checkpoint = trio.lowlevel.checkpoint
 
-        async def inline(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+        async def inline(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
             """On the loop thread, in slices of INLINE_SLICE with a checkpoint between."""
             fails: list[tuple[int, BaseException]] = []
             n = len(msgs)
             i = first = 0
             t = start = clock()
             while i < n:
-                if self._stopping:
+                if (self._stopping or q.stopped) and q.taken_top <= top:
                     return i, fails
                 try:
                     handler(msgs[i])
                 except Exception as exc:
                     if isinstance(exc, RuntimeError) and any(e in str(exc) for e in _LOOP_THREAD_ERRORS):
                         place.leave(f"made a blocking trio call ({exc})", forever=True)
-                        return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                        return await self._rest_in_threads(q, i, msgs, top, fails, stop_on_failure, in_threads)
                     fails.append((i, exc))
                     if stop_on_failure:
                         return i + 1, fails
@@ -410,33 +412,33 @@ class AsyncConsumer:
                 t1 = clock()
                 if t1 - t > SLOW_CALL:
                     place.leave(f"call took {1000 * (t1 - t):.1f} ms")
-                    return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                    return await self._rest_in_threads(q, i, msgs, top, fails, stop_on_failure, in_threads)
                 t = t1
                 if t1 - start >= INLINE_SLICE:
                     if t1 - start > INLINE_LEAVE * (i - first):
                         place.leave(f"calls average {1e6 * (t1 - start) / (i - first):.0f} us")
-                        return await self._rest_in_threads(i, msgs, fails, stop_on_failure, in_threads)
+                        return await self._rest_in_threads(q, i, msgs, top, fails, stop_on_failure, in_threads)
                     await checkpoint()
                     t = start = clock()
                     first = i
             return n, fails
 
-        async def invoke_sync(msgs: list[Message], stop_on_failure: bool) -> ChunkResult:
+        async def invoke_sync(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
             if place.inline:
-                return await inline(msgs, stop_on_failure)
-            return await in_threads(msgs, stop_on_failure)
+                return await inline(q, msgs, top, stop_on_failure)
+            return await in_threads(q, msgs, top, stop_on_failure)
 
         return invoke_sync
 
     @staticmethod
     async def _rest_in_threads(
-        i: int, msgs: list[Message], fails: list[tuple[int, BaseException]], stop_on_failure: bool,
-        in_threads: Invoke,
+        q: ProcessQueue, i: int, msgs: list[Message], top: int, fails: list[tuple[int, BaseException]],
+        stop_on_failure: bool, in_threads: Invoke,
     ) -> ChunkResult:  # fmt: skip
         """Run ``msgs[i:]`` in threads after ``msgs[:i]`` ran inline (with ``fails``)."""
         if i >= len(msgs):
             return i, fails
-        processed, more = await in_threads(msgs[i:], stop_on_failure)
+        processed, more = await in_threads(q, msgs[i:], top, stop_on_failure)
         return i + processed, fails + [(i + j, exc) for j, exc in more]
 
     def _chunk(self) -> int:
@@ -478,7 +480,7 @@ class AsyncConsumer:
         self, q: ProcessQueue, msgs: list[Message], offs: list[int],
         invoke: Invoke,
     ) -> None:  # fmt: skip
-        processed, fails = await invoke(msgs, False)
+        processed, fails = await invoke(q, msgs, offs[-1], False)
         o = self.options
         mm, mb = o.max_buffered_messages, o.max_buffered_bytes
         if not fails:
@@ -513,7 +515,7 @@ class AsyncConsumer:
         i = 0
         while i < len(msgs) and not q.stopped:
             rest = msgs[i:]
-            processed, fails = await invoke(rest, True)
+            processed, fails = await invoke(q, rest, offs[-1], True)
             ok = processed - len(fails)
             for j in range(i, i + ok):
                 q.finish(offs[j], len(msgs[j].body), mm, mb)
@@ -632,6 +634,8 @@ class AsyncConsumer:
         n = len(msgs)
         self._ready_count -= n
         q.inflight += n
+        if offs[-1] > q.taken_top:
+            q.taken_top = offs[-1]
         if self.options.orderly:
             q.busy = True
         return q, msgs, offs
@@ -812,15 +816,18 @@ class AsyncConsumer:
     async def _commit_queue(self, q: ProcessQueue) -> None:
         if not q.started or self._store is not None:
             return
-        off = q.window.committable()
-        if off == q.last_committed:
-            return
-        try:
-            await self.client.commit_offset(self.group, q.topic, q.queue_id, off, self.consumer_id)
-        except NotQueueOwner:
-            self.lease_lost(q)
-            return
-        q.last_committed = off
+        # one commit of a queue at a time: the broker handles requests concurrently, so
+        # a periodic commit still on its way could land after (and undo) the final one
+        async with q.commit_lock:
+            off = q.window.committable()
+            if off == q.last_committed:
+                return
+            try:
+                await self.client.commit_offset(self.group, q.topic, q.queue_id, off, self.consumer_id)
+            except NotQueueOwner:
+                self.lease_lost(q)
+                return
+            q.last_committed = off
 
     # ------------------------------------------------------------------ misc
     def _on_push(self, code: int, payload: bytes) -> None:

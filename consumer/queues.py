@@ -44,6 +44,7 @@ class ProcessQueue:
         #: the start offset is known (committed offset or start_from resolved)
         self.started = False
         self.last_committed = -1
+        self.commit_lock = trio.Lock()
         self.buffered_bytes = 0
         self.peak_buffered = 0
         self.batch = batch
@@ -53,6 +54,10 @@ class ProcessQueue:
         self.scope = trio.CancelScope()
         #: messages handed to handlers and not finished
         self.inflight = 0
+        #: the highest offset handed to a handler: on stop or revoke only the chunk holding
+        #: it may end early (a lower chunk ending early would leave handled messages above
+        #: an undone one, to be handled again by the next owner)
+        self.taken_top = -1
         #: orderly mode: a worker is handling this queue
         self.busy = False
 
