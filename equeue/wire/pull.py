@@ -282,8 +282,11 @@ def decode_pull_packed(buf: bytes, count: int | None = None) -> PackedPull:
     of the first ``count`` records (all of them by default).
 
     The one decoder of the packed layout's framing. Raises RemoteProtocolError when
-    the head is malformed, ``count`` exceeds the records present, or the offsets,
-    lengths or records overrun the answer.
+    the head is malformed, ``count`` exceeds the records present, or the offsets and
+    lengths overrun the answer. That the records fit (record ``i`` ends at
+    ``records_at`` plus the first ``i + 1`` lengths, at most ``len(buf)``) is checked
+    by the reader that walks them, with its own arithmetic (a sum over every length
+    here would cost the Spark reader about 5 %).
     """
     head = decode_pull_head(buf)
     total = head.count
@@ -300,8 +303,6 @@ def decode_pull_packed(buf: bytes, count: int | None = None) -> PackedPull:
     if sys.byteorder == "little":
         gs.byteswap()
         lens.byteswap()
-    if at + sum(lens) > len(buf):
-        raise _bad("packed pull answer is truncated (records)")
     return PackedPull(head, buf, gs, lens, at)
 
 
