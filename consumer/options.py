@@ -131,7 +131,8 @@ class ConsumerOptions:
     #: rebalance: how long a revoked queue waits for its running handlers
     revoke_timeout: float = attrs.field(default=10.0, validator=_positive)
     connect_timeout: float = attrs.field(default=5.0, validator=_positive)
-    #: re-check record checksums in the consumer (the broker checks them on read)
+    #: check record checksums in the consumer instead of the broker (which then skips
+    #: its check on read: the pull says PULL_CLIENT_VERIFIES)
     verify_checksums: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -87,6 +87,8 @@ class PullLoop:
         tags = "" if q.retry else (o.tags or "")
         request, deliver, counters = self.request, self.deliver, self.counters
         verify = o.verify_checksums
+        # a consumer that checks every record itself spares the broker its recheck
+        flags = wire.PULL_CLIENT_VERIFIES if verify else 0
         max_messages, max_bytes = o.max_buffered_messages, o.max_buffered_bytes
         decode = wire.decode_pull_messages
         failures = overflows = 0
@@ -101,7 +103,7 @@ class PullLoop:
             offset = q.window.end
             n = 1 if single else min(q.batch, max_messages - len(q.window))
             req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold_ms, self.group,
-                                   self.consumer_id, tags)  # fmt: skip
+                                   self.consumer_id, tags, flags)  # fmt: skip
             try:
                 payload = await request(RequestCode.PULL, req.encode())
             except NotQueueOwner:

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from broker import Broker, open_broker
@@ -51,9 +52,12 @@ async def test_send_back_refused_for_good_moves_on(tmp_path: Path) -> None:
         assert (st.failed, st.retried, st.dead_lettered, st.dropped) == (1, 0, 0, 1)
 
 
-async def test_corrupt_record_is_quarantined(broker: Broker) -> None:
+@pytest.mark.parametrize("verify", [False, True])
+async def test_corrupt_record_is_quarantined(broker: Broker, verify: bool) -> None:
     """A record failing its checksum is logged, counted and skipped (like nsqd's
-    quarantine): the messages after it are handled and the offset moves past it."""
+    quarantine): the messages after it are handled and the offset moves past it.
+    ``verify``: the consumer checks checksums itself (the broker then does not), finds
+    a bad batch and pulls it again one record at a time to skip only the bad one."""
     async with AsyncClient(broker.address) as c:
         await c.create_topic("bad", 1)
         entries = [wire.encode_entry(Message(f"m{i}".encode() * 20)) for i in range(10)]
@@ -67,7 +71,9 @@ async def test_corrupt_record_is_quarantined(broker: Broker) -> None:
             txn.put(key, bytes(rec), db=store.db[b"messages"])
         seen: list[int] = []
         with trio.fail_after(20):
-            async with AsyncConsumer(broker.address, "g", "bad", start_from="earliest", **FAST) as con:
+            async with AsyncConsumer(
+                broker.address, "g", "bad", start_from="earliest", verify_checksums=verify, **FAST
+            ) as con:
 
                 async def handler(m: Message) -> None:
                     seen.append(m.queue_offset)
