@@ -83,7 +83,8 @@ async def drain(addr: str, queues: int, max_messages: int, decode: bool) -> tupl
                     r = wire.decode_pull_response("bench", raw)
                     n, off = len(r.messages), r.next_offset
                 else:
-                    _status, _lo, _hi, nxt, n = wire._PULL_RESP.unpack_from(raw, 0)
+                    head = wire.decode_pull_head(raw)
+                    nxt, n = head.next_offset, head.count
                     off = nxt
                 if n == 0:
                     return

@@ -51,7 +51,7 @@ def raw_pull_rate(c: Client, topic: str, queues: int, n: int) -> float:
         while True:
             req = wire.PullRequest(topic, q, off, 10_000, 8 << 20, flags=PULL_FLAGS)
             raw = c.request(RequestCode.PULL, req.encode())
-            count = int.from_bytes(raw[25:29], "big")
+            count = wire.decode_pull_head(raw).count
             if not count:
                 break
             off += count

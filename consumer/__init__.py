@@ -6,8 +6,17 @@ docs/consumer.md.
 """
 
 from consumer.core import AsyncConsumer, ConsumerStatistics
-from consumer.options import ConsumerOptions
+from consumer.options import ConsumeMode, ConsumerOptions, HandlerThreads, StartFrom
 from consumer.sync import Consumer
 from equeue.models import Message
 
-__all__ = ["AsyncConsumer", "Consumer", "ConsumerOptions", "ConsumerStatistics", "Message"]
+__all__ = [
+    "AsyncConsumer",
+    "ConsumeMode",
+    "Consumer",
+    "ConsumerOptions",
+    "ConsumerStatistics",
+    "HandlerThreads",
+    "Message",
+    "StartFrom",
+]

@@ -1,11 +1,16 @@
-"""Consumer options: everything tunable, validated once at construction."""
+"""Consumer options: everything tunable, validated once at construction.
+
+Modes are :class:`~enum.StrEnum` members; their string values are accepted too
+(``mode="broadcast"`` is ``mode=ConsumeMode.BROADCAST``).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -13,7 +18,61 @@ from equeue.allocation import get_strategy
 from equeue.config import DEFAULTS
 from equeue.errors import ConfigError
 
-__all__ = ["ConsumerOptions"]
+__all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
+
+
+class ConsumeMode(StrEnum):
+    """How a group shares its queues."""
+
+    #: each queue is consumed by one member of the group (leases, rebalance)
+    CLUSTERING = "clustering"
+    #: every member consumes every queue (offsets kept locally)
+    BROADCAST = "broadcast"
+
+
+class StartFrom(StrEnum):
+    """Where a group with no committed offset starts (or a ``datetime``)."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+
+
+class HandlerThreads(StrEnum):
+    """Where sync handlers run (docs/consumer.md, "Where handlers run")."""
+
+    #: in worker threads, then inline on the loop thread once they prove fast
+    AUTO = "auto"
+    #: every call in a worker thread (for handlers that may block)
+    ALWAYS = "always"
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def _member(kind: type[E], name: str, value: Any) -> E:
+    """``value`` as a member of ``kind`` (a member or its string value); ConfigError otherwise."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = " or ".join(repr(m.value) for m in kind)
+        raise ConfigError(f"{name} must be {allowed}, got {value!r}") from None
+
+
+def _mode(value: Any) -> ConsumeMode:
+    return _member(ConsumeMode, "mode", value)
+
+
+def _handler_threads(value: Any) -> HandlerThreads:
+    return _member(HandlerThreads, "handler_threads", value)
+
+
+def _start_from(value: Any) -> StartFrom | dt.datetime:
+    if isinstance(value, dt.datetime):
+        return value
+    try:
+        return StartFrom(value)
+    except ValueError:
+        raise ConfigError(f"start_from must be 'earliest', 'latest' or a datetime, got {value!r}") from None
 
 
 def _positive(_inst: object, attr: Any, value: float) -> None:
@@ -21,25 +80,8 @@ def _positive(_inst: object, attr: Any, value: float) -> None:
         raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
 
 
-def _mode(_inst: object, _attr: Any, value: str) -> None:
-    if value not in ("clustering", "broadcast"):
-        raise ConfigError(f"mode must be 'clustering' or 'broadcast', got {value!r}")
-
-
-def _start_from(_inst: object, _attr: Any, value: object) -> None:
-    if isinstance(value, dt.datetime):
-        return
-    if value not in ("earliest", "latest"):
-        raise ConfigError(f"start_from must be 'earliest', 'latest' or a datetime, got {value!r}")
-
-
 def _allocation(_inst: object, _attr: Any, value: object) -> None:
     get_strategy(value)  # type: ignore[arg-type]  # raises ConfigError
-
-
-def _handler_threads(_inst: object, _attr: Any, value: str) -> None:
-    if value not in ("auto", "always"):
-        raise ConfigError(f"handler_threads must be 'auto' or 'always', got {value!r}")
 
 
 def _delays(value: Any) -> tuple[float, ...]:
@@ -56,9 +98,9 @@ def _delays(value: Any) -> tuple[float, ...]:
 class ConsumerOptions:
     """Tunables of a consumer (defaults: ARCHITECTURE §6). See docs/consumer.md."""
 
-    mode: str = attrs.field(default="clustering", validator=_mode)
+    mode: ConsumeMode = attrs.field(default=ConsumeMode.CLUSTERING, converter=_mode)
     #: where a group with no committed offset starts: "earliest", "latest" or a datetime
-    start_from: str | dt.datetime = attrs.field(default="latest", validator=_start_from)
+    start_from: StartFrom | dt.datetime = attrs.field(default=StartFrom.LATEST, converter=_start_from)
     #: broker-side tag filter, e.g. "paid || refunded" (None: everything)
     tags: str | None = None
     #: one message at a time per queue, in queue order
@@ -68,7 +110,7 @@ class ConsumerOptions:
     #: sync handlers: "auto" runs them inline on the consumer's loop thread once they
     #: prove fast (back to threads when a call is slow); "always": every call in a
     #: worker thread (for handlers that may block). See docs/consumer.md.
-    handler_threads: str = attrs.field(default="auto", validator=_handler_threads)
+    handler_threads: HandlerThreads = attrs.field(default=HandlerThreads.AUTO, converter=_handler_threads)
     allocation: str | Callable[..., Any] = attrs.field(default="average", validator=_allocation)
     consumer_id: str | None = None
     #: broadcast mode: where the per-group offsets file lives
@@ -89,7 +131,8 @@ class ConsumerOptions:
     #: rebalance: how long a revoked queue waits for its running handlers
     revoke_timeout: float = attrs.field(default=10.0, validator=_positive)
     connect_timeout: float = attrs.field(default=5.0, validator=_positive)
-    #: re-check record checksums in the consumer (the broker checks them on read)
+    #: check record checksums in the consumer instead of the broker (which then skips
+    #: its check on read: the pull says PULL_CLIENT_VERIFIES)
     verify_checksums: bool = False
 
     def __attrs_post_init__(self) -> None:

@@ -15,38 +15,48 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
 
 import trio
 
+from consumer.assignments import Assignments
+from consumer.options import ConsumeMode, ConsumerOptions
+from consumer.process import Lease, lease_name, parse_lease
 from equeue import control
 from equeue.allocation import allocate_for
 from equeue.errors import EQueueError
 from equeue.names import retry_topic
-
-if TYPE_CHECKING:
-    from consumer.core import AsyncConsumer
 
 log = logging.getLogger("equeue.consumer")
 
 __all__ = ["Coordinator"]
 
 
-def split_key(key: str) -> tuple[str, int]:
-    topic, _, q = key.rpartition("/")
-    return topic, int(q)
+class GroupClient(Protocol):
+    """The client call membership needs."""
+
+    def heartbeat(self, hb: control.Heartbeat) -> Awaitable[control.HeartbeatAnswer]: ...
 
 
 class Coordinator:
-    """Keeps one consumer's membership and queue set in line with its group."""
+    """Keeps one member's queue set (its :class:`~consumer.assignments.Assignments`) in
+    line with its group."""
 
-    def __init__(self, consumer: AsyncConsumer) -> None:
-        self.c = consumer
+    def __init__(
+        self, client: GroupClient, group: str, consumer_id: str, topics: Sequence[str], options: ConsumerOptions,
+        assignments: Assignments,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.group = group
+        self.consumer_id = consumer_id
+        self.options = options
+        self.assignments = assignments
         self.host = socket.gethostname()
-        self.retry_topic = retry_topic(consumer.group)
-        clustering = consumer.options.mode == "clustering"
-        self.topics = [*consumer.topics, self.retry_topic] if clustering else list(consumer.topics)
-        self.desired: set[str] = set()
+        self.retry_topic = retry_topic(group)
+        clustering = options.mode == ConsumeMode.CLUSTERING
+        self.topics = [*topics, self.retry_topic] if clustering else list(topics)
+        self.desired: set[Lease] = set()
         self.generation = -1
         self.members: list[control.MemberInfo] = []
         self.wake = trio.Event()
@@ -58,7 +68,7 @@ class Coordinator:
 
     async def run(self) -> None:
         """Heartbeat and rebalance until cancelled."""
-        o = self.c.options
+        o = self.options
         interval = min(o.heartbeat_interval, o.rebalance_interval)
         while True:
             with trio.move_on_after(interval):
@@ -67,36 +77,36 @@ class Coordinator:
             try:
                 await self.rebalance()
             except EQueueError as exc:
-                log.warning("group %s: heartbeat/rebalance failed: %s", self.c.group, exc)
+                log.warning("group %s: heartbeat/rebalance failed: %s", self.group, exc)
 
-    def _heartbeat(self, acquire: list[str]) -> control.Heartbeat:
-        c = self.c
-        return control.Heartbeat(c.group, c.consumer_id, self.topics, c.options.mode, self.host, acquire)
+    def _heartbeat(self, acquire: list[Lease]) -> control.Heartbeat:
+        return control.Heartbeat(
+            self.group, self.consumer_id, self.topics, self.options.mode.value, self.host,
+            [lease_name(lease) for lease in acquire],
+        )  # fmt: skip
 
     async def rebalance(self) -> None:
         """One round: heartbeat, compute the allocation, start/revoke queues, acquire."""
-        c = self.c
-        if c.closing:
+        a = self.assignments
+        if a.closing:
             return
         self.rebalances += 1
-        if c.options.mode == "broadcast":
-            self._apply_broadcast(await c.client.heartbeat(self._heartbeat([])))
+        if self.options.mode == ConsumeMode.BROADCAST:
+            self._apply_broadcast(await self.client.heartbeat(self._heartbeat([])))
             return
         acquire = self._wanted()
-        ans = await c.client.heartbeat(self._heartbeat(acquire))
+        ans = await self.client.heartbeat(self._heartbeat(acquire))
         self._apply(ans)
         more = self._wanted()
-        if more and more != acquire and not c.closing:
-            self._apply(await c.client.heartbeat(self._heartbeat(more)))
+        if more and more != acquire and not a.closing:
+            self._apply(await self.client.heartbeat(self._heartbeat(more)))
 
-    def _wanted(self) -> list[str]:
-        c = self.c
-        return sorted(k for k in self.desired if k not in c.queues and k not in c.revoking)
+    def _wanted(self) -> list[Lease]:
+        return sorted(lease for lease in self.desired if not self.assignments.busy(lease))
 
-    def _allocation(self, ans: control.HeartbeatAnswer) -> set[str] | None:
-        c = self.c
-        members = [m for m in ans.members if m.mode == "clustering"]
-        desired: set[str] = set()
+    def _allocation(self, ans: control.HeartbeatAnswer) -> set[Lease] | None:
+        members = [m for m in ans.members if m.mode == ConsumeMode.CLUSTERING]
+        desired: set[Lease] = set()
         for topic in self.topics:
             n = ans.queue_counts.get(topic, 0)
             if not n:
@@ -104,39 +114,38 @@ class Coordinator:
             subscribed = [m.consumer_id for m in members if topic in m.topics]
             try:
                 mine = allocate_for(
-                    c.consumer_id, [(topic, i) for i in range(n)], subscribed, c.options.allocation
+                    self.consumer_id, [(topic, i) for i in range(n)], subscribed, self.options.allocation
                 )
             except EQueueError as exc:
-                log.error("group %s: allocation failed, keeping the current one: %s", c.group, exc)
+                log.error("group %s: allocation failed, keeping the current one: %s", self.group, exc)
                 return None
-            desired.update(f"{t}/{q}" for t, q in mine)
+            desired.update((t, int(q)) for t, q in mine)
         return desired
 
     def _apply(self, ans: control.HeartbeatAnswer) -> None:
-        c = self.c
+        a = self.assignments
         self.members, self.generation = ans.members, ans.generation
         desired = self._allocation(ans)
         if desired is None:
             return
         self.desired = desired
-        held = set(ans.held)
-        for key, q in list(c.queues.items()):
-            if key not in held:
-                c.lease_lost(q)
-            elif key not in desired:
-                c.revoke(q)
-        for key in sorted(desired & held):
-            if key not in c.queues and key not in c.revoking:
-                topic, queue_id = split_key(key)
-                c.start_queue(topic, queue_id, retry=topic == self.retry_topic)
-        stale = sorted(held - desired - set(c.queues) - c.revoking)
+        held = {parse_lease(name) for name in ans.held}
+        for lease, q in list(a.queues.items()):
+            if lease not in held:
+                a.lease_lost(q)
+            elif lease not in desired:
+                a.revoke(q)
+        for lease in sorted(desired & held):
+            if not a.busy(lease):
+                a.start(lease, retry=lease[0] == self.retry_topic)
+        stale = sorted(held - desired - set(a.queues) - a.revoking)
         if stale:
-            c.release_later(stale)
+            a.release_later(stale)
 
     def _apply_broadcast(self, ans: control.HeartbeatAnswer) -> None:
-        c = self.c
+        a = self.assignments
         self.members, self.generation = ans.members, ans.generation
         for topic in self.topics:
             for q in range(ans.queue_counts.get(topic, 0)):
-                if f"{topic}/{q}" not in c.queues:
-                    c.start_queue(topic, q, retry=False)
+                if (topic, q) not in a.queues:
+                    a.start((topic, q), retry=False)

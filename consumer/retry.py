@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from client.connection import AsyncClient
-from equeue import control
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
     PROP_ORIGIN_OFFSET,
@@ -23,7 +21,7 @@ from equeue.models import (
     Message,
 )
 
-__all__ = ["as_origin", "retry_delay", "send_back"]
+__all__ = ["as_origin", "retry_delay"]
 
 
 def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
@@ -31,18 +29,6 @@ def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
     if not delays:
         return 0.0
     return float(delays[min(reconsume_times, len(delays) - 1)])
-
-
-async def send_back(
-    client: AsyncClient, group: str, where: tuple[str, int, int], reconsume_times: int,
-    delays: Sequence[float], max_reconsume_times: int,
-) -> control.SendBackAnswer:  # fmt: skip
-    """Hand a failed message back to the broker (SEND_BACK), naming where it was read
-    (topic, queue, queue offset: its origin, or the retry topic for a retried one).
-    The broker writes the retry (delayed by ``delays[reconsume_times]``) or dead
-    letter itself. Raises what the request raised."""
-    delays_ms = [int(d * 1000) for d in delays]
-    return await client.send_back(group, *where, reconsume_times, max_reconsume_times, delays_ms)
 
 
 def as_origin(msg: Message) -> Message:

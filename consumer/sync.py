@@ -16,7 +16,8 @@ from typing import Any
 import trio
 
 from client.syncfront import SyncFront
-from consumer.core import CHUNK_SECONDS, MAX_CHUNK, AsyncConsumer, ConsumerStatistics, log
+from consumer.core import AsyncConsumer, ConsumerStatistics, log
+from consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
 from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
 

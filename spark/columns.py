@@ -5,17 +5,24 @@ global offsets, then all record lengths, then the records back to back) and veri
 checksums itself (``wire.PULL_CLIENT_VERIFIES``), so the single broker process does
 the least work per record and the parsing runs in Spark's parallel Python workers.
 
-Here every fixed-position field of every record is gathered at once with numpy, the
-variable fields (key, tags, body) become Arrow binary columns by pointing offsets into
-the answer buffer, and only checksums (one ``zlib.crc32`` per record, in a C-level
-``map``) and non-empty properties touch records one at a time.
+The answer is framed by the core's one decoder of the packed layout
+(:func:`equeue.wire.decode_pull_packed`: head, global offsets, record lengths). The
+records inside are in the record layout of :mod:`equeue.wire.records`; the numpy
+record type below is built from that module's struct formats, so the layout is
+written down once. Every fixed-position field of every record is then gathered at
+once with numpy (the core cannot use numpy, and a per-record Python loop costs
+several times more here), the variable fields (key, tags, body) become Arrow binary
+columns by pointing offsets into the answer buffer, and only checksums (one
+``zlib.crc32`` per record, in a C-level ``map``) and non-empty properties touch
+records one at a time. The checks are those of the consumer's decoder
+(:func:`equeue.wire.decode_pull_messages`), vectorised; tests/unit/test_columns.py
+holds the two to the same answers.
 
 Imports numpy and pyarrow but not pyspark.
 """
 
 from __future__ import annotations
 
-import struct
 import zlib
 from typing import Final
 
@@ -23,32 +30,25 @@ import numpy as np
 import pyarrow as pa
 
 from equeue import wire
-from equeue.errors import CorruptRecord
+from equeue.errors import CorruptRecord, RemoteProtocolError
 
-__all__ = ["HEAD", "packed_batch"]
+__all__ = ["packed_batch"]
 
-#: pull answer head: status, min, max, next, count
-HEAD: Final = struct.Struct(">BQQQI")
+_NUMPY_CODES: Final = {"B": "u1", "H": ">u2", "I": ">u4", "Q": ">u8"}
 
-#: a stored record's fixed part: record header, then the entry header (after the entry's
-#: own length prefix, which is ``elen``); the key starts right after it
-_FIXED: Final = np.dtype(
-    [
-        ("crc", ">u4"),
-        ("ver", "u1"),
-        ("tid", ">u4"),
-        ("qid", ">u4"),
-        ("qoff", ">u8"),
-        ("ts", ">u8"),
-        ("elen", ">u4"),
-        ("flags", "u1"),
-        ("deliver_at", ">u8"),
-        ("reconsume", ">u2"),
-        ("kl", ">u2"),
-        ("tl", ">u2"),
-        ("pl", ">u4"),
-    ]
-)
+
+def _record_dtype() -> np.dtype:
+    """A stored record's fixed part as a numpy record type: the record header, then the
+    entry header (its first field, the entry length, is ``elen``); the key follows."""
+    record = ("crc", "ver", "tid", "qid", "qoff", "ts")
+    entry = ("elen", "flags", "deliver_at", "reconsume", "kl", "tl", "pl")
+    names = (*record, *entry)
+    codes = wire.RECORD_HEADER.format.lstrip(">") + wire.ENTRY_HEADER.format.lstrip(">")
+    assert len(codes) == len(names)
+    return np.dtype([(n, _NUMPY_CODES[c]) for n, c in zip(names, codes, strict=True)])
+
+
+_FIXED: Final = _record_dtype()
 _FIXED_SIZE: Final = _FIXED.itemsize
 assert _FIXED_SIZE == wire.RECORD_HEADER.size + wire.ENTRY_HEADER.size
 _ENTRY_AFTER_LEN: Final = wire.ENTRY_HEADER.size - 4  # entry header bytes counted by elen
@@ -122,18 +122,16 @@ def packed_batch(
     Verifies each record's checksum, version, lengths, queue id and that record ``i``
     is queue offset ``first + i``. Raises CorruptRecord otherwise.
     """
-    (total,) = struct.unpack_from(">I", payload, HEAD.size - 4)
-    if not 0 < count <= total:
-        raise CorruptRecord(
-            f"pull answer for {topic}/{queue_id} has {total} records, {count} wanted"
-        )
     where = f"{topic}/{queue_id} offsets [{first}, {first + count})"
-    base = HEAD.size + 12 * total
-    if base > len(payload):
-        raise CorruptRecord(f"pull answer for {where} is truncated")
-    goffs = np.frombuffer(payload, ">u8", count, HEAD.size).astype(np.int64)
-    lens = np.frombuffer(payload, ">u4", count, HEAD.size + 8 * total).astype(np.int64)
-    ends = base + np.cumsum(lens)
+    if count < 1:
+        raise CorruptRecord(f"pull answer for {where}: no record wanted")
+    try:
+        framed = wire.decode_pull_packed(payload, count)
+    except RemoteProtocolError as exc:
+        raise CorruptRecord(f"pull answer for {where} is malformed: {exc}") from exc
+    goffs = np.frombuffer(framed.global_offsets, np.uint64).astype(np.int64)
+    lens = np.frombuffer(framed.lengths, np.uint32).astype(np.int64)
+    ends = framed.records_at + np.cumsum(lens)
     starts = ends - lens
     if (
         ends[-1] > len(payload)

@@ -7,8 +7,9 @@ hand-off between threads, and the next pull is already on the wire while the cur
 answer is being turned into Arrow columns (``depth`` pulls in flight).
 
 Pulls are reads, so a broken connection is simply reopened and the pulls still
-outstanding are sent again. Errors the broker answers are raised as the mapped
-:class:`~equeue.errors.EQueueError`.
+outstanding are sent again, under the clients' one retry policy (:mod:`client.retry`:
+backoff with jitter between attempts, bounded by :data:`POLICY`). Errors the broker
+answers are raised as the mapped :class:`~equeue.errors.EQueueError`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import deque
 from typing import Final
 
 from client.connection import parse_brokers
+from client.retry import RetryPolicy, retry_sync
 from equeue import wire
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.errors import (
@@ -38,8 +40,9 @@ _RECV: Final = 1 << 20
 #: seconds to connect, and the longest silence tolerated while an answer is due
 CONNECT_TIMEOUT: Final = 10.0
 READ_TIMEOUT: Final = 60.0
-#: how many times a range read reconnects before giving up
+#: how many times a range read connects before giving up, and the pauses between
 RETRIES: Final = 3
+POLICY: Final = RetryPolicy(attempts=RETRIES, timeout=READ_TIMEOUT, wait_initial=0.1, wait_max=2.0)
 
 
 class Puller:
@@ -47,12 +50,13 @@ class Puller:
 
     ``submit(req)`` sends a pull and remembers it; ``next()`` returns the answer payload
     of the oldest submitted pull. Raises ConnectionBroken when the broker cannot be
-    reached after :data:`RETRIES` attempts, the mapped EQueueError for an error
+    reached within ``policy`` (:data:`POLICY`), the mapped EQueueError for an error
     answer.
     """
 
-    def __init__(self, brokers: str) -> None:
+    def __init__(self, brokers: str, policy: RetryPolicy = POLICY) -> None:
         self.addresses = parse_brokers(brokers)
+        self.policy = policy
         self._sock: socket.socket | None = None
         self._codec: Connection | None = None
         self._rid = 0
@@ -134,35 +138,44 @@ class Puller:
         self._rid = (self._rid + 1) & 0xFFFFFFFF or 1
         payload = req.encode()
         self._queue.append((self._rid, payload))
-        for attempt in range(RETRIES):
+        rid = self._rid
+
+        def send() -> None:
             try:
                 if self._sock is None:
                     self._reconnect()  # sends this pull too
                 else:
-                    self._write(self._rid, payload)
-                return
+                    self._write(rid, payload)
             except ConnectionBroken:
                 self._drop()
-                if attempt == RETRIES - 1:
-                    self._queue.pop()
-                    raise
+                raise
+
+        try:
+            retry_sync(send, self.policy)
+        except ConnectionBroken:
+            self._queue.pop()
+            raise
 
     def next(self) -> bytes:
         """The answer payload of the oldest outstanding pull."""
         if not self._queue:
             raise RuntimeError("no pull outstanding")
         rid = self._queue[0][0]
-        for attempt in range(RETRIES):
+
+        def receive() -> Response:
             try:
                 if self._sock is None:
                     self._reconnect()
-                res = self._answer(rid)
-                break
+                return self._answer(rid)
             except ConnectionBroken:
                 self._drop()
-                if attempt == RETRIES - 1:
-                    self._queue.clear()
-                    raise
+                raise
+
+        try:
+            res = retry_sync(receive, self.policy)
+        except ConnectionBroken:
+            self._queue.clear()
+            raise
         self._queue.popleft()
         if res.code != ErrorCode.OK:
             raise error_for_code(res.code, res.payload.decode("utf-8", "replace"))

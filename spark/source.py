@@ -49,7 +49,7 @@ from pyspark.sql.types import (
 from equeue import wire
 from equeue.errors import ConfigError, EQueueError, TopicNotFound
 from equeue.protocol import PullStatus
-from spark.columns import HEAD, packed_batch
+from spark.columns import packed_batch
 from spark.common import (
     EARLIEST,
     LATEST,
@@ -153,8 +153,9 @@ def read_range(
         while True:
             payload = puller.next()
             wanted = asked.popleft()
-            status, lo, hi, _nxt, count = HEAD.unpack_from(payload, 0)
-            if status == PullStatus.FOUND and count:
+            head = wire.decode_pull_head(payload)
+            status, lo, hi, count = head.status, head.min_offset, head.max_offset, head.count
+            if status is PullStatus.FOUND and count:
                 count = min(count, wanted)
                 first, pos = pos, pos + count
                 if count < wanted and pos < end:
@@ -164,7 +165,7 @@ def read_range(
                 yield packed_batch(payload, topic, qid, first, count, schema)
                 if pos >= end:
                     return
-            elif status == PullStatus.OFFSET_TOO_SMALL:
+            elif status is PullStatus.OFFSET_TOO_SMALL:
                 _data_lost(
                     f"equeue source: {topic}/{qid} offsets [{pos}, {min(lo, end)}) are no longer "
                     f"retained (lowest retained offset is {lo})",

@@ -20,11 +20,8 @@ from hypothesis import strategies as st
 
 from broker import Broker, EmbeddedBroker
 from consumer import AsyncConsumer, Consumer
-from consumer.decode import decode_pull
 from consumer.offsets import OffsetWindow
 from equeue import Message, wire
-from equeue.errors import CorruptRecord, RemoteProtocolError
-from equeue.protocol import PullStatus
 from producer import AsyncClient, Client
 
 FAST: dict[str, Any] = dict(
@@ -47,47 +44,6 @@ def sync_produce(addr: str, topic: str, queues: int, n: int) -> None:
                 await produce(c, topic, q, n)
 
     trio.run(main)
-
-
-# ---------------------------------------------------------------------------- decoder
-messages = st.builds(
-    Message,
-    body=st.binary(max_size=40),
-    key=st.none() | st.text(max_size=8),
-    tags=st.none() | st.text(max_size=8),
-    properties=st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3),
-    reconsume_times=st.integers(0, 0xFFFF),
-)
-
-
-@settings(max_examples=150)
-@given(msgs=st.lists(messages, max_size=6), verify=st.booleans(), base=st.integers(0, 1 << 40))
-def test_decode_pull_agrees_with_wire(msgs: list[Message], verify: bool, base: int) -> None:
-    records = [(base * 3 + i, wire.encode_record(7, 3, base + i, 1000 + i, wire.encode_entry(m))) for i, m in enumerate(msgs)]
-    buf = b"".join(wire.encode_pull_response(PullStatus.FOUND, 1, 2, 3, records))
-    status, lo, hi, nxt, got = decode_pull("t", buf, verify)
-    want = wire.decode_pull_response("t", buf)
-    assert (status, got, lo, hi, nxt) == (want.status, want.messages, want.min_offset, want.max_offset, want.next_offset)
-    for m in got:  # what the Message converters would have made
-        assert type(m.body) is bytes and type(m.properties) is dict
-    assert decode_pull("t", bytearray(buf), verify)[4] == got
-
-
-def test_decode_pull_rejects_bad_answers() -> None:
-    rec = wire.encode_record(1, 0, 0, 0, wire.encode_entry(Message(b"hello", key="k")))
-    buf = b"".join(wire.encode_pull_response(PullStatus.FOUND, 0, 1, 1, [(5, rec)]))
-    for cut in (30, 40, len(buf) - 1):
-        with pytest.raises((RemoteProtocolError, CorruptRecord)):
-            decode_pull("t", buf[:cut])
-    bad = bytearray(buf)
-    bad[-1] ^= 1  # body byte: only the checksum notices
-    assert decode_pull("t", bytes(bad))[4][0].body == b"helln"
-    with pytest.raises(CorruptRecord):
-        decode_pull("t", bytes(bad), verify=True)
-    bad = bytearray(buf)
-    bad[29 + 12 + wire.RECORD_HEADER.size + 3] ^= 0x40  # the entry length
-    with pytest.raises(CorruptRecord):
-        decode_pull("t", bytes(bad))
 
 
 # ---------------------------------------------------------------------------- offsets
@@ -407,7 +363,7 @@ async def test_async_consumer_stop_from_a_handler_thread(broker: Broker) -> None
             async with AsyncConsumer(
                 broker.address, f"gs{round_}", "stopper", start_from="earliest", handler_threads="always", **FAST
             ) as con:
-                lot = con._lot = Lot(con._lot)  # type: ignore[assignment]
+                lot = con.dispatcher.lot = Lot(con.dispatcher.lot)  # type: ignore[assignment]
 
                 def handler(m: Message, seen: list[str] = seen, at: int = 50 + 100 * round_) -> None:
                     seen.append(threading.current_thread().name)

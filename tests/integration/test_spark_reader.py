@@ -15,7 +15,7 @@ from equeue import Message, wire  # noqa: E402
 from equeue.errors import ConnectionBroken, TopicNotFound  # noqa: E402
 from producer import Client  # noqa: E402
 from spark import source  # noqa: E402
-from spark.puller import Puller  # noqa: E402
+from spark.puller import RETRIES, Puller  # noqa: E402
 from spark.source import RangePartition, read_range  # noqa: E402
 from tests.unit.test_columns import SCHEMA  # noqa: E402
 
@@ -90,3 +90,23 @@ def test_puller_errors(broker_process: Callable[..., Any]) -> None:
     dead = Puller(b.address)
     with pytest.raises(ConnectionBroken):
         dead.submit(wire.PullRequest("t", 0, 0))
+
+
+def test_puller_pauses_between_reconnects() -> None:
+    """Bug 4 (issue 12): the puller retried at once; now with backoff (client/retry.py)."""
+    import socket
+
+    import stamina.instrumentation as si
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    waits: list[float] = []
+    before = si.get_on_retry_hooks()
+    si.set_on_retry_hooks([lambda details: waits.append(details.wait_for)])
+    try:
+        with pytest.raises(ConnectionBroken):
+            Puller(f"127.0.0.1:{port}").submit(wire.PullRequest("t", 0, 0))
+    finally:
+        si.set_on_retry_hooks(before)
+    assert len(waits) == RETRIES - 1 and all(w > 0 for w in waits), waits

@@ -21,13 +21,16 @@ from equeue.wire import (
     ProduceResponse,
     PullRequest,
     decode_entries,
+    decode_pull_head,
+    decode_pull_messages,
+    decode_pull_packed,
     decode_pull_response,
     decode_record,
     encode_entry,
     encode_pull_response,
+    encode_pull_response_packed,
     encode_record,
     entry_meta,
-    iter_records,
     pack_entry,
     parse_tag_filter,
     record_entry_meta,
@@ -600,7 +603,62 @@ def test_pull_response_round_trip(
         for i, (m, g) in enumerate(zip(msgs, globals_, strict=True))
     ]
     assert decode_pull_response(topic, buf) == PullResult(status, expected, lo, hi, nxt)
-    assert [(g, bytes(r)) for g, r in iter_records(buf)] == records
+    for verify in (False, True):
+        got = decode_pull_messages(topic, buf, verify)
+        assert got == (status, lo, hi, nxt, expected)
+        for m in got[4]:  # what the Message converters would have made
+            assert type(m.body) is bytes and type(m.properties) is dict
+        assert decode_pull_messages(topic, bytearray(buf), verify) == got
+    head = decode_pull_head(buf)
+    assert (head.status, head.min_offset, head.max_offset, head.next_offset, head.count) == (
+        status, lo, hi, nxt, len(msgs))  # fmt: skip
+    packed = b"".join(encode_pull_response_packed(status, lo, hi, nxt, globals_, [r for _, r in records]))
+    framed = decode_pull_packed(packed)
+    assert framed.head == head and list(framed.global_offsets) == globals_
+    at = framed.records_at
+    for (_, rec), n in zip(records, framed.lengths, strict=True):
+        assert packed[at : at + n] == rec
+        at += n
+    assert at == len(packed)
+
+
+def test_decode_pull_messages_rejects_bad_answers() -> None:
+    rec = encode_record(1, 0, 0, 0, encode_entry(Message(b"hello", key="k")))
+    buf = b"".join(encode_pull_response(PullStatus.FOUND, 0, 1, 1, [(5, rec)]))
+    for cut in (20, 30, 40, len(buf) - 1):
+        with pytest.raises(DECODE_ERRORS):
+            decode_pull_messages("t", buf[:cut])
+    bad = bytearray(buf)
+    bad[-1] ^= 1  # body byte: only the checksum notices
+    assert decode_pull_messages("t", bytes(bad), verify=False)[4][0].body == b"helln"
+    with pytest.raises(CorruptRecord):
+        decode_pull_messages("t", bytes(bad))
+    bad = bytearray(buf)
+    bad[29 + 12 + wire.RECORD_HEADER.size + 3] ^= 0x40  # the entry length
+    with pytest.raises(CorruptRecord):
+        decode_pull_messages("t", bytes(bad), verify=False)
+    bad = bytearray(buf)
+    bad[29 + 12 + 4] = 9  # the record version
+    with pytest.raises(CorruptRecord, match="version"):
+        decode_pull_messages("t", bytes(bad), verify=False)
+
+
+@settings(max_examples=200)
+@given(answer=pull_answers(), data=st.data())
+def test_mutated_packed_pull_raises_only_decode_errors(
+    answer: tuple[PullStatus, int, int, int, list[Message], list[int]], data: st.DataObject
+) -> None:
+    status, lo, hi, nxt, msgs, globals_ = answer
+    recs = [encode_record(1, 0, i, 0, encode_entry(m)) for i, m in enumerate(msgs)]
+    buf = bytearray(b"".join(encode_pull_response_packed(status, lo, hi, nxt, globals_, recs)))
+    i = data.draw(st.integers(0, len(buf) - 1), label="index")
+    buf[i] ^= data.draw(st.integers(1, 255), label="mask")
+    cut = data.draw(st.integers(0, len(buf)), label="cut")
+    for candidate in (bytes(buf), bytes(buf[:cut])):
+        try:
+            decode_pull_packed(candidate)
+        except DECODE_ERRORS:
+            pass
 
 
 def test_empty_pull_response() -> None:

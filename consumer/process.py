@@ -1,0 +1,106 @@
+"""Per-queue state of a consumer (EQueue's ``ProcessQueue``) and flow control.
+
+One :class:`ProcessQueue` exists for every queue this member consumes: where its
+pull loop stands, what is outstanding (the :class:`~consumer.offsets.OffsetWindow`,
+what may be committed), whether it is paused for flow control, and what is in the
+hands of handlers. Leases are ``(topic, queue id)`` tuples; the wire carries them as
+``"topic/queue"`` strings, converted only at the edge (:func:`lease_name`,
+:func:`parse_lease`).
+"""
+
+from __future__ import annotations
+
+import trio
+
+from consumer.offsets import OffsetWindow
+
+__all__ = ["Lease", "ProcessQueue", "lease_name", "parse_lease"]
+
+#: a queue of a topic: (topic, queue id)
+Lease = tuple[str, int]
+
+
+def lease_name(lease: Lease) -> str:
+    """The wire form of a lease: ``"topic/queue"``."""
+    return f"{lease[0]}/{lease[1]}"
+
+
+def parse_lease(name: str) -> Lease:
+    """``"topic/queue"`` (as the broker sends it) → ``(topic, queue)``."""
+    topic, _, q = name.rpartition("/")
+    return topic, int(q)
+
+
+class ProcessQueue:
+    """What this member knows about one queue it consumes."""
+
+    def __init__(self, topic: str, queue_id: int, *, retry: bool, batch: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.lease: Lease = (topic, queue_id)
+        #: a queue of the group's retry topic (messages are presented as their origin)
+        self.retry = retry
+        #: for logs and statistics
+        self.key = lease_name(self.lease)
+        self.window = OffsetWindow(0)
+        #: the start offset is known (committed offset or start_from resolved)
+        self.started = False
+        self.last_committed = -1
+        #: one commit of this queue at a time (see :mod:`consumer.commit`)
+        self.commit_lock = trio.Lock()
+        self.buffered_bytes = 0
+        self.peak_buffered = 0
+        self.batch = batch
+        self.paused = False
+        self.resume = trio.Event()
+        self.stopped = False
+        self.scope = trio.CancelScope()
+        #: messages handed to handlers and not finished
+        self.inflight = 0
+        #: the highest offset handed to a handler: on stop or revoke only the chunk holding
+        #: it may end early (a lower chunk ending early would leave handled messages above
+        #: an undone one, to be handled again by the next owner)
+        self.taken_top = -1
+        #: orderly mode: a worker is handling this queue
+        self.busy = False
+
+    def __repr__(self) -> str:
+        return f"<ProcessQueue {self.key} next={self.window.end} outstanding={len(self.window)}>"
+
+    def finish(self, offset: int, size: int, max_messages: int, max_bytes: int) -> None:
+        """One message is done: advance the window, maybe resume pulling."""
+        self.window.done(offset)
+        self.buffered_bytes -= size
+        if self.paused:
+            self._maybe_resume(max_messages, max_bytes)
+
+    def finish_many(self, offsets: list[int], size: int, max_messages: int, max_bytes: int) -> None:
+        """Messages at ``offsets`` (``size`` body bytes in all) are done."""
+        self.window.done_many(offsets)
+        self.buffered_bytes -= size
+        if self.paused:
+            self._maybe_resume(max_messages, max_bytes)
+
+    def full(self, max_messages: int, max_bytes: int) -> bool:
+        """Flow control: too much is outstanding to pull more."""
+        return len(self.window) >= max_messages or self.buffered_bytes >= max_bytes
+
+    async def pause(self) -> None:
+        """Wait until enough outstanding messages are done (or the queue stops)."""
+        self.paused = True
+        self.resume = trio.Event()
+        await self.resume.wait()
+
+    def _maybe_resume(self, max_messages: int, max_bytes: int) -> None:
+        """A paused queue pulls again once it is down to half its limits (hysteresis:
+        resuming at the limit would pull a message or two per round trip whenever the
+        handlers are the bottleneck, which costs far more per message than a batch)."""
+        if len(self.window) <= max_messages // 2 and self.buffered_bytes <= max_bytes // 2:
+            self.paused = False
+            self.resume.set()
+
+    def stop(self) -> None:
+        """Stop pulling (idempotent); buffered messages are dropped by the dispatcher."""
+        self.stopped = True
+        self.scope.cancel()
+        self.resume.set()

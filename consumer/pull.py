@@ -1,0 +1,186 @@
+"""The pull loop of one queue: long-poll the broker, hand batches to the dispatcher,
+pause while too much is outstanding (flow control), quarantine corrupt records.
+
+One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs for
+one :class:`~consumer.process.ProcessQueue` until the queue is stopped or its lease
+is lost (the returned :class:`PullEnd` says which).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable
+
+import attrs
+import trio
+
+from client.retry import DEFAULT_POLICY
+from consumer.logs import RateLimitedLog
+from consumer.options import ConsumerOptions
+from consumer.process import ProcessQueue
+from consumer.stats import Counters
+from equeue import wire
+from equeue.errors import CorruptRecord, EQueueError, NotQueueOwner, QueueNotFound, TopicNotFound
+from equeue.models import Message
+from equeue.protocol import PullStatus, RequestCode
+
+log = logging.getLogger("equeue.consumer")
+
+__all__ = ["MAX_PULL_BYTES", "PullEnd", "PullLoop"]
+
+MAX_PULL_BYTES = 4 << 20
+#: seconds between two logs of the same kind for one queue (corrupt records, failing pulls)
+LOG_INTERVAL = 10.0
+
+
+class PullEnd(enum.Enum):
+    """Why a pull loop ended."""
+
+    STOPPED = "stopped"
+    #: the broker says this member no longer holds the queue (commit nothing)
+    LEASE_LOST = "lease lost"
+
+
+@attrs.frozen
+class PullLoop:
+    """What the pull loops need: the request call, the options, the member's identity
+    (empty in broadcast mode: no lease), the counters, where a queue starts and where
+    pulled messages go."""
+
+    request: Callable[[int, bytes], Awaitable[bytes]]
+    options: ConsumerOptions
+    group: str
+    consumer_id: str
+    counters: Counters
+    start_offset: Callable[[ProcessQueue], Awaitable[int]]
+    deliver: Callable[[ProcessQueue, list[Message], int], None]
+    logs: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log, LOG_INTERVAL, trio.current_time))
+
+    async def run(self, q: ProcessQueue) -> PullEnd:
+        """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
+        deliver, pause while the queue holds too much (flow control).
+
+        Transient errors are retried with backoff; a corrupt record is quarantined
+        (:meth:`_quarantine`)."""
+        with q.scope:
+            await self._start(q)
+            return await self._pull(q)
+        return PullEnd.STOPPED
+
+    async def _start(self, q: ProcessQueue) -> None:
+        attempt = 0
+        while not q.started:
+            try:
+                start = await self.start_offset(q)
+            except EQueueError as exc:
+                attempt += 1
+                log.warning("queue %s: cannot resolve start offset (%s); retrying", q.key, exc)
+                await trio.sleep(DEFAULT_POLICY.delay(attempt))
+                continue
+            q.window.jump(start)
+            q.started = True
+
+    async def _pull(self, q: ProcessQueue) -> PullEnd:
+        o = self.options
+        hold_ms = int(o.pull_hold * 1000)
+        tags = "" if q.retry else (o.tags or "")
+        request, deliver, counters = self.request, self.deliver, self.counters
+        verify = o.verify_checksums
+        # a consumer that checks every record itself spares the broker its recheck
+        flags = wire.PULL_CLIENT_VERIFIES if verify else 0
+        max_messages, max_bytes = o.max_buffered_messages, o.max_buffered_bytes
+        decode = wire.decode_pull_messages
+        failures = overflows = 0
+        #: after this consumer's decoder found a corrupt record in a batch: pull that
+        #: many records one at a time, to find which one (and skip only it)
+        single = 0
+        while not q.stopped:
+            if q.full(max_messages, max_bytes):
+                counters.paused += 1
+                await q.pause()
+                continue
+            offset = q.window.end
+            n = 1 if single else min(q.batch, max_messages - len(q.window))
+            req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold_ms, self.group,
+                                   self.consumer_id, tags, flags)  # fmt: skip
+            try:
+                payload = await request(RequestCode.PULL, req.encode())
+            except NotQueueOwner:
+                return PullEnd.LEASE_LOST
+            except CorruptRecord as exc:  # the broker's: the first record it would return
+                self._quarantine(q, offset, exc)
+                continue
+            except (TopicNotFound, QueueNotFound) as exc:
+                log.warning("queue %s: %s", q.key, exc)
+                await trio.sleep(o.rebalance_interval)
+                continue
+            except EQueueError as exc:
+                failures += 1
+                if not exc.transient:
+                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
+                await trio.sleep(DEFAULT_POLICY.delay(failures))
+                continue
+            try:
+                status, lo, hi, nxt, msgs = decode(q.topic, payload, verify)
+            except CorruptRecord as exc:  # this consumer's check: some record of the batch
+                if n == 1:
+                    self._quarantine(q, offset, exc)
+                    single = 0
+                else:
+                    single = n
+                continue
+            except EQueueError as exc:  # a malformed answer: pull it again
+                failures += 1
+                self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: bad pull answer: %s", q.key, exc)
+                await trio.sleep(DEFAULT_POLICY.delay(failures))
+                continue
+            failures = 0
+            if single:
+                single -= 1
+            if q.stopped:
+                break
+            if msgs:
+                deliver(q, msgs, nxt)
+                if len(msgs) >= n:
+                    q.batch = min(q.batch * 2, o.max_pull_batch)
+                else:
+                    q.batch = o.pull_batch
+                    # Caught up (a short answer): let the worker woken by deliver run
+                    # the handler first -- it runs in the next scheduling batch; two
+                    # checkpoints put the next pull behind it whatever order trio
+                    # picks in that batch. The pull would park at the broker anyway.
+                    await trio.lowlevel.checkpoint()
+                    await trio.lowlevel.checkpoint()
+            elif status is PullStatus.NO_NEW_MESSAGE:
+                q.window.advance(nxt)
+            elif status is PullStatus.OFFSET_TOO_SMALL:
+                log.warning(
+                    "queue %s: offset %d is below the lowest retained offset %d (messages lost "
+                    "to retention); moving to %d", q.key, offset, lo, lo,
+                )  # fmt: skip
+                q.window.jump(lo)
+            elif status is PullStatus.OFFSET_OVERFLOW:
+                # past the end: usually a topic recreated or data lost; retry a few times
+                # first, so a momentarily stale answer never rewinds (and duplicates)
+                overflows += 1
+                if overflows < 3:
+                    await trio.sleep(0.05 * overflows)
+                    continue
+                log.warning("queue %s: offset %d is past the end %d; moving to %d", q.key, offset, hi, hi)
+                q.window.jump(hi)
+            if status is not PullStatus.OFFSET_OVERFLOW:
+                overflows = 0
+        return PullEnd.STOPPED
+
+    def _quarantine(self, q: ProcessQueue, offset: int, exc: CorruptRecord) -> None:
+        """Skip the corrupt record at ``offset`` the way nsqd quarantines a message it
+        cannot decode: log it (rate-limited), count it, and move on, so the queue never
+        stalls on it. The record stays in the broker's log; the offset moves past it
+        like past a message a tag filter skipped (docs/consumer.md)."""
+        self.counters.quarantined += 1
+        self.logs.log(
+            logging.ERROR, f"corrupt {q.key}",
+            "queue %s: record at offset %d is corrupt (%s); skipping it (quarantined)", q.key, offset, exc,
+        )  # fmt: skip
+        q.window.advance(offset + 1)

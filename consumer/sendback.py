@@ -1,0 +1,128 @@
+"""Sending a failed message back: the broker copies it to the group's retry topic, or
+its dead-letter topic (SEND_BACK).
+
+The consumer names where it read the message (topic, queue, queue offset); the
+broker reads it there and writes the copy itself (:mod:`consumer.retry` describes
+the copy). The request goes under the clients' one retry policy
+(:mod:`client.retry`: transient errors only, backoff with jitter, bounded). A failing
+message must never block its queue, so every outcome is a :class:`SendBackResult`
+the caller acts on:
+
+- ``SENT``: the copy is in the retry (or dead-letter) topic; the message is done.
+- ``DROPPED``: the broker refused for good, for the retry topic and then for the
+  dead-letter topic (``MESSAGE_TOO_LARGE``, say: its limit was lowered after the
+  message was stored; or ``MESSAGE_NOT_FOUND``: retention removed it meanwhile).
+  Logged (rate-limited) and counted in ``statistics().dropped``; the message is done
+  and the queue moves on.
+- ``UNSENT``: transient trouble outlasted the retry policy, or the client closed. The
+  message is not done; the caller retries it locally (the handler runs again later).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from client.retry import RetryPolicy, is_transient, retry_async
+from consumer.logs import RateLimitedLog
+from consumer.options import ConsumerOptions
+from consumer.stats import Counters
+from equeue import control
+from equeue.errors import ClientClosed, EQueueError
+from equeue.models import Message
+
+log = logging.getLogger("equeue.consumer")
+
+__all__ = ["SEND_BACK_POLICY", "SendBack", "SendBackResult"]
+
+#: how long a send-back keeps trying through transient trouble before the message is
+#: retried locally instead (a worker is held meanwhile, so this stays short)
+SEND_BACK_POLICY = RetryPolicy(attempts=6, timeout=10.0)
+
+
+def _permanent(err: EQueueError | None) -> bool:
+    """A refusal that trying again will not change (not transient, not a closed client)."""
+    return err is not None and not is_transient(err) and not isinstance(err, ClientClosed)
+
+
+class SendBackResult(enum.Enum):
+    SENT = "sent"
+    DROPPED = "dropped"
+    UNSENT = "unsent"
+
+
+class SendingBack(Protocol):
+    """The client call a send-back makes."""
+
+    def send_back(
+        self, group: str, topic: str, queue_id: int, queue_offset: int, reconsume_times: int,
+        max_reconsume_times: int = 16, retry_delays_ms: Sequence[int] = (),
+    ) -> Awaitable[control.SendBackAnswer]: ...  # fmt: skip
+
+
+class SendBack:
+    """Hands failed messages of one group back to the broker."""
+
+    def __init__(
+        self, client: SendingBack, group: str, options: ConsumerOptions, counters: Counters,
+        on_retry_sent: Callable[[], None], logs: RateLimitedLog, policy: RetryPolicy = SEND_BACK_POLICY,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.group = group
+        self.options = options
+        self.counters = counters
+        #: called after a copy reached the retry topic (it may have just been created)
+        self.on_retry_sent = on_retry_sent
+        self.logs = logs
+        self.policy = policy
+        self._delays_ms = [int(d * 1000) for d in options.retry_delays]
+
+    async def send(self, m: Message, where: tuple[str, int, int]) -> SendBackResult:
+        """Send ``m`` back; ``where`` is (topic, queue, queue offset) as it was read (the
+        retry topic for a retried message). See the module docs for the results."""
+        o = self.options
+        err, ans = await self._send(where, m.reconsume_times, o.max_reconsume_times)
+        if _permanent(err) and m.reconsume_times < o.max_reconsume_times:
+            # refused for good on the way to the retry topic (a delay past the broker's
+            # limit, say): the dead-letter topic takes it without a delay, or refuses it too
+            first = err
+            err, ans = await self._send(where, m.reconsume_times, 0)
+            if _permanent(err):
+                err = first
+        if ans is not None:
+            if not ans.dead_lettered:
+                self.counters.retried += 1
+                self.on_retry_sent()
+            else:
+                self.counters.dead_lettered += 1
+                log.warning("message %s/%d@%d moved to %s after %d attempts",
+                            m.topic, m.queue_id, m.queue_offset, ans.topic, m.reconsume_times + 1)  # fmt: skip
+            return SendBackResult.SENT
+        if not _permanent(err):
+            log.warning("could not send %s/%d@%d back: %s (it is retried here later)",
+                        m.topic, m.queue_id, m.queue_offset, err)  # fmt: skip
+            return SendBackResult.UNSENT
+        self.counters.dropped += 1
+        self.logs.log(
+            logging.ERROR, f"dropped {m.topic}",
+            "message %s/%d@%d failed and the broker refuses to take it back (%s); dropping it",
+            m.topic, m.queue_id, m.queue_offset, err,
+        )  # fmt: skip
+        return SendBackResult.DROPPED
+
+    async def _send(
+        self, where: tuple[str, int, int], reconsume_times: int, max_reconsume_times: int
+    ) -> tuple[EQueueError | None, control.SendBackAnswer | None]:
+        """One SEND_BACK (retrying transient errors): (the error, None) or (None, the answer)."""
+
+        async def once() -> control.SendBackAnswer:
+            return await self.client.send_back(
+                self.group, *where, reconsume_times, max_reconsume_times, self._delays_ms
+            )
+
+        try:
+            return None, await retry_async(once, self.policy)
+        except EQueueError as exc:
+            return exc, None

@@ -1,0 +1,48 @@
+"""The consumer's counters: one mutable sink the parts write to, and the snapshot
+:meth:`consumer.AsyncConsumer.statistics` returns."""
+
+from __future__ import annotations
+
+import attrs
+
+__all__ = ["ConsumerStatistics", "Counters"]
+
+
+@attrs.frozen
+class ConsumerStatistics:
+    """A snapshot of one consumer's counters.
+
+    ``dropped``: failed messages that neither the retry nor the dead-letter topic
+    would take (a permanent refusal such as MESSAGE_TOO_LARGE), skipped;
+    ``quarantined``: stored records that failed their checksum, skipped
+    (docs/consumer.md, "When a message cannot be handled").
+    """
+
+    consumer_id: str
+    queues: list[str]
+    consumed: int
+    failed: int
+    retried: int
+    dead_lettered: int
+    buffered: int
+    peak_buffered: int
+    paused: int
+    rebalances: int
+    dropped: int = 0
+    quarantined: int = 0
+
+
+class Counters:
+    """Running counts, written by the pull loops, the workers and the send-back."""
+
+    __slots__ = ("consumed", "dead_lettered", "dropped", "failed", "paused", "quarantined", "retried")
+
+    def __init__(self) -> None:
+        self.consumed = 0
+        self.failed = 0
+        self.retried = 0
+        self.dead_lettered = 0
+        self.dropped = 0
+        self.quarantined = 0
+        #: times a queue stopped pulling for flow control
+        self.paused = 0
