@@ -7,15 +7,28 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from enum import StrEnum
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from equeue.config import DEFAULT_ADDRESS
 from equeue.errors import EQueueError
 
-BROKER_OPTION = typer.Option("127.0.0.1:5800", "--broker", "-b", help="Broker address host:port.")
+
+class LogLevel(StrEnum):
+    """``--log-level``: the threshold of the structured logs on stderr."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+BROKER_OPTION = typer.Option(DEFAULT_ADDRESS, "--broker", "-b", help="Broker address host:port.")
+LOG_LEVEL_OPTION = typer.Option(LogLevel.WARNING, "--log-level", help="Log threshold (quiet by default).")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -68,10 +81,10 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(converter.unstructure(obj), indent=None, default=str) + "\n")
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: LogLevel) -> None:
     """Structured (key=value) logs on stderr; quiet (WARNING) by default."""
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.WARNING),
+        level=getattr(logging, level.upper()),
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
         stream=sys.stderr,
     )

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import typer
 
 from equeue.cli._common import BROKER_OPTION, client, print_json, table
+from equeue.config import parse_duration_ms, parse_size
 
 
 def register(app: typer.Typer) -> None:
@@ -21,13 +24,11 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Create a topic with N queues."""
-        from equeue.cli.broker_cmd import _duration_ms, _size
-
         with client(broker) as c:
             info = c.create_topic(
                 name, queues,
-                retention_ms=_duration_ms(retention) if retention else None,
-                retention_bytes=_size(retention_bytes) if retention_bytes else None,
+                retention_ms=parse_duration_ms(retention) if retention else None,
+                retention_bytes=parse_size(retention_bytes) if retention_bytes else None,
                 exist_ok=exist_ok,
             )  # fmt: skip
         typer.echo(f"topic {info.name} ({info.queues} queues)")
@@ -41,17 +42,15 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Grow a topic's queue count or change its retention overrides."""
-        from equeue.cli.broker_cmd import _duration_ms, _size
-
-        def pick(v: str, parse: object) -> int | None:
+        def pick(v: str, parse: Callable[[str], int]) -> int | None:
             if not v:
                 return None
-            return -1 if v == "default" else parse(v)  # type: ignore[operator,no-any-return]
+            return -1 if v == "default" else parse(v)
 
         with client(broker) as c:
             info = c.alter_topic(
-                name, queues=queues, retention_ms=pick(retention, _duration_ms),
-                retention_bytes=pick(retention_bytes, _size),
+                name, queues=queues, retention_ms=pick(retention, parse_duration_ms),
+                retention_bytes=pick(retention_bytes, parse_size),
             )  # fmt: skip
         typer.echo(
             f"topic {info.name}: {info.queues} queues, retention "
