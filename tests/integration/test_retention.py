@@ -16,7 +16,7 @@ from broker.store import PKEY
 from equeue import Message, PullStatus, wire
 from equeue.errors import MessageNotFound
 from producer import AsyncClient
-from tests.conftest import make_config
+from tests.conftest import make_config, wait_wall_clock_past, wall_ms
 
 
 def batch(prefix: str, n: int, size: int = 0) -> list[bytes]:
@@ -35,7 +35,7 @@ async def test_time_retention_deletes_only_old_and_pull_below_range(tmp_path: Pa
             for q in (0, 1):
                 await produce(c, "t", q, batch(f"old{q}-", 30))
             await produce(c, "keep", 0, batch("k", 5))
-            await trio.sleep(1.6)
+            await wait_wall_clock_past(wall_ms() + 800)  # the old ones outlive the 800 ms retention below
             for q in (0, 1):
                 await produce(c, "t", q, batch(f"new{q}-", 20))
             before = await c.describe_topic("t")
@@ -123,7 +123,7 @@ async def test_retention_runs_in_bounded_transactions(tmp_path: Path) -> None:
             await c.create_topic("t", 1, retention_ms=1)
             for _ in range(5):
                 await produce(c, "t", 0, batch("m", 250))
-            await trio.sleep(0.05)
+            await wait_wall_clock_past(wall_ms() + 1)  # every message is older than its 1 ms retention
             tx = b.store.transactions
             assert await b.lifecycle.enforce_retention() == 1250
             assert b.store.transactions - tx >= 13  # ceil(1250 / 100), never one big txn
@@ -219,12 +219,13 @@ async def test_producer_state_expiry(broker: Broker) -> None:
                 assert txn.stat(db)["entries"] == 25
             lc = broker.lifecycle
             assert await lc.expire_producers() == 0  # all fresh (default TTL 7 days)
+            seen_ms = wall_ms()  # every producer so far was last seen before this
             import broker.lifecycle as lifecycle_mod
 
             old_batch = lifecycle_mod.PRODUCER_EXPIRY_BATCH
             lifecycle_mod.PRODUCER_EXPIRY_BATCH = 4  # walk the table in several transactions
             try:
-                await trio.sleep(0.05)
+                await wait_wall_clock_past(seen_ms + 30)  # idle longer than the 0.03 s TTL below
                 # a producer seen just now is kept
                 await produce(c, "t", 0, batch("m", 1), producer_id=pids[0], base_sequence=1)
                 assert await lc.expire_producers(ttl=0.03) == 24

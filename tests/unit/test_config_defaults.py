@@ -82,7 +82,7 @@ def test_client_side_defaults_are_the_sdk_defaults() -> None:
 def test_the_cli_builds_the_default_config() -> None:
     """Every option at its default gives exactly ``BrokerConfig(data_dir)``."""
     opts = params("broker", "start")
-    kw = {}
+    kw: dict[str, Any] = {}
     for option, (field, parse) in START_OPTIONS.items():
         default = opts[option].default
         kw[field] = parse(default) if parse else default
