@@ -51,10 +51,11 @@ def run_app(app: typer.Typer) -> None:
 
 @contextmanager
 def client(broker: str) -> Iterator[Any]:
-    """A blocking :class:`producer.Client`; errors become one-line failures."""
+    """A blocking :class:`producer.Client` (the client's own defaults); errors
+    become one-line failures."""
     from producer import Client
 
-    c = Client(broker, connect_timeout=5.0)
+    c = Client(broker)
     try:
         yield c
     except EQueueError as exc:

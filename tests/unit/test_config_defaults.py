@@ -171,3 +171,19 @@ def test_bad_size_and_duration_are_config_errors() -> None:
         parse_size("lots")
     with pytest.raises(ConfigError, match="invalid duration"):
         parse_duration_ms("soon")
+
+
+def test_broker_start_reports_a_bad_value_in_one_line(tmp_path: Path) -> None:
+    """BrokerConfig's ConfigError (or a bad size) is one error line, exit status 1;
+    an unknown flush policy is refused by the option's choices (usage error, 2)."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    start = ["broker", "start", "--data-dir", str(tmp_path / "d")]
+    r = runner.invoke(app, [*start, "--map-size", "lots"])
+    assert r.exit_code == 1 and "invalid size 'lots'" in r.output, r.output
+    r = runner.invoke(app, [*start, "--default-queues", "0"])
+    assert r.exit_code == 1 and "default_queues must be > 0" in r.output, r.output
+    r = runner.invoke(app, [*start, "--flush", "fast"])
+    assert r.exit_code == 2 and "sync" in r.output and "async" in r.output, r.output
+    assert not (tmp_path / "d").exists()  # nothing was started
