@@ -4,7 +4,7 @@
 defaults: the CLI (``equeue broker start``) derives its option defaults from it and
 docs/operations.md lists them (a unit test checks both). Every check lives here, in
 attrs validators and converters that raise :class:`~equeue.errors.ConfigError`; the
-validators (:func:`positive`, :func:`non_negative`, :func:`port_number`) and the
+validators (:func:`positive`, :func:`non_negative`, :func:`port_number`, ...) and the
 enum conversion (:func:`to_enum`) are shared with the SDKs' options classes.
 
 Human-friendly sizes (``8GiB``) and durations (``72h``) used by the CLI are parsed
@@ -32,8 +32,10 @@ __all__ = [
     "ConsumerDefaults",
     "FlushPolicy",
     "StartFrom",
+    "boolean",
     "format_duration_ms",
     "format_size",
+    "host_name",
     "non_negative",
     "optional_positive",
     "parse_address",
@@ -108,6 +110,18 @@ def port_number(_inst: object, attr: attrs.Attribute, value: object) -> None:  #
         raise ConfigError(f"{attr.name} must be a port number 0..65535, got {value!r}")
 
 
+def boolean(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: True or False. Raises ConfigError."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attr.name} must be true or false, got {value!r}")
+
+
+def host_name(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: a non-empty host name or address. Raises ConfigError."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{attr.name} must be a host name or address, got {value!r}")
+
+
 def optional_positive(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     """attrs validator: None (no limit) or a number > 0. Raises ConfigError."""
     if value is not None:
@@ -135,7 +149,7 @@ class BrokerConfig:
     defaults from this class."""
 
     data_dir: Path = attrs.field(converter=Path)
-    host: str = DEFAULT_HOST
+    host: str = attrs.field(default=DEFAULT_HOST, validator=host_name)
     #: 0 = pick a free port (read it back from the started broker)
     port: int = attrs.field(default=DEFAULT_PORT, validator=port_number)
     flush: FlushPolicy = attrs.field(default=FlushPolicy.SYNC, converter=_flush_policy)
@@ -148,7 +162,7 @@ class BrokerConfig:
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)
     max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
     #: create unknown topics on produce / route lookup
-    auto_create_topics: bool = True
+    auto_create_topics: bool = attrs.field(default=True, validator=boolean)
     #: queue count of auto-created topics
     default_queues: int = attrs.field(default=4, validator=positive)
     max_queues: int = attrs.field(default=1024, validator=positive)
@@ -163,7 +177,7 @@ class BrokerConfig:
     #: per-topic size limit (None = unlimited); topics may override it
     retention_bytes: int | None = attrs.field(default=None, validator=optional_positive)
     #: also delete messages every group committed past
-    delete_consumed: bool = False
+    delete_consumed: bool = attrs.field(default=False, validator=boolean)
     retention_check_interval: float = attrs.field(default=30.0, validator=positive)
     #: most records one retention transaction deletes
     retention_batch: int = attrs.field(default=5_000, validator=positive)

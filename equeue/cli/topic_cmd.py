@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Grow a topic's queue count or change its retention overrides."""
+
         def pick(v: str, parse: Callable[[str], int]) -> int | None:
             if not v:
                 return None

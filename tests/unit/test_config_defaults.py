@@ -142,6 +142,8 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"map_size": "8GiB"}, "map_size must be a number"),
         ({"retention_ms": 0}, "retention_ms must be > 0"),
         ({"shutdown_grace": -1.0}, "shutdown_grace must be >= 0"),
+        ({"host": ""}, "host must be a host name or address"),
+        ({"delete_consumed": "yes"}, "delete_consumed must be true or false"),
         ({"default_queues": 2048}, "default_queues (2048) must be <= max_queues (1024)"),
     ],
 )
