@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -29,6 +29,7 @@ class LogLevel(StrEnum):
 
 BROKER_OPTION = typer.Option(DEFAULT_ADDRESS, "--broker", "-b", help="Broker address host:port.")
 LOG_LEVEL_OPTION = typer.Option(LogLevel.WARNING, "--log-level", help="Log threshold (quiet by default).")
+JSON_OPTION = typer.Option(False, "--json", help="Print the answer as JSON.")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -62,6 +63,20 @@ def client(broker: str) -> Iterator[Any]:
         fail(str(exc))
     finally:
         c.close()
+
+
+T = TypeVar("T")
+
+
+def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
+    """One request through :func:`client`: its answer to show, or None when it was
+    printed as JSON (``--json``)."""
+    with client(broker) as c:
+        answer = call(c)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:

@@ -8,11 +8,11 @@ import typer
 
 from equeue.cli._common import (
     BROKER_OPTION,
+    JSON_OPTION,
     LOG_LEVEL_OPTION,
     LogLevel,
-    client,
     fail,
-    print_json,
+    query,
     setup_logging,
     table,
 )
@@ -93,12 +93,10 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot start the broker on {host}:{port}: {exc.strerror or exc}")
 
     @broker_app.command("stats")
-    def stats(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def stats(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Show broker counters, rates and store size."""
-        with client(broker) as c:
-            s = c.stats()
-        if as_json:
-            print_json(s)
+        s = query(broker, lambda c: c.stats(), as_json)
+        if s is None:
             return
         rows = [
             ("version", s.version), ("uptime", f"{s.uptime_s:.0f} s"), ("connections", s.connections),

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, client, print_json, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, query, table
 from equeue.config import parse_duration_ms, parse_size
 
 
@@ -60,22 +60,18 @@ def register(app: typer.Typer) -> None:
         )
 
     @topic_app.command("list")
-    def list_(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """List topics."""
-        with client(broker) as c:
-            topics = c.list_topics()
-        if as_json:
-            print_json(topics)
+        topics = query(broker, lambda c: c.list_topics(), as_json)
+        if topics is None:
             return
         table(None, ["topic", "queues", "id"], [(t.name, t.queues, t.topic_id) for t in topics], right=["queues", "id"])
 
     @topic_app.command("describe")
-    def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Per queue: retained range, message count and bytes; pending delayed messages."""
-        with client(broker) as c:
-            d = c.describe_topic(name)
-        if as_json:
-            print_json(d)
+        d = query(broker, lambda c: c.describe_topic(name), as_json)
+        if d is None:
             return
         rows = [(q.queue_id, q.min_offset, q.max_offset, q.count, f"{q.bytes:,}") for q in d.queues]
         rows.append(("all", "", "", sum(q.count for q in d.queues), f"{d.store_bytes:,}"))
