@@ -14,8 +14,8 @@ Waiting:
 - **Wait on conditions, never on time.** A test that needs something to have happened
   (a pull parked, an offset committed, N messages handled) waits for exactly that with
   :func:`wait_until` (async, on trio's clock) or :func:`wait_until_sync` (threads,
-  subprocesses), bounded by a timeout that fails the test. ``sleep`` is never used as
-  synchronisation; it remains only where a test simulates slow work or paces load.
+  subprocesses), bounded by a timeout that fails the test. A ``sleep`` may simulate
+  slow work or pace load; it is not a way to wait for something to happen.
 - **Inject the clock.** A test of a timer in pure trio code (no real socket I/O) runs on
   trio's ``MockClock`` (the ``autojump_clock`` fixture of pytest-trio), so it takes no
   wall time and cannot be late on a loaded machine. Times the broker stamps on messages
