@@ -15,9 +15,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 from equeue.errors import EQueueError
 
@@ -31,8 +31,9 @@ class BrokerProcess:
 
     ``data_dir`` None uses a temporary directory removed by :meth:`close`. Extra
     ``args`` go to ``equeue broker start``. :meth:`start` raises EQueueError when
-    the broker exits or stays silent for ``timeout`` seconds; its stderr is kept
-    (last lines in ``stderr_tail``) and drained so a chatty broker never blocks.
+    the broker exits or does not report ready within ``timeout`` seconds; its
+    stderr is kept (last lines in ``stderr_tail``) and drained so a chatty broker
+    never blocks.
     """
 
     def __init__(
@@ -63,6 +64,11 @@ class BrokerProcess:
         return self.proc.pid
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
+        """Start the child and wait (at most ``timeout`` seconds) for its "listening
+        on host:port" line. Raises EQueueError when the child exits first, or stays
+        silent past the timeout (then it is killed). A thread reads the child's
+        stderr the whole time, so waiting never blocks on a line that never comes,
+        and a chatty broker never fills the pipe."""
         cmd = [
             self.python, "-m", "equeue", "broker", "start", "--data-dir", str(self.data_dir),
             "--port", str(self.port), "--log-level", self.log_level, *self.args,
@@ -71,27 +77,36 @@ class BrokerProcess:
             cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
         )  # fmt: skip
-        stderr = self.proc.stderr
-        assert stderr is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = stderr.readline()
-            if not line:
-                raise EQueueError(
-                    f"broker exited early (rc={self.proc.wait()}): {''.join(self.stderr_tail)[-2000:]}"
-                )
-            self.stderr_tail.append(line)
-            m = _LISTENING.search(line)
-            if m:
-                self.host, self.port = m.group(1), int(m.group(2))
-                threading.Thread(target=self._drain, args=(stderr,), daemon=True).start()
-                return self
-        self.kill()
-        raise EQueueError(f"broker did not start within {timeout:.0f} s")
+        assert self.proc.stderr is not None
+        ready = threading.Event()  # the ready line was read, or the output ended
+        listening: list[tuple[str, int]] = []
+        threading.Thread(
+            target=self._read_stderr, args=(self.proc.stderr, ready, listening),
+            name=f"broker-{self.proc.pid}-stderr", daemon=True,
+        ).start()  # fmt: skip
+        if not ready.wait(timeout):
+            self.kill()
+            raise EQueueError(f"broker did not report ready within {timeout:g} s (killed it): {self._tail()}")
+        if not listening:
+            raise EQueueError(f"broker exited early (rc={self.proc.wait()}): {self._tail()}")
+        self.host, self.port = listening[0]
+        return self
 
-    def _drain(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.stderr_tail.append(line)
+    def _read_stderr(self, stream: IO[str], ready: threading.Event, listening: list[tuple[str, int]]) -> None:
+        """Reader thread: keep the last lines in ``stderr_tail``; on the ready line
+        put (host, port) in ``listening`` and set ``ready``, as at the end of the
+        output (the child exited)."""
+        try:
+            for line in stream:
+                self.stderr_tail.append(line)
+                if not listening and (m := _LISTENING.search(line)):
+                    listening.append((m.group(1), int(m.group(2))))
+                    ready.set()
+        finally:
+            ready.set()
+
+    def _tail(self) -> str:
+        return "".join(self.stderr_tail)[-2000:]
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs (crash tests)."""

@@ -1,24 +1,79 @@
-"""Configuration models (attrs, validated at construction) and the documented defaults."""
+"""Configuration models (attrs, validated at construction) and the documented defaults.
+
+:class:`BrokerConfig` is the single source of a broker's settings and their
+defaults: the CLI (``equeue broker start``) derives its option defaults from it and
+docs/operations.md lists them (a unit test checks both). Every check lives here, in
+attrs validators and converters that raise :class:`~equeue.errors.ConfigError`; the
+validators (:func:`positive`, :func:`non_negative`, :func:`port_number`, ...) and the
+enum conversion (:func:`to_enum`) are shared with the SDKs' options classes.
+
+Human-friendly sizes (``8GiB``) and durations (``72h``) used by the CLI are parsed
+and printed here too (:func:`parse_size`, :func:`parse_duration_ms` and their
+inverses), so a default round-trips exactly.
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 import attrs
 
 from equeue.codec import DEFAULT_MAX_FRAME
 from equeue.errors import ConfigError
 
-__all__ = ["DEFAULTS", "BrokerConfig", "ConsumerDefaults", "parse_address"]
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_ADDRESS",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "BrokerConfig",
+    "ConsumerDefaults",
+    "FlushPolicy",
+    "StartFrom",
+    "boolean",
+    "format_duration_ms",
+    "format_size",
+    "host_name",
+    "non_negative",
+    "optional_positive",
+    "parse_address",
+    "parse_duration_ms",
+    "parse_size",
+    "port_number",
+    "positive",
+    "to_enum",
+]
 
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5800
+DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+E = TypeVar("E", bound=StrEnum)
+
+
+class FlushPolicy(StrEnum):
+    """When the broker fsyncs: ``sync`` before every ack (group commit), ``async``
+    every ``flush_interval`` seconds (``env.sync()``; an OS crash may lose the last
+    interval, a process crash loses nothing)."""
+
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+class StartFrom(StrEnum):
+    """Where a consumer group with no committed offset starts reading a queue."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
 
 
 def parse_address(addr: str) -> tuple[str, int]:
     """``"host:port"`` (or ``"host"``) → (host, port). Raises ConfigError."""
     host, _, port = addr.strip().rpartition(":")
     if not host:
-        return addr.strip() or "127.0.0.1", DEFAULT_PORT
+        return addr.strip() or DEFAULT_HOST, DEFAULT_PORT
     try:
         p = int(port)
     except ValueError:
@@ -28,48 +83,112 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host.strip("[]"), p
 
 
-def _positive(_inst: object, attr: attrs.Attribute, value: float) -> None:  # type: ignore[type-arg]
-    if value is not None and value <= 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value}")
+# ---------------------------------------------------------------- validators (the one place)
 
 
-def _flush(_inst: object, _attr: object, value: str) -> None:
-    if value not in ("sync", "async"):
-        raise ConfigError(f"flush must be 'sync' or 'async', got {value!r}")
+def _number(attr: attrs.Attribute, value: object) -> float:  # type: ignore[type-arg]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{attr.name} must be a number, got {value!r}")
+    return value
+
+
+def positive(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: a number > 0. Raises ConfigError."""
+    if _number(attr, value) <= 0:
+        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
+
+
+def non_negative(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: a number >= 0. Raises ConfigError."""
+    if _number(attr, value) < 0:
+        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
+
+
+def port_number(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: a TCP port, 0 (pick a free one / off) to 65535. Raises ConfigError."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(f"{attr.name} must be a port number 0..65535, got {value!r}")
+
+
+def boolean(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: True or False. Raises ConfigError."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{attr.name} must be true or false, got {value!r}")
+
+
+def host_name(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: a non-empty host name or address. Raises ConfigError."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{attr.name} must be a host name or address, got {value!r}")
+
+
+def optional_positive(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: None (no limit) or a number > 0. Raises ConfigError."""
+    if value is not None:
+        positive(inst, attr, value)
+
+
+def to_enum(cls: type[E], name: str, value: object) -> E:
+    """A member of ``cls`` or its string value → the member (for attrs converters).
+    Anything else raises ConfigError naming the option ``name`` and the choices."""
+    try:
+        return cls(value)  # type: ignore[arg-type]  # any value: ValueError below
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in cls)
+        raise ConfigError(f"{name} must be one of {choices}, got {value!r}") from None
+
+
+def _flush_policy(value: object) -> FlushPolicy:
+    return to_enum(FlushPolicy, "flush", value)
 
 
 @attrs.frozen
 class BrokerConfig:
-    """Everything a broker needs to start. See docs/operations.md for each field."""
+    """Everything a broker needs to start, validated here (ConfigError) and nowhere
+    else. See docs/operations.md for each field; ``equeue broker start`` takes its
+    defaults from this class."""
 
     data_dir: Path = attrs.field(converter=Path)
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
-    #: "sync": fsync before every ack (group commit); "async": env.sync() every flush_interval
-    flush: str = attrs.field(default="sync", validator=_flush)
+    host: str = attrs.field(default=DEFAULT_HOST, validator=host_name)
+    #: 0 = pick a free port (read it back from the started broker)
+    port: int = attrs.field(default=DEFAULT_PORT, validator=port_number)
+    flush: FlushPolicy = attrs.field(default=FlushPolicy.SYNC, converter=_flush_policy)
     #: port for /metrics and /stats over HTTP (0 = off)
-    http_port: int = 0
-    flush_interval: float = attrs.field(default=0.5, validator=_positive)
-    map_size: int = attrs.field(default=8 << 30, validator=_positive)
-    max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=_positive)
-    max_message_bytes: int = attrs.field(default=4 << 20, validator=_positive)
-    auto_create_topics: bool = True
-    default_queues: int = attrs.field(default=4, validator=_positive)
-    max_queues: int = 1024
-    #: most messages one group-commit transaction takes before committing
-    max_batch_messages: int = 20_000
-    max_pull_wait: float = 60.0
-    handshake_timeout: float = 10.0
-    idle_timeout: float | None = None
-    member_expiry: float = attrs.field(default=15.0, validator=_positive)
-    max_delay: float = attrs.field(default=40 * 86400.0, validator=_positive)
-    retention_ms: int | None = 72 * 3600 * 1000
-    retention_bytes: int | None = None
-    delete_consumed: bool = False
-    retention_check_interval: float = 30.0
-    retention_batch: int = 5_000
-    producer_state_ttl: float = 7 * 86400.0
-    shutdown_grace: float = 5.0
+    http_port: int = attrs.field(default=0, validator=port_number)
+    #: seconds between fsyncs with flush "async"
+    flush_interval: float = attrs.field(default=0.5, validator=positive)
+    #: LMDB map size: the most the store may hold
+    map_size: int = attrs.field(default=8 << 30, validator=positive)
+    max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)
+    max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
+    #: create unknown topics on produce / route lookup
+    auto_create_topics: bool = attrs.field(default=True, validator=boolean)
+    #: queue count of auto-created topics
+    default_queues: int = attrs.field(default=4, validator=positive)
+    max_queues: int = attrs.field(default=1024, validator=positive)
+    #: cap (seconds) on a pull's hold
+    max_pull_wait: float = attrs.field(default=60.0, validator=positive)
+    #: a connection that sends no handshake within this many seconds is closed
+    handshake_timeout: float = attrs.field(default=10.0, validator=positive)
+    member_expiry: float = attrs.field(default=15.0, validator=positive)
+    max_delay: float = attrs.field(default=40 * 86400.0, validator=positive)
+    #: time retention (None = keep forever); topics may override it
+    retention_ms: int | None = attrs.field(default=72 * 3600 * 1000, validator=optional_positive)
+    #: per-topic size limit (None = unlimited); topics may override it
+    retention_bytes: int | None = attrs.field(default=None, validator=optional_positive)
+    #: also delete messages every group committed past
+    delete_consumed: bool = attrs.field(default=False, validator=boolean)
+    retention_check_interval: float = attrs.field(default=30.0, validator=positive)
+    #: most records one retention transaction deletes
+    retention_batch: int = attrs.field(default=5_000, validator=positive)
+    #: idempotent producers silent this long (seconds) are forgotten
+    producer_state_ttl: float = attrs.field(default=7 * 86400.0, validator=positive)
+    #: shutdown: how long in-flight commits may take before the store closes
+    shutdown_grace: float = attrs.field(default=5.0, validator=non_negative)
+
+    def __attrs_post_init__(self) -> None:
+        if self.default_queues > self.max_queues:
+            raise ConfigError(f"default_queues ({self.default_queues}) must be <= max_queues ({self.max_queues})")
 
     @property
     def address(self) -> str:
@@ -78,8 +197,10 @@ class BrokerConfig:
 
 @attrs.frozen
 class ConsumerDefaults:
-    """ARCHITECTURE §6 defaults for consumers."""
+    """ARCHITECTURE §6 defaults for consumers (``consumer.options.ConsumerOptions``
+    and the CLI's ``equeue consume`` read them from here)."""
 
+    start_from: StartFrom = StartFrom.LATEST
     pull_hold: float = 15.0
     pull_batch: int = 32
     heartbeat_interval: float = 5.0
@@ -94,3 +215,52 @@ class ConsumerDefaults:
 
 
 DEFAULTS = ConsumerDefaults()
+
+
+# ---------------------------------------------------------------- sizes and durations (CLI text)
+
+_SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
+_DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000))
+
+
+def parse_size(text: str) -> int:
+    """``'8GiB'``, ``'512MiB'``, ``'1G'``, ``'100000'`` → bytes. Raises ConfigError."""
+    t = text.strip().lower().replace("ib", "").replace("b", "")
+    try:
+        for suffix, mult in _SIZE_UNITS:
+            if t.endswith(suffix.lower()):
+                return int(float(t[:-1]) * mult)
+        return int(t)
+    except ValueError:
+        raise ConfigError(f"invalid size {text!r} (use e.g. 512MiB, 8GiB or a byte count)") from None
+
+
+def format_size(n: int) -> str:
+    """Bytes → the shortest exact text :func:`parse_size` reads back (``8GiB``, ``0``)."""
+    for suffix, mult in _SIZE_UNITS:
+        if n and n % mult == 0:
+            return f"{n // mult}{suffix}iB"
+    return str(n)
+
+
+def parse_duration_ms(text: str) -> int:
+    """``'72h'``, ``'30m'``, ``'45s'``, ``'7d'``, ``'1500ms'`` (a bare number: seconds)
+    → milliseconds. Raises ConfigError."""
+    t = text.strip().lower()
+    for suffix, mult in _DURATION_UNITS:
+        if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
+            return int(float(t[: -len(suffix)]) * mult)
+    try:
+        return int(float(t) * 1000)
+    except ValueError:
+        raise ConfigError(f"invalid duration {text!r} (use e.g. 30s, 5m, 72h, 7d)") from None
+
+
+def format_duration_ms(ms: int) -> str:
+    """Milliseconds → exact text :func:`parse_duration_ms` reads back; hours are
+    not folded into days (``72h``)."""
+    for suffix, mult in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms and ms % mult == 0:
+            return f"{ms // mult}{suffix}"
+    return f"{ms}ms" if ms else "0"
+

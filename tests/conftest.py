@@ -1,28 +1,93 @@
 """Test policy.
 
-- ``tests/unit``: pure and fast, no I/O (codec, wire, routing, allocation).
-- ``tests/integration``: a REAL broker on 127.0.0.1 port 0 with LMDB in ``tmp_path``,
-  talking real TCP. Never a mocked broker. Async tests run under pytest-trio
-  (``trio_mode = true``); every network test is bounded (``trio.fail_after`` or the
-  pytest-timeout limit) so a hang fails instead of blocking CI.
+- ``tests/unit``: pure and fast, no I/O (codec, wire, routing, allocation, config).
+- ``tests/integration``: a REAL broker on 127.0.0.1 **port 0** with LMDB in a **temp dir**
+  (``tmp_path``), talking real TCP. Never a mocked broker. Async tests run under
+  pytest-trio (``trio_mode = true``); every network test is bounded (``trio.fail_after``
+  or the pytest-timeout limit) so a hang fails instead of blocking CI.
 - ``tests/spark``: one local Spark session shared by the module (marker ``spark``).
 - Crash tests run the broker as a subprocess (``broker_process``) and SIGKILL it.
 - Slow tests carry ``@pytest.mark.slow``; CI still runs them.
-Timing is measured by ``bench/``, never asserted here beyond generous bounds.
+
+Waiting:
+
+- **Wait on conditions, never on time.** A test that needs something to have happened
+  (a pull parked, an offset committed, N messages handled) waits for exactly that with
+  :func:`wait_until` (async, on trio's clock) or :func:`wait_until_sync` (threads,
+  subprocesses), bounded by a timeout that fails the test. A ``sleep`` may simulate
+  slow work or pace load; it is not a way to wait for something to happen.
+- **Inject the clock.** A test of a timer in pure trio code (no real socket I/O) runs on
+  trio's ``MockClock`` (the ``autojump_clock`` fixture of pytest-trio), so it takes no
+  wall time and cannot be late on a loaded machine. Times the broker stamps on messages
+  (retention, delivery times) are wall-clock by contract; tests of those wait for the
+  wall clock to pass the stamped time, with a condition.
+- Timing is measured by ``bench/``, never asserted here beyond generous bounds.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
 from broker.process import BrokerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
+
+#: how often the wait helpers re-check their condition (seconds)
+POLL_INTERVAL = 0.005
+
+
+async def wait_until(
+    predicate: Callable[[], object | Awaitable[object]],
+    *,
+    timeout: float = 10.0,
+    interval: float = POLL_INTERVAL,
+    what: str = "",
+) -> None:
+    """Return as soon as ``predicate()`` is truthy (it may be a coroutine function:
+    e.g. a stats request), re-checking every ``interval`` seconds on trio's clock (a
+    ``MockClock`` too). Fails the test (AssertionError) after ``timeout`` seconds."""
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                ok = predicate()
+                if inspect.isawaitable(ok):
+                    ok = await ok
+                if ok:
+                    return
+                await trio.sleep(interval)
+    except trio.TooSlowError:
+        raise AssertionError(f"timed out after {timeout:g} s waiting until {what or predicate}") from None
+
+
+def wall_ms() -> int:
+    """The wall clock in ms: the clock the broker stamps messages and producers with."""
+    return time.time_ns() // 1_000_000
+
+
+async def wait_wall_clock_past(ms: int, *, timeout: float = 10.0) -> None:
+    """Wait until the wall clock is past ``ms``: for tests of broker-stamped times
+    (a message older than its retention, a mark between two stamps)."""
+    await wait_until(lambda: wall_ms() > ms, timeout=timeout, interval=0.001, what=f"the wall clock passes {ms} ms")
+
+
+def wait_until_sync(
+    predicate: Callable[[], object], *, timeout: float = 10.0, interval: float = POLL_INTERVAL, what: str = ""
+) -> None:
+    """The blocking twin of :func:`wait_until`, for tests driving threads or child
+    processes: poll ``predicate()`` until truthy; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting until {what or predicate}")
+        time.sleep(interval)
 
 
 def make_config(data_dir: Path, **overrides: Any) -> BrokerConfig:

@@ -32,8 +32,8 @@ from broker.handlers.produce import ProduceHandler
 from broker.handlers.pull import PullHandler
 from broker.handlers.topics import TopicHandlers
 from broker.longpoll import ParkedPulls
-from broker.storage import StoreReader
 from broker.stats import Counters
+from broker.storage import StoreReader
 from equeue import control
 from equeue.errors import UnknownRequest
 from equeue.protocol import RequestCode

@@ -11,8 +11,7 @@ from typing import Any, Protocol
 import attrs
 
 from broker.groups import Notify
-from broker.storage import StoreReader
-from broker.storage import CreateTopicOp, WriteOp
+from broker.storage import CreateTopicOp, StoreReader, WriteOp
 from broker.thread_answer import ThreadWritable
 from equeue import control
 from equeue.config import BrokerConfig

@@ -12,10 +12,9 @@ from __future__ import annotations
 import base64
 import time
 
-from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory, check_queue
-from broker.storage import StoreReader
-from broker.storage import ProduceOp
+from broker.storage import ProduceOp, StoreReader
+from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue import control, wire
 from equeue.config import DEFAULTS
 from equeue.errors import BadRequest, MessageNotFound, TopicNotFound

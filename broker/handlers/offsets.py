@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from broker.groups import GroupRegistry
 from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_queue
-from broker.storage import StoreReader
-from broker.storage import CommitOffsetOp
+from broker.storage import CommitOffsetOp, StoreReader
 from equeue import control
 from equeue.errors import BadRequest, GroupHasMembers, NotQueueOwner
 from equeue.names import validate_group

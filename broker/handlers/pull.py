@@ -7,8 +7,8 @@ import trio
 from broker.groups import GroupRegistry
 from broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
 from broker.longpoll import ParkedPulls
-from broker.storage import StoreReader
 from broker.stats import Counters
+from broker.storage import StoreReader
 from broker.thread_answer import PullAnswer
 from equeue import wire
 from equeue.errors import NotQueueOwner, QueueNotFound

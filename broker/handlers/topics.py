@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory
-from broker.storage import StoreReader
-from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp
+from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader
 from equeue import control
 from equeue.errors import BadRequest
 from equeue.names import is_internal, validate_topic

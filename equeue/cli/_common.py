@@ -5,17 +5,31 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from equeue.config import DEFAULT_ADDRESS
 from equeue.errors import EQueueError
 
-BROKER_OPTION = typer.Option("127.0.0.1:5800", "--broker", "-b", help="Broker address host:port.")
+
+class LogLevel(StrEnum):
+    """``--log-level``: the threshold of the structured logs on stderr."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+BROKER_OPTION = typer.Option(DEFAULT_ADDRESS, "--broker", "-b", help="Broker address host:port.")
+LOG_LEVEL_OPTION = typer.Option(LogLevel.WARNING, "--log-level", help="Log threshold (quiet by default).")
+JSON_OPTION = typer.Option(False, "--json", help="Print the answer as JSON.")
 console = Console()
 err_console = Console(stderr=True)
 
@@ -38,16 +52,31 @@ def run_app(app: typer.Typer) -> None:
 
 @contextmanager
 def client(broker: str) -> Iterator[Any]:
-    """A blocking :class:`producer.Client`; errors become one-line failures."""
+    """A blocking :class:`producer.Client` (the client's own defaults); errors
+    become one-line failures."""
     from producer import Client
 
-    c = Client(broker, connect_timeout=5.0)
+    c = Client(broker)
     try:
         yield c
     except EQueueError as exc:
         fail(str(exc))
     finally:
         c.close()
+
+
+T = TypeVar("T")
+
+
+def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
+    """One request through :func:`client`: its answer to show, or None when it was
+    printed as JSON (``--json``)."""
+    with client(broker) as c:
+        answer = call(c)
+    if as_json:
+        print_json(answer)
+        return None
+    return answer
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:
@@ -68,10 +97,10 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(converter.unstructure(obj), indent=None, default=str) + "\n")
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: LogLevel) -> None:
     """Structured (key=value) logs on stderr; quiet (WARNING) by default."""
     logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.WARNING),
+        level=getattr(logging, level.upper()),
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
         stream=sys.stderr,
     )

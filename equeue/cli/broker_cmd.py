@@ -6,25 +6,28 @@ from pathlib import Path
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, client, fail, print_json, setup_logging, table
+from equeue.cli._common import (
+    BROKER_OPTION,
+    JSON_OPTION,
+    LOG_LEVEL_OPTION,
+    LogLevel,
+    fail,
+    query,
+    setup_logging,
+    table,
+)
+from equeue.config import (
+    BrokerConfig,
+    FlushPolicy,
+    format_duration_ms,
+    format_size,
+    parse_duration_ms,
+    parse_size,
+)
+from equeue.errors import ConfigError
 
-
-def _size(text: str) -> int:
-    """'8GiB', '512MiB', '1G', '100000' -> bytes."""
-    t = text.strip().lower().replace("ib", "").replace("b", "")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(t)
-
-
-def _duration_ms(text: str) -> int:
-    """'72h', '30m', '45s', '7d', '1500ms' -> milliseconds."""
-    t = text.strip().lower()
-    for suffix, mult in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)):
-        if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
-            return int(float(t[: -len(suffix)]) * mult)
-    return int(float(t) * 1000)
+#: every field at its default: ``broker start`` repeats none (tests/unit/test_cli_defaults.py)
+_D = BrokerConfig(data_dir=Path())
 
 
 def register(app: typer.Typer) -> None:
@@ -34,19 +37,19 @@ def register(app: typer.Typer) -> None:
     @broker_app.command("start")
     def start(
         data_dir: Path = typer.Option(..., "--data-dir", help="LMDB data directory (created if missing)."),
-        host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-        port: int = typer.Option(5800, help="TCP port (0 = pick a free one)."),
-        http_port: int = typer.Option(0, "--http-port", help="Port for /metrics and /stats over HTTP (0 = off)."),
-        flush: str = typer.Option("sync", help="sync: fsync before every ack; async: fsync every --flush-interval."),
-        flush_interval: float = typer.Option(0.5, help="Seconds between fsyncs with --flush async."),
-        map_size: str = typer.Option("8GiB", help="LMDB map size (the store's maximum size)."),
-        auto_create: bool = typer.Option(True, "--auto-create/--no-auto-create", help="Create unknown topics on produce."),
-        default_queues: int = typer.Option(4, help="Queue count of auto-created topics."),
-        retention: str = typer.Option("72h", help="Keep messages this long (e.g. 72h, 7d; 0 = forever)."),
-        retention_bytes: str = typer.Option("0", help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
-        delete_consumed: bool = typer.Option(False, help="Also delete messages every group committed past."),
-        max_message: str = typer.Option("4MiB", help="Largest message body accepted."),
-        log_level: str = typer.Option("warning", help="debug | info | warning | error."),
+        host: str = typer.Option(_D.host, help="Interface to listen on."),
+        port: int = typer.Option(_D.port, help="TCP port (0 = pick a free one)."),
+        http_port: int = typer.Option(_D.http_port, help="Port for /metrics and /stats over HTTP (0 = off)."),
+        flush: FlushPolicy = typer.Option(_D.flush, help="sync: fsync before every ack; async: fsync every --flush-interval."),
+        flush_interval: float = typer.Option(_D.flush_interval, help="Seconds between fsyncs with --flush async."),
+        map_size: str = typer.Option(format_size(_D.map_size), help="LMDB map size (the store's maximum size)."),
+        auto_create: bool = typer.Option(_D.auto_create_topics, "--auto-create/--no-auto-create", help="Create unknown topics on produce."),
+        default_queues: int = typer.Option(_D.default_queues, help="Queue count of auto-created topics."),
+        retention: str = typer.Option(format_duration_ms(_D.retention_ms or 0), help="Keep messages this long (e.g. 72h, 7d; 0 = forever)."),
+        retention_bytes: str = typer.Option(format_size(_D.retention_bytes or 0), help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
+        delete_consumed: bool = typer.Option(_D.delete_consumed, help="Also delete messages every group committed past."),
+        max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
+        log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
         import gc
@@ -54,20 +57,17 @@ def register(app: typer.Typer) -> None:
 
         import trio
 
-        from broker import Broker, BrokerConfig
-        from equeue.errors import ConfigError
+        from broker import Broker
 
         setup_logging(log_level)
         try:
-            rms = _duration_ms(retention)
-            rbytes = _size(retention_bytes)
             cfg = BrokerConfig(
                 data_dir=data_dir, host=host, port=port, flush=flush, flush_interval=flush_interval,
-                map_size=_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
-                retention_ms=rms or None, retention_bytes=rbytes or None, delete_consumed=delete_consumed,
-                max_message_bytes=_size(max_message), http_port=http_port,
+                map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
+                retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
+                delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
             )  # fmt: skip
-        except (ConfigError, ValueError) as exc:
+        except ConfigError as exc:
             fail(str(exc))
         broker = Broker(cfg)
 
@@ -93,12 +93,10 @@ def register(app: typer.Typer) -> None:
             fail(f"cannot start the broker on {host}:{port}: {exc.strerror or exc}")
 
     @broker_app.command("stats")
-    def stats(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def stats(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Show broker counters, rates and store size."""
-        with client(broker) as c:
-            s = c.stats()
-        if as_json:
-            print_json(s)
+        s = query(broker, lambda c: c.stats(), as_json)
+        if s is None:
             return
         rows = [
             ("version", s.version), ("uptime", f"{s.uptime_s:.0f} s"), ("connections", s.connections),

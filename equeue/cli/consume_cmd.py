@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from typing import Any
 
 import typer
 
 from equeue.cli._common import BROKER_OPTION, fail
+from equeue.config import DEFAULTS, StartFrom
 
 
-def _format(msg: Any, fmt: str) -> str:
-    if fmt == "json":
+class OutputFormat(StrEnum):
+    """``--format``: one line per message, as text or as a JSON object."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+def _format(msg: Any, fmt: OutputFormat) -> str:
+    if fmt is OutputFormat.JSON:
         return json.dumps(
             {
                 "topic": msg.topic, "queue_id": msg.queue_id, "queue_offset": msg.queue_offset,
@@ -29,9 +38,9 @@ def register(app: typer.Typer) -> None:
     def consume(
         topic: str,
         group: str = typer.Option(..., "--group", "-g", help="Consumer group."),
-        start: str = typer.Option("latest", "--from", help="earliest | latest (for a group with no offset)."),
+        start: StartFrom = typer.Option(DEFAULTS.start_from, "--from", help="Where a group with no offset starts."),
         max_messages: int = typer.Option(0, "--max", "-n", help="Exit after N messages (0: run until Ctrl-C)."),
-        fmt: str = typer.Option("text", "--format", "-f", help="text | json"),
+        fmt: OutputFormat = typer.Option(OutputFormat.TEXT, "--format", "-f", help="One line per message."),
         tags: str = typer.Option("", "--tags", help='Tag filter, e.g. "paid || refunded".'),
         broker: str = BROKER_OPTION,
     ) -> None:
@@ -39,10 +48,6 @@ def register(app: typer.Typer) -> None:
         from consumer import Consumer
         from equeue.errors import EQueueError
 
-        if start not in ("earliest", "latest"):
-            fail(f"--from must be earliest or latest, not {start!r}")
-        if fmt not in ("text", "json"):
-            fail(f"--format must be text or json, not {fmt!r}")
         count = 0
         c: Consumer | None = None
         try:

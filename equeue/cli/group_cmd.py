@@ -6,7 +6,7 @@ import datetime as dt
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, client, fail, print_json, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, fail, print_json, query, table
 
 
 def _ms(ts: int) -> str:
@@ -20,22 +20,18 @@ def register(app: typer.Typer) -> None:
     app.add_typer(dlq_app, name="dlq")
 
     @group_app.command("list")
-    def list_(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Groups known to the broker (live members or committed offsets)."""
-        with client(broker) as c:
-            groups = c.list_groups()
-        if as_json:
-            print_json(groups)
+        groups = query(broker, lambda c: c.list_groups(), as_json)
+        if groups is None:
             return
         table(None, ["group", "members", "topics"], [(g.group, g.members, ", ".join(g.topics)) for g in groups], right=["members"])
 
     @group_app.command("describe")
-    def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Members, queue → owner, committed offset, max offset and lag per queue."""
-        with client(broker) as c:
-            d = c.describe_group(group)
-        if as_json:
-            print_json(d)
+        d = query(broker, lambda c: c.describe_group(group), as_json)
+        if d is None:
             return
         table(
             f"group {d.group}: {len(d.members)} live member(s), generation {d.generation}",

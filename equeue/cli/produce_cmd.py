@@ -11,7 +11,18 @@ from typing import IO, Any
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, console, err_console, fail, print_json, setup_logging
+from equeue.cli._common import (
+    BROKER_OPTION,
+    LOG_LEVEL_OPTION,
+    LogLevel,
+    console,
+    err_console,
+    fail,
+    print_json,
+    setup_logging,
+)
+from equeue.config import parse_duration_ms
+from equeue.errors import ConfigError
 
 
 def _properties(items: list[str]) -> dict[str, str]:
@@ -56,7 +67,7 @@ def register(app: typer.Typer) -> None:
         delay: str | None = typer.Option(None, "--delay", help="Deliver later, e.g. 30s, 5m, 1h."),
         as_json: bool = typer.Option(False, "--json", help="Print each SendResult as a JSON line."),
         broker: str = BROKER_OPTION,
-        log_level: str = typer.Option("warning", "--log-level"),
+        log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Send one message per line (empty lines are skipped); print a summary."""
         from rich.progress import (
@@ -67,7 +78,6 @@ def register(app: typer.Typer) -> None:
             TimeElapsedColumn,
         )
 
-        from equeue.cli.broker_cmd import _duration_ms
         from equeue.errors import EQueueError
         from producer import Producer, SendHandle
 
@@ -78,8 +88,8 @@ def register(app: typer.Typer) -> None:
         delay_s = None
         if delay:
             try:
-                delay_s = _duration_ms(delay) / 1000
-            except ValueError:
+                delay_s = parse_duration_ms(delay) / 1000
+            except ConfigError:
                 fail(f"invalid --delay {delay!r} (use e.g. 30s, 5m, 1h)")
         if file is not None and not file.is_file():
             fail(f"no such file: {file}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import typer
 
-from equeue.cli._common import BROKER_OPTION, client, print_json, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, query, table
+from equeue.config import parse_duration_ms, parse_size
 
 
 def register(app: typer.Typer) -> None:
@@ -21,13 +24,11 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Create a topic with N queues."""
-        from equeue.cli.broker_cmd import _duration_ms, _size
-
         with client(broker) as c:
             info = c.create_topic(
                 name, queues,
-                retention_ms=_duration_ms(retention) if retention else None,
-                retention_bytes=_size(retention_bytes) if retention_bytes else None,
+                retention_ms=parse_duration_ms(retention) if retention else None,
+                retention_bytes=parse_size(retention_bytes) if retention_bytes else None,
                 exist_ok=exist_ok,
             )  # fmt: skip
         typer.echo(f"topic {info.name} ({info.queues} queues)")
@@ -41,17 +42,16 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Grow a topic's queue count or change its retention overrides."""
-        from equeue.cli.broker_cmd import _duration_ms, _size
 
-        def pick(v: str, parse: object) -> int | None:
+        def pick(v: str, parse: Callable[[str], int]) -> int | None:
             if not v:
                 return None
-            return -1 if v == "default" else parse(v)  # type: ignore[operator,no-any-return]
+            return -1 if v == "default" else parse(v)
 
         with client(broker) as c:
             info = c.alter_topic(
-                name, queues=queues, retention_ms=pick(retention, _duration_ms),
-                retention_bytes=pick(retention_bytes, _size),
+                name, queues=queues, retention_ms=pick(retention, parse_duration_ms),
+                retention_bytes=pick(retention_bytes, parse_size),
             )  # fmt: skip
         typer.echo(
             f"topic {info.name}: {info.queues} queues, retention "
@@ -60,22 +60,18 @@ def register(app: typer.Typer) -> None:
         )
 
     @topic_app.command("list")
-    def list_(broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """List topics."""
-        with client(broker) as c:
-            topics = c.list_topics()
-        if as_json:
-            print_json(topics)
+        topics = query(broker, lambda c: c.list_topics(), as_json)
+        if topics is None:
             return
         table(None, ["topic", "queues", "id"], [(t.name, t.queues, t.topic_id) for t in topics], right=["queues", "id"])
 
     @topic_app.command("describe")
-    def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = typer.Option(False, "--json")) -> None:
+    def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Per queue: retained range, message count and bytes; pending delayed messages."""
-        with client(broker) as c:
-            d = c.describe_topic(name)
-        if as_json:
-            print_json(d)
+        d = query(broker, lambda c: c.describe_topic(name), as_json)
+        if d is None:
             return
         rows = [(q.queue_id, q.min_offset, q.max_offset, q.count, f"{q.bytes:,}") for q in d.queues]
         rows.append(("all", "", "", sum(q.count for q in d.queues), f"{d.store_bytes:,}"))

@@ -19,6 +19,7 @@ from equeue import Message, wire
 from equeue.models import PROP_ORIGIN_TOPIC
 from equeue.names import dlq_topic
 from producer import AsyncClient, Client
+from tests.conftest import wait_until, wait_wall_clock_past
 
 FAST: dict[str, Any] = dict(
     heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=1.0,
@@ -31,6 +32,10 @@ async def produce(c: AsyncClient, topic: str, queue: int, bodies: list[str], **k
 
 async def committed(c: AsyncClient, group: str, topic: str, queues: int) -> list[int]:
     return [await c.query_offset(group, topic, q) for q in range(queues)]
+
+
+async def offset_at_least(c: AsyncClient, group: str, topic: str, queue: int, offset: int) -> bool:
+    return await c.query_offset(group, topic, queue) >= offset
 
 
 def test_offset_window() -> None:
@@ -124,8 +129,7 @@ async def test_retry_then_success_and_later_offsets_commit(broker: Broker) -> No
                 async with trio.open_nursery() as n:
                     n.start_soon(con.run, handler)
                     # the failing message does not hold back the later ones
-                    while await c.query_offset("gr", "pay", 0) != 10:
-                        await trio.sleep(0.05)
+                    await wait_until(lambda: offset_at_least(c, "gr", "pay", 0, 10), what="offset 10 committed")
                     assert not done.is_set()
                     await done.wait()
                     con.stop()
@@ -150,8 +154,7 @@ async def test_dead_letter_after_limit(broker: Broker) -> None:
 
                 async with trio.open_nursery() as n:
                     n.start_soon(con.run, handler)
-                    while con.statistics().dead_lettered == 0:
-                        await trio.sleep(0.05)
+                    await wait_until(lambda: con.statistics().dead_lettered, what="a dead letter")
                     con.stop()
             assert calls == [0, 1, 2]
             res = await c.pull(wire.PullRequest(dlq_topic("gd"), 0, 0, 10))
@@ -200,8 +203,7 @@ async def test_tag_filter(broker: Broker) -> None:
 
                     n.start_soon(con.run, handler)
                     # filtered-out messages still advance the committed offset
-                    while await c.query_offset("gt", "tagged", 0) != 6:
-                        await trio.sleep(0.05)
+                    await wait_until(lambda: offset_at_least(c, "gt", "tagged", 0, 6), what="offset 6 committed")
                     con.stop()
             assert got == ["a0", "b1", "a3"]
 
@@ -211,9 +213,12 @@ async def test_start_from_earliest_latest_and_time(broker: Broker) -> None:
         async with AsyncClient(broker.address) as c:
             await c.create_topic("sf", 1)
             await produce(c, "sf", 0, ["old0", "old1"])
-            await trio.sleep(0.05)
-            mark = dt.datetime.now(dt.UTC)
-            await trio.sleep(0.05)
+            # a mark just after the old messages' stamps (wall clock, ms); the new one
+            # is stored once the clock has passed it
+            old = await c.pull(wire.PullRequest("sf", 0, 0, 10))
+            mark_ms = old.messages[-1].timestamp + 1
+            await wait_wall_clock_past(mark_ms)
+            mark = dt.datetime.fromtimestamp(mark_ms / 1000, dt.UTC)
             await produce(c, "sf", 0, ["new2"])
 
             async def first(group: str, start: Any, expect: int) -> list[str]:
@@ -227,12 +232,11 @@ async def test_start_from_earliest_latest_and_time(broker: Broker) -> None:
 
                     async with trio.open_nursery() as n:
                         n.start_soon(con.run, handler)
-                        while await c.query_offset(group, "sf", 0) < 0:
-                            await trio.sleep(0.02)  # the start position is committed
+                        # the start position is committed
+                        await wait_until(lambda: offset_at_least(c, group, "sf", 0, 0), what="a start position")
                         if expect == 0:
                             await produce(c, "sf", 0, [f"late-{group}"])
-                            while not got:
-                                await trio.sleep(0.02)
+                            await wait_until(lambda: got, what="the late message")
                             con.stop()
                 return got
 
@@ -301,11 +305,9 @@ async def test_rebalance_orderly_no_overlap(broker: Broker) -> None:
             stop = trio.Event()
             async with trio.open_nursery() as n:
                 n.start_soon(member, "m1", stop)
-                while len(log) < 200:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: len(log) >= 200, what="200 messages handled by m1")
                 n.start_soon(member, "m2", stop)
-                while len({(q, o) for _, q, o, _, _ in log}) < total:
-                    await trio.sleep(0.05)
+                await wait_until(lambda: len({(q, o) for _, q, o, _, _ in log}) == total, timeout=30, what="all handled")
                 stop.set()
     assert {x[0] for x in log} == {"m1", "m2"}
     assert sorted((q, o) for _, q, o, _, _ in log) == [(q, i) for q in range(4) for i in range(300)]

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from broker import EmbeddedBroker
 from equeue import Message, wire
 from producer import Client
-from tests.conftest import ROOT, make_config
+from tests.conftest import ROOT, make_config, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order
 
 MEMBER = r"""
@@ -96,23 +95,20 @@ def test_kill_and_join(tmp_path: Path) -> None:
             return [r for n in seen for r in seen[n]]
 
         try:
-            spawn("m1")
-            spawn("m2")
-            deadline = time.monotonic() + 60
-            killed = joined = False
-            while time.monotonic() < deadline:
+
+            def progress(at_least: int, by_m3: bool = False) -> bool:
                 recs = handled()
                 distinct = len({(q, o) for _, q, o, _, _ in recs})
-                if not joined and distinct >= TOTAL // 5:
-                    spawn("m3")
-                    joined = True
-                if joined and not killed and distinct >= TOTAL // 2 and any(r[0] == "m3" for r in recs):
-                    procs["m1"].send_signal(signal.SIGKILL)
-                    procs["m1"].wait(10)
-                    killed = True
-                if killed and distinct == TOTAL:
-                    break
-                time.sleep(0.1)
+                return distinct >= at_least and (not by_m3 or any(r[0] == "m3" for r in recs))
+
+            spawn("m1")
+            spawn("m2")
+            wait_until_sync(lambda: progress(TOTAL // 5), timeout=60, interval=0.1, what="a fifth handled")
+            spawn("m3")
+            wait_until_sync(lambda: progress(TOTAL // 2, by_m3=True), timeout=60, interval=0.1, what="m3 at work")
+            procs["m1"].send_signal(signal.SIGKILL)
+            procs["m1"].wait(10)
+            wait_until_sync(lambda: progress(TOTAL), timeout=60, interval=0.1, what="every message handled")
             for name in ("m2", "m3"):
                 if name in procs and procs[name].poll() is None:
                     procs[name].send_signal(signal.SIGTERM)

@@ -23,6 +23,7 @@ from consumer import AsyncConsumer, Consumer
 from consumer.offsets import OffsetWindow
 from equeue import Message, wire
 from producer import AsyncClient, Client
+from tests.conftest import wait_until_sync
 
 FAST: dict[str, Any] = dict(
     heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=1.0,
@@ -318,22 +319,24 @@ def test_rebalance_with_inline_handlers_no_overlap(embedded_broker: EmbeddedBrok
         members[name] = Consumer(addr, "gr", "reb", orderly=True, start_from="earliest", consumer_id=name,
                                  **FAST)  # fmt: skip
     threads = [threading.Thread(target=member, args=(n,), daemon=True) for n in ("m1", "m2")]
-    threads[0].start()
-    deadline = time.monotonic() + 60
-    while len(log) < 1000 and time.monotonic() < deadline:
-        time.sleep(0.005)
-    threads[1].start()
-    while time.monotonic() < deadline:
+
+    def all_handled() -> bool:
         with lock:
-            if len({(q, o) for _, q, o, _, _ in log}) >= total:
-                break
-        time.sleep(0.05)
-    for con in members.values():
-        con.stop()
-    for t in threads:
-        t.join(10)
-    for con in members.values():
-        con.close()
+            return len({(q, o) for _, q, o, _, _ in log}) >= total
+
+    try:
+        threads[0].start()
+        wait_until_sync(lambda: len(log) >= 1000, timeout=60, what="1000 messages handled by m1")
+        threads[1].start()
+        wait_until_sync(all_handled, timeout=60, interval=0.05, what="every message handled")
+    finally:
+        for con in members.values():
+            con.stop()
+        for t in threads:
+            if t.is_alive():  # m2 is not started if m1 never got going
+                t.join(10)
+        for con in members.values():
+            con.close()
     assert inline["m1"] > 0 and {x[0] for x in log} == {"m1", "m2"}
     assert sorted((q, o) for _, q, o, _, _ in log) == [(q, i) for q in range(4) for i in range(per_queue)]
     check_no_overlap_and_order(log)

@@ -15,6 +15,7 @@ from equeue import Message, PullStatus, wire
 from equeue.errors import EQueueError
 from equeue.models import PullResult
 from producer import AsyncClient
+from tests.conftest import wait_until
 
 QUEUES = 4
 
@@ -76,9 +77,8 @@ async def crash_and_check(broker_process: Any, flush: str) -> None:
         async with trio.open_nursery() as n:
             for pid in range(4):
                 n.start_soon(produce_until_killed, proc.address, acked, pid)
-            while len(acked) < 3000:
-                await trio.sleep(0.05)
-            await trio.sleep(random.uniform(0.0, 0.3))
+            kill_at = 3000 + random.randrange(3000)  # a random point mid-stream
+            await wait_until(lambda: len(acked) >= kill_at, timeout=50, what=f"{kill_at} messages acked")
             proc.kill()  # SIGKILL mid-stream: no shutdown code runs
         assert len(acked) >= 3000
         proc2 = broker_process("--flush", flush)
@@ -120,11 +120,13 @@ async def test_sigterm_answers_parked_pulls_and_exits_cleanly(broker_process: An
             async def puller(q: int) -> None:
                 got.append(await c.pull(wire.PullRequest("t", q, 0 if q == 0 else 1, 32, max_wait_ms=20_000)))
 
+            async def both_parked() -> bool:
+                return (await c.stats()).parked_pulls == 2
+
             async with trio.open_nursery() as n:
                 n.start_soon(puller, 0)
                 n.start_soon(puller, 1)
-                while (await c.stats()).parked_pulls < 2:
-                    await trio.sleep(0.02)
+                await wait_until(both_parked, what="both pulls are parked")
                 t0 = trio.current_time()
                 assert proc.proc is not None
                 proc.proc.send_signal(signal.SIGTERM)

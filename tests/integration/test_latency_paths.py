@@ -23,6 +23,7 @@ from equeue.codec import HEADER, NEED_DATA, Connection, Hello, Request, Response
 from equeue.errors import BrokerShuttingDown, ErrorCode, OperationTimeout
 from equeue.protocol import RequestCode
 from producer import AsyncClient, AsyncProducer, Producer
+from tests.conftest import wait_until
 
 # ---------------------------------------------------------------------- appender
 
@@ -313,8 +314,7 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, cls: type, name: str) -> list[
 async def _park(broker: Broker, s: socket.socket, c: Connection, pulls: dict[int, wire.PullRequest]) -> None:
     """Send long-poll pulls (request id -> pull) and wait until the broker parked them all."""
     s.sendall(b"".join(c.send(Request(rid, RequestCode.PULL, p.encode())) for rid, p in pulls.items()))
-    while broker.parked.parked < len(pulls):
-        await trio.sleep(0.001)
+    await wait_until(lambda: broker.parked.parked >= len(pulls), what=f"{len(pulls)} pulls parked")
 
 
 async def test_parked_pull_is_answered_once_from_the_writer_thread(
@@ -430,8 +430,7 @@ async def test_parked_pull_of_a_closed_connection_is_dropped_quietly(broker: Bro
             await _park(broker, s, c, {1: wire.PullRequest("gone", 0, 0, 32, 1 << 20, 10_000)})
             s.close()
             await admin.produce(wire.ProduceRequest("gone", 0, [wire.encode_entry(Message(b"x"))]))
-            while broker.parked.parked:
-                await trio.sleep(0.001)
+            await wait_until(lambda: broker.parked.parked == 0, what="the pull of the closed connection dropped")
             r = await admin.pull(wire.PullRequest("gone", 0, 0, 32, 1 << 20))
     assert [m.body for m in r.messages] == [b"x"]
 
@@ -443,11 +442,10 @@ async def test_parked_pull_with_a_tag_filter_waits_past_filtered_commits(broker:
         await admin.create_topic("tagged", 1)
 
         async def later() -> None:
-            while broker.parked.parked == 0:
-                await trio.sleep(0.001)
+            await wait_until(lambda: broker.parked.parked == 1, what="the pull is parked")
             await admin.produce(wire.ProduceRequest("tagged", 0, [wire.encode_entry(Message(b"no", tags="b"))]))
-            await trio.sleep(0.05)
-            assert broker.parked.parked == 1  # still waiting
+            # still waiting: the commit's wake-ups ran before its ack; a woken pull parks again
+            await wait_until(lambda: broker.parked.parked == 1, what="the pull is parked again")
             await admin.produce(wire.ProduceRequest("tagged", 0, [wire.encode_entry(Message(b"yes", tags="a"))]))
 
         with trio.fail_after(10):

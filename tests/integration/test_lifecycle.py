@@ -5,7 +5,6 @@ delivered exactly once, in due order, and the key index still answers."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -13,10 +12,8 @@ import trio
 
 from equeue import Message, PullStatus, wire
 from producer import AsyncClient
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+from tests.conftest import wait_wall_clock_past
+from tests.conftest import wall_ms as now_ms
 
 
 async def drain(c: AsyncClient, topic: str, queue: int, want: int, deadline_s: float) -> list[Message]:
@@ -47,7 +44,7 @@ async def test_restart_with_pending_delayed_incl_one_due_while_down(broker_proce
                 assert ans.scheduled == 1
             assert (await c.describe_topic("d")).pending_delayed == 2
         proc.kill()  # the acks above were fsynced: the schedule must survive
-        await trio.sleep(max(0.0, (due_down - now_ms()) / 1000) + 0.3)
+        await wait_wall_clock_past(due_down + 300)
         restarted_at = now_ms()
         proc2 = broker_process()
         async with AsyncClient(proc2.address) as c:
@@ -78,7 +75,7 @@ async def test_sigkill_while_moving_due_messages_delivers_each_once(broker_proce
                 await c.produce(wire.ProduceRequest("burst", q, entries))
             before = (await c.describe_topic("burst")).pending_delayed  # n unless moves began
             assert before > n // 2, "producing the burst took too long for this test"
-            await trio.sleep(max(0.0, (due - now_ms()) / 1000))
+            await wait_wall_clock_past(due - 1)  # due
             pending = before
             while pending == before:  # kill as soon as a move transaction committed
                 pending = (await c.describe_topic("burst")).pending_delayed

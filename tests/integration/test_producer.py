@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import time
 import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +32,7 @@ from equeue import (
 from equeue.routing import queue_for_key
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
 from producer._batch import deliver_at_ms
+from tests.conftest import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -353,11 +354,10 @@ def test_mixed_delayed_and_immediate_buffered_sends_store_each_once(
         results = [h.result(10) for h in handles]
         assert not any(r.duplicate for r in results)
         assert sum(r.scheduled for r in results) == 80
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            if sum(q.count for q in c.describe_topic("mixed").queues) == 2000:
-                break
-            time.sleep(0.1)
+        wait_until_sync(
+            lambda: sum(q.count for q in c.describe_topic("mixed").queues) == 2000,
+            interval=0.05, what="the delayed messages are delivered",
+        )  # fmt: skip
         desc = c.describe_topic("mixed")
         assert sum(q.count for q in desc.queues) == 2000
         assert desc.pending_delayed == 0

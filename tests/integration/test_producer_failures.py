@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from equeue.codec import HEADER
 from equeue.errors import ConnectionBroken
 from equeue.protocol import RequestCode
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+from tests.conftest import wait_until_sync
 
 
 class AckDropper:
@@ -189,10 +189,11 @@ def test_broker_restart_during_a_send_loop(broker_process: Any) -> None:
 
         th = threading.Thread(target=loop)
         th.start()
-        time.sleep(0.5)
+        wait_until_sync(lambda: len(ok) >= 50, timeout=30, what="sends before the restart")
         bp.kill()
         bp2 = broker_process(port=port)
-        time.sleep(0.5)
+        before = len(ok)
+        wait_until_sync(lambda: len(ok) >= before + 50, timeout=30, what="sends after the restart")
         stop.set()
         th.join(60)
         assert not th.is_alive()

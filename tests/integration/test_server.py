@@ -13,7 +13,7 @@ from broker import Broker, open_broker
 from equeue import Message, PullStatus, control, wire
 from equeue.models import PullResult
 from producer import AsyncClient
-from tests.conftest import make_config
+from tests.conftest import make_config, wait_until
 
 
 def batch(prefix: str, n: int) -> list[bytes]:
@@ -59,11 +59,11 @@ async def test_parked_pull_woken_long_before_its_hold(broker: Broker) -> None:
 
             async with trio.open_nursery() as n:
                 n.start_soon(puller)
-                while broker.parked.parked == 0:
-                    await trio.sleep(0.01)
-                # a commit to ANOTHER queue does not answer it
+                await wait_until(lambda: broker.parked.parked == 1, what="the pull is parked")
+                # a commit to ANOTHER queue does not answer it: its wake-ups are done
+                # when its ack arrives; a pull it woke by mistake answers or parks again
                 await p.produce(wire.ProduceRequest("t", 0, batch("other", 1)))
-                await trio.sleep(0.2)
+                await wait_until(lambda: got or broker.parked.parked == 1, what="the pull is parked")
                 assert not got
                 t0 = trio.current_time()
                 await p.produce(wire.ProduceRequest("t", 1, batch("mine", 2)))
@@ -133,8 +133,7 @@ async def test_one_connection_carries_a_parked_pull_and_other_requests(broker: B
 
             async with trio.open_nursery() as n:
                 n.start_soon(puller)
-                while broker.parked.parked == 0:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: broker.parked.parked == 1, what="the pull is parked")
                 # the same connection keeps working while the pull is parked
                 with trio.fail_after(2):
                     await c.create_topic("other", 1)
@@ -164,8 +163,7 @@ async def test_many_parked_pulls_all_woken(broker: Broker) -> None:
             async with trio.open_nursery() as n:
                 for _ in range(20):
                     n.start_soon(puller)
-                while broker.parked.parked < 20:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: broker.parked.parked == 20, what="20 pulls are parked")
                 await c.produce(wire.ProduceRequest("t", 0, batch("m", 1)))
             assert len(got) == 20 and all(len(r.messages) == 1 for r in got)
 

@@ -7,6 +7,7 @@ import trio
 from broker import Broker
 from equeue import Message, PullStatus, wire
 from producer import AsyncClient
+from tests.conftest import wait_until
 
 
 async def test_produce_then_pull(broker: Broker) -> None:
@@ -31,9 +32,12 @@ async def test_parked_pull_woken_by_commit(broker: Broker) -> None:
             async def puller() -> None:
                 got.append(await c.pull(wire.PullRequest("t", 0, 0, 32, max_wait_ms=10_000)))
 
+            async def parked() -> bool:
+                return (await c.stats()).parked_pulls == 1
+
             async with trio.open_nursery() as n:
                 n.start_soon(puller)
-                await trio.sleep(0.2)
+                await wait_until(parked, what="the pull is parked")
                 start = trio.current_time()
                 await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"x"))]))
             assert trio.current_time() - start < 5  # woken long before the 10 s hold

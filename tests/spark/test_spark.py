@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ pyspark = pytest.importorskip("pyspark")
 from broker import BrokerConfig, EmbeddedBroker  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from producer import Client  # noqa: E402
+from tests.conftest import wait_until_sync  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -157,10 +157,9 @@ def test_batch_read_json_offsets_exact_range(ss: Any, broker: EmbeddedBroker, cl
 
 
 def _wait_retention(client: Client, topic: str, low: int) -> None:
-    deadline = time.monotonic() + 20
-    while client.queue_offsets(topic, 0).min_offset < low:
-        assert time.monotonic() < deadline, "retention did not run"
-        time.sleep(0.1)
+    wait_until_sync(
+        lambda: client.queue_offsets(topic, 0).min_offset >= low, timeout=20, interval=0.1, what="retention ran"
+    )
 
 
 def test_fail_on_data_loss_both_ways(ss: Any, broker: EmbeddedBroker, client: Client) -> None:
@@ -226,11 +225,12 @@ def test_driver_sigkill_between_offsets_and_commit(ss: Any, broker: EmbeddedBrok
     out, ck, marker = tmp_path / "out", tmp_path / "ck", tmp_path / "reading"
     p = _driver(broker, "s-kill", out, ck, marker)
     try:
-        deadline = time.monotonic() + 150
-        while not marker.exists():
+
+        def reading() -> bool:
             assert p.poll() is None, f"driver exited early ({p.returncode})"
-            assert time.monotonic() < deadline, "the driver never reached the second batch"
-            time.sleep(0.2)
+            return marker.exists()
+
+        wait_until_sync(reading, timeout=150, interval=0.2, what="the driver reads the second batch")
         # batch 1 is planned (offsets logged) and being read; it is not committed
         assert (ck / "offsets" / "1").exists() and not (ck / "commits" / "1").exists()
         assert (ck / "commits" / "0").exists()
