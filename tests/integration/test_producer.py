@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
-import time
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
