@@ -25,7 +25,8 @@ from typing import TypeVar
 import attrs
 import stamina
 
-from equeue.errors import ClientClosed, ConfigError, EQueueError
+from equeue.config import non_negative
+from equeue.errors import ClientClosed, EQueueError
 
 __all__ = ["DEFAULT_POLICY", "RetryPolicy", "is_transient", "retry_async", "retry_sync"]
 
@@ -37,11 +38,6 @@ def is_transient(exc: Exception) -> bool:
     return isinstance(exc, EQueueError) and exc.transient and not isinstance(exc, ClientClosed)
 
 
-def _non_negative(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
-    if value < 0:
-        raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
-
-
 @attrs.frozen
 class RetryPolicy:
     """How often and how patiently to retry. ``attempts`` counts the first try;
@@ -51,9 +47,9 @@ class RetryPolicy:
 
     attempts: int = attrs.field(default=8, validator=attrs.validators.ge(1))
     timeout: float | None = 30.0
-    wait_initial: float = attrs.field(default=0.05, validator=_non_negative)
-    wait_max: float = attrs.field(default=2.0, validator=_non_negative)
-    wait_jitter: float = attrs.field(default=0.05, validator=_non_negative)
+    wait_initial: float = attrs.field(default=0.05, validator=non_negative)
+    wait_max: float = attrs.field(default=2.0, validator=non_negative)
+    wait_jitter: float = attrs.field(default=0.05, validator=non_negative)
     wait_exp_base: float = 2.0
 
     def delay(self, attempt: int) -> float:

@@ -10,12 +10,12 @@ import datetime as dt
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 
 from equeue.allocation import get_strategy
-from equeue.config import DEFAULTS
+from equeue.config import DEFAULTS, StartFrom, positive, to_enum
 from equeue.errors import ConfigError
 
 __all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
@@ -30,13 +30,6 @@ class ConsumeMode(StrEnum):
     BROADCAST = "broadcast"
 
 
-class StartFrom(StrEnum):
-    """Where a group with no committed offset starts (or a ``datetime``)."""
-
-    EARLIEST = "earliest"
-    LATEST = "latest"
-
-
 class HandlerThreads(StrEnum):
     """Where sync handlers run (docs/consumer.md, "Where handlers run")."""
 
@@ -46,24 +39,12 @@ class HandlerThreads(StrEnum):
     ALWAYS = "always"
 
 
-E = TypeVar("E", bound=StrEnum)
-
-
-def _member(kind: type[E], name: str, value: Any) -> E:
-    """``value`` as a member of ``kind`` (a member or its string value); ConfigError otherwise."""
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = " or ".join(repr(m.value) for m in kind)
-        raise ConfigError(f"{name} must be {allowed}, got {value!r}") from None
-
-
 def _mode(value: Any) -> ConsumeMode:
-    return _member(ConsumeMode, "mode", value)
+    return to_enum(ConsumeMode, "mode", value)
 
 
 def _handler_threads(value: Any) -> HandlerThreads:
-    return _member(HandlerThreads, "handler_threads", value)
+    return to_enum(HandlerThreads, "handler_threads", value)
 
 
 def _start_from(value: Any) -> StartFrom | dt.datetime:
@@ -73,11 +54,6 @@ def _start_from(value: Any) -> StartFrom | dt.datetime:
         return StartFrom(value)
     except ValueError:
         raise ConfigError(f"start_from must be 'earliest', 'latest' or a datetime, got {value!r}") from None
-
-
-def _positive(_inst: object, attr: Any, value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
 
 
 def _allocation(_inst: object, _attr: Any, value: object) -> None:
@@ -106,7 +82,7 @@ class ConsumerOptions:
     #: one message at a time per queue, in queue order
     orderly: bool = False
     #: handlers running at once (threads for sync handlers, tasks for async ones)
-    concurrency: int = attrs.field(default=16, validator=_positive)
+    concurrency: int = attrs.field(default=16, validator=positive)
     #: sync handlers: "auto" runs them inline on the consumer's loop thread once they
     #: prove fast (back to threads when a call is slow); "always": every call in a
     #: worker thread (for handlers that may block). See docs/consumer.md.
@@ -115,22 +91,22 @@ class ConsumerOptions:
     consumer_id: str | None = None
     #: broadcast mode: where the per-group offsets file lives
     state_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
-    pull_hold: float = attrs.field(default=DEFAULTS.pull_hold, validator=_positive)
+    pull_hold: float = attrs.field(default=DEFAULTS.pull_hold, validator=positive)
     #: messages per pull; while a queue has a backlog the batch doubles up to max_pull_batch
-    pull_batch: int = attrs.field(default=DEFAULTS.pull_batch, validator=_positive)
-    max_pull_batch: int = attrs.field(default=512, validator=_positive)
-    heartbeat_interval: float = attrs.field(default=DEFAULTS.heartbeat_interval, validator=_positive)
-    rebalance_interval: float = attrs.field(default=DEFAULTS.rebalance_interval, validator=_positive)
-    commit_interval: float = attrs.field(default=DEFAULTS.commit_interval, validator=_positive)
-    max_buffered_messages: int = attrs.field(default=DEFAULTS.max_buffered_messages, validator=_positive)
-    max_buffered_bytes: int = attrs.field(default=DEFAULTS.max_buffered_bytes, validator=_positive)
+    pull_batch: int = attrs.field(default=DEFAULTS.pull_batch, validator=positive)
+    max_pull_batch: int = attrs.field(default=512, validator=positive)
+    heartbeat_interval: float = attrs.field(default=DEFAULTS.heartbeat_interval, validator=positive)
+    rebalance_interval: float = attrs.field(default=DEFAULTS.rebalance_interval, validator=positive)
+    commit_interval: float = attrs.field(default=DEFAULTS.commit_interval, validator=positive)
+    max_buffered_messages: int = attrs.field(default=DEFAULTS.max_buffered_messages, validator=positive)
+    max_buffered_bytes: int = attrs.field(default=DEFAULTS.max_buffered_bytes, validator=positive)
     max_reconsume_times: int = DEFAULTS.max_reconsume_times
     retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
     #: close(): how long to wait for running handlers before abandoning them
-    close_timeout: float = attrs.field(default=30.0, validator=_positive)
+    close_timeout: float = attrs.field(default=30.0, validator=positive)
     #: rebalance: how long a revoked queue waits for its running handlers
-    revoke_timeout: float = attrs.field(default=10.0, validator=_positive)
-    connect_timeout: float = attrs.field(default=5.0, validator=_positive)
+    revoke_timeout: float = attrs.field(default=10.0, validator=positive)
+    connect_timeout: float = attrs.field(default=5.0, validator=positive)
     #: check record checksums in the consumer instead of the broker (which then skips
     #: its check on read: the pull says PULL_CLIENT_VERIFIES)
     verify_checksums: bool = False

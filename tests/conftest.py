@@ -21,7 +21,9 @@ Waiting:
   wall time and cannot be late on a loaded machine. Times the broker stamps on messages
   (retention, delivery times) are wall-clock by contract; tests of those wait for the
   wall clock to pass the stamped time, with a condition.
-- Timing is measured by ``bench/``, never asserted here beyond generous bounds.
+- Timing is measured by ``bench/``, never asserted here beyond generous bounds; so
+  hypothesis runs without its per-example deadline (a loaded 2-core machine would
+  turn it into a timed assertion).
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ from typing import Any
 
 import pytest
 import trio
+from hypothesis import settings
 
 from broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
 from broker.process import BrokerProcess
+
+settings.register_profile("equeue", deadline=None)
+settings.load_profile("equeue")
 
 ROOT = Path(__file__).resolve().parent.parent
 

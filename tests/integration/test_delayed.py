@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import trio
 
 from broker import Broker, open_broker
+from broker import server as server_mod
 from broker.lifecycle import Lifecycle
+from broker.longpoll import ParkedPulls
 from equeue import Message, PullStatus, wire
 from equeue.errors import DelayTooLong
 from producer import AsyncClient
@@ -60,24 +63,26 @@ async def test_delayed_delivered_at_due_time(broker: Broker) -> None:
             assert broker.lifecycle.moved == 1
 
 
-async def test_move_is_counted_before_the_moved_message_is_visible(broker: Broker) -> None:
+async def test_move_is_counted_before_the_moved_message_is_visible(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Bug 6: the writer thread answers a parked pull right after the move's commit,
     before the loop hears of the commit. ``lifecycle.moved`` must already count the
     move then. The writer thread is held just after it answered, so the check runs
     while the loop has not yet received the move's outcome."""
     holding = threading.Event()  # the writer thread answers the parked pull ...
     release = threading.Event()  # ... then waits for this before posting the outcome
-    answer = broker.parked.answer
+    answer = server_mod.answer_parked_pulls
 
-    def answer_then_hold(queues: set[tuple[int, int]]) -> None:
+    def answer_then_hold(parked: ParkedPulls, queues: Iterable[tuple[int, int]]) -> None:
         hold = bool(queues) and not release.is_set()
         if hold:
             holding.set()
-        answer(queues)
+        answer(parked, queues)
         if hold:
             release.wait(10)
 
-    broker.parked.answer = answer_then_hold  # type: ignore[method-assign]
+    monkeypatch.setattr(server_mod, "answer_parked_pulls", answer_then_hold)
     try:
         with trio.fail_after(15):
             async with AsyncClient(broker.address) as c:
