@@ -413,7 +413,10 @@ async def test_writer_thread_answer_bigger_than_the_socket_buffer(
                     await _park(broker, s, c, {1: wire.PullRequest("wide", 0, 0, 1000, 8 << 20, 10_000)})
                     await admin.produce(wire.ProduceRequest("wide", 0, [wire.encode_entry(Message(b)) for b in bodies]))
                     s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("wide", 0, 299, 1, 1 << 20).encode())))
-                    await trio.sleep(0.1)  # request 2 is answered (late tail: while the tail waits)
+                    # request 2 is answered (late tail: while the tail waits)
+                    await wait_until(
+                        lambda: broker.stats.messages_out >= len(bodies) + 1, what="request 2 answered"
+                    )
                     answers = await trio.to_thread.run_sync(_read_responses, s, c, 2)
             finally:
                 s.close()
@@ -458,10 +461,12 @@ async def test_parked_pull_with_a_tag_filter_waits_past_filtered_commits(broker:
 
 class _PausingStream:
     """A server stream whose ``send_all`` pauses half way through (the connection's
-    writer task busy while the socket buffer has room)."""
+    writer task busy while the socket buffer has room). ``paused`` is set once a
+    large write (an answer, not a handshake) is paused."""
 
     def __init__(self, inner: trio.SocketStream) -> None:
         self._inner = inner
+        self.paused = trio.Event()
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
@@ -469,7 +474,9 @@ class _PausingStream:
     async def send_all(self, data: bytes) -> None:
         half = len(data) // 2
         await self._inner.send_all(data[:half])
-        await trio.sleep(0.3)
+        if len(data) >= 64 << 10:
+            self.paused.set()
+        await trio.sleep(0.3)  # simulated slow peer: the writer task stays busy meanwhile
         await self._inner.send_all(data[half:])
 
 
@@ -479,10 +486,12 @@ async def test_writer_thread_never_writes_into_a_busy_writer_task(
     from broker.output import Output
 
     real_init = Output.__init__
+    streams: list[_PausingStream] = []
 
     def init(self: Output, stream: trio.SocketStream, *args: Any) -> None:
         stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32 << 10)
-        real_init(self, _PausingStream(stream), *args)  # type: ignore[arg-type]
+        streams.append(_PausingStream(stream))
+        real_init(self, streams[-1], *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Output, "__init__", init)
     bodies = [os.urandom(10_000) for _ in range(100)]
@@ -497,7 +506,9 @@ async def test_writer_thread_never_writes_into_a_busy_writer_task(
                 s.sendall(c.send(Request(2, RequestCode.PULL, wire.PullRequest("busy", 1, 0, 1000, 8 << 20).encode())))
                 reader = threading.Thread(target=lambda: result.update(a=_read_responses(s, c, 2)))
                 reader.start()
-                await trio.sleep(0.1)  # the writer task is half way through answer 2
+                await wait_until(  # the writer task is half way through answer 2
+                    lambda: any(p.paused.is_set() for p in streams), what="answer 2 paused half way"
+                )
                 await admin.produce(wire.ProduceRequest("busy", 0, [wire.encode_entry(Message(b"small"))]))
                 await trio.to_thread.run_sync(reader.join)
         finally:
