@@ -385,8 +385,12 @@ class AsyncClient:
         return (await self.call(control.QueryOffset(group, topic, queue_id), control.OffsetAnswer)).offset
 
     async def reset_offsets(
-        self, group: str, topic: str, to: str, timestamp_ms: int = 0, force: bool = False
+        self, group: str, topic: str, to: control.ResetTarget | str, timestamp_ms: int = 0, force: bool = False
     ) -> dict[int, int]:
+        """Set ``group``'s committed offsets of ``topic`` to ``to`` (a
+        :class:`~equeue.control.ResetTarget` or its string; ``time`` takes
+        ``timestamp_ms``). Raises ValueError for another target, GroupHasMembers
+        while members are live (unless ``force``)."""
         ans: control.ResetAnswer = await self.call(control.ResetOffsets(group, topic, to, timestamp_ms, force), control.ResetAnswer)
         return ans.offsets
 

@@ -8,6 +8,7 @@ Each request model names its :class:`~equeue.protocol.RequestCode` in ``CODE``;
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
 import attrs
@@ -192,14 +193,24 @@ class QueryOffset:
     queue_id: int
 
 
+class ResetTarget(StrEnum):
+    """Where RESET_OFFSETS moves a group's committed offsets (on the wire: the string)."""
+
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    #: the first offset stored at or after ``timestamp_ms``
+    TIME = "time"
+
+
 @attrs.frozen
 class ResetOffsets:
-    """Set a group's committed offsets of a topic to earliest, latest or a time."""
+    """Set a group's committed offsets of a topic to earliest, latest or a time
+    (``timestamp_ms``, with :attr:`ResetTarget.TIME`)."""
 
     CODE: ClassVar = RequestCode.RESET_OFFSETS
     group: str
     topic: str
-    to: str  # "earliest" | "latest" | "time"
+    to: ResetTarget = attrs.field(converter=lambda v: ResetTarget(v))
     timestamp_ms: int = 0
     force: bool = False
 

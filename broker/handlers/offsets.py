@@ -72,14 +72,12 @@ class OffsetHandlers:
         out: dict[int, int] = {}
         for q in range(info.queues):
             qs = self._store.queue_state(info.topic_id, q)
-            if req.to == "earliest":
+            if req.to is control.ResetTarget.EARLIEST:
                 off = qs.min_offset
-            elif req.to == "latest":
+            elif req.to is control.ResetTarget.LATEST:
                 off = qs.next_offset
-            elif req.to == "time":
+            else:  # TIME (the decoder admits nothing else)
                 off = self._store.offset_for_time(info, q, req.timestamp_ms)
-            else:
-                raise BadRequest(f"reset target must be earliest, latest or time, not {req.to!r}")
             out[q] = off
         for q, off in out.items():
             await self._submit(CommitOffsetOp(req.group, req.topic, q, off))

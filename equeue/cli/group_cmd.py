@@ -55,8 +55,10 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Set the group's committed offsets of TOPIC (refused while members are live)."""
+        from equeue.control import ResetTarget
+
         ts = 0
-        target = to
+        target = ResetTarget.EARLIEST if to == "earliest" else ResetTarget.LATEST
         if to not in ("earliest", "latest"):
             try:
                 when = dt.datetime.fromisoformat(to.replace("Z", "+00:00"))
@@ -64,7 +66,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"--to must be earliest, latest or an ISO time, not {to!r}")
             if when.tzinfo is None:
                 when = when.astimezone()
-            ts, target = int(when.timestamp() * 1000), "time"
+            ts, target = int(when.timestamp() * 1000), ResetTarget.TIME
         with client(broker) as c:
             offsets = c.reset_offsets(group, topic, target, ts, force)
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],

@@ -192,3 +192,14 @@ def test_converter_is_dedicated() -> None:
     import cattrs
 
     assert control.converter is not cattrs.global_converter
+
+
+def test_reset_target_is_an_enum_on_the_wire_as_its_string() -> None:
+    req = control.ResetOffsets("g", "t", "earliest")
+    assert req.to is control.ResetTarget.EARLIEST
+    assert json.loads(encode(req))["to"] == "earliest"
+    assert decode(b'{"group": "g", "topic": "t", "to": "time", "timestamp_ms": 5}', control.ResetOffsets).to is (
+        control.ResetTarget.TIME
+    )
+    with pytest.raises(RemoteProtocolError):  # answered as a coded error, never a crash
+        decode(b'{"group": "g", "topic": "t", "to": "yesterday"}', control.ResetOffsets)
