@@ -18,6 +18,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── DelayTooLong
     │   ├── StoreFull
     │   ├── StoreError
+    │   │   └── DataDirLocked         another broker holds the data directory
     │   ├── CorruptRecord
     │   ├── MessageNotFound
     │   ├── NotQueueOwner
@@ -53,6 +54,7 @@ __all__ = [
     "ConfigError",
     "ConnectionBroken",
     "CorruptRecord",
+    "DataDirLocked",
     "DelayTooLong",
     "EQueueError",
     "ErrorCode",
@@ -219,6 +221,10 @@ class StoreFull(BrokerError):
 
 class StoreError(BrokerError):
     code = ErrorCode.STORE_ERROR
+
+
+class DataDirLocked(StoreError):
+    """Another broker holds the data directory (its lock file names the pid)."""
 
 
 class CorruptRecord(BrokerError):

@@ -28,6 +28,7 @@ import lmdb
 import outcome
 
 from broker.storage import layout
+from broker.storage.dirlock import DirLock
 from broker.storage.reader import StoreReader
 from broker.storage.view import QueueState, StoreView, frozen_map
 from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
@@ -52,13 +53,27 @@ class Store(StoreReader):
         (wall-clock ms) stamps each transaction: store times, due checks, producer
         last-seen times.
 
-        Raises StoreError when LMDB cannot open it or its format is unknown.
+        Raises DataDirLocked when another store holds the directory (see
+        :mod:`broker.storage.dirlock`), StoreError when LMDB cannot open it or its
+        format is unknown.
         """
         self.path = Path(path)
         self.clock = clock
         self.path.mkdir(parents=True, exist_ok=True)
         self.sync_commits = sync
         self.map_size = map_size
+        self._lock = DirLock(self.path)
+        self._lock.acquire()
+        try:
+            self._open(map_size, sync)
+        except BaseException:
+            env = getattr(self, "env", None)
+            if env is not None:
+                env.close()
+            self._lock.release()
+            raise
+
+    def _open(self, map_size: int, sync: bool) -> None:
         try:
             self.env = lmdb.open(
                 str(self.path), map_size=map_size, max_dbs=len(layout.DATABASES) + 2, sync=sync,
@@ -179,10 +194,14 @@ class Store(StoreReader):
         self.env.sync(True)
 
     def close(self) -> None:
+        """Flush, close LMDB and release the data directory (last)."""
         try:
             self.env.sync(True)
         finally:
-            self.env.close()
+            try:
+                self.env.close()
+            finally:
+                self._lock.release()
 
 
 def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:

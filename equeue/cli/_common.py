@@ -36,7 +36,7 @@ err_console = Console(stderr=True)
 
 def fail(message: str, code: int = 1) -> None:
     """Print one clear error line and exit non-zero."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -24,10 +24,18 @@ from equeue.config import (
     parse_duration_ms,
     parse_size,
 )
-from equeue.errors import ConfigError
+from equeue.errors import ConfigError, EQueueError
 
 #: every field at its default: ``broker start`` repeats none (tests/unit/test_cli_defaults.py)
 _D = BrokerConfig(data_dir=Path())
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
+    """The first exception inside a (nested) exception group."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def register(app: typer.Typer) -> None:
@@ -91,6 +99,11 @@ def register(app: typer.Typer) -> None:
             trio.run(main)
         except OSError as exc:
             fail(f"cannot start the broker on {host}:{port}: {exc.strerror or exc}")
+        except BaseExceptionGroup as group:  # the broker's nursery wraps a start-up failure
+            refused, _ = group.split(EQueueError)
+            if refused is None:
+                raise
+            fail(str(_first_leaf(refused)))
 
     @broker_app.command("stats")
     def stats(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
