@@ -11,8 +11,6 @@ origin (topic, queue, offsets) with ``reconsume_times`` set.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
     PROP_ORIGIN_OFFSET,
@@ -21,14 +19,7 @@ from equeue.models import (
     Message,
 )
 
-__all__ = ["as_origin", "retry_delay"]
-
-
-def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
-    """Seconds to wait before attempt ``reconsume_times + 1`` (the last delay repeats)."""
-    if not delays:
-        return 0.0
-    return float(delays[min(reconsume_times, len(delays) - 1)])
+__all__ = ["as_origin"]
 
 
 def as_origin(msg: Message) -> Message:

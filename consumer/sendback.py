@@ -14,8 +14,10 @@ the caller acts on:
   message was stored; or ``MESSAGE_NOT_FOUND``: retention removed it meanwhile).
   Logged (rate-limited) and counted in ``statistics().dropped``; the message is done
   and the queue moves on.
-- ``UNSENT``: transient trouble outlasted the retry policy, or the client closed. The
-  message is not done; the caller retries it locally (the handler runs again later).
+- ``UNSENT``: transient trouble outlasted the retry policy, the client closed, or the
+  broker failed for a reason of its own (a full store, an internal error, a broker
+  without SEND_BACK). The message is not done; the caller retries it locally (the
+  handler runs again later), so nothing is lost to the broker's trouble.
 """
 
 from __future__ import annotations
@@ -25,12 +27,21 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from client.retry import RetryPolicy, is_transient, retry_async
+from client.retry import RetryPolicy, retry_async
 from consumer.logs import RateLimitedLog
 from consumer.options import ConsumerOptions
 from consumer.stats import Counters
 from equeue import control
-from equeue.errors import ClientClosed, EQueueError
+from equeue.errors import (
+    BadRequest,
+    CorruptRecord,
+    DelayTooLong,
+    EQueueError,
+    MessageNotFound,
+    MessageTooLarge,
+    QueueNotFound,
+    TopicNotFound,
+)
 from equeue.models import Message
 
 log = logging.getLogger("equeue.consumer")
@@ -42,9 +53,17 @@ __all__ = ["SEND_BACK_POLICY", "SendBack", "SendBackResult"]
 SEND_BACK_POLICY = RetryPolicy(attempts=6, timeout=10.0)
 
 
+#: refusals about the message itself, which trying again will not change; any other
+#: error (a full store, an internal error, a broker without SEND_BACK) is trouble of
+#: the broker's, and the message is kept (UNSENT) rather than dropped
+_MESSAGE_REFUSALS = (
+    MessageTooLarge, DelayTooLong, MessageNotFound, CorruptRecord, BadRequest, TopicNotFound, QueueNotFound,
+)  # fmt: skip
+
+
 def _permanent(err: EQueueError | None) -> bool:
-    """A refusal that trying again will not change (not transient, not a closed client)."""
-    return err is not None and not is_transient(err) and not isinstance(err, ClientClosed)
+    """A refusal of this message that trying again will not change."""
+    return isinstance(err, _MESSAGE_REFUSALS)
 
 
 class SendBackResult(enum.Enum):

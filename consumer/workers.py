@@ -17,9 +17,9 @@ from consumer.dispatch import Dispatcher
 from consumer.invoke import Invoke, SyncPlacement
 from consumer.options import ConsumerOptions
 from consumer.process import ProcessQueue
-from consumer.retry import retry_delay
 from consumer.sendback import SendBack, SendBackResult
 from consumer.stats import Counters
+from equeue.config import retry_delay
 from equeue.models import Message
 
 log = logging.getLogger("equeue.consumer")

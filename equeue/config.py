@@ -14,6 +14,7 @@ inverses), so a default round-trips exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TypeVar
@@ -43,6 +44,7 @@ __all__ = [
     "parse_size",
     "port_number",
     "positive",
+    "retry_delay",
     "to_enum",
 ]
 
@@ -90,6 +92,16 @@ def _number(attr: attrs.Attribute, value: object) -> float:  # type: ignore[type
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{attr.name} must be a number, got {value!r}")
     return value
+
+
+def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
+    """The delay before attempt ``reconsume_times + 1`` of a failed message: the
+    ``reconsume_times``-th of ``delays``, the last one repeating (none: 0). The one
+    reading of the retry ladder, for the consumer (seconds) and the broker's SEND_BACK
+    (milliseconds)."""
+    if not delays:
+        return 0
+    return delays[min(max(reconsume_times, 0), len(delays) - 1)]
 
 
 def positive(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]

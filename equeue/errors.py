@@ -18,7 +18,6 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── DelayTooLong
     │   ├── StoreFull
     │   ├── StoreError
-    │   │   └── DataDirLocked         another broker holds the data directory
     │   ├── CorruptRecord
     │   ├── MessageNotFound
     │   ├── NotQueueOwner
@@ -31,6 +30,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── ClientClosed                  you closed the client and then used it
     ├── OperationTimeout              a send/request did not finish in its time budget
     ├── BufferFull                    a producer's send buffer is full (on_full="raise")
+    ├── DataDirLocked                 another broker holds the data directory (at start)
     └── ConfigError                   invalid configuration or argument
 
 Expected outcomes (no new message, offset too small...) are *status values*, not
@@ -118,6 +118,11 @@ class EQueueError(Exception):
 
     #: whether retrying the same operation later may succeed
     transient: bool = False
+
+
+class DataDirLocked(EQueueError):
+    """Another broker holds the data directory (its lock file names the pid). Raised
+    when a store opens, never sent on the wire."""
 
 
 class ConfigError(EQueueError, ValueError):
@@ -223,8 +228,6 @@ class StoreError(BrokerError):
     code = ErrorCode.STORE_ERROR
 
 
-class DataDirLocked(StoreError):
-    """Another broker holds the data directory (its lock file names the pid)."""
 
 
 class CorruptRecord(BrokerError):

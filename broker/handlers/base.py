@@ -15,7 +15,7 @@ from broker.storage import CreateTopicOp, StoreReader, WriteOp
 from broker.thread_answer import ThreadWritable
 from equeue import control
 from equeue.config import BrokerConfig
-from equeue.errors import QueueNotFound, TopicNotFound
+from equeue.errors import BadRequest, QueueNotFound, TopicNotFound
 from equeue.names import is_internal, validate_topic
 
 log = logging.getLogger("equeue.handlers")
@@ -92,6 +92,18 @@ class Limits:
             cfg.auto_create_topics, cfg.default_queues, cfg.max_queues, cfg.max_message_bytes,
             int(cfg.max_delay * 1000), cfg.max_frame, cfg.max_pull_wait,
         )  # fmt: skip
+
+
+#: the largest offset (or id) the store's keys can hold
+U64_MAX = (1 << 64) - 1
+
+
+def check_offset(name: str, value: int) -> None:
+    """Raises BadRequest unless ``value`` fits the store's u64 keys (0 .. 2^64-1): a
+    negative or oversized offset from a client is a coded refusal, never an internal
+    error inside a read or a write transaction."""
+    if not 0 <= value <= U64_MAX:
+        raise BadRequest(f"{name} must be in 0..2^64-1, got {value}")
 
 
 def check_queue(info: control.TopicInfo, queue_id: int) -> None:

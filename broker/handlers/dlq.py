@@ -12,11 +12,18 @@ from __future__ import annotations
 import base64
 import time
 
-from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory, check_queue
+from broker.handlers.base import (
+    Limits,
+    RequestContext,
+    Submit,
+    TopicDirectory,
+    check_offset,
+    check_queue,
+)
 from broker.storage import ProduceOp, StoreReader
 from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue import control, wire
-from equeue.config import DEFAULTS
+from equeue.config import DEFAULTS, retry_delay
 from equeue.errors import BadRequest, MessageNotFound, TopicNotFound
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
@@ -30,17 +37,12 @@ from equeue.models import (
 from equeue.names import dlq_topic, retry_topic, validate_group
 from equeue.protocol import PullStatus
 
-__all__ = ["DeadLetterHandlers", "retry_delay_ms"]
+__all__ = ["DeadLetterHandlers"]
 
 #: the default delay ladder (ms), when a SEND_BACK names none
 DEFAULT_DELAYS_MS = tuple(int(d * 1000) for d in DEFAULTS.retry_delays)
 #: most letters per DLQ_LIST page, and per DLQ_RESEND transaction
 MAX_PAGE = 1000
-
-
-def retry_delay_ms(delays_ms: tuple[int, ...] | list[int], reconsume_times: int) -> int:
-    """The delay before attempt ``reconsume_times + 1`` (the last delay repeats)."""
-    return delays_ms[min(reconsume_times, len(delays_ms) - 1)] if delays_ms else 0
 
 
 def _int(value: str | None, default: int) -> int:
@@ -76,6 +78,7 @@ class DeadLetterHandlers:
             raise BadRequest("reconsume_times, max_reconsume_times and retry delays must be >= 0")
         info = await self._topics.require(req.topic)
         check_queue(info, req.queue_id)
+        check_offset("queue_offset", req.queue_offset)
         found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset)
         if found is None:
             raise MessageNotFound(f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset}")
@@ -94,7 +97,7 @@ class DeadLetterHandlers:
         else:
             delays = req.retry_delays_ms or DEFAULT_DELAYS_MS
             target = retry_topic(req.group)
-            deliver_at = time.time_ns() // 1_000_000 + retry_delay_ms(delays, rc)
+            deliver_at = time.time_ns() // 1_000_000 + int(retry_delay(delays, rc))
             copy = Message(msg.body, msg.key, msg.tags, props, deliver_at=deliver_at, reconsume_times=rc + 1)
         dest = await self._topics.require(target, auto_create=True)
         qid = _int(props.get(PROP_ORIGIN_QUEUE), 0) % dest.queues
@@ -138,6 +141,7 @@ class DeadLetterHandlers:
         if info is None:
             return control.DlqPage([], 0, 0, True)  # no dead letters yet
         limit = max(1, min(req.limit, MAX_PAGE))
+        check_offset("offset", max(0, req.offset))
         msgs, nq, noff, done = self._page(info, req.queue_id, req.offset, limit)
         resent: set[int] = await self._submit(ResentMarksOp(req.group, [m.global_offset for m in msgs]))
         return control.DlqPage([_letter(m, m.global_offset in resent) for m in msgs], nq, noff, done)
@@ -153,7 +157,8 @@ class DeadLetterHandlers:
         if req.ids:
             msgs = []
             for i in dict.fromkeys(req.ids):
-                rec = self._store.get_global(i) if i >= 0 else None
+                check_offset("letter id", i)
+                rec = self._store.get_global(i)
                 if rec is None or wire.record_header(rec, verify=False).topic_id != info.topic_id:
                     raise MessageNotFound(f"no dead letter {i} in {info.name} (see: equeue dlq list {req.group})")
                 msgs.append(wire.decode_record(info.name, i, rec))

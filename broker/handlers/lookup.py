@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_queue
+from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset, check_queue
 from broker.storage import StoreReader
 from equeue import control, wire
 from equeue.errors import MessageNotFound
@@ -19,6 +19,7 @@ class LookupHandlers:
     async def get_message(self, req: control.GetMessage, ctx: RequestContext) -> Parts:
         store = self._store
         if req.global_offset >= 0:
+            check_offset("global_offset", req.global_offset)
             rec = store.get_global(req.global_offset)
             if rec is None:
                 raise MessageNotFound(
@@ -34,6 +35,7 @@ class LookupHandlers:
         else:
             info = await self._topics.require(req.topic)
             check_queue(info, req.queue_id)
+            check_offset("queue_offset", req.queue_offset)
             found = store.get_queue_offset(info, req.queue_id, req.queue_offset)
             if found is None:
                 qs = store.queue_state(info.topic_id, req.queue_id)

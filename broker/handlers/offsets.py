@@ -4,10 +4,10 @@ query, reset)."""
 from __future__ import annotations
 
 from broker.groups import GroupRegistry
-from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_queue
+from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset, check_queue
 from broker.storage import CommitOffsetOp, StoreReader
 from equeue import control
-from equeue.errors import BadRequest, GroupHasMembers, NotQueueOwner
+from equeue.errors import GroupHasMembers, NotQueueOwner
 from equeue.names import validate_group
 
 __all__ = ["OffsetHandlers"]
@@ -51,8 +51,7 @@ class OffsetHandlers:
             raise NotQueueOwner(
                 f"consumer {req.consumer_id} does not hold {req.topic}/{req.queue_id} in group {req.group}"
             )
-        if req.offset < 0:
-            raise BadRequest("offset must be >= 0")
+        check_offset("offset", req.offset)
         await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset))
 
     async def query_offset(

@@ -12,7 +12,7 @@ Where each concept lives:
   producer dedup), :mod:`~broker.storage.topics`, :mod:`~broker.storage.offsets`,
   :mod:`~broker.storage.schedule` (delayed messages),
   :mod:`~broker.storage.retention`, :mod:`~broker.storage.producers` (producer-state
-  expiry).
+  expiry), :mod:`~broker.storage.deadletters` (resend each dead letter once).
 
 docs/storage.md describes the layout, the write path and the thread contract.
 """

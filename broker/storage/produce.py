@@ -55,7 +55,8 @@ class ProduceOp(WriteOp):
 
     def apply(self, w: WriteContext) -> wire.ProduceResponse:
         t = self.topic
-        if w.topic(t.name) is None:
+        now = w.topic(t.name)
+        if now is None or now.topic_id != t.topic_id:  # deleted (and maybe created again)
             raise TopicNotFound(f"topic {t.name!r} was deleted")
         if not 0 <= self.queue_id < t.queues:
             raise QueueNotFound(f"topic {t.name!r} has {t.queues} queues; no queue {self.queue_id}")

@@ -102,3 +102,23 @@ def test_cli_message_get_and_find(embedded_broker: EmbeddedBroker) -> None:
     assert code == 1 and "either --queue" in err
     code, _, err = _cli("message", "get", "orders", "--queue", "1", "--offset", "0", "-g", "3", "-b", addr)
     assert code == 1
+
+
+@pytest.mark.parametrize("offset", [-5, 2**64, 2**70])
+async def test_an_offset_outside_u64_is_a_bad_request_not_an_internal_error(broker: Broker, offset: int) -> None:
+    """Negative or oversized offsets (GET_MESSAGE, COMMIT_OFFSET) are coded refusals;
+    an oversized commit never aborts the transaction of other clients' writes."""
+    from equeue.errors import BadRequest
+
+    with trio.fail_after(10):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("t", 1)
+            with pytest.raises(BadRequest, match=r"0\.\.2\^64-1"):
+                await c.get_message("t", 0, offset)
+            if offset > 0:
+                with pytest.raises(BadRequest, match=r"0\.\.2\^64-1"):
+                    await c.get_message(global_offset=offset)
+            with pytest.raises(BadRequest, match=r"0\.\.2\^64-1"):
+                await c.commit_offset("g", "t", 0, offset)
+            ans = await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"still fine"))]))
+            assert ans.stored == 1

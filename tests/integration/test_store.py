@@ -326,3 +326,22 @@ def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
     store.close()
     assert problems == []
     assert seen
+
+
+def test_a_produce_built_before_a_delete_and_recreate_is_refused(tmp_path: Path) -> None:
+    """A produce checked against topic ``t`` must not land in a new topic of the same
+    name created meanwhile (the records would carry the old id: acknowledged, then lost)."""
+    from broker.storage import DeleteTopicOp
+    from equeue.errors import TopicNotFound
+
+    store = Store(tmp_path)
+    try:
+        old = make_topic(store, "t", 1)
+        store.write([DeleteTopicOp("t")])
+        new = make_topic(store, "t", 1)
+        assert new.topic_id != old.topic_id
+        (result,) = store.write([ProduceOp(old, 0, entries(3))]).settled()
+        assert isinstance(result, TopicNotFound)
+        assert store.queue_state(new.topic_id, 0).next_offset == 0
+    finally:
+        store.close()
