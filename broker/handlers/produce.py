@@ -9,7 +9,13 @@ from broker.handlers.base import Closing, Limits, OpQueue, Parts, RequestContext
 from broker.stats import Counters
 from broker.storage import ProduceOp
 from equeue import wire
-from equeue.errors import BadRequest, BrokerShuttingDown, QueueNotFound, TopicNotFound
+from equeue.errors import (
+    BadRequest,
+    BrokerShuttingDown,
+    QueueNotFound,
+    ReservedTopic,
+    TopicNotFound,
+)
 
 __all__ = ["ProduceHandler"]
 
@@ -45,6 +51,11 @@ class ProduceHandler:
         req = wire.ProduceRequest.decode(payload)
         if self._closing.closing:
             raise BrokerShuttingDown("the broker is shutting down")
+        if req.topic[:1] == "%":  # internal topics are written by the broker only
+            raise ReservedTopic(
+                f"{req.topic!r} is an internal topic: only the broker writes it "
+                "(retries go through SEND_BACK, resends through DLQ_RESEND)"
+            )
         info = self._topics.get(req.topic)
         if info is None:
             return None

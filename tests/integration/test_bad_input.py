@@ -283,3 +283,21 @@ async def test_connection_reset_by_peer(broker: Broker, served: Callable[[], Awa
         s.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.socket.close()  # RST
     await served()
+
+
+async def test_no_client_produces_into_an_internal_topic(broker: Broker, served: Callable[[], Awaitable[None]]) -> None:
+    """Issue 13, defect 6: forged entries into %RETRY%/%DLQ% topics are refused, and a
+    produce never auto-creates one (the broker writes them itself: SEND_BACK, DLQ_RESEND)."""
+    with trio.fail_after(10):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("t", 1)
+            await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"x"))]))
+            await c.send_back("g", "t", 0, 0, 0, 16, [60_000])  # the broker creates %RETRY%g
+            for name in ("%RETRY%g", "%DLQ%junk-1"):
+                with pytest.raises(ReservedTopic, match="only the broker writes it"):
+                    await c.produce(wire.ProduceRequest(name, 0, [wire.encode_entry(Message(b"forged"))]))
+            names = {t.name for t in await c.list_topics(include_internal=True)}
+            assert "%RETRY%g" in names and "%DLQ%junk-1" not in names
+            retry = await c.describe_topic("%RETRY%g")
+            assert sum(q.count for q in retry.queues) + retry.pending_delayed == 1  # only the broker's copy
+    await served()
