@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any
 
 import trio
@@ -32,6 +33,7 @@ from equeue.codec import (
     encode_response,
 )
 from equeue.errors import EQueueError, ErrorCode, ProtocolError, RemoteProtocolError
+from equeue.logs import RateLimitedLog
 from equeue.protocol import PushCode, RequestCode
 
 log = logging.getLogger("equeue.broker")
@@ -220,14 +222,20 @@ class ServerConnection:
             self._inflight.exit()
 
 
+_internal_errors = RateLimitedLog(log, 10.0, time.monotonic)
+
+
 def _error_answer(exc: Exception, request_id: int, req_code: int) -> tuple[int, list[bytes]]:
     if isinstance(exc, EQueueError):
         code = getattr(exc, "code", ErrorCode.INTERNAL_ERROR)
         if code == ErrorCode.PROTOCOL_ERROR:
             code = ErrorCode.BAD_REQUEST  # a malformed payload: the framing is fine
         return code, [str(exc).encode()]
-    # a bug: answer, log, keep serving
-    log.error("request %d (code %d) failed", request_id, req_code, exc_info=exc)
+    # a bug: answer, log (a client can repeat the request: one traceback per request
+    # code per 10 s, with a count of the ones left out), keep serving
+    _internal_errors.log(
+        logging.ERROR, f"code {req_code}", "request %d (code %d) failed", request_id, req_code, exc_info=exc
+    )
     return ErrorCode.INTERNAL_ERROR, [f"internal error: {exc!r}".encode()]
 
 

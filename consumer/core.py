@@ -36,7 +36,6 @@ from consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from consumer.commit import Committer
 from consumer.dispatch import Dispatcher, Item
 from consumer.invoke import Handler, make_invoker
-from consumer.logs import RateLimitedLog
 from consumer.options import ConsumeMode, ConsumerOptions, StartFrom
 from consumer.pull import LOG_INTERVAL, PullLoop
 from consumer.rebalance import Coordinator
@@ -44,6 +43,7 @@ from consumer.sendback import SendBack
 from consumer.stats import ConsumerStatistics, Counters
 from consumer.workers import Workers
 from equeue.errors import ConfigError, EQueueError
+from equeue.logs import RateLimitedLog
 from equeue.models import Message
 from equeue.names import validate_group, validate_topic
 from equeue.protocol import PushCode

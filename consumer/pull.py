@@ -16,12 +16,12 @@ import attrs
 import trio
 
 from client.retry import DEFAULT_POLICY
-from consumer.logs import RateLimitedLog
 from consumer.options import ConsumerOptions
 from consumer.process import ProcessQueue
 from consumer.stats import Counters
 from equeue import wire
 from equeue.errors import CorruptRecord, EQueueError, NotQueueOwner, QueueNotFound, TopicNotFound
+from equeue.logs import RateLimitedLog
 from equeue.models import Message
 from equeue.protocol import PullStatus, RequestCode
 

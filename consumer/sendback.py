@@ -28,7 +28,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from client.retry import RetryPolicy, retry_async
-from consumer.logs import RateLimitedLog
 from consumer.options import ConsumerOptions
 from consumer.stats import Counters
 from equeue import control
@@ -42,6 +41,7 @@ from equeue.errors import (
     QueueNotFound,
     TopicNotFound,
 )
+from equeue.logs import RateLimitedLog
 from equeue.models import Message
 
 log = logging.getLogger("equeue.consumer")

@@ -3,6 +3,7 @@ well-behaved client at the same time (the broker lives on)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import struct
@@ -301,3 +302,25 @@ async def test_no_client_produces_into_an_internal_topic(broker: Broker, served:
             retry = await c.describe_topic("%RETRY%g")
             assert sum(q.count for q in retry.queues) + retry.pending_delayed == 1  # only the broker's copy
     await served()
+
+
+async def test_internal_error_tracebacks_are_rate_limited(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 13, defect 8: a request a client can repeat must not log a traceback each
+    time. A broker bug (simulated: the statistics snapshot raises) is answered
+    INTERNAL_ERROR every time, and logged with its traceback once per 10 s."""
+    from equeue.errors import InternalBrokerError
+
+    def broken() -> None:
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(broker.handlers, "_statistics", broken)
+    with trio.fail_after(10), caplog.at_level(logging.ERROR, logger="equeue.broker"):
+        async with AsyncClient(broker.address) as c:
+            for _ in range(20):
+                with pytest.raises(InternalBrokerError, match="simulated bug"):
+                    await c.stats()
+            tracebacks = [r for r in caplog.records if r.exc_info and "failed" in r.getMessage()]
+            assert len(tracebacks) == 1
+            await c.create_topic("still-serving", 1)

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from consumer.logs import RateLimitedLog
+from equeue.logs import RateLimitedLog
 
 
 def test_rate_limited_log_counts_what_it_suppresses(caplog: pytest.LogCaptureFixture) -> None:

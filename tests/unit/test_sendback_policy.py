@@ -11,12 +11,12 @@ import pytest
 import trio
 
 from client.retry import RetryPolicy
-from consumer.logs import RateLimitedLog
 from consumer.options import ConsumerOptions
 from consumer.sendback import SendBack, SendBackResult
 from consumer.stats import Counters
 from equeue import control
 from equeue.errors import EQueueError, InternalBrokerError, MessageTooLarge, StoreFull
+from equeue.logs import RateLimitedLog
 from equeue.models import Message
 
 NO_WAIT = RetryPolicy(attempts=2, timeout=None, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0)

@@ -1,5 +1,6 @@
-"""Rate-limited logging for what a broker or a producer can trigger again and again
-(a record that keeps failing, a message the broker keeps refusing)."""
+"""Rate-limited logging for what a peer can trigger again and again: a record that
+keeps failing or a message the broker keeps refusing (the consumer), a client whose
+requests keep failing inside the broker (the broker's internal-error tracebacks)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def log(self, level: int, key: str, msg: str, *args: object) -> None:
+    def log(
+        self, level: int, key: str, msg: str, *args: object, exc_info: BaseException | None = None
+    ) -> None:
+        """Log ``msg % args`` (with ``exc_info``'s traceback) unless ``key`` was logged
+        less than ``interval`` seconds ago; then only count it."""
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:
@@ -34,4 +39,4 @@ class RateLimitedLog:
         if n:
             msg += " (%d more like it in the last %.0f s)"
             args = (*args, n, self.interval)
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
