@@ -38,6 +38,7 @@ from equeue.errors import (
 )
 from equeue.models import PullResult
 from equeue.protocol import RequestCode
+from equeue.security import ClientSecurity
 
 log = logging.getLogger("equeue.client")
 
@@ -56,8 +57,11 @@ class AsyncClient:
         *,
         connect_timeout: float = 5.0,
         on_push: PushHandler | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.brokers = parse_brokers(brokers)
+        #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
+        self.security = ClientSecurity.from_env() if security is None else security
         self.connect_timeout = connect_timeout
         self.on_push = on_push
         self._ids = itertools.count(1)

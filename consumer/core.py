@@ -102,7 +102,9 @@ class AsyncConsumer:
         self.consumer_id = o.consumer_id or (
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         )
-        self.client = AsyncClient(brokers, connect_timeout=o.connect_timeout, on_push=self._on_push)
+        self.client = AsyncClient(
+            brokers, connect_timeout=o.connect_timeout, on_push=self._on_push, security=o.security
+        )
         self.closing = False
         self._closed = trio.Event()
         self._consuming = False

@@ -17,6 +17,7 @@ import attrs
 from equeue.allocation import get_strategy
 from equeue.config import DEFAULTS, StartFrom, positive, to_enum
 from equeue.errors import ConfigError
+from equeue.security import ClientSecurity
 
 __all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
 
@@ -110,6 +111,9 @@ class ConsumerOptions:
     #: check record checksums in the consumer instead of the broker (which then skips
     #: its check on read: the pull says PULL_CLIENT_VERIFIES)
     verify_checksums: bool = False
+    #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
+    #: :mod:`equeue.security`)
+    security: ClientSecurity | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.max_reconsume_times < 0:

@@ -65,7 +65,7 @@ class AsyncProducer:
         self.brokers = brokers
         self.options = options
         self.producer_id = options.producer_id or new_producer_id()
-        self.client = AsyncClient(brokers, connect_timeout=options.connect_timeout)
+        self.client = AsyncClient(brokers, connect_timeout=options.connect_timeout, security=options.security)
         self._buffer = Buffer(options.max_buffered_bytes, options.on_full)
         #: guards lanes' open/sendq/pending and the buffer count (submitting threads)
         self.lock = self._buffer.lock

@@ -18,6 +18,7 @@ import attrs
 from client.retry import RetryPolicy
 from equeue.errors import ConfigError
 from equeue.models import Message
+from equeue.security import ClientSecurity
 
 __all__ = ["OnFull", "ProducerOptions", "QueueSelector", "new_producer_id"]
 
@@ -132,6 +133,9 @@ class ProducerOptions:
     #: then fail too, instead of going on under a fresh id): for writers that replay
     #: the same batches under the same id, such as the Spark sink
     stable_id: bool = False
+    #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
+    #: :mod:`equeue.security`)
+    security: ClientSecurity | None = None
 
     @max_buffered_bytes.validator
     def _check_buffered(self, attr: attrs.Attribute[int], value: int) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from client.sync import Client
 from equeue.errors import ConfigError, EQueueError
+from equeue.security import ClientSecurity
 
 __all__ = [
     "DataLossError",
@@ -36,28 +37,30 @@ class DataLossError(EQueueError):
     Raised only with ``failOnDataLoss=true`` (the default)."""
 
 
-_clients: dict[tuple[int, str], Client] = {}
+_clients: dict[tuple[int, str, ClientSecurity | None], Client] = {}
 _clients_lock = threading.Lock()
 
 
-def client_for(brokers: str) -> Client:
-    """A blocking client for ``brokers``, shared by every call in this process.
+def client_for(brokers: str, security: ClientSecurity | None = None) -> Client:
+    """A blocking client for ``brokers``, shared by every call in this process with
+    the same ``security`` (TLS settings and credentials, see
+    :meth:`ClientSecurity.from_options`).
 
     Spark reuses Python workers across tasks, so one connection serves many
     partitions. The client is fork-aware; a forked child gets its own.
     """
-    key = (os.getpid(), brokers)
+    key = (os.getpid(), brokers, security)
     with _clients_lock:
         c = _clients.get(key)
         if c is None:
-            c = _clients[key] = Client(brokers)
+            c = _clients[key] = Client(brokers, security=security)
         return c
 
 
 @atexit.register
 def _close_all() -> None:
     with _clients_lock:
-        items = [c for (pid, _), c in _clients.items() if pid == os.getpid()]
+        items = [c for (pid, _, _), c in _clients.items() if pid == os.getpid()]
         _clients.clear()
     for c in items:
         try:
