@@ -32,7 +32,7 @@ from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
 from broker.output import Output, Staging
 from broker.stats import Counters, Statistics
-from broker.storage import Store, WriteOutcome
+from broker.storage import ScanBudget, Store, WriteOutcome
 from broker.thread_answer import answer_parked_pulls
 from equeue import control
 from equeue.config import BrokerConfig
@@ -79,6 +79,7 @@ class Broker:
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
+        self.store.scan_budget = ScanBudget(cfg.scan_records, cfg.scan_time)
         self.appender = Appender(
             self.store,
             on_commit=self._on_commit,

@@ -424,8 +424,12 @@ class AsyncClient:
         )
         return wire.decode_pull_response(topic, payload)
 
-    async def find_by_key(self, topic: str, key: str, limit: int = 32) -> PullResult:
-        payload = await self.request(RequestCode.FIND_BY_KEY, control.encode(control.FindByKey(topic, key, limit)))
+    async def find_by_key(self, topic: str, key: str, limit: int = 32, before: int = -1) -> PullResult:
+        """Messages of ``topic`` with ``key``, newest first, below global offset
+        ``before`` (-1: all). The broker bounds the walk: a non-zero ``next_offset``
+        in the result means it stopped early; pass it as ``before`` to go on."""
+        req = control.FindByKey(topic, key, limit, before)
+        payload = await self.request(RequestCode.FIND_BY_KEY, control.encode(req))
         return wire.decode_pull_response(topic, payload)
 
     # ------------------------------------------------------------------ retry / dead letters

@@ -152,8 +152,8 @@ class PullLoop:
                     # picks in that batch. The pull would park at the broker anyway.
                     await trio.lowlevel.checkpoint()
                     await trio.lowlevel.checkpoint()
-            elif status is PullStatus.NO_NEW_MESSAGE:
-                q.window.advance(nxt)
+            elif status is PullStatus.NO_NEW_MESSAGE or status is PullStatus.NO_MATCHED_MSG:
+                q.window.advance(nxt)  # past what a tag filter skipped; NO_MATCHED_MSG: scan on
             elif status is PullStatus.OFFSET_TOO_SMALL:
                 log.warning(
                     "queue %s: offset %d is below the lowest retained offset %d (messages lost "

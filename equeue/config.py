@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import Final, TypeVar
 
 import attrs
 
@@ -29,6 +29,8 @@ __all__ = [
     "DEFAULT_ADDRESS",
     "DEFAULT_HOST",
     "DEFAULT_PORT",
+    "DEFAULT_SCAN_RECORDS",
+    "DEFAULT_SCAN_TIME",
     "BrokerConfig",
     "ConsumerDefaults",
     "FlushPolicy",
@@ -154,6 +156,11 @@ def _flush_policy(value: object) -> FlushPolicy:
     return to_enum(FlushPolicy, "flush", value)
 
 
+#: the per-request scan budget of tag-filtered pulls and key lookups (records, seconds)
+DEFAULT_SCAN_RECORDS: Final = 2048
+DEFAULT_SCAN_TIME: Final = 0.002
+
+
 @attrs.frozen
 class BrokerConfig:
     """Everything a broker needs to start, validated here (ConfigError) and nowhere
@@ -197,6 +204,11 @@ class BrokerConfig:
     producer_state_ttl: float = attrs.field(default=7 * 86400.0, validator=positive)
     #: shutdown: how long in-flight commits may take before the store closes
     shutdown_grace: float = attrs.field(default=5.0, validator=non_negative)
+    #: scan budget of one tag-filtered pull or key lookup: records (or key-index
+    #: candidates) examined, and seconds of scanning; whichever runs out first ends
+    #: the scan, and the answer says where to resume (docs/operations.md)
+    scan_records: int = attrs.field(default=DEFAULT_SCAN_RECORDS, validator=positive)
+    scan_time: float = attrs.field(default=DEFAULT_SCAN_TIME, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:

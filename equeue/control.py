@@ -360,6 +360,9 @@ class FindByKey:
     topic: str
     key: str
     limit: int = 32
+    #: only messages at global offsets below this (-1: all); a truncated answer's
+    #: ``next_offset`` is where to go on
+    before: int = -1
 
 
 # ----------------------------------------------------------------------------- retry / dead letters

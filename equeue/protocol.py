@@ -64,3 +64,6 @@ class PullStatus(enum.IntEnum):
     OFFSET_TOO_SMALL = 2
     #: the offset is past the next offset to be written; see ``max_offset``
     OFFSET_OVERFLOW = 3
+    #: a tag-filtered scan used its budget without a match (RocketMQ's NO_MATCHED_MSG):
+    #: pull again at once from ``next_offset``, where the scan stopped
+    NO_MATCHED_MSG = 4

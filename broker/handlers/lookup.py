@@ -48,8 +48,15 @@ class LookupHandlers:
         return wire.encode_pull_response(PullStatus.FOUND, 0, 0, 0, [hit])
 
     async def find_by_key(self, req: control.FindByKey, ctx: RequestContext) -> Parts:
+        """Messages with the key, newest first. The hash-index walk is bounded by the
+        store's scan budget (crc32-colliding keys share the walk): when it runs out,
+        the answer's ``next_offset`` is the global offset below which candidates were
+        not examined (FindByKey's ``before`` resumes there), and with no hit at all
+        the status is NO_MATCHED_MSG. ``next_offset`` 0: the walk was complete."""
         info = await self._topics.require(req.topic)
-        hits = self._store.find_by_key(info, req.key, max(1, min(req.limit, 1000)))
-        return wire.encode_pull_response(
-            PullStatus.FOUND if hits else PullStatus.NO_NEW_MESSAGE, 0, 0, 0, hits
-        )
+        found = self._store.find_by_key(info, req.key, max(1, min(req.limit, 1000)), req.before)
+        if found.hits:
+            status = PullStatus.FOUND
+        else:
+            status = PullStatus.NO_MATCHED_MSG if found.resume_before else PullStatus.NO_NEW_MESSAGE
+        return wire.encode_pull_response(status, 0, 0, found.resume_before, found.hits)

@@ -34,6 +34,11 @@ class PullHandler:
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:
         """Answer a pull; park it (long-poll) while there is nothing to return.
 
+        A tag-filtered read is bounded by the store's scan budget: when it runs out
+        with no match the answer is NO_MATCHED_MSG at once (never parked), with the
+        offset the scan reached, and the consumer pulls again from there. A parked
+        pull woken by a commit reads with the same budget.
+
         With a ``ctx.output`` (and a request id), the appender's writer thread may
         answer the parked pull itself right after the commit that fed it
         (:mod:`broker.thread_answer`); then this returns None and the caller sends
@@ -62,7 +67,7 @@ class PullHandler:
         r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify)
         offset = req.offset
         if r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset > offset:
-            offset = r.next_offset  # everything so far filtered out by tags
+            offset = r.next_offset  # everything up to the end filtered out by tags
         closing = self._closing
         if r.status is PullStatus.NO_NEW_MESSAGE and req.max_wait_ms > 0 and not closing.closing:
             answer = None

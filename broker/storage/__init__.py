@@ -20,7 +20,7 @@ docs/storage.md describes the layout, the write path and the thread contract.
 from broker.storage.offsets import CommitOffsetOp
 from broker.storage.produce import ProduceOp
 from broker.storage.producers import ExpireProducersOp
-from broker.storage.reader import ReadResult, StoreReader
+from broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
 from broker.storage.retention import RetentionOp
 from broker.storage.schedule import MoveDueOp
 from broker.storage.store import Store
@@ -34,11 +34,13 @@ __all__ = [
     "CreateTopicOp",
     "DeleteTopicOp",
     "ExpireProducersOp",
+    "KeyHits",
     "MoveDueOp",
     "ProduceOp",
     "QueueState",
     "ReadResult",
     "RetentionOp",
+    "ScanBudget",
     "Store",
     "StoreReader",
     "StoreView",

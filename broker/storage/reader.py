@@ -8,6 +8,7 @@ committed snapshot.
 
 from __future__ import annotations
 
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
@@ -20,6 +21,7 @@ import lmdb
 from broker.storage import layout
 from broker.storage.view import QueueState, StoreView
 from equeue import control
+from equeue.config import DEFAULT_SCAN_RECORDS, DEFAULT_SCAN_TIME
 from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
@@ -27,6 +29,36 @@ from equeue.wire.records import record_entry_meta, record_header, record_timesta
 
 #: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
 _MIN_RUN = 64
+#: a scan looks at its clock once per this many records
+_CLOCK_EVERY = 64
+
+
+@attrs.frozen
+class ScanBudget:
+    """How much one request may scan before it answers with what it has: a
+    tag-filtered pull (records it skips) and a key lookup (hash-index candidates it
+    checks). Whichever runs out first ends the scan; the answer then says where the
+    scan stopped, and the next request resumes there. It keeps each such request
+    to a few milliseconds of the event loop (``--scan-records``, ``--scan-time``)."""
+
+    #: records (or key candidates) examined per request
+    records: int = DEFAULT_SCAN_RECORDS
+    #: seconds of scanning per request
+    seconds: float = DEFAULT_SCAN_TIME
+
+    def deadline(self) -> float:
+        """When a scan starting now must stop (``time.monotonic`` seconds)."""
+        return time.monotonic() + self.seconds
+
+
+@attrs.frozen
+class KeyHits:
+    """What a key lookup found, newest first, and whether its scan budget ran out
+    before it had looked at every candidate: then ``resume_before`` is the global
+    offset below which candidates were not examined (0 when the walk was complete)."""
+
+    hits: list[tuple[int, bytes]]
+    resume_before: int = 0
 
 
 @attrs.frozen
@@ -60,6 +92,9 @@ class StoreReader:
     #: wall-clock ms: store times and due times are measured on it
     clock: Callable[[], int]
     map_size: int
+    #: the per-request scan budget of tag-filtered pulls and key lookups (the broker
+    #: sets it from its configuration before serving)
+    scan_budget: ScanBudget = ScanBudget()
 
     # ------------------------------------------------------------------ committed state
     @property
@@ -144,9 +179,12 @@ class StoreReader:
         """Read up to ``max_messages`` records of a queue from ``offset``.
 
         ``verify=False`` skips the checksum recheck, for a client that verifies every
-        record itself. Returns a status (never raises for expected outcomes); raises
-        QueueNotFound, or CorruptRecord when the first record to return fails its
-        checksum.
+        record itself. With a ``tag_filter`` the scan examines at most
+        :attr:`scan_budget` records: when it runs out with no match the status is
+        NO_MATCHED_MSG and ``next_offset`` is where the scan stopped (the next pull
+        resumes there); with some matches, they are returned (FOUND). Returns a status
+        (never raises for expected outcomes); raises QueueNotFound, or CorruptRecord
+        when the first record to return fails its checksum.
         """
         if not 0 <= queue_id < info.queues:
             raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
@@ -180,6 +218,9 @@ class StoreReader:
                 return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, offset)
             prefix = layout.queue_key(info.topic_id, queue_id)
             scanned = 0
+            budget = self.scan_budget
+            deadline = budget.deadline()
+            exhausted = False
             for k, gk in cur:
                 if not k.startswith(prefix):
                     break
@@ -204,7 +245,10 @@ class StoreReader:
                     tags = record_entry_meta(rec).tags
                     if tags not in tag_filter:
                         nxt += 1
-                        if scanned >= max_messages * 16:
+                        if scanned >= budget.records or (
+                            not scanned % _CLOCK_EVERY and time.monotonic() >= deadline
+                        ):
+                            exhausted = True
                             break
                         continue
                 if recs and size + len(rec) > max_bytes:
@@ -215,7 +259,10 @@ class StoreReader:
                 nxt += 1
                 if len(recs) >= max_messages:
                     break
-        status = PullStatus.FOUND if recs else PullStatus.NO_NEW_MESSAGE
+        if recs:
+            status = PullStatus.FOUND
+        else:
+            status = PullStatus.NO_MATCHED_MSG if exhausted else PullStatus.NO_NEW_MESSAGE
         return ReadResult(status, gbes, recs, lo, max(hi, nxt), nxt)
 
     def _read_dense(
@@ -292,14 +339,25 @@ class StoreReader:
             rec = txn.get(gk, db=self.db[b"messages"])
             return (layout.global_of(gk), rec) if rec is not None else None
 
-    def find_by_key(self, info: control.TopicInfo, key: str, limit: int) -> list[tuple[int, bytes]]:
-        """Messages of ``info`` with ``key``, newest first (hash index + exact check)."""
+    def find_by_key(self, info: control.TopicInfo, key: str, limit: int, before: int = -1) -> KeyHits:
+        """Messages of ``info`` with ``key``, newest first (hash index + exact check),
+        at global offsets below ``before`` (-1: all).
+
+        Keys whose crc32 collide share the index prefix, so the walk checks at most
+        :attr:`scan_budget` candidates (records and time); when that runs out first,
+        ``KeyHits.resume_before`` says where it stopped (pass it as ``before`` to go on).
+        """
         kb = key.encode()
-        prefix = layout.key_hash_prefix(info.topic_id, key_hash(kb))
+        h = key_hash(kb)
+        prefix = layout.key_hash_prefix(info.topic_id, h)
         out: list[tuple[int, bytes]] = []
+        budget = self.scan_budget
+        deadline = budget.deadline()
+        examined = 0
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"kindex"])
-            if cur.set_range(prefix + b"\xff" * 8):
+            start = layout.kindex_key(info.topic_id, h, before) if 0 <= before < 1 << 64 else prefix + b"\xff" * 8
+            if cur.set_range(start):
                 ok = cur.prev()
             else:
                 ok = cur.last()
@@ -308,11 +366,16 @@ class StoreReader:
                 if not k.startswith(prefix):
                     break
                 g = layout.kindex_global(k)
+                if examined >= budget.records or (
+                    examined and not examined % _CLOCK_EVERY and time.monotonic() >= deadline
+                ):
+                    return KeyHits(out, g + 1)
+                examined += 1
                 rec = txn.get(layout.global_key(g), db=self.db[b"messages"])
                 if rec is not None and record_entry_meta(rec).key == kb:
                     out.append((g, rec))
                 ok = cur.prev()
-        return out
+        return KeyHits(out)
 
     def offset_for_time(self, info: control.TopicInfo, queue_id: int, ts_ms: int) -> int:
         """First queue offset stored at or after ``ts_ms`` (binary search on store time)."""

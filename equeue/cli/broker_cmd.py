@@ -57,6 +57,8 @@ def register(app: typer.Typer) -> None:
         retention_bytes: str = typer.Option(format_size(_D.retention_bytes or 0), help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
         delete_consumed: bool = typer.Option(_D.delete_consumed, help="Also delete messages every group committed past."),
         max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
+        scan_records: int = typer.Option(_D.scan_records, help="Records a tag-filtered pull or key lookup may scan per request."),
+        scan_time: str = typer.Option(format_duration_ms(int(_D.scan_time * 1000)), help="Time a tag-filtered pull or key lookup may scan per request (e.g. 5ms)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -74,6 +76,7 @@ def register(app: typer.Typer) -> None:
                 map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
+                scan_records=scan_records, scan_time=parse_duration_ms(scan_time) / 1000,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))

@@ -134,6 +134,8 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(32, "--limit", "-n", min=1, max=1000, help="Most messages to list."),
         force_hex: bool = typer.Option(False, "--hex", help="Print bodies as hex even if they are text."),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON list of full messages."),
+        before: int = typer.Option(-1, "--before", help="Only messages below this global offset (go on "
+                                   "after a search the broker cut short)."),
         broker: str = BROKER_OPTION,
     ) -> None:
         """List the messages of TOPIC with KEY, newest first (key index, no log scan).
@@ -141,8 +143,11 @@ def register(app: typer.Typer) -> None:
         Example: ``equeue message find orders --key user-42 --limit 10``.
         """
         with client(broker) as c:
-            res = c.find_by_key(topic, key, limit)
+            res = c.find_by_key(topic, key, limit, before)
         msgs = res.messages
+        if res.next_offset:
+            typer.echo(f"search cut short by the broker's scan budget (many keys share this key's hash); "
+                       f"go on with --before {res.next_offset}", err=True)  # fmt: skip
         if as_json:
             sys.stdout.write(json.dumps([message_dict(m, force_hex) for m in msgs]) + "\n")
             return

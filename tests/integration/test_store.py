@@ -71,7 +71,7 @@ def test_append_and_read(tmp_path: Path) -> None:
     g, rec = store.get_queue_offset(info, 2, 1) or (None, b"")
     assert g == 6 and wire.decode_record("t", 6, rec).body == b"x1"
     assert store.get_global(7) is not None and store.get_global(8) is None
-    found = store.find_by_key(info, "k1", 10)
+    found = store.find_by_key(info, "k1", 10).hits
     assert sorted(g for g, _ in found) == [1, 6]
     store.close()
 

@@ -45,6 +45,8 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "retention_bytes": ("retention_bytes", lambda t: parse_size(t) or None),
     "delete_consumed": ("delete_consumed", None),
     "max_message": ("max_message_bytes", parse_size),
+    "scan_records": ("scan_records", None),
+    "scan_time": ("scan_time", lambda t: parse_duration_ms(t) / 1000),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level"}
