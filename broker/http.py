@@ -4,25 +4,40 @@ format 0.0.4) and ``GET /stats`` (JSON of the broker's statistics).
 Started by :meth:`broker.server.Broker.serve` when ``BrokerConfig.http_port`` is not
 0. One request per connection (``Connection: close``); requests are capped at 8 KiB
 and 5 s, so a slow or hostile scraper cannot hold resources.
+
+``/metrics`` is bounded whatever the broker holds: by default it has the broker's
+series and per-topic totals (a few lines per topic; 200 topics x 1,024 queues used
+to be 48 MB of per-queue series and a second of the event loop per scrape).
+Per-queue series come only on request, ``?queues=1`` (every topic) or
+``?topic=NAME`` (repeatable), for at most ``metrics_queue_limit`` queues; the
+``equeue_metrics_queues_omitted`` gauge counts the queues left out. The text is
+rendered in a worker thread, one scrape at a time, from the store's published view
+(immutable: nothing the writer thread does changes it); only the statistics
+snapshot (the loop's counters) is taken on the loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qs
 
+import attrs
 import trio
 
-from broker.storage import StoreReader
+from broker.storage import StoreReader, StoreView
 from equeue import control
 
 log = logging.getLogger("equeue.http")
 
-__all__ = ["render_metrics", "serve_http"]
+__all__ = ["Metrics", "QueueSeries", "open_http_listeners", "render_metrics", "serve_http"]
 
 _MAX_REQUEST = 8192
+#: queues summed between two GIL releases of the render thread
+_YIELD_EVERY = 2048
 _REQUEST_TIMEOUT = 5.0
 
 #: (BrokerStats field, metric name, type, help)
@@ -53,9 +68,45 @@ def _label(value: str) -> str:
 Snapshot = Callable[[], control.BrokerStats]
 
 
-def render_metrics(statistics: Snapshot, store: StoreReader) -> str:
-    """The broker's metrics in the Prometheus text exposition format."""
-    s = statistics()
+#: per-topic totals: (metric name, type, help)
+_PER_TOPIC: tuple[tuple[str, str, str], ...] = (
+    ("equeue_topic_queues", "gauge", "Queues of the topic."),
+    ("equeue_topic_messages", "gauge", "Messages retained in the topic."),
+    ("equeue_topic_bytes", "gauge", "Bytes of records retained in the topic."),
+    ("equeue_topic_appended_total", "counter", "Messages ever appended to the topic (sum of its queues' max offsets)."),
+)
+_PER_QUEUE: tuple[tuple[str, str], ...] = (
+    ("equeue_queue_min_offset", "Lowest retained queue offset."),
+    ("equeue_queue_max_offset", "Next queue offset to be written."),
+    ("equeue_queue_messages", "Messages retained in the queue."),
+    ("equeue_queue_bytes", "Bytes of records retained in the queue."),
+)
+
+
+@attrs.frozen
+class QueueSeries:
+    """Which per-queue series a scrape asked for: ``every`` topic (``?queues=1``),
+    or the ``topics`` named (``?topic=``); none by default."""
+
+    every: bool = False
+    topics: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_query(cls, query: str) -> QueueSeries:
+        q = parse_qs(query)
+        return cls(q.get("queues", ["0"])[-1] in ("1", "true", "yes"), frozenset(q.get("topic", ())))
+
+    def wants(self, topic: str) -> bool:
+        return self.every or topic in self.topics
+
+
+def render_metrics(
+    s: control.BrokerStats, view: StoreView, series: QueueSeries | None = None, queue_limit: int = 10_000
+) -> str:
+    """The broker's metrics in the Prometheus text exposition format: the broker's
+    series from ``s``, per-topic totals, and the per-queue series ``series`` asks
+    for (at most ``queue_limit`` queues) from ``view``. Pure: any thread may run it."""
+    series = series or QueueSeries()
     out: list[str] = []
     for field, name, kind, text in _METRICS:
         out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {getattr(s, field)}"]
@@ -64,22 +115,68 @@ def render_metrics(statistics: Snapshot, store: StoreReader) -> str:
         "# TYPE equeue_info gauge",
         f'equeue_info{{version="{_label(s.version)}",flush="{_label(s.flush)}"}} 1',
     ]
-    per_queue = (
-        ("equeue_queue_min_offset", "Lowest retained queue offset."),
-        ("equeue_queue_max_offset", "Next queue offset to be written."),
-        ("equeue_queue_messages", "Messages retained in the queue."),
-        ("equeue_queue_bytes", "Bytes of records retained in the queue."),
-    )
-    rows: list[tuple[str, int, Any]] = []
-    for info in sorted(store.topics.values(), key=lambda t: t.name):
-        for q in range(info.queues):
-            rows.append((info.name, q, store.queue_state(info.topic_id, q)))
-    for i, (name, text) in enumerate(per_queue):
-        out += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
-        for topic, q, st in rows:
-            value = (st.min_offset, st.next_offset, st.next_offset - st.min_offset, st.bytes)[i]
-            out.append(f'{name}{{topic="{_label(topic)}",queue="{q}"}} {value}')
+    # one pass over the queues the view knows (a queue never written to has no entry);
+    # in a worker thread, let the GIL go now and then so the event loop never waits
+    # a whole switch interval for it
+    sums: dict[int, list[int]] = {}
+    for i, ((topic_id, _q), st) in enumerate(view.queues.items()):
+        if not i % _YIELD_EVERY:
+            time.sleep(0)
+        acc = sums.get(topic_id)
+        if acc is None:
+            acc = sums[topic_id] = [0, 0, 0]
+        acc[0] += st.next_offset - st.min_offset
+        acc[1] += st.bytes
+        acc[2] += st.next_offset
+    totals: list[tuple[str, tuple[int, int, int, int]]] = []
+    rows: list[tuple[str, int, int, int, int, int]] = []  # topic, queue, min, max, messages, bytes
+    omitted = 0
+    for info in sorted(view.topics.values(), key=lambda t: t.name):
+        retained, size, appended = sums.get(info.topic_id, (0, 0, 0))
+        totals.append((_label(info.name), (info.queues, retained, size, appended)))
+        if not series.wants(info.name):
+            continue
+        room = max(0, min(info.queues, queue_limit - len(rows)))
+        omitted += info.queues - room
+        time.sleep(0)
+        for q in range(room):
+            st = view.queue(info.topic_id, q)
+            rows.append((info.name, q, st.min_offset, st.next_offset, st.next_offset - st.min_offset, st.bytes))
+    for i, (name, kind, text) in enumerate(_PER_TOPIC):
+        out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        out += [f'{name}{{topic="{topic}"}} {values[i]}' for topic, values in totals]
+    out += [
+        "# HELP equeue_metrics_queues_omitted Queues whose per-queue series this scrape left out (over the limit).",
+        "# TYPE equeue_metrics_queues_omitted gauge",
+        f"equeue_metrics_queues_omitted {omitted}",
+    ]
+    if rows:
+        for i, (name, text) in enumerate(_PER_QUEUE):
+            out += [f"# HELP {name} {text}", f"# TYPE {name} gauge"]
+            out += [f'{name}{{topic="{_label(r[0])}",queue="{r[1]}"}} {r[2 + i]}' for r in rows]
     return "\n".join(out) + "\n"
+
+
+class Metrics:
+    """Renders ``/metrics`` off the loop, one scrape at a time: the statistics
+    snapshot is taken on the loop, the text rendered in a worker thread from the
+    store's immutable published view."""
+
+    def __init__(self, statistics: Snapshot, store: StoreReader, queue_limit: int) -> None:
+        self._statistics = statistics
+        self._store = store
+        self._queue_limit = queue_limit
+        self._limiter = trio.CapacityLimiter(1)
+
+    async def render(self, series: QueueSeries) -> bytes:
+        """The metrics text (UTF-8); waits for a scrape already rendering."""
+        async with self._limiter:
+            stats, view = self._statistics(), self._store.view
+            text = await trio.to_thread.run_sync(render_metrics, stats, view, series, self._queue_limit)
+        return text.encode()
+
+    def stats(self) -> control.BrokerStats:
+        return self._statistics()
 
 
 def _response(status: str, ctype: str, body: bytes) -> bytes:
@@ -90,7 +187,7 @@ def _response(status: str, ctype: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketStream) -> None:
+async def _handle(metrics: Metrics, stream: trio.SocketStream) -> None:
     try:
         buf = b""
         with trio.move_on_after(_REQUEST_TIMEOUT):
@@ -106,12 +203,12 @@ async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketS
         elif parts[0] not in ("GET", "HEAD"):
             reply = _response("405 Method Not Allowed", "text/plain", b"only GET\n")
         else:
-            path = parts[1].split("?", 1)[0]
+            path, _, query = parts[1].partition("?")
             if path == "/metrics":
-                body = render_metrics(statistics, store).encode()
+                body = await metrics.render(QueueSeries.from_query(query))
                 reply = _response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body)
             elif path == "/stats":
-                stats = control.converter.unstructure(statistics())
+                stats = control.converter.unstructure(metrics.stats())
                 reply = _response("200 OK", "application/json", json.dumps(stats, indent=1).encode() + b"\n")
             else:
                 reply = _response("404 Not Found", "text/plain", b"try /metrics or /stats\n")
@@ -127,16 +224,24 @@ async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketS
         await trio.aclose_forcefully(stream)
 
 
+async def open_http_listeners(host: str, port: int) -> list[trio.SocketListener]:
+    """The endpoint's listening sockets (one place, for a listener wrapper such as TLS)."""
+    return await trio.open_tcp_listeners(port, host=host)
+
+
 async def serve_http(
-    statistics: Snapshot, store: StoreReader, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    statistics: Snapshot, store: StoreReader, host: str, port: int, *, queue_limit: int = 10_000,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:  # fmt: skip
+    """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``.
+    ``queue_limit``: most queues with per-queue series in one scrape."""
+    listeners = await open_http_listeners(host, port)
     bound = listeners[0].socket.getsockname()[1]
     log.info("metrics on http://%s:%d/metrics", host, bound)
     task_status.started(bound)
+    metrics = Metrics(statistics, store, queue_limit)
 
     async def handler(stream: trio.SocketStream) -> None:
-        await _handle(statistics, store, stream)
+        await _handle(metrics, stream)
 
     await trio.serve_listeners(handler, listeners)

@@ -120,7 +120,7 @@ class Broker:
                         tasks.start_soon(self._flusher)
                     if cfg.http_port:
                         self.http_port = await tasks.start(
-                            serve_http,
+                            functools.partial(serve_http, queue_limit=cfg.metrics_queue_limit),
                             self._statistics.snapshot,
                             self.store,
                             cfg.host,

@@ -209,6 +209,9 @@ class BrokerConfig:
     #: the scan, and the answer says where to resume (docs/operations.md)
     scan_records: int = attrs.field(default=DEFAULT_SCAN_RECORDS, validator=positive)
     scan_time: float = attrs.field(default=DEFAULT_SCAN_TIME, validator=positive)
+    #: most queues whose per-queue series one /metrics scrape renders (asked for with
+    #: ``?queues=1`` or ``?topic=``); per-topic totals are always there
+    metrics_queue_limit: int = attrs.field(default=10_000, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:

@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
         max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
         scan_records: int = typer.Option(_D.scan_records, help="Records a tag-filtered pull or key lookup may scan per request."),
         scan_time: str = typer.Option(format_duration_ms(int(_D.scan_time * 1000)), help="Time a tag-filtered pull or key lookup may scan per request (e.g. 5ms)."),
+        metrics_queue_limit: int = typer.Option(_D.metrics_queue_limit, help="Most queues with per-queue series in one /metrics scrape."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -77,6 +78,7 @@ def register(app: typer.Typer) -> None:
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
                 scan_records=scan_records, scan_time=parse_duration_ms(scan_time) / 1000,
+                metrics_queue_limit=metrics_queue_limit,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))

@@ -14,6 +14,7 @@ the broker starts on the directory.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -242,4 +243,44 @@ async def test_find_by_key_with_colliding_keys_is_bounded(tmp_path: Path) -> Non
                 worst = await worst_healthy_latency(b.address, find)
             assert worst < HEALTHY_BOUND, (
                 f"healthy client's worst latency {worst * 1000:.1f} ms during key walks"
+            )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def http_get(port: int, path: str) -> bytes:
+    s = await trio.open_tcp_stream("127.0.0.1", port)
+    await s.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    chunks = []
+    while chunk := await s.receive_some(1 << 20):
+        chunks.append(chunk)
+    await s.aclose()
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return body
+
+
+async def test_metrics_of_many_queues_are_bounded(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    fill(data, lambda s: s.write([CreateTopicOp(f"t{i:03}", 1024) for i in range(200)]))
+    port = free_port()
+    with broker(data, "--http-port", str(port), "--metrics-queue-limit", "5000") as b:
+        async with AsyncClient(b.address):
+            body = await http_get(port, "/metrics")
+            assert len(body) < 200_000, f"/metrics is {len(body):,} bytes"
+            assert b'equeue_topic_queues{topic="t199"} 1024' in body
+            body = await http_get(port, "/metrics?queues=1")
+            assert b"equeue_metrics_queues_omitted 199801" in body and len(body) < 2_000_000
+
+            async def scrape() -> None:
+                await http_get(port, "/metrics")
+
+            with trio.fail_after(60):
+                worst = await worst_healthy_latency(b.address, scrape)
+            assert worst < HEALTHY_BOUND, (
+                f"healthy client's worst latency {worst * 1000:.1f} ms during scrapes"
             )

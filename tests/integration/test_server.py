@@ -206,8 +206,15 @@ async def test_http_metrics_and_stats(tmp_path: Path) -> None:
             }
             assert metrics["equeue_messages_in_total"] == 3
             assert metrics["equeue_messages_out_total"] == 3
-            assert metrics['equeue_queue_max_offset{topic="web",queue="1"}'] == 3
-            assert metrics['equeue_queue_messages{topic="web",queue="0"}'] == 0
+            # per-topic totals by default; per-queue series only on request
+            assert metrics['equeue_topic_messages{topic="web"}'] == 3
+            assert metrics['equeue_topic_queues{topic="web"}'] == 2
+            assert metrics["equeue_metrics_queues_omitted"] == 0
+            assert not any(k.startswith("equeue_queue_") for k in metrics)
+            for query in ("?queues=1", "?topic=web"):
+                text = (await http_get(b.http_port, "/metrics" + query))[2].decode()
+                assert 'equeue_queue_max_offset{topic="web",queue="1"} 3' in text
+                assert 'equeue_queue_messages{topic="web",queue="0"} 0' in text
             status, headers, body = await http_get(b.http_port, "/stats")
             assert status == 200 and headers["Content-Type"] == "application/json"
             stats = json.loads(body)

@@ -47,6 +47,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "max_message": ("max_message_bytes", parse_size),
     "scan_records": ("scan_records", None),
     "scan_time": ("scan_time", lambda t: parse_duration_ms(t) / 1000),
+    "metrics_queue_limit": ("metrics_queue_limit", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level"}
