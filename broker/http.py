@@ -33,11 +33,17 @@ from equeue import control
 
 log = logging.getLogger("equeue.http")
 
-__all__ = ["Metrics", "QueueSeries", "open_http_listeners", "render_metrics", "serve_http"]
+__all__ = [
+    "Metrics", "QueueSeries", "open_http_listeners", "render_broker", "render_metrics", "render_queues", "serve_http",
+]
 
 _MAX_REQUEST = 8192
 #: queues summed between two GIL releases of the render thread
 _YIELD_EVERY = 2048
+#: seconds a rendered set of topic and queue series is served again
+RENDER_INTERVAL = 1.0
+#: distinct /metrics queries whose series are kept for RENDER_INTERVAL
+CACHED_QUERIES = 8
 _REQUEST_TIMEOUT = 5.0
 
 #: (BrokerStats field, metric name, type, help)
@@ -104,9 +110,12 @@ def render_metrics(
     s: control.BrokerStats, view: StoreView, series: QueueSeries | None = None, queue_limit: int = 10_000
 ) -> str:
     """The broker's metrics in the Prometheus text exposition format: the broker's
-    series from ``s``, per-topic totals, and the per-queue series ``series`` asks
-    for (at most ``queue_limit`` queues) from ``view``. Pure: any thread may run it."""
-    series = series or QueueSeries()
+    series from ``s``, then :func:`render_queues`. Pure: any thread may run it."""
+    return render_broker(s) + render_queues(view, series, queue_limit)
+
+
+def render_broker(s: control.BrokerStats) -> str:
+    """The broker-wide series (cheap: a few dozen lines)."""
     out: list[str] = []
     for field, name, kind, text in _METRICS:
         out += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {getattr(s, field)}"]
@@ -115,6 +124,15 @@ def render_metrics(
         "# TYPE equeue_info gauge",
         f'equeue_info{{version="{_label(s.version)}",flush="{_label(s.flush)}"}} 1',
     ]
+    return "\n".join(out) + "\n"
+
+
+def render_queues(view: StoreView, series: QueueSeries | None = None, queue_limit: int = 10_000) -> str:
+    """Per-topic totals, and the per-queue series ``series`` asks for (at most
+    ``queue_limit`` queues), from ``view``: one pass over its queues. Pure: any
+    thread may run it (it lets the GIL go now and then)."""
+    series = series or QueueSeries()
+    out: list[str] = []
     # one pass over the queues the view knows (a queue never written to has no entry);
     # in a worker thread, let the GIL go now and then so the event loop never waits
     # a whole switch interval for it
@@ -158,21 +176,36 @@ def render_metrics(
 
 
 class Metrics:
-    """Renders ``/metrics`` off the loop, one scrape at a time: the statistics
-    snapshot is taken on the loop, the text rendered in a worker thread from the
-    store's immutable published view."""
+    """Renders ``/metrics`` off the loop, one scrape at a time: the broker's series
+    from a statistics snapshot taken on the loop, the topic and queue series in a
+    worker thread from the store's immutable published view.
+
+    The topic and queue part is reused for :data:`RENDER_INTERVAL` seconds (per
+    query, the last :data:`CACHED_QUERIES` of them), so scrapes back to back cost
+    one pass over the queues a second at most; the broker's series are always fresh.
+    """
 
     def __init__(self, statistics: Snapshot, store: StoreReader, queue_limit: int) -> None:
         self._statistics = statistics
         self._store = store
         self._queue_limit = queue_limit
         self._limiter = trio.CapacityLimiter(1)
+        #: query -> (trio time rendered, its topic and queue series)
+        self._recent: dict[QueueSeries, tuple[float, str]] = {}
 
     async def render(self, series: QueueSeries) -> bytes:
         """The metrics text (UTF-8); waits for a scrape already rendering."""
         async with self._limiter:
-            stats, view = self._statistics(), self._store.view
-            text = await trio.to_thread.run_sync(render_metrics, stats, view, series, self._queue_limit)
+            now = trio.current_time()
+            hit = self._recent.get(series)
+            if hit is None or now - hit[0] >= RENDER_INTERVAL:
+                view = self._store.view
+                queues = await trio.to_thread.run_sync(render_queues, view, series, self._queue_limit)
+                self._recent.pop(series, None)
+                self._recent[series] = hit = (now, queues)
+                while len(self._recent) > CACHED_QUERIES:
+                    del self._recent[next(iter(self._recent))]
+            text = render_broker(self._statistics()) + hit[1]
         return text.encode()
 
     def stats(self) -> control.BrokerStats:
