@@ -52,8 +52,11 @@ class LookupHandlers:
         store's scan budget (crc32-colliding keys share the walk): when it runs out,
         the answer's ``next_offset`` is the global offset below which candidates were
         not examined (FindByKey's ``before`` resumes there), and with no hit at all
-        the status is NO_MATCHED_MSG. ``next_offset`` 0: the walk was complete."""
+        the status is NO_MATCHED_MSG. ``next_offset`` 0: the walk was complete.
+        Raises BadRequest for a ``before`` outside -1 and 0..2^64-1."""
         info = await self._topics.require(req.topic)
+        if req.before != -1:
+            check_offset("before", req.before)
         found = self._store.find_by_key(info, req.key, max(1, min(req.limit, 1000)), req.before)
         if found.hits:
             status = PullStatus.FOUND

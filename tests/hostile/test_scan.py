@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import trio
 
 from broker.process import BrokerProcess
@@ -27,6 +28,7 @@ from broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store
 from consumer import AsyncConsumer
 from equeue import Message, wire
 from equeue.control import TopicInfo
+from equeue.errors import BadRequest
 from equeue.models import PullResult
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
@@ -230,6 +232,8 @@ async def test_find_by_key_with_colliding_keys_is_bounded(tmp_path: Path) -> Non
         async with AsyncClient(b.address) as c:
             r = await c.find_by_key("k", COLLIDER, 10)
             assert r.status is PullStatus.NO_MATCHED_MSG and r.messages == [] and r.next_offset > 1
+            with pytest.raises(BadRequest):
+                await c.find_by_key("k", COLLIDER, 10, 1 << 64)
             # resuming from the cut reaches further back each time
             r2 = await c.find_by_key("k", COLLIDER, 10, r.next_offset)
             assert 0 < r2.next_offset < r.next_offset or [m.body for m in r2.messages] == [
