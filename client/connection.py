@@ -448,3 +448,13 @@ class AsyncClient:
         """Send dead letters back to their origin topic, each at most once (a letter
         resent before is reported in ``already_resent``, not sent again)."""
         return await self.call(control.DlqResend(group, list(ids), all_letters), control.DlqResendAnswer)
+
+    # ------------------------------------------------------------------ corruption (admin)
+    async def skip_message(self, topic: str, queue_id: int, queue_offset: int) -> control.SkipAnswer:
+        """Make the broker stop serving the record at (topic, queue_id, queue_offset):
+        pulls step over it, so consumers stuck on a corrupt record move past it."""
+        return await self.call(control.SkipMessage(topic, queue_id, queue_offset), control.SkipAnswer)
+
+    async def list_skipped(self, topic: str) -> dict[int, list[int]]:
+        """The skipped queue offsets of ``topic``, by queue id."""
+        return (await self.call(control.ListSkipped(topic), control.SkippedAnswer)).skipped

@@ -459,6 +459,45 @@ class DlqResendAnswer:
     failed: dict[int, str] = attrs.Factory(dict)
 
 
+# ----------------------------------------------------------------------------- corruption
+@attrs.frozen
+class SkipMessage:
+    """Admin: stop serving the record at (``topic``, ``queue_id``, ``queue_offset``)
+    -- a corrupt record consumers cannot get past. The broker writes a skip marker;
+    pulls then step over that offset (consumers move past it) and GET_MESSAGE answers
+    MESSAGE_NOT_FOUND for it. The record itself stays on disk. Idempotent."""
+
+    CODE: ClassVar = RequestCode.SKIP_MESSAGE
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+@attrs.frozen
+class SkipAnswer:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    #: an earlier request had skipped it already (nothing done)
+    already_skipped: bool
+    #: what is wrong with the record ("" when it reads intact: skipped all the same)
+    problem: str = ""
+
+
+@attrs.frozen
+class ListSkipped:
+    """The queue offsets of ``topic`` that an operator skipped (SKIP_MESSAGE)."""
+
+    CODE: ClassVar = RequestCode.LIST_SKIPPED
+    topic: str
+
+
+@attrs.frozen
+class SkippedAnswer:
+    #: queue id -> its skipped queue offsets, ascending
+    skipped: dict[int, list[int]]
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.CODE: cls
     for cls in (
@@ -484,5 +523,7 @@ REQUEST_TYPES: dict[int, type] = {
         SendBack,
         DlqList,
         DlqResend,
+        SkipMessage,
+        ListSkipped,
     )
 }
