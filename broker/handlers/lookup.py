@@ -3,18 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset, check_queue
 from broker.storage import StoreReader
+from broker.storage.reader import corrupt_log
 from equeue import control, wire
 from equeue.errors import CorruptRecord, MessageNotFound
-from equeue.logs import RateLimitedLog
 from equeue.protocol import PullStatus
-
-log = logging.getLogger("equeue.broker")
-#: a client can ask for a corrupt record again and again: one line per queue per 60 s
-_corrupt_log = RateLimitedLog(log, 60.0, time.monotonic)
 
 __all__ = ["LookupHandlers"]
 
@@ -34,26 +29,22 @@ class LookupHandlers:
         rate-limited log line), never another message. A record an operator skipped
         is MESSAGE_NOT_FOUND."""
         store = self._store
-        try:
-            if req.global_offset >= 0:
-                hit = self._by_global(req)
-            else:
-                info = await self._topics.require(req.topic)
-                check_queue(info, req.queue_id)
-                check_offset("queue_offset", req.queue_offset)
-                found = store.get_queue_offset(info, req.queue_id, req.queue_offset)
-                if found is None:
-                    qs = store.queue_state(info.topic_id, req.queue_id)
-                    skipped = req.queue_offset in store.view.skips(info.topic_id, req.queue_id)
-                    raise MessageNotFound(
-                        f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset} "
-                        + ("(skipped by an operator: equeue message skip)" if skipped else
-                           f"(retained range [{qs.min_offset}, {qs.next_offset}))")
-                    )  # fmt: skip
-                hit = found
-        except CorruptRecord as exc:
-            _corrupt_log.log(logging.ERROR, f"{req.topic}/{req.queue_id}", "GET_MESSAGE: %s", exc)
-            raise
+        if req.global_offset >= 0:
+            hit = self._by_global(req)
+        else:
+            info = await self._topics.require(req.topic)
+            check_queue(info, req.queue_id)
+            check_offset("queue_offset", req.queue_offset)
+            found = store.get_queue_offset(info, req.queue_id, req.queue_offset)  # checks, logs
+            if found is None:
+                qs = store.queue_state(info.topic_id, req.queue_id)
+                skipped = req.queue_offset in store.view.skips(info.topic_id, req.queue_id)
+                raise MessageNotFound(
+                    f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset} "
+                    + ("(skipped by an operator: equeue message skip)" if skipped else
+                       f"(retained range [{qs.min_offset}, {qs.next_offset}))")
+                )  # fmt: skip
+            hit = found
         return wire.encode_pull_response(PullStatus.FOUND, 0, 0, 0, [hit])
 
     def _by_global(self, req: control.GetMessage) -> tuple[int, bytes]:
@@ -65,13 +56,13 @@ class LookupHandlers:
         try:
             h = wire.record_header(rec)
         except CorruptRecord as exc:
-            raise CorruptRecord(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
+            raise _corrupt(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
         info = next((t for t in store.topics.values() if t.topic_id == h.topic_id), None)
         name = info.name if info is not None else ""  # "" = its topic was deleted
         if req.topic and name != req.topic:
             raise MessageNotFound(f"global offset {req.global_offset} belongs to topic {name!r}")
         if not store.global_position_ok(req.global_offset, h):
-            raise CorruptRecord(
+            raise _corrupt(
                 f"corrupt record at global offset {req.global_offset}: its header names topic "
                 f"{name or h.topic_id!r} queue {h.queue_id} offset {h.queue_offset}, which the "
                 "queue index does not map to it"
@@ -89,3 +80,9 @@ class LookupHandlers:
         return wire.encode_pull_response(
             PullStatus.FOUND if hits else PullStatus.NO_NEW_MESSAGE, 0, 0, 0, hits
         )
+
+
+def _corrupt(message: str) -> CorruptRecord:
+    """A CorruptRecord for a record reached by its global offset, logged (rate-limited)."""
+    corrupt_log.log(logging.ERROR, "global", "%s", message)
+    return CorruptRecord(message)

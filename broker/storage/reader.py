@@ -8,6 +8,8 @@ committed snapshot.
 
 from __future__ import annotations
 
+import logging
+import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +23,7 @@ from broker.storage import layout
 from broker.storage.view import QueueState, StoreView
 from equeue import control
 from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
+from equeue.logs import RateLimitedLog
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
 from equeue.wire.records import (
@@ -31,6 +34,11 @@ from equeue.wire.records import (
     records_intact,
     records_placed,
 )
+
+log = logging.getLogger("equeue.store")
+#: one line per queue per minute for a corrupt record (pulls, lookups, send-backs meet it
+#: again and again); any thread may log through it
+corrupt_log = RateLimitedLog(log, 60.0, time.monotonic)
 
 #: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
 _MIN_RUN = 64
@@ -388,10 +396,12 @@ def check_record(rec: bytes, info: control.TopicInfo, queue_id: int, offset: int
             f"the index points to global offset {layout.global_of(gk)}, a record of topic id "
             f"{h.topic_id} queue {h.queue_id} offset {h.queue_offset}"
         )
-    raise CorruptRecord(
+    corrupt = CorruptRecord(
         f"corrupt record at {info.name}/{queue_id} offset {offset}: {why}; restore the store from "
         f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {offset}"
     )
+    corrupt_log.log(logging.ERROR, f"{info.name}/{queue_id}", "%s", corrupt)
+    raise corrupt
 
 
 def _find_runs(

@@ -6,6 +6,7 @@ move consumers past a corrupt record (``equeue message skip``)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -231,6 +232,21 @@ async def test_get_message_checks_the_record_against_the_position(broker: Broker
             _overwrite_record(broker, a.first_global, rec)
             with pytest.raises(CorruptRecord, match=f"global offset {a.first_global}"):
                 await c.get_message("t", global_offset=a.first_global)
+
+
+async def test_a_corrupt_record_is_logged_once_a_minute(broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
+    with trio.fail_after(10), caplog.at_level(logging.ERROR, logger="equeue.store"):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("logged", 1)
+            a = await c.produce(wire.ProduceRequest("logged", 0, [wire.encode_entry(Message(f"m{i}")) for i in range(2)]))
+            _point(broker, broker.store.topic("logged").topic_id, 0, 0, a.first_global + 1)
+            for _ in range(5):
+                with pytest.raises(CorruptRecord):
+                    await c.get_message("logged", queue_id=0, queue_offset=0)
+                with pytest.raises(CorruptRecord):
+                    await c.pull(wire.PullRequest("logged", 0, 0, 10))
+    lines = [r.getMessage() for r in caplog.records if r.name == "equeue.store"]
+    assert len(lines) == 1 and "corrupt record at logged/0 offset 0" in lines[0], lines
 
 
 async def test_a_pull_never_returns_a_misplaced_record(broker: Broker) -> None:
