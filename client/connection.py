@@ -77,9 +77,12 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
-        await self.aclose()
         cm, self._nursery_cm = self._nursery_cm, None
-        return await cm.__aexit__(*exc)  # type: ignore[no-any-return]
+        try:
+            await self.aclose()  # may raise Cancelled in a cancelled task: close the nursery anyway
+        finally:
+            result: bool | None = await cm.__aexit__(*exc)
+        return result
 
     async def aclose(self) -> None:
         """Close the connection; pending requests fail with ClientClosed."""

@@ -66,7 +66,7 @@ class LatencyProbe:
         self.errors: list[BaseException] = []
         self._nursery_cm: Any = None
         self._nursery: trio.Nursery | None = None
-        self._started = trio.Event()
+        self._client: Any = None
 
     @property
     def rounds(self) -> int:
@@ -89,40 +89,46 @@ class LatencyProbe:
             f"max {self.max_ms:.1f} ms, errors {self.errors[:3]!r}"
         )
 
-    async def _run(self) -> None:
-        from client import AsyncClient
-
+    async def _run(self, client: Any) -> None:
         entry = wire.encode_entry(Message(b"probe"))
         try:
-            async with AsyncClient(self.address) as c:
-                await c.create_topic(self.topic, 1, exist_ok=True)
-                self._started.set()
-                while True:
-                    t0 = time.perf_counter()
-                    a = await c.produce(wire.ProduceRequest(self.topic, 0, [entry]))
-                    r = await c.pull(wire.PullRequest(self.topic, 0, a.first_queue, 1))
-                    if not r.messages or r.messages[0].body != b"probe":
-                        raise AssertionError(f"probe pull returned {r.status!r} {r.messages!r}")
-                    self.latencies_ms.append((time.perf_counter() - t0) * 1000)
-                    await trio.sleep(self.pause)
+            while True:
+                t0 = time.perf_counter()
+                a = await client.produce(wire.ProduceRequest(self.topic, 0, [entry]))
+                r = await client.pull(wire.PullRequest(self.topic, 0, a.first_queue, 1))
+                if not r.messages or r.messages[0].body != b"probe":
+                    raise AssertionError(f"probe pull returned {r.status!r} {r.messages!r}")
+                self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                await trio.sleep(self.pause)
         except Exception as exc:
             self.errors.append(exc)
-            self._started.set()
 
     async def __aenter__(self) -> LatencyProbe:
-        self._nursery_cm = trio.open_nursery()
-        nursery = self._nursery = await self._nursery_cm.__aenter__()
-        nursery.start_soon(self._run)
-        await self._started.wait()  # the topic exists and the client is connected
+        from client import AsyncClient
+
+        # The client lives in the caller's task (as in tests/integration/test_bad_input.py's
+        # ``served``); only the round-trip loop runs in the probe's nursery.
+        self._client = AsyncClient(self.address)
+        await self._client.__aenter__()
+        try:
+            await self._client.create_topic(self.topic, 1, exist_ok=True)
+            self._nursery_cm = trio.open_nursery()
+            self._nursery = await self._nursery_cm.__aenter__()
+        except BaseException:
+            await self._client.__aexit__(None, None, None)
+            raise
+        self._nursery.start_soon(self._run, self._client)
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> bool | None:
-        cm, self._nursery_cm = self._nursery_cm, None
-        assert self._nursery is not None
+        assert self._nursery is not None and self._client is not None
         self._nursery.cancel_scope.cancel()  # ends the round trips
-        return await cm.__aexit__(et, ev, tb)  # type: ignore[no-any-return]
+        try:
+            return await self._nursery_cm.__aexit__(et, ev, tb)  # type: ignore[no-any-return]
+        finally:
+            await self._client.__aexit__(None, None, None)
 
 
 @pytest.fixture
