@@ -307,7 +307,7 @@ def test_a_skip_marker_survives_a_restart(tmp_path: Path) -> None:
         s.close()
 
 
-async def test_skip_of_the_last_record_answers_a_parked_pull(broker: Broker) -> None:
+async def test_a_pull_moves_past_a_skipped_last_record(broker: Broker) -> None:
     """A corrupt last record is answered CORRUPT_RECORD (never parked); once skipped,
     a pull from it moves on to the end of the queue (and answers NO_NEW_MESSAGE)."""
     with trio.fail_after(10):
