@@ -33,6 +33,8 @@ T = TypeVar("T")
 def _structure_str(value: object, _: type) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
+    if not value.isascii():  # JSON may escape a lone surrogate ("\ud800"): not text
+        value.encode()  # raises UnicodeEncodeError (a ValueError): a bad payload
     return value
 
 

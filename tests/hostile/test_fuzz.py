@@ -28,14 +28,16 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker import Broker
 from broker.process import BrokerProcess
 from equeue import Message, control, wire
 from equeue.codec import HEADER, MAGIC, PROTOCOL_VERSION
-from equeue.errors import ErrorCode
+from equeue.errors import BadRequest, DelayTooLong, ErrorCode
 from equeue.protocol import RequestCode
 from tests.hostile.conftest import LatencyProbe
 
@@ -55,12 +57,19 @@ HELLO = struct.pack(">4sHH", MAGIC, PROTOCOL_VERSION, 0)
 STATS = HEADER.pack(7 + 2, 0, RequestCode.STATS, PROBE_ID) + b"{}"
 
 # ----------------------------------------------------------------------------- strategies
+#: mostly small (existing queues and offsets, so handlers go deep), some at the edges
 ints = st.one_of(
+    st.integers(0, 3),
+    st.integers(0, 3),
     st.integers(-3, 40),
     st.sampled_from([2**15, 2**16, 2**31 - 1, 2**31, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), 10**30]),
     st.integers(),
 )
-names = st.one_of(st.sampled_from(TOPICS), st.text(max_size=12))
+#: JSON can carry what no UTF-8 text can: a lone surrogate ("\ud800")
+odd_text = st.sampled_from(["\ud800", "a\udfff", "\x00", "é" * 70, "fz\n", " fz"])
+names = st.one_of(
+    st.sampled_from(TOPICS[:4]), st.sampled_from(TOPICS[:4]), st.sampled_from(TOPICS), st.text(max_size=12), odd_text
+)
 json_any = st.recursive(
     st.none() | st.booleans() | ints | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
@@ -81,7 +90,7 @@ def _field_values(name: str, hint: str) -> st.SearchStrategy[Any]:
     elif "int" in hint:
         typed = ints if "None" not in hint else st.none() | ints
     elif name in ("group",):
-        typed = st.sampled_from(GROUPS) | st.text(max_size=8)
+        typed = st.one_of(st.just("g"), st.just("g"), st.sampled_from(GROUPS), st.text(max_size=8), odd_text)
     else:
         typed = names
     return st.integers(0, 15).flatmap(lambda n: json_any if n == 0 else typed)
@@ -346,3 +355,24 @@ def test_wire_fuzz(real_broker: Callable[..., BrokerProcess]) -> None:
     probe = trio.run(healthy)
     assert probe.rounds >= 5 and not probe.errors, str(probe)
     print(f"fuzzed for {FUZZ_SECONDS:g} s: {counts}")  # shown with -s
+
+
+async def test_what_the_fuzzer_found_is_answered_with_a_code(broker: Broker) -> None:
+    """Inputs the fuzzer found answered INTERNAL_ERROR (and logged a traceback): a retry
+    delay that overflows the u64 due time (SEND_BACK), a lone surrogate in a JSON string
+    (any control request; FIND_BY_KEY crashed encoding the key)."""
+    from client import AsyncClient
+
+    with trio.fail_after(10):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("fz", 1)
+            await c.produce(wire.ProduceRequest("fz", 0, [wire.encode_entry(Message(b"x", key="k"))]))
+            with pytest.raises(DelayTooLong, match="retry delays must be at most"):
+                await c.send_back("g", "fz", 0, 0, 0, 16, [2**64])
+            for code, obj in [
+                (RequestCode.FIND_BY_KEY, {"topic": "fz", "key": "\ud800", "limit": 3}),
+                (RequestCode.DESCRIBE_GROUP, {"group": "a\udfff"}),
+                (RequestCode.HEARTBEAT, {"group": "g", "consumer_id": "\ud800", "topics": ["fz"]}),
+            ]:
+                with pytest.raises(BadRequest, match="malformed"):
+                    await c.request(code, json.dumps(obj).encode())
