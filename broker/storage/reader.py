@@ -384,7 +384,8 @@ def check_record(rec: bytes, info: control.TopicInfo, queue_id: int, offset: int
     """The header of the record the index entry (``info``, ``queue_id``, ``offset``)
     -> ``gk`` led to, checked: its checksum, and that it names that same position.
 
-    Raises CorruptRecord naming the position, what is wrong, and the way past it."""
+    Raises CorruptRecord naming the position, what is wrong, and the way past it, and
+    logs it (rate-limited: consumers ask for the same record again and again)."""
     try:
         h = record_header(rec)
     except CorruptRecord as exc:
