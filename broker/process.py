@@ -53,6 +53,9 @@ class BrokerProcess:
         self.python = python
         self.proc: subprocess.Popen[str] | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
+        #: every stderr line logged at ERROR or above, and a fatal-signal report (tests
+        #: assert the broker logged no internal error for client input)
+        self.error_lines: list[str] = []
 
     @property
     def address(self) -> str:
@@ -99,11 +102,26 @@ class BrokerProcess:
         try:
             for line in stream:
                 self.stderr_tail.append(line)
+                if "level=ERROR" in line or "level=CRITICAL" in line or line.startswith("Fatal Python error"):
+                    self.error_lines.append(line)
                 if not listening and (m := _LISTENING.search(line)):
                     listening.append((m.group(1), int(m.group(2))))
                     ready.set()
         finally:
             ready.set()
+
+    def rss_bytes(self) -> int:
+        """The child's resident memory now (``VmRSS`` of ``/proc/PID/status``, Linux).
+
+        Raises EQueueError when the child is not running or the field is missing."""
+        try:
+            with open(f"/proc/{self.pid}/status", encoding="ascii") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024  # "VmRSS:   12345 kB"
+        except (OSError, AssertionError) as exc:
+            raise EQueueError(f"cannot read the broker's memory: {exc!r}") from exc
+        raise EQueueError(f"no VmRSS in /proc/{self.pid}/status (exited?)")
 
     def _tail(self) -> str:
         return "".join(self.stderr_tail)[-2000:]

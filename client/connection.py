@@ -81,9 +81,12 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
-        await self.aclose()
         cm, self._nursery_cm = self._nursery_cm, None
-        return await cm.__aexit__(*exc)  # type: ignore[no-any-return]
+        try:
+            await self.aclose()  # may raise Cancelled in a cancelled task: close the nursery anyway
+        finally:
+            result: bool | None = await cm.__aexit__(*exc)
+        return result
 
     async def aclose(self) -> None:
         """Close the connection; pending requests fail with ClientClosed."""
@@ -456,3 +459,13 @@ class AsyncClient:
         """Send dead letters back to their origin topic, each at most once (a letter
         resent before is reported in ``already_resent``, not sent again)."""
         return await self.call(control.DlqResend(group, list(ids), all_letters), control.DlqResendAnswer)
+
+    # ------------------------------------------------------------------ corruption (admin)
+    async def skip_message(self, topic: str, queue_id: int, queue_offset: int) -> control.SkipAnswer:
+        """Make the broker stop serving the record at (topic, queue_id, queue_offset):
+        pulls step over it, so consumers stuck on a corrupt record move past it."""
+        return await self.call(control.SkipMessage(topic, queue_id, queue_offset), control.SkipAnswer)
+
+    async def list_skipped(self, topic: str) -> dict[int, list[int]]:
+        """The skipped queue offsets of ``topic``, by queue id."""
+        return (await self.call(control.ListSkipped(topic), control.SkippedAnswer)).skipped

@@ -33,6 +33,8 @@ T = TypeVar("T")
 def _structure_str(value: object, _: type) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
+    if not value.isascii():  # JSON may escape a lone surrogate ("\ud800"): not text
+        value.encode()  # raises UnicodeEncodeError (a ValueError): a bad payload
     return value
 
 
@@ -462,6 +464,45 @@ class DlqResendAnswer:
     failed: dict[int, str] = attrs.Factory(dict)
 
 
+# ----------------------------------------------------------------------------- corruption
+@attrs.frozen
+class SkipMessage:
+    """Admin: stop serving the record at (``topic``, ``queue_id``, ``queue_offset``)
+    -- a corrupt record consumers cannot get past. The broker writes a skip marker;
+    pulls then step over that offset (consumers move past it) and GET_MESSAGE answers
+    MESSAGE_NOT_FOUND for it. The record itself stays on disk. Idempotent."""
+
+    CODE: ClassVar = RequestCode.SKIP_MESSAGE
+    topic: str
+    queue_id: int
+    queue_offset: int
+
+
+@attrs.frozen
+class SkipAnswer:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    #: an earlier request had skipped it already (nothing done)
+    already_skipped: bool
+    #: what is wrong with the record ("" when it reads intact: skipped all the same)
+    problem: str = ""
+
+
+@attrs.frozen
+class ListSkipped:
+    """The queue offsets of ``topic`` that an operator skipped (SKIP_MESSAGE)."""
+
+    CODE: ClassVar = RequestCode.LIST_SKIPPED
+    topic: str
+
+
+@attrs.frozen
+class SkippedAnswer:
+    #: queue id -> its skipped queue offsets, ascending
+    skipped: dict[int, list[int]]
+
+
 REQUEST_TYPES: dict[int, type] = {
     cls.CODE: cls
     for cls in (
@@ -487,5 +528,7 @@ REQUEST_TYPES: dict[int, type] = {
         SendBack,
         DlqList,
         DlqResend,
+        SkipMessage,
+        ListSkipped,
     )
 }

@@ -31,6 +31,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── OperationTimeout              a send/request did not finish in its time budget
     ├── BufferFull                    a producer's send buffer is full (on_full="raise")
     ├── DataDirLocked                 another broker holds the data directory (at start)
+    ├── StoreDamaged                  the store cannot be opened safely (at start; code 28)
+    │   └── StoreTruncated            data.mdb is shorter than its pages (code 29)
     └── ConfigError                   invalid configuration or argument
 
 Expected outcomes (no new message, offset too small...) are *status values*, not
@@ -71,8 +73,10 @@ __all__ = [
     "QueueNotFound",
     "RemoteProtocolError",
     "ReservedTopic",
+    "StoreDamaged",
     "StoreError",
     "StoreFull",
+    "StoreTruncated",
     "TopicExists",
     "TopicNotFound",
     "UnknownRequest",
@@ -110,6 +114,9 @@ class ErrorCode(enum.IntEnum):
     NOT_QUEUE_OWNER = 32
     GROUP_HAS_MEMBERS = 33
     OUT_OF_ORDER_SEQUENCE = 34
+    # local start-up refusals (never sent on the wire): a damaged store
+    STORE_DAMAGED = 28
+    STORE_TRUNCATED = 29
     INTERNAL_ERROR = 99
 
 
@@ -123,6 +130,21 @@ class EQueueError(Exception):
 class DataDirLocked(EQueueError):
     """Another broker holds the data directory (its lock file names the pid). Raised
     when a store opens, never sent on the wire."""
+
+
+class StoreDamaged(EQueueError):
+    """The store's files are damaged: a bad LMDB header, an unreadable format or
+    meta record, undecodable topic metadata. Raised when a store opens (one line
+    naming the file, what is wrong and how to recover), never sent on the wire."""
+
+    code = ErrorCode.STORE_DAMAGED
+
+
+class StoreTruncated(StoreDamaged):
+    """``data.mdb`` is shorter than the pages its meta page says it holds: mapping
+    it would crash the broker with SIGBUS. Raised when a store opens."""
+
+    code = ErrorCode.STORE_TRUNCATED
 
 
 class ConfigError(EQueueError, ValueError):

@@ -41,6 +41,9 @@ class RequestCode(enum.IntEnum):
     # lookup
     GET_MESSAGE = 70
     FIND_BY_KEY = 71
+    # corruption (admin)
+    SKIP_MESSAGE = 72
+    LIST_SKIPPED = 73
     # retry / dead letters
     SEND_BACK = 80
     DLQ_LIST = 81

@@ -30,6 +30,7 @@ from broker.handlers.membership import GroupHandlers
 from broker.handlers.offsets import OffsetHandlers
 from broker.handlers.produce import ProduceHandler
 from broker.handlers.pull import PullHandler
+from broker.handlers.skips import SkipHandlers
 from broker.handlers.topics import TopicHandlers
 from broker.longpoll import ParkedPulls
 from broker.stats import Counters
@@ -61,6 +62,7 @@ class Handlers:
         g = GroupHandlers(store, groups)
         lookup = LookupHandlers(topics, store)
         dlq = DeadLetterHandlers(topics, store, submit, limits)
+        skips = SkipHandlers(topics, store, submit)
         self._statistics = statistics
         self.table: dict[int, Handler] = {
             RequestCode.PRODUCE: self.produce.handle,
@@ -89,6 +91,8 @@ class Handlers:
             control.SendBack: dlq.send_back,
             control.DlqList: dlq.list_letters,
             control.DlqResend: dlq.resend,
+            control.SkipMessage: skips.skip_message,
+            control.ListSkipped: skips.list_skipped,
         }
         for code, cls in control.REQUEST_TYPES.items():
             self.table[code] = self._control(cls, control_handlers[cls])

@@ -24,7 +24,7 @@ from broker.storage import ProduceOp, StoreReader
 from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue import control, wire
 from equeue.config import DEFAULTS, retry_delay
-from equeue.errors import BadRequest, MessageNotFound, TopicNotFound
+from equeue.errors import BadRequest, DelayTooLong, MessageNotFound, TopicNotFound
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
     PROP_ORIGIN_OFFSET,
@@ -76,6 +76,8 @@ class DeadLetterHandlers:
         validate_group(req.group)
         if req.reconsume_times < 0 or req.max_reconsume_times < 0 or any(d < 0 for d in req.retry_delays_ms):
             raise BadRequest("reconsume_times, max_reconsume_times and retry delays must be >= 0")
+        if any(d > self._max_delay_ms for d in req.retry_delays_ms):  # (a u64 due time overflowed)
+            raise DelayTooLong(f"retry delays must be at most the broker's maximum delay, {self._max_delay_ms} ms")
         info = await self._topics.require(req.topic)
         check_queue(info, req.queue_id)
         check_offset("queue_offset", req.queue_offset)

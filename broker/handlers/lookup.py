@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset, check_queue
 from broker.storage import StoreReader
+from broker.storage.reader import corrupt_log
 from equeue import control, wire
-from equeue.errors import MessageNotFound
+from equeue.errors import CorruptRecord, MessageNotFound
 from equeue.protocol import PullStatus
 
 __all__ = ["LookupHandlers"]
@@ -17,35 +20,59 @@ class LookupHandlers:
         self._store = store
 
     async def get_message(self, req: control.GetMessage, ctx: RequestContext) -> Parts:
+        """One record by (topic, queue, queue offset) or by global offset.
+
+        The record is checked against the position asked for: its checksum, and its
+        header against the index (a queue-offset read: the header names that queue
+        offset; a global-offset read: the index maps the header's position back to
+        that global offset). A mismatch is CORRUPT_RECORD naming the position (and a
+        rate-limited log line), never another message. A record an operator skipped
+        is MESSAGE_NOT_FOUND."""
         store = self._store
         if req.global_offset >= 0:
-            check_offset("global_offset", req.global_offset)
-            rec = store.get_global(req.global_offset)
-            if rec is None:
-                raise MessageNotFound(
-                    f"no message at global offset {req.global_offset} (deleted or never written)"
-                )
-            hit = (req.global_offset, rec)
-            topic_id = wire.record_header(rec, verify=False).topic_id
-            name = next((t.name for t in store.topics.values() if t.topic_id == topic_id), "")
-            if req.topic and name != req.topic:  # name "" = its topic was deleted
-                raise MessageNotFound(
-                    f"global offset {req.global_offset} belongs to topic {name!r}"
-                )
+            hit = self._by_global(req)
         else:
             info = await self._topics.require(req.topic)
             check_queue(info, req.queue_id)
             check_offset("queue_offset", req.queue_offset)
-            found = store.get_queue_offset(info, req.queue_id, req.queue_offset)
+            found = store.get_queue_offset(info, req.queue_id, req.queue_offset)  # checks, logs
             if found is None:
                 qs = store.queue_state(info.topic_id, req.queue_id)
+                skipped = req.queue_offset in store.view.skips(info.topic_id, req.queue_id)
                 raise MessageNotFound(
                     f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset} "
-                    f"(retained range [{qs.min_offset}, {qs.next_offset}))"
-                )
+                    + ("(skipped by an operator: equeue message skip)" if skipped else
+                       f"(retained range [{qs.min_offset}, {qs.next_offset}))")
+                )  # fmt: skip
             hit = found
-        wire.record_header(hit[1])  # verify the checksum
         return wire.encode_pull_response(PullStatus.FOUND, 0, 0, 0, [hit])
+
+    def _by_global(self, req: control.GetMessage) -> tuple[int, bytes]:
+        store = self._store
+        check_offset("global_offset", req.global_offset)
+        rec = store.get_global(req.global_offset)
+        if rec is None:
+            raise MessageNotFound(f"no message at global offset {req.global_offset} (deleted or never written)")
+        try:
+            h = wire.record_header(rec)
+        except CorruptRecord as exc:
+            raise _corrupt(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
+        info = next((t for t in store.topics.values() if t.topic_id == h.topic_id), None)
+        name = info.name if info is not None else ""  # "" = its topic was deleted
+        if req.topic and name != req.topic:
+            raise MessageNotFound(f"global offset {req.global_offset} belongs to topic {name!r}")
+        if not store.global_position_ok(req.global_offset, h):
+            raise _corrupt(
+                f"corrupt record at global offset {req.global_offset}: its header names topic "
+                f"{name or h.topic_id!r} queue {h.queue_id} offset {h.queue_offset}, which the "
+                "queue index does not map to it"
+            )
+        if h.queue_offset in store.view.skips(h.topic_id, h.queue_id):
+            raise MessageNotFound(
+                f"the message at global offset {req.global_offset} ({name}/{h.queue_id} offset "
+                f"{h.queue_offset}) was skipped by an operator (equeue message skip)"
+            )
+        return req.global_offset, rec
 
     async def find_by_key(self, req: control.FindByKey, ctx: RequestContext) -> Parts:
         """Messages with the key, newest first. The hash-index walk is bounded by the
@@ -63,3 +90,9 @@ class LookupHandlers:
         else:
             status = PullStatus.NO_MATCHED_MSG if found.resume_before else PullStatus.NO_NEW_MESSAGE
         return wire.encode_pull_response(status, 0, 0, found.resume_before, found.hits)
+
+
+def _corrupt(message: str) -> CorruptRecord:
+    """A CorruptRecord for a record reached by its global offset, logged (rate-limited)."""
+    corrupt_log.log(logging.ERROR, "global", "%s", message)
+    return CorruptRecord(message)

@@ -12,7 +12,9 @@ Where each concept lives:
   producer dedup), :mod:`~broker.storage.topics`, :mod:`~broker.storage.offsets`,
   :mod:`~broker.storage.schedule` (delayed messages),
   :mod:`~broker.storage.retention`, :mod:`~broker.storage.producers` (producer-state
-  expiry), :mod:`~broker.storage.deadletters` (resend each dead letter once).
+  expiry), :mod:`~broker.storage.deadletters` (resend each dead letter once),
+  :mod:`~broker.storage.skips` (an operator's skip past a corrupt record);
+- :mod:`~broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it.
 
 docs/storage.md describes the layout, the write path and the thread contract.
 """

@@ -11,6 +11,8 @@ topic id, a topic and queue) selects one contiguous key range::
                  "next_topic_id"   -> u32
                  "deleting"        -> JSON list of topic ids whose data is being removed
                  "dlq-resent/" group "/" u64 letter id -> u64 ms of its resend
+                 "skip/" u32 topic | u32 queue | u64 queue offset -> u64 ms of the skip
+                                   (an operator's ``equeue message skip``: never served)
     topics       topic name        -> JSON TopicInfo
     messages     u64 global        -> stored record (equeue.wire.records)
     qindex       u32 topic | u32 queue | u64 queue offset -> u64 global
@@ -142,6 +144,22 @@ def dlq_resent_key(group: str, letter_id: int) -> bytes:
 def dlq_resent_id(key: Buf, prefix_len: int) -> int:
     """The letter id of a key made by :func:`dlq_resent_key`."""
     return int(_U64.unpack_from(key, prefix_len)[0])
+
+
+# ---------------------------------------------------------------- skipped records
+#: prefix (in ``meta``) of the markers of records an operator skipped
+SKIP_PREFIX: Final = b"skip/"
+
+
+def skip_key(topic_id: int, queue_id: int, queue_offset: int) -> bytes:
+    """Key (in ``meta``) marking the record at a queue offset as skipped."""
+    return SKIP_PREFIX + _QKEY.pack(topic_id, queue_id, queue_offset)
+
+
+def unpack_skip_key(key: Buf) -> tuple[int, int, int]:
+    """The (topic id, queue id, queue offset) of a key made by :func:`skip_key`."""
+    t, q, o = _QKEY.unpack_from(key, len(SKIP_PREFIX))
+    return int(t), int(q), int(o)
 
 
 # ---------------------------------------------------------------- schedule

@@ -8,6 +8,7 @@ committed snapshot.
 
 from __future__ import annotations
 
+import logging
 import time
 from array import array
 from bisect import bisect_right
@@ -23,9 +24,22 @@ from broker.storage.view import QueueState, StoreView
 from equeue import control
 from equeue.config import DEFAULT_SCAN_RECORDS, DEFAULT_SCAN_TIME
 from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
+from equeue.logs import RateLimitedLog
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
-from equeue.wire.records import record_entry_meta, record_header, record_timestamp, records_intact
+from equeue.wire.records import (
+    RecordHeader,
+    record_entry_meta,
+    record_header,
+    record_timestamp,
+    records_intact,
+    records_placed,
+)
+
+log = logging.getLogger("equeue.store")
+#: one line per queue per minute for a corrupt record (pulls, lookups, send-backs meet it
+#: again and again); any thread may log through it
+corrupt_log = RateLimitedLog(log, 60.0, time.monotonic)
 
 #: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
 _MIN_RUN = 64
@@ -200,7 +214,8 @@ class StoreReader:
                 return ReadResult(PullStatus.OFFSET_OVERFLOW, [], [], lo, hi, hi)
         if offset == hi:
             return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, hi)
-        if tag_filter is None:
+        skips = self.view.skips(info.topic_id, queue_id)
+        if tag_filter is None and not (skips and any(offset <= o < offset + max_messages for o in skips)):
             fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes, verify)
             if fast is not None:
                 return ReadResult(PullStatus.FOUND, fast[0], fast[1], lo, hi, offset + len(fast[1]))
@@ -230,12 +245,15 @@ class StoreReader:
                         # retention removed the head while we looked
                         return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], qo, hi, qo)
                     break
+                if qo in skips:  # an operator skipped it (equeue message skip)
+                    nxt += 1
+                    continue
                 rec = get(gk, db=mdb)
                 if rec is None:
                     break
                 if verify:
                     try:
-                        record_header(rec)
+                        check_record(rec, info, queue_id, qo, gk)
                     except CorruptRecord:
                         if recs:
                             break
@@ -309,7 +327,7 @@ class StoreReader:
         if len(recs) > 1 and sum(map(len, recs)) > max_bytes:
             keep = max(1, bisect_right(list(accumulate(map(len, recs))), max_bytes))
             recs, globals_ = recs[:keep], globals_[:keep]
-        if verify and not records_intact(recs):
+        if verify and not (records_intact(recs) and records_placed(recs, topic_id, queue_id, offset)):
             return None
         return globals_, recs
 
@@ -331,13 +349,31 @@ class StoreReader:
             return rec
 
     def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> tuple[int, bytes] | None:
-        """(global offset, stored record) at a queue offset, or None."""
+        """(global offset, stored record) at a queue offset, or None (none there, or
+        an operator skipped it).
+
+        Raises CorruptRecord when the record fails its checksum or its header names
+        another position than the one asked for (an index pointer gone wrong): never
+        another message in its place."""
+        if offset in self.view.skips(info.topic_id, queue_id):
+            return None
         with self.env.begin() as txn:
             gk = txn.get(layout.qindex_key(info.topic_id, queue_id, offset), db=self.db[b"qindex"])
             if gk is None:
                 return None
             rec = txn.get(gk, db=self.db[b"messages"])
-            return (layout.global_of(gk), rec) if rec is not None else None
+            if rec is None:
+                return None
+            check_record(rec, info, queue_id, offset, gk)
+            return layout.global_of(gk), rec
+
+    def global_position_ok(self, global_offset: int, h: RecordHeader) -> bool:
+        """Whether the queue index agrees that the record at ``global_offset`` (header
+        ``h``) is the one at its queue offset: a record reached by its global offset
+        is checked against the index as a queue-offset read is against its header."""
+        with self.env.begin() as txn:
+            gk = txn.get(layout.qindex_key(h.topic_id, h.queue_id, h.queue_offset), db=self.db[b"qindex"])
+        return gk is not None and layout.global_of(gk) == global_offset
 
     def find_by_key(self, info: control.TopicInfo, key: str, limit: int, before: int = -1) -> KeyHits:
         """Messages of ``info`` with ``key``, newest first (hash index + exact check),
@@ -404,6 +440,31 @@ class StoreReader:
             if cur.first():
                 return layout.schedule_due(cur.key())
         return None
+
+
+def check_record(rec: bytes, info: control.TopicInfo, queue_id: int, offset: int, gk: bytes) -> RecordHeader:
+    """The header of the record the index entry (``info``, ``queue_id``, ``offset``)
+    -> ``gk`` led to, checked: its checksum, and that it names that same position.
+
+    Raises CorruptRecord naming the position, what is wrong, and the way past it, and
+    logs it (rate-limited: consumers ask for the same record again and again)."""
+    try:
+        h = record_header(rec)
+    except CorruptRecord as exc:
+        why = str(exc)
+    else:
+        if (h.topic_id, h.queue_id, h.queue_offset) == (info.topic_id, queue_id, offset):
+            return h
+        why = (
+            f"the index points to global offset {layout.global_of(gk)}, a record of topic id "
+            f"{h.topic_id} queue {h.queue_id} offset {h.queue_offset}"
+        )
+    corrupt = CorruptRecord(
+        f"corrupt record at {info.name}/{queue_id} offset {offset}: {why}; restore the store from "
+        f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {offset}"
+    )
+    corrupt_log.log(logging.ERROR, f"{info.name}/{queue_id}", "%s", corrupt)
+    raise corrupt
 
 
 def _find_runs(

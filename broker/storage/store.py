@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +31,12 @@ import outcome
 
 from broker.storage import layout
 from broker.storage.dirlock import DirLock
+from broker.storage.filecheck import RECOVERY_HINT, check_data_file
 from broker.storage.reader import StoreReader
 from broker.storage.view import QueueState, StoreView, frozen_map
 from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue import control
-from equeue.errors import EQueueError, StoreError, StoreFull
+from equeue.errors import EQueueError, StoreDamaged, StoreError, StoreFull
 
 log = logging.getLogger("equeue.store")
 
@@ -54,8 +57,11 @@ class Store(StoreReader):
         last-seen times.
 
         Raises DataDirLocked when another store holds the directory (see
-        :mod:`broker.storage.dirlock`), StoreError when LMDB cannot open it or its
-        format is unknown.
+        :mod:`broker.storage.dirlock`); StoreTruncated when ``data.mdb`` is shorter
+        than its pages (checked before LMDB maps it, :mod:`broker.storage.filecheck`);
+        StoreDamaged when a header, meta record or topic description is damaged;
+        StoreError when LMDB cannot open it otherwise or its format is unknown. Each
+        is one line naming the file and how to recover.
         """
         self.path = Path(path)
         self.clock = clock
@@ -74,14 +80,17 @@ class Store(StoreReader):
             raise
 
     def _open(self, map_size: int, sync: bool) -> None:
+        check_data_file(self.path)  # before LMDB maps it: a truncated file is a SIGBUS
         try:
             self.env = lmdb.open(
                 str(self.path), map_size=map_size, max_dbs=len(layout.DATABASES) + 2, sync=sync,
                 metasync=sync, readahead=False, max_readers=512, writemap=False,
             )  # fmt: skip
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.PageNotFoundError) as exc:
+            raise self._damaged("LMDB header", exc) from exc
         except lmdb.Error as exc:
             raise StoreError(f"cannot open the store at {self.path}: {exc}") from exc
-        with self.env.begin(write=True) as txn:
+        with self._reading("database catalogue and format record"), self.env.begin(write=True) as txn:
             self.db = {name: self.env.open_db(name, txn=txn) for name in layout.DATABASES}
             fmt = txn.get(b"format", db=self.db[b"meta"])
             if fmt is None:
@@ -89,11 +98,29 @@ class Store(StoreReader):
             elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION:
                 raise StoreError(
                     f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
-                    f"{layout.FORMAT_VERSION}"
+                    f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
                 )
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
         self.view = self._recover()
+
+    def _damaged(self, what: str, exc: BaseException) -> StoreDamaged:
+        """The one-line refusal for damaged store contents: where, what, how to recover."""
+        text = str(exc) or type(exc).__name__
+        return StoreDamaged(f"the store at {self.path} is damaged ({what}: {text}); {RECOVERY_HINT}")
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Turn what a damaged record raises while the store opens (a short value, bad
+        JSON, an LMDB page error) into :meth:`_damaged`, naming ``what`` was read."""
+        try:
+            yield
+        except EQueueError as exc:
+            if isinstance(exc, StoreError | StoreDamaged):
+                raise
+            raise self._damaged(what, exc) from exc
+        except (lmdb.Error, struct.error, ValueError, TypeError, KeyError) as exc:
+            raise self._damaged(what, exc) from exc
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> StoreView:
@@ -103,50 +130,79 @@ class Store(StoreReader):
         queues: dict[tuple[int, int], QueueState] = {}
         pending: dict[int, int] = {}
         offsets: dict[tuple[str, str, int], int] = {}
-        with self.env.begin() as txn:
+        reading = self._reading
+        with reading("store"), self.env.begin() as txn:
             meta = db[b"meta"]
-            ng = txn.get(b"next_global", db=meta)
-            next_global = layout.unpack_u64(ng) if ng else 0
-            cur = txn.cursor(db=db[b"messages"])
-            if cur.last():
-                next_global = max(next_global, layout.global_of(cur.key()) + 1)
-            nt = txn.get(b"next_topic_id", db=meta)
-            next_topic_id = layout.unpack_u32(nt) if nt else 1
-            dl = txn.get(b"deleting", db=meta)
-            deleting = tuple(json.loads(dl)) if dl else ()
+            with reading('meta record "next_global"'):
+                ng = txn.get(b"next_global", db=meta)
+                next_global = layout.unpack_u64(ng) if ng else 0
+            with reading("message log"):
+                cur = txn.cursor(db=db[b"messages"])
+                if cur.last():
+                    next_global = max(next_global, layout.global_of(cur.key()) + 1)
+            with reading('meta record "next_topic_id"'):
+                nt = txn.get(b"next_topic_id", db=meta)
+                next_topic_id = layout.unpack_u32(nt) if nt else 1
+            with reading('meta record "deleting"'):
+                dl = txn.get(b"deleting", db=meta)
+                deleting = tuple(int(t) for t in json.loads(dl)) if dl else ()
             for k, v in txn.cursor(db=db[b"topics"]):
-                info: control.TopicInfo = control.decode(v, control.TopicInfo)
-                topics[bytes(k).decode()] = info
-            qidx = txn.cursor(db=db[b"qindex"])
-            for info in topics.values():
-                for q in range(info.queues):
-                    next_offset = size = 0
-                    sv = txn.get(layout.queue_key(info.topic_id, q), db=db[b"qstats"])
-                    if sv:
-                        next_offset, size = layout.unpack_qstats(sv)
-                    # last key of the queue: set_range past it, step back
-                    if qidx.set_range(layout.qindex_key(info.topic_id, q + 1, 0)):
-                        ok = qidx.prev()
-                    else:
-                        ok = qidx.last()
-                    if ok:
-                        t, qq, off = layout.unpack_qindex_key(qidx.key())
-                        if (t, qq) == (info.topic_id, q):
-                            next_offset = max(next_offset, off + 1)
-                    min_offset = next_offset
-                    if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
-                        t, qq, off = layout.unpack_qindex_key(qidx.key())
-                        if (t, qq) == (info.topic_id, q):
-                            min_offset = off
-                    queues[(info.topic_id, q)] = QueueState(next_offset, min_offset, size)
-            for k, v in txn.cursor(db=db[b"sched_count"]):
-                pending[layout.unpack_sched_count_key(k)] = layout.unpack_u64(v)
-            for k, v in txn.cursor(db=db[b"offsets"]):
-                offsets[layout.unpack_offset_key(k)] = layout.unpack_u64(v)
+                with reading(f"topic metadata of {bytes(k)!r}"):
+                    info: control.TopicInfo = control.decode(v, control.TopicInfo)
+                    topics[bytes(k).decode()] = info
+            with reading("queue index and stats (qindex, qstats)"):
+                qidx = txn.cursor(db=db[b"qindex"])
+                for info in topics.values():
+                    for q in range(info.queues):
+                        next_offset = size = 0
+                        sv = txn.get(layout.queue_key(info.topic_id, q), db=db[b"qstats"])
+                        if sv:
+                            next_offset, size = layout.unpack_qstats(sv)
+                        # last key of the queue: set_range past it, step back
+                        if qidx.set_range(layout.qindex_key(info.topic_id, q + 1, 0)):
+                            ok = qidx.prev()
+                        else:
+                            ok = qidx.last()
+                        if ok:
+                            t, qq, off = layout.unpack_qindex_key(qidx.key())
+                            if (t, qq) == (info.topic_id, q):
+                                next_offset = max(next_offset, off + 1)
+                        min_offset = next_offset
+                        if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
+                            t, qq, off = layout.unpack_qindex_key(qidx.key())
+                            if (t, qq) == (info.topic_id, q):
+                                min_offset = off
+                        queues[(info.topic_id, q)] = QueueState(next_offset, min_offset, size)
+            with reading("delayed-message counts (sched_count)"):
+                for k, v in txn.cursor(db=db[b"sched_count"]):
+                    pending[layout.unpack_sched_count_key(k)] = layout.unpack_u64(v)
+            with reading("consumer offsets"):
+                for k, v in txn.cursor(db=db[b"offsets"]):
+                    offsets[layout.unpack_offset_key(k)] = layout.unpack_u64(v)
+            with reading("skip markers"):
+                skipped = self._recover_skips(txn, topics, queues)
         return StoreView(
             frozen_map(topics), frozen_map(queues), frozen_map(offsets), frozen_map(pending),
-            deleting, next_global, next_topic_id,
+            deleting, next_global, next_topic_id, skipped=frozen_map(skipped),
         )  # fmt: skip
+
+    def _recover_skips(
+        self, txn: lmdb.Transaction, topics: dict[str, control.TopicInfo], queues: dict[tuple[int, int], QueueState]
+    ) -> dict[tuple[int, int], frozenset[int]]:
+        """The skip markers of live topics within their queues' retained ranges (the
+        others are left behind by retention or a topic deletion: ignored)."""
+        live = {t.topic_id for t in topics.values()}
+        found: dict[tuple[int, int], set[int]] = {}
+        cur = txn.cursor(db=self.db[b"meta"])
+        if cur.set_range(layout.SKIP_PREFIX):
+            for k in cur.iternext(values=False):
+                if not bytes(k).startswith(layout.SKIP_PREFIX):
+                    break
+                t, q, o = layout.unpack_skip_key(k)
+                st = queues.get((t, q))
+                if t in live and st is not None and st.min_offset <= o < st.next_offset:
+                    found.setdefault((t, q), set()).add(o)
+        return {key: frozenset(offs) for key, offs in found.items()}
 
     def _next_sched_seq(self) -> int:
         self._sched_seq += 1

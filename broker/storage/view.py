@@ -40,6 +40,8 @@ class QueueState:
 
 #: the state of a queue that has none yet
 EMPTY_QUEUE: Final = QueueState()
+#: no skipped records
+NO_SKIPS: Final[MappingProxyType[tuple[int, int], frozenset[int]]] = MappingProxyType({})
 
 
 @attrs.frozen(slots=True)
@@ -65,7 +67,13 @@ class StoreView:
     #: sees a moved message sees it counted)
     moved: int = 0
     move_transactions: int = 0
+    #: (topic id, queue id) -> queue offsets an operator skipped (never served)
+    skipped: MappingProxyType[tuple[int, int], frozenset[int]] = NO_SKIPS
 
     def queue(self, topic_id: int, queue_id: int) -> QueueState:
         """A queue's committed range (empty for a queue the view does not know)."""
         return self.queues.get((topic_id, queue_id), EMPTY_QUEUE)
+
+    def skips(self, topic_id: int, queue_id: int) -> frozenset[int]:
+        """The queue offsets of a queue that an operator skipped (usually none)."""
+        return self.skipped.get((topic_id, queue_id), frozenset())

@@ -102,6 +102,8 @@ class WriteContext:
         self.touched: set[tuple[int, int]] = set()
         self.moved = 0
         self.move_transactions = 0
+        #: queue offsets skipped by this transaction (:mod:`broker.storage.skips`)
+        self.skipped: dict[tuple[int, int], set[int]] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False
         self._cursors: dict[bytes, lmdb.Cursor] = {}
@@ -199,8 +201,15 @@ class WriteContext:
             for tid, d in self.sched_delta.items():
                 p[tid] = max(0, p.get(tid, 0) + d)
             pending = frozen_map(p)
+        skipped = b.skipped
+        if self.skipped:
+            s = skipped.copy()
+            for key, offs in self.skipped.items():
+                s[key] = s.get(key, frozenset()) | offs
+            skipped = frozen_map(s)
         return StoreView(
             topics, queues, offsets, pending, deleting, self.next_global,
             b.next_topic_id if self.next_topic_id is None else self.next_topic_id,
             b.transactions + 1, b.moved + self.moved, b.move_transactions + self.move_transactions,
+            skipped,
         )  # fmt: skip

@@ -63,6 +63,7 @@ def register(app: typer.Typer) -> None:
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
+        import faulthandler
         import gc
         import signal
 
@@ -71,6 +72,10 @@ def register(app: typer.Typer) -> None:
         from broker import Broker
 
         setup_logging(log_level)
+        # A fatal signal (a SIGBUS when data.mdb is cut short under a running broker)
+        # prints "Fatal Python error: Bus error" and where, instead of dying silently
+        # (on fd 2, the process's stderr: a test runner may have replaced sys.stderr).
+        faulthandler.enable(file=2, all_threads=False)
         try:
             cfg = BrokerConfig(
                 data_dir=data_dir, host=host, port=port, flush=flush, flush_interval=flush_interval,

@@ -1,8 +1,10 @@
-"""``equeue message get|find``: look up stored messages by offset or by key.
+"""``equeue message get|find|skip|skipped``: look up stored messages by offset or
+by key; move consumers past a corrupt record.
 
 ``get`` reads one message by (queue, queue offset) or by global offset; ``find``
 lists the messages of a topic with a key, newest first, through the broker's key
-index (no log scan). Both print the headers, properties and body: the body as text
+index (no log scan). ``skip`` (admin) makes the broker stop serving one record, so
+consumers stuck on a corrupt record move past it; ``skipped`` lists those records. Both print the headers, properties and body: the body as text
 when it is valid UTF-8 without control characters, else as hex (``--hex`` forces
 hex); ``--json`` prints one JSON object (``get``) or a JSON list (``find``).
 """
@@ -91,7 +93,9 @@ def _preview(body: bytes) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    msg_app = typer.Typer(help="Look up stored messages by offset or by key.", no_args_is_help=True)
+    msg_app = typer.Typer(
+        help="Look up stored messages by offset or by key; skip a corrupt record.", no_args_is_help=True
+    )
     app.add_typer(msg_app, name="message")
 
     @msg_app.command("get")
@@ -165,4 +169,52 @@ def register(app: typer.Typer) -> None:
             f"{len(msgs)} message(s) with key {key!r} in {topic} (newest first)",
             ["global", "queue", "offset", "stored at", "tags", "bytes", "body"], rows,
             right=["global", "queue", "offset", "bytes"],
+        )  # fmt: skip
+
+    @msg_app.command("skip")
+    def skip(
+        topic: str = typer.Option(..., "--topic", "-t", help="Topic of the record."),
+        queue: int = typer.Option(..., "--queue", "-q", min=0, help="Queue id."),
+        offset: int = typer.Option(..., "--offset", "-o", min=0, help="Queue offset of the record."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Admin: stop serving one record (a corrupt one consumers cannot get past).
+
+        Pulls step over it from now on, so every group moves past it; the record stays
+        on disk (for forensics) and ``message get`` answers "skipped". Not undoable.
+        Example: ``equeue message skip --topic orders --queue 1 --offset 42 --yes``.
+        """
+        if not yes and not typer.confirm(
+            f"Stop serving {topic}/{queue} offset {offset} to every consumer? (cannot be undone)"
+        ):
+            fail("not skipped", code=1)
+        with client(broker) as c:
+            ans = c.skip_message(topic, queue, offset)
+        where = f"{topic}/{queue} offset {offset}"
+        if ans.already_skipped:
+            typer.echo(f"{where} was already skipped")
+        elif ans.problem:
+            typer.echo(f"skipped {where} ({ans.problem})")
+        else:
+            typer.echo(f"skipped {where} (it read intact: skipped all the same)")
+
+    @msg_app.command("skipped")
+    def skipped(
+        topic: str,
+        as_json: bool = typer.Option(False, "--json", help="Print a JSON object {queue: [offsets]}."),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """List the records of TOPIC an operator skipped (``message skip``), by queue."""
+        with client(broker) as c:
+            by_queue = c.list_skipped(topic)
+        if as_json:
+            sys.stdout.write(json.dumps({str(q): offs for q, offs in by_queue.items()}) + "\n")
+            return
+        if not by_queue:
+            typer.echo(f"no skipped records in topic {topic}", err=True)
+            return
+        table(
+            f"skipped records of {topic}", ["queue", "offsets"],
+            [(q, ", ".join(map(str, offs))) for q, offs in sorted(by_queue.items())], right=["queue"],
         )  # fmt: skip

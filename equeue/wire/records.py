@@ -95,6 +95,20 @@ def records_intact(recs: Sequence[bytes]) -> bool:
     return not any(map(ne, map(zlib.crc32, map(getitem, recs, repeat(_AFTER_CRC, n))), stored))  # type: ignore[arg-type]
 
 
+#: where a record's (topic id, queue id, queue offset) sit, packed big-endian
+_POSITION = slice(5, 21)
+_POS = struct.Struct(">IIQ")
+
+
+def records_placed(recs: Sequence[bytes], topic_id: int, queue_id: int, first_offset: int) -> bool:
+    """Whether ``recs`` carry the positions ``(topic_id, queue_id, first_offset + i)``
+    in their headers, in bulk (C loops): an index pointer that leads to another
+    queue's or offset's record is corruption, even when that record's checksum holds."""
+    n = len(recs)
+    want = map(_POS.pack, repeat(topic_id, n), repeat(queue_id, n), range(first_offset, first_offset + n))
+    return not any(map(ne, map(getitem, recs, repeat(_POSITION, n)), want))  # type: ignore[arg-type]
+
+
 def record_timestamp(value: bytes | memoryview) -> int:
     """A stored record's store time (ms), unverified (the cheap read retention and
     time lookups make)."""

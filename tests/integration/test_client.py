@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from broker import Broker
-from equeue import wire
+from equeue import Message, wire
 from producer import AsyncClient
+from tests.conftest import wait_until
 
 
 async def test_cancelled_request_never_drops_another_tasks_frame(broker: Broker) -> None:
@@ -53,3 +56,28 @@ async def test_many_concurrent_requests_share_one_connection(broker: Broker) -> 
                 for i in range(200):
                     n.start_soon(one, i)
             assert sorted(results) == sorted(i % 4 for i in range(200))
+
+
+def test_cancelling_a_task_inside_async_with_client(broker_process: Any) -> None:
+    """A task cancelled while it uses a client (a consumer's or a probe's) leaves cleanly:
+    the client's nursery is closed even when closing the connection raises Cancelled (it
+    used to corrupt trio's nursery stack: "Nursery stack corrupted"). Against a broker
+    process: with the broker in the same loop the close is not cancelled."""
+    b = broker_process()
+    rounds = [0]
+
+    async def run() -> None:
+        async with AsyncClient(b.address) as c:
+            await c.create_topic("cancelled", 1, exist_ok=True)
+            while True:
+                await c.produce(wire.ProduceRequest("cancelled", 0, [wire.encode_entry(Message(b"a"))]))
+                rounds[0] += 1
+
+    async def main() -> None:
+        with trio.fail_after(20):
+            async with trio.open_nursery() as n:
+                n.start_soon(run)
+                await wait_until(lambda: rounds[0] >= 3, what="the task is producing")
+                n.cancel_scope.cancel()
+
+    trio.run(main)
