@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -90,7 +91,7 @@ def _response(status: str, ctype: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketStream) -> None:
+async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.abc.Stream) -> None:
     try:
         buf = b""
         with trio.move_on_after(_REQUEST_TIMEOUT):
@@ -128,15 +129,21 @@ async def _handle(statistics: Snapshot, store: StoreReader, stream: trio.SocketS
 
 
 async def serve_http(
-    statistics: Snapshot, store: StoreReader, host: str, port: int, *, task_status: Any = trio.TASK_STATUS_IGNORED
-) -> None:
-    """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
+    statistics: Snapshot, store: StoreReader, host: str, port: int, *,
+    ssl_context: ssl.SSLContext | None = None, task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:  # fmt: skip
+    """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``.
+    With ``ssl_context`` (the broker's, :mod:`broker.tls`) it serves HTTPS; the TLS
+    handshake happens within the request's time cap."""
+    tcp = await trio.open_tcp_listeners(port, host=host)
+    bound = tcp[0].socket.getsockname()[1]
+    listeners: list[trio.abc.Listener[Any]] = list(tcp)
+    if ssl_context is not None:
+        listeners = [trio.SSLListener(lst, ssl_context, https_compatible=True) for lst in tcp]
+    log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
     task_status.started(bound)
 
-    async def handler(stream: trio.SocketStream) -> None:
+    async def handler(stream: trio.abc.Stream) -> None:
         await _handle(statistics, store, stream)
 
     await trio.serve_listeners(handler, listeners)

@@ -34,6 +34,7 @@ from broker.output import Output, Staging
 from broker.stats import Counters, Statistics
 from broker.storage import Store, WriteOutcome
 from broker.thread_answer import answer_parked_pulls
+from broker.tls import TlsAcceptor, server_context
 from equeue import control
 from equeue.config import BrokerConfig
 
@@ -67,6 +68,8 @@ class Broker:
         self._staging = Staging()
         self._conns: set[ServerConnection] = set()
         self._no_conns = trio.Event()
+        #: wraps accepted connections in TLS (None: plain TCP); built by serve()
+        self._tls: TlsAcceptor | None = None
 
     @property
     def closing(self) -> bool:
@@ -76,6 +79,8 @@ class Broker:
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, listen, serve until :meth:`stop`; ``task_status.started(port)``."""
         cfg = self.config
+        tls_context = server_context(cfg)  # ConfigError for an unreadable certificate
+        self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
@@ -119,7 +124,7 @@ class Broker:
                         tasks.start_soon(self._flusher)
                     if cfg.http_port:
                         self.http_port = await tasks.start(
-                            serve_http,
+                            functools.partial(serve_http, ssl_context=tls_context),
                             self._statistics.snapshot,
                             self.store,
                             cfg.host,
@@ -202,11 +207,18 @@ class Broker:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        conn_stream: trio.abc.Stream = stream
+        if self._tls is not None:  # TLS: handshake first (bounded, a failure is one log line)
+            tls = await self._tls.handshake(stream)
+            if tls is None:
+                await trio.aclose_forcefully(stream)
+                return
+            conn_stream = tls
         cfg = self.config
         self.stats.connections += 1
-        output = Output(stream, self.stats, self._staging, token)
+        output = Output(conn_stream, self.stats, self._staging, token)
         conn = ServerConnection(
-            stream, output, self.handlers, self._inflight,
+            conn_stream, output, self.handlers, self._inflight,
             max_frame=cfg.max_frame, handshake_timeout=cfg.handshake_timeout,
         )  # fmt: skip
         self._conns.add(conn)

@@ -33,6 +33,7 @@ __all__ = [
     "ConsumerDefaults",
     "FlushPolicy",
     "StartFrom",
+    "TlsClientAuth",
     "boolean",
     "format_duration_ms",
     "format_size",
@@ -69,6 +70,15 @@ class StartFrom(StrEnum):
 
     EARLIEST = "earliest"
     LATEST = "latest"
+
+
+class TlsClientAuth(StrEnum):
+    """Whether the broker asks TLS clients for a certificate (mutual TLS): ``none``,
+    ``optional`` (checked against ``tls_ca`` when one is sent) or ``required``."""
+
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -154,6 +164,14 @@ def _flush_policy(value: object) -> FlushPolicy:
     return to_enum(FlushPolicy, "flush", value)
 
 
+def _tls_client_auth(value: object) -> TlsClientAuth:
+    return to_enum(TlsClientAuth, "tls_client_auth", value)
+
+
+def _optional_path(value: object) -> Path | None:
+    return None if value is None or value == "" else Path(value)  # type: ignore[arg-type]
+
+
 @attrs.frozen
 class BrokerConfig:
     """Everything a broker needs to start, validated here (ConfigError) and nowhere
@@ -197,10 +215,24 @@ class BrokerConfig:
     producer_state_ttl: float = attrs.field(default=7 * 86400.0, validator=positive)
     #: shutdown: how long in-flight commits may take before the store closes
     shutdown_grace: float = attrs.field(default=5.0, validator=non_negative)
+    #: PEM certificate chain of the broker: TLS on the broker and HTTP ports (None = plain TCP)
+    tls_cert: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: PEM private key of ``tls_cert`` (None = the key is in ``tls_cert``)
+    tls_key: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: PEM file of the CAs that sign client certificates (mutual TLS)
+    tls_ca: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: ask TLS clients for a certificate: none, optional or required (needs ``tls_ca``)
+    tls_client_auth: TlsClientAuth = attrs.field(default=TlsClientAuth.NONE, converter=_tls_client_auth)
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:
             raise ConfigError(f"default_queues ({self.default_queues}) must be <= max_queues ({self.max_queues})")
+        if self.tls_cert is None and (
+            self.tls_key is not None or self.tls_ca is not None or self.tls_client_auth is not TlsClientAuth.NONE
+        ):
+            raise ConfigError("tls_key, tls_ca and tls_client_auth need tls_cert (the broker's certificate)")
+        if self.tls_client_auth is not TlsClientAuth.NONE and self.tls_ca is None:
+            raise ConfigError(f"tls_client_auth {self.tls_client_auth.value} needs tls_ca (the CAs of client certificates)")
 
     @property
     def address(self) -> str:

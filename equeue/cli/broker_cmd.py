@@ -19,6 +19,7 @@ from equeue.cli._common import (
 from equeue.config import (
     BrokerConfig,
     FlushPolicy,
+    TlsClientAuth,
     format_duration_ms,
     format_size,
     parse_duration_ms,
@@ -57,6 +58,10 @@ def register(app: typer.Typer) -> None:
         retention_bytes: str = typer.Option(format_size(_D.retention_bytes or 0), help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
         delete_consumed: bool = typer.Option(_D.delete_consumed, help="Also delete messages every group committed past."),
         max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
+        tls_cert: Path | None = typer.Option(_D.tls_cert, help="PEM certificate chain: TLS on the broker and HTTP ports."),
+        tls_key: Path | None = typer.Option(_D.tls_key, help="PEM key of --tls-cert (default: in the --tls-cert file)."),
+        tls_ca: Path | None = typer.Option(_D.tls_ca, help="PEM CAs that sign client certificates (mutual TLS)."),
+        tls_client_auth: TlsClientAuth = typer.Option(_D.tls_client_auth, help="Ask TLS clients for a certificate (needs --tls-ca)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -74,6 +79,7 @@ def register(app: typer.Typer) -> None:
                 map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
+                tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, tls_client_auth=tls_client_auth,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
@@ -88,7 +94,8 @@ def register(app: typer.Typer) -> None:
                 # of the whole broker every few seconds under L1, 1-2 ms after).
                 gc.collect()
                 gc.freeze()
-                typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush})", err=True)
+                tls = ", TLS" if cfg.tls_cert is not None else ""
+                typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                     async for _ in signals:
                         typer.echo("stopping broker...", err=True)

@@ -45,6 +45,10 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "retention_bytes": ("retention_bytes", lambda t: parse_size(t) or None),
     "delete_consumed": ("delete_consumed", None),
     "max_message": ("max_message_bytes", parse_size),
+    "tls_cert": ("tls_cert", None),
+    "tls_key": ("tls_key", None),
+    "tls_ca": ("tls_ca", None),
+    "tls_client_auth": ("tls_client_auth", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level"}
@@ -145,6 +149,9 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"host": ""}, "host must be a host name or address"),
         ({"delete_consumed": "yes"}, "delete_consumed must be true or false"),
         ({"default_queues": 2048}, "default_queues (2048) must be <= max_queues (1024)"),
+        ({"tls_key": "k.pem"}, "tls_key, tls_ca and tls_client_auth need tls_cert"),
+        ({"tls_cert": "c.pem", "tls_client_auth": "required"}, "tls_client_auth required needs tls_ca"),
+        ({"tls_cert": "c.pem", "tls_client_auth": "always"}, "tls_client_auth must be one of 'none', 'optional', 'required'"),
     ],
 )
 def test_broker_config_rejects_bad_values_with_config_error(kw: dict[str, Any], message: str) -> None:
