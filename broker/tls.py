@@ -87,8 +87,26 @@ class TlsAcceptor:
                 return tls
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 reason = _why(exc.__cause__ or exc) or "the peer left"
+                await _send_alert(tls, stream)
         self._failures.log(logging.INFO, reason, "client %s: TLS handshake failed: %s; closing", _peer(stream), reason)
         return None
+
+
+async def _send_alert(tls: trio.SSLStream[trio.SocketStream], stream: trio.SocketStream) -> None:
+    """Send the TLS alert OpenSSL wrote for a failed handshake (best effort, 1 s).
+
+    trio's SSLStream marks itself broken on a handshake error without sending what
+    OpenSSL left in its outgoing buffer: the alert that tells the client *why*
+    ("certificate required", "unknown CA", "certificate expired"). Without it the
+    client sees a bare EOF and cannot say that its certificate was refused."""
+    outgoing = getattr(tls, "_outgoing", None)  # ssl.MemoryBIO; absent in another trio: skip
+    alert = outgoing.read() if isinstance(outgoing, ssl.MemoryBIO) else b""
+    if alert:
+        with trio.move_on_after(1.0):
+            try:
+                await stream.send_all(alert)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
 
 def _peer(stream: trio.SocketStream) -> str:
@@ -100,6 +118,8 @@ def _peer(stream: trio.SocketStream) -> str:
 
 
 def _why(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError):  # e.g. "certificate has expired"
+        return f"{exc.reason}: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
         return str(exc.reason or exc)
     if isinstance(exc, OSError):
