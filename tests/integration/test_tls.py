@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import ssl
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from equeue.cli import app
 from equeue.config import BrokerConfig
 from equeue.errors import ConfigError, ConnectionBroken, TlsError
 from equeue.security import ClientSecurity, TlsSettings
-from producer import AsyncClient, AsyncProducer
+from producer import AsyncClient, AsyncProducer, Client
 from tests.conftest import make_config, wait_until
 from tests.integration.test_server import free_port
 
@@ -275,3 +276,28 @@ def test_https_metrics(tls_broker: EmbeddedBroker, pki: Pki) -> None:
         assert r.status == 200 and "equeue_connections" in r.read().decode()
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP on the HTTPS port: closed
         urllib.request.urlopen(url.replace("https", "http"), timeout=10)
+
+
+# --------------------------------------------------------------------------- Spark's puller
+def test_spark_puller_over_tls(tls_broker: EmbeddedBroker, pki: Pki, tmp_path: Path) -> None:
+    """The Spark reader's blocking puller speaks TLS (client certificate included);
+    a certificate problem fails at once instead of being retried."""
+    from spark.puller import Puller
+
+    with Client(tls_broker.address, security=pki.tls(pki.client)) as c:
+        c.create_topic("pull-tls", 1)
+        c.produce(wire.ProduceRequest("pull-tls", 0, entries("p", 10)))
+    p = Puller(tls_broker.address, security=pki.tls(pki.client))
+    try:
+        p.submit(wire.PullRequest("pull-tls", 0, 0, 100))
+        res = wire.decode_pull_response("pull-tls", p.next())
+        assert [m.body for m in res.messages] == [f"p-{i}".encode() for i in range(10)]
+    finally:
+        p.close()
+    wrong = tmp_path / "wrong-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(wrong))
+    bad = Puller(tls_broker.address, security=pki.tls(ca_file=wrong))
+    t0 = time.monotonic()
+    with pytest.raises(TlsError, match="certificate is refused"):
+        bad.submit(wire.PullRequest("pull-tls", 0, 0, 100))
+    assert time.monotonic() - t0 < 5, "a certificate problem must not be retried"
