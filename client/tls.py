@@ -86,7 +86,7 @@ def handshake_error(exc: BaseException, address: str) -> ConnectionBroken:
             # the broker refused ours (or our lack of one)
             return TlsError(
                 f"TLS handshake with {address} failed: the broker refused the client "
-                f"certificate ({reason}); it needs one signed by a CA it trusts "
+                f"certificate ({reason}); it needs a valid one, signed by a CA it trusts "
                 "(EQUEUE_TLS_CERT / EQUEUE_TLS_KEY, tls.cert / tls.key)"
             )
         if "WRONG_VERSION_NUMBER" in reason.upper() or "PACKET_LENGTH_TOO_LONG" in reason.upper():
