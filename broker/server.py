@@ -210,7 +210,7 @@ class Broker:
         conn_stream: trio.abc.Stream = stream
         if self._tls is not None:  # TLS: handshake first (bounded, a failure is one log line)
             tls = await self._tls.handshake(stream)
-            if tls is None:
+            if tls is None or self._closing.closing:  # failed, or the broker began to stop
                 await trio.aclose_forcefully(stream)
                 return
             conn_stream = tls
