@@ -37,6 +37,7 @@ from broker.thread_answer import answer_parked_pulls
 from broker.tls import TlsAcceptor, server_context
 from equeue import control
 from equeue.config import BrokerConfig
+from equeue.errors import ConfigError
 
 log = logging.getLogger("equeue.broker")
 
@@ -161,6 +162,14 @@ class Broker:
     def stop(self) -> None:
         """Begin a graceful shutdown (safe to call from the trio thread)."""
         self._stop.set()
+
+    def reload_tls(self) -> None:
+        """Read the TLS certificate, key and CA files again (``broker start``: on
+        SIGHUP); new connections use them. Raises ConfigError when TLS is off or a
+        file is bad (then the current certificate stays)."""
+        if self._tls is None:
+            raise ConfigError("TLS is off (no tls_cert): nothing to reload")
+        self._tls.reload(self.config)
 
     async def __aenter__(self) -> Broker:
         self._nursery_cm = trio.open_nursery()

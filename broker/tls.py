@@ -76,6 +76,18 @@ class TlsAcceptor:
         self.timeout = timeout
         self._failures = RateLimitedLog(log, 10.0, time.monotonic)
 
+    def reload(self, cfg: BrokerConfig) -> None:
+        """Read ``cfg``'s certificate, key and CA files again (certificate rotation
+        without a restart): new handshakes, on both ports, use them; open connections
+        keep theirs. The files are checked in a fresh context first, so a bad file
+        raises ConfigError and changes nothing. CAs are added to the ones trusted so
+        far (a CA is dropped by a restart)."""
+        server_context(cfg)  # ConfigError for a missing, unreadable or mismatched file
+        assert cfg.tls_cert is not None
+        self.context.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+        if cfg.tls_ca is not None:
+            self.context.load_verify_locations(cafile=cfg.tls_ca)
+
     async def handshake(self, stream: trio.SocketStream) -> trio.SSLStream[trio.SocketStream] | None:
         """The TLS stream over ``stream`` once its handshake is done; None when it
         failed or timed out (logged, rate-limited; the caller closes ``stream``)."""

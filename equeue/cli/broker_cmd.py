@@ -96,8 +96,15 @@ def register(app: typer.Typer) -> None:
                 gc.freeze()
                 tls = ", TLS" if cfg.tls_cert is not None else ""
                 typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:  # certificate rotation (docs/tls.md)
+                            try:
+                                broker.reload_tls()
+                                typer.echo("TLS certificate reloaded", err=True)
+                            except EQueueError as exc:
+                                typer.echo(f"TLS reload failed, the current certificate stays: {exc}", err=True)
+                            continue
                         typer.echo("stopping broker...", err=True)
                         broker.stop()
                         break

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import signal
 import ssl
 import time
 import urllib.request
@@ -301,3 +302,54 @@ def test_spark_puller_over_tls(tls_broker: EmbeddedBroker, pki: Pki, tmp_path: P
     with pytest.raises(TlsError, match="certificate is refused"):
         bad.submit(wire.PullRequest("pull-tls", 0, 0, 100))
     assert time.monotonic() - t0 < 5, "a certificate problem must not be retried"
+
+
+# --------------------------------------------------------------------------- rotation
+async def test_certificate_rotation_without_a_restart(tmp_path: Path, pki: Pki) -> None:
+    """``reload_tls`` (SIGHUP in ``broker start``) serves the replaced certificate to
+    new connections, on both ports; open connections keep working; a bad file
+    changes nothing."""
+    live = tmp_path / "live.pem"
+    live.write_bytes(pki.server.read_bytes())
+    new_ca = trustme.CA()
+    new_ca_file = pki._write("new-ca.pem", new_ca.cert_pem)
+    rotated = pki.issue("rotated.pem", "127.0.0.1", ca=new_ca)
+    port = free_port()
+    async with open_broker(tls_config(tmp_path / "d", pki, tls_cert=live, http_port=port)) as b:
+        async with AsyncClient(b.address, security=pki.tls()) as old:
+            await old.create_topic("rot", 1)
+            await refused(b.address, pki.tls(ca_file=new_ca_file))  # not yet
+            live.write_bytes(rotated.read_bytes())
+            b.reload_tls()
+            async with AsyncClient(b.address, security=pki.tls(ca_file=new_ca_file)) as new:
+                assert [t.name for t in await new.list_topics()] == ["rot"]
+            await refused(b.address, pki.tls())  # the old CA no longer fits
+            assert [t.name for t in await old.list_topics()] == ["rot"]  # the open connection lives on
+            ctx = ssl.create_default_context(cafile=str(new_ca_file))
+
+            def scrape() -> int:
+                with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", context=ctx, timeout=10) as r:
+                    return int(r.status)
+
+            assert await trio.to_thread.run_sync(scrape) == 200
+            live.write_text("not a certificate")
+            with pytest.raises(ConfigError, match="cannot load the TLS certificate"):
+                b.reload_tls()
+            async with AsyncClient(b.address, security=pki.tls(ca_file=new_ca_file)) as new:
+                await new.stats()  # still the rotated certificate
+
+
+def test_sighup_reloads_the_certificate(tmp_path: Path, pki: Pki) -> None:
+    from broker.process import BrokerProcess
+    from tests.conftest import wait_until_sync
+
+    live = tmp_path / "live.pem"
+    live.write_bytes(pki.server.read_bytes())
+    new_ca = trustme.CA()
+    new_ca_file = pki._write("sighup-ca.pem", new_ca.cert_pem)
+    with BrokerProcess(tmp_path / "d", "--tls-cert", str(live)) as b:
+        live.write_bytes(pki.issue("sighup.pem", "127.0.0.1", ca=new_ca).read_bytes())
+        b.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_until_sync(lambda: "TLS certificate reloaded" in "".join(b.stderr_tail), what="the reload")
+        with Client(b.address, security=pki.tls(ca_file=new_ca_file)) as c:
+            c.stats()
