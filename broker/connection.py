@@ -70,7 +70,7 @@ class ServerConnection:
     writer task (its ``output``)."""
 
     def __init__(
-        self, stream: trio.SocketStream, output: Output, handlers: Handlers, inflight: Inflight, *,
+        self, stream: trio.abc.Stream, output: Output, handlers: Handlers, inflight: Inflight, *,
         max_frame: int, handshake_timeout: float,
     ) -> None:  # fmt: skip
         self._stream = stream
@@ -239,7 +239,11 @@ def _error_answer(exc: Exception, request_id: int, req_code: int) -> tuple[int, 
     return ErrorCode.INTERNAL_ERROR, [f"internal error: {exc!r}".encode()]
 
 
-def _peer(stream: trio.SocketStream) -> str:
+def _peer(stream: trio.abc.Stream) -> str:
+    if isinstance(stream, trio.SSLStream):  # TLS: the address is the transport's
+        stream = stream.transport_stream
+    if not isinstance(stream, trio.SocketStream):
+        return "?"
     try:
         host, port = stream.socket.getpeername()[:2]
         return f"{host}:{port}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -220,7 +221,7 @@ def _response(status: str, ctype: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-async def _handle(metrics: Metrics, stream: trio.SocketStream) -> None:
+async def _handle(metrics: Metrics, stream: trio.abc.Stream) -> None:
     try:
         buf = b""
         with trio.move_on_after(_REQUEST_TIMEOUT):
@@ -257,24 +258,32 @@ async def _handle(metrics: Metrics, stream: trio.SocketStream) -> None:
         await trio.aclose_forcefully(stream)
 
 
-async def open_http_listeners(host: str, port: int) -> list[trio.SocketListener]:
-    """The endpoint's listening sockets (one place, for a listener wrapper such as TLS)."""
-    return await trio.open_tcp_listeners(port, host=host)
+async def open_http_listeners(
+    host: str, port: int, ssl_context: ssl.SSLContext | None = None
+) -> tuple[int, list[trio.abc.Listener[Any]]]:
+    """The endpoint's bound port and listeners: TCP, wrapped in TLS when
+    ``ssl_context`` is given."""
+    tcp = await trio.open_tcp_listeners(port, host=host)
+    bound: int = tcp[0].socket.getsockname()[1]
+    if ssl_context is None:
+        return bound, list(tcp)
+    return bound, [trio.SSLListener(lst, ssl_context, https_compatible=True) for lst in tcp]
 
 
 async def serve_http(
     statistics: Snapshot, store: StoreReader, host: str, port: int, *, queue_limit: int = 10_000,
-    task_status: Any = trio.TASK_STATUS_IGNORED,
+    ssl_context: ssl.SSLContext | None = None, task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
     """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``.
-    ``queue_limit``: most queues with per-queue series in one scrape."""
-    listeners = await open_http_listeners(host, port)
-    bound = listeners[0].socket.getsockname()[1]
-    log.info("metrics on http://%s:%d/metrics", host, bound)
+    ``queue_limit``: most queues with per-queue series in one scrape. With
+    ``ssl_context`` (the broker's, :mod:`broker.tls`) it serves HTTPS; the TLS
+    handshake happens within the request's time cap."""
+    bound, listeners = await open_http_listeners(host, port, ssl_context)
+    log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
     task_status.started(bound)
     metrics = Metrics(statistics, store, queue_limit)
 
-    async def handler(stream: trio.SocketStream) -> None:
+    async def handler(stream: trio.abc.Stream) -> None:
         await _handle(metrics, stream)
 
     await trio.serve_listeners(handler, listeners)

@@ -1,21 +1,32 @@
 """One connection's output: direct writes, the writer task, staged answers.
 
-Frames leave in one of two ways. While the writer task is idle (nothing queued,
-not sending) an answer is written at once, from the synchronous loop code that
-produced it, with one non-blocking write to the socket: no wake-up of the writer
-task, one loop iteration less per request. Otherwise -- or for what a full socket
-buffer did not take -- it is queued for the writer task, which coalesces
-everything queued into one ``send_all``. ``_busy`` keeps the two from interleaving
-bytes: it is set before anything is queued and cleared by the writer only once the
-queue is empty and its last write finished.
+**Write modes.** An output is in one of two modes, fixed by its stream:
+
+- *direct* (plain TCP, a ``trio.SocketStream``): frames leave in one of two ways.
+  While the writer task is idle (nothing queued, not sending) an answer is written
+  at once, from the synchronous loop code that produced it -- or from the writer
+  thread (:meth:`Output.write_from_thread`) -- with one non-blocking ``os.write`` on
+  the socket's fd: no wake-up of the writer task, one loop iteration less per
+  request. Otherwise -- or for what a full socket buffer did not take -- it is
+  queued for the writer task, which coalesces everything queued into one
+  ``send_all``. ``_busy`` keeps the two from interleaving bytes: it is set before
+  anything is queued and cleared by the writer only once the queue is empty and its
+  last write finished.
+- *stream-only* (TLS, a ``trio.SSLStream``): the TLS record layer keeps state that
+  only the SSLStream may drive, so raw fd writes would corrupt the session. Every
+  frame is queued for the writer task, which coalesces what is queued into one
+  ``send_all`` (one TLS record run per wake-up, not one per frame); direct writes
+  are off for the connection's whole life (``_no_direct`` starts true), so
+  :meth:`Output.idle` is false and the writer thread never writes to it (the woken
+  pull task answers from the loop instead).
 
 Produce answers are *staged*: held until the appender has answered its whole
 transaction, then written with one write per connection (:class:`Staging`).
 
 Every frame comes from the codec (:mod:`equeue.codec`); this module only moves
 bytes. All of it runs on the loop except :meth:`Output.write_from_thread`, the
-socket end of the one thread crossing (:mod:`broker.thread_answer`); ``_lock``
-exists for it alone.
+socket end of the one thread crossing (:mod:`broker.thread_answer`, direct mode
+only); ``_lock`` exists for it alone.
 """
 
 from __future__ import annotations
@@ -56,20 +67,24 @@ class Output:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         counters: Counters,
         staging: Staging,
         token: trio.lowlevel.TrioToken,
     ) -> None:
         self._stream = stream
+        #: direct mode: the plain TCP socket written with os.write; None in
+        #: stream-only mode (TLS), where only the writer task's send_all writes
+        self._socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self._counters = counters
         self._staging = staging
         self._token = token
         self._send_ch, self._recv_ch = trio.open_memory_channel[list[bytes]](math.inf)
         #: the writer task has frames to send (or is sending): write through it
         self._busy = False
-        #: no more direct writes (closing, or a write failed: the writer drains)
-        self._no_direct = False
+        #: no more direct writes (stream-only mode; closing, or a write failed: the
+        #: writer drains)
+        self._no_direct = self._socket is None
         #: guards the state above against the writer thread (write_from_thread)
         self._lock = threading.Lock()
         #: the tail of a frame the writer thread could only partly write: it goes
@@ -80,7 +95,8 @@ class Output:
 
     # ------------------------------------------------------------------ loop side
     def send(self, parts: list[bytes]) -> None:
-        """Send one frame (its pieces): now if the writer is idle, else via the writer."""
+        """Send one frame (its pieces): now if the writer is idle (direct mode), else
+        via the writer task."""
         with self._lock:
             if not self._busy and not self._no_direct:
                 self._write_direct(b"".join(parts))
@@ -155,7 +171,8 @@ class Output:
         """One non-blocking write (``_lock`` held): the bytes the socket took, 0 when
         it took none (full, or closed), -1 when the peer is gone (then no more
         direct writes: the reader sees the loss, the writer task fails quietly)."""
-        fd = self._stream.socket.fileno()
+        sock = self._socket
+        fd = sock.fileno() if sock is not None else -1  # None: never here (stream-only)
         if fd < 0:
             return 0
         try:
@@ -198,7 +215,8 @@ class Output:
 
     def write_from_thread(self, request_id: int, parts: list[bytes]) -> int:
         """Writer thread (:mod:`broker.thread_answer`): write the OK answer to request
-        ``request_id`` now, if the writer task is idle. Returns the frame's size when
+        ``request_id`` now, if the writer task is idle (direct mode only: in
+        stream-only mode it writes nothing and returns 0). Returns the frame's size when
         the answer is written (or its tail handed to the writer task, first in line)
         or lost with a dead peer; 0 when nothing was written (the caller answers
         through the loop instead). The caller counts the bytes (the counters belong

@@ -34,8 +34,10 @@ from broker.output import Output, Staging
 from broker.stats import Counters, Statistics
 from broker.storage import ScanBudget, Store, WriteOutcome
 from broker.thread_answer import answer_parked_pulls
+from broker.tls import TlsAcceptor, server_context
 from equeue import control
 from equeue.config import BrokerConfig
+from equeue.errors import ConfigError
 
 log = logging.getLogger("equeue.broker")
 
@@ -67,6 +69,8 @@ class Broker:
         self._staging = Staging()
         self._conns: set[ServerConnection] = set()
         self._no_conns = trio.Event()
+        #: wraps accepted connections in TLS (None: plain TCP); built by serve()
+        self._tls: TlsAcceptor | None = None
 
     @property
     def closing(self) -> bool:
@@ -76,6 +80,8 @@ class Broker:
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, listen, serve until :meth:`stop`; ``task_status.started(port)``."""
         cfg = self.config
+        tls_context = server_context(cfg)  # ConfigError for an unreadable certificate
+        self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
@@ -120,7 +126,9 @@ class Broker:
                         tasks.start_soon(self._flusher)
                     if cfg.http_port:
                         self.http_port = await tasks.start(
-                            functools.partial(serve_http, queue_limit=cfg.metrics_queue_limit),
+                            functools.partial(
+                                serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context
+                            ),
                             self._statistics.snapshot,
                             self.store,
                             cfg.host,
@@ -157,6 +165,14 @@ class Broker:
     def stop(self) -> None:
         """Begin a graceful shutdown (safe to call from the trio thread)."""
         self._stop.set()
+
+    def reload_tls(self) -> None:
+        """Read the TLS certificate, key and CA files again (``broker start``: on
+        SIGHUP); new connections use them. Raises ConfigError when TLS is off or a
+        file is bad (then the current certificate stays)."""
+        if self._tls is None:
+            raise ConfigError("TLS is off (no tls_cert): nothing to reload")
+        self._tls.reload(self.config)
 
     async def __aenter__(self) -> Broker:
         self._nursery_cm = trio.open_nursery()
@@ -203,11 +219,18 @@ class Broker:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        conn_stream: trio.abc.Stream = stream
+        if self._tls is not None:  # TLS: handshake first (bounded, a failure is one log line)
+            tls = await self._tls.handshake(stream)
+            if tls is None or self._closing.closing:  # failed, or the broker began to stop
+                await trio.aclose_forcefully(stream)
+                return
+            conn_stream = tls
         cfg = self.config
         self.stats.connections += 1
-        output = Output(stream, self.stats, self._staging, token)
+        output = Output(conn_stream, self.stats, self._staging, token)
         conn = ServerConnection(
-            stream, output, self.handlers, self._inflight,
+            conn_stream, output, self.handlers, self._inflight,
             max_frame=cfg.max_frame, handshake_timeout=cfg.handshake_timeout,
         )  # fmt: skip
         self._conns.add(conn)

@@ -17,6 +17,13 @@ the loop as if the crossing did not exist. At most :data:`MAX_THREAD_ANSWERS` pu
 are answered per commit, so a crowd of long-pollers cannot delay the produce
 acknowledgements.
 
+**Plain TCP only.** The crossing writes raw bytes to the socket's fd, which a TLS
+connection cannot take (its record layer belongs to the loop's ``trio.SSLStream``):
+a TLS connection's output is in *stream-only* mode (:mod:`broker.output`, "write
+modes"), its :meth:`~broker.output.Output.idle` is always false, so its parked pulls
+are answered by the woken pull task on the loop, through the connection's writer
+task.
+
 **The measurement.** Without it a commit's new message reaches a long-polling
 consumer through two hops of the loop (the answer posted back to the loop, then the
 woken pull task reading it). Answering from the writer thread took the raw-loop

@@ -7,8 +7,14 @@ through :func:`equeue.errors.error_for_code`, and exposes one typed method per
 request. Its lifetime is ``async with``: the reader task lives in its nursery.
 One live connection and its pending answers are a :class:`client.link._Link`.
 
+With ``security.tls`` set the connection is TLS (``trio.SSLStream``, the context
+from :mod:`client.tls`); every write then goes through ``send_all`` (the
+non-blocking direct write of :meth:`AsyncClient.send_request_nowait` is for plain
+TCP only, :meth:`AsyncClient.can_send_now` says False).
+
 Errors: :class:`~equeue.errors.ConnectionBroken` when the connection cannot be
-made or dies (transient: callers may retry), the mapped
+made or dies (transient: callers may retry), :class:`~equeue.errors.TlsError` when
+a TLS handshake fails over a certificate (not transient), the mapped
 :class:`~equeue.errors.BrokerError` for error answers,
 :class:`~equeue.errors.ClientClosed` after :meth:`AsyncClient.aclose`.
 """
@@ -25,6 +31,7 @@ from typing import Any, TypeVar
 import trio
 
 from client.link import PendingReply, _Link, _Slot, parse_brokers
+from client.tls import client_context, handshake_error
 from equeue import control, wire
 from equeue.codec import NEED_DATA, Hello, HelloAck, Push, Response
 from equeue.codec import Request as RequestEvent
@@ -34,6 +41,7 @@ from equeue.errors import (
     EQueueError,
     ErrorCode,
     RemoteProtocolError,
+    TlsError,
     error_for_code,
 )
 from equeue.models import PullResult
@@ -62,6 +70,8 @@ class AsyncClient:
         self.brokers = parse_brokers(brokers)
         #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
         self.security = ClientSecurity.from_env() if security is None else security
+        #: the TLS context (its files read now: ConfigError here, not at connect)
+        self._ssl_context = client_context(self.security.tls) if self.security.tls is not None else None
         self.connect_timeout = connect_timeout
         self.on_push = on_push
         self._ids = itertools.count(1)
@@ -118,6 +128,7 @@ class AsyncClient:
             if link is not None and link.broken is None:
                 return link
             errors = []
+            tls_refused = False
             for _ in range(len(self.brokers)):
                 host, port = self.brokers[self._next_broker % len(self.brokers)]
                 try:
@@ -125,33 +136,50 @@ class AsyncClient:
                         link = await self._open(host, port)
                 except (OSError, trio.TooSlowError, EQueueError) as exc:
                     errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                    tls_refused = tls_refused or isinstance(exc, TlsError)
                     self._next_broker += 1
                     continue
                 self._link = link
                 self.connection_epoch += 1
                 self._nursery.start_soon(self._reader, link)
                 return link
-            raise ConnectionBroken("cannot connect to any broker (" + "; ".join(errors) + ")")
+            # a certificate problem is not retried (TlsError is not transient)
+            error = TlsError if tls_refused else ConnectionBroken
+            raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
     async def _open(self, host: str, port: int) -> _Link:
-        stream = await trio.open_tcp_stream(host, port)
+        """Connect (TLS when ``security.tls``) and exchange Hello. Raises TlsError
+        for a certificate problem, ConnectionBroken or OSError otherwise."""
+        raw = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = raw
+        tls = self.security.tls
         try:
-            stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl_context is not None and tls is not None:
+                stream = trio.SSLStream(raw, self._ssl_context, server_hostname=tls.server_hostname or host)
             link = _Link(stream, f"{host}:{port}")
-            await stream.send_all(link.codec.send(Hello()))
-            while True:
-                data = await stream.receive_some(65536)
-                if not data:
-                    raise ConnectionBroken(f"broker {host}:{port} closed during the handshake")
-                link.codec.receive_data(data)
-                ev = link.codec.next_event()
-                if ev is NEED_DATA:
-                    continue
-                if isinstance(ev, HelloAck):
-                    if ev.code != ErrorCode.OK:
-                        raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
-                    return link
-                raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
+            try:
+                # with TLS the handshake runs in the first send; with TLS 1.3 a refused
+                # client certificate shows up in the first receive
+                await stream.send_all(link.codec.send(Hello()))
+                while True:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        hint = "" if tls is not None else " (does it speak TLS? set EQUEUE_TLS=1 or EQUEUE_TLS_CA)"
+                        raise ConnectionBroken(f"broker {host}:{port} closed during the handshake{hint}")
+                    link.codec.receive_data(data)
+                    ev = link.codec.next_event()
+                    if ev is NEED_DATA:
+                        continue
+                    if isinstance(ev, HelloAck):
+                        if ev.code != ErrorCode.OK:
+                            raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
+                        return link
+                    raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
+            except trio.BrokenResourceError as exc:
+                if tls is not None:
+                    raise handshake_error(exc, f"{host}:{port}") from None
+                raise ConnectionBroken(f"broker {host}:{port}: {exc.__cause__ or exc}") from None
         except BaseException:
             await trio.aclose_forcefully(stream)
             raise
@@ -248,11 +276,13 @@ class AsyncClient:
         return slot
 
     def can_send_now(self) -> bool:
-        """Whether :meth:`send_request_nowait` can write at once (connected, and no
-        other write in progress or queued)."""
+        """Whether :meth:`send_request_nowait` can write at once (connected over
+        plain TCP -- a TLS link writes through ``send_all`` only -- and no other
+        write in progress or queued)."""
         link = self._link
         return (
             link is not None
+            and link.socket is not None
             and link.broken is None
             and not self._closed
             and self._nursery is not None
@@ -277,8 +307,8 @@ class AsyncClient:
         if not self.can_send_now():
             raise trio.WouldBlock
         link = self._link
-        assert link is not None and self._nursery is not None
-        fd = link.stream.socket.fileno()
+        assert link is not None and link.socket is not None and self._nursery is not None
+        fd = link.socket.fileno()
         if fd < 0:
             raise trio.WouldBlock
         rid = next(self._ids) & 0xFFFFFFFF or next(self._ids)

@@ -52,8 +52,11 @@ PendingReply = _Slot
 class _Link:
     """One live connection: stream, codec, pending requests."""
 
-    def __init__(self, stream: trio.SocketStream, address: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
         self.stream = stream
+        #: the socket a plain TCP link writes directly (non-blocking); None with TLS,
+        #: whose bytes only the SSLStream may write
+        self.socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.address = address
         self.codec = Connection(Role.CLIENT)
         self.pending: dict[int, _Slot] = {}

@@ -35,6 +35,7 @@ __all__ = [
     "ConsumerDefaults",
     "FlushPolicy",
     "StartFrom",
+    "TlsClientAuth",
     "boolean",
     "format_duration_ms",
     "format_size",
@@ -71,6 +72,15 @@ class StartFrom(StrEnum):
 
     EARLIEST = "earliest"
     LATEST = "latest"
+
+
+class TlsClientAuth(StrEnum):
+    """Whether the broker asks TLS clients for a certificate (mutual TLS): ``none``,
+    ``optional`` (checked against ``tls_ca`` when one is sent) or ``required``."""
+
+    NONE = "none"
+    OPTIONAL = "optional"
+    REQUIRED = "required"
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -159,6 +169,12 @@ def _flush_policy(value: object) -> FlushPolicy:
 #: the per-request scan budget of tag-filtered pulls and key lookups (records, seconds)
 DEFAULT_SCAN_RECORDS: Final = 2048
 DEFAULT_SCAN_TIME: Final = 0.002
+def _tls_client_auth(value: object) -> TlsClientAuth:
+    return to_enum(TlsClientAuth, "tls_client_auth", value)
+
+
+def _optional_path(value: object) -> Path | None:
+    return None if value is None or value == "" else Path(value)  # type: ignore[arg-type]
 
 
 @attrs.frozen
@@ -212,10 +228,24 @@ class BrokerConfig:
     #: most queues whose per-queue series one /metrics scrape renders (asked for with
     #: ``?queues=1`` or ``?topic=``); per-topic totals are always there
     metrics_queue_limit: int = attrs.field(default=10_000, validator=positive)
+    #: PEM certificate chain of the broker: TLS on the broker and HTTP ports (None = plain TCP)
+    tls_cert: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: PEM private key of ``tls_cert`` (None = the key is in ``tls_cert``)
+    tls_key: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: PEM file of the CAs that sign client certificates (mutual TLS)
+    tls_ca: Path | None = attrs.field(default=None, converter=_optional_path)
+    #: ask TLS clients for a certificate: none, optional or required (needs ``tls_ca``)
+    tls_client_auth: TlsClientAuth = attrs.field(default=TlsClientAuth.NONE, converter=_tls_client_auth)
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:
             raise ConfigError(f"default_queues ({self.default_queues}) must be <= max_queues ({self.max_queues})")
+        if self.tls_cert is None and (
+            self.tls_key is not None or self.tls_ca is not None or self.tls_client_auth is not TlsClientAuth.NONE
+        ):
+            raise ConfigError("tls_key, tls_ca and tls_client_auth need tls_cert (the broker's certificate)")
+        if self.tls_client_auth is not TlsClientAuth.NONE and self.tls_ca is None:
+            raise ConfigError(f"tls_client_auth {self.tls_client_auth.value} needs tls_ca (the CAs of client certificates)")
 
     @property
     def address(self) -> str:

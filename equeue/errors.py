@@ -27,6 +27,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── BrokerShuttingDown        (transient)
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
+    │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
     ├── ClientClosed                  you closed the client and then used it
     ├── OperationTimeout              a send/request did not finish in its time budget
     ├── BufferFull                    a producer's send buffer is full (on_full="raise")
@@ -77,6 +78,7 @@ __all__ = [
     "StoreError",
     "StoreFull",
     "StoreTruncated",
+    "TlsError",
     "TopicExists",
     "TopicNotFound",
     "UnknownRequest",
@@ -159,6 +161,16 @@ class ConnectionBroken(EQueueError):
     """The peer closed or broke the connection, or it could not be established."""
 
     transient = True
+
+
+class TlsError(ConnectionBroken):
+    """The TLS handshake with the broker failed over a certificate: the broker's is
+    not trusted (unknown CA), expired, or names another host; or the broker refused
+    the client's (none sent, unknown CA, expired). Not transient: retrying cannot
+    help until the certificates or the settings change. A local error, never sent
+    on the wire."""
+
+    transient = False
 
 
 class OperationTimeout(EQueueError):

@@ -6,6 +6,10 @@ broker serves it. A plain blocking socket driven by the shared sans-I/O codec
 hand-off between threads, and the next pull is already on the wire while the current
 answer is being turned into Arrow columns (``depth`` pulls in flight).
 
+With TLS settings (``security.tls``, from the source's options) the socket is
+wrapped with the context of :mod:`client.tls`; a certificate problem is a
+:class:`~equeue.errors.TlsError`, which the retry policy does not retry.
+
 Pulls are reads, so a broken connection is simply reopened and the pulls still
 outstanding are sent again, under the clients' one retry policy (:mod:`client.retry`:
 backoff with jitter between attempts, bounded by :data:`POLICY`). Errors the broker
@@ -16,12 +20,14 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import threading
 from collections import deque
 from typing import Final
 
 from client.connection import parse_brokers
 from client.retry import RetryPolicy, retry_sync
+from client.tls import client_context, handshake_error
 from equeue import wire
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.errors import (
@@ -29,9 +35,11 @@ from equeue.errors import (
     EQueueError,
     ErrorCode,
     RemoteProtocolError,
+    TlsError,
     error_for_code,
 )
 from equeue.protocol import RequestCode
+from equeue.security import ClientSecurity
 
 __all__ = ["Puller", "puller_for", "release"]
 
@@ -54,9 +62,13 @@ class Puller:
     answer.
     """
 
-    def __init__(self, brokers: str, policy: RetryPolicy = POLICY) -> None:
+    def __init__(self, brokers: str, policy: RetryPolicy = POLICY, security: ClientSecurity | None = None) -> None:
         self.addresses = parse_brokers(brokers)
         self.policy = policy
+        #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
+        self.security = ClientSecurity.from_env() if security is None else security
+        tls = self.security.tls
+        self._ssl = client_context(tls) if tls is not None else None
         self._sock: socket.socket | None = None
         self._codec: Connection | None = None
         self._rid = 0
@@ -67,6 +79,8 @@ class Puller:
     # ------------------------------------------------------------------ connection
     def _connect(self) -> None:
         errors = []
+        tls_refused = False
+        tls = self.security.tls
         for i in range(len(self.addresses)):
             host, port = self.addresses[(self._turn + i) % len(self.addresses)]
             try:
@@ -76,6 +90,9 @@ class Puller:
                 continue
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._ssl is not None and tls is not None:
+                    # the TLS handshake runs here, bounded by CONNECT_TIMEOUT
+                    sock = self._ssl.wrap_socket(sock, server_hostname=tls.server_hostname or host)
                 sock.settimeout(READ_TIMEOUT)
                 codec = Connection(Role.CLIENT)
                 sock.sendall(codec.send(Hello()))
@@ -86,12 +103,17 @@ class Puller:
                     raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
             except (OSError, EQueueError) as exc:
                 sock.close()
+                if tls is not None and isinstance(exc, ssl.SSLError | ConnectionBroken):
+                    exc = handshake_error(exc, f"{host}:{port}")  # TlsError: a certificate problem
+                tls_refused = tls_refused or isinstance(exc, TlsError)
                 errors.append(f"{host}:{port}: {exc}")
                 continue
             self._sock, self._codec = sock, codec
             self._turn += i
             return
-        raise ConnectionBroken("cannot connect to any broker (" + "; ".join(errors) + ")")
+        # a certificate problem is not retried (TlsError is not transient)
+        error = TlsError if tls_refused else ConnectionBroken
+        raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
     @staticmethod
     def _receive_event(sock: socket.socket, codec: Connection) -> object:
@@ -203,23 +225,25 @@ class Puller:
         self._drop()
 
 
-_pool: dict[tuple[int, str], list[Puller]] = {}
+_pool: dict[tuple[int, str, ClientSecurity], list[Puller]] = {}
 _pool_lock = threading.Lock()
 
 
-def puller_for(brokers: str) -> Puller:
+def puller_for(brokers: str, security: ClientSecurity | None = None) -> Puller:
     """A connected-on-demand puller for this process (reused across Spark tasks: Spark
-    keeps its Python workers). Give it back with :func:`release`."""
-    key = (os.getpid(), brokers)
+    keeps its Python workers) speaking TLS per ``security``. Give it back with
+    :func:`release`."""
+    security = ClientSecurity.from_env() if security is None else security
+    key = (os.getpid(), brokers, security)
     with _pool_lock:
         free = _pool.get(key)
         if free:
             return free.pop()
-    return Puller(brokers)
+    return Puller(brokers, security=security)
 
 
 def release(brokers: str, puller: Puller) -> None:
     """Return a puller to the pool; one with pulls still outstanding is reset first."""
     puller.reset()
     with _pool_lock:
-        _pool.setdefault((os.getpid(), brokers), []).append(puller)
+        _pool.setdefault((os.getpid(), brokers, puller.security), []).append(puller)

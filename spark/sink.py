@@ -43,6 +43,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from equeue.errors import ConfigError, EQueueError
+from equeue.security import ClientSecurity
 from producer import Producer, ProducerOptions
 from spark.common import opt_str
 
@@ -71,13 +72,15 @@ def producer_id_for(*parts: object) -> bytes:
     return hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=16).digest()
 
 
-def sink_options(producer_id: bytes) -> ProducerOptions:
+def sink_options(producer_id: bytes, security: ClientSecurity | None = None) -> ProducerOptions:
     """The producer options of one sink task: its stable id, requests sealed only by
     size or by the end of a chunk (``linger`` infinite), and no client-side buffer
     or body limit: a task's memory is bounded by its chunk, and the broker's body
     limit applies. (With a bounded buffer a row could wait for space that only open
-    batches hold, and they end only by size or at the end of the chunk.)"""
+    batches hold, and they end only by size or at the end of the chunk.) ``security``:
+    TLS and credentials (None: the ``EQUEUE_*`` environment)."""
     return ProducerOptions(
+        security=security,
         producer_id=producer_id,
         stable_id=True,
         linger=math.inf,
@@ -110,9 +113,12 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
 class _Publisher:
     """Publishes the rows of one task through a producer, in deterministic chunks."""
 
-    def __init__(self, brokers: str, default_topic: str | None, producer_id: bytes, partition_id: int) -> None:
+    def __init__(
+        self, brokers: str, default_topic: str | None, producer_id: bytes, partition_id: int,
+        security: ClientSecurity | None = None,
+    ) -> None:  # fmt: skip
         self.default_topic = default_topic
-        self.producer = Producer(brokers, options=sink_options(producer_id))
+        self.producer = Producer(brokers, options=sink_options(producer_id, security))
         self.chunk_rows = 0
         self.chunk_bytes = 0
         self.commit = SinkCommit(partition_id)
@@ -195,13 +201,15 @@ class _WriterBase:
         if "body" not in names:
             raise ConfigError('equeue sink: the DataFrame needs a "body" column (binary or string)')
         self.brokers = opt_str(options, "brokers", "127.0.0.1:5800")
+        #: TLS and credentials from the options (else the driver's environment)
+        self.security = ClientSecurity.from_options(options)
         self.topic = opt_str(options, "topic", "") or None
         if self.topic is None and "topic" not in names:
             raise ConfigError('equeue sink: set the "topic" option or give the DataFrame a "topic" column')
 
     def _publish(self, producer_id: bytes, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         ctx = TaskContext.get()
-        pub = _Publisher(self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0)
+        pub = _Publisher(self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0, self.security)
         try:
             for batch in iterator:
                 pub.add_batch(batch)

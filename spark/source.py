@@ -49,6 +49,7 @@ from pyspark.sql.types import (
 from equeue import wire
 from equeue.errors import ConfigError, EQueueError, TopicNotFound
 from equeue.protocol import PullStatus
+from equeue.security import ClientSecurity
 from spark.columns import packed_batch
 from spark.common import (
     EARLIEST,
@@ -117,8 +118,10 @@ def read_range(
     part: RangePartition,
     schema: pa.Schema,
     fail_on_data_loss: bool = True,
+    security: ClientSecurity | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Yield the records of ``part`` as Arrow batches (one per pull, ≤ 10,000 rows).
+    """Yield the records of ``part`` as Arrow batches (one per pull, ≤ 10,000 rows),
+    connecting per ``security`` (TLS, credentials; None: the ``EQUEUE_*`` environment).
 
     Raises DataLossError (with ``fail_on_data_loss``) when part of the range is no
     longer retained or the queue is shorter than the range; otherwise logs a warning
@@ -128,7 +131,7 @@ def read_range(
     topic, qid = part.topic, part.queue_id
     if pos >= end:
         return
-    puller = puller_for(brokers)
+    puller = puller_for(brokers, security)
     try:
         # pulls stay PULL_DEPTH ahead of parsing, so the broker never waits for this reader
         asked: deque[int] = deque()  # how many records each outstanding pull asked for
@@ -241,6 +244,9 @@ class _Options:
 
     def __init__(self, options: Mapping[str, str]) -> None:
         self.brokers = opt_str(options, "brokers", "127.0.0.1:5800")
+        #: TLS and credentials: options tls, tls.ca, tls.cert, tls.key, tls.serverName,
+        #: credentials.file, else the driver's EQUEUE_* environment (docs/spark.md)
+        self.security = ClientSecurity.from_options(options)
         self.topics = topics_of(options)
         self.starting = opt_str(options, "startingOffsets", "")
         self.ending = opt_str(options, "endingOffsets", "")
@@ -271,7 +277,7 @@ class _Base:
         """Per topic and queue: (lowest retained offset, next offset to be written).
 
         A topic that does not exist (yet) has no queues (logged once per call)."""
-        c = client_for(self.opts.brokers)
+        c = client_for(self.opts.brokers, self.opts.security)
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for t in self.opts.topics:
             try:
@@ -307,7 +313,9 @@ class _Base:
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        yield from read_range(self.opts.brokers, partition, self.arrow_schema, self.opts.fail_on_data_loss)
+        yield from read_range(
+            self.opts.brokers, partition, self.arrow_schema, self.opts.fail_on_data_loss, self.opts.security
+        )
 
     def plan(self, start: Offsets, end: Offsets) -> list[RangePartition]:
         ranges = []
@@ -408,7 +416,7 @@ class EQueueStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailable
         (once per change; a failure is logged, the query goes on)."""
         if not self.opts.group or end == self._group_committed:
             return
-        c = client_for(self.opts.brokers)
+        c = client_for(self.opts.brokers, self.opts.security)
         try:
             for t, qs in end.items():
                 for q, off in qs.items():

@@ -19,6 +19,7 @@ from equeue.cli._common import (
 from equeue.config import (
     BrokerConfig,
     FlushPolicy,
+    TlsClientAuth,
     format_duration_ms,
     format_size,
     parse_duration_ms,
@@ -60,6 +61,10 @@ def register(app: typer.Typer) -> None:
         scan_records: int = typer.Option(_D.scan_records, help="Records a tag-filtered pull or key lookup may scan per request."),
         scan_time: str = typer.Option(format_duration_ms(int(_D.scan_time * 1000)), help="Time a tag-filtered pull or key lookup may scan per request (e.g. 5ms)."),
         metrics_queue_limit: int = typer.Option(_D.metrics_queue_limit, help="Most queues with per-queue series in one /metrics scrape."),
+        tls_cert: Path | None = typer.Option(_D.tls_cert, help="PEM certificate chain: TLS on the broker and HTTP ports."),
+        tls_key: Path | None = typer.Option(_D.tls_key, help="PEM key of --tls-cert (default: in the --tls-cert file)."),
+        tls_ca: Path | None = typer.Option(_D.tls_ca, help="PEM CAs that sign client certificates (mutual TLS)."),
+        tls_client_auth: TlsClientAuth = typer.Option(_D.tls_client_auth, help="Ask TLS clients for a certificate (needs --tls-ca)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -84,6 +89,7 @@ def register(app: typer.Typer) -> None:
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
                 scan_records=scan_records, scan_time=parse_duration_ms(scan_time) / 1000,
                 metrics_queue_limit=metrics_queue_limit,
+                tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, tls_client_auth=tls_client_auth,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
@@ -98,9 +104,17 @@ def register(app: typer.Typer) -> None:
                 # of the whole broker every few seconds under L1, 1-2 ms after).
                 gc.collect()
                 gc.freeze()
-                typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush})", err=True)
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
+                tls = ", TLS" if cfg.tls_cert is not None else ""
+                typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:  # certificate rotation (docs/tls.md)
+                            try:
+                                broker.reload_tls()
+                                typer.echo("TLS certificate reloaded", err=True)
+                            except EQueueError as exc:
+                                typer.echo(f"TLS reload failed, the current certificate stays: {exc}", err=True)
+                            continue
                         typer.echo("stopping broker...", err=True)
                         broker.stop()
                         break

@@ -48,6 +48,10 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "scan_records": ("scan_records", None),
     "scan_time": ("scan_time", lambda t: parse_duration_ms(t) / 1000),
     "metrics_queue_limit": ("metrics_queue_limit", None),
+    "tls_cert": ("tls_cert", None),
+    "tls_key": ("tls_key", None),
+    "tls_ca": ("tls_ca", None),
+    "tls_client_auth": ("tls_client_auth", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level"}
@@ -148,6 +152,9 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"host": ""}, "host must be a host name or address"),
         ({"delete_consumed": "yes"}, "delete_consumed must be true or false"),
         ({"default_queues": 2048}, "default_queues (2048) must be <= max_queues (1024)"),
+        ({"tls_key": "k.pem"}, "tls_key, tls_ca and tls_client_auth need tls_cert"),
+        ({"tls_cert": "c.pem", "tls_client_auth": "required"}, "tls_client_auth required needs tls_ca"),
+        ({"tls_cert": "c.pem", "tls_client_auth": "always"}, "tls_client_auth must be one of 'none', 'optional', 'required'"),
     ],
 )
 def test_broker_config_rejects_bad_values_with_config_error(kw: dict[str, Any], message: str) -> None:

@@ -1,0 +1,93 @@
+"""The Spark source and sink against a broker that requires mutual TLS.
+
+One embedded broker (TLS, client certificates required) and one local Spark
+session for the module. The TLS settings travel as the documented options
+(``tls.ca``, ``tls.cert``, ``tls.key``); the workers' readers (the blocking puller)
+and writers (the producer) and the driver's planning client all use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+trustme = pytest.importorskip("trustme")
+
+from broker import BrokerConfig, EmbeddedBroker  # noqa: E402
+from equeue import Message, wire  # noqa: E402
+from equeue.security import ClientSecurity, TlsSettings  # noqa: E402
+from producer import Client  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("spark-pki")
+    ca = trustme.CA()
+    files = {name: root / f"{name}.pem" for name in ("ca", "server", "client_cert", "client_key")}
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(files["server"]))
+    client = ca.issue_cert("spark@example")
+    client.cert_chain_pems[0].write_to_path(str(files["client_cert"]))
+    client.private_key_pem.write_to_path(str(files["client_key"]))
+    return files
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, pki: dict[str, Path]) -> Iterator[EmbeddedBroker]:
+    cfg = BrokerConfig(
+        data_dir=tmp_path_factory.mktemp("spark-tls-broker") / "data", port=0, map_size=1 << 30,
+        flush="async", shutdown_grace=2.0, tls_cert=pki["server"], tls_ca=pki["ca"], tls_client_auth="required",
+    )  # fmt: skip
+    with EmbeddedBroker(cfg) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def client(broker: EmbeddedBroker, pki: dict[str, Path]) -> Iterator[Client]:
+    sec = ClientSecurity(tls=TlsSettings(ca_file=pki["ca"], cert_file=pki["client_cert"], key_file=pki["client_key"]))
+    with Client(broker.address, security=sec) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ss() -> Iterator[Any]:
+    import spark
+
+    s = spark.session("equeue-tls-tests", "local[2]", shuffle_partitions=2)
+    yield s
+    s.stop()
+
+
+def tls_options(broker: EmbeddedBroker, pki: dict[str, Path]) -> dict[str, str]:
+    return {
+        "brokers": broker.address, "tls.ca": str(pki["ca"]),
+        "tls.cert": str(pki["client_cert"]), "tls.key": str(pki["client_key"]),
+    }  # fmt: skip
+
+
+def test_source_and_sink_over_mutual_tls(
+    ss: Any, broker: EmbeddedBroker, client: Client, pki: dict[str, Path]
+) -> None:
+    client.create_topic("tls-in", 2)
+    for q in range(2):
+        entries = [wire.encode_entry(Message(f"in-{q}-{i}", key=f"k{i}")) for i in range(30)]
+        client.produce(wire.ProduceRequest("tls-in", q, entries))
+    opts = tls_options(broker, pki)
+    df = ss.read.format("equeue").options(**opts).option("topic", "tls-in").load()
+    bodies = sorted(bytes(r.body).decode() for r in df.select("body").collect())
+    assert bodies == sorted(f"in-{q}-{i}" for q in range(2) for i in range(30))
+    # the sink: the rows go back out to another topic over TLS
+    client.create_topic("tls-out", 2)
+    df.select("body", "key").write.format("equeue").options(**opts).option("topic", "tls-out").mode("append").save()
+    d = client.describe_topic("tls-out")
+    assert sum(qs.max_offset - qs.min_offset for qs in d.queues) == 60
+    # without the client certificate the broker refuses the read, with a clear error
+    no_cert = {"brokers": broker.address, "tls.ca": str(pki["ca"])}
+    with pytest.raises(Exception, match="client certificate"):
+        ss.read.format("equeue").options(**no_cert).option("topic", "tls-in").load().collect()
