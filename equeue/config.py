@@ -21,8 +21,9 @@ from typing import TypeVar
 
 import attrs
 
-from equeue.codec import DEFAULT_MAX_FRAME
+from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
+from equeue.wire import ENTRY_HEADER, PULL_HEAD_SIZE, RECORD_HEADER
 
 __all__ = [
     "DEFAULTS",
@@ -154,6 +155,14 @@ def _flush_policy(value: object) -> FlushPolicy:
     return to_enum(FlushPolicy, "flush", value)
 
 
+#: bytes a pull or GET_MESSAGE answer adds around one message's content (key + tags +
+#: properties + body): the frame header, the pull answer's head, the record's item
+#: (u64 global offset, u32 length), the record header and the entry header. A message
+#: of ``max_message_bytes`` must fit in ``max_frame`` with them, or it could be stored
+#: and never served.
+SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size
+
+
 @attrs.frozen
 class BrokerConfig:
     """Everything a broker needs to start, validated here (ConfigError) and nowhere
@@ -171,7 +180,11 @@ class BrokerConfig:
     flush_interval: float = attrs.field(default=0.5, validator=positive)
     #: LMDB map size: the most the store may hold
     map_size: int = attrs.field(default=8 << 30, validator=positive)
+    #: largest frame either way; at most DEFAULT_MAX_FRAME, the cap every client
+    #: (SDK, CLI, Spark) reads frames with, so no answer is ever too big for a client
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)
+    #: largest message content (key + tags + properties + body); at most
+    #: ``max_frame - SERVE_OVERHEAD``, so a message at the limit is always served
     max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
     #: create unknown topics on produce / route lookup
     auto_create_topics: bool = attrs.field(default=True, validator=boolean)
@@ -201,6 +214,15 @@ class BrokerConfig:
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:
             raise ConfigError(f"default_queues ({self.default_queues}) must be <= max_queues ({self.max_queues})")
+        if self.max_frame > DEFAULT_MAX_FRAME:
+            raise ConfigError(
+                f"max_frame ({self.max_frame}) must be <= {DEFAULT_MAX_FRAME}: clients read frames up to that size"
+            )
+        if self.max_message_bytes > self.max_frame - SERVE_OVERHEAD:
+            raise ConfigError(
+                f"max_message_bytes ({self.max_message_bytes}) must be <= max_frame - {SERVE_OVERHEAD} "
+                f"({self.max_frame - SERVE_OVERHEAD}): a message at the limit must fit in a pull answer"
+            )
 
     @property
     def address(self) -> str:

@@ -50,7 +50,9 @@ class PullHandler:
             )
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
-        max_bytes = max(1, min(req.max_bytes, self._max_bytes))
+        # the answer fits the frame cap: records plus their 12-byte items plus the head
+        # (a single record always fits: BrokerConfig bounds max_message_bytes)
+        max_bytes = max(1, min(req.max_bytes, self._max_bytes - 12 * max_messages))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
         encode = (
             wire.encode_pull_response_packed
