@@ -10,17 +10,24 @@ import pytest
 import trio
 
 from broker import open_broker
-from broker.storage import CommitOffsetOp, ProduceOp
+from broker.storage import CommitOffsetOp, ProduceOp, layout
 from broker.storage.writes import WriteContext, WriteOp
 from client import AsyncClient
 from consumer import AsyncConsumer
-from equeue import Message, wire
+from equeue import Message, control, wire
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.config import SERVE_OVERHEAD, BrokerConfig
-from equeue.errors import ConfigError, InternalBrokerError, InvalidMessage, MessageTooLarge, OffsetOutOfRange
+from equeue.errors import (
+    ConfigError,
+    InternalBrokerError,
+    InvalidMessage,
+    MessageTooLarge,
+    OffsetOutOfRange,
+)
 from equeue.protocol import RequestCode
 from equeue.wire.entries import ENTRY_HEADER
-from tests.conftest import make_config
+from equeue.wire.records import encode_records
+from tests.conftest import make_config, wait_until
 
 
 def _bad_props_entry() -> bytes:
@@ -159,3 +166,64 @@ async def test_a_failing_op_fails_only_its_own_request(tmp_path: Path) -> None:
         assert (await c.queue_offsets("t", 0)).max_offset == 400
         for i in range(0, 200, 20):
             assert await c.query_offset(f"bad{i}", "t", 0) == -1
+
+
+@attrs.define
+class _RawAppend(WriteOp):
+    """Append entries to a queue as stored records WITHOUT the produce checks: what an
+    older broker stored, or what disk damage left behind (the store's write API, in
+    the test; no broker code is patched)."""
+
+    info: control.TopicInfo
+    queue_id: int
+    entries: list[bytes]
+
+    def apply(self, w: WriteContext) -> None:
+        w.wrote = True
+        tid, qid = self.info.topic_id, self.queue_id
+        st = w.queue(tid, qid)
+        recs = encode_records(tid, qid, st.next_offset, w.now, self.entries)
+        for i, rec in enumerate(recs):
+            gk = layout.global_key(w.next_global + i)
+            w.txn.put(gk, rec, db=w.db[b"messages"])
+            w.txn.put(layout.qindex_key(tid, qid, st.next_offset + i), gk, db=w.db[b"qindex"])
+        w.next_global += len(recs)
+        st.next_offset += len(recs)
+        st.bytes += sum(map(len, recs))
+        w.touched.add((tid, qid))
+
+
+async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: Path) -> None:
+    """The probe: a stored entry with a malformed property block stalled every consumer
+    of its queue ("property overruns its block"), the messages before it included."""
+    cfg = make_config(tmp_path / "d")
+    with trio.fail_after(60):
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            info = await c.create_topic("t", 1)
+            good = [wire.encode_entry(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
+            await b.appender.submit(_RawAppend(info, 0, [good[0], good[1], _bad_props_entry(), good[2], good[3]]))
+            seen: list[bytes] = []
+            async with AsyncConsumer(
+                b.address, "g", "t", start_from="earliest", heartbeat_interval=0.2, rebalance_interval=0.2,
+                commit_interval=0.2,
+            ) as con:  # fmt: skip
+
+                async def handler(m: Message) -> None:
+                    seen.append(m.body)
+
+                async def members_report() -> bool:
+                    d = await c.describe_group("g")
+                    return [m.quarantined for m in d.members] == [1]
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(con.run, handler)
+                    await wait_until(lambda: len(seen) == 4, timeout=30, what="the 4 good messages consumed")
+                    await wait_until(members_report, timeout=30, what="group describe shows the skipped record")
+                    con.stop()
+                assert con.statistics().quarantined == 1
+            assert seen == [b"m0", b"m1", b"m2", b"m3"]
+            assert await c.query_offset("g", "t", 0) == 5  # committed past it
+            page = await c.dlq_list("g")
+            (letter,) = page.letters
+            assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
+            assert "property overruns its block" in letter.properties["%POISON"]
