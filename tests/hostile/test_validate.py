@@ -19,6 +19,7 @@ from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.config import SERVE_OVERHEAD, BrokerConfig
 from equeue.errors import (
     ConfigError,
+    CorruptRecord,
     InternalBrokerError,
     InvalidMessage,
     MessageTooLarge,
@@ -227,3 +228,30 @@ async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: 
             (letter,) = page.letters
             assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
             assert "property overruns its block" in letter.properties["%POISON"]
+
+
+async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path: Path) -> None:
+    """A record stored under a larger limit (an older broker's): it used to make an
+    answer over the clients' frame cap, and the consumer reconnected in a loop."""
+    cfg = make_config(tmp_path / "d", max_frame=64 << 10, max_message_bytes=1024)
+    with trio.fail_after(60):
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            info = await c.create_topic("t", 1)
+            small = [wire.encode_entry(Message(f"m{i}".encode())) for i in range(2)]
+            huge = wire.encode_entry(Message(b"h" * (80 << 10)))
+            await b.appender.submit(_RawAppend(info, 0, [small[0], huge, small[1]]))
+            payload = await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 0, 10).encode())
+            assert len(wire.decode_pull_messages("t", payload)[4]) == 1  # the budget stops before it
+            with pytest.raises(CorruptRecord, match=r"offset 1 is 819\d\d bytes: too big for any answer"):
+                await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 1, 10).encode())
+            seen: list[bytes] = []
+            async with AsyncConsumer(b.address, "g", "t", start_from="earliest", rebalance_interval=0.2) as con:
+
+                async def handler(m: Message) -> None:
+                    seen.append(m.body)
+                    if len(seen) == 2:
+                        con.stop()
+
+                await con.run(handler)
+                assert con.statistics().quarantined == 1
+            assert seen == [b"m0", b"m1"]
