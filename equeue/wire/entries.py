@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from itertools import repeat
-from operator import add, ne
+from operator import add, itemgetter, ne
 from typing import Final
 
 import attrs
@@ -149,6 +149,7 @@ def entry_meta(entry: bytes | memoryview, base: int = 0) -> EntryMeta:
 
 _unpack_header = ENTRY_HEADER.unpack_from
 _FLAGS_KNOWN: Final = FLAG_KEY | FLAG_TAGS
+_N, _FLAGS, _KL, _TL, _PL = map(itemgetter, (0, 1, 4, 5, 6))  # entry header columns
 
 
 def check_entries(entries: Sequence[bytes], max_message: int) -> list[tuple[int, ...]]:
@@ -171,17 +172,21 @@ def check_entries(entries: Sequence[bytes], max_message: int) -> list[tuple[int,
     except struct.error:
         headers = []
     count = len(entries)
-    if len(headers) == count:
-        # the common case, checked in C loops and one generator: lengths match, no
-        # flags beyond key/tags, no properties, key and tags inside the entry, the
-        # content under the limit
-        ns = [h[0] for h in headers]
-        if (
-            not any(map(ne, map(len, entries), map(add, ns, repeat(4, count))))
-            and max(ns, default=0) <= max_message + _AFTER_LEN
-            and all(
-                not h[6] and h[1] | 3 == 3 and (h[1] & 1 or not h[4]) and (h[1] & 2 or not h[5])
-                and h[4] + h[5] <= h[0] - _AFTER_LEN
+    if headers and len(headers) == count:
+        # the common case, checked column by column in C loops (measured the fastest
+        # way): no properties, no flags beyond key/tags, the content under the limit,
+        # lengths match; with keys or tags, also no key (tags) length without its
+        # flag and key and tags inside the entry
+        ns = list(map(_N, headers))
+        if not (
+            any(map(_PL, headers))
+            or max(map(_FLAGS, headers)) > _FLAGS_KNOWN
+            or max(ns) > max_message + _AFTER_LEN
+            or any(map(ne, map(len, entries), map(add, ns, repeat(4, count))))
+        ) and (
+            not (any(map(_KL, headers)) or any(map(_TL, headers)))
+            or all(
+                (h[1] & FLAG_KEY or not h[4]) and (h[1] & FLAG_TAGS or not h[5]) and h[4] + h[5] <= h[0] - _AFTER_LEN
                 for h in headers
             )
         ):  # fmt: skip
