@@ -155,12 +155,16 @@ def _flush_policy(value: object) -> FlushPolicy:
     return to_enum(FlushPolicy, "flush", value)
 
 
-#: bytes a pull or GET_MESSAGE answer adds around one message's content (key + tags +
+#: room above ``max_message_bytes`` for the properties the broker adds to a retry or
+#: dead-letter copy of a message (``%ORIGIN_*``, ``%RETRY_GROUP``, ``%POISON``), so a
+#: message at the limit can still be retried and dead-lettered
+SYSTEM_PROPERTY_ROOM = 1024
+#: bytes a pull or GET_MESSAGE answer may add around a message's content (key + tags +
 #: properties + body): the frame header, the pull answer's head, the record's item
-#: (u64 global offset, u32 length), the record header and the entry header. A message
-#: of ``max_message_bytes`` must fit in ``max_frame`` with them, or it could be stored
-#: and never served.
-SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size
+#: (u64 global offset, u32 length), the record header, the entry header, and the
+#: room for system properties. A message of ``max_message_bytes`` must fit in
+#: ``max_frame`` with them, or it could be stored and never served.
+SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size + SYSTEM_PROPERTY_ROOM
 
 
 @attrs.frozen

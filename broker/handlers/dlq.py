@@ -25,7 +25,7 @@ from broker.handlers.base import (
 from broker.storage import ProduceOp, StoreReader
 from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue import control, wire
-from equeue.config import DEFAULTS, retry_delay
+from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay
 from equeue.errors import BadRequest, CorruptRecord, MessageNotFound, TopicNotFound
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
@@ -114,7 +114,15 @@ class DeadLetterHandlers:
         dest = await self._topics.require(target, auto_create=True)
         qid = _int(props.get(PROP_ORIGIN_QUEUE), 0) % dest.queues
         await self._submit(
-            ProduceOp(dest, qid, [wire.encode_entry(copy)], max_body=self._max_body, max_delay_ms=self._max_delay_ms)
+            # the copy may exceed the limit by the properties added here (BrokerConfig
+            # keeps that room in every answer, so it is still served)
+            ProduceOp(
+                dest,
+                qid,
+                [wire.encode_entry(copy)],
+                max_body=self._max_body + SYSTEM_PROPERTY_ROOM,
+                max_delay_ms=self._max_delay_ms,
+            )
         )
         return control.SendBackAnswer(target, qid, dead, deliver_at)
 
@@ -124,8 +132,8 @@ class DeadLetterHandlers:
         """A dead letter for a stored record that does not decode: its body is the
         record's bytes (cut to the message limit), ``%POISON`` says why."""
         raw = bytes(found[1])
-        room = max(0, self._max_body - 1024)  # what the properties below may take
-        props = {PROP_POISON: str(exc)[:512]}
+        room = self._max_body  # the properties below take the system properties' room
+        props = {PROP_POISON: str(exc)[:300]}
         if len(raw) > room:
             props[PROP_POISON_BYTES] = str(len(raw))
         return Message(raw[:room], None, None, props, 0, topic, queue_id, queue_offset, found[0])
