@@ -36,11 +36,14 @@ class Member:
     last_seen: float  # trio clock
     last_seen_ms: int
     notify: Notify | None = None
+    #: poison records the member reported skipping (its last heartbeat)
+    quarantined: int = 0
 
     def info(self) -> control.MemberInfo:
         return control.MemberInfo(
-            self.consumer_id, self.host, list(self.topics), self.mode, self.since_ms, self.last_seen_ms
-        )
+            self.consumer_id, self.host, list(self.topics), self.mode, self.since_ms, self.last_seen_ms,
+            self.quarantined,
+        )  # fmt: skip
 
 
 @attrs.define
@@ -71,7 +74,7 @@ class GroupRegistry:
         changed = False
         if m is None:
             m = g.members[hb.consumer_id] = Member(
-                hb.consumer_id, hb.host, list(hb.topics), hb.mode, wall, now, wall, notify
+                hb.consumer_id, hb.host, list(hb.topics), hb.mode, wall, now, wall, notify, hb.quarantined
             )
             changed = True
             log.info("group %s: member %s joined", hb.group, hb.consumer_id)
@@ -80,6 +83,7 @@ class GroupRegistry:
                 changed = True
             m.topics, m.mode, m.host = list(hb.topics), hb.mode, hb.host or m.host
             m.last_seen, m.last_seen_ms = now, wall
+            m.quarantined = hb.quarantined
             if notify is not None:
                 m.notify = notify
         for key in hb.release:

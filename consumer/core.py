@@ -120,17 +120,20 @@ class AsyncConsumer:
         logs = RateLimitedLog(log, LOG_INTERVAL, trio.current_time)
         self.dispatcher = Dispatcher(o, self.counters)
         committer = Committer(self.client, self.group, self.consumer_id, o, store)
+        self._send_back = SendBack(
+            self.client, self.group, o, self.counters, self._retry_sent, logs
+        )
         pull = PullLoop(
             self.client.request, o, self.group if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
+            dead_letter=self._send_back.dead_letter if clustering else None,
         )  # fmt: skip
         self.assignments = Assignments(
             self.client, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
             on_lost=lambda: self.coordinator.trigger(),
         )  # fmt: skip
-        self.coordinator = Coordinator(self.client, self.group, self.consumer_id, self.topics, o, self.assignments)
-        self._send_back = SendBack(
-            self.client, self.group, o, self.counters, self._retry_sent, logs
+        self.coordinator = Coordinator(
+            self.client, self.group, self.consumer_id, self.topics, o, self.assignments, counters=self.counters
         )
         self._workers = Workers(self.dispatcher, o, self.counters, self._send_back, local_retry=store is not None)
 

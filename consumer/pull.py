@@ -18,6 +18,7 @@ import trio
 from client.retry import DEFAULT_POLICY
 from consumer.options import ConsumerOptions
 from consumer.process import ProcessQueue
+from consumer.sendback import SendBackResult
 from consumer.stats import Counters
 from equeue import wire
 from equeue.errors import CorruptRecord, EQueueError, NotQueueOwner, QueueNotFound, TopicNotFound
@@ -56,6 +57,10 @@ class PullLoop:
     start_offset: Callable[[ProcessQueue], Awaitable[int]]
     deliver: Callable[[ProcessQueue, list[Message], int], None]
     logs: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log, LOG_INTERVAL, trio.current_time))
+    #: sends a poison record (topic, queue, queue offset) to the group's dead-letter
+    #: topic (:meth:`consumer.sendback.SendBack.dead_letter`); None (broadcast mode):
+    #: a poison record is only skipped
+    dead_letter: Callable[[tuple[str, int, int]], Awaitable[SendBackResult]] | None = None
 
     async def run(self, q: ProcessQueue) -> PullEnd:
         """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
@@ -109,7 +114,9 @@ class PullLoop:
             except NotQueueOwner:
                 return PullEnd.LEASE_LOST
             except CorruptRecord as exc:  # the broker's: the first record it would return
-                self._quarantine(q, offset, exc)
+                if not await self._quarantine(q, offset, exc):
+                    failures += 1
+                    await trio.sleep(DEFAULT_POLICY.delay(failures))
                 continue
             except (TopicNotFound, QueueNotFound) as exc:
                 log.warning("queue %s: %s", q.key, exc)
@@ -125,8 +132,11 @@ class PullLoop:
                 status, lo, hi, nxt, msgs = decode(q.topic, payload, verify)
             except CorruptRecord as exc:  # this consumer's check: some record of the batch
                 if n == 1:
-                    self._quarantine(q, offset, exc)
-                    single = 0
+                    if await self._quarantine(q, offset, exc):
+                        single = 0
+                    else:
+                        failures += 1
+                        await trio.sleep(DEFAULT_POLICY.delay(failures))
                 else:
                     single = n
                 continue
@@ -173,14 +183,31 @@ class PullLoop:
                 overflows = 0
         return PullEnd.STOPPED
 
-    def _quarantine(self, q: ProcessQueue, offset: int, exc: CorruptRecord) -> None:
-        """Skip the corrupt record at ``offset`` the way nsqd quarantines a message it
-        cannot decode: log it (rate-limited), count it, and move on, so the queue never
-        stalls on it. The record stays in the broker's log; the offset moves past it
-        like past a message a tag filter skipped (docs/consumer.md)."""
+    async def _quarantine(self, q: ProcessQueue, offset: int, exc: CorruptRecord) -> bool:
+        """Skip the poison record at ``offset`` (one that fails its checksum or does not
+        decode), so the queue never stalls on it: hand it to the group's dead-letter
+        topic (clustering mode), log it (rate-limited), count it, and move past it
+        like past a message a tag filter skipped (docs/consumer.md).
+
+        Returns False (nothing skipped) when the broker could not take it for a reason
+        of its own: the caller pulls it again after a pause and retries."""
+        where = (q.topic, q.queue_id, offset)
+        fate = "skipped"
+        if self.dead_letter is not None:
+            result = await self.dead_letter(where)
+            if result is SendBackResult.UNSENT:
+                self.logs.log(
+                    logging.WARNING, f"poison {q.key}",
+                    "queue %s: could not dead-letter the poison record at offset %d; trying again", q.key, offset,
+                )  # fmt: skip
+                return False
+            fate = "moved to the dead-letter topic" if result is SendBackResult.SENT else "dropped"
+        if q.stopped or q.window.end != offset:  # revoked (or moved) meanwhile: not ours to skip
+            return True
         self.counters.quarantined += 1
         self.logs.log(
             logging.ERROR, f"corrupt {q.key}",
-            "queue %s: record at offset %d is corrupt (%s); skipping it (quarantined)", q.key, offset, exc,
+            "queue %s: record at offset %d cannot be served (%s); skipping it (%s)", q.key, offset, exc, fate,
         )  # fmt: skip
         q.window.advance(offset + 1)
+        return True

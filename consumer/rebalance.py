@@ -23,6 +23,7 @@ import trio
 from consumer.assignments import Assignments
 from consumer.options import ConsumeMode, ConsumerOptions
 from consumer.process import Lease, lease_name, parse_lease
+from consumer.stats import Counters
 from equeue import control
 from equeue.allocation import allocate_for
 from equeue.errors import EQueueError
@@ -45,8 +46,10 @@ class Coordinator:
 
     def __init__(
         self, client: GroupClient, group: str, consumer_id: str, topics: Sequence[str], options: ConsumerOptions,
-        assignments: Assignments,
+        assignments: Assignments, *, counters: Counters | None = None,
     ) -> None:  # fmt: skip
+        #: the member's counters: its heartbeat reports the poison records it skipped
+        self.counters = counters
         self.client = client
         self.group = group
         self.consumer_id = consumer_id
@@ -83,6 +86,7 @@ class Coordinator:
         return control.Heartbeat(
             self.group, self.consumer_id, self.topics, self.options.mode.value, self.host,
             [lease_name(lease) for lease in acquire],
+            quarantined=self.counters.quarantined if self.counters is not None else 0,
         )  # fmt: skip
 
     async def rebalance(self) -> None:

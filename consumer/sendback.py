@@ -131,6 +131,25 @@ class SendBack:
         )  # fmt: skip
         return SendBackResult.DROPPED
 
+    async def dead_letter(self, where: tuple[str, int, int]) -> SendBackResult:
+        """Send the poison record at ``where`` (topic, queue, queue offset) -- a stored
+        record this consumer cannot decode -- straight to the group's dead-letter
+        topic, without a retry: the broker copies what it can salvage of it there
+        (docs/consumer.md, "When a message cannot be handled"). ``SENT``: it is in the
+        dead-letter topic; ``DROPPED``: the broker refused it for good (logged);
+        ``UNSENT``: the broker's own trouble, try again later."""
+        err, ans = await self._send(where, 0, 0)  # 0 attempts >= a maximum of 0: dead letter
+        if ans is not None:
+            return SendBackResult.SENT
+        if not _permanent(err):
+            return SendBackResult.UNSENT
+        self.counters.dropped += 1
+        self.logs.log(
+            logging.ERROR, f"dropped {where[0]}",
+            "poison record %s/%d@%d: the broker refuses to dead-letter it (%s); dropping it", *where, err,
+        )  # fmt: skip
+        return SendBackResult.DROPPED
+
     async def _send(
         self, where: tuple[str, int, int], reconsume_times: int, max_reconsume_times: int
     ) -> tuple[EQueueError | None, control.SendBackAnswer | None]:

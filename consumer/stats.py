@@ -14,7 +14,9 @@ class ConsumerStatistics:
 
     ``dropped``: failed messages that neither the retry nor the dead-letter topic
     would take (a permanent refusal such as MESSAGE_TOO_LARGE), skipped;
-    ``quarantined``: stored records that failed their checksum, skipped
+    ``quarantined``: poison records (stored records that fail their checksum or do not
+    decode) skipped to the group's dead-letter topic; also reported with the heartbeat,
+    so ``equeue group describe`` shows it per member
     (docs/consumer.md, "When a message cannot be handled").
     """
 

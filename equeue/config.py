@@ -21,8 +21,9 @@ from typing import Final, TypeVar
 
 import attrs
 
-from equeue.codec import DEFAULT_MAX_FRAME
+from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
+from equeue.wire import ENTRY_HEADER, PULL_HEAD_SIZE, RECORD_HEADER
 
 __all__ = [
     "DEFAULTS",
@@ -169,12 +170,26 @@ def _flush_policy(value: object) -> FlushPolicy:
 #: the per-request scan budget of tag-filtered pulls and key lookups (records, seconds)
 DEFAULT_SCAN_RECORDS: Final = 2048
 DEFAULT_SCAN_TIME: Final = 0.002
+
+
 def _tls_client_auth(value: object) -> TlsClientAuth:
     return to_enum(TlsClientAuth, "tls_client_auth", value)
 
 
 def _optional_path(value: object) -> Path | None:
     return None if value is None or value == "" else Path(value)  # type: ignore[arg-type]
+
+
+#: room above ``max_message_bytes`` for the properties the broker adds to a retry or
+#: dead-letter copy of a message (``%ORIGIN_*``, ``%RETRY_GROUP``, ``%POISON``), so a
+#: message at the limit can still be retried and dead-lettered
+SYSTEM_PROPERTY_ROOM = 1024
+#: bytes a pull or GET_MESSAGE answer may add around a message's content (key + tags +
+#: properties + body): the frame header, the pull answer's head, the record's item
+#: (u64 global offset, u32 length), the record header, the entry header, and the
+#: room for system properties. A message of ``max_message_bytes`` must fit in
+#: ``max_frame`` with them, or it could be stored and never served.
+SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size + SYSTEM_PROPERTY_ROOM
 
 
 @attrs.frozen
@@ -194,7 +209,11 @@ class BrokerConfig:
     flush_interval: float = attrs.field(default=0.5, validator=positive)
     #: LMDB map size: the most the store may hold
     map_size: int = attrs.field(default=8 << 30, validator=positive)
+    #: largest frame either way; at most DEFAULT_MAX_FRAME, the cap every client
+    #: (SDK, CLI, Spark) reads frames with, so no answer is ever too big for a client
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)
+    #: largest message content (key + tags + properties + body); at most
+    #: ``max_frame - SERVE_OVERHEAD``, so a message at the limit is always served
     max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
     #: create unknown topics on produce / route lookup
     auto_create_topics: bool = attrs.field(default=True, validator=boolean)
@@ -246,6 +265,15 @@ class BrokerConfig:
             raise ConfigError("tls_key, tls_ca and tls_client_auth need tls_cert (the broker's certificate)")
         if self.tls_client_auth is not TlsClientAuth.NONE and self.tls_ca is None:
             raise ConfigError(f"tls_client_auth {self.tls_client_auth.value} needs tls_ca (the CAs of client certificates)")
+        if self.max_frame > DEFAULT_MAX_FRAME:
+            raise ConfigError(
+                f"max_frame ({self.max_frame}) must be <= {DEFAULT_MAX_FRAME}: clients read frames up to that size"
+            )
+        if self.max_message_bytes > self.max_frame - SERVE_OVERHEAD:
+            raise ConfigError(
+                f"max_message_bytes ({self.max_message_bytes}) must be <= max_frame - {SERVE_OVERHEAD} "
+                f"({self.max_frame - SERVE_OVERHEAD}): a message at the limit must fit in a pull answer"
+            )
 
     @property
     def address(self) -> str:

@@ -240,6 +240,9 @@ class Heartbeat:
     host: str = ""
     acquire: list[str] = attrs.Factory(list)
     release: list[str] = attrs.Factory(list)
+    #: poison records this member skipped so far (stored records it could not decode;
+    #: docs/consumer.md): shown per member by ``equeue group describe``
+    quarantined: int = 0
 
 
 @attrs.frozen
@@ -250,6 +253,8 @@ class MemberInfo:
     mode: str
     since_ms: int
     last_seen_ms: int
+    #: poison records this member skipped (as its last heartbeat reported)
+    quarantined: int = 0
 
 
 @attrs.frozen

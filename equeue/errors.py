@@ -20,6 +20,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── StoreError
     │   ├── CorruptRecord
     │   ├── MessageNotFound
+    │   ├── InvalidMessage
+    │   ├── OffsetOutOfRange
     │   ├── NotQueueOwner
     │   ├── GroupHasMembers
     │   ├── OutOfOrderSequence        (transient)
@@ -63,11 +65,13 @@ __all__ = [
     "ErrorCode",
     "GroupHasMembers",
     "InternalBrokerError",
+    "InvalidMessage",
     "InvalidName",
     "LocalProtocolError",
     "MessageNotFound",
     "MessageTooLarge",
     "NotQueueOwner",
+    "OffsetOutOfRange",
     "OperationTimeout",
     "OutOfOrderSequence",
     "ProtocolError",
@@ -111,6 +115,8 @@ class ErrorCode(enum.IntEnum):
     CORRUPT_RECORD = 23
     DELAY_TOO_LONG = 24
     MESSAGE_NOT_FOUND = 25
+    INVALID_MESSAGE = 26
+    OFFSET_OUT_OF_RANGE = 27
     BROKER_BUSY = 30
     SHUTTING_DOWN = 31
     NOT_QUEUE_OWNER = 32
@@ -274,6 +280,19 @@ class MessageNotFound(BrokerError):
     code = ErrorCode.MESSAGE_NOT_FOUND
 
 
+class InvalidMessage(BrokerError):
+    """A produced entry is malformed (its property block, key or tags lengths): the
+    whole batch was refused and nothing of it stored. The message names the entry."""
+
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class OffsetOutOfRange(BrokerError):
+    """An offset to commit lies past the queue's end (the message names the end)."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
 class NotQueueOwner(BrokerError):
     """A pull/commit for a queue whose lease this consumer does not hold."""
 
@@ -322,6 +341,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         StoreError,
         CorruptRecord,
         MessageNotFound,
+        InvalidMessage,
+        OffsetOutOfRange,
         NotQueueOwner,
         GroupHasMembers,
         OutOfOrderSequence,

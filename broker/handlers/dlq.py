@@ -12,6 +12,8 @@ from __future__ import annotations
 import base64
 import time
 
+import attrs
+
 from broker.handlers.base import (
     Limits,
     RequestContext,
@@ -23,8 +25,8 @@ from broker.handlers.base import (
 from broker.storage import ProduceOp, StoreReader
 from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue import control, wire
-from equeue.config import DEFAULTS, retry_delay
-from equeue.errors import BadRequest, DelayTooLong, MessageNotFound, TopicNotFound
+from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay
+from equeue.errors import BadRequest, CorruptRecord, DelayTooLong, MessageNotFound, TopicNotFound
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
     PROP_ORIGIN_OFFSET,
@@ -38,6 +40,12 @@ from equeue.names import dlq_topic, retry_topic, validate_group
 from equeue.protocol import PullStatus
 
 __all__ = ["DeadLetterHandlers"]
+
+#: property of a dead letter salvaged from a poison record (one that does not decode):
+#: why it did not; its body is the stored record's bytes as they were
+PROP_POISON = "%POISON"
+#: the stored record's size, when the salvaged body had to be cut to the message limit
+PROP_POISON_BYTES = "%POISON_BYTES"
 
 #: the default delay ladder (ms), when a SEND_BACK names none
 DEFAULT_DELAYS_MS = tuple(int(d * 1000) for d in DEFAULTS.retry_delays)
@@ -84,7 +92,11 @@ class DeadLetterHandlers:
         found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset)
         if found is None:
             raise MessageNotFound(f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset}")
-        msg = wire.decode_record(info.name, found[0], found[1])
+        try:
+            msg = wire.decode_record(info.name, found[0], found[1])
+        except CorruptRecord as exc:  # a poison record: salvage it, straight to the DLQ
+            msg = self._salvage(info.name, req.queue_id, req.queue_offset, found, exc)
+            req = attrs.evolve(req, max_reconsume_times=0)
         props = dict(msg.properties)
         props.setdefault(PROP_ORIGIN_TOPIC, msg.topic)
         props.setdefault(PROP_ORIGIN_QUEUE, str(msg.queue_id))
@@ -104,9 +116,29 @@ class DeadLetterHandlers:
         dest = await self._topics.require(target, auto_create=True)
         qid = _int(props.get(PROP_ORIGIN_QUEUE), 0) % dest.queues
         await self._submit(
-            ProduceOp(dest, qid, [wire.encode_entry(copy)], max_body=self._max_body, max_delay_ms=self._max_delay_ms)
+            # the copy may exceed the limit by the properties added here (BrokerConfig
+            # keeps that room in every answer, so it is still served)
+            ProduceOp(
+                dest,
+                qid,
+                [wire.encode_entry(copy)],
+                max_body=self._max_body + SYSTEM_PROPERTY_ROOM,
+                max_delay_ms=self._max_delay_ms,
+            )
         )
         return control.SendBackAnswer(target, qid, dead, deliver_at)
+
+    def _salvage(
+        self, topic: str, queue_id: int, queue_offset: int, found: tuple[int, bytes], exc: CorruptRecord
+    ) -> Message:
+        """A dead letter for a stored record that does not decode: its body is the
+        record's bytes (cut to the message limit), ``%POISON`` says why."""
+        raw = bytes(found[1])
+        room = self._max_body  # the properties below take the system properties' room
+        props = {PROP_POISON: str(exc)[:300]}
+        if len(raw) > room:
+            props[PROP_POISON_BYTES] = str(len(raw))
+        return Message(raw[:room], None, None, props, 0, topic, queue_id, queue_offset, found[0])
 
     # ------------------------------------------------------------------ DLQ_LIST
     def _letters(self, group: str) -> control.TopicInfo | None:

@@ -7,7 +7,7 @@ from broker.groups import GroupRegistry
 from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset, check_queue
 from broker.storage import CommitOffsetOp, StoreReader
 from equeue import control
-from equeue.errors import GroupHasMembers, NotQueueOwner
+from equeue.errors import GroupHasMembers, NotQueueOwner, OffsetOutOfRange
 from equeue.names import validate_group
 
 __all__ = ["OffsetHandlers"]
@@ -52,6 +52,14 @@ class OffsetHandlers:
                 f"consumer {req.consumer_id} does not hold {req.topic}/{req.queue_id} in group {req.group}"
             )
         check_offset("offset", req.offset)
+        # past the end would skip messages not yet written (Kafka and RocketMQ refuse
+        # it too); the end only grows, so what passes here is still valid when written
+        end = self._store.queue_state(info.topic_id, req.queue_id).next_offset
+        if req.offset > end:
+            raise OffsetOutOfRange(
+                f"offset {req.offset} is past the end of {req.topic}/{req.queue_id}: its next offset is {end} "
+                "(commit at most the end)"
+            )
         await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset))
 
     async def query_offset(

@@ -11,7 +11,8 @@ from broker.stats import Counters
 from broker.storage import StoreReader
 from broker.thread_answer import PullAnswer
 from equeue import wire
-from equeue.errors import NotQueueOwner, QueueNotFound
+from equeue.codec import HEADER
+from equeue.errors import CorruptRecord, NotQueueOwner, QueueNotFound
 from equeue.protocol import PullStatus
 
 __all__ = ["PullHandler"]
@@ -29,6 +30,8 @@ class PullHandler:
         self._counters = counters
         self._closing = closing
         self._max_bytes = limits.max_frame - 1024
+        #: the largest record one answer can carry within the frame cap
+        self._max_record = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 12
         self._max_wait = limits.max_pull_wait
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:
@@ -55,7 +58,9 @@ class PullHandler:
             )
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
-        max_bytes = max(1, min(req.max_bytes, self._max_bytes))
+        # the answer fits the frame cap: records plus their 12-byte items plus the head
+        # (a single record always fits: BrokerConfig bounds max_message_bytes)
+        max_bytes = max(1, min(req.max_bytes, self._max_bytes - 12 * max_messages))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
         encode = (
             wire.encode_pull_response_packed
@@ -98,5 +103,13 @@ class PullHandler:
                         offset = max(offset, r.next_offset)
                         if answer is not None:
                             answer.info, answer.offset = info, offset
+        if r.recs and len(r.recs[0]) > self._max_record:
+            # stored under a larger limit (an older broker): no answer could carry it,
+            # so it is reported like a corrupt record, which consumers skip to their DLQ
+            raise CorruptRecord(
+                f"record at {info.name}/{qid} offset {wire.record_header(r.recs[0], verify=False).queue_offset} "
+                f"is {len(r.recs[0])} bytes: "
+                f"too big for any answer under the {self._max_record + 52}-byte frame cap"
+            )
         counters.messages_out += len(r.recs)
         return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)

@@ -9,10 +9,9 @@ so a resent batch gets its original answer instead of being stored twice.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 from itertools import repeat
-from operator import add, getitem, ne
+from operator import add, getitem
 from zlib import crc32
 
 import attrs
@@ -21,9 +20,7 @@ from broker.storage import layout
 from broker.storage.writes import WriteContext, WriteOp
 from equeue import control, wire
 from equeue.errors import (
-    BadRequest,
     DelayTooLong,
-    MessageTooLarge,
     OutOfOrderSequence,
     QueueNotFound,
     TopicNotFound,
@@ -40,7 +37,7 @@ class ProduceOp(WriteOp):
     """Append entries to one queue; entries with a future ``deliver_at`` go to the
     schedule instead. Idempotent when ``producer_id`` is set.
 
-    Raises (before writing anything) TopicNotFound, QueueNotFound, BadRequest,
+    Raises (before writing anything) TopicNotFound, QueueNotFound, InvalidMessage,
     MessageTooLarge, DelayTooLong or OutOfOrderSequence; returns the
     :class:`~equeue.wire.ProduceResponse` (a duplicate batch: its first answer).
     """
@@ -148,25 +145,16 @@ def _scan_entries(
     """Indexes of entries with a key, their key lengths, and due times (None when no
     entry is delayed).
 
-    Raises MessageTooLarge / DelayTooLong / BadRequest (before anything is written).
+    Every entry is validated in full first (:func:`equeue.wire.check_entries`: its
+    lengths, property block and total size), so nothing unservable is stored.
+    Raises InvalidMessage / MessageTooLarge / DelayTooLong (before anything is
+    written: the whole batch is refused).
     """
     keyed: list[int] = []
     klens: list[int] = []
     dues: list[int] | None = None
-    hsize = _EH.size
-    try:
-        headers = list(map(_EH.unpack_from, entries))
-    except struct.error as exc:
-        raise BadRequest("truncated message entry") from exc
-    limit = max_body + hsize - 4  # an entry's n up to this cannot carry a body over max_body
-    for i, (n, flags, deliver_at, _rc, kl, tl, pl) in enumerate(headers):
-        if n - kl - tl - pl < hsize - 4 or n > limit:
-            e = entries[i]
-            body = n + 4 - hsize - kl - tl - pl
-            if body < 0 or n + 4 != len(e):
-                raise BadRequest(f"message {i}: entry lengths are inconsistent")
-            if body > max_body:
-                raise MessageTooLarge(f"message {i} body is {body} bytes; the broker's limit is {max_body}")
+    headers = wire.check_entries(entries, max_body)
+    for i, (_n, flags, deliver_at, _rc, kl, _tl, _pl) in enumerate(headers):
         if flags & wire.FLAG_KEY:
             keyed.append(i)
             klens.append(kl)
@@ -179,8 +167,6 @@ def _scan_entries(
             if dues is None:
                 dues = [0] * len(entries)
             dues[i] = deliver_at
-    if any(map(ne, map(len, entries), (h[0] + 4 for h in headers))):
-        raise BadRequest("an entry's length prefix does not match its size")
     return keyed, klens, dues
 
 

@@ -36,9 +36,12 @@ from broker.storage.reader import StoreReader
 from broker.storage.view import QueueState, StoreView, frozen_map
 from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue import control
-from equeue.errors import EQueueError, StoreDamaged, StoreError, StoreFull
+from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
+from equeue.logs import RateLimitedLog
 
 log = logging.getLogger("equeue.store")
+#: one traceback per op type per 10 s for ops that fail unexpectedly in a transaction
+_op_failures = RateLimitedLog(log, 10.0, time.monotonic)
 
 
 class Store(StoreReader):
@@ -214,9 +217,33 @@ class Store(StoreReader):
         one thread at a time).
 
         Returns each op's result as an ``outcome.Value``, or ``outcome.Error`` with
-        the EQueueError that op raised. Raises StoreFull / StoreError when the
-        transaction as a whole failed: then no op took effect.
+        the EQueueError that op raised. One op's failure never fails the others: an
+        op that fails after it started writing, or with anything but an EQueueError,
+        is answered InternalBrokerError and the transaction is run again without it
+        (the ops before it commit on their own, then the ops after it), so its
+        partial writes never commit and the others are not lost. Raises StoreFull /
+        StoreError when the transaction as a whole failed: then no op took effect.
         """
+        parts: list[WriteOutcome] = []
+        rest = ops
+        while True:
+            done = self._transaction(rest)
+            if isinstance(done, WriteOutcome):
+                parts.append(done)
+                break
+            k, err = done
+            if k:
+                parts.append(self.write(rest[:k]))  # they succeeded once: rarely split again
+            parts.append(WriteOutcome([outcome.Error(err)], set()))
+            rest = rest[k + 1 :]
+            if not rest:
+                break
+        return parts[0] if len(parts) == 1 else WriteOutcome.merge(parts)
+
+    def _transaction(self, ops: Sequence[WriteOp]) -> WriteOutcome | tuple[int, EQueueError]:
+        """One write transaction over ``ops``: committed (its outcome), or aborted
+        because op ``k`` failed in a way that may have left partial writes: then
+        ``(k, the error to answer it with)``."""
         try:
             txn = self.env.begin(write=True)
         except lmdb.Error as exc:
@@ -224,11 +251,25 @@ class Store(StoreReader):
         w = WriteContext(self.view, txn, self.db, self.clock(), self._next_sched_seq)
         results: list[outcome.Outcome[Any]] = []
         try:
-            for op in ops:
+            for k, op in enumerate(ops):
+                wrote, w.wrote = w.wrote, False
                 try:
                     results.append(outcome.Value(op.apply(w)))
                 except EQueueError as exc:
+                    if w.wrote:  # it failed after writing: drop its partial writes
+                        txn.abort()
+                        return k, exc
                     results.append(outcome.Error(exc))
+                except lmdb.Error as exc:
+                    err = _store_error(exc, self.path)
+                    if isinstance(err, StoreFull):
+                        raise  # the transaction as a whole: handled below
+                    txn.abort()
+                    return k, _op_failed(op, exc)
+                except Exception as exc:
+                    txn.abort()
+                    return k, _op_failed(op, exc)
+                w.wrote = w.wrote or wrote
             if not w.wrote:
                 txn.abort()
                 return WriteOutcome(results, set())
@@ -258,6 +299,17 @@ class Store(StoreReader):
                 self.env.close()
             finally:
                 self._lock.release()
+
+
+def _op_failed(op: WriteOp, exc: BaseException) -> EQueueError:
+    """The error one op that failed unexpectedly inside a transaction is answered with
+    (the others of its transaction are unaffected); its traceback is logged,
+    rate-limited (a client may trigger it again and again)."""
+    _op_failures.log(
+        logging.ERROR, type(op).__name__, "write op %s failed; only its own request fails",
+        type(op).__name__, exc_info=exc,
+    )  # fmt: skip
+    return InternalBrokerError(f"the write failed: {exc!r}")
 
 
 def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:

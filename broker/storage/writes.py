@@ -73,6 +73,14 @@ class WriteOutcome:
         """Each op's result, or the exception it failed with."""
         return list(map(settled, self.results))
 
+    @classmethod
+    def merge(cls, parts: list[WriteOutcome]) -> WriteOutcome:
+        """The outcomes of consecutive transactions over consecutive ops, as one."""
+        touched: set[tuple[int, int]] = set()
+        for p in parts:
+            touched |= p.touched
+        return cls([r for p in parts for r in p.results], touched, any(p.scheduled for p in parts))
+
 
 class WriteContext:
     """The open write transaction of :meth:`Store.write` and the state its ops staged."""

@@ -35,8 +35,9 @@ def register(app: typer.Typer) -> None:
             return
         table(
             f"group {d.group}: {len(d.members)} live member(s), generation {d.generation}",
-            ["member", "host", "mode", "since"],
-            [(m.consumer_id, m.host, m.mode, _ms(m.since_ms)) for m in d.members],
+            ["member", "host", "mode", "since", "poison skipped"],
+            [(m.consumer_id, m.host, m.mode, _ms(m.since_ms), m.quarantined) for m in d.members],
+            right=["poison skipped"],
         )
         rows = [
             (q.topic, q.queue_id, q.owner or "-", q.committed if q.committed >= 0 else "-", q.max_offset, q.lag)

@@ -13,12 +13,14 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from itertools import repeat
+from operator import add, itemgetter, ne
 from typing import Final
 
 import attrs
 
-from equeue.errors import ConfigError, CorruptRecord
+from equeue.errors import ConfigError, CorruptRecord, InvalidMessage, MessageTooLarge
 from equeue.models import Message
 from equeue.wire._prims import _U32, _bad
 
@@ -41,6 +43,13 @@ def encode_props(props: Mapping[str, str]) -> bytes:
 
 
 def decode_props(buf: bytes | memoryview) -> dict[str, str]:
+    """Decode a properties block (the one decoder of the block).
+
+    Raises CorruptRecord when the block does not parse (a property overruns it, or a
+    name or value is not UTF-8): a block reaches a decoder only from a stored record,
+    and the broker refuses such a block at produce (:func:`check_entries`), so one
+    that does not parse was stored by an older broker or damaged since.
+    """
     out: dict[str, str] = {}
     pos, end = 0, len(buf)
     try:
@@ -48,17 +57,17 @@ def decode_props(buf: bytes | memoryview) -> dict[str, str]:
             (kl,) = _PROP_K.unpack_from(buf, pos)
             pos += 2
             if pos + kl + 4 > end:
-                raise _bad("property overruns its block")
+                raise CorruptRecord("property overruns its block")
             k = bytes(buf[pos : pos + kl]).decode()
             pos += kl
             (vl,) = _PROP_V.unpack_from(buf, pos)
             pos += 4
             if pos + vl > end:
-                raise _bad("property overruns its block")
+                raise CorruptRecord("property overruns its block")
             out[k] = bytes(buf[pos : pos + vl]).decode()
             pos += vl
     except (struct.error, UnicodeDecodeError) as exc:
-        raise _bad(f"malformed properties: {exc}") from exc
+        raise CorruptRecord(f"malformed properties: {exc}") from exc
     return out
 
 
@@ -136,6 +145,81 @@ def entry_meta(entry: bytes | memoryview, base: int = 0) -> EntryMeta:
     key = bytes(entry[p : p + kl]) if flags & FLAG_KEY else None
     tags = bytes(entry[p + kl : p + kl + tl]) if flags & FLAG_TAGS else None
     return EntryMeta(deliver_at, key, tags, body_len)
+
+
+_unpack_header = ENTRY_HEADER.unpack_from
+_FLAGS_KNOWN: Final = FLAG_KEY | FLAG_TAGS
+_N, _FLAGS, _KL, _TL, _PL = map(itemgetter, (0, 1, 4, 5, 6))  # entry header columns
+
+
+def check_entries(entries: Sequence[bytes], max_message: int) -> list[tuple[int, ...]]:
+    """Validate produced entries fully, before anything of them is stored: the one
+    check the broker makes at produce, so that every entry it stores is served
+    (every decoder of a record reads it back without error).
+
+    Each entry must be exactly as long as its length prefix says; its flags known,
+    with a key (tags) length only when the key (tags) flag is set; its key, tags and
+    properties must fit inside it; its property block must parse (every name and
+    value inside the block, UTF-8); and its content -- key + tags + properties +
+    body -- must be at most ``max_message`` bytes.
+
+    Returns the entries' headers (the :data:`ENTRY_HEADER` fields), in order.
+    Raises MessageTooLarge (a content over ``max_message``) or InvalidMessage (any
+    other defect), naming the first bad entry by its index in the batch.
+    """
+    try:
+        headers = list(map(_unpack_header, entries))
+    except struct.error:
+        headers = []
+    count = len(entries)
+    if headers and len(headers) == count:
+        # the common case, checked column by column in C loops (measured the fastest
+        # way): no properties, no flags beyond key/tags, the content under the limit,
+        # lengths match; with keys or tags, also no key (tags) length without its
+        # flag and key and tags inside the entry
+        ns = list(map(_N, headers))
+        if not (
+            any(map(_PL, headers))
+            or max(map(_FLAGS, headers)) > _FLAGS_KNOWN
+            or max(ns) > max_message + _AFTER_LEN
+            or any(map(ne, map(len, entries), map(add, ns, repeat(4, count))))
+        ) and (
+            not (any(map(_KL, headers)) or any(map(_TL, headers)))
+            or all(
+                (h[1] & FLAG_KEY or not h[4]) and (h[1] & FLAG_TAGS or not h[5]) and h[4] + h[5] <= h[0] - _AFTER_LEN
+                for h in headers
+            )
+        ):  # fmt: skip
+            return headers
+    for i, e in enumerate(entries):  # something is off (or has properties): say what
+        if len(e) < ENTRY_HEADER.size:
+            raise InvalidMessage(
+                f"message {i}: entry of {len(e)} bytes is shorter than its {ENTRY_HEADER.size}-byte header"
+            )
+        n, flags, _da, _rc, kl, tl, pl = _unpack_header(e)
+        if n + 4 != len(e):
+            raise InvalidMessage(f"message {i}: length prefix {n} does not match the entry's {len(e) - 4} bytes")
+        if flags & ~_FLAGS_KNOWN:
+            raise InvalidMessage(f"message {i}: unknown entry flags {flags:#x}")
+        if (kl and not flags & FLAG_KEY) or (tl and not flags & FLAG_TAGS):
+            raise InvalidMessage(f"message {i}: a key or tags length without its flag")
+        content = n - _AFTER_LEN
+        if kl + tl + pl > content:
+            raise InvalidMessage(
+                f"message {i}: key ({kl}), tags ({tl}) and properties ({pl}) overrun the entry's {content} bytes"
+            )
+        if content > max_message:
+            raise MessageTooLarge(
+                f"message {i} is {content} bytes (key {kl} + tags {tl} + properties {pl} + body "
+                f"{content - kl - tl - pl}); the broker's limit is {max_message}"
+            )
+        if pl:
+            p = ENTRY_HEADER.size + kl + tl
+            try:
+                decode_props(memoryview(e)[p : p + pl])
+            except CorruptRecord as exc:
+                raise InvalidMessage(f"message {i}: bad property block ({exc})") from None
+    return headers
 
 
 def split_entries(buf: bytes, pos: int, count: int) -> list[bytes]:

@@ -124,7 +124,7 @@ def decode_record(topic: str, global_offset: int, value: bytes | memoryview) -> 
     h = record_header(value)
     try:
         key, tags, props, body, _deliver_at, rc = entry_fields(value, RECORD_HEADER.size, len(value))
-    except (struct.error, RemoteProtocolError) as exc:
+    except (struct.error, RemoteProtocolError, CorruptRecord) as exc:
         raise CorruptRecord(f"malformed record at global offset {global_offset}: {exc}") from exc
     return Message(
         body, key, tags, props, 0, topic, h.queue_id, h.queue_offset, global_offset, h.timestamp, rc

@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 33
+    assert len(_exception_classes()) == 35
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -356,6 +356,8 @@ def test_error_codes_are_stable() -> None:
         "CORRUPT_RECORD": 23,
         "DELAY_TOO_LONG": 24,
         "MESSAGE_NOT_FOUND": 25,
+        "INVALID_MESSAGE": 26,
+        "OFFSET_OUT_OF_RANGE": 27,
         "STORE_DAMAGED": 28,
         "STORE_TRUNCATED": 29,
         "BROKER_BUSY": 30,
