@@ -197,6 +197,9 @@ class BrokerConfig:
     producer_state_ttl: float = attrs.field(default=7 * 86400.0, validator=positive)
     #: shutdown: how long in-flight commits may take before the store closes
     shutdown_grace: float = attrs.field(default=5.0, validator=non_negative)
+    #: users and ACLs (docs/security.md); given: every connection authenticates
+    #: (SCRAM-SHA-256) and every request is checked. None: no authentication.
+    users_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:

@@ -13,8 +13,10 @@ from equeue.cli._common import (
     LogLevel,
     fail,
     query,
+    setup_audit_log,
     setup_logging,
     table,
+    warn_if_open,
 )
 from equeue.config import (
     BrokerConfig,
@@ -57,6 +59,8 @@ def register(app: typer.Typer) -> None:
         retention_bytes: str = typer.Option(format_size(_D.retention_bytes or 0), help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
         delete_consumed: bool = typer.Option(_D.delete_consumed, help="Also delete messages every group committed past."),
         max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
+        users_file: Path | None = typer.Option(_D.users_file, "--users-file", help="Users and ACLs (equeue user/acl): authenticate every connection (SCRAM-SHA-256) and check every request. Reloaded when it changes and on SIGHUP."),
+        audit_log: str | None = typer.Option(None, "--audit-log", help="Write the audit log (admin actions, user changes, refused logins) to this file ('-': stderr), whatever --log-level says."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -68,16 +72,20 @@ def register(app: typer.Typer) -> None:
         from broker import Broker
 
         setup_logging(log_level)
+        if audit_log:
+            setup_audit_log(audit_log)
         try:
             cfg = BrokerConfig(
                 data_dir=data_dir, host=host, port=port, flush=flush, flush_interval=flush_interval,
                 map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
+                users_file=users_file,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
         broker = Broker(cfg)
+        warn_if_open(cfg)
 
         async def main() -> None:
             async with trio.open_nursery() as n:
@@ -89,8 +97,11 @@ def register(app: typer.Typer) -> None:
                 gc.collect()
                 gc.freeze()
                 typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush})", err=True)
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                    async for _ in signals:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+                    async for signum in signals:
+                        if signum == signal.SIGHUP:  # re-read the users file now
+                            await broker.security.reload()
+                            continue
                         typer.echo("stopping broker...", err=True)
                         broker.stop()
                         break

@@ -45,9 +45,10 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "retention_bytes": ("retention_bytes", lambda t: parse_size(t) or None),
     "delete_consumed": ("delete_consumed", None),
     "max_message": ("max_message_bytes", parse_size),
+    "users_file": ("users_file", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
-NOT_CONFIG = {"data_dir", "log_level"}
+NOT_CONFIG = {"data_dir", "log_level", "audit_log"}
 
 
 def command(*path: str) -> click.Command:
