@@ -259,9 +259,9 @@ class Permissions:
         for prefix in (RETRY_PREFIX, DLQ_PREFIX):
             if topic.startswith(prefix):
                 group = topic[len(prefix) :]
-                if op is Operation.CONSUME:
+                if op == Operation.CONSUME:
                     return self.allows(ResourceKind.GROUP, group, Operation.JOIN)
-                if op is Operation.DESCRIBE:
+                if op == Operation.DESCRIBE:
                     return self.allows(ResourceKind.GROUP, group, Operation.DESCRIBE)
         return False
 
