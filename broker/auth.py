@@ -180,6 +180,8 @@ class UserStore:
         sig = _signature(self.path)
         if not force and sig == self._sig:
             return None, sig, None
+        if sig is None:  # deleted or moved away: never "no users at all" by accident
+            return None, sig, f"users file {self.path} is missing"
         try:
             return read_users_file(self.path), sig, None
         except ConfigError as exc:

@@ -27,7 +27,7 @@ from equeue.acl import Acl, UsersFile
 from equeue.errors import AuthFailed, AuthRequired, ErrorCode, NotAuthorized
 from equeue.security import ClientSecurity
 from producer import AsyncClient
-from tests.conftest import ROOT, make_config, wait_until
+from tests.conftest import ROOT, make_config, wait_until, wait_until_sync
 
 PASSWORDS = {"root": "root-pw", "alice": "alice-pw", "bob": "bob-pw"}
 
@@ -271,3 +271,26 @@ async def test_an_open_broker_beyond_loopback_warns(tmp_path: Path, caplog: pyte
     async with open_broker(make_config(tmp_path / "data2")):
         pass
     assert not any("authentication is OFF" in r.getMessage() for r in caplog.records)
+
+
+def test_sighup_reloads_the_users_file_and_keeps_the_broker(tmp_path: Path, broker_process: Any) -> None:
+    """``kill -HUP`` re-reads the users file (SIGHUP would end an unprepared process)."""
+    import signal
+
+    from producer import Client
+
+    users = tmp_path / "users.json"
+    write_users(users, {})
+    b = broker_process("--users-file", str(users))
+    write_users(users, {"alice": [Acl("topic", "*", ["describe"])]})
+    os.kill(b.pid, signal.SIGHUP)
+
+    def alice_gets_in() -> bool:
+        assert b.proc.poll() is None, "the broker died on SIGHUP"
+        try:
+            with Client(b.address, security=creds("alice")) as c:
+                return c.list_topics() == []
+        except AuthFailed:
+            return False  # not reloaded yet
+
+    wait_until_sync(alice_gets_in, timeout=15, what="alice can log in after SIGHUP")
