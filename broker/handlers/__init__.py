@@ -150,8 +150,7 @@ class Handlers:
         principal = ctx.principal
         if principal is not None and self._authorizer is not None:
             self._authorizer.check(principal, code, self._request_fields(code, payload), ctx.peer)
-        rule = REQUEST_RULES.get(code)  # type: ignore[call-overload]
-        if rule is None or not rule.audit:
+        if code not in _AUDITED:
             return await fn(payload, ctx)
         return await self._audited(fn, code, payload, ctx)
 
@@ -174,6 +173,10 @@ class Handlers:
 
     async def stats(self, req: control.Stats, ctx: RequestContext) -> control.BrokerStats:
         return self._statistics()
+
+
+#: the admin actions written to the audit log
+_AUDITED = frozenset(code for code, rule in REQUEST_RULES.items() if rule.audit)
 
 
 class _Topic:

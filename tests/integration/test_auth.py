@@ -294,3 +294,26 @@ def test_sighup_reloads_the_users_file_and_keeps_the_broker(tmp_path: Path, brok
             return False  # not reloaded yet
 
     wait_until_sync(alice_gets_in, timeout=15, what="alice can log in after SIGHUP")
+
+
+async def test_a_broken_users_file_keeps_the_users_loaded_before(
+    secured: tuple[Broker, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    broker, users = secured
+    good = users.read_text()
+    users.write_text("{ not json")
+    await wait_until(lambda: any("not JSON" in r.getMessage() for r in caplog.records), what="the reload error")
+    async with AsyncClient(broker.address, security=creds("root")) as c:
+        assert await c.list_topics() == []
+    users.unlink()
+    users.write_text(good.replace('"admin": true', '"admin": false'))
+
+    async def root_demoted() -> bool:
+        async with AsyncClient(broker.address, security=creds("root")) as c:
+            try:
+                await c.stats()
+            except NotAuthorized:
+                return True
+        return False
+
+    await wait_until(root_demoted, interval=0.1, what="a fixed file is picked up again")
