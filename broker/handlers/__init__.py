@@ -43,7 +43,7 @@ from broker.stats import Counters
 from broker.storage import StoreReader
 from equeue import control
 from equeue.acl import REQUEST_RULES, ResourceKind
-from equeue.errors import UnknownRequest
+from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
 from equeue.wire._prims import unpack_str
 
@@ -165,8 +165,8 @@ class Handlers:
         try:
             result = await fn(payload, ctx)
         except Exception as exc:
-            audit(action, user=ctx.principal, peer=ctx.peer, resource=resource,
-                  outcome=f"error:{getattr(exc, 'code', 'internal')!s}")  # fmt: skip
+            code_name = exc.code.name if isinstance(exc, BrokerError) else "INTERNAL_ERROR"
+            audit(action, user=ctx.principal, peer=ctx.peer, resource=resource, outcome=f"error:{code_name}")
             raise
         audit(action, user=ctx.principal, peer=ctx.peer, resource=resource, outcome="ok")
         return result

@@ -252,11 +252,14 @@ async def test_audit_log_records_admin_actions_and_refused_logins(
     async with AsyncClient(broker.address, security=creds("root")) as root:
         await root.create_topic("orders.audit", 1)
         await root.delete_topic("orders.audit")
+        with pytest.raises(Exception, match="no topic"):
+            await root.delete_topic("orders.audit")
     async with AsyncClient(broker.address, security=creds("alice", "bad")) as c:
         with pytest.raises(AuthFailed):
             await c.list_topics()
     lines = [r.getMessage() for r in caplog.records if r.name == "equeue.audit"]
     assert any("action=delete_topic user=root" in x and "resource=topic:orders.audit outcome=ok" in x for x in lines), lines
+    assert any("action=delete_topic" in x and "outcome=error:TOPIC_NOT_FOUND" in x for x in lines), lines
     assert any("action=authenticate user=alice" in x and "outcome=failed" in x for x in lines), lines
     rec = next(r for r in caplog.records if "action=create_topic" in r.getMessage())
     assert rec.audit["peer"].startswith("127.0.0.1:") and rec.audit["time"]  # type: ignore[attr-defined]
