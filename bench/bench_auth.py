@@ -11,7 +11,9 @@ alternating, several rounds.
   decodes the JSON payload a second time).
 
 The secured client is a user with a prefix ACL (``bench*``), not an admin, so
-every request is evaluated.
+every request is evaluated. Loopback figures on a shared machine are noisy, so the
+script also times the check itself in-process (``check``: the produce hot path's
+``Authorizer.check``, and the dispatch path's decode + check of a control request).
 
     .venv/bin/python bench/bench_auth.py [--rounds 3] [--connections 300]
 """
@@ -80,6 +82,31 @@ async def control(addr: str, sec: ClientSecurity, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
+def micro(n: int = 200_000) -> dict[str, float]:
+    """Nanoseconds per ACL check, in-process (median of 5 runs)."""
+    import timeit
+
+    from broker.auth import Authorizer, UserStore
+    from equeue import control
+    from equeue.acl import Permissions
+
+    store = UserStore(Path("unused"))
+    user = make_user("bench", "pw", acls=[Acl("topic", "other", ["consume"]), Acl("topic", "bench*", ["produce"]),
+                                         Acl("group", "g", ["join"])])  # fmt: skip
+    store.users, store.permissions = {"bench": user}, {"bench": Permissions(user)}
+    authz = Authorizer(store)
+    produce_req = wire.ProduceRequest("bench", 0, [])
+    payload = control.encode(control.QueueOffsets("bench", 0))
+    out = {}
+    for name, stmt in {
+        "produce check": lambda: authz.check("bench", 10, produce_req),
+        "control decode+check": lambda: authz.check("bench", 30, control.decode(payload, control.QueueOffsets)),
+        "control decode alone (what auth off does once)": lambda: control.decode(payload, control.QueueOffsets),
+    }.items():
+        out[name] = statistics.median(timeit.repeat(stmt, number=n, repeat=5)) / n * 1e9
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -116,6 +143,8 @@ def main() -> None:
           f"({s['produce'] / p['produce']:.1%} of plain)")
     print(f"control (QUEUE_OFFSETS, sequential): plain {p['control']:,.0f} req/s, auth {s['control']:,.0f} req/s "
           f"({s['control'] / p['control']:.1%} of plain)")
+    for name, ns in micro().items():
+        print(f"in-process {name}: {ns:,.0f} ns")
     for name, res in results.items():
         print(name, {w: [round(x, 5) if w == "connect" else round(x) for x in v] for w, v in res.items()})
 

@@ -37,7 +37,15 @@ from typing import Any
 import trio
 from scramp import ScramException, ScramMechanism
 
-from equeue.acl import REQUEST_RULES, Acl, Permissions, ResourceKind, UserRecord, UsersFile
+from equeue.acl import (
+    REQUEST_RULES,
+    Acl,
+    Permissions,
+    ResourceKind,
+    UserRecord,
+    UsersFile,
+    rule_key,
+)
 from equeue.codec import AuthReply, AuthRequest
 from equeue.errors import ConfigError, ErrorCode, NotAuthorized
 from equeue.logs import RateLimitedLog
@@ -305,18 +313,21 @@ class Authenticator:
 
 
 # ----------------------------------------------------------------------------- ACLs
+#: one need, compiled: (request field, rule_key, what to name in a refusal, operation)
+_Need = tuple[str, str, str, str]
+
+
 class Authorizer:
     """Checks requests against :data:`~equeue.acl.REQUEST_RULES` and the users' ACLs."""
 
     def __init__(self, store: UserStore) -> None:
         self._store = store
         self._denials = RateLimitedLog(audit_log, 10.0, time.monotonic)
-
-    def permissions(self, principal: str) -> Permissions:
-        perms = self._store.permissions.get(principal)
-        if perms is None:
-            raise NotAuthorized(f"user {principal!r} no longer exists")
-        return perms
+        #: request code (a plain int) → (admin role only, needs): no enum on the request path
+        self._rules: dict[int, tuple[bool, tuple[_Need, ...]]] = {
+            int(code): (rule.admin, tuple((n.field, rule_key(n.kind, n.op), str(n.kind), str(n.op)) for n in rule.needs))
+            for code, rule in REQUEST_RULES.items()
+        }
 
     def check(self, principal: str, code: int, request: Any, peer: str = "?") -> None:
         """Raises NotAuthorized (naming the operation and the resource) unless
@@ -324,34 +335,51 @@ class Authorizer:
         perms = self._store.permissions.get(principal)
         if perms is not None and perms.admin:
             return
-        try:
-            if perms is None:
-                raise NotAuthorized(f"user {principal!r} no longer exists")
-            rule = REQUEST_RULES.get(code)  # type: ignore[call-overload]
-            if rule is None:
-                raise NotAuthorized(f"request code {code} is not mapped to any permission: refused")
-            if rule.admin:
-                raise NotAuthorized(f"user {principal!r} may not {_name(code)}: it needs the admin role")
-            for need in rule.needs:
-                value = getattr(request, need.field) if need.field else ""
+        rule = self._rules.get(code)
+        if perms is not None and rule is not None and not rule[0]:
+            for field, key, _, _ in rule[1]:
+                value = getattr(request, field) if field else ""
+                if value.__class__ is list:
+                    if all(perms.allowed(key, name) for name in value):
+                        continue
+                elif perms.allowed(key, value):
+                    continue
+                break
+            else:
+                return
+        self._deny(principal, code, request, peer, perms, rule)
+
+    def _deny(self, principal: str, code: int, request: Any, peer: str, perms: Permissions | None,
+              rule: tuple[bool, tuple[_Need, ...]] | None) -> None:  # fmt: skip
+        """Raise the refusal the check found (and log it, rate-limited)."""
+        if perms is None:
+            exc = NotAuthorized(f"user {principal!r} no longer exists")
+        elif rule is None:
+            exc = NotAuthorized(f"request code {code} is not mapped to any permission: refused")
+        elif rule[0]:
+            exc = NotAuthorized(f"user {principal!r} may not {_name(code)}: it needs the admin role")
+        else:
+            exc = NotAuthorized(f"user {principal!r} may not {_name(code)}")
+            for field, key, kind, op in rule[1]:
+                value = getattr(request, field) if field else ""
                 for name in value if isinstance(value, list) else (value,):
-                    if not perms.allows(need.kind, name, need.op):
-                        what = "the cluster" if need.kind is ResourceKind.CLUSTER else f"{need.kind} {name!r}"
-                        raise NotAuthorized(f"user {principal!r} has no {str(need.op)!r} permission on {what} ({_name(code)})")
-        except NotAuthorized as exc:
-            self._denials.log(
-                logging.INFO, f"{principal}:{code}", "time=%s action=%s user=%s peer=%s outcome=denied reason=%r",
-                datetime.now(UTC).isoformat(timespec="milliseconds"), _name(code), principal, peer, str(exc),
-            )  # fmt: skip
-            raise
+                    if not perms.allowed(key, name):
+                        what = "the cluster" if kind == "cluster" else f"{kind} {name!r}"
+                        exc = NotAuthorized(f"user {principal!r} has no {op!r} permission on {what} ({_name(code)})")
+                        break
+                else:
+                    continue
+                break
+        self._denials.log(
+            logging.INFO, f"{principal}:{code}", "time=%s action=%s user=%s peer=%s outcome=denied reason=%r",
+            datetime.now(UTC).isoformat(timespec="milliseconds"), _name(code), principal, peer, str(exc),
+        )  # fmt: skip
+        raise exc
 
     def visible(self, principal: str, kind: ResourceKind, name: str) -> bool:
         """Whether ``principal`` may see ``name`` in a listing (describe on it)."""
         perms = self._store.permissions.get(principal)
-        return perms is not None and perms.allows(kind, name, _DESCRIBE)
-
-
-_DESCRIBE = REQUEST_RULES[RequestCode.DESCRIBE_TOPIC].needs[0].op
+        return perms is not None and perms.allowed(rule_key(kind, "describe"), name)
 
 
 def _name(code: int) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "Rule",
     "UserRecord",
     "UsersFile",
+    "rule_key",
     "validate_username",
 ]
 
@@ -219,50 +220,68 @@ class UsersFile:
 # ----------------------------------------------------------------------------- evaluation
 
 
+def rule_key(kind: str, op: str) -> str:
+    """The plain-string key of (kind, operation) the compiled permissions use:
+    ``"topic:produce"`` (plain strings: enum members cost a Python call to look up)."""
+    return f"{kind!s}:{op!s}"
+
+
+_INTERNAL = {rule_key("topic", "consume"): rule_key("group", "join"),
+             rule_key("topic", "describe"): rule_key("group", "describe")}  # fmt: skip
+
+
 class Permissions:
-    """One user's ACLs compiled for lookups: per (kind, operation), the exact names
-    (a set) and the prefixes (usually a handful)."""
+    """One user's ACLs compiled for lookups: per ``kind:operation`` key, the exact
+    names (a set) and the prefixes (usually a handful)."""
 
     __slots__ = ("_exact", "_prefixes", "admin", "name")
 
     def __init__(self, user: UserRecord) -> None:
         self.name = user.name
         self.admin = user.admin
-        exact: dict[tuple[ResourceKind, Operation], set[str]] = {}
-        prefixes: dict[tuple[ResourceKind, Operation], list[str]] = {}
+        exact: dict[str, set[str]] = {}
+        prefixes: dict[str, list[str]] = {}
         for acl in user.acls:
             ops = set(acl.ops)
             if ops & IMPLIED_DESCRIBE:
                 ops.add(Operation.DESCRIBE)
             for op in ops:
+                key = rule_key(acl.kind, op)
                 if acl.prefixed:
-                    prefixes.setdefault((acl.kind, op), []).append(acl.pattern[:-1])
+                    prefixes.setdefault(key, []).append(acl.pattern[:-1])
                 else:
-                    exact.setdefault((acl.kind, op), set()).add(acl.pattern)
+                    exact.setdefault(key, set()).add(acl.pattern)
         self._exact = {k: frozenset(v) for k, v in exact.items()}
         self._prefixes = {k: tuple(v) for k, v in prefixes.items()}
 
-    def allows(self, kind: ResourceKind, name: str, op: Operation) -> bool:
+    def allows(self, kind: str, name: str, op: str) -> bool:
         """Whether this user may do ``op`` on the ``kind`` resource ``name``."""
+        return self.allowed(rule_key(kind, op), name)
+
+    def allowed(self, key: str, name: str) -> bool:
+        """:meth:`allows` by :func:`rule_key` (the per-request path: a set lookup or
+        a few prefix tests)."""
         if self.admin:
             return True
-        if kind is ResourceKind.TOPIC and name[:1] == "%":
-            return self._internal(name, op)
-        key = (kind, op)
+        if name[:1] == "%" and key[:6] == "topic:":
+            return self._internal(key, name)
         names = self._exact.get(key)
         if names is not None and name in names:
             return True
-        return any(name.startswith(p) for p in self._prefixes.get(key, ()))
+        prefixes = self._prefixes.get(key)
+        if prefixes:
+            for p in prefixes:
+                if name.startswith(p):
+                    return True
+        return False
 
-    def _internal(self, topic: str, op: Operation) -> bool:
+    def _internal(self, key: str, topic: str) -> bool:
         # retry and dead-letter topics belong to their group; only admins write them
-        for prefix in (RETRY_PREFIX, DLQ_PREFIX):
-            if topic.startswith(prefix):
-                group = topic[len(prefix) :]
-                if op == Operation.CONSUME:
-                    return self.allows(ResourceKind.GROUP, group, Operation.JOIN)
-                if op == Operation.DESCRIBE:
-                    return self.allows(ResourceKind.GROUP, group, Operation.DESCRIBE)
+        group_key = _INTERNAL.get(key)
+        if group_key is not None:
+            for prefix in (RETRY_PREFIX, DLQ_PREFIX):
+                if topic.startswith(prefix):
+                    return self.allowed(group_key, topic[len(prefix) :])
         return False
 
 

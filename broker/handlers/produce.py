@@ -21,6 +21,8 @@ from equeue.protocol import RequestCode
 
 __all__ = ["ProduceHandler"]
 
+_PRODUCE = int(RequestCode.PRODUCE)  # a plain int: no enum lookup on the hot path
+
 
 class ProduceHandler:
     """The produce hot path (:meth:`prepare` + :meth:`answer`, no task) and the
@@ -55,7 +57,7 @@ class ProduceHandler:
         """
         req = wire.ProduceRequest.decode(payload)
         if principal is not None:
-            self._authorizer.check(principal, RequestCode.PRODUCE, req)  # type: ignore[union-attr]
+            self._authorizer.check(principal, _PRODUCE, req)  # type: ignore[union-attr]
         if self._closing.closing:
             raise BrokerShuttingDown("the broker is shutting down")
         if req.topic[:1] == "%":  # internal topics are written by the broker only
