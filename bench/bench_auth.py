@@ -113,11 +113,13 @@ def main() -> None:
     ap.add_argument("--connections", type=int, default=300)
     ap.add_argument("--produces", type=int, default=30_000)
     ap.add_argument("--controls", type=int, default=5_000)
+    ap.add_argument("--admin", action="store_true", help="the secured client is an admin (no ACL evaluated)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         users = Path(tmp) / "users.json"
         acls = [Acl("topic", "bench*", ["produce", "consume", "admin"])]
-        update_users_file(users, lambda _: UsersFile().with_user(make_user("bench", "bench-password", acls=acls)))
+        user = make_user("bench", "bench-password", acls=acls, admin=a.admin)
+        update_users_file(users, lambda _: UsersFile().with_user(user))
         plain = BrokerProcess(Path(tmp) / "plain", "--flush", "async").start()
         secured = BrokerProcess(Path(tmp) / "secured", "--flush", "async", "--users-file", str(users)).start()
         targets = {"plain": (plain.address, ClientSecurity()), "auth": (secured.address, USER)}

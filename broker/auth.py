@@ -101,6 +101,8 @@ def make_user(name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS,
     """A user whose password is kept as SCRAM-SHA-256 verifiers (random salt)."""
     if not password:
         raise ConfigError("an empty password")
+    if iterations < DEFAULT_ITERATIONS:
+        raise ConfigError(f"iterations must be >= {DEFAULT_ITERATIONS} (RFC 7677)")
     salt, stored_key, server_key, its = _SCRAM.make_auth_info(password, iteration_count=iterations)
     return UserRecord(name, salt, its, stored_key, server_key, admin, tuple(acls))
 
