@@ -18,14 +18,12 @@ from typing import Any
 import trio
 
 from broker.handlers import Handlers, RequestContext
+from broker.handshake import Session, serve_handshake
 from broker.output import Output
 from equeue import control
 from equeue.codec import (
     NEED_DATA,
-    PROTOCOL_VERSION,
     Connection,
-    Hello,
-    HelloAck,
     Request,
     Role,
     encode_handshake_answer,
@@ -81,6 +79,8 @@ class ServerConnection:
         self._codec = Connection(Role.SERVER, max_frame=max_frame)
         self._handshake_timeout = handshake_timeout
         self.peer = _peer(stream)
+        #: who is on this connection, once the handshake succeeded
+        self.session: Session | None = None
         self._reader_scope = trio.CancelScope()
 
     def shutdown(self) -> None:
@@ -108,34 +108,14 @@ class ServerConnection:
     async def _reader(self, nursery: trio.Nursery) -> None:
         codec = self._codec
         stream = self._stream
-        with trio.move_on_after(self._handshake_timeout) as hs:
-            while not codec.handshake_done:
-                data = await stream.receive_some(_RECV)
-                codec.receive_data(data)
-                try:
-                    ev = codec.next_event()
-                except RemoteProtocolError as exc:
-                    await self._fatal(exc)
-                    return
-                if isinstance(ev, Hello):
-                    code = (
-                        ErrorCode.OK
-                        if ev.version == PROTOCOL_VERSION
-                        else ErrorCode.UNSUPPORTED_VERSION
-                    )
-                    self.output.queue([codec.send(HelloAck(PROTOCOL_VERSION, code))])
-                    if code != ErrorCode.OK:
-                        log.info(
-                            "client %s: unsupported protocol version %d", self.peer, ev.version
-                        )
-                        return
-                elif not data:
-                    return
-        if hs.cancelled_caught:
-            log.info(
-                "client %s: no handshake within %.0f s; closing", self.peer, self._handshake_timeout
-            )
+        session = await serve_handshake(
+            stream, codec, self.output, peer=self.peer, timeout=self._handshake_timeout,
+            authenticator=self._handlers.authenticator, fatal=self._fatal,
+        )  # fmt: skip
+        if session is None:
             return
+        self.session = session
+        principal = session.principal
         produce = self._produce
         inflight = self._inflight
         while True:
@@ -152,7 +132,7 @@ class ServerConnection:
                     if ev.code == RequestCode.PRODUCE:
                         # enqueue now: a connection's produces commit in arrival order
                         try:
-                            prepared = produce.prepare(ev.payload)
+                            prepared = produce.prepare(ev.payload, principal)
                         except Exception as exc:
                             prepared = exc
                         else:
@@ -194,7 +174,7 @@ class ServerConnection:
             try:
                 if isinstance(prepared, Exception):
                     raise prepared
-                ctx = RequestContext(req.request_id, self.notify_group, self.output)
+                ctx = RequestContext(req.request_id, self.notify_group, self.output, self.session)
                 parts = await self._handlers.dispatch(req.code, req.payload, ctx)
                 if parts is None:
                     return  # a parked pull the writer thread answered

@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from broker.appender import Appender
+from broker.auth import BrokerSecurity
 from broker.connection import Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
@@ -71,6 +72,8 @@ class Broker:
         self._no_conns = trio.Event()
         #: wraps accepted connections in TLS (None: plain TCP); built by serve()
         self._tls: TlsAcceptor | None = None
+        #: authentication and ACLs (off without ``config.users_file``)
+        self.security = BrokerSecurity(config.users_file)
 
     @property
     def closing(self) -> bool:
@@ -82,6 +85,7 @@ class Broker:
         cfg = self.config
         tls_context = server_context(cfg)  # ConfigError for an unreadable certificate
         self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
+        self.security.start(cfg.host, cfg.port)
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
         )
@@ -98,7 +102,7 @@ class Broker:
         self.handlers = Handlers(
             store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,
             parked=self.parked, counters=self.stats, closing=self._closing, statistics=self._statistics.snapshot,
-            limits=Limits.from_config(cfg),
+            limits=Limits.from_config(cfg), security=self.security,
         )  # fmt: skip
         token = trio.lowlevel.current_trio_token()
         lifecycle = self.lifecycle = Lifecycle(
@@ -122,6 +126,7 @@ class Broker:
                     tasks.start_soon(accept)
                     tasks.start_soon(self.groups.run_expiry)
                     tasks.start_soon(lifecycle.run)
+                    tasks.start_soon(self.security.watch)
                     if cfg.flush == "async":
                         tasks.start_soon(self._flusher)
                     if cfg.http_port:

@@ -30,12 +30,14 @@ from typing import Any, TypeVar
 
 import trio
 
+from client.handshake import authenticate
 from client.link import PendingReply, _Link, _Slot, parse_brokers
 from client.tls import client_context, handshake_error
 from equeue import control, wire
 from equeue.codec import NEED_DATA, Hello, HelloAck, Push, Response
 from equeue.codec import Request as RequestEvent
 from equeue.errors import (
+    AuthenticationError,
     ClientClosed,
     ConnectionBroken,
     EQueueError,
@@ -134,6 +136,8 @@ class AsyncClient:
                 try:
                     with trio.fail_after(self.connect_timeout):
                         link = await self._open(host, port)
+                except AuthenticationError:
+                    raise  # the same credentials fail the same way everywhere: no retry
                 except (OSError, trio.TooSlowError, EQueueError) as exc:
                     errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
                     tls_refused = tls_refused or isinstance(exc, TlsError)
@@ -172,8 +176,7 @@ class AsyncClient:
                     if ev is NEED_DATA:
                         continue
                     if isinstance(ev, HelloAck):
-                        if ev.code != ErrorCode.OK:
-                            raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
+                        await authenticate(link, ev, self.security.credentials)
                         return link
                     raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
             except trio.BrokenResourceError as exc:

@@ -7,8 +7,10 @@ with trio's clock under trio). What is retried is decided in one place,
 :func:`is_transient`: an :class:`~equeue.errors.EQueueError` whose class says
 ``transient = True`` (a broken connection, a busy or stopping broker, an
 out-of-order sequence), never a coded refusal such as
-:class:`~equeue.errors.MessageTooLarge`, and never
-:class:`~equeue.errors.ClientClosed`. The idempotent producer's in-order resend
+:class:`~equeue.errors.MessageTooLarge`, never an authentication or authorization
+refusal (:class:`~equeue.errors.AuthenticationError`,
+:class:`~equeue.errors.NotAuthorized`: the same credentials fail the same way), and
+never :class:`~equeue.errors.ClientClosed`. The idempotent producer's in-order resend
 (``producer/_lane.py``) keeps its own ordering logic and uses :meth:`RetryPolicy.delay`
 for its pause.
 

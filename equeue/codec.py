@@ -20,8 +20,26 @@ Byte layout (all integers big-endian)::
 
 ``kind`` is 0 request (code = :class:`~equeue.protocol.RequestCode`), 1 response
 (code = :class:`~equeue.errors.ErrorCode`, 0 = OK) or 2 push (server-initiated,
-request id 0, code = :class:`~equeue.protocol.PushCode`). ``length`` is checked
-against the frame cap *before* any buffer for the payload is allocated.
+request id 0, code = :class:`~equeue.protocol.PushCode`), or 3 auth (the SASL
+exchange, see below). ``length`` is checked against the frame cap *before* any
+buffer for the payload is allocated.
+
+Authentication (docs/security.md). A broker that authenticates answers the Hello
+with code AUTH_REQUIRED (a client without credentials stops there: the code is
+its error), then the client sends :class:`AuthRequest` frames and the broker
+answers each with an :class:`AuthReply`, all with kind 3 and request id 0::
+
+    AuthRequest (client -> server), code 0       AuthReply (server -> client), code = ErrorCode
+    +---------+-----------+------------+         +-------+------------+
+    | mechlen | mechanism | data       |         | flags | data       |
+    | u8      | ascii     | the rest   |         | u8    | the rest   |
+    +---------+-----------+------------+         +-------+------------+
+
+``mechanism`` names the SASL mechanism on the first request (``SCRAM-SHA-256``) and
+is empty afterwards; ``data`` is the mechanism's next message. ``flags`` bit 0 is
+*final*: the exchange is over (code OK: authenticated; otherwise refused, and the
+broker closes the connection). A server's codec refuses an auth frame after the
+final reply or after the first request.
 
 The server's encoders are plain functions (:func:`encode_response`,
 :func:`encode_push`, :func:`encode_handshake_answer`): they keep no state, so the
@@ -53,6 +71,8 @@ __all__ = [
     "MAGIC",
     "NEED_DATA",
     "PROTOCOL_VERSION",
+    "AuthReply",
+    "AuthRequest",
     "Connection",
     "Event",
     "Hello",
@@ -61,6 +81,10 @@ __all__ = [
     "Request",
     "Response",
     "Role",
+    "decode_auth_reply",
+    "decode_auth_request",
+    "encode_auth_reply",
+    "encode_auth_request",
     "encode_handshake_answer",
     "encode_push",
     "encode_response",
@@ -78,6 +102,9 @@ _MAX_BUFFER_SLACK: Final = 1 << 16
 KIND_REQUEST: Final = 0
 KIND_RESPONSE: Final = 1
 KIND_PUSH: Final = 2
+KIND_AUTH: Final = 3
+#: AuthReply flags: the exchange is over
+AUTH_FINAL: Final = 1
 
 
 class Role(enum.Enum):
@@ -131,7 +158,25 @@ class Push:
     payload: bytes = b""
 
 
-Event = Hello | HelloAck | Request | Response | Push
+@attrs.frozen
+class AuthRequest:
+    """A client's SASL message: ``mechanism`` on the first one, "" after."""
+
+    mechanism: str = ""
+    data: bytes = b""
+
+
+@attrs.frozen
+class AuthReply:
+    """The broker's SASL answer: ``code`` (an ErrorCode, OK = go on), ``data`` (the
+    mechanism's next message, or the refusal's text), ``final`` (the exchange is over)."""
+
+    code: int = ErrorCode.OK
+    data: bytes = b""
+    final: bool = False
+
+
+Event = Hello | HelloAck | Request | Response | Push | AuthRequest | AuthReply
 
 
 def _pack_handshake(version: int, extra: int) -> bytes:
@@ -161,6 +206,47 @@ def encode_push(code: int, payload: bytes) -> list[bytes]:
     return encode_frame(KIND_PUSH, code, 0, [payload])
 
 
+def encode_auth_request(event: AuthRequest) -> list[bytes]:
+    """An auth frame from the client (the one encoder of :class:`AuthRequest`).
+
+    Raises LocalProtocolError for a mechanism name that is not short ASCII."""
+    try:
+        mech = event.mechanism.encode("ascii")
+    except UnicodeEncodeError:
+        raise LocalProtocolError(f"mechanism name {event.mechanism!r} is not ASCII") from None
+    if len(mech) > 0xFF:
+        raise LocalProtocolError("mechanism name longer than 255 bytes")
+    return encode_frame(KIND_AUTH, 0, 0, [bytes((len(mech),)) + mech + event.data])
+
+
+def decode_auth_request(payload: bytes) -> AuthRequest:
+    """The one decoder of :class:`AuthRequest`; RemoteProtocolError when malformed."""
+    if not payload:
+        raise RemoteProtocolError("empty auth frame")
+    n = payload[0]
+    if len(payload) < 1 + n:
+        raise RemoteProtocolError("auth frame: mechanism name overruns the frame")
+    try:
+        mech = payload[1 : 1 + n].decode("ascii")
+    except UnicodeDecodeError:
+        raise RemoteProtocolError("auth frame: mechanism name is not ASCII") from None
+    return AuthRequest(mech, payload[1 + n :])
+
+
+def encode_auth_reply(event: AuthReply) -> list[bytes]:
+    """An auth frame from the server (the one encoder of :class:`AuthReply`)."""
+    if not 0 <= event.code <= 0xFFFF:
+        raise LocalProtocolError("auth reply code out of range")
+    return encode_frame(KIND_AUTH, event.code, 0, [bytes((AUTH_FINAL if event.final else 0,)) + event.data])
+
+
+def decode_auth_reply(code: int, payload: bytes) -> AuthReply:
+    """The one decoder of :class:`AuthReply`; RemoteProtocolError when malformed."""
+    if not payload:
+        raise RemoteProtocolError("empty auth frame")
+    return AuthReply(code, payload[1:], bool(payload[0] & AUTH_FINAL))
+
+
 def encode_handshake_answer(code: int, version: int = PROTOCOL_VERSION) -> bytes:
     """The server's handshake answer: OK, or the code refusing the connection (sent
     also to a peer whose own handshake was unreadable, before closing)."""
@@ -184,6 +270,8 @@ class Connection:
         self._our_hello_done = False
         self._eof = False
         self._broken = False
+        #: the server: no auth frame is accepted any more (final reply sent, or a request seen)
+        self._auth_over = False
 
     # ------------------------------------------------------------------ state
     @property
@@ -270,13 +358,20 @@ class Connection:
             buf.clear()
             self._pos = 0
         if self.role is Role.SERVER:
-            if kind != KIND_REQUEST:
-                raise RemoteProtocolError(f"client sent frame kind {kind}")
-            return Request(request_id, code, payload)
+            if kind == KIND_REQUEST:
+                self._auth_over = True
+                return Request(request_id, code, payload)
+            if kind == KIND_AUTH:
+                if self._auth_over:
+                    raise RemoteProtocolError("auth frame after the authentication exchange")
+                return decode_auth_request(payload)
+            raise RemoteProtocolError(f"client sent frame kind {kind}")
         if kind == KIND_RESPONSE:
             return Response(request_id, code, payload)
         if kind == KIND_PUSH:
             return Push(code, payload)
+        if kind == KIND_AUTH:
+            return decode_auth_reply(code, payload)
         raise RemoteProtocolError(f"server sent frame kind {kind}")
 
     # ------------------------------------------------------------------- send
@@ -297,9 +392,20 @@ class Connection:
                 raise LocalProtocolError("a server sends HelloAck once, after the client's Hello")
             data = _pack_handshake(event.version, event.code)
             self._our_hello_done = True
+            # auth frames follow only an AUTH_REQUIRED answer
+            self._auth_over = event.code != ErrorCode.AUTH_REQUIRED
             return [data]
         if not self._our_hello_done:
             raise LocalProtocolError("handshake not sent yet")
+        if isinstance(event, AuthRequest):
+            if self.role is not Role.CLIENT:
+                raise LocalProtocolError("only clients send auth requests")
+            return self._capped(encode_auth_request(event))
+        if isinstance(event, AuthReply):
+            if self.role is not Role.SERVER or self._auth_over:
+                raise LocalProtocolError("a server sends auth replies until the final one")
+            self._auth_over = event.final
+            return self._capped(encode_auth_reply(event))
         if isinstance(event, Request):
             if self.role is not Role.CLIENT:
                 raise LocalProtocolError("only clients send requests")
@@ -323,3 +429,9 @@ class Connection:
         if len(payload) < 4096:
             return [b"".join(encode_frame(kind, code, rid, [payload]))]
         return encode_frame(kind, code, rid, [payload])
+
+    def _capped(self, parts: list[bytes]) -> list[bytes]:
+        size = sum(map(len, parts))
+        if size > self.max_frame:
+            raise LocalProtocolError(f"frame of {size} bytes exceeds the {self.max_frame}-byte cap")
+        return [b"".join(parts)]

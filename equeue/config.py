@@ -255,6 +255,9 @@ class BrokerConfig:
     tls_ca: Path | None = attrs.field(default=None, converter=_optional_path)
     #: ask TLS clients for a certificate: none, optional or required (needs ``tls_ca``)
     tls_client_auth: TlsClientAuth = attrs.field(default=TlsClientAuth.NONE, converter=_tls_client_auth)
+    #: users and ACLs (docs/security.md); given: every connection authenticates
+    #: (SCRAM-SHA-256) and every request is checked. None: no authentication.
+    users_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:

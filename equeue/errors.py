@@ -27,6 +27,10 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
+    │   ├── AuthRequired              (also an AuthenticationError)
+    │   ├── AuthFailed                (also an AuthenticationError)
+    │   ├── UnsupportedMechanism      (also an AuthenticationError)
+    │   ├── NotAuthorized             an ACL refuses the request (names the resource)
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
@@ -36,6 +40,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── DataDirLocked                 another broker holds the data directory (at start)
     ├── StoreDamaged                  the store cannot be opened safely (at start; code 28)
     │   └── StoreTruncated            data.mdb is shorter than its pages (code 29)
+    ├── AuthenticationError           the handshake's SCRAM exchange did not succeed
     └── ConfigError                   invalid configuration or argument
 
 Expected outcomes (no new message, offset too small...) are *status values*, not
@@ -50,6 +55,9 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "AuthFailed",
+    "AuthRequired",
+    "AuthenticationError",
     "BadRequest",
     "BrokerBusy",
     "BrokerError",
@@ -70,6 +78,7 @@ __all__ = [
     "LocalProtocolError",
     "MessageNotFound",
     "MessageTooLarge",
+    "NotAuthorized",
     "NotQueueOwner",
     "OffsetOutOfRange",
     "OperationTimeout",
@@ -86,6 +95,7 @@ __all__ = [
     "TopicExists",
     "TopicNotFound",
     "UnknownRequest",
+    "UnsupportedMechanism",
     "error_for_code",
 ]
 
@@ -125,6 +135,11 @@ class ErrorCode(enum.IntEnum):
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
     STORE_TRUNCATED = 29
+    # authentication and authorization (docs/security.md)
+    AUTH_REQUIRED = 40
+    AUTH_FAILED = 41
+    NOT_AUTHORIZED = 42
+    UNSUPPORTED_MECHANISM = 43
     INTERNAL_ERROR = 99
 
 
@@ -321,6 +336,38 @@ class BrokerShuttingDown(BrokerError):
     transient = True
 
 
+class AuthenticationError(EQueueError):
+    """The connection could not authenticate (never retried: the same credentials
+    fail the same way); the broker closes the connection after it."""
+
+
+class AuthRequired(BrokerError, AuthenticationError):
+    """The broker authenticates every connection and none was attempted (no
+    credentials), or a request came before the exchange succeeded."""
+
+    code = ErrorCode.AUTH_REQUIRED
+
+
+class AuthFailed(BrokerError, AuthenticationError):
+    """Wrong user name or password (the broker does not say which), or a broker
+    that could not prove it knows the password."""
+
+    code = ErrorCode.AUTH_FAILED
+
+
+class UnsupportedMechanism(BrokerError, AuthenticationError):
+    """The client asked for a SASL mechanism the broker does not offer."""
+
+    code = ErrorCode.UNSUPPORTED_MECHANISM
+
+
+class NotAuthorized(BrokerError):
+    """An ACL refuses this request; the message names the user, the operation and
+    the resource."""
+
+    code = ErrorCode.NOT_AUTHORIZED
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -348,6 +395,10 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         OutOfOrderSequence,
         BrokerBusy,
         BrokerShuttingDown,
+        AuthRequired,
+        AuthFailed,
+        UnsupportedMechanism,
+        NotAuthorized,
         InternalBrokerError,
     )
 }

@@ -7,6 +7,12 @@ Each handler takes the request payload (control requests: the decoded model) and
 a list of byte pieces; raising an :class:`~equeue.errors.EQueueError` answers with
 its code. Expected outcomes of a pull (no new message, offset too small...) are
 statuses. Each family receives the collaborators it uses and nothing else.
+
+Authorization is central: with authentication on, :meth:`Handlers.dispatch` checks
+every request against :data:`equeue.acl.REQUEST_RULES` before its handler runs
+(the produce hot path, which the connection calls directly, checks in
+``ProduceHandler.prepare``); listings are filtered to what the user may describe;
+admin actions are written to the audit log (:func:`broker.auth.audit`).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from broker.auth import Authenticator, Authorizer, BrokerSecurity, audit
 from broker.groups import GroupRegistry
 from broker.handlers.base import (
     Closing,
@@ -36,8 +43,10 @@ from broker.longpoll import ParkedPulls
 from broker.stats import Counters
 from broker.storage import StoreReader
 from equeue import control
-from equeue.errors import UnknownRequest
+from equeue.acl import REQUEST_RULES, ResourceKind
+from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
+from equeue.wire._prims import unpack_str
 
 __all__ = ["Closing", "Handler", "Handlers", "Limits", "RequestContext"]
 
@@ -51,11 +60,15 @@ class Handlers:
     def __init__(
         self, *, store: StoreReader, appender: OpQueue, submit: Submit, groups: GroupRegistry,
         parked: ParkedPulls, counters: Counters, closing: Closing, statistics: Callable[[], control.BrokerStats],
-        limits: Limits,
+        limits: Limits, security: BrokerSecurity | None = None,
     ) -> None:  # fmt: skip
+        security = security or BrokerSecurity(None)
+        #: the SCRAM server of the handshake (None: the broker does not authenticate)
+        self.authenticator: Authenticator | None = security.authenticator
+        self._authorizer: Authorizer | None = security.authorizer
         topics = TopicDirectory(store, submit, limits)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)
-        self.produce = ProduceHandler(topics, appender, counters, closing, limits)
+        self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer)
         pull = PullHandler(topics, store, groups, parked, counters, closing, limits)
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
@@ -72,7 +85,7 @@ class Handlers:
             control.CreateTopic: t.create_topic,
             control.DeleteTopic: t.delete_topic,
             control.AlterTopic: t.alter_topic,
-            control.ListTopics: t.list_topics,
+            control.ListTopics: self._listing(t.list_topics, ResourceKind.TOPIC, "name"),
             control.GetRoute: t.get_route,
             control.DescribeTopic: t.describe_topic,
             control.QueueOffsets: o.queue_offsets,
@@ -83,7 +96,7 @@ class Handlers:
             control.Heartbeat: g.heartbeat,
             control.LeaveGroup: g.leave_group,
             control.ReleaseQueues: g.release_queues,
-            control.ListGroups: g.list_groups,
+            control.ListGroups: self._listing(g.list_groups, ResourceKind.GROUP, "group"),
             control.DescribeGroup: g.describe_group,
             control.Stats: self.stats,
             control.GetMessage: lookup.get_message,
@@ -96,6 +109,7 @@ class Handlers:
         }
         for code, cls in control.REQUEST_TYPES.items():
             self.table[code] = self._control(cls, control_handlers[cls])
+        self._models = control.REQUEST_TYPES
 
     @staticmethod
     def _control(cls: type, fn: Callable[[Any, RequestContext], Awaitable[Any]]) -> Handler:
@@ -107,12 +121,83 @@ class Handlers:
 
         return handle
 
+    def _listing(self, fn: Callable[[Any, RequestContext], Awaitable[list[Any]]], kind: ResourceKind,
+                 field: str) -> Callable[[Any, RequestContext], Awaitable[list[Any]]]:  # fmt: skip
+        """A listing that shows a user only the names it may describe (as Kafka does)."""
+
+        async def listing(req: Any, ctx: RequestContext) -> list[Any]:
+            items = await fn(req, ctx)
+            principal, authz = ctx.principal, self._authorizer
+            if principal is None or authz is None:
+                return items
+            return [x for x in items if authz.visible(principal, kind, getattr(x, field))]
+
+        return listing
+
+    def _request_fields(self, code: int, payload: bytes) -> Any:
+        """The request as far as its ACL rule reads it: the control model, or, for
+        the binary hot paths, the topic (the first field of both layouts)."""
+        cls = self._models.get(code)
+        if cls is not None:
+            return control.decode(payload, cls)
+        return _Topic(unpack_str(payload, 0)[0])
+
     async def dispatch(self, code: int, payload: bytes, ctx: RequestContext) -> Parts | None:
-        """Answer one request; None when the writer thread already answered it."""
+        """Answer one request; None when the writer thread already answered it.
+
+        Raises UnknownRequest for a code without a handler, NotAuthorized when the
+        connection's user may not make this request (checked before anything runs).
+        """
         fn = self.table.get(code)
         if fn is None:
             raise UnknownRequest(f"unknown request code {code}")
-        return await fn(payload, ctx)
+        principal = ctx.principal
+        if principal is not None and self._authorizer is not None:
+            self._authorizer.check(principal, code, self._request_fields(code, payload), ctx.peer)
+        if code not in _AUDITED:
+            return await fn(payload, ctx)
+        return await self._audited(fn, code, payload, ctx)
+
+    async def _audited(self, fn: Handler, code: int, payload: bytes, ctx: RequestContext) -> Parts | None:
+        """Run an admin action and write its audit line (who, peer, what, outcome)."""
+        action = RequestCode(code).name.lower()
+        try:
+            req: Any = control.decode(payload, self._models[code])
+            resource = _resource(req)
+        except Exception:
+            resource = "?"
+        try:
+            result = await fn(payload, ctx)
+        except Exception as exc:
+            code_name = exc.code.name if isinstance(exc, BrokerError) else "INTERNAL_ERROR"
+            audit(action, user=ctx.principal, peer=ctx.peer, resource=resource, outcome=f"error:{code_name}")
+            raise
+        audit(action, user=ctx.principal, peer=ctx.peer, resource=resource, outcome="ok")
+        return result
 
     async def stats(self, req: control.Stats, ctx: RequestContext) -> control.BrokerStats:
         return self._statistics()
+
+
+#: the admin actions written to the audit log
+_AUDITED = frozenset(code for code, rule in REQUEST_RULES.items() if rule.audit)
+
+
+class _Topic:
+    """The topic of a binary request (PRODUCE, PULL), for its ACL rule."""
+
+    __slots__ = ("topic",)
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+
+
+def _resource(req: Any) -> str:
+    """``kind:name`` of an admin request's target, for the audit line."""
+    for field, kind in (("name", "topic"), ("group", "group"), ("topic", "topic")):
+        value = getattr(req, field, None)
+        if isinstance(value, str) and value:
+            topic = getattr(req, "topic", "")
+            extra = f" topic:{topic}" if field == "group" and topic else ""
+            return f"{kind}:{value}{extra}"
+    return "cluster"

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import attrs
 
 from broker.groups import Notify
+from broker.handshake import Session
 from broker.storage import CreateTopicOp, StoreReader, WriteOp
 from broker.thread_answer import ThreadWritable
 from equeue import control
@@ -50,19 +51,32 @@ class RequestContext:
     ``notify`` pushes GROUP_CHANGED to the connection (heartbeats register it).
     ``output`` is where the writer thread may write this request's answer itself
     (parked pulls, :mod:`broker.thread_answer`); None: answers go through the caller.
+    ``session`` says who sent it (:class:`broker.handshake.Session`: the user, the
+    peer); None, or a session without a user: the broker does not authenticate.
     """
 
-    __slots__ = ("notify", "output", "request_id")
+    __slots__ = ("notify", "output", "request_id", "session")
 
     def __init__(
         self,
         request_id: int = 0,
         notify: Notify | None = None,
         output: ThreadWritable | None = None,
+        session: Session | None = None,
     ) -> None:
         self.request_id = request_id
         self.notify = notify
         self.output = output
+        self.session = session
+
+    @property
+    def principal(self) -> str | None:
+        """The authenticated user (None: authentication is off)."""
+        return None if self.session is None else self.session.principal
+
+    @property
+    def peer(self) -> str:
+        return "?" if self.session is None else self.session.peer
 
 
 class Closing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from broker.auth import Authorizer
 from broker.handlers.base import Closing, Limits, OpQueue, Parts, RequestContext, TopicDirectory
 from broker.stats import Counters
 from broker.storage import ProduceOp
@@ -16,8 +17,11 @@ from equeue.errors import (
     ReservedTopic,
     TopicNotFound,
 )
+from equeue.protocol import RequestCode
 
 __all__ = ["ProduceHandler"]
+
+_PRODUCE = int(RequestCode.PRODUCE)  # a plain int: no enum lookup on the hot path
 
 
 class ProduceHandler:
@@ -31,24 +35,29 @@ class ProduceHandler:
         counters: Counters,
         closing: Closing,
         limits: Limits,
+        authorizer: Authorizer | None = None,
     ) -> None:
         self._topics = topics
+        self._authorizer = authorizer
         self._appender = appender
         self._counters = counters
         self._closing = closing
         self._max_body = limits.max_message_bytes
         self._max_delay_ms = limits.max_delay_ms
 
-    def prepare(self, payload: bytes) -> Any:
+    def prepare(self, payload: bytes, principal: str | None = None) -> Any:
         """Decode, validate and enqueue a produce request at once, without a
         checkpoint, so one connection's requests commit in arrival order (pipelined
         batches of a producer then never reach the appender swapped).
 
         Returns the appender's pending op, or None when the topic does not exist
         yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
-        requests.
+        requests, NotAuthorized when ``principal`` (None: no authentication) may not
+        produce to the topic.
         """
         req = wire.ProduceRequest.decode(payload)
+        if principal is not None:
+            self._authorizer.check(principal, _PRODUCE, req)  # type: ignore[union-attr]
         if self._closing.closing:
             raise BrokerShuttingDown("the broker is shutting down")
         if req.topic[:1] == "%":  # internal topics are written by the broker only
@@ -85,11 +94,11 @@ class ProduceHandler:
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts:
         """The general path: auto-creates a missing topic first."""
-        pending = self.prepare(payload)
+        pending = self.prepare(payload, ctx.principal)
         if pending is None:
             req = wire.ProduceRequest.decode(payload)
             await self._topics.require(req.topic, auto_create=req.auto_create)
-            pending = self.prepare(payload)
+            pending = self.prepare(payload, ctx.principal)
             if pending is None:
                 raise TopicNotFound(f"topic {req.topic!r} was deleted")
         return self.answer(await self._appender.wait(pending), len(payload))

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import typer
 
-from equeue.cli import broker_cmd, consume_cmd, group_cmd, message_cmd, produce_cmd, topic_cmd
+from equeue.cli import (
+    acl_cmd,
+    broker_cmd,
+    consume_cmd,
+    group_cmd,
+    message_cmd,
+    produce_cmd,
+    topic_cmd,
+    user_cmd,
+)
 
 app = typer.Typer(
     name="equeue",
@@ -19,7 +28,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (broker_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd):
+for module in (broker_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd):
     module.register(app)
 
 

@@ -104,3 +104,27 @@ def setup_logging(level: LogLevel) -> None:
         format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
         stream=sys.stderr,
     )
+
+
+def setup_audit_log(target: str) -> None:
+    """Send the ``equeue.audit`` lines to ``target`` (a file, appended; ``-``:
+    stderr) at INFO, whatever the general log level, and only there."""
+    handler: logging.Handler = (
+        logging.StreamHandler(sys.stderr) if target == "-" else logging.FileHandler(target, encoding="utf-8")
+    )
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    audit = logging.getLogger("equeue.audit")
+    audit.setLevel(logging.INFO)
+    audit.addHandler(handler)
+    audit.propagate = False
+
+
+def warn_if_open(cfg: Any) -> None:
+    """Redis's protected mode, as a warning: a broker without authentication that
+    listens beyond loopback gets a loud banner on stderr (and a log line)."""
+    from broker.auth import NO_AUTH_WARNING, is_loopback
+
+    if cfg.users_file is None and not is_loopback(cfg.host):
+        bar = "!" * 78
+        err_console.print(f"[bold red]{bar}\n{NO_AUTH_WARNING.format(host=cfg.host, port=cfg.port)}\n{bar}[/]",
+                          highlight=False, soft_wrap=True)  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -13,8 +14,10 @@ from equeue.cli._common import (
     LogLevel,
     fail,
     query,
+    setup_audit_log,
     setup_logging,
     table,
+    warn_if_open,
 )
 from equeue.config import (
     BrokerConfig,
@@ -37,6 +40,22 @@ def _first_leaf(group: BaseExceptionGroup) -> BaseException:  # type: ignore[typ
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+async def _reload(broker: Any) -> None:
+    """SIGHUP: re-read the users file (docs/security.md) and the TLS certificate
+    (docs/tls.md, rotation); a bad file changes nothing and says why."""
+    if broker.security.enabled:
+        changed = await broker.security.reload()
+        typer.echo(f"users file re-read ({'changed' if changed else 'unchanged'})", err=True)
+    if broker.config.tls_cert is not None:
+        try:
+            broker.reload_tls()
+            typer.echo("TLS certificate reloaded", err=True)
+        except EQueueError as exc:
+            typer.echo(f"TLS reload failed, the current certificate stays: {exc}", err=True)
+    if not broker.security.enabled and broker.config.tls_cert is None:
+        typer.echo("SIGHUP: nothing to reload (no --users-file, no TLS)", err=True)
 
 
 def register(app: typer.Typer) -> None:
@@ -65,6 +84,8 @@ def register(app: typer.Typer) -> None:
         tls_key: Path | None = typer.Option(_D.tls_key, help="PEM key of --tls-cert (default: in the --tls-cert file)."),
         tls_ca: Path | None = typer.Option(_D.tls_ca, help="PEM CAs that sign client certificates (mutual TLS)."),
         tls_client_auth: TlsClientAuth = typer.Option(_D.tls_client_auth, help="Ask TLS clients for a certificate (needs --tls-ca)."),
+        users_file: Path | None = typer.Option(_D.users_file, "--users-file", help="Users and ACLs (equeue user/acl): authenticate every connection (SCRAM-SHA-256) and check every request. Reloaded when it changes and on SIGHUP."),
+        audit_log: str | None = typer.Option(None, "--audit-log", help="Write the audit log (admin actions, user changes, refused logins) to this file ('-': stderr), whatever --log-level says."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -81,6 +102,8 @@ def register(app: typer.Typer) -> None:
         # prints "Fatal Python error: Bus error" and where, instead of dying silently
         # (on fd 2, the process's stderr: a test runner may have replaced sys.stderr).
         faulthandler.enable(file=2, all_threads=False)
+        if audit_log:
+            setup_audit_log(audit_log)
         try:
             cfg = BrokerConfig(
                 data_dir=data_dir, host=host, port=port, flush=flush, flush_interval=flush_interval,
@@ -90,10 +113,12 @@ def register(app: typer.Typer) -> None:
                 scan_records=scan_records, scan_time=parse_duration_ms(scan_time) / 1000,
                 metrics_queue_limit=metrics_queue_limit,
                 tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, tls_client_auth=tls_client_auth,
+                users_file=users_file,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
         broker = Broker(cfg)
+        warn_if_open(cfg)
 
         async def main() -> None:
             async with trio.open_nursery() as n:
@@ -108,12 +133,8 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
                     async for signum in signals:
-                        if signum == signal.SIGHUP:  # certificate rotation (docs/tls.md)
-                            try:
-                                broker.reload_tls()
-                                typer.echo("TLS certificate reloaded", err=True)
-                            except EQueueError as exc:
-                                typer.echo(f"TLS reload failed, the current certificate stays: {exc}", err=True)
+                        if signum == signal.SIGHUP:  # re-read the users file and the certificate
+                            await _reload(broker)
                             continue
                         typer.echo("stopping broker...", err=True)
                         broker.stop()

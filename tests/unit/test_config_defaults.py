@@ -52,9 +52,10 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "tls_key": ("tls_key", None),
     "tls_ca": ("tls_ca", None),
     "tls_client_auth": ("tls_client_auth", None),
+    "users_file": ("users_file", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
-NOT_CONFIG = {"data_dir", "log_level"}
+NOT_CONFIG = {"data_dir", "log_level", "audit_log"}
 
 
 def command(*path: str) -> click.Command:

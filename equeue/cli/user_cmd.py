@@ -1,0 +1,181 @@
+"""``equeue user add|passwd|admin|remove|list``: the broker's users file.
+
+These commands edit the file a broker reads with ``--users-file`` (locked, written
+atomically with mode 0600); a running broker picks the change up within a second
+(or at once on SIGHUP). Passwords are kept as SCRAM-SHA-256 verifiers, never in
+plain text, and never come from a command-line argument: from a prompt (asked
+twice), from stdin (``--password-stdin``) or from ``EQUEUE_NEW_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from equeue.cli._common import JSON_OPTION, fail, print_json, table
+
+#: the users file of every ``equeue user`` / ``equeue acl`` command
+USERS_FILE_OPTION = typer.Option(
+    ..., "--users-file", envvar="EQUEUE_USERS_FILE", help="The broker's users file (created if missing)."
+)
+PASSWORD_ENV = "EQUEUE_NEW_PASSWORD"
+
+audit_log = logging.getLogger("equeue.audit")
+
+
+def read_password(from_stdin: bool) -> str:
+    """The new password: stdin's first line, ``EQUEUE_NEW_PASSWORD``, or a prompt
+    (asked twice). Fails on an empty or mismatched password."""
+    if from_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    elif os.environ.get(PASSWORD_ENV):
+        password = os.environ[PASSWORD_ENV]
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Password (again): ") != password:
+            fail("the passwords differ")
+    if not password:
+        fail("an empty password")
+    return password
+
+
+def audit_change(action: str, name: str, users_file: Path) -> None:
+    """An audit line for a change made here (the broker writes its own on reload)."""
+    from broker.auth import audit
+
+    try:
+        who = getpass.getuser()
+    except Exception:
+        who = "?"
+    audit(action, user=f"os:{who}", peer="cli", resource=f"user:{name}", outcome="ok", file=str(users_file))
+
+
+def register(app: typer.Typer) -> None:
+    user_app = typer.Typer(help="Users of a broker that authenticates (its --users-file).", no_args_is_help=True)
+    app.add_typer(user_app, name="user")
+
+    @user_app.command("add")
+    def add(
+        name: str = typer.Argument(..., help="User name (1-64 of A-Z a-z 0-9 _ . @ -)."),
+        users_file: Path = USERS_FILE_OPTION,
+        admin: bool = typer.Option(False, "--admin", help="Give the admin role (every request, internal topics, DLQ resend)."),
+        password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's first line."),
+        iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
+    ) -> None:
+        """Add a user (the password is asked, never an argument)."""
+        from broker.auth import make_user, update_users_file
+        from equeue.acl import UsersFile, validate_username
+        from equeue.errors import ConfigError
+
+        try:
+            validate_username(name)
+        except ConfigError as exc:
+            fail(str(exc))
+        password = read_password(password_stdin)
+
+        def change(doc: UsersFile) -> UsersFile:
+            if name in doc.users:
+                raise ConfigError(f"user {name!r} exists (change its password with: equeue user passwd {name})")
+            return doc.with_user(make_user(name, password, iterations=iterations, admin=admin))
+
+        try:
+            update_users_file(users_file, change)
+        except ConfigError as exc:
+            fail(str(exc))
+        audit_change("user.add", name, users_file)
+        typer.echo(f"user {name} added{' (admin)' if admin else ''}", err=True)
+
+    @user_app.command("passwd")
+    def passwd(
+        name: str,
+        users_file: Path = USERS_FILE_OPTION,
+        password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's first line."),
+        iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
+    ) -> None:
+        """Change a user's password (open connections keep their session)."""
+        from broker.auth import make_user, update_users_file
+        from equeue.acl import UsersFile
+        from equeue.errors import ConfigError
+
+        password = read_password(password_stdin)
+
+        def change(doc: UsersFile) -> UsersFile:
+            old = doc.users.get(name)
+            if old is None:
+                raise ConfigError(f"no user {name!r}")
+            return doc.with_user(make_user(name, password, iterations=iterations, admin=old.admin, acls=old.acls))
+
+        try:
+            update_users_file(users_file, change)
+        except ConfigError as exc:
+            fail(str(exc))
+        audit_change("user.password", name, users_file)
+        typer.echo(f"password of {name} changed", err=True)
+
+    @user_app.command("admin")
+    def admin_(
+        name: str,
+        users_file: Path = USERS_FILE_OPTION,
+        revoke: bool = typer.Option(False, "--revoke", help="Take the admin role away instead."),
+    ) -> None:
+        """Give a user the admin role (or take it away with --revoke)."""
+        import attrs
+
+        from broker.auth import update_users_file
+        from equeue.acl import UsersFile
+        from equeue.errors import ConfigError
+
+        def change(doc: UsersFile) -> UsersFile:
+            old = doc.users.get(name)
+            if old is None:
+                raise ConfigError(f"no user {name!r}")
+            return doc.with_user(attrs.evolve(old, admin=not revoke))
+
+        try:
+            update_users_file(users_file, change)
+        except ConfigError as exc:
+            fail(str(exc))
+        audit_change("user.admin" if not revoke else "user.admin-revoke", name, users_file)
+        typer.echo(f"{name}: admin role {'revoked' if revoke else 'granted'}", err=True)
+
+    @user_app.command("remove")
+    def remove(name: str, users_file: Path = USERS_FILE_OPTION) -> None:
+        """Remove a user and its ACLs. Its open connections stay open, but every
+        request they make is refused (NOT_AUTHORIZED) from the broker's reload on."""
+        from broker.auth import update_users_file
+        from equeue.acl import UsersFile
+        from equeue.errors import ConfigError
+
+        def change(doc: UsersFile) -> UsersFile:
+            if name not in doc.users:
+                raise ConfigError(f"no user {name!r}")
+            return doc.without(name)
+
+        try:
+            update_users_file(users_file, change)
+        except ConfigError as exc:
+            fail(str(exc))
+        audit_change("user.remove", name, users_file)
+        typer.echo(f"user {name} removed", err=True)
+
+    @user_app.command("list")
+    def list_(users_file: Path = USERS_FILE_OPTION, as_json: bool = JSON_OPTION) -> None:
+        """Users, their role and ACLs (never a password or a verifier)."""
+        from broker.auth import read_users_file
+        from equeue.errors import ConfigError
+
+        try:
+            doc = read_users_file(users_file)
+        except ConfigError as exc:
+            fail(str(exc))
+        users = [doc.users[n] for n in sorted(doc.users)]
+        if as_json:
+            print_json([{"user": u.name, "admin": u.admin, "acls": [a.to_json() for a in u.acls]} for u in users])
+            return
+        rows = [(u.name, "admin" if u.admin else "user", "; ".join(a.describe() for a in u.acls) or "-") for u in users]
+        table(None, ["user", "role", "acls"], rows)

@@ -1,0 +1,148 @@
+"""The issue's security probes, replayed against a broker with a users file (real
+TCP): without authentication nobody can delete a topic, reset a group or commit
+past a queue's end; an authenticated user without the rights cannot either; and a
+user without join rights cannot hijack a group (20 fake heartbeating members),
+so the real consumer keeps consuming.
+
+Each probe fails without the checks: with the broker started without
+``users_file`` the same frames delete the topic, move the offsets and freeze the
+real consumer (checked by hand when this file was written)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker import Broker, open_broker
+from broker.auth import make_user, update_users_file
+from consumer import AsyncConsumer
+from equeue import Message, control, wire
+from equeue.acl import Acl, UsersFile
+from equeue.errors import ErrorCode, NotAuthorized
+from equeue.protocol import RequestCode
+from equeue.security import ClientSecurity
+from producer import AsyncClient
+from tests.conftest import make_config, wait_until
+
+ROOT = ClientSecurity.from_values(username="root", password="root-pw")
+ALICE = ClientSecurity.from_values(username="alice", password="alice-pw")
+MALLORY = ClientSecurity.from_values(username="mallory", password="mallory-pw")
+
+
+@pytest.fixture
+async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
+    users = tmp_path / "users.json"
+
+    def setup(_: UsersFile) -> UsersFile:
+        return (
+            UsersFile()
+            .with_user(make_user("root", "root-pw", admin=True))
+            .with_user(make_user("alice", "alice-pw", acls=[Acl("topic", "jobs", ["produce", "consume"]),
+                                                            Acl("group", "workers", ["join", "commit"])]))
+            # mallory may read the topic, but has no right on the group
+            .with_user(make_user("mallory", "mallory-pw", acls=[Acl("topic", "jobs", ["consume"])]))
+        )  # fmt: skip
+
+    update_users_file(users, setup)
+    async with open_broker(make_config(tmp_path / "data", users_file=users, member_expiry=3.0)) as b:
+        yield b
+
+
+def frame(code: int, rid: int, req: object) -> bytes:
+    payload = control.encode(req)
+    return struct.pack(">IBHI", 7 + len(payload), 0, code, rid) + payload
+
+
+def unauthenticated(port: int, frames: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"EQMQ" + struct.pack(">HH", 1, 0) + frames)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            await root.create_topic("jobs", 1)
+            await root.produce(wire.ProduceRequest("jobs", 0, [wire.encode_entry(Message("j"))] * 3))
+            await root.commit_offset("workers", "jobs", 0, 2)
+        probes = (
+            frame(RequestCode.DELETE_TOPIC, 1, control.DeleteTopic("jobs"))
+            + frame(RequestCode.RESET_OFFSETS, 2, control.ResetOffsets("workers", "jobs", "earliest", force=True))
+            + frame(RequestCode.COMMIT_OFFSET, 3, control.CommitOffset("workers", "jobs", 0, 123456))
+        )
+        out = await trio.to_thread.run_sync(unauthenticated, broker.port, probes)
+        assert out[:8] == b"EQMQ" + struct.pack(">HH", 1, ErrorCode.AUTH_REQUIRED)
+        # the first request is refused, then the connection closes: nothing ran
+        _, kind, code, rid = struct.unpack_from(">IBHI", out, 8)
+        assert (kind, code, rid) == (1, ErrorCode.AUTH_REQUIRED, 1)
+        # an authenticated user without the rights is refused each probe too
+        async with AsyncClient(broker.address, security=MALLORY) as m:
+            for call, op in (
+                (m.delete_topic("jobs"), "admin"),
+                (m.reset_offsets("workers", "jobs", "earliest", force=True), "reset"),
+                (m.commit_offset("workers", "jobs", 0, 123456), "commit"),
+            ):
+                with pytest.raises(NotAuthorized, match=f"no '{op}' permission"):
+                    await call
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            assert [t.name for t in await root.list_topics()] == ["jobs"]
+            assert await root.query_offset("workers", "jobs", 0) == 2
+
+
+async def consume_all(address: str, got: list[str]) -> None:
+    """Produce 200 messages as alice and consume them in group ``workers``."""
+    async with AsyncConsumer(
+        address, "workers", "jobs", security=ALICE, start_from="earliest",
+        heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=0.5,
+    ) as con, AsyncClient(address, security=ALICE) as producer:  # fmt: skip
+        bodies = [f"m{i}" for i in range(200)]
+        await producer.produce(wire.ProduceRequest("jobs", 0, [wire.encode_entry(Message(b)) for b in bodies]))
+
+        async def handler(m: Message) -> None:
+            got.append(m.text)
+            if len(got) == len(bodies):
+                con.stop()
+
+        await con.run(handler)
+
+
+async def test_without_join_rights_twenty_fake_members_cannot_hijack_the_group(broker: Broker) -> None:
+    with trio.fail_after(60):
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            await root.create_topic("jobs", 1)
+        got: list[str] = []
+        refusals = attempts = 0
+        async with AsyncClient(broker.address, security=MALLORY) as attacker, trio.open_nursery() as n:
+
+            async def fake_member(i: int) -> None:
+                nonlocal refusals, attempts
+                while True:  # heartbeat like a live member grabbing the queue
+                    attempts += 1
+                    try:
+                        await attacker.heartbeat(
+                            control.Heartbeat("workers", f"fake-{i}", ["jobs"], acquire=["jobs/0"])
+                        )
+                    except NotAuthorized:
+                        refusals += 1
+                    await trio.sleep(0.05)
+
+            for i in range(20):
+                n.start_soon(fake_member, i)
+            await wait_until(lambda: attempts >= 40, what="the fake members heartbeat")
+            with trio.move_on_after(30):  # without ACLs the fake members hold the queue: nothing arrives
+                await consume_all(broker.address, got)
+            n.cancel_scope.cancel()
+        assert len(got) == 200, f"the real consumer got {len(got)} of 200 messages in 30 s"
+        assert sorted(got) == sorted(f"m{i}" for i in range(200))
+        assert refusals == attempts, f"{attempts - refusals} fake heartbeats were accepted"
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            members = (await root.describe_group("workers")).members
+            assert not any(m.consumer_id.startswith("fake-") for m in members)
