@@ -28,44 +28,79 @@ from equeue.errors import (
 )
 from equeue.security import Credentials
 
-__all__ = ["MECHANISM", "authenticate"]
+__all__ = ["MECHANISM", "ClientScram", "authenticate"]
 
 MECHANISM = "SCRAM-SHA-256"
 
 
+class ClientScram:
+    """The client's side of the SCRAM exchange, without I/O: both the trio client
+    (:func:`authenticate`) and the blocking Spark puller drive it.
+
+    ``begin(ack)`` gives the first AuthRequest to send (None: the broker needs no
+    authentication), ``step(reply)`` the next one (None: authenticated). Raises as
+    the module doc says.
+    """
+
+    def __init__(self, address: str, credentials: Credentials | None) -> None:
+        self.address = address
+        self._credentials = credentials
+        self._scram: ScramClient | None = None
+        self._sent_final = False
+
+    def begin(self, ack: HelloAck) -> AuthRequest | None:
+        if ack.code == ErrorCode.OK:
+            return None
+        if ack.code != ErrorCode.AUTH_REQUIRED:
+            raise error_for_code(ack.code, f"broker {self.address} refused the connection")
+        credentials = self._credentials
+        if credentials is None:
+            raise AuthRequired(
+                f"broker {self.address} requires authentication: set EQUEUE_USERNAME and "
+                "EQUEUE_PASSWORD, or EQUEUE_CREDENTIALS_FILE (docs/security.md)"
+            )
+        try:
+            self._scram = ScramClient([MECHANISM], credentials.username, credentials.password)
+            first = self._scram.get_client_first()
+        except ScramException as exc:
+            raise AuthFailed(f"cannot authenticate as {credentials.username!r}: {exc}") from None
+        return AuthRequest(MECHANISM, first.encode())
+
+    def step(self, reply: AuthReply) -> AuthRequest | None:
+        if reply.code != ErrorCode.OK:
+            raise error_for_code(reply.code, f"broker {self.address}: {reply.data.decode('utf-8', 'replace')}")
+        scram = self._scram
+        if scram is None:
+            raise RemoteProtocolError(f"broker {self.address}: an auth reply before any request")
+        if not self._sent_final:
+            if reply.final:
+                raise RemoteProtocolError(f"broker {self.address}: the SCRAM exchange ended early")
+            try:
+                scram.set_server_first(reply.data.decode())
+                final = scram.get_client_final()
+            except (ScramException, UnicodeDecodeError) as exc:
+                raise AuthFailed(f"broker {self.address}: malformed SCRAM challenge ({exc})") from None
+            self._sent_final = True
+            return AuthRequest("", final.encode())
+        if not reply.final:
+            raise RemoteProtocolError(f"broker {self.address}: the SCRAM exchange did not end")
+        try:
+            scram.set_server_final(reply.data.decode())
+        except (ScramException, UnicodeDecodeError):
+            raise AuthFailed(f"broker {self.address} could not prove it knows the password: not trusted") from None
+        return None
+
+
 async def authenticate(link: _Link, ack: HelloAck, credentials: Credentials | None) -> None:
     """Finish the handshake the broker's ``ack`` asks for (see the module doc)."""
-    if ack.code == ErrorCode.OK:
-        return
-    if ack.code != ErrorCode.AUTH_REQUIRED:
-        raise error_for_code(ack.code, f"broker {link.address} refused the connection")
-    if credentials is None:
-        raise AuthRequired(
-            f"broker {link.address} requires authentication: set EQUEUE_USERNAME and "
-            "EQUEUE_PASSWORD, or EQUEUE_CREDENTIALS_FILE (docs/security.md)"
-        )
-    try:
-        scram = ScramClient([MECHANISM], credentials.username, credentials.password)
-        first = scram.get_client_first()
-    except ScramException as exc:
-        raise AuthFailed(f"cannot authenticate as {credentials.username!r}: {exc}") from None
-    reply = await _exchange(link, AuthRequest(MECHANISM, first.encode()))
-    try:
-        scram.set_server_first(reply.data.decode())
-        final = scram.get_client_final()
-    except (ScramException, UnicodeDecodeError) as exc:
-        raise AuthFailed(f"broker {link.address}: malformed SCRAM challenge ({exc})") from None
-    reply = await _exchange(link, AuthRequest("", final.encode()))
-    if not reply.final:
-        raise RemoteProtocolError(f"broker {link.address}: the SCRAM exchange did not end")
-    try:
-        scram.set_server_final(reply.data.decode())
-    except (ScramException, UnicodeDecodeError):
-        raise AuthFailed(f"broker {link.address} could not prove it knows the password: not trusted") from None
+    exchange = ClientScram(link.address, credentials)
+    request = exchange.begin(ack)
+    while request is not None:
+        request = exchange.step(await _exchange(link, request))
 
 
 async def _exchange(link: _Link, request: AuthRequest) -> AuthReply:
-    """Send one auth request, read the broker's reply; raise for a refusal."""
+    """Send one auth request, read the broker's reply."""
     await link.stream.send_all(link.codec.send(request))
     while True:
         ev = link.codec.next_event()
@@ -77,6 +112,4 @@ async def _exchange(link: _Link, request: AuthRequest) -> AuthReply:
             continue
         if not isinstance(ev, AuthReply):
             raise RemoteProtocolError(f"unexpected {type(ev).__name__} during authentication")
-        if ev.code != ErrorCode.OK:
-            raise error_for_code(ev.code, f"broker {link.address}: {ev.data.decode('utf-8', 'replace')}")
         return ev

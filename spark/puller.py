@@ -26,11 +26,13 @@ from collections import deque
 from typing import Final
 
 from client.connection import parse_brokers
+from client.handshake import ClientScram
 from client.retry import RetryPolicy, retry_sync
 from client.tls import client_context, handshake_error
 from equeue import wire
-from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
+from equeue.codec import NEED_DATA, AuthReply, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.errors import (
+    AuthenticationError,
     ConnectionBroken,
     EQueueError,
     ErrorCode,
@@ -99,8 +101,10 @@ class Puller:
                 ev = self._receive_event(sock, codec)
                 if not isinstance(ev, HelloAck):
                     raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
-                if ev.code != ErrorCode.OK:
-                    raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
+                self._authenticate(sock, codec, ev, f"{host}:{port}")
+            except AuthenticationError:
+                sock.close()
+                raise  # the same credentials fail the same way everywhere: no retry
             except (OSError, EQueueError) as exc:
                 sock.close()
                 if tls is not None and isinstance(exc, ssl.SSLError | ConnectionBroken):
@@ -114,6 +118,18 @@ class Puller:
         # a certificate problem is not retried (TlsError is not transient)
         error = TlsError if tls_refused else ConnectionBroken
         raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
+
+    def _authenticate(self, sock: socket.socket, codec: Connection, ack: HelloAck, address: str) -> None:
+        """The SCRAM exchange when the broker asks for one (client.handshake); an
+        AuthenticationError is not retried."""
+        exchange = ClientScram(address, self.security.credentials)
+        request = exchange.begin(ack)
+        while request is not None:
+            sock.sendall(codec.send(request))
+            reply = self._receive_event(sock, codec)
+            if not isinstance(reply, AuthReply):
+                raise RemoteProtocolError(f"unexpected {type(reply).__name__} during authentication")
+            request = exchange.step(reply)
 
     @staticmethod
     def _receive_event(sock: socket.socket, codec: Connection) -> object:
