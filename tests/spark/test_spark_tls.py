@@ -115,10 +115,10 @@ def test_source_and_sink_over_mutual_tls_with_scram(
     with pytest.raises(Exception, match="client certificate"):
         ss.read.format("equeue").options(**no_cert).option("topic", "tls-in").load().collect()
     # a wrong password, and a topic outside the user's ACLs, are clear refusals too
-    with pytest.raises(Exception, match="AUTH_FAILED|authentication failed|wrong user name or password"):
+    with pytest.raises(Exception, match=r"AuthFailed"):
         ss.read.format("equeue").options(**{**opts, "credentials.file": str(pki["bad_creds"])}).option(
             "topic", "tls-in"
         ).load().collect()
     client.create_topic("other", 1)
-    with pytest.raises(Exception, match="NotAuthorized: user .spark. has no .describe. permission on topic .other."):
+    with pytest.raises(Exception, match=r"NotAuthorized: user .spark. has no .describe. permission on topic .other."):
         ss.read.format("equeue").options(**opts).option("topic", "other").load().collect()
