@@ -325,6 +325,7 @@ class Authorizer:
     def __init__(self, store: UserStore) -> None:
         self._store = store
         self._denials = RateLimitedLog(audit_log, 10.0, time.monotonic)
+        self._create_key = rule_key(ResourceKind.TOPIC, "admin")
         #: request code (a plain int) → (admin role only, needs): no enum on the request path
         self._rules: dict[int, tuple[bool, tuple[_Need, ...]]] = {
             int(code): (rule.admin, tuple((n.field, rule_key(n.kind, n.op), str(n.kind), str(n.op)) for n in rule.needs))
@@ -375,6 +376,23 @@ class Authorizer:
         self._denials.log(
             logging.INFO, f"{principal}:{code}", "time=%s action=%s user=%s peer=%s outcome=denied reason=%r",
             datetime.now(UTC).isoformat(timespec="milliseconds"), _name(code), principal, peer, str(exc),
+        )  # fmt: skip
+        raise exc
+
+    def check_create(self, principal: str, topic: str) -> None:
+        """Raises NotAuthorized unless ``principal`` may create ``topic`` (the admin
+        role, or ``admin`` on the name): what auto-creation on produce or route
+        lookup needs, like an explicit CREATE_TOPIC (Kafka asks CREATE for both)."""
+        perms = self._store.permissions.get(principal)
+        if perms is not None and (perms.admin or perms.allowed(self._create_key, topic)):
+            return
+        exc = NotAuthorized(
+            f"user {principal!r} has no 'admin' permission on topic {topic!r}, which auto-creating "
+            "it needs (create the topic first: equeue topic create)"
+        )
+        self._denials.log(
+            logging.INFO, f"{principal}:create", "time=%s action=auto_create user=%s outcome=denied reason=%r",
+            datetime.now(UTC).isoformat(timespec="milliseconds"), principal, str(exc),
         )  # fmt: skip
         raise exc
 

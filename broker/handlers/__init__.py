@@ -66,7 +66,8 @@ class Handlers:
         #: the SCRAM server of the handshake (None: the broker does not authenticate)
         self.authenticator: Authenticator | None = security.authenticator
         self._authorizer: Authorizer | None = security.authorizer
-        topics = TopicDirectory(store, submit, limits)
+        may_create = self._authorizer.check_create if self._authorizer is not None else None
+        topics = TopicDirectory(store, submit, limits, may_create)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)
         self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer)
         pull = PullHandler(topics, store, groups, parked, counters, closing, limits)

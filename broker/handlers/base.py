@@ -126,27 +126,40 @@ def check_queue(info: control.TopicInfo, queue_id: int) -> None:
         raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
 
 
+#: ``may_create(principal, topic)``: raises NotAuthorized unless the user may create it
+MayCreate = Callable[[str, str], None]
+
+
 class TopicDirectory:
     """Topic lookup for handlers: an existing topic, or one created on first use
     (when the broker auto-creates topics; retry and dead-letter topics always)."""
 
-    def __init__(self, store: StoreReader, submit: Submit, limits: Limits) -> None:
+    def __init__(
+        self, store: StoreReader, submit: Submit, limits: Limits, may_create: MayCreate | None = None
+    ) -> None:
         self._store = store
         self._submit = submit
         self._auto_create = limits.auto_create_topics
         self._default_queues = limits.default_queues
+        #: with authentication on: raises NotAuthorized unless the user may create it
+        self._may_create = may_create
 
     def get(self, name: str) -> control.TopicInfo | None:
         return self._store.topics.get(name)
 
-    async def require(self, name: str, auto_create: bool = False) -> control.TopicInfo:
-        """The topic ``name``; raises TopicNotFound (or InvalidName)."""
+    async def require(self, name: str, auto_create: bool = False, principal: str | None = None) -> control.TopicInfo:
+        """The topic ``name``; raises TopicNotFound (or InvalidName), or
+        NotAuthorized when ``principal`` (None: no authentication) would auto-create
+        it without the ``admin`` permission on its name (Kafka's CREATE)."""
         info = self._store.topics.get(name)
         if info is not None:
             return info
         validate_topic(name, allow_internal=True)
         # internal retry/DLQ topics are always created on first use
-        if auto_create and (self._auto_create or is_internal(name)):
+        internal = is_internal(name)
+        if auto_create and (self._auto_create or internal):
+            if principal is not None and self._may_create is not None and not internal:
+                self._may_create(principal, name)
             info = await self._submit(CreateTopicOp(name, self._default_queues, exist_ok=True))
             log.info("auto-created topic %s with %d queues", name, info.queues)
             return info  # type: ignore[no-any-return]

@@ -97,7 +97,7 @@ class ProduceHandler:
         pending = self.prepare(payload, ctx.principal)
         if pending is None:
             req = wire.ProduceRequest.decode(payload)
-            await self._topics.require(req.topic, auto_create=req.auto_create)
+            await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
             pending = self.prepare(payload, ctx.principal)
             if pending is None:
                 raise TopicNotFound(f"topic {req.topic!r} was deleted")

@@ -58,7 +58,7 @@ class TopicHandlers:
         )
 
     async def get_route(self, req: control.GetRoute, ctx: RequestContext) -> control.TopicInfo:
-        return await self._topics.require(req.topic, auto_create=req.auto_create)
+        return await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
 
     async def describe_topic(
         self, req: control.DescribeTopic, ctx: RequestContext

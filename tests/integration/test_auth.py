@@ -202,6 +202,11 @@ async def test_each_verb_is_refused_with_not_authorized_naming_the_resource(secu
             await expect_denied(alice.create_topic("orders.new", 1), "topic 'orders.new'", "admin")
             assert [t.name for t in await alice.list_topics()] == ["orders.eu"]
             assert await alice.query_offset("billing", "orders.eu", 0) == 2
+            # auto-creation needs what creating needs (admin on the name), like Kafka's CREATE:
+            # produce rights on orders.* do not let alice create orders.new by producing
+            await expect_denied(alice.produce(wire.ProduceRequest("orders.new", 0, entries("x"))), "topic 'orders.new'", "admin")
+            await expect_denied(alice.get_route("orders.new"), "topic 'orders.new'", "admin")
+            assert "orders.new" not in broker.store.topics
         async with AsyncClient(broker.address, security=creds("root")) as root:
             assert (await root.queue_offsets("payments", 0)).max_offset == 1  # bob's produce stored nothing
 
