@@ -145,6 +145,8 @@ class AsyncClient:
                 if ev is NEED_DATA:
                     continue
                 if isinstance(ev, HelloAck):
+                    if ev.code == ErrorCode.TOO_MANY_CONNECTIONS:
+                        raise error_for_code(ev.code, f"broker {host}:{port} has too many connections")
                     if ev.code != ErrorCode.OK:
                         raise error_for_code(ev.code, f"broker {host}:{port} refused protocol version")
                     return link

@@ -25,6 +25,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
+    │   ├── TooManyConnections        (transient)
+    │   ├── TooManyPulls              (transient)
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     ├── ClientClosed                  you closed the client and then used it
@@ -73,6 +75,8 @@ __all__ = [
     "ReservedTopic",
     "StoreError",
     "StoreFull",
+    "TooManyConnections",
+    "TooManyPulls",
     "TopicExists",
     "TopicNotFound",
     "UnknownRequest",
@@ -110,6 +114,8 @@ class ErrorCode(enum.IntEnum):
     NOT_QUEUE_OWNER = 32
     GROUP_HAS_MEMBERS = 33
     OUT_OF_ORDER_SEQUENCE = 34
+    TOO_MANY_CONNECTIONS = 35
+    TOO_MANY_PULLS = 36
     INTERNAL_ERROR = 99
 
 
@@ -268,6 +274,22 @@ class BrokerShuttingDown(BrokerError):
     transient = True
 
 
+class TooManyConnections(BrokerError):
+    """The broker holds ``--max-connections`` connections already (or is out of file
+    descriptors): it refused this one in the handshake answer and closed it."""
+
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+    transient = True
+
+
+class TooManyPulls(BrokerError):
+    """This connection has ``--max-pulls-per-connection`` pulls outstanding already;
+    the pull was answered at once, unread: pull again once others are answered."""
+
+    code = ErrorCode.TOO_MANY_PULLS
+    transient = True
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -293,6 +315,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         OutOfOrderSequence,
         BrokerBusy,
         BrokerShuttingDown,
+        TooManyConnections,
+        TooManyPulls,
         InternalBrokerError,
     )
 }

@@ -57,6 +57,14 @@ def register(app: typer.Typer) -> None:
         retention_bytes: str = typer.Option(format_size(_D.retention_bytes or 0), help="Per-topic size limit (e.g. 10GiB; 0 = unlimited)."),
         delete_consumed: bool = typer.Option(_D.delete_consumed, help="Also delete messages every group committed past."),
         max_message: str = typer.Option(format_size(_D.max_message_bytes), help="Largest message body accepted."),
+        max_connections: int = typer.Option(_D.max_connections, help="Connections served at once; more are refused (TOO_MANY_CONNECTIONS)."),
+        output_buffer_soft: str = typer.Option(format_size(_D.output_buffer_soft), help="Unread answers past which a connection is no longer read."),
+        output_buffer_hard: str = typer.Option(format_size(_D.output_buffer_hard), help="Unread answers past which a connection is closed."),
+        output_buffer_grace: float = typer.Option(_D.output_buffer_grace, help="Seconds a connection may stay above --output-buffer-soft before it is closed."),
+        frame_timeout: float = typer.Option(_D.frame_timeout, help="Seconds a frame may take to arrive whole."),
+        max_partial_frame_bytes: str = typer.Option(format_size(_D.max_partial_frame_bytes), help="Bytes all connections may hold in frames still arriving."),
+        idle_timeout: float = typer.Option(_D.idle_timeout, help="Seconds a connection may stay idle (no request, none in flight)."),
+        max_pulls_per_connection: int = typer.Option(_D.max_pulls_per_connection, help="Pulls one connection may have outstanding (TOO_MANY_PULLS past it)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -74,6 +82,10 @@ def register(app: typer.Typer) -> None:
                 map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,
+                max_connections=max_connections, output_buffer_soft=parse_size(output_buffer_soft),
+                output_buffer_hard=parse_size(output_buffer_hard), output_buffer_grace=output_buffer_grace,
+                frame_timeout=frame_timeout, max_partial_frame_bytes=parse_size(max_partial_frame_bytes),
+                idle_timeout=idle_timeout, max_pulls_per_connection=max_pulls_per_connection,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
