@@ -9,8 +9,9 @@ appender's commit callback. Answers leave through the connection's
 
 Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
 reading while the output is above its soft limit, or while
-:data:`MAX_REQUESTS_IN_PROGRESS` requests (pulls aside) are being handled; a pull
-past ``max_pulls`` is answered at once with TOO_MANY_PULLS; a frame must arrive
+:data:`MAX_REQUESTS_IN_PROGRESS` requests are being handled; at most
+``max_pulls`` pulls are parked (:class:`broker.longpoll.PullSlots`; one more is
+answered at once with TOO_MANY_PULLS); a frame must arrive
 whole within ``frame_timeout``, and one larger than :data:`FREE_PARTIAL_FRAME`
 reserves its size in the broker-wide :class:`FrameBudget` before more of it is
 read; a connection with no request and none in flight for ``idle_timeout`` is
@@ -30,6 +31,7 @@ import attrs
 import trio
 
 from broker.handlers import Handlers, RequestContext
+from broker.longpoll import PULL_SLOTS, PullSlots
 from broker.output import Output
 from broker.stats import Counters
 from equeue import control
@@ -52,6 +54,7 @@ from equeue.protocol import PushCode, RequestCode
 log = logging.getLogger("equeue.broker")
 
 __all__ = [
+    "FAIR_BATCH",
     "FREE_PARTIAL_FRAME",
     "MAX_REQUESTS_IN_PROGRESS",
     "ConnectionLimits",
@@ -65,9 +68,15 @@ _RECV = 256 * 1024
 #: a partly received frame up to this size needs no reservation in the FrameBudget
 #: (a request split across segments never waits on other connections' frames)
 FREE_PARTIAL_FRAME = 64 * 1024
-#: requests of one connection handled at once, pulls aside; past it the reader
-#: waits for one to finish (backpressure, nothing is refused)
+#: requests of one connection being handled at once (parked pulls and produces
+#: waiting for their commit aside); past it the reader waits for one to finish or
+#: park (backpressure, nothing is refused)
 MAX_REQUESTS_IN_PROGRESS = 128
+#: what a finished request was (ServerConnection._done)
+_PULL, _TASK, _PRODUCE = 0, 1, 2
+#: the reader yields to other tasks after this many requests of one received chunk,
+#: so a burst of small requests on one connection does not hold the loop
+FAIR_BATCH = 64
 
 
 @attrs.frozen
@@ -155,12 +164,15 @@ class ServerConnection:
         self._reader_scope = trio.CancelScope()
         #: the whole connection (reader, handlers, writer): cancelled to drop it
         self._scope = trio.CancelScope()
-        #: pulls outstanding; other requests being handled (produces in the appender too)
+        #: pulls outstanding; other requests being handled by a task; produces
+        #: enqueued for the appender (answered from its commit callback)
         self._pulls = 0
         self._requests = 0
+        self._producing = 0
         #: trio time since which nothing is in flight (the idle clock; inf: busy)
         self._idle_since = math.inf
-        self._request_done = trio.Event()
+        #: this connection's parked pulls; signalled when a request finishes
+        self._slots = PullSlots(limits.max_pulls)
         #: the receive's cancel scope, whose deadline the idle clock moves
         self._recv_scope: trio.CancelScope | None = None
         #: bytes of the FrameBudget held for the frame being received
@@ -214,15 +226,17 @@ class ServerConnection:
         _limit_logs.log(logging.WARNING, why, "client %s: " + msg + "; closing", self.peer, *args)
         self._scope.cancel()
 
-    def _done(self, pull: bool) -> None:
-        """A request was answered: when none is left in flight the idle clock starts."""
-        if pull:
+    def _done(self, kind: int) -> None:
+        """A request was answered (``kind``: _PULL, _TASK or _PRODUCE): when none is
+        left in flight the idle clock starts."""
+        if kind == _PULL:
             self._pulls -= 1
-        else:
+        elif kind == _TASK:
             self._requests -= 1
-            self._request_done.set()
-            self._request_done = trio.Event()
-        if not self._pulls and not self._requests:
+        else:
+            self._producing -= 1
+        self._slots.signal()
+        if not self._pulls and not self._requests and not self._producing:
             self._idle_since = now = trio.current_time()
             if self._recv_scope is not None and not self._codec.buffered:
                 self._recv_scope.deadline = now + self._limits.idle_timeout
@@ -273,17 +287,20 @@ class ServerConnection:
     async def _serve_frames(self, nursery: trio.Nursery) -> None:
         codec, stream, output = self._codec, self._stream, self.output
         produce, inflight, limits, frames = self._produce, self._inflight, self._limits, self._frames
-        max_pulls = limits.max_pulls
+        slots = self._slots
+        PULL_SLOTS.set(slots)  # inherited by the handler tasks
         #: when the frame being received must be whole (inf: none partly received)
         frame_deadline = math.inf
         self._idle_since = trio.current_time()
         while True:
-            got = False
+            got = 0
             while True:
+                if got and not got % FAIR_BATCH:
+                    await trio.lowlevel.checkpoint()  # a burst of requests: let others run
                 if output.over_soft_since is not None:
                     await output.wait_below_soft()  # backpressure: the peer reads first
-                while self._requests >= MAX_REQUESTS_IN_PROGRESS:
-                    await self._request_done.wait()
+                while self._requests + self._pulls - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
+                    await slots.wait_changed()  # one finished, or a pull parked
                 try:
                     ev = codec.next_event()
                 except RemoteProtocolError as exc:
@@ -291,18 +308,13 @@ class ServerConnection:
                     return
                 if ev is NEED_DATA:
                     break
-                got = True
+                got += 1
                 if not isinstance(ev, Request):
                     continue
-                if ev.code == RequestCode.PULL:
-                    if self._pulls >= max_pulls:
-                        text = f"{max_pulls} pulls outstanding on this connection already"
-                        output.send(encode_response(ErrorCode.TOO_MANY_PULLS, ev.request_id, [text.encode()]))
-                        continue
+                if ev.code == RequestCode.PULL:  # its handler task parks it (or not)
                     self._pulls += 1
-                    nursery.start_soon(self._handle, ev, None, True)
+                    nursery.start_soon(self._handle, ev, None, _PULL)
                     continue
-                self._requests += 1
                 prepared: Any = None
                 if ev.code == RequestCode.PRODUCE:
                     # enqueue now: a connection's produces commit in arrival order
@@ -313,12 +325,14 @@ class ServerConnection:
                     else:
                         if prepared is not None:
                             # answered straight from the commit callback: no task
+                            self._producing += 1
                             inflight.enter()
                             prepared.callback = functools.partial(
                                 self._produce_done, ev.request_id, len(ev.payload)
                             )
                             continue
-                nursery.start_soon(self._handle, ev, prepared, False)
+                self._requests += 1
+                nursery.start_soon(self._handle, ev, prepared, _TASK)
             if codec.peer_closed:
                 return
             now = trio.current_time()
@@ -338,7 +352,7 @@ class ServerConnection:
                 elif frame_deadline == math.inf:
                     frame_deadline = now + limits.frame_timeout
                 deadline = frame_deadline
-            elif self._pulls or self._requests:
+            elif self._pulls or self._requests or self._producing:
                 deadline = math.inf  # the idle clock starts when the last one is answered
             else:
                 deadline = self._idle_since + limits.idle_timeout
@@ -379,12 +393,16 @@ class ServerConnection:
         else:
             self.output.queue([encode_handshake_answer(exc.code)])
 
-    async def _handle(self, req: Request, prepared: Any = None, pull: bool = False) -> None:
+    async def _handle(self, req: Request, prepared: Any = None, kind: int = _TASK) -> None:
         self._inflight.enter()
         try:
             try:
                 if isinstance(prepared, Exception):
                     raise prepared
+                if self.output.over_soft_since is not None:
+                    # requests read before the output went over: they wait too, so
+                    # a burst cannot pile answers up to the hard limit
+                    await self.output.wait_below_soft()
                 ctx = RequestContext(req.request_id, self.notify_group, self.output)
                 parts = await self._handlers.dispatch(req.code, req.payload, ctx)
                 if parts is None:
@@ -395,7 +413,7 @@ class ServerConnection:
             self.output.send(encode_response(code, req.request_id, parts))
         finally:
             self._inflight.exit()
-            self._done(pull)
+            self._done(kind)
 
     def _produce_done(self, request_id: int, nbytes: int, pending: Any) -> None:
         """A prepared produce was answered by the appender (loop thread, no task):
@@ -412,7 +430,7 @@ class ServerConnection:
             self.output.stage(encode_response(code, request_id, parts))
         finally:
             self._inflight.exit()
-            self._done(False)
+            self._done(_PRODUCE)
 
 
 _internal_errors = RateLimitedLog(log, 10.0, time.monotonic)

@@ -211,7 +211,7 @@ class BrokerConfig:
     max_partial_frame_bytes: int = attrs.field(default=128 << 20, validator=positive)
     #: seconds a connection may stay with no request and none in flight before it is closed
     idle_timeout: float = attrs.field(default=600.0, validator=positive)
-    #: pulls one connection may have outstanding; one more is refused (TOO_MANY_PULLS)
+    #: pulls one connection may have parked; one more that would park is refused (TOO_MANY_PULLS)
     max_pulls_per_connection: int = attrs.field(default=4096, validator=positive)
 
     def __attrs_post_init__(self) -> None:

@@ -283,8 +283,9 @@ class TooManyConnections(BrokerError):
 
 
 class TooManyPulls(BrokerError):
-    """This connection has ``--max-pulls-per-connection`` pulls outstanding already;
-    the pull was answered at once, unread: pull again once others are answered."""
+    """This connection has ``--max-pulls-per-connection`` pulls parked already and
+    this one found nothing: it was answered at once instead of parking. Pull again
+    after a back-off."""
 
     code = ErrorCode.TOO_MANY_PULLS
     transient = True

@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         frame_timeout: float = typer.Option(_D.frame_timeout, help="Seconds a frame may take to arrive whole."),
         max_partial_frame_bytes: str = typer.Option(format_size(_D.max_partial_frame_bytes), help="Bytes all connections may hold in frames still arriving."),
         idle_timeout: float = typer.Option(_D.idle_timeout, help="Seconds a connection may stay idle (no request, none in flight)."),
-        max_pulls_per_connection: int = typer.Option(_D.max_pulls_per_connection, help="Pulls one connection may have outstanding (TOO_MANY_PULLS past it)."),
+        max_pulls_per_connection: int = typer.Option(_D.max_pulls_per_connection, help="Pulls one connection may have parked (TOO_MANY_PULLS past it)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
