@@ -15,10 +15,12 @@ import struct
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 import trio
 
+from broker import open_broker
 from broker.process import BrokerProcess
 from consumer import AsyncConsumer
 from equeue import Message, control, wire
@@ -26,7 +28,7 @@ from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Respon
 from equeue.errors import ConnectionBroken, ErrorCode, TooManyPulls
 from equeue.protocol import RequestCode
 from producer import AsyncClient
-from tests.conftest import wait_until
+from tests.conftest import make_config, wait_until
 
 #: a healthy client's worst produce + pull round trip during an attack (ms): generous,
 #: for a loaded 2-core CI machine; the figures seen are far below (see the messages)
@@ -457,3 +459,21 @@ async def test_a_consumer_with_more_queues_than_the_pull_cap_still_gets_everythi
                         await c.produce(wire.ProduceRequest("wide", q, entries))
     assert sorted(seen) == sorted(f"{q}-{i}" for q in range(4) for i in range(10))
 
+
+
+# ---------------------------------------------------------------------------- counters
+async def test_refused_and_dropped_connections_are_counted(tmp_path: Path) -> None:
+    """The broker's counters (``Broker.stats``) count refusals past max_connections
+    and connections closed by a limit (here the idle timeout)."""
+    cfg = make_config(tmp_path / "data", max_connections=2, idle_timeout=0.5)
+    with trio.fail_after(20):
+        async with open_broker(cfg) as broker:
+            held = [await Raw.connect(broker.address) for _ in range(2)]
+            extra = await Raw.connect(broker.address, handshake=False)
+            assert await extra.hello() == ErrorCode.TOO_MANY_CONNECTIONS
+            await extra.aclose()
+            assert broker.stats.connections_refused == 1
+            for raw in held:  # idle: closed by the broker after 0.5 s
+                await raw.closed_by_peer()
+                await raw.aclose()
+            await wait_until(lambda: broker.stats.connections_dropped == 2, what="both counted")
