@@ -6,20 +6,35 @@ produce is enqueued for the appender by the reader itself (no task, no checkpoin
 so one connection's produces commit in arrival order; its answer is staged from the
 appender's commit callback. Answers leave through the connection's
 :class:`~broker.output.Output`; every frame is built by :mod:`equeue.codec`.
+
+Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
+reading while the output is above its soft limit, or while
+:data:`MAX_REQUESTS_IN_PROGRESS` requests are being handled; at most
+``max_pulls`` pulls are parked (:class:`broker.longpoll.PullSlots`; one more is
+answered at once with TOO_MANY_PULLS); a frame must arrive
+whole within ``frame_timeout``, and one larger than :data:`FREE_PARTIAL_FRAME`
+reserves its size in the broker-wide :class:`FrameBudget` before more of it is
+read; a connection with no request and none in flight for ``idle_timeout`` is
+closed; a guard task closes it when the output stays above the soft limit longer
+than ``output_grace`` or goes above the hard limit.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from typing import Any
 
+import attrs
 import trio
 
 from broker.handlers import Handlers, RequestContext
 from broker.handshake import Session, serve_handshake
+from broker.longpoll import PULL_SLOTS, PullSlots
 from broker.output import Output
+from broker.stats import Counters
 from equeue import control
 from equeue.codec import (
     NEED_DATA,
@@ -36,9 +51,70 @@ from equeue.protocol import PushCode, RequestCode
 
 log = logging.getLogger("equeue.broker")
 
-__all__ = ["Inflight", "ServerConnection"]
+__all__ = [
+    "FAIR_BATCH",
+    "FREE_PARTIAL_FRAME",
+    "MAX_REQUESTS_IN_PROGRESS",
+    "ConnectionLimits",
+    "FrameBudget",
+    "Inflight",
+    "ServerConnection",
+]
 
 _RECV = 256 * 1024
+
+#: a partly received frame up to this size needs no reservation in the FrameBudget
+#: (a request split across segments never waits on other connections' frames)
+FREE_PARTIAL_FRAME = 64 * 1024
+#: requests of one connection being handled at once (parked pulls and produces
+#: waiting for their commit aside); past it the reader waits for one to finish or
+#: park (backpressure, nothing is refused)
+MAX_REQUESTS_IN_PROGRESS = 128
+#: what a finished request was (ServerConnection._done)
+_PULL, _TASK, _PRODUCE = 0, 1, 2
+#: the reader yields to other tasks after this many requests of one received chunk,
+#: so a burst of small requests on one connection does not hold the loop
+FAIR_BATCH = 64
+
+
+@attrs.frozen
+class ConnectionLimits:
+    """The per-connection limits (from BrokerConfig), in seconds and counts."""
+
+    frame_timeout: float = math.inf
+    idle_timeout: float = math.inf
+    output_grace: float = math.inf
+    max_pulls: int = 1 << 30
+
+
+class FrameBudget:
+    """Bytes reserved, broker-wide, for frames still arriving (loop only).
+
+    A connection that has the length prefix of a frame larger than
+    :data:`FREE_PARTIAL_FRAME` reserves the frame's size before it reads more of
+    it, and releases it once the frame is whole (or the connection ends). When the
+    budget is spent it waits, unread, so the memory held in unfinished frames stays
+    under ``limit`` plus :data:`FREE_PARTIAL_FRAME` per connection. A reservation
+    is always granted in the end: unfinished frames are closed by the frame timeout.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.reserved = 0
+        self._freed = trio.Event()
+
+    async def reserve(self, n: int) -> None:
+        """Wait until ``n`` bytes (at most the limit) fit, then take them."""
+        n = min(n, self.limit)
+        while self.reserved + n > self.limit:
+            await self._freed.wait()
+        self.reserved += n
+
+    def release(self, n: int) -> None:
+        """Give back a reservation of ``n`` bytes (as passed to :meth:`reserve`)."""
+        self.reserved -= min(n, self.limit)
+        self._freed.set()
+        self._freed = trio.Event()
 
 
 class Inflight:
@@ -69,7 +145,8 @@ class ServerConnection:
 
     def __init__(
         self, stream: trio.abc.Stream, output: Output, handlers: Handlers, inflight: Inflight, *,
-        max_frame: int, handshake_timeout: float,
+        max_frame: int, handshake_timeout: float, counters: Counters,
+        limits: ConnectionLimits = ConnectionLimits(), frames: FrameBudget | None = None,
     ) -> None:  # fmt: skip
         self._stream = stream
         self.output = output
@@ -78,10 +155,28 @@ class ServerConnection:
         self._inflight = inflight
         self._codec = Connection(Role.SERVER, max_frame=max_frame)
         self._handshake_timeout = handshake_timeout
+        self._counters = counters
+        self._limits = limits
+        self._frames = frames if frames is not None else FrameBudget(1 << 62)
         self.peer = _peer(stream)
         #: who is on this connection, once the handshake succeeded
         self.session: Session | None = None
         self._reader_scope = trio.CancelScope()
+        #: the whole connection (reader, handlers, writer): cancelled to drop it
+        self._scope = trio.CancelScope()
+        #: pulls outstanding; other requests being handled by a task; produces
+        #: enqueued for the appender (answered from its commit callback)
+        self._pulls = 0
+        self._requests = 0
+        self._producing = 0
+        #: trio time since which nothing is in flight (the idle clock; inf: busy)
+        self._idle_since = math.inf
+        #: this connection's parked pulls; signalled when a request finishes
+        self._slots = PullSlots(limits.max_pulls)
+        #: the receive's cancel scope, whose deadline the idle clock moves
+        self._recv_scope: trio.CancelScope | None = None
+        #: bytes of the FrameBudget held for the frame being received
+        self._reserved = 0
 
     def shutdown(self) -> None:
         """Graceful close: stop reading requests; queued answers are still sent."""
@@ -93,17 +188,58 @@ class ServerConnection:
 
     async def run(self) -> None:
         output = self.output
-        async with trio.open_nursery() as outer:
-            outer.start_soon(output.run_writer)
-            try:
-                async with trio.open_nursery() as handlers:
-                    with self._reader_scope:
-                        await self._reader(handlers)
-                    # peer gone or protocol error: abandon requests still running
-                    handlers.cancel_scope.cancel()
-            finally:
-                # the writer sends what is queued (e.g. a protocol error), then ends
-                output.close()
+        with self._scope:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._write, outer.cancel_scope)
+                outer.start_soon(self._guard)
+                try:
+                    async with trio.open_nursery() as handlers:
+                        with self._reader_scope:
+                            await self._reader(handlers)
+                        # peer gone or protocol error: abandon requests still running
+                        handlers.cancel_scope.cancel()
+                finally:
+                    # the writer sends what is queued (e.g. a protocol error), then ends
+                    output.close()
+
+    async def _write(self, outer: trio.CancelScope) -> None:
+        await self.output.run_writer()
+        outer.cancel()  # everything is sent: the guard ends too
+
+    async def _guard(self) -> None:
+        """Close the connection when its output goes above the hard limit, or stays
+        above the soft limit longer than the grace period."""
+        output, grace = self.output, self._limits.output_grace
+        while not output.overflowed:
+            since = output.over_soft_since
+            with trio.move_on_at(math.inf if since is None else since + grace) as timer:
+                await output.wait_changed()
+            if timer.cancelled_caught:
+                self._drop("output", "%d bytes of answers unread for %.0f s", output.queued, grace)
+                return
+        self._drop("output", "over %d bytes of answers unread", output.queued)
+
+    def _drop(self, why: str, msg: str, *args: object) -> None:
+        """Close the connection now (a limit was hit): its tasks are cancelled and
+        whatever is queued for it is dropped. One log line per reason per 10 s."""
+        self._counters.connections_dropped += 1
+        _limit_logs.log(logging.WARNING, why, "client %s: " + msg + "; closing", self.peer, *args)
+        self._scope.cancel()
+
+    def _done(self, kind: int) -> None:
+        """A request was answered (``kind``: _PULL, _TASK or _PRODUCE): when none is
+        left in flight the idle clock starts."""
+        if kind == _PULL:
+            self._pulls -= 1
+        elif kind == _TASK:
+            self._requests -= 1
+        else:
+            self._producing -= 1
+        self._slots.signal()
+        if not self._pulls and not self._requests and not self._producing:
+            self._idle_since = now = trio.current_time()
+            if self._recv_scope is not None and not self._codec.buffered:
+                self._recv_scope.deadline = now + self._limits.idle_timeout
 
     async def _reader(self, nursery: trio.Nursery) -> None:
         codec = self._codec
@@ -115,11 +251,36 @@ class ServerConnection:
         if session is None:
             return
         self.session = session
-        principal = session.principal
-        produce = self._produce
-        inflight = self._inflight
+        await self._serve(nursery)
+
+    async def _serve(self, nursery: trio.Nursery) -> None:
+        """After the handshake: read frames and start their handlers, within the
+        connection's limits (see the module docstring)."""
+        try:
+            await self._serve_frames(nursery)
+        finally:
+            if self._reserved:
+                self._frames.release(self._reserved)
+                self._reserved = 0
+
+    async def _serve_frames(self, nursery: trio.Nursery) -> None:
+        codec, stream, output = self._codec, self._stream, self.output
+        produce, inflight, limits, frames = self._produce, self._inflight, self._limits, self._frames
+        slots = self._slots
+        principal = None if self.session is None else self.session.principal
+        PULL_SLOTS.set(slots)  # inherited by the handler tasks
+        #: when the frame being received must be whole (inf: none partly received)
+        frame_deadline = math.inf
+        self._idle_since = trio.current_time()
         while True:
+            got = 0
             while True:
+                if got and not got % FAIR_BATCH:
+                    await trio.lowlevel.checkpoint()  # a burst of requests: let others run
+                if output.over_soft_since is not None:
+                    await output.wait_below_soft()  # backpressure: the peer reads first
+                while self._requests + self._pulls - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
+                    await slots.wait_changed()  # one finished, or a pull parked
                 try:
                     ev = codec.next_event()
                 except RemoteProtocolError as exc:
@@ -127,26 +288,70 @@ class ServerConnection:
                     return
                 if ev is NEED_DATA:
                     break
-                if isinstance(ev, Request):
-                    prepared: Any = None
-                    if ev.code == RequestCode.PRODUCE:
-                        # enqueue now: a connection's produces commit in arrival order
-                        try:
-                            prepared = produce.prepare(ev.payload, principal)
-                        except Exception as exc:
-                            prepared = exc
-                        else:
-                            if prepared is not None:
-                                # answered straight from the commit callback: no task
-                                inflight.enter()
-                                prepared.callback = functools.partial(
-                                    self._produce_done, ev.request_id, len(ev.payload)
-                                )
-                                continue
-                    nursery.start_soon(self._handle, ev, prepared)
+                got += 1
+                if not isinstance(ev, Request):
+                    continue
+                if ev.code == RequestCode.PULL:  # its handler task parks it (or not)
+                    self._pulls += 1
+                    nursery.start_soon(self._handle, ev, None, _PULL)
+                    continue
+                prepared: Any = None
+                if ev.code == RequestCode.PRODUCE:
+                    # enqueue now: a connection's produces commit in arrival order
+                    try:
+                        prepared = produce.prepare(ev.payload, principal)
+                    except Exception as exc:
+                        prepared = exc
+                    else:
+                        if prepared is not None:
+                            # answered straight from the commit callback: no task
+                            self._producing += 1
+                            inflight.enter()
+                            prepared.callback = functools.partial(
+                                self._produce_done, ev.request_id, len(ev.payload)
+                            )
+                            continue
+                self._requests += 1
+                nursery.start_soon(self._handle, ev, prepared, _TASK)
             if codec.peer_closed:
                 return
-            data = await stream.receive_some(_RECV)
+            now = trio.current_time()
+            if got:  # a frame arrived whole: its reservation and deadline end
+                self._idle_since = now
+                frame_deadline = math.inf
+                if self._reserved:
+                    frames.release(self._reserved)
+                    self._reserved = 0
+            partial = codec.buffered
+            if partial:
+                size = codec.partial_frame_size
+                if size > FREE_PARTIAL_FRAME and not self._reserved:
+                    await frames.reserve(size)  # unread meanwhile: memory grows only as granted
+                    self._reserved = size
+                    frame_deadline = trio.current_time() + limits.frame_timeout
+                elif frame_deadline == math.inf:
+                    frame_deadline = now + limits.frame_timeout
+                deadline = frame_deadline
+            elif self._pulls or self._requests or self._producing:
+                deadline = math.inf  # the idle clock starts when the last one is answered
+            else:
+                deadline = self._idle_since + limits.idle_timeout
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._recv_scope = scope
+                data = await stream.receive_some(_RECV)
+            self._recv_scope = None
+            if scope.cancelled_caught:
+                self._counters.connections_dropped += 1
+                if partial:
+                    _limit_logs.log(
+                        logging.INFO, "frame", "client %s: a frame (%d of %d bytes) not received whole in %.0f s; closing",
+                        self.peer, codec.buffered, codec.partial_frame_size, limits.frame_timeout,
+                    )  # fmt: skip
+                else:
+                    _limit_logs.log(
+                        logging.INFO, "idle", "client %s: idle for %.0f s; closing", self.peer, limits.idle_timeout
+                    )
+                return
             codec.receive_data(data)
             if not data:
                 try:
@@ -168,12 +373,16 @@ class ServerConnection:
         else:
             self.output.queue([encode_handshake_answer(exc.code)])
 
-    async def _handle(self, req: Request, prepared: Any = None) -> None:
+    async def _handle(self, req: Request, prepared: Any = None, kind: int = _TASK) -> None:
         self._inflight.enter()
         try:
             try:
                 if isinstance(prepared, Exception):
                     raise prepared
+                if self.output.over_soft_since is not None:
+                    # requests read before the output went over: they wait too, so
+                    # a burst cannot pile answers up to the hard limit
+                    await self.output.wait_below_soft()
                 ctx = RequestContext(req.request_id, self.notify_group, self.output, self.session)
                 parts = await self._handlers.dispatch(req.code, req.payload, ctx)
                 if parts is None:
@@ -184,6 +393,7 @@ class ServerConnection:
             self.output.send(encode_response(code, req.request_id, parts))
         finally:
             self._inflight.exit()
+            self._done(kind)
 
     def _produce_done(self, request_id: int, nbytes: int, pending: Any) -> None:
         """A prepared produce was answered by the appender (loop thread, no task):
@@ -200,9 +410,12 @@ class ServerConnection:
             self.output.stage(encode_response(code, request_id, parts))
         finally:
             self._inflight.exit()
+            self._done(_PRODUCE)
 
 
 _internal_errors = RateLimitedLog(log, 10.0, time.monotonic)
+#: connections closed by a limit: one line per reason per 10 s
+_limit_logs = RateLimitedLog(log, 10.0, time.monotonic)
 
 
 def _error_answer(exc: Exception, request_id: int, req_code: int) -> tuple[int, list[bytes]]:

@@ -6,20 +6,54 @@ calls right after the commit that touched the pull's queue: the one thread cross
 described (with its measurement) in :mod:`broker.thread_answer`. When the writer
 thread cannot answer (nothing new for this pull, the socket busy), the pull task
 wakes and reads as before.
+
+A connection may park at most ``max_pulls_per_connection`` pulls: its reader puts
+its :class:`PullSlots` in :data:`PULL_SLOTS`, a context variable its handler tasks
+inherit, and a pull past the cap is refused here with TOO_MANY_PULLS instead of
+parking. A pull that finds messages is never refused: only waiting is limited.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 
 import trio
 
-__all__ = ["Answer", "Parked", "ParkedPulls"]
+from equeue.errors import TooManyPulls
+
+__all__ = ["PULL_SLOTS", "Answer", "Parked", "ParkedPulls", "PullSlots"]
 
 #: Called in the writer thread: (messages, bytes) written in answer, or None when it
 #: wrote nothing (then the pull task reads and answers itself).
 Answer = Callable[[], "tuple[int, int] | None"]
+
+
+class PullSlots:
+    """How many pulls one connection may park, and how many it has parked (loop
+    only). :meth:`wait_changed` returns after the next pull parks or after
+    :meth:`signal` (the connection's reader waits on it for a request to finish)."""
+
+    __slots__ = ("_changed", "limit", "parked")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.parked = 0
+        self._changed = trio.Event()
+
+    def signal(self) -> None:
+        """Wake :meth:`wait_changed`."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+
+#: the parking allowance of the connection whose request the current task answers
+#: (set by its reader, inherited by its handler tasks; None: no limit)
+PULL_SLOTS: ContextVar[PullSlots | None] = ContextVar("equeue_pull_slots", default=None)
 
 
 class Parked:
@@ -54,13 +88,29 @@ class ParkedPulls:
         with a cancel scope (``trio.move_on_at``). Returns at once once closed.
 
         Returns (messages, bytes) when the writer thread answered the pull (the
-        caller must then send nothing), else None. Once the writer thread has
+        caller must then send nothing), else None. Raises TooManyPulls when the
+        connection of the current task (:data:`PULL_SLOTS`) has its most parked. Once the writer thread has
         claimed the pull, a cancellation waits (shielded, briefly) for its outcome:
         if it answered, that is returned and the cancellation absorbed, so a request
         is never answered twice.
         """
         if self.closed:
             return None
+        slots = PULL_SLOTS.get()
+        if slots is None:
+            return await self._wait(topic_id, queue_id, answer)
+        if slots.parked >= slots.limit:
+            raise TooManyPulls(f"{slots.limit} pulls parked on this connection already (--max-pulls-per-connection)")
+        slots.parked += 1
+        slots.signal()
+        try:
+            return await self._wait(topic_id, queue_id, answer)
+        finally:
+            slots.parked -= 1
+
+    async def _wait(
+        self, topic_id: int, queue_id: int, answer: Answer | None
+    ) -> tuple[int, int] | None:
         if self._token is None:
             self._token = trio.lowlevel.current_trio_token()
         key = (topic_id, queue_id)

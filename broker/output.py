@@ -23,6 +23,13 @@
 Produce answers are *staged*: held until the appender has answered its whole
 transaction, then written with one write per connection (:class:`Staging`).
 
+**Limits** (Redis's client-output-buffer-limit): :attr:`Output.queued` counts the
+bytes handed to the writer task and not yet sent. Above ``soft`` the connection is
+no longer read (:meth:`Output.wait_below_soft`, the reader's backpressure); staying
+above it longer than a grace period, or going above ``hard``, closes the connection
+(its owner watches :attr:`Output.over_soft_since` and :attr:`Output.overflowed`
+through :meth:`Output.wait_changed`). Past ``hard`` nothing more is queued.
+
 Every frame comes from the codec (:mod:`equeue.codec`); this module only moves
 bytes. All of it runs on the loop except :meth:`Output.write_from_thread`, the
 socket end of the one thread crossing (:mod:`broker.thread_answer`, direct mode
@@ -71,6 +78,8 @@ class Output:
         counters: Counters,
         staging: Staging,
         token: trio.lowlevel.TrioToken,
+        soft_limit: float = math.inf,
+        hard_limit: float = math.inf,
     ) -> None:
         self._stream = stream
         #: direct mode: the plain TCP socket written with os.write; None in
@@ -92,6 +101,15 @@ class Output:
         self._rest: bytes | None = None
         #: answers of the transaction being answered, written once it is (see stage)
         self._staged: list[bytes] = []
+        self._soft = soft_limit
+        self._hard = hard_limit
+        #: bytes handed to the writer task and not sent yet (loop only)
+        self.queued = 0
+        #: trio time at which ``queued`` went above the soft limit (None: below it)
+        self.over_soft_since: float | None = None
+        #: ``queued`` went above the hard limit: nothing more is queued
+        self.overflowed = False
+        self._changed = trio.Event()
 
     # ------------------------------------------------------------------ loop side
     def send(self, parts: list[bytes]) -> None:
@@ -131,6 +149,20 @@ class Output:
             self._enqueue([])  # a partly written frame's tail, if any
         self._send_ch.close()
 
+    async def wait_changed(self) -> None:
+        """Wait until ``over_soft_since`` or ``overflowed`` changes."""
+        await self._changed.wait()
+
+    async def wait_below_soft(self) -> None:
+        """Wait until the queued bytes are back under the soft limit (at once when
+        they are)."""
+        while self.over_soft_since is not None:
+            await self._changed.wait()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
     async def run_writer(self) -> None:
         """The writer task: coalesce queued frames into one ``send_all``; end when
         :meth:`close` was called and everything queued is sent (or the peer left)."""
@@ -148,6 +180,10 @@ class Output:
                     buf = []
                     self._counters.bytes_out += len(data)
                     await self._stream.send_all(data)
+                    self.queued -= len(data)
+                    if self.over_soft_since is not None and self.queued <= self._soft:
+                        self.over_soft_since = None
+                        self._signal()
                     # frames queued during the write: send them before going idle
                     try:
                         buf = recv.receive_nowait()
@@ -196,8 +232,16 @@ class Output:
         rest, self._rest = self._rest, None
         if rest is not None:
             parts = [rest, *parts]
-        if not parts:
+        if not parts or self.overflowed:
             return
+        self.queued += sum(map(len, parts))
+        if self.queued > self._soft:
+            if self.queued > self._hard:
+                self.overflowed = self._no_direct = True
+                self._signal()
+            elif self.over_soft_since is None:
+                self.over_soft_since = trio.current_time()
+                self._signal()
         self._busy = True
         try:
             self._send_ch.send_nowait(parts)

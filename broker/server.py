@@ -7,6 +7,12 @@ parked pulls, the counters, the request handlers (:mod:`broker.handlers`), one
 Background tasks (appender, member expiry, scheduler, retention, async flush) live
 in the broker's nursery.
 
+Accepting (:meth:`Broker._accept`): past ``max_connections`` a new connection is
+refused in its handshake answer (TOO_MANY_CONNECTIONS) and closed; when accept
+fails for want of file descriptors (EMFILE, ENFILE, ...) the loop backs off (10 ms
+doubling to 1 s, cut short as soon as one of the broker's connections closes) and
+logs one line per 10 s, with no traceback.
+
 Lifetime: ``await broker.serve(task_status=...)`` runs until :meth:`Broker.stop`
 (graceful: stop accepting, answer parked pulls, finish in-flight commits, close
 LMDB) or until cancelled (in-flight commits still finish and are answered).
@@ -14,9 +20,12 @@ LMDB) or until cancelled (in-flight commits still finish and are answered).
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
+import os
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,7 +34,7 @@ import trio
 
 from broker.appender import Appender
 from broker.auth import BrokerSecurity
-from broker.connection import Inflight, ServerConnection
+from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
 from broker.http import serve_http
@@ -37,12 +46,20 @@ from broker.storage import ScanBudget, Store, WriteOutcome
 from broker.thread_answer import answer_parked_pulls
 from broker.tls import TlsAcceptor, server_context
 from equeue import control
+from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
-from equeue.errors import ConfigError
+from equeue.errors import ConfigError, ErrorCode
+from equeue.logs import RateLimitedLog
 
 log = logging.getLogger("equeue.broker")
 
 __all__ = ["Broker", "BrokerConfig", "open_broker"]
+
+#: accept errors that mean "out of resources", not "broken listener"
+_ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+#: the accept loop's back-off after such an error: first and longest pause (seconds)
+_ACCEPT_BACKOFF = (0.01, 1.0)
+_accept_logs = RateLimitedLog(log, 10.0, time.monotonic)
 
 
 class Broker:
@@ -74,6 +91,16 @@ class Broker:
         self._tls: TlsAcceptor | None = None
         #: authentication and ACLs (off without ``config.users_file``)
         self.security = BrokerSecurity(config.users_file)
+        #: set (and replaced) whenever a connection's socket is closed: a file
+        #: descriptor is free again (the accept loop's back-off ends early)
+        self._fd_freed = trio.Event()
+        #: connections in their TLS handshake (they count against max_connections)
+        self._handshaking = 0
+        self._frames = FrameBudget(config.max_partial_frame_bytes)
+        self._limits = ConnectionLimits(
+            frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
+            output_grace=config.output_buffer_grace, max_pulls=config.max_pulls_per_connection,
+        )  # fmt: skip
 
     @property
     def closing(self) -> bool:
@@ -116,14 +143,12 @@ class Broker:
                     self.port = listeners[0].socket.getsockname()[1]
                     serve_scope = trio.CancelScope()
 
-                    async def connection(stream: trio.SocketStream) -> None:
-                        await self._connection(stream, token)
-
-                    async def accept() -> None:
+                    async def accept(listener: trio.SocketListener) -> None:
                         with serve_scope:
-                            await trio.serve_listeners(connection, listeners, handler_nursery=tasks)
+                            await self._accept(listener, tasks, token)
 
-                    tasks.start_soon(accept)
+                    for listener in listeners:
+                        tasks.start_soon(accept, listener)
                     tasks.start_soon(self.groups.run_expiry)
                     tasks.start_soon(lifecycle.run)
                     tasks.start_soon(self.security.watch)
@@ -219,24 +244,84 @@ class Broker:
             await trio.sleep(self.config.flush_interval)
             await trio.to_thread.run_sync(self.store.sync)
 
+    async def _accept(
+        self, listener: trio.SocketListener, nursery: trio.Nursery, token: trio.lowlevel.TrioToken
+    ) -> None:
+        """Accept connections until cancelled, each served in ``nursery``. Out of file
+        descriptors (or kernel memory), back off and retry: the wait ends at once
+        when one of the broker's connections closes, and after at most 1 s."""
+        first, longest = _ACCEPT_BACKOFF
+        pause = first
+        async with listener:
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    _accept_logs.log(
+                        logging.ERROR, "accept", "cannot accept connections: %s (%s) with %d open; retrying",
+                        errno.errorcode.get(exc.errno or 0, "?"), os.strerror(exc.errno or 0), len(self._conns),
+                    )  # fmt: skip
+                    with trio.move_on_after(pause):
+                        await self._fd_freed.wait()
+                    pause = min(pause * 2, longest)
+                    continue
+                pause = first
+                nursery.start_soon(self._connection, stream, token)
+
+    def _fd_closed(self) -> None:
+        """A connection's socket is closed: its descriptor is free for accept."""
+        self._fd_freed.set()
+        self._fd_freed = trio.Event()
+
+    async def _refuse(self, stream: trio.abc.Stream) -> None:
+        """Past max_connections: read the client's handshake (it speaks first, so
+        closing never resets what it sent), answer TOO_MANY_CONNECTIONS, close."""
+        self.stats.connections_refused += 1
+        _accept_logs.log(
+            logging.WARNING, "refused", "refusing a connection: %d connections open (--max-connections)",
+            len(self._conns),
+        )  # fmt: skip
+        try:
+            with trio.move_on_after(min(self.config.handshake_timeout, 1.0)):
+                await stream.receive_some(8)
+            with trio.move_on_after(1.0):
+                await stream.send_all(encode_handshake_answer(ErrorCode.TOO_MANY_CONNECTIONS))
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+            self._fd_closed()
+
     async def _connection(self, stream: trio.SocketStream, token: trio.lowlevel.TrioToken) -> None:
+        cfg = self.config
+        refuse = len(self._conns) + self._handshaking >= cfg.max_connections
         try:
             stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
         conn_stream: trio.abc.Stream = stream
         if self._tls is not None:  # TLS: handshake first (bounded, a failure is one log line)
-            tls = await self._tls.handshake(stream)
+            self._handshaking += 1  # counts against max_connections meanwhile
+            try:
+                tls = await self._tls.handshake(stream)
+            finally:
+                self._handshaking -= 1
             if tls is None or self._closing.closing:  # failed, or the broker began to stop
                 await trio.aclose_forcefully(stream)
+                self._fd_closed()
                 return
             conn_stream = tls
-        cfg = self.config
+        if refuse:  # the refusal goes through TLS too, or the client sees a TLS error
+            await self._refuse(conn_stream)
+            return
         self.stats.connections += 1
-        output = Output(conn_stream, self.stats, self._staging, token)
+        output = Output(conn_stream, self.stats, self._staging, token, cfg.output_buffer_soft, cfg.output_buffer_hard)
         conn = ServerConnection(
             conn_stream, output, self.handlers, self._inflight,
-            max_frame=cfg.max_frame, handshake_timeout=cfg.handshake_timeout,
+            max_frame=cfg.max_frame, handshake_timeout=cfg.handshake_timeout, counters=self.stats,
+            limits=self._limits, frames=self._frames,
         )  # fmt: skip
         self._conns.add(conn)
         try:
@@ -250,6 +335,7 @@ class Broker:
             self.stats.connections -= 1
             self.groups.forget_connection(conn.notify_group)
             await trio.aclose_forcefully(stream)
+            self._fd_closed()
 
 
 @asynccontextmanager

@@ -30,6 +30,10 @@ class Counters:
     bytes_in: int = 0
     bytes_out: int = 0
     connections: int = 0
+    #: connections refused because --max-connections were open
+    connections_refused: int = 0
+    #: connections closed by a limit (output buffer, frame timeout, idle timeout)
+    connections_dropped: int = 0
     last_rate_t: float = 0.0
     last_in: int = 0
     last_out: int = 0

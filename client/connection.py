@@ -176,6 +176,8 @@ class AsyncClient:
                     if ev is NEED_DATA:
                         continue
                     if isinstance(ev, HelloAck):
+                        if ev.code == ErrorCode.TOO_MANY_CONNECTIONS:
+                            raise error_for_code(ev.code, f"broker {host}:{port} has too many connections")
                         await authenticate(link, ev, self.security.credentials)
                         return link
                     raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")

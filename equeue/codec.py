@@ -283,6 +283,17 @@ class Connection:
         """Bytes received but not yet turned into events."""
         return len(self._buf) - self._pos
 
+    @property
+    def partial_frame_size(self) -> int:
+        """The whole size (length prefix included) of the frame being received, once
+        its length prefix is buffered; 0 when no frame is partly buffered. Read it
+        after :meth:`next_event` returned :data:`NEED_DATA` (the prefix is checked
+        against the cap there): a server reserves memory for the frame with it."""
+        pos = self._pos
+        if not self._their_hello_done or len(self._buf) - pos < 4:
+            return 0
+        return int.from_bytes(self._buf[pos : pos + 4], "big") + 4
+
     # ---------------------------------------------------------------- receive
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Buffer received bytes; ``b""`` means the peer closed its side."""

@@ -258,6 +258,22 @@ class BrokerConfig:
     #: users and ACLs (docs/security.md); given: every connection authenticates
     #: (SCRAM-SHA-256) and every request is checked. None: no authentication.
     users_file: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    #: connections served at once; one more is refused (TOO_MANY_CONNECTIONS)
+    max_connections: int = attrs.field(default=4096, validator=positive)
+    #: answers queued for one connection past which it is no longer read
+    output_buffer_soft: int = attrs.field(default=64 << 20, validator=positive)
+    #: answers queued for one connection past which it is closed at once
+    output_buffer_hard: int = attrs.field(default=256 << 20, validator=positive)
+    #: seconds a connection may stay above output_buffer_soft before it is closed
+    output_buffer_grace: float = attrs.field(default=60.0, validator=positive)
+    #: seconds a frame may take to arrive whole; a connection holding one longer is closed
+    frame_timeout: float = attrs.field(default=60.0, validator=positive)
+    #: bytes all connections together may hold in frames still arriving (past 64 KiB each)
+    max_partial_frame_bytes: int = attrs.field(default=128 << 20, validator=positive)
+    #: seconds a connection may stay with no request and none in flight before it is closed
+    idle_timeout: float = attrs.field(default=600.0, validator=positive)
+    #: pulls one connection may have parked; one more that would park is refused (TOO_MANY_PULLS)
+    max_pulls_per_connection: int = attrs.field(default=4096, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.default_queues > self.max_queues:
@@ -276,6 +292,13 @@ class BrokerConfig:
             raise ConfigError(
                 f"max_message_bytes ({self.max_message_bytes}) must be <= max_frame - {SERVE_OVERHEAD} "
                 f"({self.max_frame - SERVE_OVERHEAD}): a message at the limit must fit in a pull answer"
+        if self.output_buffer_soft > self.output_buffer_hard:
+            raise ConfigError(
+                f"output_buffer_soft ({self.output_buffer_soft}) must be <= output_buffer_hard ({self.output_buffer_hard})"
+            )
+        if self.max_partial_frame_bytes < self.max_frame:
+            raise ConfigError(
+                f"max_partial_frame_bytes ({self.max_partial_frame_bytes}) must be >= max_frame ({self.max_frame})"
             )
 
     @property

@@ -27,6 +27,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
+    │   ├── TooManyConnections        (transient)
+    │   ├── TooManyPulls              (transient)
     │   ├── AuthRequired              (also an AuthenticationError)
     │   ├── AuthFailed                (also an AuthenticationError)
     │   ├── UnsupportedMechanism      (also an AuthenticationError)
@@ -92,6 +94,8 @@ __all__ = [
     "StoreFull",
     "StoreTruncated",
     "TlsError",
+    "TooManyConnections",
+    "TooManyPulls",
     "TopicExists",
     "TopicNotFound",
     "UnknownRequest",
@@ -132,6 +136,8 @@ class ErrorCode(enum.IntEnum):
     NOT_QUEUE_OWNER = 32
     GROUP_HAS_MEMBERS = 33
     OUT_OF_ORDER_SEQUENCE = 34
+    TOO_MANY_CONNECTIONS = 35
+    TOO_MANY_PULLS = 36
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
     STORE_TRUNCATED = 29
@@ -366,6 +372,21 @@ class NotAuthorized(BrokerError):
     the resource."""
 
     code = ErrorCode.NOT_AUTHORIZED
+class TooManyConnections(BrokerError):
+    """The broker holds ``--max-connections`` connections already (or is out of file
+    descriptors): it refused this one in the handshake answer and closed it."""
+
+    code = ErrorCode.TOO_MANY_CONNECTIONS
+    transient = True
+
+
+class TooManyPulls(BrokerError):
+    """This connection has ``--max-pulls-per-connection`` pulls parked already and
+    this one found nothing: it was answered at once instead of parking. Pull again
+    after a back-off."""
+
+    code = ErrorCode.TOO_MANY_PULLS
+    transient = True
 
 
 class InternalBrokerError(BrokerError):
@@ -399,6 +420,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         AuthFailed,
         UnsupportedMechanism,
         NotAuthorized,
+        TooManyConnections,
+        TooManyPulls,
         InternalBrokerError,
     )
 }

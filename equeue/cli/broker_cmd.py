@@ -86,6 +86,14 @@ def register(app: typer.Typer) -> None:
         tls_client_auth: TlsClientAuth = typer.Option(_D.tls_client_auth, help="Ask TLS clients for a certificate (needs --tls-ca)."),
         users_file: Path | None = typer.Option(_D.users_file, "--users-file", help="Users and ACLs (equeue user/acl): authenticate every connection (SCRAM-SHA-256) and check every request. Reloaded when it changes and on SIGHUP."),
         audit_log: str | None = typer.Option(None, "--audit-log", help="Write the audit log (admin actions, user changes, refused logins) to this file ('-': stderr), whatever --log-level says."),
+        max_connections: int = typer.Option(_D.max_connections, help="Connections served at once; more are refused (TOO_MANY_CONNECTIONS)."),
+        output_buffer_soft: str = typer.Option(format_size(_D.output_buffer_soft), help="Unread answers past which a connection is no longer read."),
+        output_buffer_hard: str = typer.Option(format_size(_D.output_buffer_hard), help="Unread answers past which a connection is closed."),
+        output_buffer_grace: float = typer.Option(_D.output_buffer_grace, help="Seconds a connection may stay above --output-buffer-soft before it is closed."),
+        frame_timeout: float = typer.Option(_D.frame_timeout, help="Seconds a frame may take to arrive whole."),
+        max_partial_frame_bytes: str = typer.Option(format_size(_D.max_partial_frame_bytes), help="Bytes all connections may hold in frames still arriving."),
+        idle_timeout: float = typer.Option(_D.idle_timeout, help="Seconds a connection may stay idle (no request, none in flight)."),
+        max_pulls_per_connection: int = typer.Option(_D.max_pulls_per_connection, help="Pulls one connection may have parked (TOO_MANY_PULLS past it)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -114,6 +122,10 @@ def register(app: typer.Typer) -> None:
                 metrics_queue_limit=metrics_queue_limit,
                 tls_cert=tls_cert, tls_key=tls_key, tls_ca=tls_ca, tls_client_auth=tls_client_auth,
                 users_file=users_file,
+                max_connections=max_connections, output_buffer_soft=parse_size(output_buffer_soft),
+                output_buffer_hard=parse_size(output_buffer_hard), output_buffer_grace=output_buffer_grace,
+                frame_timeout=frame_timeout, max_partial_frame_bytes=parse_size(max_partial_frame_bytes),
+                idle_timeout=idle_timeout, max_pulls_per_connection=max_pulls_per_connection,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))

@@ -53,6 +53,14 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "tls_ca": ("tls_ca", None),
     "tls_client_auth": ("tls_client_auth", None),
     "users_file": ("users_file", None),
+    "max_connections": ("max_connections", None),
+    "output_buffer_soft": ("output_buffer_soft", parse_size),
+    "output_buffer_hard": ("output_buffer_hard", parse_size),
+    "output_buffer_grace": ("output_buffer_grace", None),
+    "frame_timeout": ("frame_timeout", None),
+    "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
+    "idle_timeout": ("idle_timeout", None),
+    "max_pulls_per_connection": ("max_pulls_per_connection", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level", "audit_log"}
@@ -105,7 +113,10 @@ def _render(field: str, value: object) -> str:
         return str(value).lower()
     if isinstance(value, StrEnum):
         return value.value
-    if field in ("map_size", "max_frame", "max_message_bytes", "retention_bytes"):
+    if field in (
+        "map_size", "max_frame", "max_message_bytes", "retention_bytes",
+        "output_buffer_soft", "output_buffer_hard", "max_partial_frame_bytes",
+    ):  # fmt: skip
         return format_size(value)  # type: ignore[arg-type]
     if field == "retention_ms":
         return format_duration_ms(value)  # type: ignore[arg-type]
@@ -156,6 +167,9 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"tls_key": "k.pem"}, "tls_key, tls_ca and tls_client_auth need tls_cert"),
         ({"tls_cert": "c.pem", "tls_client_auth": "required"}, "tls_client_auth required needs tls_ca"),
         ({"tls_cert": "c.pem", "tls_client_auth": "always"}, "tls_client_auth must be one of 'none', 'optional', 'required'"),
+        ({"output_buffer_soft": 2 << 30}, "output_buffer_soft (2147483648) must be <= output_buffer_hard"),
+        ({"max_partial_frame_bytes": 1 << 20}, "max_partial_frame_bytes (1048576) must be >= max_frame"),
+        ({"idle_timeout": 0.0}, "idle_timeout must be > 0"),
     ],
 )
 def test_broker_config_rejects_bad_values_with_config_error(kw: dict[str, Any], message: str) -> None:

@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 40
+    assert len(_exception_classes()) == 42
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -369,6 +369,8 @@ def test_error_codes_are_stable() -> None:
         "AUTH_FAILED": 41,
         "NOT_AUTHORIZED": 42,
         "UNSUPPORTED_MECHANISM": 43,
+        "TOO_MANY_CONNECTIONS": 35,
+        "TOO_MANY_PULLS": 36,
         "INTERNAL_ERROR": 99,
     }
     assert all(0 <= c <= 0xFFFF for c in ErrorCode)
@@ -383,6 +385,8 @@ def test_transient_errors() -> None:
         "BrokerBusy",
         "BrokerShuttingDown",
         "BufferFull",
+        "TooManyConnections",
+        "TooManyPulls",
     }
 
 
