@@ -292,6 +292,7 @@ class BrokerConfig:
             raise ConfigError(
                 f"max_message_bytes ({self.max_message_bytes}) must be <= max_frame - {SERVE_OVERHEAD} "
                 f"({self.max_frame - SERVE_OVERHEAD}): a message at the limit must fit in a pull answer"
+            )
         if self.output_buffer_soft > self.output_buffer_hard:
             raise ConfigError(
                 f"output_buffer_soft ({self.output_buffer_soft}) must be <= output_buffer_hard ({self.output_buffer_hard})"
