@@ -64,6 +64,8 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("map_size", "equeue_map_size_bytes", "gauge", "LMDB map size (the store's maximum)."),
     ("transactions", "equeue_write_transactions_total", "counter", "Group-commit write transactions."),
     ("pending_delayed", "equeue_pending_delayed", "gauge", "Delayed messages not yet due."),
+    ("connections_refused", "equeue_connections_refused_total", "counter", "Connections refused past --max-connections."),
+    ("connections_dropped", "equeue_connections_dropped_total", "counter", "Connections closed by a limit (output buffer, frame or idle timeout)."),
 )
 
 

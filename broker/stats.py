@@ -98,4 +98,6 @@ class Statistics:
             flush=self._flush,
             transactions=self._appender.transactions,
             pending_delayed=sum(store.sched_pending.values()),
+            connections_refused=s.connections_refused,
+            connections_dropped=s.connections_dropped,
         )

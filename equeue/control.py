@@ -344,6 +344,10 @@ class BrokerStats:
     flush: str
     transactions: int = 0
     pending_delayed: int = 0
+    #: connections refused past --max-connections, and closed by a limit (output
+    #: buffer, frame timeout, idle timeout) since the start
+    connections_refused: int = 0
+    connections_dropped: int = 0
 
 
 # ----------------------------------------------------------------------------- lookup

@@ -21,6 +21,7 @@ import pytest
 import trio
 
 from broker import open_broker
+from broker.http import render_broker
 from broker.process import BrokerProcess
 from consumer import AsyncConsumer
 from equeue import Message, control, wire
@@ -477,3 +478,8 @@ async def test_refused_and_dropped_connections_are_counted(tmp_path: Path) -> No
                 await raw.closed_by_peer()
                 await raw.aclose()
             await wait_until(lambda: broker.stats.connections_dropped == 2, what="both counted")
+            # and both reach STATS (equeue broker stats) and /metrics
+            snap = broker._statistics.snapshot()
+            assert (snap.connections_refused, snap.connections_dropped) == (1, 2)
+            text = render_broker(snap)
+            assert "equeue_connections_refused_total 1" in text and "equeue_connections_dropped_total 2" in text
