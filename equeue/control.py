@@ -434,10 +434,13 @@ class DeadLetter:
     #: store time, epoch ms
     timestamp: int
     properties: dict[str, str]
-    #: the body, base64
+    #: the body, base64 ("" when ``body_omitted``)
     body: str
     #: a DLQ_RESEND already sent it back
     resent: bool = False
+    #: body and properties were too big for a page (its frame) and are left out:
+    #: GET_MESSAGE with ``global_offset=id`` returns the whole letter
+    body_omitted: bool = False
 
 
 @attrs.frozen

@@ -74,7 +74,7 @@ class Handlers:
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
         g = GroupHandlers(store, groups)
-        lookup = LookupHandlers(topics, store)
+        lookup = LookupHandlers(topics, store, limits.max_frame - 1024)  # as a pull answer's budget
         dlq = DeadLetterHandlers(topics, store, submit, limits)
         skips = SkipHandlers(topics, store, submit)
         self._statistics = statistics

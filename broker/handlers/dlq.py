@@ -60,12 +60,19 @@ def _int(value: str | None, default: int) -> int:
         return default
 
 
-def _letter(m: Message, resent: bool) -> control.DeadLetter:
+def _letter(m: Message, resent: bool, max_bytes: int) -> control.DeadLetter:
+    """One letter of a DLQ_LIST page. A letter whose body (base64) and properties would
+    take over ``max_bytes`` of the page's JSON is listed without them, flagged
+    ``body_omitted`` (it would not fit in a frame): GET_MESSAGE returns it whole."""
     props = m.properties
+    omit = len(m.body) * 4 // 3 + sum(len(k) + len(v) for k, v in props.items()) > max_bytes
+    body = "" if omit else base64.b64encode(m.body).decode("ascii")
+    if omit:
+        props = {}
     return control.DeadLetter(
         m.global_offset, m.queue_id, m.queue_offset, m.origin_topic,
         _int(props.get(PROP_ORIGIN_QUEUE), -1), _int(props.get(PROP_ORIGIN_OFFSET), -1),
-        m.key, m.tags, m.reconsume_times, m.timestamp, props, base64.b64encode(m.body).decode("ascii"), resent,
+        m.key, m.tags, m.reconsume_times, m.timestamp, props, body, resent, omit,
     )  # fmt: skip
 
 
@@ -158,8 +165,12 @@ class DeadLetterHandlers:
             if off < qs.next_offset:
                 r = self._store.read_queue(info, q, off, limit - len(out), budget)
                 if r.status is PullStatus.FOUND:
-                    out += [wire.decode_record(info.name, g, rec) for g, rec in zip(r.globals, r.recs, strict=True)]
-                    budget -= sum(map(len, r.recs))
+                    for g, rec in zip(r.globals, r.recs, strict=True):
+                        m = wire.decode_record(info.name, g, rec)
+                        if out and len(rec) > budget:  # a later queue's first letter: next page
+                            return out, q, m.queue_offset, False
+                        out.append(m)
+                        budget -= len(rec)
                     off = r.next_offset
                     if len(out) >= limit or budget <= 0:
                         return out, q, off, q == info.queues - 1 and off >= qs.next_offset
@@ -178,7 +189,7 @@ class DeadLetterHandlers:
         check_offset("offset", max(0, req.offset))
         msgs, nq, noff, done = self._page(info, req.queue_id, req.offset, limit)
         resent: set[int] = await self._submit(ResentMarksOp(req.group, [m.global_offset for m in msgs]))
-        return control.DlqPage([_letter(m, m.global_offset in resent) for m in msgs], nq, noff, done)
+        return control.DlqPage([_letter(m, m.global_offset in resent, self._page_bytes) for m in msgs], nq, noff, done)
 
     # ------------------------------------------------------------------ DLQ_RESEND
     async def resend(self, req: control.DlqResend, ctx: RequestContext) -> control.DlqResendAnswer:

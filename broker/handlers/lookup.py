@@ -15,9 +15,11 @@ __all__ = ["LookupHandlers"]
 
 
 class LookupHandlers:
-    def __init__(self, topics: TopicDirectory, store: StoreReader) -> None:
+    def __init__(self, topics: TopicDirectory, store: StoreReader, answer_bytes: int = 1 << 62) -> None:
         self._topics = topics
         self._store = store
+        #: the records one FIND_BY_KEY answer may carry (it must fit in a frame)
+        self._answer_bytes = answer_bytes
 
     async def get_message(self, req: control.GetMessage, ctx: RequestContext) -> Parts:
         """One record by (topic, queue, queue offset) or by global offset.
@@ -84,7 +86,9 @@ class LookupHandlers:
         info = await self._topics.require(req.topic)
         if req.before != -1:
             check_offset("before", req.before)
-        found = self._store.find_by_key(info, req.key, max(1, min(req.limit, 1000)), req.before)
+        found = self._store.find_by_key(
+            info, req.key, max(1, min(req.limit, 1000)), req.before, self._answer_bytes
+        )
         if found.hits:
             status = PullStatus.FOUND
         else:

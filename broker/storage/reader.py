@@ -375,13 +375,18 @@ class StoreReader:
             gk = txn.get(layout.qindex_key(h.topic_id, h.queue_id, h.queue_offset), db=self.db[b"qindex"])
         return gk is not None and layout.global_of(gk) == global_offset
 
-    def find_by_key(self, info: control.TopicInfo, key: str, limit: int, before: int = -1) -> KeyHits:
+    def find_by_key(
+        self, info: control.TopicInfo, key: str, limit: int, before: int = -1, max_bytes: int = 1 << 62
+    ) -> KeyHits:
         """Messages of ``info`` with ``key``, newest first (hash index + exact check),
         at global offsets below ``before`` (-1: all).
 
         Keys whose crc32 collide share the index prefix, so the walk checks at most
         :attr:`scan_budget` candidates (records and time); when that runs out first,
         ``KeyHits.resume_before`` says where it stopped (pass it as ``before`` to go on).
+        The hits' records (plus 12 bytes each in an answer) stay within ``max_bytes``
+        (the first hit always goes), so the answer fits in a frame; a hit left out
+        for that is where ``resume_before`` resumes.
         """
         kb = key.encode()
         h = key_hash(kb)
@@ -389,7 +394,7 @@ class StoreReader:
         out: list[tuple[int, bytes]] = []
         budget = self.scan_budget
         deadline = budget.deadline()
-        examined = 0
+        examined = size = 0
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"kindex"])
             start = layout.kindex_key(info.topic_id, h, before) if 0 <= before < 1 << 64 else prefix + b"\xff" * 8
@@ -409,6 +414,9 @@ class StoreReader:
                 examined += 1
                 rec = txn.get(layout.global_key(g), db=self.db[b"messages"])
                 if rec is not None and record_entry_meta(rec).key == kb:
+                    size += len(rec) + 12
+                    if out and size > max_bytes:
+                        return KeyHits(out, g + 1)
                     out.append((g, rec))
                 ok = cur.prev()
         return KeyHits(out)

@@ -90,7 +90,12 @@ def register(app: typer.Typer) -> None:
         validate_group(group)
         with client(broker) as c:
             page = c.dlq_list(group, queue, offset, limit)
-        texts = [base64.b64decode(d.body).decode("utf-8", "replace") for d in page.letters]
+        texts = [
+            f"(too big for a page: equeue message get %DLQ%{group} --global-offset {d.id})"
+            if d.body_omitted
+            else base64.b64decode(d.body).decode("utf-8", "replace")
+            for d in page.letters
+        ]
         if as_json:
             print_json([
                 {"id": d.id, "origin_topic": d.origin_topic, "key": d.key, "tags": d.tags,

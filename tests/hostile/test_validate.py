@@ -255,3 +255,44 @@ async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path
                 await con.run(handler)
                 assert con.statistics().quarantined == 1
             assert seen == [b"m0", b"m1"]
+
+
+async def test_find_by_key_and_dlq_list_answers_fit_in_a_frame(tmp_path: Path) -> None:
+    """Large messages under one key, and large dead letters: every FIND_BY_KEY and
+    DLQ_LIST answer stays within max_frame (it used to gather up to 1,000 hits, or a
+    page of base64 bodies, whatever their size); the rest is one resume away."""
+    max_frame = 256 << 10
+    cfg = make_config(tmp_path / "d", max_frame=max_frame, max_message_bytes=200 << 10)
+    async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+        await c.create_topic("t", 2)
+        for i in range(5):
+            body = bytes([65 + i]) * (196 << 10)
+            await c.produce(wire.ProduceRequest("t", i % 2, [wire.encode_entry(Message(body, key="k"))]))
+        found: list[bytes] = []
+        before = -1
+        while True:
+            req = control.FindByKey("t", "k", 32, before)
+            payload = await c.request(RequestCode.FIND_BY_KEY, control.encode(req))
+            assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
+            res = wire.decode_pull_response("t", payload)
+            found += [m.body for m in res.messages]
+            if not res.next_offset:
+                break
+            before = res.next_offset
+        assert sorted(found) == sorted(bytes([65 + i]) * (196 << 10) for i in range(5))
+        # dead letters: 196 KiB bodies (base64: 261 KiB, over the frame) are listed without them
+        for i in range(5):
+            await c.send_back("g", "t", i % 2, i // 2, 16, 16)
+        letters: list[control.DeadLetter] = []
+        q = off = 0
+        while True:
+            payload = await c.request(RequestCode.DLQ_LIST, control.encode(control.DlqList("g", q, off, 100)))
+            assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
+            page = control.decode(payload, control.DlqPage)
+            letters += page.letters
+            if page.done:
+                break
+            q, off = page.next_queue_id, page.next_offset
+        assert len(letters) == 5 and all(d.body_omitted and d.body == "" for d in letters)
+        whole = await c.get_message(global_offset=letters[0].id)
+        assert len(whole.messages[0].body) == 196 << 10
