@@ -30,6 +30,7 @@ from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
 from equeue.models import Message, SendResult
 from equeue.routing import key_bytes_hash
 from equeue.wire import pack_entry
+from equeue.wire.entries import ENTRY_HEADER
 from producer._batch import SendHandle, _Batch, deliver_at_ms
 from producer._lane import _Lane
 from producer.buffer import Buffer
@@ -285,6 +286,11 @@ class AsyncProducer:
             properties = {str(k): str(v) for k, v in properties.items()}
         entry = pack_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
         n = len(entry)
+        if n - ENTRY_HEADER.size > options.max_message_bytes:  # the broker counts it all
+            raise MessageTooLarge(
+                f"message content (key + tags + properties + body) is {n - ENTRY_HEADER.size} bytes; "
+                f"the limit is {options.max_message_bytes}"
+            )
         delayed = due > 0
         kick = None
         buffer = self._buffer

@@ -177,6 +177,9 @@ async def test_errors_before_sending(broker: Broker) -> None:
                 await c.create_topic("t", 1)
             with pytest.raises(MessageTooLarge):
                 await p.send("t", b"x" * 1001)
+            # the limit counts the whole content, as the broker does: properties too
+            with pytest.raises(MessageTooLarge, match="key \\+ tags \\+ properties \\+ body"):
+                await p.send("t", b"x" * 10, properties={"p": "v" * 1000})
             with pytest.raises(ConfigError):
                 await p.send("t", b"x", key=b"k" * 70_000)
             assert (await p.send("t", b"x" * 1000)).queue_offset == 0
