@@ -46,6 +46,8 @@ async def broker(tmp_path: Path) -> AsyncIterator[Broker]:
                                                             Acl("group", "workers", ["join", "commit"])]))
             # mallory may read the topic, but has no right on the group
             .with_user(make_user("mallory", "mallory-pw", acls=[Acl("topic", "jobs", ["consume"])]))
+            # ops administers every topic (admin on *), but is not in the admin role
+            .with_user(make_user("ops", "ops-pw", acls=[Acl("topic", "*", ["admin"])]))
         )  # fmt: skip
 
     update_users_file(users, setup)
@@ -146,3 +148,25 @@ async def test_without_join_rights_twenty_fake_members_cannot_hijack_the_group(b
         async with AsyncClient(broker.address, security=ROOT) as root:
             members = (await root.describe_group("workers")).members
             assert not any(m.consumer_id.startswith("fake-") for m in members)
+
+
+async def test_internal_topics_are_altered_or_deleted_by_the_admin_role_only(broker: Broker) -> None:
+    """``admin`` on every topic name does not reach the internal ones (%RETRY%, %DLQ%):
+    only the admin role may alter or delete them, and nobody produces into them."""
+    ops = ClientSecurity.from_values(username="ops", password="ops-pw")
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            await root.create_topic("jobs", 1)
+            await root.produce(wire.ProduceRequest("jobs", 0, [wire.encode_entry(Message("j"))]))
+            await root.send_back("workers", "jobs", 0, 0, 16, 16)  # dead-letters it: %DLQ%workers exists
+        async with AsyncClient(broker.address, security=ops) as o:
+            await o.alter_topic("jobs", queues=2)  # its own admin right works on a regular topic
+            for call in (o.alter_topic("%DLQ%workers", queues=2), o.delete_topic("%DLQ%workers")):
+                with pytest.raises(NotAuthorized, match="topic '%DLQ%workers'"):
+                    await call
+            with pytest.raises(NotAuthorized):
+                await o.produce(wire.ProduceRequest("%DLQ%workers", 0, [wire.encode_entry(Message("forged"))]))
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            assert (await root.queue_offsets("%DLQ%workers", 0)).max_offset == 1  # nothing forged
+            await root.delete_topic("%DLQ%workers")  # the admin role may
+
