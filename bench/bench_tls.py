@@ -11,14 +11,19 @@ required too) or the other way round on odd rounds -- and runs in this process:
 - L1: one message at a time: ``AsyncProducer.send`` then wait until the
   long-polling ``AsyncConsumer``'s handler has it; the send-to-handler time, p50/p99.
 
-The ratios TLS / plain are printed per round and as medians over the rounds: compare
+With ``--auth`` a third mode runs too, TLS + SCRAM-SHA-256 authentication (a users
+file, ``--users-file``): the workloads run as a non-admin user whose ACLs allow
+produce/consume/describe on the two topics and join/commit on the two groups, so the
+broker evaluates an ACL on every request (an admin user creates the topics).
+
+The ratios mode / plain are printed per round and as medians over the rounds: compare
 ratios from one run (a shared, loaded machine moves the absolute figures). The CPU
 columns (broker process and this process, µs per message, P1 + C1) move far less
 with the host's load than the rates: they are the cost of TLS itself.
 The issue's bar: P1 with TLS >= 70 % of plain.
 
     .venv/bin/python bench/bench_tls.py [--rounds 3] [--messages 200000] [--l1 2000]
-        [--flush sync|async] [--mtls]
+        [--flush sync|async] [--mtls] [--auth]
 """
 
 from __future__ import annotations
@@ -38,11 +43,18 @@ sys.path.insert(0, str(ROOT))
 
 import trustme  # noqa: E402
 
+from broker.auth import make_user, update_users_file  # noqa: E402
 from broker.process import BrokerProcess  # noqa: E402
 from consumer import AsyncConsumer, Consumer  # noqa: E402
-from equeue.security import ClientSecurity, TlsSettings  # noqa: E402
+from equeue.acl import Acl, UsersFile  # noqa: E402
+from equeue.security import ClientSecurity, Credentials, TlsSettings  # noqa: E402
 from producer import AsyncProducer, Client, Message, Producer  # noqa: E402
 
+#: the modes, in the order of even rounds (odd rounds run them reversed)
+MODES = ("plain", "tls", "tls+auth")
+#: the workloads' user (ACLs only, not an admin) and the admin that creates the topics
+BENCH_USER = Credentials("bench", "bench-password")
+ADMIN_USER = Credentials("bench-admin", "admin-password")
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=0.5, commit_interval=1.0)
 
 
@@ -55,6 +67,17 @@ class Pki:
         ca.cert_pem.write_to_path(str(self.ca))
         ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(self.server))
         ca.issue_cert("bench@example").private_key_and_cert_chain_pem.write_to_path(str(self.client))
+        self.users = root / "users.json"
+
+
+def write_users(path: Path) -> None:
+    """The users file of the auth mode: an admin, and the bench user with exact-name
+    ACLs on what the workloads touch (topics p1, l1; groups c1, l1)."""
+    acls = [Acl("topic", t, ["produce", "consume", "describe"]) for t in ("p1", "l1")]
+    acls += [Acl("group", g, ["join", "commit"]) for g in ("c1", "l1")]
+    bench = make_user(BENCH_USER.username, BENCH_USER.password, acls=acls)
+    admin = make_user(ADMIN_USER.username, ADMIN_USER.password, admin=True)
+    update_users_file(path, lambda _: UsersFile().with_user(bench).with_user(admin))
 
 
 def p1(addr: str, sec: ClientSecurity, n: int) -> float:
@@ -126,17 +149,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run_mode(tls: bool, args: argparse.Namespace, pki: Pki) -> dict[str, float]:
+def run_mode(mode: str, args: argparse.Namespace, pki: Pki) -> dict[str, float]:
     flags = ["--flush", args.flush]
-    sec = ClientSecurity()
-    if tls:
+    sec = admin = ClientSecurity()
+    if mode != "plain":
         flags += ["--tls-cert", str(pki.server)]
         if args.mtls:
             flags += ["--tls-ca", str(pki.ca), "--tls-client-auth", "required"]
-        sec = ClientSecurity(tls=TlsSettings(ca_file=pki.ca, cert_file=pki.client if args.mtls else None))
+        sec = admin = ClientSecurity(tls=TlsSettings(ca_file=pki.ca, cert_file=pki.client if args.mtls else None))
+    if mode == "tls+auth":
+        flags += ["--users-file", str(pki.users)]
+        sec = ClientSecurity(tls=sec.tls, credentials=BENCH_USER)
+        admin = ClientSecurity(tls=sec.tls, credentials=ADMIN_USER)
     broker = BrokerProcess(None, *flags).start()
     try:
-        with Client(broker.address, security=sec) as c:
+        with Client(broker.address, security=admin) as c:
             c.create_topic("p1", 4)
             c.create_topic("l1", 4)
         out: dict[str, float] = {}
@@ -166,27 +193,34 @@ def main() -> None:
     ap.add_argument("--l1", type=int, default=2000, help="L1 round trips per run")
     ap.add_argument("--flush", default="sync", choices=["sync", "async"])
     ap.add_argument("--mtls", action="store_true", help="TLS runs require client certificates")
+    ap.add_argument("--auth", action="store_true",
+                    help="a third mode: TLS + SCRAM authentication as a non-admin user with ACLs")  # fmt: skip
     ap.add_argument("--workloads", default="P1,C1,L1", help="a subset of P1,C1,L1")
     args = ap.parse_args()
     args.workloads = {w.strip().upper() for w in args.workloads.split(",")}
-    ratios: dict[str, list[float]] = {}
+    modes = MODES if args.auth else MODES[:2]
+    ratios: dict[str, dict[str, list[float]]] = {m: {} for m in modes[1:]}
     with tempfile.TemporaryDirectory(prefix="bench-tls-") as tmp:
         pki = Pki(Path(tmp))
+        if args.auth:
+            write_users(pki.users)
         print("rates msg/s, latencies ms, CPU us per message (broker process / this process)")
         for r in range(args.rounds):
-            got: dict[bool, dict[str, float]] = {}
-            for tls in ((False, True) if r % 2 == 0 else (True, False)):
-                got[tls] = res = run_mode(tls, args, pki)
+            got: dict[str, dict[str, float]] = {}
+            for mode in modes if r % 2 == 0 else modes[::-1]:
+                got[mode] = res = run_mode(mode, args, pki)
                 print(
-                    f"{r + 1:3} {'tls' if tls else 'plain':5} "
+                    f"{r + 1:3} {mode:8} "
                     + "  ".join(f"{k} {v:,.0f}" if v >= 100 else f"{k} {v:.2f}" for k, v in res.items()),
                     flush=True,
                 )
-            for k in got[True]:
-                ratios.setdefault(k, []).append(got[True][k] / got[False][k])
-            print("    tls/plain " + "  ".join(f"{k} {v[-1]:.2f}" for k, v in ratios.items()), flush=True)
-    print(f"median tls/plain over {args.rounds} rounds: " + "  ".join(
-        f"{k} {statistics.median(v):.2f}" for k, v in ratios.items()))
+            for mode, rs in ratios.items():
+                for k in got[mode]:
+                    rs.setdefault(k, []).append(got[mode][k] / got["plain"][k])
+                print(f"    {mode}/plain " + "  ".join(f"{k} {v[-1]:.2f}" for k, v in rs.items()), flush=True)
+    for mode, rs in ratios.items():
+        print(f"median {mode}/plain over {args.rounds} rounds: " + "  ".join(
+            f"{k} {statistics.median(v):.2f}" for k, v in rs.items()))
     print("(rates: higher is better, P1 >= 0.70 meets the bar; latency and CPU: lower is better)")
 
 
