@@ -140,7 +140,7 @@ def render_queues(view: StoreView, series: QueueSeries | None = None, queue_limi
     # in a worker thread, let the GIL go now and then so the event loop never waits
     # a whole switch interval for it
     sums: dict[int, list[int]] = {}
-    for i, ((topic_id, _q), st) in enumerate(view.queues.items()):
+    for i, (topic_id, _q, st) in enumerate(view.all_queues()):
         if not i % _YIELD_EVERY:
             time.sleep(0)
         acc = sums.get(topic_id)

@@ -116,10 +116,6 @@ class StoreReader:
         return self.view.topics
 
     @property
-    def queues(self) -> Mapping[tuple[int, int], QueueState]:
-        return self.view.queues
-
-    @property
     def next_global(self) -> int:
         return self.view.next_global
 

@@ -11,7 +11,7 @@ import attrs
 
 from broker.storage import layout
 from broker.storage.topics import set_deleting
-from broker.storage.view import QueueState, StoreView
+from broker.storage.view import NO_QUEUES, QueueState, StoreView
 from broker.storage.writes import QueueDraft, WriteContext, WriteOp
 from equeue import control
 from equeue.errors import EQueueError
@@ -163,6 +163,6 @@ def _purge_topic(w: WriteContext, tid: int, limit: int) -> int:
             while qc.key()[:n_prefix] == prefix:
                 qc.delete()
         set_deleting(w, [x for x in w.deleting_now() if x != tid])
-        for key in [k for k in w.base.queues if k[0] == tid]:
-            w.queues.pop(key, None)
+        for q in w.base.queues.get(tid, NO_QUEUES):
+            w.queues.pop((tid, q), None)
     return n

@@ -130,7 +130,7 @@ class Store(StoreReader):
         """The committed state, from last keys and the small tables (no full scan)."""
         db = self.db
         topics: dict[str, control.TopicInfo] = {}
-        queues: dict[tuple[int, int], QueueState] = {}
+        queues: dict[int, dict[int, QueueState]] = {}
         pending: dict[int, int] = {}
         offsets: dict[tuple[str, str, int], int] = {}
         reading = self._reading
@@ -175,7 +175,7 @@ class Store(StoreReader):
                             t, qq, off = layout.unpack_qindex_key(qidx.key())
                             if (t, qq) == (info.topic_id, q):
                                 min_offset = off
-                        queues[(info.topic_id, q)] = QueueState(next_offset, min_offset, size)
+                        queues.setdefault(info.topic_id, {})[q] = QueueState(next_offset, min_offset, size)
             with reading("delayed-message counts (sched_count)"):
                 for k, v in txn.cursor(db=db[b"sched_count"]):
                     pending[layout.unpack_sched_count_key(k)] = layout.unpack_u64(v)
@@ -185,12 +185,13 @@ class Store(StoreReader):
             with reading("skip markers"):
                 skipped = self._recover_skips(txn, topics, queues)
         return StoreView(
-            frozen_map(topics), frozen_map(queues), frozen_map(offsets), frozen_map(pending),
+            frozen_map(topics), frozen_map({t: frozen_map(qs) for t, qs in queues.items()}),
+            frozen_map(offsets), frozen_map(pending),
             deleting, next_global, next_topic_id, skipped=frozen_map(skipped),
         )  # fmt: skip
 
     def _recover_skips(
-        self, txn: lmdb.Transaction, topics: dict[str, control.TopicInfo], queues: dict[tuple[int, int], QueueState]
+        self, txn: lmdb.Transaction, topics: dict[str, control.TopicInfo], queues: dict[int, dict[int, QueueState]]
     ) -> dict[tuple[int, int], frozenset[int]]:
         """The skip markers of live topics within their queues' retained ranges (the
         others are left behind by retention or a topic deletion: ignored)."""
@@ -202,7 +203,7 @@ class Store(StoreReader):
                 if not bytes(k).startswith(layout.SKIP_PREFIX):
                     break
                 t, q, o = layout.unpack_skip_key(k)
-                st = queues.get((t, q))
+                st = queues.get(t, {}).get(q)
                 if t in live and st is not None and st.min_offset <= o < st.next_offset:
                     found.setdefault((t, q), set()).add(o)
         return {key: frozenset(offs) for key, offs in found.items()}

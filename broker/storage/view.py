@@ -11,6 +11,7 @@ whose creation has not committed, never half of a transaction.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Final, TypeVar
 
@@ -40,6 +41,10 @@ class QueueState:
 
 #: the state of a queue that has none yet
 EMPTY_QUEUE: Final = QueueState()
+#: a topic's queues: queue id -> committed range
+TopicQueues = MappingProxyType[int, QueueState]
+#: the queues of a topic the view does not know
+NO_QUEUES: Final[TopicQueues] = MappingProxyType({})
 #: no skipped records
 NO_SKIPS: Final[MappingProxyType[tuple[int, int], frozenset[int]]] = MappingProxyType({})
 
@@ -50,8 +55,9 @@ class StoreView:
 
     #: topic name -> its description
     topics: MappingProxyType[str, control.TopicInfo]
-    #: (topic id, queue id) -> committed range
-    queues: MappingProxyType[tuple[int, int], QueueState]
+    #: topic id -> (queue id -> committed range): two levels, so that a commit copies
+    #: the map of the topics it touched, not every queue of the broker
+    queues: MappingProxyType[int, TopicQueues]
     #: (group, topic, queue id) -> committed consumer offset
     offsets: MappingProxyType[tuple[str, str, int], int]
     #: topic id -> delayed messages waiting in the schedule
@@ -72,7 +78,13 @@ class StoreView:
 
     def queue(self, topic_id: int, queue_id: int) -> QueueState:
         """A queue's committed range (empty for a queue the view does not know)."""
-        return self.queues.get((topic_id, queue_id), EMPTY_QUEUE)
+        return self.queues.get(topic_id, NO_QUEUES).get(queue_id, EMPTY_QUEUE)
+
+    def all_queues(self) -> Iterator[tuple[int, int, QueueState]]:
+        """(topic id, queue id, committed range) of every queue the view knows."""
+        for tid, qs in self.queues.items():
+            for q, st in qs.items():
+                yield tid, q, st
 
     def skips(self, topic_id: int, queue_id: int) -> frozenset[int]:
         """The queue offsets of a queue that an operator skipped (usually none)."""

@@ -20,7 +20,7 @@ import lmdb
 import outcome
 
 from broker.storage import layout
-from broker.storage.view import QueueState, StoreView, frozen_map
+from broker.storage.view import NO_QUEUES, QueueState, StoreView, frozen_map
 from equeue import control
 
 
@@ -193,12 +193,18 @@ class WriteContext:
             topics = frozen_map(t)
         deleting = b.deleting if self.deleting is None else tuple(self.deleting)
         if self.queues or self.deleting is not None:
-            q = queues.copy()
-            for key, draft in self.queues.items():
-                q[key] = QueueState(draft.next_offset, draft.min_offset, draft.bytes)
+            q = queues.copy()  # topic id -> its queues: only the touched topics' maps are copied
+            touched: dict[int, dict[int, QueueState]] = {}
+            for (tid, qid), draft in self.queues.items():
+                inner = touched.get(tid)
+                if inner is None:
+                    inner = touched[tid] = dict(q.get(tid, NO_QUEUES))
+                inner[qid] = QueueState(draft.next_offset, draft.min_offset, draft.bytes)
+            for tid, inner in touched.items():
+                q[tid] = frozen_map(inner)
             if self.deleting is not None:
-                for key in [k for k in q if k[0] in deleting]:
-                    del q[key]
+                for tid in deleting:
+                    q.pop(tid, None)
             queues = frozen_map(q)
         if self.offsets:
             o = offsets.copy()

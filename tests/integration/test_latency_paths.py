@@ -50,7 +50,7 @@ async def test_appender_group_commits_concurrent_ops_in_order(tmp_path: Path) ->
         assert [r.first_queue for r in results] == list(range(200))
         assert called == pendings  # every callback ran once, in commit order
         assert app.transactions < 200
-        assert store.queues[(info.topic_id, 0)].next_offset == 200
+        assert store.view.queue(info.topic_id, 0).next_offset == 200
     finally:
         store.close()
 
@@ -93,7 +93,7 @@ async def test_appender_cancelled_answers_every_waiter(tmp_path: Path) -> None:
         assert all(isinstance(p.result, BrokerShuttingDown) for p in refused)
         # what was answered as stored is stored, in order, and nothing else
         assert [p.result.first_queue for p in stored] == list(range(len(stored)))
-        assert store.queues[(info.topic_id, 0)].next_offset == len(stored)
+        assert store.view.queue(info.topic_id, 0).next_offset == len(stored)
         with pytest.raises(BrokerShuttingDown):
             app.enqueue(_produce_op(info, 0, b"late"))
     finally:
