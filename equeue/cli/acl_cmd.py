@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from equeue.cli._common import JSON_OPTION, fail, print_json, table
-from equeue.cli.user_cmd import USERS_FILE_OPTION, audit_change
+from equeue.cli.user_cmd import USERS_FILE_OPTION, apply_change
 
 _OP_HELP = (
     "Operation (repeat it): topic: produce, consume, describe, admin; group: join, commit, reset, "
@@ -37,7 +37,6 @@ def register(app: typer.Typer) -> None:
              add: bool) -> None:  # fmt: skip
         import attrs
 
-        from broker.auth import update_users_file
         from equeue.acl import ALL_OPS, Acl, ResourceKind, UsersFile
         from equeue.errors import ConfigError
 
@@ -68,13 +67,9 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"user {user!r} has no ACL on {kind} {pattern!r}")
             return doc.with_user(attrs.evolve(old, acls=tuple(acls)))
 
-        try:
-            update_users_file(users_file, change)
-        except ConfigError as exc:
-            fail(str(exc))
-        audit_change("acl.add" if add else "acl.remove", user, users_file)
         verb = "allowed" if add else "no longer allowed"
-        typer.echo(f"{user}: {verb} {', '.join(sorted(probe.ops))} on {kind} {pattern}", err=True)
+        done = f"{user}: {verb} {', '.join(sorted(probe.ops))} on {kind} {pattern}"
+        apply_change(users_file, change, "acl.add" if add else "acl.remove", user, done)
 
     @acl_app.command("add")
     def add(

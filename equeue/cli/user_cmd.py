@@ -13,7 +13,9 @@ import getpass
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -55,6 +57,20 @@ def audit_change(action: str, name: str, users_file: Path) -> None:
     audit(action, user=f"os:{who}", peer="cli", resource=f"user:{name}", outcome="ok", file=str(users_file))
 
 
+def apply_change(users_file: Path, change: Callable[[Any], Any], action: str, name: str, done: str) -> None:
+    """Apply ``change`` to the users file (locked, atomic), write its audit line and
+    say ``done``; a refused change (ConfigError) is one error line and exit 1."""
+    from broker.auth import update_users_file
+    from equeue.errors import ConfigError
+
+    try:
+        update_users_file(users_file, change)
+    except ConfigError as exc:
+        fail(str(exc))
+    audit_change(action, name, users_file)
+    typer.echo(done, err=True)
+
+
 def register(app: typer.Typer) -> None:
     user_app = typer.Typer(help="Users of a broker that authenticates (its --users-file).", no_args_is_help=True)
     app.add_typer(user_app, name="user")
@@ -68,7 +84,7 @@ def register(app: typer.Typer) -> None:
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
     ) -> None:
         """Add a user (the password is asked, never an argument)."""
-        from broker.auth import make_user, update_users_file
+        from broker.auth import make_user
         from equeue.acl import UsersFile, validate_username
         from equeue.errors import ConfigError
 
@@ -83,12 +99,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"user {name!r} exists (change its password with: equeue user passwd {name})")
             return doc.with_user(make_user(name, password, iterations=iterations, admin=admin))
 
-        try:
-            update_users_file(users_file, change)
-        except ConfigError as exc:
-            fail(str(exc))
-        audit_change("user.add", name, users_file)
-        typer.echo(f"user {name} added{' (admin)' if admin else ''}", err=True)
+        apply_change(users_file, change, "user.add", name, f"user {name} added{' (admin)' if admin else ''}")
 
     @user_app.command("passwd")
     def passwd(
@@ -98,7 +109,7 @@ def register(app: typer.Typer) -> None:
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
     ) -> None:
         """Change a user's password (open connections keep their session)."""
-        from broker.auth import make_user, update_users_file
+        from broker.auth import make_user
         from equeue.acl import UsersFile
         from equeue.errors import ConfigError
 
@@ -110,12 +121,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"no user {name!r}")
             return doc.with_user(make_user(name, password, iterations=iterations, admin=old.admin, acls=old.acls))
 
-        try:
-            update_users_file(users_file, change)
-        except ConfigError as exc:
-            fail(str(exc))
-        audit_change("user.password", name, users_file)
-        typer.echo(f"password of {name} changed", err=True)
+        apply_change(users_file, change, "user.password", name, f"password of {name} changed")
 
     @user_app.command("admin")
     def admin_(
@@ -126,7 +132,6 @@ def register(app: typer.Typer) -> None:
         """Give a user the admin role (or take it away with --revoke)."""
         import attrs
 
-        from broker.auth import update_users_file
         from equeue.acl import UsersFile
         from equeue.errors import ConfigError
 
@@ -136,18 +141,12 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"no user {name!r}")
             return doc.with_user(attrs.evolve(old, admin=not revoke))
 
-        try:
-            update_users_file(users_file, change)
-        except ConfigError as exc:
-            fail(str(exc))
-        audit_change("user.admin" if not revoke else "user.admin-revoke", name, users_file)
-        typer.echo(f"{name}: admin role {'revoked' if revoke else 'granted'}", err=True)
+        apply_change(users_file, change, "user.admin" if not revoke else "user.admin-revoke", name, f"{name}: admin role {'revoked' if revoke else 'granted'}")
 
     @user_app.command("remove")
     def remove(name: str, users_file: Path = USERS_FILE_OPTION) -> None:
         """Remove a user and its ACLs. Its open connections stay open, but every
         request they make is refused (NOT_AUTHORIZED) from the broker's reload on."""
-        from broker.auth import update_users_file
         from equeue.acl import UsersFile
         from equeue.errors import ConfigError
 
@@ -156,12 +155,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"no user {name!r}")
             return doc.without(name)
 
-        try:
-            update_users_file(users_file, change)
-        except ConfigError as exc:
-            fail(str(exc))
-        audit_change("user.remove", name, users_file)
-        typer.echo(f"user {name} removed", err=True)
+        apply_change(users_file, change, "user.remove", name, f"user {name} removed")
 
     @user_app.command("list")
     def list_(users_file: Path = USERS_FILE_OPTION, as_json: bool = JSON_OPTION) -> None:
