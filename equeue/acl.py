@@ -323,6 +323,7 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.LIST_TOPICS: Rule(filters=_T),
     RequestCode.DESCRIBE_TOPIC: Rule((Need(_T, "name", _O.DESCRIBE),)),
     RequestCode.GET_ROUTE: Rule((Need(_T, "topic", _O.DESCRIBE),)),
+    RequestCode.GET_ROUTES: Rule((Need(_T, "topics", _O.DESCRIBE),)),
     RequestCode.QUEUE_OFFSETS: Rule((Need(_T, "topic", _O.DESCRIBE),)),
     RequestCode.OFFSET_FOR_TIME: Rule((Need(_T, "topic", _O.DESCRIBE),)),
     RequestCode.COMMIT_OFFSET: Rule((Need(_G, "group", _O.COMMIT), Need(_T, "topic", _O.CONSUME))),
@@ -334,6 +335,7 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.DESCRIBE_GROUP: Rule((Need(_G, "group", _O.DESCRIBE),)),
     RequestCode.RELEASE_QUEUES: Rule((Need(_G, "group", _O.JOIN),)),
     RequestCode.STATS: Rule((Need(_C, "", _O.DESCRIBE),)),
+    RequestCode.CLUSTER_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
     # by global offset the topic is "": only a pattern matching every name (*) allows it
     RequestCode.GET_MESSAGE: Rule((Need(_T, "topic", _O.CONSUME),)),
     RequestCode.FIND_BY_KEY: Rule((Need(_T, "topic", _O.CONSUME),)),

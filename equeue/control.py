@@ -113,6 +113,48 @@ class GetRoute:
 
 
 @attrs.frozen
+class GetRoutes:
+    """The route table for ``topics`` (docs/cluster.md, "Routing"): which broker group
+    owns each queue, and where each group's brokers listen. A standalone broker
+    answers too (``cluster`` false, every queue owned by group ""), so clients have
+    one code path. With ``auto_create`` a missing topic is created (as GET_ROUTE does);
+    without it, missing topics are listed in ``missing``."""
+
+    CODE: ClassVar = RequestCode.GET_ROUTES
+    topics: list[str]
+    auto_create: bool = False
+
+
+@attrs.frozen
+class GroupRoute:
+    """One broker group as a client needs it: the client addresses of its live brokers
+    (empty: the group is down, its queues answer QUEUE_UNAVAILABLE)."""
+
+    name: str
+    addresses: list[str]
+
+
+@attrs.frozen
+class TopicRoute:
+    """A topic and the owner group of each of its queue ids (``len(owners) == info.queues``)."""
+
+    info: TopicInfo
+    owners: list[str]
+
+
+@attrs.frozen
+class RouteTable:
+    """GET_ROUTES' answer. ``revision`` (the etcd revision the broker's view is at; 0
+    standalone) only grows for one broker: a client keeps the newest table it saw."""
+
+    cluster: bool
+    revision: int
+    groups: list[GroupRoute]
+    topics: list[TopicRoute]
+    missing: list[str] = attrs.Factory(list)
+
+
+@attrs.frozen
 class DescribeTopic:
     CODE: ClassVar = RequestCode.DESCRIBE_TOPIC
     name: str
@@ -309,6 +351,8 @@ class GroupQueue:
     committed: int
     max_offset: int
     lag: int
+    #: the broker group that owns the queue and answered this row ("" standalone)
+    broker_group: str = ""
 
 
 @attrs.frozen
@@ -323,6 +367,51 @@ class GroupDescription:
 @attrs.frozen
 class Stats:
     CODE: ClassVar = RequestCode.STATS
+
+
+@attrs.frozen
+class ClusterStatusRequest:
+    """CLUSTER_STATUS: what the answering broker's view of the cluster holds."""
+
+    CODE: ClassVar = RequestCode.CLUSTER_STATUS
+
+
+@attrs.frozen
+class BrokerStatus:
+    broker_id: str
+    group: str
+    #: the client address it advertises
+    address: str
+    started_ms: int
+    #: registered under a live etcd lease (false: known to the view but gone)
+    alive: bool
+
+
+@attrs.frozen
+class GroupStatus:
+    name: str
+    brokers: list[BrokerStatus]
+    #: queues this group owns, all topics together
+    queues: int
+    #: topic -> the queue ids this group owns
+    topics: dict[str, list[int]]
+    #: at least one live broker: its queues are served
+    available: bool
+
+
+@attrs.frozen
+class ClusterStatus:
+    """CLUSTER_STATUS' answer. Standalone: ``cluster`` false, one group "" holding
+    every queue. ``etcd_ok`` false: the broker has lost etcd (it keeps serving the
+    queues it owns with the placement it last saw)."""
+
+    cluster: bool
+    group: str
+    broker_id: str
+    etcd_endpoints: list[str]
+    etcd_ok: bool
+    revision: int
+    groups: list[GroupStatus]
 
 
 @attrs.frozen
@@ -523,6 +612,7 @@ REQUEST_TYPES: dict[int, type] = {
         AlterTopic,
         ListTopics,
         GetRoute,
+        GetRoutes,
         DescribeTopic,
         QueueOffsets,
         OffsetForTime,
@@ -535,6 +625,7 @@ REQUEST_TYPES: dict[int, type] = {
         ListGroups,
         DescribeGroup,
         Stats,
+        ClusterStatusRequest,
         GetMessage,
         FindByKey,
         SendBack,

@@ -33,6 +33,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── AuthFailed                (also an AuthenticationError)
     │   ├── UnsupportedMechanism      (also an AuthenticationError)
     │   ├── NotAuthorized             an ACL refuses the request (names the resource)
+    │   ├── NotOwner                  (transient) another broker group owns the queue: refresh routes
+    │   ├── QueueUnavailable          (transient) the queue's broker group has no live broker
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
@@ -81,12 +83,14 @@ __all__ = [
     "MessageNotFound",
     "MessageTooLarge",
     "NotAuthorized",
+    "NotOwner",
     "NotQueueOwner",
     "OffsetOutOfRange",
     "OperationTimeout",
     "OutOfOrderSequence",
     "ProtocolError",
     "QueueNotFound",
+    "QueueUnavailable",
     "RemoteProtocolError",
     "ReservedTopic",
     "StoreDamaged",
@@ -146,6 +150,9 @@ class ErrorCode(enum.IntEnum):
     AUTH_FAILED = 41
     NOT_AUTHORIZED = 42
     UNSUPPORTED_MECHANISM = 43
+    # cluster (docs/cluster.md): 50-59
+    NOT_OWNER = 50
+    QUEUE_UNAVAILABLE = 51
     INTERNAL_ERROR = 99
 
 
@@ -389,6 +396,24 @@ class TooManyPulls(BrokerError):
     transient = True
 
 
+class NotOwner(BrokerError):
+    """This broker's group does not own the queue (cluster mode): the client's route
+    table is stale. Refresh routes (GET_ROUTES) and send to the owner; the message text
+    names the owner group. Transient: a retry after a refresh succeeds."""
+
+    code = ErrorCode.NOT_OWNER
+    transient = True
+
+
+class QueueUnavailable(BrokerError):
+    """The queue's owner broker group has no live broker (it left the cluster, or is
+    restarting). Nothing is lost: the queue is served again when its group returns.
+    Transient: retried within the caller's time budget."""
+
+    code = ErrorCode.QUEUE_UNAVAILABLE
+    transient = True
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -422,6 +447,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         NotAuthorized,
         TooManyConnections,
         TooManyPulls,
+        NotOwner,
+        QueueUnavailable,
         InternalBrokerError,
     )
 }

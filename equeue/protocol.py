@@ -23,6 +23,7 @@ class RequestCode(enum.IntEnum):
     DESCRIBE_TOPIC = 23
     ALTER_TOPIC = 24
     GET_ROUTE = 25
+    GET_ROUTES = 26
     # queue offsets
     QUEUE_OFFSETS = 30
     OFFSET_FOR_TIME = 31
@@ -38,6 +39,7 @@ class RequestCode(enum.IntEnum):
     RELEASE_QUEUES = 54
     # admin
     STATS = 60
+    CLUSTER_STATUS = 61
     # lookup
     GET_MESSAGE = 70
     FIND_BY_KEY = 71

@@ -32,6 +32,12 @@ ANSWER_TYPES: list[type] = [
     control.DeadLetter,
     control.DlqPage,
     control.DlqResendAnswer,
+    control.GroupRoute,
+    control.TopicRoute,
+    control.RouteTable,
+    control.BrokerStatus,
+    control.GroupStatus,
+    control.ClusterStatus,
 ]
 
 #: floats travel as JSON numbers: NaN would never compare equal after a round trip
@@ -62,7 +68,7 @@ ALL_MODELS = sorted([*REQUEST_TYPES.values(), *ANSWER_TYPES], key=lambda c: c.__
 
 
 def test_request_types_are_keyed_by_their_code() -> None:
-    assert len(REQUEST_TYPES) == 24
+    assert len(REQUEST_TYPES) == 26
     for code, cls in REQUEST_TYPES.items():
         assert getattr(cls, "CODE") == code  # noqa: B009
         assert isinstance(code, RequestCode)
