@@ -371,6 +371,8 @@ def test_error_codes_are_stable() -> None:
         "UNSUPPORTED_MECHANISM": 43,
         "TOO_MANY_CONNECTIONS": 35,
         "TOO_MANY_PULLS": 36,
+        "NOT_OWNER": 50,
+        "QUEUE_UNAVAILABLE": 51,
         "INTERNAL_ERROR": 99,
     }
     assert all(0 <= c <= 0xFFFF for c in ErrorCode)
@@ -387,6 +389,8 @@ def test_transient_errors() -> None:
         "BufferFull",
         "TooManyConnections",
         "TooManyPulls",
+        "NotOwner",
+        "QueueUnavailable",
     }
 
 
