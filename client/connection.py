@@ -413,6 +413,12 @@ class AsyncClient:
     async def get_route(self, topic: str, auto_create: bool = True) -> control.TopicInfo:
         return await self.call(control.GetRoute(topic, auto_create), control.TopicInfo)
 
+    async def get_routes(self, topics: Sequence[str], auto_create: bool = False) -> control.RouteTable:
+        """The route table of ``topics`` (GET_ROUTES): the owner group of each queue and
+        each group's broker addresses (docs/cluster.md). A standalone broker answers
+        ``cluster`` false, every queue owned by group ""."""
+        return await self.call(control.GetRoutes(list(topics), auto_create), control.RouteTable)
+
     async def queue_offsets(self, topic: str, queue_id: int) -> control.QueueStats:
         return await self.call(control.QueueOffsets(topic, queue_id), control.QueueStats)
 
@@ -453,6 +459,10 @@ class AsyncClient:
 
     async def stats(self) -> control.BrokerStats:
         return await self.call(control.Stats(), control.BrokerStats)
+
+    async def cluster_status(self) -> control.ClusterStatus:
+        """The answering broker's view of the cluster (CLUSTER_STATUS)."""
+        return await self.call(control.ClusterStatusRequest(), control.ClusterStatus)
 
     async def get_message(
         self, topic: str = "", queue_id: int = -1, queue_offset: int = -1, global_offset: int = -1
