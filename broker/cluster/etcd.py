@@ -42,7 +42,7 @@ import attrs
 import httpx
 import trio
 
-from equeue.errors import ClusterUnavailable
+from equeue.errors import ClusterUnavailable, ConfigError
 
 __all__ = [
     "EtcdClient",
@@ -191,15 +191,24 @@ def _header_revision(answer: dict[str, Any]) -> int:
 class EtcdClient:
     """``async with EtcdClient(["http://127.0.0.1:2379"]) as etcd: await etcd.get(k)``.
 
-    ``endpoints`` are client URLs of the same etcd cluster; ``request_timeout`` bounds
-    each attempt on one endpoint (a cancel scope around the HTTP call). Every method
+    ``endpoints`` are client URLs of the same etcd cluster (ConfigError when there
+    is none or one is not an http(s) URL); ``request_timeout`` bounds each attempt
+    on one endpoint (a cancel scope around the HTTP call). Every method
     raises :class:`EtcdUnavailable` when no endpoint answers (after bounded retries),
     ``ClusterUnavailable`` on a malformed answer, :class:`EtcdError` when etcd refuses.
     """
 
     def __init__(self, endpoints: Sequence[str], *, request_timeout: float = 2.0) -> None:
         if not endpoints:
-            raise ValueError("EtcdClient needs at least one endpoint")
+            raise ConfigError("the cluster needs at least one etcd endpoint")
+        for endpoint in endpoints:
+            if (
+                not endpoint.startswith(("http://", "https://"))
+                or len(endpoint.split("//", 1)[1]) == 0
+            ):
+                raise ConfigError(
+                    f"etcd endpoint {endpoint!r} is not a URL like http://127.0.0.1:2379"
+                )
         self.endpoints = tuple(e.rstrip("/") for e in endpoints)
         self.request_timeout = request_timeout
         self._current = 0  # index of the endpoint that answered last

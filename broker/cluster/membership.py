@@ -16,7 +16,7 @@ from types import TracebackType
 import trio
 
 from broker.cluster.etcd import EtcdClient
-from equeue.errors import ClusterUnavailable
+from equeue.errors import ClusterUnavailable, ConfigError
 from equeue.placement import (
     BrokerRecord,
     GroupRecord,
@@ -48,13 +48,13 @@ class Membership:
     30 s, an info line when it is back). When a keepalive says the lease is gone
     (TTL 0: revoked, or etcd lost it) it grants a new lease and registers again.
     Leaving revokes the lease (bounded by the client's retries: if etcd is
-    unreachable, the key expires after ``ttl`` seconds instead). Raises nothing
-    itself: etcd errors are logged and retried.
+    unreachable, the key expires after ``ttl`` seconds instead). Raises ConfigError
+    for a ttl under 2 s; nothing else: etcd errors are logged and retried.
     """
 
     def __init__(self, etcd: EtcdClient, record: BrokerRecord, ttl: int = 5) -> None:
         if ttl < 2:
-            raise ValueError(f"lease ttl must be >= 2 s (etcd's minimum), not {ttl}")
+            raise ConfigError(f"lease ttl must be >= 2 s (etcd's minimum), not {ttl}")
         self._etcd = etcd
         self.record = record
         self.ttl = ttl

@@ -84,7 +84,8 @@ class ClusterView:
     :meth:`on_topics`: each is called synchronously on the trio loop, after the
     snapshot was swapped, with a :class:`TopicChange`; it must not block (start a
     task to do slow work); an exception it raises is logged and does not stop the
-    view. Accessors read the current snapshot and never raise.
+    view. A (re)load reports what differs from before: the first load reports every
+    topic as changed. Accessors read the current snapshot and never raise.
     """
 
     def __init__(self, etcd: EtcdClient) -> None:

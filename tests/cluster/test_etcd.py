@@ -12,7 +12,7 @@ import trio
 
 from broker.cluster.etcd import EtcdClient, EtcdUnavailable, KeyValue, WatchCompacted, WatchEvent
 from broker.cluster.etcdproc import EtcdProcess
-from equeue.errors import ClusterUnavailable, EQueueError, ErrorCode
+from equeue.errors import ClusterUnavailable, ConfigError, EQueueError, ErrorCode
 from tests.conftest import wait_until
 
 
@@ -256,3 +256,9 @@ def test_etcd_process_restarts_on_the_same_ports(own_etcd: EtcdProcess) -> None:
     assert not own_etcd.running
     own_etcd.start()
     assert own_etcd.endpoint == endpoint and own_etcd.pid != pid
+
+
+@pytest.mark.parametrize("endpoints", [[], ["127.0.0.1:2379"], ["http://"]])
+def test_bad_endpoints_are_config_errors(endpoints: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        EtcdClient(endpoints)
