@@ -182,7 +182,8 @@ class ClusterNode:
             if other.broker_id != self.broker_id:
                 raise ConfigError(
                     f"broker group {self.group!r} already has a live broker ({other.broker_id} at {other.address}); "
-                    "a group runs one broker until replication (issue 15): use another --broker-group"
+                    "a group runs one broker until replication (issue 15): use another --broker-group "
+                    f"(a crashed broker's registration expires within {self._ttl} s)"
                 )
 
     # ------------------------------------------------------------------ materializer
