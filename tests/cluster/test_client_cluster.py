@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 
 from broker import Broker, open_broker
 from broker.cluster.etcdproc import EtcdProcess
+from client.routing import Router
 from consumer import AsyncConsumer
 from equeue import control
 from equeue.cli import app
@@ -103,6 +104,9 @@ async def test_produce_consume_stale_route_group_down_and_cli(tmp_path: Path, et
                     ))
                     for i in range(2)
                 ]  # fmt: skip
+                # a router bootstrapped from g3 alone (which is stopped below)
+                boot3 = await stack.enter_async_context(AsyncClient(running["g3"].broker.address))
+                router3 = await stack.enter_async_context(Router(boot3, refresh_interval=60))
                 async with trio.open_nursery() as nursery:
                     for c in members:
                         nursery.start_soon(consume_into, c, seen)
@@ -150,8 +154,14 @@ async def test_produce_consume_stale_route_group_down_and_cli(tmp_path: Path, et
 
                     # group g3 stopped: keyed sends to its queues fail with QUEUE_UNAVAILABLE after
                     # send_timeout; keyless ones land on the live groups; consumers go on elsewhere
+                    assert set(await router3.all_clients()) == set(GROUPS)
+                    assert (await router3.route("t")).owners == owners
                     running["g3"].stop.set()
                     await wait_until(lambda: view(running["g1"].broker).address_of("g3") is None, what="g3 down")
+                    # its bootstrap broker gone, router3 asks the other groups it knows
+                    table = await router3.refresh()
+                    assert {g.name: bool(g.addresses) for g in table.groups} == {"g1": True, "g2": True, "g3": False}
+                    assert [router3.available("t", q) for q in range(6)] == [o != "g3" for o in owners]
                     down_key = next(k for k in keys if owners[queue_for_key(k, 6)] == "g3")
                     live_key = next(k for k in keys if owners[queue_for_key(k, 6)] != "g3")
                     async with AsyncProducer(addresses, send_timeout=2.0, linger=0) as p2:
