@@ -369,6 +369,9 @@ class Router:
         """The connection to the owner of (topic, queue_id). Raises TopicNotFound,
         QueueNotFound, QueueUnavailable."""
         t = await self.route(topic)
+        if queue_id >= len(t.owners):  # the held queue count may be stale (an alter)
+            await self.refresh([topic])
+            t = await self.route(topic)
         if not 0 <= queue_id < len(t.owners):
             raise QueueNotFound(f"topic {topic!r} has {len(t.owners)} queues; no queue {queue_id}")
         return await self._opened(t.owners[queue_id])

@@ -40,6 +40,8 @@ async def test_standalone_routes_every_queue_to_the_bootstrap(broker: Broker) ->
             assert created.owners == [""] * created.info.queues
             # a refresh sees an alter
             await c.alter_topic("a", queues=5)
+            assert router.owner("a", 4) is None  # the held count is stale...
+            assert await router.client_for("a", 4) is c  # ...and refreshed when a queue is past it
             table = await router.refresh()
             assert {t.info.name: len(t.owners) for t in table.topics} == {"a": 5, "auto": created.info.queues}
             assert router.owner("a", 4) == ""
