@@ -141,6 +141,16 @@ async def test_produce_consume_stale_route_group_down_and_cli(tmp_path: Path, et
                     assert {q: r["broker_group"] for q, r in rows.items()} == dict(enumerate(owners))
                     assert sum(r["committed"] for r in rows.values()) == n and {m["consumer_id"] for m in desc["members"]} == {"m0", "m1"}
 
+                    # broadcast mode: one member reads every queue of every group
+                    everything: list[tuple[str, int, int, str]] = []
+                    async with AsyncConsumer(addresses, "bc", "t", mode="broadcast", start_from="earliest",
+                                             state_dir=tmp_path / "bc") as bc:  # fmt: skip
+                        async with trio.open_nursery() as inner:
+                            inner.start_soon(consume_into, bc, everything)
+                            await wait_until(lambda: len(everything) >= n, timeout=30, what="broadcast read all")
+                            inner.cancel_scope.cancel()
+                    assert sorted(v for _, v, _, _ in everything) == list(range(n))
+
                     # a stale route: the producer's table names the wrong group for every queue
                     s = p.router.cache.topics["t"]
                     wrong = [GROUPS[(GROUPS.index(o) + 1) % 3] for o in s.owners]
