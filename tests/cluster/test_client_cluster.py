@@ -38,12 +38,17 @@ GROUPS = ("g1", "g2", "g3")
 class Running:
     broker: Broker
     stop: trio.Event
+    #: set once the broker has stopped serving
+    stopped: trio.Event
 
 
-async def _serve(cfg: Any, stop: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+async def _serve(
+    cfg: Any, stop: trio.Event, stopped: trio.Event, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
     async with open_broker(cfg) as b:
         task_status.started(b)
         await stop.wait()
+    stopped.set()
 
 
 @asynccontextmanager
@@ -52,9 +57,9 @@ async def cluster(tmp_path: Path, etcd: EtcdProcess) -> AsyncIterator[dict[str, 
     async with trio.open_nursery() as nursery:
         running: dict[str, Running] = {}
         for g in GROUPS:
-            stop = trio.Event()
+            stop, stopped = trio.Event(), trio.Event()
             cfg = make_config(tmp_path / g, cluster=etcd.endpoint, broker_group=g, member_expiry=6.0)
-            running[g] = Running(await nursery.start(_serve, cfg, stop), stop)
+            running[g] = Running(await nursery.start(_serve, cfg, stop, stopped), stop, stopped)
         for r in running.values():
             await wait_until(partial(sees_all, r.broker), what="every group live")
         try:
@@ -169,6 +174,7 @@ async def test_produce_consume_stale_route_group_down_and_cli(tmp_path: Path, et
                     running["g3"].stop.set()
                     await wait_until(lambda: view(running["g1"].broker).address_of("g3") is None, what="g3 down")
                     # its bootstrap broker gone, router3 asks the other groups it knows
+                    await running["g3"].stopped.wait()
                     table = await router3.refresh()
                     assert {g.name: bool(g.addresses) for g in table.groups} == {"g1": True, "g2": True, "g3": False}
                     assert [router3.available("t", q) for q in range(6)] == [o != "g3" for o in owners]
