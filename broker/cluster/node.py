@@ -52,6 +52,7 @@ from equeue.errors import (
     ConfigError,
     EQueueError,
     NotOwner,
+    QueueNotFound,
     QueueUnavailable,
     TopicNotFound,
 )
@@ -297,7 +298,9 @@ class ClusterNode:
         if p is None:
             raise TopicNotFound(f"no topic {topic!r} in the cluster (create it with: equeue topic create {topic})")
         owner = self.owner_of(topic, queue_id)
-        if not owner or owner == self.group:  # (a queue id past the count: the caller checks it)
+        if not owner:  # the local copy has more queues than the cluster's topic
+            raise QueueNotFound(f"topic {topic!r} has {p.queues} queues in the cluster; no queue {queue_id}")
+        if owner == self.group:
             return
         if self._view.address_of(owner) is None:
             raise QueueUnavailable(
