@@ -4,6 +4,7 @@ brokers and topics, and placement changes (spread, grow, concurrent CAS)."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -88,17 +89,22 @@ async def test_a_lost_lease_registers_again(etcd: EtcdProcess) -> None:
 
 @pytest.mark.parametrize("lose_data", [False, True], ids=["same-data", "data-lost"])
 async def test_etcd_restart_under_membership_and_view(
-    own_etcd: EtcdProcess, lose_data: bool
+    own_etcd: EtcdProcess, lose_data: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     """etcd killed and started again on the same ports: the broker stays (same data:
     etcd keeps the lease) or registers again (data lost: the lease is unknown), and
     the view reloads to exactly what etcd holds, missing no change made after."""
+    caplog.set_level(logging.INFO, logger="equeue.cluster")
     async with cluster(own_etcd.endpoint, ["g1"]) as (c, view, placements, members):
         with trio.fail_after(30):
             await placements.create_topic("before", 2)
             await view.wait_for(lambda: view.topic("before") is not None)
             loads = view.loads
             own_etcd.kill()
+            # down longer than the lease: the broker stops counting itself registered
+            await wait_until(
+                lambda: not members["g1"].registered, interval=0.05, what="registered to turn False"
+            )
             if lose_data:
                 shutil.rmtree(own_etcd.data_dir)
             await trio.to_thread.run_sync(own_etcd.start)
@@ -116,6 +122,10 @@ async def test_etcd_restart_under_membership_and_view(
         assert view.topic("after") is None  # garbage skipped, never half-used
         assert (view.topic("before") is None) == lose_data
         assert members["g1"].registrations == (2 if lose_data else 1)
+        # one warning per outage, however many retries it took, and one line when it ends
+        lines = [r.getMessage() for r in caplog.records if r.name == "equeue.cluster.membership"]
+        assert sum("etcd unreachable" in m for m in lines) == 1, lines
+        assert sum("reachable again" in m for m in lines) == 1, lines
 
 
 async def test_view_sees_brokers_come_and_go(etcd: EtcdProcess) -> None:
