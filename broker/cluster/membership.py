@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
+from typing import Any
 
 import trio
 
@@ -68,7 +69,7 @@ class Membership:
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm = trio.open_nursery()
+        self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
 
     @property
     def registered(self) -> bool:
@@ -81,6 +82,7 @@ class Membership:
         await self._first.wait()
 
     async def __aenter__(self) -> Membership:
+        self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._nursery.start_soon(self._run, name=f"membership {self.key}")
         return self

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import pytest
 import trio
 
-from broker.cluster.etcd import EtcdClient
+from broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
 from broker.cluster.etcdproc import EtcdProcess
 from broker.cluster.membership import Membership
 from broker.cluster.placements import Placements
@@ -21,9 +21,11 @@ from broker.cluster.view import ClusterView, TopicChange
 from equeue.errors import BadRequest, ClusterDataInvalid, NoLiveGroups, TopicExists, TopicNotFound
 from equeue.placement import (
     BrokerRecord,
+    TopicPlacement,
     broker_key,
     decode_broker,
     decode_group,
+    encode_topic,
     group_key,
     topic_key,
 )
@@ -239,3 +241,28 @@ async def test_concurrent_changes_lose_no_queue(etcd: EtcdProcess) -> None:
         assert final.retention_ms == 5000
         with pytest.raises(TopicNotFound):
             await placements.ensure_queue_on("nope", "g1")
+
+
+async def test_a_topic_deleted_and_created_again_is_reported_as_both() -> None:
+    """The broker must drop the old topic's local data before creating the new one,
+    whether both changes come in one watch batch or a reload finds a new created_ms
+    (deleted and created again while the watch was down). Fed by hand: etcd cannot be
+    made to put both events in one batch on demand."""
+    view = ClusterView(EtcdClient(["http://127.0.0.1:1"]))  # never entered: no I/O
+    changes: list[TopicChange] = []
+    view.on_topics(changes.append)
+    old = TopicPlacement("t", 4, ("g1",) * 4, created_ms=1)
+    new = TopicPlacement("t", 2, ("g1",) * 2, created_ms=2)
+
+    def kv(p: TopicPlacement | None, rev: int) -> KeyValue:
+        return KeyValue(topic_key("t"), encode_topic(p) if p else b"", rev, rev, 0)
+
+    view._reload([kv(old, 5)], 5)
+    view._apply([WatchEvent("delete", kv(None, 6), 6), WatchEvent("put", kv(new, 7), 7)])
+    view._reload([kv(old, 9)], 9)  # the watch broke; meanwhile t was re-created
+    assert changes == [
+        TopicChange(changed=(old,)),
+        TopicChange(changed=(new,), deleted=("t",)),
+        TopicChange(changed=(old,), deleted=("t",)),
+    ]
+    assert view.topic("t") == old and view.revision == 9
