@@ -101,7 +101,9 @@ class Membership:
         lease, self.lease = self.lease, 0
         if not lease:
             return
-        with trio.CancelScope(shield=True):
+        # shielded (it runs while the broker is cancelled) but bounded: a frozen etcd
+        # must not hold up the broker's stop; the key then expires with the lease
+        with trio.move_on_after(self._etcd.request_timeout * 1.5, shield=True) as scope:
             try:
                 await self._etcd.revoke(lease)
             except ClusterUnavailable as exc:
@@ -112,6 +114,13 @@ class Membership:
                     self.ttl,
                     exc,
                 )
+        if scope.cancelled_caught:
+            log.warning(
+                "could not revoke lease %x of %s in time (its key expires in %d s)",
+                lease,
+                self.key,
+                self.ttl,
+            )
 
     async def _run(self) -> None:
         interval = self.ttl / 3

@@ -266,3 +266,23 @@ async def test_a_topic_deleted_and_created_again_is_reported_as_both() -> None:
         TopicChange(changed=(old,), deleted=("t",)),
     ]
     assert view.topic("t") == old and view.revision == 9
+
+
+async def test_stepping_down_with_a_frozen_etcd_is_bounded(
+    etcd: EtcdProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A broker stopping while etcd is stalled does not hang on the revoke: it gives
+    up after about one request timeout (the key then expires with its lease)."""
+    async with EtcdClient([etcd.endpoint], request_timeout=1.0) as c:
+        try:
+            with trio.fail_after(10):
+                async with Membership(c, record("g1"), ttl=3) as m:
+                    await m.wait_registered()
+                    etcd.freeze()
+                    started = trio.current_time()
+            took = trio.current_time() - started
+        finally:
+            etcd.thaw()
+        # bounded at 1.5 request timeouts; the client's own retries would take 3+
+        assert took < 2.7, f"stepping down took {took:.1f} s"
+        assert "could not revoke" in caplog.text and m.lease == 0
