@@ -76,6 +76,10 @@ _errors = RateLimitedLog(log, 10.0, time.monotonic)
 FOLLOW_TIMEOUT = 10.0
 #: pause before the materializer retries a pass that failed
 _RETRY_PAUSE = 1.0
+#: seconds a topic etcd did not have answers TOPIC_NOT_FOUND without another etcd read
+#: (a client asking for unknown topics in a loop costs etcd nothing); most names kept
+ABSENT_TTL = 0.5
+_ABSENT_MAX = 10_000
 
 Submit = Callable[[WriteOp], Awaitable[Any]]
 
@@ -168,6 +172,8 @@ class ClusterNode:
         self._etcd: EtcdClient = None  # type: ignore[assignment]  # set by serving()
         self._view: ClusterView = None  # type: ignore[assignment]
         self._writes: Placements = None  # type: ignore[assignment]
+        #: topic -> trio time etcd last answered that it has no such topic
+        self._absent: dict[str, float] = {}
         self._lock = trio.Lock()  # one materializer pass (or direct apply) at a time
         #: set when the view's topics changed since the last pass
         self._dirty = trio.Event()
@@ -400,14 +406,27 @@ class ClusterNode:
 
     async def require(self, name: str, create_queues: int | None) -> control.TopicInfo:
         p = self._placements.get(name)
-        if p is None:
+        if p is None and not self._recently_absent(name):
             p = await self._view.lookup(name)
+            if p is None:
+                self._note_absent(name)
         if p is None and create_queues is not None:
             p = await self._writes.create_topic(name, create_queues, exist_ok=True)
             log.info("auto-created topic %s in the cluster: %d queues", name, p.queues)
         if p is None:
             raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")
         return await self._learn(p)
+
+    def _recently_absent(self, name: str) -> bool:
+        """Whether etcd did not have ``name`` less than ABSENT_TTL ago (requests for
+        unknown topics then cost no etcd read each: the watch brings a new topic)."""
+        since = self._absent.get(name)
+        return since is not None and trio.current_time() - since < ABSENT_TTL
+
+    def _note_absent(self, name: str) -> None:
+        if len(self._absent) >= _ABSENT_MAX:
+            self._absent.clear()
+        self._absent[name] = trio.current_time()
 
     async def create_topic(self, req: control.CreateTopic) -> control.TopicInfo:
         p = await self._writes.create_topic(

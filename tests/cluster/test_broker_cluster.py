@@ -218,6 +218,18 @@ async def test_etcd_losing_its_data_deletes_nothing(tmp_path: Path, own_etcd: Et
             await c.delete_topic("gone")
             assert local(b, "gone") == 0
             assert b.cluster is not None
+            # asking for a topic etcd lacks, again and again, reads etcd once per ABSENT_TTL
+            lookups: list[str] = []
+            real_lookup = b.cluster.view.lookup
+
+            async def counting(name: str) -> Any:
+                lookups.append(name)
+                return await real_lookup(name)
+
+            b.cluster.view.lookup = counting  # type: ignore[method-assign]
+            for _ in range(3):
+                assert (await c.get_routes(["nope"])).missing == ["nope"]
+            assert lookups == ["nope"]
             loads = b.cluster.view.loads
             own_etcd.stop()
             shutil.rmtree(own_etcd.data_dir)
