@@ -4,7 +4,10 @@ brokers (in this test's trio loop, over TCP): placement, materialization, owners
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -15,12 +18,14 @@ import pytest
 import trio
 
 from broker import Broker, open_broker
+from broker.cluster.etcd import prefix_range_end
 from broker.cluster.etcdproc import EtcdProcess
+from broker.process import BrokerProcess
 from equeue import Message, control, wire
-from equeue.errors import ClusterUnavailable, ConfigError, NotOwner, QueueUnavailable
+from equeue.errors import ClusterUnavailable, ConfigError, EQueueError, NotOwner, QueueUnavailable
 from equeue.names import retry_topic
 from producer import AsyncClient
-from tests.conftest import make_config, wait_until
+from tests.conftest import make_config, wait_until, wait_until_sync
 
 
 def config(tmp_path: Path, etcd: EtcdProcess, group: str, **kw: Any) -> Any:
@@ -241,3 +246,33 @@ async def test_etcd_losing_its_data_deletes_nothing(tmp_path: Path, own_etcd: Et
         # and at the next start too (the broker follows the new etcd from now on)
         async with open_broker(config(tmp_path, own_etcd, "g1")) as b:
             assert _appended(b, "kept") == 1
+
+
+def test_broker_start_refuses_a_second_live_broker_in_its_group(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """``equeue broker start --cluster``: one line, exit 1, while the group's broker is
+    alive; once it died (SIGKILL), its lease expires and a new broker may take over;
+    a clean stop (SIGTERM) leaves the group at once."""
+    args = ("--cluster", etcd.endpoint, "--broker-group", "g1", "--cluster-lease-ttl", "2")
+    first = BrokerProcess(tmp_path / "a", *args).start()
+    try:
+        with pytest.raises(EQueueError, match=r"rc=1.*error: broker group 'g1' already has a live broker"):
+            BrokerProcess(tmp_path / "b", *args).start()
+        first.kill()
+        wait_until_sync(lambda: not _etcd_keys(etcd, "/equeue/brokers/g1/"), timeout=15, what="the lease to expire")
+        second = BrokerProcess(tmp_path / "b", *args).start()
+        assert _etcd_keys(etcd, "/equeue/brokers/g1/") == 1
+        assert second.stop() == 0
+        assert _etcd_keys(etcd, "/equeue/brokers/g1/") == 0  # a clean stop revokes its lease at once
+    finally:
+        first.kill()
+
+
+def _etcd_keys(etcd: EtcdProcess, prefix: str) -> int:
+    """How many keys etcd holds under ``prefix`` (a plain HTTP call, no trio)."""
+    body = json.dumps({
+        "key": base64.b64encode(prefix.encode()).decode(),
+        "range_end": base64.b64encode(prefix_range_end(prefix)).decode(),
+        "count_only": True,
+    }).encode()  # fmt: skip
+    with urllib.request.urlopen(urllib.request.Request(etcd.endpoint + "/v3/kv/range", data=body), timeout=10) as r:
+        return int(json.loads(r.read()).get("count", 0))
