@@ -141,14 +141,24 @@ class Assignments:
         self._nursery.start_soon(release)
 
     async def commit_all(self) -> None:
-        """Commit every queue whose committable offset moved."""
+        """Commit every queue whose committable offset moved. A queue whose commit
+        fails (its broker group down, say) does not hold back the others' commits;
+        the first failure is raised after all were tried."""
         queues = list(self.queues.values())
         if self.committer.store is not None:
             await self.committer.save_local(queues)
             return
+        error: EQueueError | None = None
         for q in queues:
-            if await self.committer.commit(q) is CommitStatus.LEASE_LOST:
+            try:
+                status = await self.committer.commit(q)
+            except EQueueError as exc:
+                error = error or exc
+                continue
+            if status is CommitStatus.LEASE_LOST:
                 self.lease_lost(q)
+        if error is not None:
+            raise error
 
     async def commit_loop(self) -> None:
         """Commit every ``commit_interval`` until cancelled."""

@@ -7,24 +7,30 @@ releases, send-backs, leaving) with the signatures of
 take it where they took the client. Each call goes to the queue's owner through
 :meth:`client.routing.Router.call` (refresh and retry on NOT_OWNER,
 QUEUE_UNAVAILABLE, a broken connection); a release naming queues of several groups
-is split per group; leaving is announced to every live group. Standalone, every
-call goes to the one broker, as before.
+is split per group; leaving is announced to every live group. A call for a queue
+whose group the route table shows down fails at once with QueueUnavailable (the
+table is refreshed at each rebalance): a commit or a close never waits on a group
+that is known to be gone. Standalone, every call goes to the one broker, as before.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
+from client.connection import AsyncClient
 from client.retry import RetryPolicy
 from client.routing import Router
 from consumer.process import parse_lease
 from equeue import control
-from equeue.errors import EQueueError
+from equeue.errors import EQueueError, QueueUnavailable
 
 log = logging.getLogger("equeue.consumer")
 
 __all__ = ["RoutedCalls"]
+
+T = TypeVar("T")
 
 
 class RoutedCalls:
@@ -35,31 +41,32 @@ class RoutedCalls:
         self.router = router
         self.policy = policy
 
+    async def _call(self, topic: str, queue_id: int, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+        owner = self.router.owner(topic, queue_id)
+        if owner is not None and not self.router.available(topic, queue_id):
+            raise QueueUnavailable(f"{topic}/{queue_id}: broker group {owner!r} has no live broker")
+        return await self.router.call(topic, queue_id, fn, self.policy)
+
     async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int, consumer_id: str = "") -> None:
-        await self.router.call(
-            topic, queue_id, lambda c: c.commit_offset(group, topic, queue_id, offset, consumer_id), self.policy
-        )
+        await self._call(topic, queue_id, lambda c: c.commit_offset(group, topic, queue_id, offset, consumer_id))
 
     async def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        return await self.router.call(topic, queue_id, lambda c: c.query_offset(group, topic, queue_id), self.policy)
+        return await self._call(topic, queue_id, lambda c: c.query_offset(group, topic, queue_id))
 
     async def queue_offsets(self, topic: str, queue_id: int) -> control.QueueStats:
-        return await self.router.call(topic, queue_id, lambda c: c.queue_offsets(topic, queue_id), self.policy)
+        return await self._call(topic, queue_id, lambda c: c.queue_offsets(topic, queue_id))
 
     async def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return await self.router.call(
-            topic, queue_id, lambda c: c.offset_for_time(topic, queue_id, timestamp_ms), self.policy
-        )
+        return await self._call(topic, queue_id, lambda c: c.offset_for_time(topic, queue_id, timestamp_ms))
 
     async def send_back(
         self, group: str, topic: str, queue_id: int, queue_offset: int, reconsume_times: int,
         max_reconsume_times: int = 16, retry_delays_ms: Sequence[int] = (),
     ) -> control.SendBackAnswer:  # fmt: skip
-        return await self.router.call(
+        return await self._call(
             topic, queue_id,
             lambda c: c.send_back(group, topic, queue_id, queue_offset, reconsume_times, max_reconsume_times,
                                   retry_delays_ms),
-            self.policy,
         )  # fmt: skip
 
     async def release_queues(self, group: str, consumer_id: str, leases: list[str]) -> None:
@@ -80,7 +87,7 @@ class RoutedCalls:
 
     async def _release(self, group: str, consumer_id: str, names: list[str]) -> None:
         topic, qid = parse_lease(names[0])
-        await self.router.call(topic, qid, lambda c: c.release_queues(group, consumer_id, names), self.policy)
+        await self._call(topic, qid, lambda c: c.release_queues(group, consumer_id, names))
 
     async def leave_group(self, group: str, consumer_id: str) -> None:
         """LEAVE_GROUP at every live group. Raises the first failure (after trying all)."""
