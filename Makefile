@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install test test-fast check run broker bench bench-peers clean
+.PHONY: install etcd-install test test-fast check run broker bench bench-peers clean
 
 install: $(STAMP)
 
@@ -18,10 +18,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
-test: install
+# the cluster tests start their own etcd from Debian's etcd-server (never its service)
+etcd-install:
+	@test -x /usr/bin/etcd || { echo "installing etcd-server (needed by the cluster tests)"; \
+	  (apt-get update -qq && apt-get install -y -qq etcd-server) >/dev/null; }
+
+test: install etcd-install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
-test-fast: install
+test-fast: install etcd-install
 	$(PY) -m pytest -q -m "not slow and not spark" tests
 
 check: install

@@ -35,6 +35,9 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── NotAuthorized             an ACL refuses the request (names the resource)
     │   ├── NotOwner                  (transient) another broker group owns the queue: refresh routes
     │   ├── QueueUnavailable          (transient) the queue's broker group has no live broker
+    │   ├── ClusterUnavailable        (transient) etcd unreachable, or answered nonsense
+    │   ├── NoLiveGroups              (transient) no broker group is alive to place queues on
+    │   ├── ClusterDataInvalid        a record in etcd does not decode (skipped, never half-used)
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
@@ -68,6 +71,8 @@ __all__ = [
     "BrokerShuttingDown",
     "BufferFull",
     "ClientClosed",
+    "ClusterDataInvalid",
+    "ClusterUnavailable",
     "ConfigError",
     "ConnectionBroken",
     "CorruptRecord",
@@ -82,6 +87,7 @@ __all__ = [
     "LocalProtocolError",
     "MessageNotFound",
     "MessageTooLarge",
+    "NoLiveGroups",
     "NotAuthorized",
     "NotOwner",
     "NotQueueOwner",
@@ -153,6 +159,9 @@ class ErrorCode(enum.IntEnum):
     # cluster (docs/cluster.md): 50-59
     NOT_OWNER = 50
     QUEUE_UNAVAILABLE = 51
+    CLUSTER_UNAVAILABLE = 52
+    NO_LIVE_GROUPS = 53
+    CLUSTER_DATA_INVALID = 54
     INTERNAL_ERROR = 99
 
 
@@ -414,6 +423,33 @@ class QueueUnavailable(BrokerError):
     transient = True
 
 
+class ClusterUnavailable(BrokerError):
+    """The cluster's coordination layer (etcd) did not answer in time, or answered
+    something unusable: placement, membership or routes cannot be read or changed now.
+    Transient: brokers keep reconnecting to etcd on their own; retry after a back-off."""
+
+    code = ErrorCode.CLUSTER_UNAVAILABLE
+    transient = True
+
+
+class NoLiveGroups(BrokerError):
+    """Queues must be placed (a topic created or grown) but no broker group has a
+    registered broker. Its own code so a client can say so; transient: a group may
+    come back."""
+
+    code = ErrorCode.NO_LIVE_GROUPS
+    transient = True
+
+
+class ClusterDataInvalid(BrokerError):
+    """A record stored in etcd under ``/equeue/`` does not decode (not JSON, wrong
+    types, broken invariants such as an owner list of the wrong length). Brokers skip
+    such a record (logged) and refuse to change it. Not transient: the same bytes
+    fail again until someone rewrites them."""
+
+    code = ErrorCode.CLUSTER_DATA_INVALID
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -449,6 +485,9 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         TooManyPulls,
         NotOwner,
         QueueUnavailable,
+        ClusterUnavailable,
+        NoLiveGroups,
+        ClusterDataInvalid,
         InternalBrokerError,
     )
 }

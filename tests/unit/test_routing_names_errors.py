@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 44
+    assert len(_exception_classes()) == 47
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -373,6 +373,9 @@ def test_error_codes_are_stable() -> None:
         "TOO_MANY_PULLS": 36,
         "NOT_OWNER": 50,
         "QUEUE_UNAVAILABLE": 51,
+        "CLUSTER_UNAVAILABLE": 52,
+        "NO_LIVE_GROUPS": 53,
+        "CLUSTER_DATA_INVALID": 54,
         "INTERNAL_ERROR": 99,
     }
     assert all(0 <= c <= 0xFFFF for c in ErrorCode)
@@ -391,6 +394,8 @@ def test_transient_errors() -> None:
         "TooManyPulls",
         "NotOwner",
         "QueueUnavailable",
+        "ClusterUnavailable",
+        "NoLiveGroups",
     }
 
 

@@ -1,0 +1,51 @@
+"""Cluster tests: a REAL etcd (``/usr/bin/etcd``, Debian's etcd-server 3.4) on free
+loopback ports, never the system service or ports 2379/2380.
+
+- ``etcd`` (per test) is one etcd process shared by the session, wiped clean (every
+  key deleted) before each test, and started again if a test stopped or froze it.
+- ``own_etcd`` (per test) is a private etcd for tests that restart it with another
+  data directory or must not disturb the shared one.
+- Waiting is on conditions (``tests.conftest.wait_until``), never on time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from broker.cluster.etcdproc import EtcdProcess
+
+
+def wipe(endpoint: str) -> None:
+    """Delete every key (range "\\0".."\\0" is the whole keyspace)."""
+    zero = base64.b64encode(b"\0").decode()
+    body = json.dumps({"key": zero, "range_end": zero}).encode()
+    with urllib.request.urlopen(
+        urllib.request.Request(endpoint + "/v3/kv/deleterange", data=body), timeout=10
+    ):
+        pass
+
+
+@pytest.fixture(scope="session")
+def _shared_etcd() -> Iterator[EtcdProcess]:
+    with EtcdProcess() as e:
+        yield e
+
+
+@pytest.fixture
+def etcd(_shared_etcd: EtcdProcess) -> EtcdProcess:
+    _shared_etcd.thaw()
+    if not _shared_etcd.running:
+        _shared_etcd.start()
+    wipe(_shared_etcd.endpoint)
+    return _shared_etcd
+
+
+@pytest.fixture
+def own_etcd() -> Iterator[EtcdProcess]:
+    with EtcdProcess() as e:
+        yield e
