@@ -14,6 +14,7 @@ inverses), so a default round-trips exactly.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -180,6 +181,48 @@ def _optional_path(value: object) -> Path | None:
     return None if value is None or value == "" else Path(value)  # type: ignore[arg-type]
 
 
+#: listen hosts meaning "every interface" (not an address a client can use)
+_EVERY_INTERFACE = frozenset({"0.0.0.0", "::", "", "*"})
+#: a broker group's name: the alphabet of topic and consumer group names
+_GROUP_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_ENDPOINT = re.compile(r"https?://[^/\s,]+:\d{1,5}/?")
+
+
+def _endpoints(value: object) -> tuple[str, ...]:
+    """etcd endpoints: a comma-separated string or a sequence of URLs → a tuple
+    (each ``http(s)://host:port``). Raises ConfigError."""
+    if value is None:
+        return ()
+    items = [u for u in value.split(",") if u.strip()] if isinstance(value, str) else value
+    if not isinstance(items, Sequence):
+        raise ConfigError(f"cluster must be etcd URLs, got {value!r}")
+    out = []
+    for item in items:
+        url = item.strip() if isinstance(item, str) else item
+        if not isinstance(url, str) or not _ENDPOINT.fullmatch(url):
+            raise ConfigError(f"cluster: {item!r} is not an etcd client URL (http://HOST:PORT)")
+        out.append(url.rstrip("/"))
+    return tuple(out)
+
+
+def _group_name(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if not isinstance(value, str) or (value and not _GROUP_NAME.fullmatch(value)):
+        raise ConfigError(f"{attr.name} {value!r} is not a valid name: use 1-128 characters of A-Z a-z 0-9 _ . -")
+
+
+def _advertise(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if value is None:
+        return
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not host.strip("[]") or host.strip("[]") in _EVERY_INTERFACE or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ConfigError(f"{attr.name} must be HOST:PORT that clients can reach, got {value!r}")
+
+
+def _lease_ttl(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= 600:
+        raise ConfigError(f"{attr.name} must be a whole number of seconds, 2..600, got {value!r}")
+
+
 #: room above ``max_message_bytes`` for the properties the broker adds to a retry or
 #: dead-letter copy of a message (``%ORIGIN_*``, ``%RETRY_GROUP``, ``%POISON``), so a
 #: message at the limit can still be retried and dead-lettered
@@ -274,8 +317,23 @@ class BrokerConfig:
     idle_timeout: float = attrs.field(default=600.0, validator=positive)
     #: pulls one connection may have parked; one more that would park is refused (TOO_MANY_PULLS)
     max_pulls_per_connection: int = attrs.field(default=4096, validator=positive)
+    #: etcd client URLs (``http://host:port``) of the cluster to join (docs/cluster.md);
+    #: empty: a standalone broker. A comma-separated string is split.
+    cluster: tuple[str, ...] = attrs.field(default=(), converter=_endpoints)
+    #: the broker group this broker serves (required with ``cluster``; a name of
+    #: 1-128 characters of A-Z a-z 0-9 _ . -)
+    broker_group: str = attrs.field(default="", validator=_group_name)
+    #: ``HOST:PORT`` clients reach this broker at, as published in etcd (None: the
+    #: listen address, or 127.0.0.1:PORT when listening on every interface)
+    advertise: str | None = attrs.field(default=None, validator=_advertise)
+    #: seconds of the broker's etcd lease: a broker silent this long is down
+    cluster_lease_ttl: int = attrs.field(default=5, validator=_lease_ttl)
 
     def __attrs_post_init__(self) -> None:
+        if self.cluster and not self.broker_group:
+            raise ConfigError("cluster needs broker_group (--broker-group NAME): the group this broker serves")
+        if self.broker_group and not self.cluster:
+            raise ConfigError("broker_group needs cluster (--cluster http://HOST:PORT): the etcd endpoints")
         if self.default_queues > self.max_queues:
             raise ConfigError(f"default_queues ({self.default_queues}) must be <= max_queues ({self.max_queues})")
         if self.tls_cert is None and (
@@ -305,6 +363,15 @@ class BrokerConfig:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def advertised(self, bound_port: int) -> str:
+        """The client address published in etcd for a broker listening on
+        ``bound_port``: ``advertise``, else the listen address (127.0.0.1 when the
+        broker listens on every interface)."""
+        if self.advertise is not None:
+            return self.advertise
+        host = "127.0.0.1" if self.host in _EVERY_INTERFACE else self.host
+        return f"[{host}]:{bound_port}" if ":" in host else f"{host}:{bound_port}"
 
 
 @attrs.frozen

@@ -24,6 +24,7 @@ from broker.auth import Authenticator, Authorizer, BrokerSecurity, audit
 from broker.groups import GroupRegistry
 from broker.handlers.base import (
     Closing,
+    ClusterRole,
     Limits,
     OpQueue,
     Parts,
@@ -31,6 +32,7 @@ from broker.handlers.base import (
     Submit,
     TopicDirectory,
 )
+from broker.handlers.cluster import ClusterHandlers
 from broker.handlers.dlq import DeadLetterHandlers
 from broker.handlers.lookup import LookupHandlers
 from broker.handlers.membership import GroupHandlers
@@ -48,7 +50,7 @@ from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
 from equeue.wire._prims import unpack_str
 
-__all__ = ["Closing", "Handler", "Handlers", "Limits", "RequestContext"]
+__all__ = ["Closing", "ClusterRole", "Handler", "Handlers", "Limits", "RequestContext"]
 
 #: a handler in the dispatch table; None = the writer thread answered (parked pulls)
 Handler = Callable[[bytes, RequestContext], Awaitable[Parts | None]]
@@ -60,20 +62,21 @@ class Handlers:
     def __init__(
         self, *, store: StoreReader, appender: OpQueue, submit: Submit, groups: GroupRegistry,
         parked: ParkedPulls, counters: Counters, closing: Closing, statistics: Callable[[], control.BrokerStats],
-        limits: Limits, security: BrokerSecurity | None = None,
+        limits: Limits, security: BrokerSecurity | None = None, cluster: ClusterRole | None = None,
     ) -> None:  # fmt: skip
         security = security or BrokerSecurity(None)
         #: the SCRAM server of the handshake (None: the broker does not authenticate)
         self.authenticator: Authenticator | None = security.authenticator
         self._authorizer: Authorizer | None = security.authorizer
         may_create = self._authorizer.check_create if self._authorizer is not None else None
-        topics = TopicDirectory(store, submit, limits, may_create)
+        topics = TopicDirectory(store, submit, limits, may_create, cluster)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)
         self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer)
         pull = PullHandler(topics, store, groups, parked, counters, closing, limits)
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
-        g = GroupHandlers(store, groups)
+        g = GroupHandlers(store, groups, cluster)
+        c = ClusterHandlers(topics, store)
         lookup = LookupHandlers(topics, store, limits.max_frame - 1024)  # as a pull answer's budget
         dlq = DeadLetterHandlers(topics, store, submit, limits)
         skips = SkipHandlers(topics, store, submit)
@@ -88,6 +91,8 @@ class Handlers:
             control.AlterTopic: t.alter_topic,
             control.ListTopics: self._listing(t.list_topics, ResourceKind.TOPIC, "name"),
             control.GetRoute: t.get_route,
+            control.GetRoutes: c.get_routes,
+            control.ClusterStatusRequest: c.cluster_status,
             control.DescribeTopic: t.describe_topic,
             control.QueueOffsets: o.queue_offsets,
             control.OffsetForTime: o.offset_for_time,

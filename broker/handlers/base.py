@@ -23,6 +23,7 @@ log = logging.getLogger("equeue.handlers")
 
 __all__ = [
     "Closing",
+    "ClusterRole",
     "Limits",
     "OpQueue",
     "Parts",
@@ -130,14 +131,53 @@ def check_queue(info: control.TopicInfo, queue_id: int) -> None:
 MayCreate = Callable[[str, str], None]
 
 
+class ClusterRole(Protocol):
+    """What handlers use of the broker's cluster role (:class:`broker.cluster.node.ClusterNode`);
+    None in a standalone broker. Topic changes go through etcd; queue-level requests
+    are checked against the placement (docs/cluster.md, "Routing")."""
+
+    #: this broker's group
+    group: str
+    #: topic -> the queue ids this group owns, for every topic the view knows (the
+    #: produce hot path reads it: one dict lookup); swapped whole on each change
+    owned: dict[str, frozenset[int]]
+
+    def refuse(self, topic: str, queue_id: int) -> None:
+        """Raises NotOwner naming the owner group, or QueueUnavailable when that group
+        has no live broker; TopicNotFound when the view does not know the topic."""
+
+    def owner_of(self, topic: str, queue_id: int) -> str:
+        """The group owning the queue ("" when the view does not know it)."""
+
+    async def require(self, name: str, create_queues: int | None) -> control.TopicInfo:
+        """The local topic once it matches its placement: looked up in etcd when the
+        view does not know it yet, created there when ``create_queues`` is given (and
+        it is absent). Raises TopicNotFound, ClusterUnavailable."""
+
+    async def create_topic(self, req: control.CreateTopic) -> control.TopicInfo: ...
+    async def alter_topic(self, req: control.AlterTopic) -> control.TopicInfo: ...
+    async def delete_topic(self, name: str) -> None: ...
+
+    async def own_queue(self, topic: str, origin_queue: int) -> tuple[control.TopicInfo, int]:
+        """A queue of the internal topic ``topic`` owned by this group, picked by
+        ``origin_queue`` modulo the owned ones (one placed here first when none is):
+        (the local topic, the queue id). Raises ClusterUnavailable."""
+
+    def route_table(self, topics: list[control.TopicInfo], missing: list[str]) -> control.RouteTable: ...
+    async def status(self) -> control.ClusterStatus: ...
+
+
 class TopicDirectory:
     """Topic lookup for handlers: an existing topic, or one created on first use
     (when the broker auto-creates topics; retry and dead-letter topics always)."""
 
     def __init__(
-        self, store: StoreReader, submit: Submit, limits: Limits, may_create: MayCreate | None = None
-    ) -> None:
+        self, store: StoreReader, submit: Submit, limits: Limits, may_create: MayCreate | None = None,
+        cluster: ClusterRole | None = None,
+    ) -> None:  # fmt: skip
         self._store = store
+        #: the cluster role (None: standalone): topics come from etcd, queues are owned
+        self.cluster = cluster
         self._submit = submit
         self._auto_create = limits.auto_create_topics
         self._default_queues = limits.default_queues
@@ -152,15 +192,38 @@ class TopicDirectory:
         NotAuthorized when ``principal`` (None: no authentication) would auto-create
         it without the ``admin`` permission on its name (Kafka's CREATE)."""
         info = self._store.topics.get(name)
-        if info is not None:
+        cluster = self.cluster
+        if info is not None and (cluster is None or name in cluster.owned):
             return info
         validate_topic(name, allow_internal=True)
         # internal retry/DLQ topics are always created on first use
         internal = is_internal(name)
-        if auto_create and (self._auto_create or internal):
-            if principal is not None and self._may_create is not None and not internal:
-                self._may_create(principal, name)
+        create = auto_create and (self._auto_create or internal)
+        if create and principal is not None and self._may_create is not None and not internal:
+            self._may_create(principal, name)
+        if cluster is not None:  # etcd knows (or gets) the topic; the local store follows
+            return await cluster.require(name, self._default_queues if create else None)
+        if create:
             info = await self._submit(CreateTopicOp(name, self._default_queues, exist_ok=True))
             log.info("auto-created topic %s with %d queues", name, info.queues)
             return info  # type: ignore[no-any-return]
         raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")
+
+    def check_owner(self, topic: str, queue_id: int) -> None:
+        """Raises NotOwner (or QueueUnavailable) when this broker's group does not own
+        the queue (cluster mode; a standalone broker owns every queue)."""
+        cluster = self.cluster
+        if cluster is not None:
+            owned = cluster.owned.get(topic)
+            if owned is None or queue_id not in owned:
+                cluster.refuse(topic, queue_id)
+
+    async def require_queue(self, topic: str, queue_id: int) -> control.TopicInfo:
+        """The topic of a queue-level request, once the queue is checked: it exists
+        (QueueNotFound) and this broker's group owns it (NotOwner, QueueUnavailable)."""
+        info = await self.require(topic)
+        if self.cluster is not None and queue_id >= info.queues:
+            info = await self.cluster.require(topic, None)  # the local store may lag a grow
+        check_queue(info, queue_id)
+        self.check_owner(topic, queue_id)
+        return info

@@ -20,7 +20,6 @@ from broker.handlers.base import (
     Submit,
     TopicDirectory,
     check_offset,
-    check_queue,
 )
 from broker.storage import ProduceOp, StoreReader
 from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
@@ -93,8 +92,7 @@ class DeadLetterHandlers:
             raise BadRequest("reconsume_times, max_reconsume_times and retry delays must be >= 0")
         if any(d > self._max_delay_ms for d in req.retry_delays_ms):  # (a u64 due time overflowed)
             raise DelayTooLong(f"retry delays must be at most the broker's maximum delay, {self._max_delay_ms} ms")
-        info = await self._topics.require(req.topic)
-        check_queue(info, req.queue_id)
+        info = await self._topics.require_queue(req.topic, req.queue_id)  # NotOwner elsewhere
         check_offset("queue_offset", req.queue_offset)
         found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset)
         if found is None:
@@ -120,8 +118,13 @@ class DeadLetterHandlers:
             target = retry_topic(req.group)
             deliver_at = time.time_ns() // 1_000_000 + int(retry_delay(delays, rc))
             copy = Message(msg.body, msg.key, msg.tags, props, deliver_at=deliver_at, reconsume_times=rc + 1)
-        dest = await self._topics.require(target, auto_create=True)
-        qid = _int(props.get(PROP_ORIGIN_QUEUE), 0) % dest.queues
+        origin_queue = _int(props.get(PROP_ORIGIN_QUEUE), 0)
+        cluster = self._topics.cluster
+        if cluster is not None:  # a queue of the retry/DLQ topic this group owns (docs/cluster.md)
+            dest, qid = await cluster.own_queue(target, origin_queue)
+        else:
+            dest = await self._topics.require(target, auto_create=True)
+            qid = origin_queue % dest.queues
         await self._submit(
             # the copy may exceed the limit by the properties added here (BrokerConfig
             # keeps that room in every answer, so it is still served)
@@ -233,12 +236,31 @@ class DeadLetterHandlers:
                 first = min(first, hit[0])
         return first
 
+    def _foreign_owner(self, origin: str, m: Message) -> str | None:
+        """Cluster mode: the group owning the letter's origin queue when it is not
+        this broker's (None: this group owns it, or the topic is gone here, which
+        ResendOp reports)."""
+        cluster = self._topics.cluster
+        info = self._store.topics.get(origin)
+        if cluster is None or info is None or info.queues <= 0:
+            return None
+        q = _int(m.properties.get(PROP_ORIGIN_QUEUE), 0) % info.queues
+        if q in cluster.owned.get(origin, frozenset()):
+            return None
+        return cluster.owner_of(origin, q) or "?"
+
     async def _resend(self, group: str, msgs: list[Message], answer: control.DlqResendAnswer) -> None:
         letters = []
+        cluster = self._topics.cluster
         for m in msgs:
             origin = m.properties.get(PROP_ORIGIN_TOPIC)
             if origin is None:
                 answer.failed[m.global_offset] = "no origin topic recorded"
+                continue
+            if cluster is not None and (owner := self._foreign_owner(origin, m)) is not None:
+                answer.failed[m.global_offset] = (
+                    f"its origin queue is owned by broker group {owner!r}: resend it there (NOT_OWNER)"
+                )
                 continue
             props = {k: v for k, v in m.properties.items() if not k.startswith(SYSTEM_PROPERTY_PREFIX)}
             entry = wire.encode_entry(Message(m.body, m.key, m.tags, props))

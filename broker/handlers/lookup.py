@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset, check_queue
+from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset
 from broker.storage import StoreReader
 from broker.storage.reader import corrupt_log
 from equeue import control, wire
@@ -34,8 +34,7 @@ class LookupHandlers:
         if req.global_offset >= 0:
             hit = self._by_global(req)
         else:
-            info = await self._topics.require(req.topic)
-            check_queue(info, req.queue_id)
+            info = await self._topics.require_queue(req.topic, req.queue_id)
             check_offset("queue_offset", req.queue_offset)
             found = store.get_queue_offset(info, req.queue_id, req.queue_offset)  # checks, logs
             if found is None:

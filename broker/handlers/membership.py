@@ -1,9 +1,15 @@
-"""Group requests: heartbeat (membership and leases), leave, release, list, describe."""
+"""Group requests: heartbeat (membership and leases), leave, release, list, describe.
+
+Cluster mode (docs/cluster.md, "Consumer groups across broker groups"): a broker
+grants, and describes, only the leases of queues its group owns; members heartbeat
+to every group and merge."""
 
 from __future__ import annotations
 
+import attrs
+
 from broker.groups import GroupRegistry
-from broker.handlers.base import RequestContext
+from broker.handlers.base import ClusterRole, RequestContext
 from broker.storage import StoreReader
 from equeue import control
 from equeue.names import validate_group
@@ -12,14 +18,23 @@ __all__ = ["GroupHandlers"]
 
 
 class GroupHandlers:
-    def __init__(self, store: StoreReader, groups: GroupRegistry) -> None:
+    def __init__(self, store: StoreReader, groups: GroupRegistry, cluster: ClusterRole | None = None) -> None:
         self._store = store
         self._groups = groups
+        self._cluster = cluster
+
+    def _owns(self, key: str) -> bool:
+        """Whether this broker's group owns the queue of lease ``key`` ("topic/queue")."""
+        topic, _, queue = key.rpartition("/")
+        owned = self._cluster.owned.get(topic) if self._cluster is not None else None
+        return owned is not None and queue.isdigit() and int(queue) in owned
 
     async def heartbeat(
         self, req: control.Heartbeat, ctx: RequestContext
     ) -> control.HeartbeatAnswer:
         validate_group(req.group)
+        if self._cluster is not None and req.acquire:  # leases of other groups' queues: theirs to grant
+            req = attrs.evolve(req, acquire=[k for k in req.acquire if self._owns(k)])
         counts: dict[str, int] = {}
         for t in req.topics:
             info = self._store.topics.get(t)
@@ -55,18 +70,23 @@ class GroupHandlers:
         members = groups.live_members(req.group)
         offsets = store.group_offsets(req.group)
         topics = {t for m in members for t in m.topics} | {t for (t, _q) in offsets}
+        cluster = self._cluster
+        me = cluster.group if cluster is not None else ""
         queues = []
         for t in sorted(topics):
             info = store.topics.get(t)
             if info is None:
                 continue
+            owned = cluster.owned.get(t, frozenset()) if cluster is not None else None
             for q in range(info.queues):
+                if owned is not None and q not in owned:
+                    continue  # the owner group answers for it
                 qs = store.queue_state(info.topic_id, q)
                 committed = offsets.get((t, q), -1)
                 base = committed if committed >= 0 else qs.min_offset
                 gq = control.GroupQueue(
                     t, q, groups.owner(req.group, t, q), committed, qs.next_offset,
-                    max(0, qs.next_offset - max(base, qs.min_offset)),
+                    max(0, qs.next_offset - max(base, qs.min_offset)), me,
                 )  # fmt: skip
                 queues.append(gq)
         g = groups.groups.get(req.group)

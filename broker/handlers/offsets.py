@@ -4,7 +4,7 @@ query, reset)."""
 from __future__ import annotations
 
 from broker.groups import GroupRegistry
-from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset, check_queue
+from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
 from broker.storage import CommitOffsetOp, StoreReader
 from equeue import control
 from equeue.errors import GroupHasMembers, NotQueueOwner, OffsetOutOfRange
@@ -25,8 +25,7 @@ class OffsetHandlers:
     async def queue_offsets(
         self, req: control.QueueOffsets, ctx: RequestContext
     ) -> control.QueueStats:
-        info = await self._topics.require(req.topic)
-        check_queue(info, req.queue_id)
+        info = await self._topics.require_queue(req.topic, req.queue_id)
         q = self._store.queue_state(info.topic_id, req.queue_id)
         return control.QueueStats(
             req.queue_id, q.min_offset, q.next_offset, q.next_offset - q.min_offset, q.bytes
@@ -35,16 +34,14 @@ class OffsetHandlers:
     async def offset_for_time(
         self, req: control.OffsetForTime, ctx: RequestContext
     ) -> control.OffsetAnswer:
-        info = await self._topics.require(req.topic)
-        check_queue(info, req.queue_id)
+        info = await self._topics.require_queue(req.topic, req.queue_id)
         return control.OffsetAnswer(
             self._store.offset_for_time(info, req.queue_id, req.timestamp_ms)
         )
 
     async def commit_offset(self, req: control.CommitOffset, ctx: RequestContext) -> None:
         validate_group(req.group)
-        info = await self._topics.require(req.topic)
-        check_queue(info, req.queue_id)
+        info = await self._topics.require_queue(req.topic, req.queue_id)
         if req.consumer_id and not self._groups.holds(
             req.group, req.consumer_id, req.topic, req.queue_id
         ):
@@ -65,6 +62,8 @@ class OffsetHandlers:
     async def query_offset(
         self, req: control.QueryOffset, ctx: RequestContext
     ) -> control.OffsetAnswer:
+        if self._topics.cluster is not None:  # offsets live with the queue's owner
+            await self._topics.require_queue(req.topic, req.queue_id)
         return control.OffsetAnswer(self._store.committed(req.group, req.topic, req.queue_id))
 
     async def reset_offsets(
@@ -76,8 +75,12 @@ class OffsetHandlers:
             raise GroupHasMembers(
                 f"group {req.group!r} has live members; stop them first or pass --force"
             )
+        cluster = self._topics.cluster
+        owned = cluster.owned.get(req.topic, frozenset()) if cluster is not None else None
         out: dict[int, int] = {}
         for q in range(info.queues):
+            if owned is not None and q not in owned:
+                continue  # cluster mode: each owner group resets its own queues (the CLI fans out)
             qs = self._store.queue_state(info.topic_id, q)
             if req.to is control.ResetTarget.EARLIEST:
                 off = qs.min_offset

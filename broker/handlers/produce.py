@@ -38,6 +38,8 @@ class ProduceHandler:
         authorizer: Authorizer | None = None,
     ) -> None:
         self._topics = topics
+        #: the cluster role (None: standalone, which costs one ``is None`` here)
+        self._cluster = topics.cluster
         self._authorizer = authorizer
         self._appender = appender
         self._counters = counters
@@ -68,6 +70,13 @@ class ProduceHandler:
         info = self._topics.get(req.topic)
         if info is None:
             return None
+        cluster = self._cluster
+        if cluster is not None:  # one dict lookup and one set test on the owned path
+            owned = cluster.owned.get(req.topic)
+            if owned is None or req.queue_id >= info.queues:
+                return None  # the view or the local store lags etcd: the async path waits
+            if req.queue_id not in owned:
+                cluster.refuse(req.topic, req.queue_id)  # raises NotOwner / QueueUnavailable
         if not 0 <= req.queue_id < info.queues:
             raise QueueNotFound(
                 f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id} "
@@ -93,12 +102,18 @@ class ProduceHandler:
         return [answer.encode()]
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts:
-        """The general path: auto-creates a missing topic first."""
+        """The general path: auto-creates a missing topic first (cluster mode: in
+        etcd, or learns a topic the view has not seen yet, and waits for the local
+        store)."""
         pending = self.prepare(payload, ctx.principal)
         if pending is None:
             req = wire.ProduceRequest.decode(payload)
-            await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
+            info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
+            if self._cluster is not None and req.queue_id >= info.queues:
+                await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
             pending = self.prepare(payload, ctx.principal)
             if pending is None:
+                if self._cluster is not None and req.topic in self._cluster.owned:
+                    raise QueueNotFound(f"topic {req.topic!r} has no queue {req.queue_id}")
                 raise TopicNotFound(f"topic {req.topic!r} was deleted")
         return self.answer(await self._appender.wait(pending), len(payload))

@@ -12,7 +12,7 @@ from broker.storage import StoreReader
 from broker.thread_answer import PullAnswer
 from equeue import wire
 from equeue.codec import HEADER
-from equeue.errors import CorruptRecord, NotQueueOwner, QueueNotFound
+from equeue.errors import CorruptRecord, NotQueueOwner
 from equeue.protocol import PullStatus
 
 __all__ = ["PullHandler"]
@@ -48,10 +48,8 @@ class PullHandler:
         nothing.
         """
         req = wire.PullRequest.decode(payload)
-        info = await self._topics.require(req.topic)
         qid = req.queue_id
-        if not 0 <= qid < info.queues:
-            raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {qid}")
+        info = await self._topics.require_queue(req.topic, qid)  # QueueNotFound, NotOwner
         if req.consumer_id and not self._groups.holds(req.group, req.consumer_id, req.topic, qid):
             raise NotQueueOwner(
                 f"consumer {req.consumer_id} does not hold {req.topic}/{qid} in group {req.group}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset, check_queue
+from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
 from broker.storage import StoreReader
 from broker.storage.skips import SkipRecordOp
 from equeue import control
@@ -24,8 +24,7 @@ class SkipHandlers:
     async def skip_message(self, req: control.SkipMessage, ctx: RequestContext) -> control.SkipAnswer:
         """Stop serving one record (a skip marker, committed before the answer).
         Raises TopicNotFound, QueueNotFound, BadRequest, MessageNotFound."""
-        info = await self._topics.require(req.topic)
-        check_queue(info, req.queue_id)
+        await self._topics.require_queue(req.topic, req.queue_id)
         check_offset("queue_offset", req.queue_offset)
         ans: control.SkipAnswer = await self._submit(SkipRecordOp(req.topic, req.queue_id, req.queue_offset))
         if not ans.already_skipped:  # an admin action: one line each (audit)

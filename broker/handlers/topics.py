@@ -1,6 +1,12 @@
-"""Topic requests: create, delete, alter, list, route, describe."""
+"""Topic requests: create, delete, alter, list, route, describe.
+
+Cluster mode: create, alter and delete change the placement in etcd and answer once
+the local store follows; a listing shows the topics etcd has; a description lists
+only the queues this broker's group owns (the CLI merges the groups' answers)."""
 
 from __future__ import annotations
+
+import attrs
 
 from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory
 from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader
@@ -25,6 +31,8 @@ class TopicHandlers:
     ) -> control.TopicInfo:
         validate_topic(req.name)
         self._check_queues(req.queues)
+        if self._topics.cluster is not None:
+            return await self._topics.cluster.create_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
             CreateTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, req.exist_ok)
         )
@@ -34,6 +42,10 @@ class TopicHandlers:
             raise BadRequest(f"queue count must be between 1 and {self._max_queues}, got {n}")
 
     async def delete_topic(self, req: control.DeleteTopic, ctx: RequestContext) -> None:
+        if self._topics.cluster is not None:
+            validate_topic(req.name, allow_internal=True)
+            await self._topics.cluster.delete_topic(req.name)
+            return
         await self._topics.require(req.name)
         await self._submit(DeleteTopicOp(req.name))
 
@@ -41,6 +53,8 @@ class TopicHandlers:
         await self._topics.require(req.name)
         if req.queues is not None:
             self._check_queues(req.queues)
+        if self._topics.cluster is not None:
+            return await self._topics.cluster.alter_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
             AlterTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes)
         )
@@ -48,11 +62,13 @@ class TopicHandlers:
     async def list_topics(
         self, req: control.ListTopics, ctx: RequestContext
     ) -> list[control.TopicInfo]:
+        cluster = self._topics.cluster
         return sorted(
             (
                 t
                 for t in self._store.topics.values()
-                if req.include_internal or not is_internal(t.name)
+                if (req.include_internal or not is_internal(t.name))
+                and (cluster is None or t.name in cluster.owned)  # etcd's topics only
             ),
             key=lambda t: t.name,
         )
@@ -64,4 +80,9 @@ class TopicHandlers:
         self, req: control.DescribeTopic, ctx: RequestContext
     ) -> control.TopicDescription:
         await self._topics.require(req.name)
-        return self._store.describe(req.name)
+        desc = self._store.describe(req.name)
+        cluster = self._topics.cluster
+        if cluster is None:
+            return desc
+        owned = cluster.owned.get(req.name, frozenset())
+        return attrs.evolve(desc, queues=[q for q in desc.queues if q.queue_id in owned])

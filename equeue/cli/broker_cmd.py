@@ -94,6 +94,10 @@ def register(app: typer.Typer) -> None:
         max_partial_frame_bytes: str = typer.Option(format_size(_D.max_partial_frame_bytes), help="Bytes all connections may hold in frames still arriving."),
         idle_timeout: float = typer.Option(_D.idle_timeout, help="Seconds a connection may stay idle (no request, none in flight)."),
         max_pulls_per_connection: int = typer.Option(_D.max_pulls_per_connection, help="Pulls one connection may have parked (TOO_MANY_PULLS past it)."),
+        cluster: str = typer.Option(",".join(_D.cluster), "--cluster", help="etcd client URLs (http://HOST:PORT[,more]): join that cluster (docs/cluster.md). Empty: standalone."),
+        broker_group: str = typer.Option(_D.broker_group, "--broker-group", help="The broker group this broker serves (required with --cluster)."),
+        advertise: str | None = typer.Option(_D.advertise, "--advertise", help="HOST:PORT clients reach this broker at (default: the listen address; 127.0.0.1:PORT when listening on 0.0.0.0)."),
+        cluster_lease_ttl: int = typer.Option(_D.cluster_lease_ttl, "--cluster-lease-ttl", help="Seconds of the broker's etcd lease: silent this long, it is shown down."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -126,6 +130,7 @@ def register(app: typer.Typer) -> None:
                 output_buffer_hard=parse_size(output_buffer_hard), output_buffer_grace=output_buffer_grace,
                 frame_timeout=frame_timeout, max_partial_frame_bytes=parse_size(max_partial_frame_bytes),
                 idle_timeout=idle_timeout, max_pulls_per_connection=max_pulls_per_connection,
+                cluster=cluster, broker_group=broker_group, advertise=advertise, cluster_lease_ttl=cluster_lease_ttl,
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))
@@ -143,6 +148,12 @@ def register(app: typer.Typer) -> None:
                 gc.freeze()
                 tls = ", TLS" if cfg.tls_cert is not None else ""
                 typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
+                if cfg.cluster:
+                    typer.echo(
+                        f"cluster: broker group {cfg.broker_group}, etcd {','.join(cfg.cluster)}, "
+                        f"advertised as {cfg.advertised(bound)}",
+                        err=True,
+                    )
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
                     async for signum in signals:
                         if signum == signal.SIGHUP:  # re-read the users file and the certificate

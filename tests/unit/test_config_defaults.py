@@ -61,6 +61,10 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
     "idle_timeout": ("idle_timeout", None),
     "max_pulls_per_connection": ("max_pulls_per_connection", None),
+    "cluster": ("cluster", lambda t: tuple(u for u in t.split(",") if u)),
+    "broker_group": ("broker_group", None),
+    "advertise": ("advertise", None),
+    "cluster_lease_ttl": ("cluster_lease_ttl", None),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level", "audit_log"}
@@ -170,6 +174,13 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"output_buffer_soft": 2 << 30}, "output_buffer_soft (2147483648) must be <= output_buffer_hard"),
         ({"max_partial_frame_bytes": 1 << 20}, "max_partial_frame_bytes (1048576) must be >= max_frame"),
         ({"idle_timeout": 0.0}, "idle_timeout must be > 0"),
+        ({"cluster": "127.0.0.1:2379"}, "cluster: '127.0.0.1:2379' is not an etcd client URL"),
+        ({"cluster": "http://127.0.0.1:2379"}, "cluster needs broker_group"),
+        ({"broker_group": "g1"}, "broker_group needs cluster"),
+        ({"cluster": "http://e:1", "broker_group": "g 1"}, "broker_group 'g 1' is not a valid name"),
+        ({"advertise": "0.0.0.0:5800"}, "advertise must be HOST:PORT that clients can reach"),
+        ({"advertise": "h:0"}, "advertise must be HOST:PORT"),
+        ({"cluster_lease_ttl": 1}, "cluster_lease_ttl must be a whole number of seconds, 2..600"),
     ],
 )
 def test_broker_config_rejects_bad_values_with_config_error(kw: dict[str, Any], message: str) -> None:

@@ -1,0 +1,291 @@
+"""The cluster's records in etcd and the placement rules (pure: no I/O, no trio).
+
+Key layout (everything under one root, so one prefix watch sees it all)::
+
+    /equeue/groups/<group>                GroupRecord     persistent; created once, by the
+                                                          group's first broker (create txn)
+    /equeue/brokers/<group>/<broker_id>   BrokerRecord    under the broker's lease: it
+                                                          vanishes when the broker stops
+                                                          renewing (crash) or revokes (exit)
+    /equeue/topics/<topic>                TopicPlacement  persistent; the one source of truth
+                                                          for queue id -> owner group
+
+(issue 11 adds ``/equeue/leaders/<group>``.) Values are compact JSON, one encoder and
+one decoder per record (a dedicated cattrs converter with strict types); a value that
+does not decode raises :class:`~equeue.errors.ClusterDataInvalid`, never KeyError.
+
+Placement rules: a new topic's queues go round the live groups starting from the
+least loaded (load = queues a group owns across all topics; ties by name), so 12
+queues over 3 equally loaded groups give 4 each, interleaved (queue i and i+1 on
+different groups). Growing a topic appends queues, each on the then least loaded
+live group; existing queue ids never move. Queue ids stay global (0..N-1), so
+``hash(key) mod N`` routing is unchanged until N grows (then, as in Kafka, keys may
+map to other queues from that moment on; earlier messages stay where they are).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, TypeVar
+
+import attrs
+from cattrs import BaseValidationError, transform_error
+
+from equeue.control import converter as _wire_converter
+from equeue.errors import BadRequest, ClusterDataInvalid, InvalidName, NoLiveGroups
+
+__all__ = [
+    "BROKERS_PREFIX",
+    "GROUPS_PREFIX",
+    "ROOT",
+    "TOPICS_PREFIX",
+    "BrokerRecord",
+    "GroupRecord",
+    "TopicPlacement",
+    "broker_key",
+    "decode_broker",
+    "decode_group",
+    "decode_topic",
+    "encode_broker",
+    "encode_group",
+    "encode_topic",
+    "group_key",
+    "grow",
+    "load",
+    "parse_key",
+    "spread",
+    "topic_key",
+]
+
+ROOT = "/equeue/"
+GROUPS_PREFIX = ROOT + "groups/"
+BROKERS_PREFIX = ROOT + "brokers/"
+TOPICS_PREFIX = ROOT + "topics/"
+
+#: longest name segment of a key (group, broker id, topic)
+_MAX_SEGMENT = 255
+
+
+def _segment(name: str, what: str) -> str:
+    """``name`` if it can be one segment of a key: not empty, no ``/``, printable."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > _MAX_SEGMENT
+        or "/" in name
+        or not name.isprintable()
+    ):
+        raise InvalidName(f"invalid {what} {name!r}: 1-{_MAX_SEGMENT} printable characters, no '/'")
+    return name
+
+
+def group_key(group: str) -> str:
+    return GROUPS_PREFIX + _segment(group, "broker group name")
+
+
+def broker_key(group: str, broker_id: str) -> str:
+    return (
+        f"{BROKERS_PREFIX}{_segment(group, 'broker group name')}/{_segment(broker_id, 'broker id')}"
+    )
+
+
+def topic_key(topic: str) -> str:
+    return TOPICS_PREFIX + _segment(topic, "topic name")
+
+
+def parse_key(key: str) -> tuple[Literal["group", "broker", "topic"], tuple[str, ...]] | None:
+    """What a key under :data:`ROOT` names: ("group", (g,)), ("broker", (g, id)),
+    ("topic", (t,)); None for any other key (a newer layout's, or garbage)."""
+    for kind, prefix, parts in (
+        ("group", GROUPS_PREFIX, 1),
+        ("broker", BROKERS_PREFIX, 2),
+        ("topic", TOPICS_PREFIX, 1),
+    ):
+        if key.startswith(prefix):
+            names = tuple(key[len(prefix) :].split("/"))
+            if len(names) == parts and all(names):
+                return kind, names  # type: ignore[return-value]
+            return None
+    return None
+
+
+# ----------------------------------------------------------------------------- records
+def _non_empty(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if not value:
+        raise ValueError(f"{attribute.name} must not be empty")
+
+
+def _non_negative(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0, not {value}")
+
+
+def _positive_or_none(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be positive or absent, not {value}")
+
+
+@attrs.frozen
+class GroupRecord:
+    """A broker group: a named set of brokers holding the same store. Persistent:
+    a group with no registered broker is *down* (its queues unavailable), not gone."""
+
+    name: str = attrs.field(validator=_non_empty)
+    created_ms: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class BrokerRecord:
+    """A live broker of ``group``, at ``address`` ("host:port" clients connect to)."""
+
+    group: str = attrs.field(validator=_non_empty)
+    broker_id: str = attrs.field(validator=_non_empty)
+    address: str = attrs.field(validator=_non_empty)
+    started_ms: int = attrs.field(validator=_non_negative)
+    pid: int = attrs.field(validator=_non_negative)
+    version: str = ""
+
+
+def _owners_match(
+    instance: TopicPlacement, _: attrs.Attribute[tuple[str, ...]], owners: tuple[str, ...]
+) -> None:
+    if len(owners) != instance.queues:
+        raise ValueError(f"{len(owners)} owners for {instance.queues} queues")
+    if not all(owners):
+        raise ValueError("an owner group name is empty")
+
+
+def _as_tuple(owners: Iterable[str]) -> tuple[str, ...]:
+    return tuple(owners)
+
+
+@attrs.frozen
+class TopicPlacement:
+    """A topic's queues and where they live: ``owners[i]`` is the broker group that
+    owns queue id ``i`` (so ``len(owners) == queues``). Retention overrides are
+    None for the broker's defaults."""
+
+    name: str = attrs.field(validator=_non_empty)
+    queues: int = attrs.field(validator=attrs.validators.ge(1))
+    owners: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_owners_match)
+    created_ms: int = attrs.field(validator=_non_negative)
+    retention_ms: int | None = attrs.field(default=None, validator=_positive_or_none)
+    retention_bytes: int | None = attrs.field(default=None, validator=_positive_or_none)
+
+    def queues_of(self, group: str) -> list[int]:
+        """The queue ids ``group`` owns, ascending."""
+        return [q for q, owner in enumerate(self.owners) if owner == group]
+
+
+# ----------------------------------------------------------------------------- JSON
+# A copy of the wire converter: the same strict str/int/bool hooks (a wrong JSON type
+# is an error, not a silently coerced value), unknown keys ignored (a newer broker's
+# extra fields do not break an older one), but its own instance.
+_converter = _wire_converter.copy()
+T = TypeVar("T")
+
+
+def _encode(record: Any) -> bytes:
+    return json.dumps(_converter.unstructure(record), separators=(",", ":")).encode()
+
+
+def _why(exc: BaseException, _: type | None) -> str:
+    return "required field missing" if isinstance(exc, KeyError) else str(exc) or type(exc).__name__
+
+
+def _decode(data: bytes, cls: type[T]) -> T:
+    try:
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise TypeError(f"a JSON {type(obj).__name__}, not an object")
+        return _converter.structure(obj, cls)
+    except Exception as exc:  # json, cattrs and the validators raise several kinds
+        why = (
+            "; ".join(transform_error(exc, format_exception=_why))
+            if isinstance(exc, BaseValidationError)
+            else str(exc)
+        )
+        raise ClusterDataInvalid(f"malformed {cls.__name__} record in etcd: {why}") from exc
+
+
+def encode_group(record: GroupRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_group(data: bytes) -> GroupRecord:
+    """Raises ClusterDataInvalid when ``data`` is not a GroupRecord."""
+    return _decode(data, GroupRecord)
+
+
+def encode_broker(record: BrokerRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_broker(data: bytes) -> BrokerRecord:
+    """Raises ClusterDataInvalid when ``data`` is not a BrokerRecord."""
+    return _decode(data, BrokerRecord)
+
+
+def encode_topic(record: TopicPlacement) -> bytes:
+    return _encode(record)
+
+
+def decode_topic(data: bytes) -> TopicPlacement:
+    """Raises ClusterDataInvalid when ``data`` is not a TopicPlacement."""
+    return _decode(data, TopicPlacement)
+
+
+# ----------------------------------------------------------------------------- rules
+def load(placements: Iterable[TopicPlacement]) -> dict[str, int]:
+    """Queues owned per group across ``placements`` (groups owning none are absent)."""
+    counts: dict[str, int] = {}
+    for placement in placements:
+        for owner in placement.owners:
+            counts[owner] = counts.get(owner, 0) + 1
+    return counts
+
+
+def _assign(n: int, live_groups: Sequence[str], load: Mapping[str, int]) -> list[str]:
+    """``n`` owners, each the least loaded live group at its turn (ties by name),
+    counting the ones just assigned. Raises NoLiveGroups when there is none."""
+    if n <= 0:
+        return []
+    groups = sorted(set(live_groups))
+    if not groups:
+        raise NoLiveGroups(f"no live broker group to place {n} queue(s) on: start a broker")
+    counts = {g: load.get(g, 0) for g in groups}
+    owners = []
+    for _ in range(n):
+        best = min(groups, key=lambda g: (counts[g], g))
+        owners.append(best)
+        counts[best] += 1
+    return owners
+
+
+def spread(queues: int, live_groups: Sequence[str], load: Mapping[str, int]) -> tuple[str, ...]:
+    """Owners of a new topic's ``queues`` queues: spread evenly over ``live_groups``
+    starting from the least loaded (``load``: queues owned per group, all topics).
+
+    Raises BadRequest when ``queues`` < 1, NoLiveGroups when ``live_groups`` is empty."""
+    if queues < 1:
+        raise BadRequest(f"a topic needs at least one queue, not {queues}")
+    return tuple(_assign(queues, live_groups, load))
+
+
+def grow(
+    placement: TopicPlacement, new_queues: int, live_groups: Sequence[str], load: Mapping[str, int]
+) -> TopicPlacement:
+    """``placement`` with ``new_queues`` more queues appended (ids ``queues..``), each
+    on the least loaded live group at its turn. Existing queue ids never move.
+
+    Raises BadRequest when ``new_queues`` < 0, NoLiveGroups when queues must be
+    placed and ``live_groups`` is empty."""
+    if new_queues < 0:
+        raise BadRequest(f"a topic's queues can only grow (asked to remove {-new_queues})")
+    if new_queues == 0:
+        return placement
+    added = _assign(new_queues, live_groups, load)
+    return attrs.evolve(
+        placement, queues=placement.queues + new_queues, owners=(*placement.owners, *added)
+    )
