@@ -16,6 +16,12 @@ the ready line (:mod:`consumer.dispatch`), the workers of :meth:`AsyncConsumer.r
 (:mod:`consumer.workers`) running the handler inline or in threads
 (:mod:`consumer.invoke`), failed messages sent back (:mod:`consumer.sendback`),
 offsets (:mod:`consumer.commit`), counters (:mod:`consumer.stats`).
+
+Routing (docs/cluster.md): the member's :class:`client.routing.Router` knows which
+broker group owns each queue. Heartbeats fan out to every group of the subscribed
+topics (:mod:`consumer.rebalance`); pulls, commits, offset queries, releases and
+send-backs go to the queue's owner (:mod:`consumer.routed`); leaving is announced to
+every group. ``brokers`` may list any brokers of a cluster.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from typing import Any
 import trio
 
 from client.connection import AsyncClient
+from client.retry import RetryPolicy
+from client.routing import Router
 from consumer.assignments import Assignments
 from consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from consumer.commit import Committer
@@ -39,6 +47,7 @@ from consumer.invoke import Handler, make_invoker
 from consumer.options import ConsumeMode, ConsumerOptions, StartFrom
 from consumer.pull import LOG_INTERVAL, PullLoop
 from consumer.rebalance import Coordinator
+from consumer.routed import RoutedCalls
 from consumer.sendback import SendBack
 from consumer.stats import ConsumerStatistics, Counters
 from consumer.workers import Workers
@@ -51,6 +60,9 @@ from equeue.protocol import PushCode
 log = logging.getLogger("equeue.consumer")
 
 __all__ = ["AsyncConsumer", "ConsumerStatistics"]
+
+#: seconds between the router's own route refreshes (each rebalance refreshes too)
+ROUTE_REFRESH = 30.0
 
 
 class _Iteration:
@@ -105,6 +117,10 @@ class AsyncConsumer:
         self.client = AsyncClient(
             brokers, connect_timeout=o.connect_timeout, on_push=self._on_push, security=o.security
         )
+        #: the route table and a connection per owner broker group (standalone: the client)
+        self.router = Router(self.client, refresh_interval=ROUTE_REFRESH, on_push=self._on_push)
+        #: queue-level calls, each at the queue's owner
+        self.calls = RoutedCalls(self.router, RetryPolicy(attempts=3, timeout=o.connect_timeout + 5))
         self.closing = False
         self._closed = trio.Event()
         self._consuming = False
@@ -119,21 +135,22 @@ class AsyncConsumer:
         self.counters = Counters()
         logs = RateLimitedLog(log, LOG_INTERVAL, trio.current_time)
         self.dispatcher = Dispatcher(o, self.counters)
-        committer = Committer(self.client, self.group, self.consumer_id, o, store)
+        committer = Committer(self.calls, self.group, self.consumer_id, o, store)
         self._send_back = SendBack(
-            self.client, self.group, o, self.counters, self._retry_sent, logs
+            self.calls, self.group, o, self.counters, self._retry_sent, logs
         )
         pull = PullLoop(
-            self.client.request, o, self.group if clustering else "", self.consumer_id if clustering else "",
+            self.router.client_for, self.router.refresh, o, self.group if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
         )  # fmt: skip
         self.assignments = Assignments(
-            self.client, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
+            self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
             on_lost=lambda: self.coordinator.trigger(),
         )  # fmt: skip
         self.coordinator = Coordinator(
-            self.client, self.group, self.consumer_id, self.topics, o, self.assignments, counters=self.counters
+            self.router, self.group, self.consumer_id, self.topics, o, self.assignments,
+            counters=self.counters,
         )
         self._workers = Workers(self.dispatcher, o, self.counters, self._send_back, local_retry=store is not None)
 
@@ -142,9 +159,15 @@ class AsyncConsumer:
         self._token = trio.lowlevel.current_trio_token()
         await self.client.__aenter__()
         try:
+            await self.router.__aenter__()
+        except BaseException:
+            await self.client.__aexit__(None, None, None)
+            raise
+        try:
             self._nursery_cm = trio.open_nursery()
             self._nursery = await self._nursery_cm.__aenter__()
         except BaseException:
+            await self.router.__aexit__(None, None, None)
             await self.client.__aexit__(None, None, None)
             raise
         self.assignments.open(self._nursery)
@@ -170,7 +193,11 @@ class AsyncConsumer:
                 if cm is not None:
                     await cm.__aexit__(None, None, None)
             finally:
-                await self.client.__aexit__(None, None, None)
+                try:
+                    await self.router.aclose()
+                    await self.router.__aexit__(None, None, None)
+                finally:
+                    await self.client.__aexit__(None, None, None)
 
     @property
     def _stopping(self) -> bool:
@@ -217,7 +244,7 @@ class AsyncConsumer:
             if self.client.connected or a.queues:
                 with trio.move_on_after(self.options.connect_timeout + 5):
                     await self.commit()
-                    await self.client.leave_group(self.group, self.consumer_id)
+                    await self.calls.leave_group(self.group, self.consumer_id)
         except EQueueError as exc:
             log.warning("close: could not commit/leave cleanly: %s", exc)
         finally:

@@ -4,24 +4,39 @@ pause while too much is outstanding (flow control), quarantine corrupt records.
 One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs for
 one :class:`~consumer.process.ProcessQueue` until the queue is stopped or its lease
 is lost (the returned :class:`PullEnd` says which).
+
+Each queue is pulled from the broker group that owns it: the loop resolves the
+owner's connection once (:meth:`client.routing.Router.client_for`) and keeps it
+until NOT_OWNER, QUEUE_UNAVAILABLE or a broken connection, after which it refreshes
+the routes and resolves again, pausing with backoff meanwhile. A queue whose group
+is down thus waits alone; the other queues' loops go on.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
 import attrs
 import trio
 
 from client.retry import DEFAULT_POLICY
+from client.routing import ROUTING_ERRORS
 from consumer.options import ConsumerOptions
 from consumer.process import ProcessQueue
 from consumer.sendback import SendBackResult
 from consumer.stats import Counters
 from equeue import wire
-from equeue.errors import CorruptRecord, EQueueError, NotQueueOwner, QueueNotFound, TopicNotFound
+from equeue.errors import (
+    ConnectionBroken,
+    CorruptRecord,
+    EQueueError,
+    NotQueueOwner,
+    QueueNotFound,
+    TopicNotFound,
+)
 from equeue.logs import RateLimitedLog
 from equeue.models import Message
 from equeue.protocol import PullStatus, RequestCode
@@ -35,6 +50,12 @@ MAX_PULL_BYTES = 4 << 20
 LOG_INTERVAL = 10.0
 
 
+class Requester(Protocol):
+    """The client call a pull makes (:meth:`client.connection.AsyncClient.request`)."""
+
+    def request(self, code: int, payload: bytes) -> Awaitable[bytes]: ...
+
+
 class PullEnd(enum.Enum):
     """Why a pull loop ended."""
 
@@ -45,11 +66,12 @@ class PullEnd(enum.Enum):
 
 @attrs.frozen
 class PullLoop:
-    """What the pull loops need: the request call, the options, the member's identity
-    (empty in broadcast mode: no lease), the counters, where a queue starts and where
-    pulled messages go."""
+    """What the pull loops need: the owner's connection of a queue and the route
+    refresh, the options, the member's identity (empty in broadcast mode: no lease),
+    the counters, where a queue starts and where pulled messages go."""
 
-    request: Callable[[int, bytes], Awaitable[bytes]]
+    client_for: Callable[[str, int], Awaitable[Requester]]
+    refresh_routes: Callable[[Iterable[str]], Awaitable[object]]
     options: ConsumerOptions
     group: str
     consumer_id: str
@@ -90,7 +112,8 @@ class PullLoop:
         o = self.options
         hold_ms = int(o.pull_hold * 1000)
         tags = "" if q.retry else (o.tags or "")
-        request, deliver, counters = self.request, self.deliver, self.counters
+        deliver, counters = self.deliver, self.counters
+        client: Requester | None = None
         verify = o.verify_checksums
         # a consumer that checks every record itself spares the broker its recheck
         flags = wire.PULL_CLIENT_VERIFIES if verify else 0
@@ -110,9 +133,22 @@ class PullLoop:
             req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold_ms, self.group,
                                    self.consumer_id, tags, flags)  # fmt: skip
             try:
-                payload = await request(RequestCode.PULL, req.encode())
+                if client is None:
+                    client = await self.client_for(q.topic, q.queue_id)
+                payload = await client.request(RequestCode.PULL, req.encode())
             except NotQueueOwner:
                 return PullEnd.LEASE_LOST
+            except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
+                client = None
+                failures += 1
+                level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING
+                self.logs.log(level, f"route {q.key}", "queue %s: %s; refreshing routes", q.key, exc)
+                try:
+                    await self.refresh_routes([q.topic])
+                except EQueueError as refresh_error:
+                    log.debug("route refresh of %s failed: %s", q.topic, refresh_error)
+                await trio.sleep(DEFAULT_POLICY.delay(failures))
+                continue
             except CorruptRecord as exc:  # the broker's: the first record it would return
                 if not await self._quarantine(q, offset, exc):
                     failures += 1

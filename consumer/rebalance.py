@@ -8,14 +8,25 @@ holds it, so a queue changes hands only after its old owner committed and releas
 and revokes the queues no longer assigned (stop pulling, wait for running handlers,
 commit, release). Every member also consumes the group's retry topic.
 
-Broadcast: the heartbeat only announces the member; it consumes every queue.
+Across broker groups (docs/cluster.md, "Consumer groups across broker groups"): each
+round first refreshes the routes, then heartbeats to every available group owning
+queues of the subscribed topics (and of the retry topic), each heartbeat asking for
+the leases of the queues that group owns. The answers are merged: the members are
+the union (by consumer id), the generation the sum of the groups' (it changes when
+any does), the queue counts come from the route table, the held leases are the union.
+A group that does not answer keeps its queues as they are (its leases expire at the
+broker if this member stays away; no queue of it is started meanwhile). Standalone
+there is one group and one heartbeat, as before.
+
+Broadcast: the heartbeat only announces the member; it consumes every queue of every
+group.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import trio
@@ -26,7 +37,7 @@ from consumer.process import Lease, lease_name, parse_lease
 from consumer.stats import Counters
 from equeue import control
 from equeue.allocation import allocate_for
-from equeue.errors import EQueueError
+from equeue.errors import EQueueError, QueueUnavailable
 from equeue.names import retry_topic
 
 log = logging.getLogger("equeue.consumer")
@@ -40,17 +51,29 @@ class GroupClient(Protocol):
     def heartbeat(self, hb: control.Heartbeat) -> Awaitable[control.HeartbeatAnswer]: ...
 
 
+class GroupRouter(Protocol):
+    """What membership needs of the routes (:class:`client.routing.Router`)."""
+
+    def refresh(self, topics: Iterable[str] | None = None) -> Awaitable[control.RouteTable]: ...
+
+    def clients_for_topics(self, topics: Iterable[str]) -> Awaitable[Mapping[str, GroupClient]]: ...
+
+    def owner(self, topic: str, queue_id: int) -> str | None: ...
+
+    def cached(self, topic: str) -> control.TopicRoute | None: ...
+
+
 class Coordinator:
     """Keeps one member's queue set (its :class:`~consumer.assignments.Assignments`) in
     line with its group."""
 
     def __init__(
-        self, client: GroupClient, group: str, consumer_id: str, topics: Sequence[str], options: ConsumerOptions,
+        self, router: GroupRouter, group: str, consumer_id: str, topics: Sequence[str], options: ConsumerOptions,
         assignments: Assignments, *, counters: Counters | None = None,
     ) -> None:  # fmt: skip
         #: the member's counters: its heartbeat reports the poison records it skipped
         self.counters = counters
-        self.client = client
+        self.router = router
         self.group = group
         self.consumer_id = consumer_id
         self.options = options
@@ -61,6 +84,8 @@ class Coordinator:
         self.topics = [*topics, self.retry_topic] if clustering else list(topics)
         self.desired: set[Lease] = set()
         self.generation = -1
+        #: the broker groups that answered the last heartbeat round
+        self.reached: list[str] = []
         self.members: list[control.MemberInfo] = []
         self.wake = trio.Event()
         self.rebalances = 0
@@ -95,15 +120,69 @@ class Coordinator:
         if a.closing:
             return
         self.rebalances += 1
+        try:
+            await self.router.refresh(self.topics)
+        except EQueueError as exc:
+            log.debug("group %s: route refresh failed (keeping the held routes): %s", self.group, exc)
+        clients = await self.router.clients_for_topics(self.topics)
         if self.options.mode == ConsumeMode.BROADCAST:
-            self._apply_broadcast(await self.client.heartbeat(self._heartbeat([])))
+            self._apply_broadcast(await self._fan_out(clients, []))
             return
         acquire = self._wanted()
-        ans = await self.client.heartbeat(self._heartbeat(acquire))
+        ans = await self._fan_out(clients, acquire)
         self._apply(ans)
         more = self._wanted()
         if more and more != acquire and not a.closing:
-            self._apply(await self.client.heartbeat(self._heartbeat(more)))
+            self._apply(await self._fan_out(clients, more))
+
+    async def _fan_out(self, clients: Mapping[str, GroupClient], acquire: list[Lease]) -> control.HeartbeatAnswer:
+        """Heartbeat to every group of ``clients`` (each asked for the leases it owns);
+        the merged answer (module docstring). Raises the error of the first group
+        when none answers, QueueUnavailable when no group is available."""
+        answers: dict[str, control.HeartbeatAnswer] = {}
+        errors: list[EQueueError] = []
+
+        async def one(name: str, client: GroupClient) -> None:
+            mine = [lease for lease in acquire if (self.router.owner(*lease) or "") == name]
+            try:
+                answers[name] = await client.heartbeat(self._heartbeat(mine))
+            except EQueueError as exc:
+                log.warning("group %s: heartbeat to broker group %r failed: %s", self.group, name, exc)
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            for name, client in clients.items():
+                nursery.start_soon(one, name, client)
+        if not answers:
+            raise errors[0] if errors else QueueUnavailable(f"no broker group of {self.topics} is available")
+        self.reached = sorted(answers)
+        return self._merge(answers)
+
+    def _merge(self, answers: dict[str, control.HeartbeatAnswer]) -> control.HeartbeatAnswer:
+        members: dict[str, control.MemberInfo] = {}
+        held: set[str] = set()
+        for ans in answers.values():
+            for m in ans.members:
+                old = members.get(m.consumer_id)
+                if old is None or m.last_seen_ms > old.last_seen_ms:
+                    members[m.consumer_id] = m
+            held.update(ans.held)
+        # a group that did not answer: its queues stay as the leases dictate
+        a = self.assignments
+        for lease in [*a.queues, *a.revoking]:
+            if (self.router.owner(*lease) or "") not in answers:
+                held.add(lease_name(lease))
+        counts: dict[str, int] = {}
+        for ans in answers.values():
+            for topic, n in ans.queue_counts.items():
+                counts[topic] = max(counts.get(topic, 0), n)
+        for topic in self.topics:
+            route = self.router.cached(topic)
+            if route is not None:
+                counts[topic] = route.info.queues
+        generation = sum(ans.generation for ans in answers.values())
+        return control.HeartbeatAnswer(sorted(members.values(), key=lambda m: m.consumer_id), generation,
+                                       sorted(held), counts)  # fmt: skip
 
     def _wanted(self) -> list[Lease]:
         return sorted(lease for lease in self.desired if not self.assignments.busy(lease))

@@ -21,13 +21,22 @@ window drain, then decides per batch in order:
   id and sequence after the pause of the producer's retry policy
   (:meth:`client.retry.RetryPolicy.delay`), up to ``retries`` times within
   ``send_timeout``;
+- NOT_OWNER, QUEUE_UNAVAILABLE (the queue's broker group moved or is down) and a
+  lost connection: the routes are refreshed (:meth:`client.routing.Router.refresh`)
+  and the batch is resent, keeping its id and sequence, to the queue's owner as the
+  new table says. Idempotence holds: a queue is owned by one group, which keeps the
+  sequence of the queue, and a refused batch was stored nowhere. NOT_OWNER and
+  QUEUE_UNAVAILABLE do not count against ``retries``: they are retried (with the
+  policy's backoff) until ``send_timeout``, then QUEUE_UNAVAILABLE is raised as is;
 - anything else, or retries/time exhausted: the batch fails with that error.
   When a written batch fails, the lane switches to a fresh producer id (its fate
   may be unknown, and the broker would refuse what follows it as a gap). With
   ``stable_id`` it keeps its id instead and every later batch fails with the same
   error (a replay under the same id then resends them all in order).
 
-The lane takes only what it uses: the client, the options, its producer id, the
+The lane takes only what it uses: the router (the owner's client is resolved per
+lane, not per message: kept until a routing error or an owner change), the options,
+its producer id, the
 :class:`~producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``),
 the :class:`~producer.stats.SendStats` it counts outcomes in, and a callback for a
 queue the broker does not know.
@@ -44,15 +53,18 @@ from collections.abc import Callable
 import trio
 
 from client.connection import AsyncClient, PendingReply
+from client.routing import ROUTING_ERRORS, Router
 from equeue import wire
 from equeue.codec import Response
 from equeue.errors import (
     ClientClosed,
     EQueueError,
     ErrorCode,
+    NotOwner,
     OperationTimeout,
     OutOfOrderSequence,
     QueueNotFound,
+    QueueUnavailable,
 )
 from equeue.protocol import RequestCode
 from producer._batch import _Batch
@@ -78,7 +90,7 @@ class _Lane:
         topic: str,
         queue_id: int,
         *,
-        client: AsyncClient,
+        router: Router,
         options: ProducerOptions,
         producer_id: bytes,
         buffer: Buffer,
@@ -87,7 +99,12 @@ class _Lane:
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.client = client
+        self.router = router
+        #: the owner group's client (None: resolve it before the next write)
+        self.client: AsyncClient | None = router.client_now(topic, queue_id)
+        self.owner = router.owner(topic, queue_id)
+        #: consecutive routing failures (the backoff of NOT_OWNER/QUEUE_UNAVAILABLE)
+        self.route_failures = 0
         self.options = options
         self.policy = options.retry_policy
         self.buffer = buffer
@@ -113,6 +130,31 @@ class _Lane:
         #: the cancel scope of the task's idle wait, while it is parked there
         self._parked: trio.CancelScope | None = None
 
+    def owner_changed(self, owner: str | None) -> None:
+        """The route table names ``owner`` for this queue: resolve the client again
+        before the next write if it changed (loop thread)."""
+        if owner != self.owner:
+            self.owner = owner
+            self.client = None
+
+    async def _resolve(self) -> AsyncClient | None:
+        """The owner's client; on failure (group down, topic gone) the queued batches
+        go to the retry path with that error, and None is returned."""
+        try:
+            client = self.client = await self.router.client_for(self.topic, self.queue_id)
+        except EQueueError as exc:
+            with self.lock:
+                batches = list(self.sendq)
+                self.sendq.clear()
+            for b in batches:
+                if not b.finished:
+                    b.error = exc
+                    self.retry.append(b)
+            self.poke()
+            return None
+        self.owner = self.router.owner(self.topic, self.queue_id)
+        return client
+
     def poke(self) -> None:
         """Wake the lane task (loop thread only)."""
         self.wake.set()
@@ -132,9 +174,9 @@ class _Lane:
     def _write_now(self) -> bool:
         """Write sealed batches into the window without waiting; False when the
         task must take over (connection busy or down, a batch past its deadline)."""
-        if self.dead is not None:
-            return False
         client = self.client
+        if self.dead is not None or client is None:
+            return False
         window = self.window
         sendq = self.sendq
         now = time.monotonic()
@@ -200,7 +242,6 @@ class _Lane:
     # ------------------------------------------------------------------ task
     async def run(self) -> None:
         """The lane task: lives in the producer's nursery until it closes."""
-        client = self.client
         options = self.options
         linger = options.linger
         max_in_flight = options.max_in_flight
@@ -242,8 +283,9 @@ class _Lane:
                 await self._recover()
                 continue
             # write, in order, while the window has room (not while recovering)
-            if not self.retry:
-                while len(self.window) < max_in_flight and self.sendq:
+            if not self.retry and self.sendq and len(self.window) < max_in_flight:
+                client = self.client or await self._resolve()
+                while client is not None and len(self.window) < max_in_flight and self.sendq:
                     b = self.sendq.popleft()  # deque: atomic; appends happen under the lock
                     if b.finished:
                         continue
@@ -286,6 +328,7 @@ class _Lane:
         options = self.options
         resend: list[_Batch] = []
         backoff_attempts = 0
+        reroute = False
         explained = False  # an earlier batch of this round failed: an out-of-order answer is expected
         for b in self.retry:
             e = b.error
@@ -302,6 +345,15 @@ class _Lane:
                 continue
             if isinstance(e, QueueNotFound):
                 self.on_queue_missing(self.topic)
+            if isinstance(e, ROUTING_ERRORS):
+                reroute = True
+                if isinstance(e, NotOwner | QueueUnavailable):  # retried until send_timeout
+                    if time.monotonic() >= b.deadline:
+                        self.fail(b, e if isinstance(e, QueueUnavailable) else OperationTimeout(
+                            f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip
+                        continue
+                    resend.append(b)
+                    continue
             if isinstance(e, ClientClosed) or not (isinstance(e, EQueueError) and e.transient):
                 self.fail(b, e)
                 explained = True
@@ -320,6 +372,16 @@ class _Lane:
             log.debug("retrying %s/%d seq %d (attempt %d): %s", self.topic, self.queue_id, b.seq, b.attempts, e)
             resend.append(b)
         self.retry = []
+        if reroute:
+            self.client = None  # resolved again, from the refreshed table, before the next write
+            self.route_failures += 1
+            backoff_attempts = max(backoff_attempts, self.route_failures)
+            try:
+                await self.router.refresh([self.topic])
+            except EQueueError as exc:
+                log.debug("route refresh of %s failed: %s", self.topic, exc)
+        else:
+            self.route_failures = 0
         if backoff_attempts and resend:
             delay = self.policy.delay(backoff_attempts)
             delay = min(delay, max(0.0, min(b.deadline for b in resend) - time.monotonic()))

@@ -1,8 +1,11 @@
 """The trio producer, :class:`AsyncProducer`: the submit path and the lifetime.
 
 Routing (:mod:`producer.routes`): a keyed message goes to ``crc32(key) mod
-queue_count`` (:func:`equeue.routing.queue_for_key`), others round-robin, or
-wherever the ``queue_selector`` option says.
+queue_count`` (:func:`equeue.routing.queue_for_key`), others round-robin over the
+queues whose broker group is available, or wherever the ``queue_selector`` option
+says. Each queue's batches go to the broker group that owns the queue
+(:class:`client.routing.Router`; standalone: the one broker), so ``brokers`` may
+list any brokers of a cluster (``"h1:5800,h2:5800"``).
 
 Batching: messages accumulate per queue for ``linger`` seconds or up to
 ``max_batch_bytes``, then go out as one idempotent produce request; up to
@@ -26,6 +29,7 @@ from typing import Any
 import trio
 
 from client.connection import AsyncClient
+from client.routing import Router
 from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
 from equeue.models import Message, SendResult
 from equeue.routing import key_bytes_hash
@@ -70,7 +74,9 @@ class AsyncProducer:
         self._buffer = Buffer(options.max_buffered_bytes, options.on_full)
         #: guards lanes' open/sendq/pending and the buffer count (submitting threads)
         self.lock = self._buffer.lock
-        self._routes = Routes(self.client, options)
+        #: the route table and the owner groups' connections
+        self.router = Router(self.client, refresh_interval=options.route_refresh, policy=options.retry_policy)
+        self._routes = Routes(self.router, options)
         #: what the sends came to (counted per finished batch)
         self.send_stats = SendStats()
         self._kicks: set[_Lane] = set()
@@ -85,10 +91,10 @@ class AsyncProducer:
     async def __aenter__(self) -> AsyncProducer:
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(self.client)
+            await stack.enter_async_context(self.router)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             self._token = trio.lowlevel.current_trio_token()
             self._loop_ident = threading.get_ident()
-            self._nursery.start_soon(self._routes.refresher)
             self._stack = stack.pop_all()
         return self
 
@@ -117,6 +123,7 @@ class AsyncProducer:
             lane.fail_all(ClientClosed("the producer closed before this message was sent"))
         # close the client first: the caller's task may run inside the cancel scopes
         # entered by __aenter__, so nothing may be awaited after cancelling them
+        await self.router.aclose()
         await self.client.aclose()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -348,7 +355,7 @@ class AsyncProducer:
         return _Lane(
             topic,
             queue_id,
-            client=self.client,
+            router=self.router,
             options=self.options,
             producer_id=self.producer_id,
             buffer=self._buffer,

@@ -125,7 +125,7 @@ class ProducerOptions:
     max_message_bytes: int = attrs.field(default=4 << 20, validator=_range(1))
     #: let the broker create a missing topic (if its own config allows)
     auto_create: bool = True
-    #: seconds between refreshes of the cached queue counts
+    #: seconds between refreshes of the cached routes (queue counts and owner groups)
     route_refresh: float = attrs.field(default=5.0, validator=_range(0, above=True))
     #: seconds per connection attempt
     connect_timeout: float = attrs.field(default=5.0, validator=_range(0, above=True))

@@ -2,11 +2,12 @@
 
 Selection (:meth:`Route.select`): a keyed message goes to
 :func:`equeue.routing.queue_for_key` (``crc32(key) mod queue_count``), others
-round-robin (:class:`equeue.routing.RoundRobin`), unless a ``queue_selector``
-option decides. Queue counts are fetched on first use (with the retry policy,
-within ``send_timeout``), refreshed every ``route_refresh`` seconds by
-:meth:`Routes.refresher`, and at once when the broker answers QueueNotFound
-(:meth:`Routes.invalidate`).
+round-robin (:class:`equeue.routing.RoundRobin`) over the queues whose broker group
+is available (all of them standalone), unless a ``queue_selector`` option decides.
+Routes come from the producer's :class:`client.routing.Router`: fetched on first use
+(with the retry policy, within ``send_timeout``), refreshed with owners every
+``route_refresh`` seconds by the router, and at once when a broker answers
+QueueNotFound (:meth:`Routes.invalidate`) or NOT_OWNER / QUEUE_UNAVAILABLE (the lanes).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 
 import trio
 
-from client.connection import AsyncClient
 from client.retry import retry_async
-from equeue.errors import ConfigError, EQueueError, OperationTimeout
+from client.routing import Router
+from equeue.errors import ConfigError, OperationTimeout
 from equeue.models import Message
 from equeue.names import validate_topic
 from equeue.routing import RoundRobin, queue_for_key
@@ -34,11 +35,13 @@ __all__ = ["Route", "Routes"]
 class Route:
     """One topic as the producer sees it: its queue count and its lanes."""
 
-    __slots__ = ("count", "fetched", "lanes", "rr", "topic")
+    __slots__ = ("available", "count", "fetched", "lanes", "rr", "topic")
 
     def __init__(self, topic: str, count: int) -> None:
         self.topic = topic
         self.count = count
+        #: the queue ids keyless messages go to when some group is down (None: all)
+        self.available: list[int] | None = None
         self.fetched = time.monotonic()
         self.rr = RoundRobin()
         #: queue id -> lane (created under the buffer lock by the submit path)
@@ -59,6 +62,9 @@ class Route:
         if selector is None:
             if key is not None:
                 return queue_for_key(key, self.count)
+            available = self.available
+            if available:
+                return available[self.rr.next(len(available))]
             return self.rr.next(self.count)
         count = self.count
         qid = selector(count, Message(body, key, tags, properties or {}, due, self.topic))
@@ -70,11 +76,11 @@ class Route:
 class Routes:
     """The routes of every topic a producer used (loop thread, read by any thread)."""
 
-    def __init__(self, client: AsyncClient, options: ProducerOptions) -> None:
-        self.client = client
+    def __init__(self, router: Router, options: ProducerOptions) -> None:
+        self.router = router
         self.options = options
         self.topics: dict[str, Route] = {}
-        self._refresh_now = trio.Event()
+        router.subscribe(self.update)
 
     def get(self, topic: str) -> Route | None:
         """The cached route, or None before its first fetch (any thread, no wait)."""
@@ -93,39 +99,44 @@ class Routes:
         validate_topic(topic)
         opts = self.options
         with trio.move_on_after(opts.send_timeout) as cs:
-            info = await retry_async(lambda: self.client.get_route(topic, opts.auto_create), opts.retry_policy)
+            t = await retry_async(
+                lambda: self.router.route(topic, auto_create=opts.auto_create), opts.retry_policy
+            )
         if cs.cancelled_caught:
-            raise OperationTimeout(f"no route for topic {topic!r} within send_timeout ({opts.send_timeout:g} s)")
+            raise OperationTimeout(
+                f"no route for topic {topic!r} within send_timeout ({opts.send_timeout:g} s)"
+            )
         route = self.topics.get(topic)
         if route is None:
-            route = self.topics[topic] = Route(topic, info.queues)
+            route = self.topics[topic] = Route(topic, t.info.queues)
+            self._apply(route)
         return route
 
     def invalidate(self, topic: str) -> None:
-        """The broker said a queue does not exist: refresh the queue count now."""
+        """The broker said a queue does not exist: refresh the routes now."""
         route = self.topics.get(topic)
         if route is not None:
             route.fetched = 0.0
-            self._refresh_now.set()
+            self.router.invalidate(topic)
 
     def lanes(self) -> list[_Lane]:
         """Every lane of every topic (a snapshot)."""
         return [lane for route in list(self.topics.values()) for lane in list(route.lanes.values())]
 
-    async def refresher(self) -> None:
-        """Refresh every queue count each ``route_refresh`` seconds, or at once after
-        :meth:`invalidate` (runs until cancelled; failures are logged at debug)."""
-        while True:
-            with trio.move_on_after(self.options.route_refresh):
-                await self._refresh_now.wait()
-            self._refresh_now = trio.Event()
-            for topic, route in list(self.topics.items()):
-                try:
-                    info = await self.client.get_route(topic, False)
-                except EQueueError as exc:
-                    log.debug("route refresh of %s failed: %s", topic, exc)
-                    continue
-                if info.queues != route.count:
-                    log.info("topic %s now has %d queues (was %d)", topic, info.queues, route.count)
-                    route.count = info.queues
-                route.fetched = time.monotonic()
+    def update(self) -> None:
+        """The router took a new table: queue counts, available queues, lane owners."""
+        for route in list(self.topics.values()):
+            self._apply(route)
+
+    def _apply(self, route: Route) -> None:
+        t = self.router.cached(route.topic)
+        if t is None:
+            return
+        if t.info.queues != route.count:
+            log.info("topic %s now has %d queues (was %d)", route.topic, t.info.queues, route.count)
+            route.count = t.info.queues
+        available = self.router.cache.available_queues(route.topic)
+        route.available = None if len(available) == route.count else available
+        route.fetched = time.monotonic()
+        for qid, lane in list(route.lanes.items()):
+            lane.owner_changed(self.router.owner(route.topic, qid))

@@ -1,0 +1,424 @@
+"""The client's route table and its per-group connections (docs/cluster.md, "Routing").
+
+A :class:`Router` answers, for every queue of every topic a client uses, which broker
+group owns it and which connection reaches that group. It bootstraps from one
+:class:`~client.connection.AsyncClient` (any broker of the cluster), asks it
+GET_ROUTES, and keeps the newest table it saw (:class:`RouteCache`: a table whose
+revision is older than the held one never replaces it). Group ``""`` is the bootstrap
+connection: a standalone broker owns every queue as group ``""``, so standalone and
+cluster clients run one code path. Every other group gets one ``AsyncClient`` (the
+bootstrap's security settings, the group's broker addresses), opened on first use in
+the router's nursery and closed when the group leaves the table.
+
+A broker that answers UNKNOWN_REQUEST to GET_ROUTES (an older broker) is treated as
+standalone: each topic is looked up with GET_ROUTE and owned by ``""``.
+
+Routes are refreshed every ``refresh_interval`` seconds, at once after
+:meth:`Router.invalidate` (coalesced), and by :meth:`Router.call` after NOT_OWNER,
+QUEUE_UNAVAILABLE or a broken connection, before it retries at the (new) owner.
+
+Errors: :class:`~equeue.errors.TopicNotFound` for a topic the cluster lacks,
+:class:`~equeue.errors.QueueNotFound` for a queue id beyond its count,
+:class:`~equeue.errors.QueueUnavailable` when the owner group has no live broker,
+:class:`~equeue.errors.ConnectionBroken` when no broker answers GET_ROUTES.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from client.connection import AsyncClient, PushHandler
+from client.link import parse_brokers
+from client.retry import DEFAULT_POLICY, RetryPolicy, retry_async
+from equeue import control
+from equeue.errors import (
+    ClientClosed,
+    ConnectionBroken,
+    EQueueError,
+    NotOwner,
+    QueueNotFound,
+    QueueUnavailable,
+    TopicNotFound,
+    UnknownRequest,
+)
+
+log = logging.getLogger("equeue.client")
+
+__all__ = ["BOOTSTRAP", "ROUTING_ERRORS", "RouteCache", "Router"]
+
+T = TypeVar("T")
+
+#: the group name of the bootstrap connection (a standalone broker's only group)
+BOOTSTRAP = ""
+#: errors after which the route table is refreshed before a retry
+ROUTING_ERRORS = (NotOwner, QueueUnavailable, ConnectionBroken)
+
+
+@attrs.define
+class RouteCache:
+    """The newest route table seen (pure: no I/O; the rules the unit tests check).
+
+    ``merge`` takes an answer to GET_ROUTES for some topics: an answer at least as new
+    as the held revision replaces the groups and the topics it names (and drops the
+    topics it says are missing); an older one only adds topics not held yet (a client
+    must route them somewhere) and changes nothing else."""
+
+    cluster: bool = False
+    revision: int = -1
+    groups: dict[str, control.GroupRoute] = attrs.Factory(dict)
+    topics: dict[str, control.TopicRoute] = attrs.Factory(dict)
+
+    def merge(self, table: control.RouteTable) -> bool:
+        """Take ``table`` under the rules above; whether it was newer or as new."""
+        if table.revision < self.revision:
+            for t in table.topics:
+                self.topics.setdefault(t.info.name, t)
+            return False
+        self.cluster = table.cluster
+        self.revision = table.revision
+        self.groups = {g.name: g for g in table.groups}
+        for t in table.topics:
+            self.topics[t.info.name] = t
+        for name in table.missing:
+            self.topics.pop(name, None)
+        return True
+
+    def owner(self, topic: str, queue_id: int) -> str | None:
+        """The owner group of a queue, or None when the topic or queue is unknown."""
+        t = self.topics.get(topic)
+        if t is None or not 0 <= queue_id < len(t.owners):
+            return None
+        return t.owners[queue_id]
+
+    def group_available(self, group: str) -> bool:
+        """The bootstrap group always is; another group when it has an address."""
+        if group == BOOTSTRAP and not self.cluster:
+            return True
+        g = self.groups.get(group)
+        return g is not None and bool(g.addresses)
+
+    def available(self, topic: str, queue_id: int) -> bool:
+        """The queue is known and its owner group has a live broker."""
+        owner = self.owner(topic, queue_id)
+        return owner is not None and self.group_available(owner)
+
+    def available_queues(self, topic: str) -> list[int]:
+        """The queue ids of ``topic`` whose group is available (ascending)."""
+        t = self.topics.get(topic)
+        if t is None:
+            return []
+        return [q for q, g in enumerate(t.owners) if self.group_available(g)]
+
+    def live_groups(self) -> list[str]:
+        """Every group with an address (standalone: the bootstrap group)."""
+        if not self.cluster:
+            return [BOOTSTRAP]
+        return sorted(name for name, g in self.groups.items() if g.addresses)
+
+    def table(self) -> control.RouteTable:
+        """What is held, as a RouteTable."""
+        return control.RouteTable(
+            self.cluster,
+            max(self.revision, 0),
+            list(self.groups.values()),
+            list(self.topics.values()),
+        )
+
+
+class _GroupClient:
+    """One group's connection and the cancel scope of the task that holds it open."""
+
+    __slots__ = ("client", "ready", "scope")
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.scope = trio.CancelScope()
+        #: set once the client's ``async with`` is entered (by :meth:`Router._hold`)
+        self.ready = trio.Event()
+
+
+class Router:
+    """The route table of one client and a connection per owner group (module docstring).
+
+    ``async with Router(bootstrap, refresh_interval=30.0) as router`` (the bootstrap
+    client must already be open). ``on_push`` receives the pushes of the per-group
+    connections (the bootstrap client has its own)."""
+
+    def __init__(
+        self,
+        bootstrap: AsyncClient,
+        *,
+        refresh_interval: float,
+        on_push: PushHandler | None = None,
+        policy: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.refresh_interval = refresh_interval
+        self.on_push = on_push
+        self.policy = policy
+        self.cache = RouteCache()
+        #: the broker does not know GET_ROUTES: standalone, routes by GET_ROUTE
+        self.legacy = False
+        self._clients: dict[str, _GroupClient] = {}
+        self._listeners: list[Callable[[], None]] = []
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        self._refresh_lock = trio.Lock()
+        self._refresh_now = trio.Event()
+        #: trio time the last refresh began (callers that asked before it reuse it)
+        self._last_start = -1.0
+
+    # ------------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> Router:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._refresher)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        cm, self._nursery_cm = self._nursery_cm, None
+        nursery, self._nursery = self._nursery, None
+        if nursery is not None:
+            nursery.cancel_scope.cancel()
+        self._clients.clear()
+        result: bool | None = await cm.__aexit__(*exc)
+        return result
+
+    async def aclose(self) -> None:
+        """Close every group's connection (the bootstrap client is its owner's to
+        close). Nothing is cancelled that could enclose the caller: the refresher
+        stops at ``__aexit__``."""
+        clients, self._clients = list(self._clients.values()), {}
+        for gc in clients:
+            await gc.client.aclose()
+            gc.scope.cancel()
+
+    def subscribe(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` (loop thread) after every refresh that took a table."""
+        self._listeners.append(listener)
+
+    # ------------------------------------------------------------------ lookups (no I/O)
+    @property
+    def cluster(self) -> bool:
+        return self.cache.cluster
+
+    def owner(self, topic: str, queue_id: int) -> str | None:
+        """The cached owner group of a queue (None: unknown topic or queue)."""
+        return self.cache.owner(topic, queue_id)
+
+    def available(self, topic: str, queue_id: int) -> bool:
+        """The cached answer to: is the queue's owner group up?"""
+        return self.cache.available(topic, queue_id)
+
+    def cached(self, topic: str) -> control.TopicRoute | None:
+        """The held route of ``topic`` (no I/O)."""
+        return self.cache.topics.get(topic)
+
+    # ------------------------------------------------------------------ routes
+    async def route(self, topic: str, *, auto_create: bool = False) -> control.TopicRoute:
+        """The route of ``topic``: cached, else fetched (GET_ROUTES, creating it with
+        ``auto_create`` where the broker allows). Raises TopicNotFound."""
+        t = self.cache.topics.get(topic)
+        if t is not None:
+            return t
+        await self._fetch([topic], auto_create)
+        t = self.cache.topics.get(topic)
+        if t is None:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return t
+
+    async def refresh(self, topics: Iterable[str] | None = None) -> control.RouteTable:
+        """Fetch the routes of ``topics`` (None: every topic held) and take them if
+        not older than the held table; return the held table. Concurrent callers
+        share one refresh. Raises ConnectionBroken when no broker answers."""
+        names = sorted(set(self.cache.topics) if topics is None else set(topics))
+        asked = trio.current_time()
+        async with self._refresh_lock:
+            if self._last_start > asked and all(n in self.cache.topics for n in names):
+                return self.cache.table()  # a refresh that began after we asked covered it
+            self._last_start = trio.current_time()
+            await self._fetch(names, False)
+        return self.cache.table()
+
+    def invalidate(self, topic: str | None = None) -> None:
+        """The held route of ``topic`` may be stale: refresh soon (coalesced)."""
+        self._refresh_now.set()
+
+    async def _fetch(self, topics: Sequence[str], auto_create: bool) -> None:
+        table = await self._get_routes(topics, auto_create)
+        if self.cache.merge(table):
+            self._sync_clients()
+            for listener in list(self._listeners):
+                listener()
+
+    async def _get_routes(self, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
+        """GET_ROUTES at the bootstrap, else at any live group (the bootstrap's broker
+        may be the one that is down)."""
+        if self.legacy:
+            return await self._legacy_routes(topics, auto_create)
+        try:
+            return await self.bootstrap.get_routes(topics, auto_create)
+        except UnknownRequest:
+            log.info("the broker does not know GET_ROUTES: routing as standalone")
+            self.legacy = True
+            return await self._legacy_routes(topics, auto_create)
+        except ConnectionBroken as exc:
+            for name in self.cache.live_groups():
+                gc = self._clients.get(name)
+                if name == BOOTSTRAP or gc is None:
+                    continue
+                try:
+                    return await gc.client.get_routes(topics, auto_create)
+                except ConnectionBroken:
+                    continue
+            raise exc
+
+    async def _legacy_routes(self, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
+        found, missing = [], []
+        for name in topics:
+            try:
+                info = await self.bootstrap.get_route(name, auto_create)
+            except TopicNotFound:
+                missing.append(name)
+                continue
+            found.append(control.TopicRoute(info, [BOOTSTRAP] * info.queues))
+        return control.RouteTable(False, 0, [], found, missing)
+
+    async def _refresher(self) -> None:
+        while True:
+            with trio.move_on_after(self.refresh_interval):
+                await self._refresh_now.wait()
+            self._refresh_now = trio.Event()
+            if not self.cache.topics:
+                continue
+            try:
+                await self.refresh()
+            except EQueueError as exc:
+                log.debug("route refresh failed: %s", exc)
+
+    # ------------------------------------------------------------------ connections
+    def _sync_clients(self) -> None:
+        """Close the clients of groups gone from the table; point the others at the
+        group's current addresses."""
+        for name in list(self._clients):
+            g = self.cache.groups.get(name)
+            if g is None:
+                self._clients.pop(name).scope.cancel()
+            elif g.addresses:
+                self._clients[name].client.brokers = parse_brokers(g.addresses)
+
+    def _group_client(self, group: str) -> _GroupClient | None:
+        """The client of ``group`` (being opened, if new); None for the bootstrap.
+        Raises QueueUnavailable when the group has no live broker."""
+        if group == BOOTSTRAP and not self.cache.cluster:
+            return None
+        g = self.cache.groups.get(group)
+        if g is None or not g.addresses:
+            raise QueueUnavailable(f"broker group {group!r} has no live broker")
+        gc = self._clients.get(group)
+        if gc is not None:
+            return gc
+        if self._nursery is None:
+            raise ClientClosed("use the router inside 'async with'")
+        b = self.bootstrap
+        gc = _GroupClient(
+            AsyncClient(
+                g.addresses,
+                connect_timeout=b.connect_timeout,
+                on_push=self.on_push,
+                security=b.security,
+            )
+        )
+        self._clients[group] = gc
+        self._nursery.start_soon(self._hold, gc)
+        return gc
+
+    @staticmethod
+    async def _hold(gc: _GroupClient) -> None:
+        """Keep a group's client open until the group leaves the table or the router closes."""
+        with gc.scope:
+            async with gc.client:
+                gc.ready.set()
+                await trio.sleep_forever()
+
+    async def _opened(self, group: str) -> AsyncClient:
+        """The open client of ``group`` (the bootstrap for ""). Raises QueueUnavailable."""
+        gc = self._group_client(group)
+        if gc is None:
+            return self.bootstrap
+        await gc.ready.wait()
+        return gc.client
+
+    async def client_for(self, topic: str, queue_id: int) -> AsyncClient:
+        """The connection to the owner of (topic, queue_id). Raises TopicNotFound,
+        QueueNotFound, QueueUnavailable."""
+        t = await self.route(topic)
+        if not 0 <= queue_id < len(t.owners):
+            raise QueueNotFound(f"topic {topic!r} has {len(t.owners)} queues; no queue {queue_id}")
+        return await self._opened(t.owners[queue_id])
+
+    def client_now(self, topic: str, queue_id: int) -> AsyncClient | None:
+        """The owner's open connection when the route is held and the group up
+        (no I/O); None otherwise (then await :meth:`client_for`)."""
+        owner = self.cache.owner(topic, queue_id)
+        if owner is None:
+            return None
+        try:
+            gc = self._group_client(owner)
+        except EQueueError:
+            return None
+        if gc is None:
+            return self.bootstrap
+        return gc.client if gc.ready.is_set() else None
+
+    async def clients_for_topics(self, topics: Iterable[str]) -> dict[str, AsyncClient]:
+        """Every available group owning a queue of ``topics`` (missing topics are
+        skipped); the bootstrap when none does (a member must announce itself somewhere)."""
+        groups: set[str] = set()
+        for name in topics:
+            try:
+                t = await self.route(name)
+            except TopicNotFound:
+                continue
+            groups.update(t.owners)
+        out = {}
+        for g in sorted(groups):
+            if self.cache.group_available(g):
+                out[g] = await self._opened(g)
+        if not out and not groups:
+            out[BOOTSTRAP] = self.bootstrap
+        return out
+
+    async def all_clients(self) -> dict[str, AsyncClient]:
+        """Every live group's connection (standalone: the bootstrap), for admin fan-out."""
+        if self.cache.revision < 0:
+            await self.refresh([])
+        return {g: await self._opened(g) for g in self.cache.live_groups()}
+
+    async def call(
+        self,
+        topic: str,
+        queue_id: int,
+        fn: Callable[[AsyncClient], Awaitable[T]],
+        policy: RetryPolicy | None = None,
+    ) -> T:
+        """``await fn(owner's client)``; after NOT_OWNER, QUEUE_UNAVAILABLE or a broken
+        connection, refresh the routes and retry at the owner under ``policy`` (the
+        router's by default). Raises the last error once the policy gives up."""
+
+        async def attempt() -> T:
+            try:
+                return await fn(await self.client_for(topic, queue_id))
+            except ROUTING_ERRORS:
+                try:
+                    await self.refresh([topic])
+                except EQueueError as exc:
+                    log.debug("route refresh of %s failed: %s", topic, exc)
+                raise
+
+        return await retry_async(attempt, policy or self.policy)
