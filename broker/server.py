@@ -27,8 +27,8 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -50,6 +50,9 @@ from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
 from equeue.errors import ConfigError, ErrorCode
 from equeue.logs import RateLimitedLog
+
+if TYPE_CHECKING:
+    from broker.cluster.node import ClusterNode
 
 log = logging.getLogger("equeue.broker")
 
@@ -96,6 +99,8 @@ class Broker:
         self._fd_freed = trio.Event()
         #: connections in their TLS handshake (they count against max_connections)
         self._handshaking = 0
+        #: the cluster role (None: a standalone broker); built by serve() with --cluster
+        self.cluster: ClusterNode | None = None
         self._frames = FrameBudget(config.max_partial_frame_bytes)
         self._limits = ConnectionLimits(
             frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
@@ -126,10 +131,14 @@ class Broker:
         self._statistics = Statistics(
             self.stats, self.store, self.parked, self.appender, flush=cfg.flush
         )
+        if cfg.cluster:  # imported only here: a standalone broker never loads httpx
+            from broker.cluster.node import ClusterNode
+
+            self.cluster = ClusterNode(cfg, self.store, self.appender.submit)
         self.handlers = Handlers(
             store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,
             parked=self.parked, counters=self.stats, closing=self._closing, statistics=self._statistics.snapshot,
-            limits=Limits.from_config(cfg), security=self.security,
+            limits=Limits.from_config(cfg), security=self.security, cluster=self.cluster,
         )  # fmt: skip
         token = trio.lowlevel.current_trio_token()
         lifecycle = self.lifecycle = Lifecycle(
@@ -138,9 +147,16 @@ class Broker:
         try:
             async with trio.open_nursery() as core:
                 core.start_soon(self.appender.run)
-                async with trio.open_nursery() as tasks:
+                async with trio.open_nursery() as tasks, AsyncExitStack() as cluster_role:
                     listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
                     self.port = listeners[0].socket.getsockname()[1]
+                    if self.cluster is not None:  # register, load the view, materialize: then serve
+                        try:
+                            await cluster_role.enter_async_context(self.cluster.serving(self.port))
+                        except BaseException:
+                            for listener in listeners:
+                                await trio.aclose_forcefully(listener)
+                            raise
                     serve_scope = trio.CancelScope()
 
                     async def accept(listener: trio.SocketListener) -> None:
@@ -171,10 +187,16 @@ class Broker:
                         cfg.data_dir,
                         cfg.flush,
                     )
+                    if self.cluster is not None:
+                        log.info(
+                            "broker group %s, cluster %s, advertised as %s",
+                            cfg.broker_group, ",".join(cfg.cluster), self.cluster.address,
+                        )  # fmt: skip
                     task_status.started(self.port)
                     await self._stop.wait()
                     # graceful shutdown
                     serve_scope.cancel()
+                    await cluster_role.aclose()  # leave the cluster at once (lease revoked)
                     self._closing.closing = True
                     self.parked.close()
                     with trio.move_on_after(cfg.shutdown_grace):

@@ -121,9 +121,9 @@ def _non_negative(_: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"{attribute.name} must be >= 0, not {value}")
 
 
-def _positive_or_none(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise ValueError(f"{attribute.name} must be positive or absent, not {value}")
+def _non_negative_or_none(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and value < 0:
+        raise ValueError(f"{attribute.name} must be >= 0 or absent, not {value}")
 
 
 @attrs.frozen
@@ -170,8 +170,8 @@ class TopicPlacement:
     queues: int = attrs.field(validator=attrs.validators.ge(1))
     owners: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_owners_match)
     created_ms: int = attrs.field(validator=_non_negative)
-    retention_ms: int | None = attrs.field(default=None, validator=_positive_or_none)
-    retention_bytes: int | None = attrs.field(default=None, validator=_positive_or_none)
+    retention_ms: int | None = attrs.field(default=None, validator=_non_negative_or_none)
+    retention_bytes: int | None = attrs.field(default=None, validator=_non_negative_or_none)
 
     def queues_of(self, group: str) -> list[int]:
         """The queue ids ``group`` owns, ascending."""

@@ -14,8 +14,11 @@ Failure handling, in one place:
 
 * Each call tries the endpoints in turn, starting from the last one that answered
   (failover), each attempt bounded by ``request_timeout`` through a trio cancel scope.
-* A round in which no endpoint answered is retried a few times with stamina's
-  jittered back-off; then :class:`EtcdUnavailable` (a ``ClusterUnavailable``).
+* A round in which no endpoint answered is retried twice after a short jittered
+  back-off; then :class:`EtcdUnavailable` (a ``ClusterUnavailable``). Not with
+  stamina: it logs a warning for every retry through a process-wide hook, which
+  would flood a broker's log while etcd is down; callers (membership, the view)
+  log their outages once instead.
 * A write that is not idempotent (``create``, ``replace``, ``delete_if``, ``grant``)
   is retried only when it surely never reached etcd (the connection was refused);
   when it may have been applied (a timeout after sending) :class:`EtcdUnavailable`
@@ -30,16 +33,16 @@ import binascii
 import contextlib
 import json
 import logging
+import random
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Literal
 
 import attrs
 import httpx
-import stamina
 import trio
 
-from equeue.errors import ClusterUnavailable
+from equeue.errors import ClusterUnavailable, ConfigError
 
 __all__ = [
     "EtcdClient",
@@ -188,15 +191,24 @@ def _header_revision(answer: dict[str, Any]) -> int:
 class EtcdClient:
     """``async with EtcdClient(["http://127.0.0.1:2379"]) as etcd: await etcd.get(k)``.
 
-    ``endpoints`` are client URLs of the same etcd cluster; ``request_timeout`` bounds
-    each attempt on one endpoint (a cancel scope around the HTTP call). Every method
+    ``endpoints`` are client URLs of the same etcd cluster (ConfigError when there
+    is none or one is not an http(s) URL); ``request_timeout`` bounds each attempt
+    on one endpoint (a cancel scope around the HTTP call). Every method
     raises :class:`EtcdUnavailable` when no endpoint answers (after bounded retries),
     ``ClusterUnavailable`` on a malformed answer, :class:`EtcdError` when etcd refuses.
     """
 
     def __init__(self, endpoints: Sequence[str], *, request_timeout: float = 2.0) -> None:
         if not endpoints:
-            raise ValueError("EtcdClient needs at least one endpoint")
+            raise ConfigError("the cluster needs at least one etcd endpoint")
+        for endpoint in endpoints:
+            if (
+                not endpoint.startswith(("http://", "https://"))
+                or len(endpoint.split("//", 1)[1]) == 0
+            ):
+                raise ConfigError(
+                    f"etcd endpoint {endpoint!r} is not a URL like http://127.0.0.1:2379"
+                )
         self.endpoints = tuple(e.rstrip("/") for e in endpoints)
         self.request_timeout = request_timeout
         self._current = 0  # index of the endpoint that answered last
@@ -233,17 +245,14 @@ class EtcdClient:
     ) -> dict[str, Any]:
         """POST ``body`` to ``path``, failing over and retrying as the module says."""
         retry_on: type[Exception] = EtcdUnavailable if idempotent else _NotSent
-        async for attempt in stamina.retry_context(
-            on=retry_on,
-            attempts=_ROUNDS,
-            timeout=None,
-            wait_initial=0.05,
-            wait_max=0.5,
-            wait_jitter=0.05,
-        ):
-            with attempt:
+        for round_ in range(1, _ROUNDS + 1):
+            try:
                 return await self._round(path, body, idempotent=idempotent)
-        raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+            except retry_on:
+                if round_ == _ROUNDS:
+                    raise
+            await trio.sleep(min(0.05 * 2 ** (round_ - 1), 0.5) + random.uniform(0, 0.05))
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _round(self, path: str, body: dict[str, Any], *, idempotent: bool) -> dict[str, Any]:
         """One try on each endpoint in turn. Raises _NotSent when none accepted a

@@ -11,9 +11,12 @@ from __future__ import annotations
 from broker.handlers.base import RequestContext, TopicDirectory
 from broker.storage import StoreReader
 from equeue import control
-from equeue.errors import TopicNotFound
+from equeue.errors import BadRequest, TopicNotFound
 
-__all__ = ["ClusterHandlers"]
+__all__ = ["MAX_ROUTE_TOPICS", "ClusterHandlers"]
+
+#: most topics one GET_ROUTES may name (each unknown one may cost an etcd read)
+MAX_ROUTE_TOPICS = 1000
 
 
 class ClusterHandlers:
@@ -26,7 +29,9 @@ class ClusterHandlers:
         A topic that does not exist is created with ``auto_create`` (when the broker
         allows it and the user may), else listed in ``missing``. Raises InvalidName,
         NotAuthorized (an auto-create without the right), ClusterUnavailable (an
-        auto-create while etcd is unreachable)."""
+        auto-create while etcd is unreachable), BadRequest past MAX_ROUTE_TOPICS names."""
+        if len(req.topics) > MAX_ROUTE_TOPICS:
+            raise BadRequest(f"GET_ROUTES names {len(req.topics)} topics; at most {MAX_ROUTE_TOPICS} per request")
         infos: list[control.TopicInfo] = []
         missing: list[str] = []
         for name in dict.fromkeys(req.topics):

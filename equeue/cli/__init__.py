@@ -12,6 +12,7 @@ import typer
 from equeue.cli import (
     acl_cmd,
     broker_cmd,
+    cluster_cmd,
     consume_cmd,
     group_cmd,
     message_cmd,
@@ -28,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (broker_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd):
+for module in (broker_cmd, cluster_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd):
     module.register(app)
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -34,7 +34,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def fail(message: str, code: int = 1) -> None:
+def fail(message: str, code: int = 1) -> NoReturn:
     """Print one clear error line and exit non-zero."""
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
@@ -77,6 +77,18 @@ def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
         print_json(answer)
         return None
     return answer
+
+
+def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    """``await fn(router)`` over a :class:`client.routing.Router` bootstrapped from
+    ``broker`` (commands that ask every broker group and merge,
+    :mod:`equeue.cli._routed`); errors become one-line failures."""
+    from equeue.cli._routed import run_routed
+
+    try:
+        return run_routed(broker, fn)
+    except EQueueError as exc:
+        fail(str(exc))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:

@@ -6,7 +6,7 @@ import datetime as dt
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, fail, print_json, query, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, fail, print_json, routed, table
 
 
 def _ms(ts: int) -> str:
@@ -21,17 +21,24 @@ def register(app: typer.Typer) -> None:
 
     @group_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
-        """Groups known to the broker (live members or committed offsets)."""
-        groups = query(broker, lambda c: c.list_groups(), as_json)
-        if groups is None:
+        """Groups known to any broker group (live members or committed offsets)."""
+        from equeue.cli._routed import list_groups
+
+        groups = routed(broker, list_groups)
+        if as_json:
+            print_json(groups)
             return
         table(None, ["group", "members", "topics"], [(g.group, g.members, ", ".join(g.topics)) for g in groups], right=["members"])
 
     @group_app.command("describe")
     def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
-        """Members, queue → owner, committed offset, max offset and lag per queue."""
-        d = query(broker, lambda c: c.describe_group(group), as_json)
-        if d is None:
+        """Members, and per queue: the broker group owning it, the member holding it,
+        committed offset, max offset and lag (each row from the queue's owner)."""
+        from equeue.cli._routed import describe_group
+
+        d = routed(broker, lambda r: describe_group(r, group))
+        if as_json:
+            print_json(d)
             return
         table(
             f"group {d.group}: {len(d.members)} live member(s), generation {d.generation}",
@@ -39,12 +46,13 @@ def register(app: typer.Typer) -> None:
             [(m.consumer_id, m.host, m.mode, _ms(m.since_ms), m.quarantined) for m in d.members],
             right=["poison skipped"],
         )
-        rows = [
-            (q.topic, q.queue_id, q.owner or "-", q.committed if q.committed >= 0 else "-", q.max_offset, q.lag)
+        rows: list[tuple[object, ...]] = [
+            (q.topic, q.queue_id, q.broker_group or "-", q.owner or "-", q.committed if q.committed >= 0 else "-",
+             q.max_offset, q.lag)
             for q in d.queues
-        ]
-        rows.append(("total", "", "", "", "", sum(q.lag for q in d.queues)))
-        table(None, ["topic", "queue", "owner", "committed", "max offset", "lag"], rows,
+        ]  # fmt: skip
+        rows.append(("total", "", "", "", "", "", sum(q.lag for q in d.queues)))
+        table(None, ["topic", "queue", "broker group", "member", "committed", "max offset", "lag"], rows,
               right=["queue", "committed", "max offset", "lag"])  # fmt: skip
 
     @group_app.command("reset-offsets")
@@ -68,8 +76,9 @@ def register(app: typer.Typer) -> None:
             if when.tzinfo is None:
                 when = when.astimezone()
             ts, target = int(when.timestamp() * 1000), ResetTarget.TIME
-        with client(broker) as c:
-            offsets = c.reset_offsets(group, topic, target, ts, force)
+        from equeue.cli._routed import reset_offsets as reset
+
+        offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
 
@@ -82,35 +91,38 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:
-        """One page of %DLQ%GROUP: id (global offset), origin, attempts, time, body, resent."""
+        """One page of %DLQ%GROUP from every broker group: id (global offset in the
+        broker group shown), origin, attempts, time, body, resent."""
         import base64
 
+        from equeue.cli._routed import dlq_list as merged_list
         from equeue.names import validate_group
 
         validate_group(group)
-        with client(broker) as c:
-            page = c.dlq_list(group, queue, offset, limit)
+        page = routed(broker, lambda r: merged_list(r, group, queue, offset, limit))
         texts = [
-            f"(too big for a page: equeue message get %DLQ%{group} --global-offset {d.id})"
+            f"(too big for a page: equeue message get %DLQ%{group} --global-offset {d.id}"
+            f"{f' --broker-group {g}' if g else ''})"
             if d.body_omitted
             else base64.b64decode(d.body).decode("utf-8", "replace")
-            for d in page.letters
+            for g, d in page.letters
         ]
         if as_json:
             print_json([
-                {"id": d.id, "origin_topic": d.origin_topic, "key": d.key, "tags": d.tags,
+                {"id": d.id, "broker_group": g, "origin_topic": d.origin_topic, "key": d.key, "tags": d.tags,
                  "reconsume_times": d.reconsume_times, "timestamp": d.timestamp, "properties": d.properties,
                  "body": text, "resent": d.resent}
-                for d, text in zip(page.letters, texts, strict=True)
+                for (g, d), text in zip(page.letters, texts, strict=True)
             ])  # fmt: skip
         else:
             rows = [
-                (d.id, d.origin_topic, d.key or "", d.reconsume_times, _ms(d.timestamp), "yes" if d.resent else "",
-                 text[:60])
-                for d, text in zip(page.letters, texts, strict=True)
+                (d.id, g or "-", d.origin_topic, d.key or "", d.reconsume_times, _ms(d.timestamp),
+                 "yes" if d.resent else "", text[:60])
+                for (g, d), text in zip(page.letters, texts, strict=True)
             ]  # fmt: skip
             table(f"dead letters of {group}: {len(page.letters)}",
-                  ["id", "origin", "key", "attempts", "time", "resent", "body"], rows, right=["id", "attempts"])  # fmt: skip
+                  ["id", "broker group", "origin", "key", "attempts", "time", "resent", "body"], rows,
+                  right=["id", "attempts"])  # fmt: skip
         if not page.done:
             typer.echo(f"more: equeue dlq list {group} --queue {page.next_queue_id} --offset {page.next_offset}",
                        err=True)  # fmt: skip
@@ -120,16 +132,20 @@ def register(app: typer.Typer) -> None:
         group: str,
         ids: list[int] = typer.Option([], "--id", help="Global offset (id) of a dead letter; repeatable."),
         all_: bool = typer.Option(False, "--all", help="Resend every dead letter of the group."),
+        broker_group: str = typer.Option(
+            None, "--broker-group", help="The broker group holding the ids (cluster: as dlq list shows)."
+        ),
         broker: str = BROKER_OPTION,
     ) -> None:
-        """Send dead letters back to their origin topic (fresh: 0 attempts), each at most once."""
+        """Send dead letters back to their origin topic (fresh: 0 attempts), each at most
+        once. ``--all`` resends at every broker group."""
+        from equeue.cli._routed import dlq_resend as resend
         from equeue.names import validate_group
 
         validate_group(group)
         if not ids and not all_:
             fail("pass --id ID (repeatable) or --all")
-        with client(broker) as c:
-            ans = c.dlq_resend(group, ids, all_)
+        ans = routed(broker, lambda r: resend(r, group, ids, all_, broker_group))
         typer.echo(f"resent {len(ans.resent)} message(s) from %DLQ%{group}; {len(ans.already_resent)} resent before")
         for i, reason in sorted(ans.failed.items()):
             typer.echo(f"not resent: {i}: {reason}", err=True)

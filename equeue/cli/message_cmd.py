@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, client, fail, table
+from equeue.cli._common import BROKER_OPTION, fail, routed, table
 
 if TYPE_CHECKING:
     from equeue.models import Message
@@ -106,9 +106,13 @@ def register(app: typer.Typer) -> None:
         global_offset: int = typer.Option(-1, "--global-offset", "-g", help="Global offset (instead of --queue/--offset)."),
         force_hex: bool = typer.Option(False, "--hex", help="Print the body as hex even if it is text."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        broker_group: str = typer.Option(
+            None, "--broker-group", help="Cluster: the broker group whose store the global offset is in."
+        ),
         broker: str = BROKER_OPTION,
     ) -> None:
-        """Print one message: headers, properties and body.
+        """Print one message: headers, properties and body (asked of the queue's owner
+        broker group; a global offset is in one group's store).
 
         Examples: ``equeue message get orders --queue 1 --offset 42``,
         ``equeue message get orders --global-offset 1234 --json``.
@@ -118,11 +122,10 @@ def register(app: typer.Typer) -> None:
             fail("give either --queue Q --offset O, or --global-offset G")
         if by_queue and (queue < 0 or offset < 0):
             fail("--queue and --offset go together (both >= 0)")
-        with client(broker) as c:
-            if by_queue:
-                res = c.get_message(topic, queue_id=queue, queue_offset=offset)
-            else:
-                res = c.get_message(topic, global_offset=global_offset)
+        from equeue.cli._routed import get_message
+
+        res = routed(broker, lambda r: get_message(r, topic, queue if by_queue else -1, offset, global_offset,
+                                                   broker_group))  # fmt: skip
         if not res.messages:
             fail("message not found")
         m = res.messages[0]
@@ -142,12 +145,14 @@ def register(app: typer.Typer) -> None:
                                    "after a search the broker cut short)."),
         broker: str = BROKER_OPTION,
     ) -> None:
-        """List the messages of TOPIC with KEY, newest first (key index, no log scan).
+        """List the messages of TOPIC with KEY, newest first (key index, no log scan;
+        every broker group owning queues of TOPIC is asked).
 
         Example: ``equeue message find orders --key user-42 --limit 10``.
         """
-        with client(broker) as c:
-            res = c.find_by_key(topic, key, limit, before)
+        from equeue.cli._routed import find_by_key
+
+        res = routed(broker, lambda r: find_by_key(r, topic, key, limit, before))
         msgs = res.messages
         if res.next_offset:
             typer.echo(f"search cut short by the broker's scan budget (many keys share this key's hash); "
@@ -189,8 +194,7 @@ def register(app: typer.Typer) -> None:
             f"Stop serving {topic}/{queue} offset {offset} to every consumer? (cannot be undone)"
         ):
             fail("not skipped", code=1)
-        with client(broker) as c:
-            ans = c.skip_message(topic, queue, offset)
+        ans = routed(broker, lambda r: r.call(topic, queue, lambda c: c.skip_message(topic, queue, offset)))
         where = f"{topic}/{queue} offset {offset}"
         if ans.already_skipped:
             typer.echo(f"{where} was already skipped")
@@ -206,8 +210,9 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """List the records of TOPIC an operator skipped (``message skip``), by queue."""
-        with client(broker) as c:
-            by_queue = c.list_skipped(topic)
+        from equeue.cli._routed import list_skipped
+
+        by_queue = routed(broker, lambda r: list_skipped(r, topic))
         if as_json:
             sys.stdout.write(json.dumps({str(q): offs for q, offs in by_queue.items()}) + "\n")
             return

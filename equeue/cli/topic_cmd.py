@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, query, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, print_json, query, routed, table
 from equeue.config import parse_duration_ms, parse_size
 
 
@@ -69,15 +69,23 @@ def register(app: typer.Typer) -> None:
 
     @topic_app.command("describe")
     def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
-        """Per queue: retained range, message count and bytes; pending delayed messages."""
-        d = query(broker, lambda c: c.describe_topic(name), as_json)
-        if d is None:
+        """Per queue: owner broker group, retained range, message count and bytes;
+        pending delayed messages. Each queue's row comes from the group owning it."""
+        from equeue.cli._routed import describe_topic
+
+        d = routed(broker, lambda r: describe_topic(r, name))
+        if as_json:
+            print_json(d)
             return
-        rows = [(q.queue_id, q.min_offset, q.max_offset, q.count, f"{q.bytes:,}") for q in d.queues]
-        rows.append(("all", "", "", sum(q.count for q in d.queues), f"{d.store_bytes:,}"))
+        rows: list[tuple[object, ...]] = [
+            (q, owner or "-", s.min_offset, s.max_offset, s.count, f"{s.bytes:,}") if s is not None
+            else (q, owner or "-", "unavailable", "", "", "")
+            for q, (s, owner) in enumerate(zip(d.queues, d.owners, strict=True))
+        ]  # fmt: skip
+        rows.append(("all", "", "", "", sum(s.count for s in d.queues if s is not None), f"{d.store_bytes:,}"))
         table(
             f"topic {d.info.name}: {d.info.queues} queues, {d.pending_delayed} delayed pending",
-            ["queue", "min offset", "max offset", "messages", "bytes"], rows,
+            ["queue", "broker group", "min offset", "max offset", "messages", "bytes"], rows,
             right=["queue", "min offset", "max offset", "messages", "bytes"],
         )  # fmt: skip
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 import trio
 
 from broker.cluster.etcd import EtcdClient, EtcdUnavailable, KeyValue, WatchCompacted, WatchEvent
 from broker.cluster.etcdproc import EtcdProcess
-from equeue.errors import ClusterUnavailable, EQueueError, ErrorCode
+from equeue.errors import ClusterUnavailable, ConfigError, EQueueError, ErrorCode
 from tests.conftest import wait_until
 
 
@@ -242,3 +243,22 @@ async def test_malformed_answers_are_cluster_unavailable(body: bytes) -> None:
             # some bodies are valid for some calls (e.g. put ignores a missing header);
             # what matters is that nothing else than ClusterUnavailable escapes
         nursery.cancel_scope.cancel()
+
+
+def test_etcd_process_without_the_binary(tmp_path: Path) -> None:
+    with pytest.raises(EQueueError, match="install etcd-server"):
+        EtcdProcess(tmp_path, binary=str(tmp_path / "no-etcd")).start()
+
+
+def test_etcd_process_restarts_on_the_same_ports(own_etcd: EtcdProcess) -> None:
+    endpoint, pid = own_etcd.endpoint, own_etcd.pid
+    own_etcd.stop()
+    assert not own_etcd.running
+    own_etcd.start()
+    assert own_etcd.endpoint == endpoint and own_etcd.pid != pid
+
+
+@pytest.mark.parametrize("endpoints", [[], ["127.0.0.1:2379"], ["http://"]])
+def test_bad_endpoints_are_config_errors(endpoints: list[str]) -> None:
+    with pytest.raises(ConfigError):
+        EtcdClient(endpoints)

@@ -10,7 +10,7 @@ import trio
 
 from broker import Broker, open_broker
 from equeue import control
-from equeue.errors import InvalidName
+from equeue.errors import BadRequest, InvalidName
 from producer import AsyncClient
 from tests.conftest import make_config
 
@@ -28,6 +28,8 @@ async def test_get_routes_standalone_owner_is_empty_for_every_queue(broker: Brok
             assert created.missing == [] and created.topics[0].owners == [""] * 4  # default_queues
             with pytest.raises(InvalidName):
                 await c.get_routes(["bad name"])
+            with pytest.raises(BadRequest, match="at most 1000"):
+                await c.get_routes([f"t{i}" for i in range(1001)])
 
 
 async def test_get_routes_auto_create_follows_the_broker_setting(tmp_path: Path) -> None:

@@ -34,7 +34,7 @@ from equeue.placement import (
 names = st.text(st.sampled_from("abcdefgh-_.%0123"), min_size=1, max_size=12)
 group_lists = st.lists(names, min_size=1, max_size=6, unique=True)
 ms = st.integers(0, 2**53)
-positive = st.none() | st.integers(1, 2**53)
+positive = st.none() | st.integers(0, 2**53)
 
 groups = st.builds(GroupRecord, name=names, created_ms=ms)
 brokers = st.builds(
@@ -116,7 +116,7 @@ def test_a_wrong_field_is_refused_or_still_valid(
         (b'{"name":"t","queues":0,"owners":[],"created_ms":1}', "queues"),
         (b'{"name":"t","queues":1,"owners":[""],"created_ms":1}', "empty"),
         (
-            b'{"name":"t","queues":"1","owners":["a"],"created_ms":1,"retention_ms":0}',
+            b'{"name":"t","queues":"1","owners":["a"],"created_ms":1,"retention_ms":-1}',
             "retention_ms",
         ),
         (b'{"name":"t","queues":true,"owners":["a"],"created_ms":1}', "integer"),

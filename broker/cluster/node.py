@@ -1,0 +1,394 @@
+"""The broker's cluster role (docs/cluster.md): one object, one ``async with`` lifetime.
+
+:class:`ClusterNode` owns the broker's etcd client, its registration
+(:class:`~broker.cluster.membership.Membership`), the watched view
+(:class:`~broker.cluster.view.ClusterView`), the placement writes
+(:class:`~broker.cluster.placements.Placements`) and the materializer task. The
+handlers see it through :class:`broker.handlers.base.ClusterRole`:
+
+* **Ownership.** ``owned`` maps every topic the broker knows from etcd to the queue
+  ids its group owns; the produce hot path reads it with one dict lookup. A request
+  for a queue owned elsewhere is NOT_OWNER (naming the owner), or QUEUE_UNAVAILABLE
+  when that group has no live broker.
+* **Materialization.** Every placement in etcd exists in the local store with its
+  full queue count (created or grown through the appender) and its retention; a
+  topic that disappears from etcd while the broker watches is deleted locally. Done
+  before the broker serves, and after every change the view sees. A local topic etcd
+  does not know when the broker starts is left alone (never served; logged), as
+  Kafka keeps stray partitions: a fresh or wiped etcd must not destroy a store.
+* **Topic administration.** Create, alter, delete and auto-create write etcd
+  (Placements), then wait until the local store follows, then answer; etcd
+  unreachable is CLUSTER_UNAVAILABLE.
+* **Start-up refusal.** Part 1 runs one broker per group: another live broker of
+  the same group (another broker id) makes the start fail with a ConfigError.
+
+``broker_id`` is a UUID kept in ``<data-dir>/broker.id``, so a restarted broker is
+the same broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from broker.cluster.etcd import EtcdClient
+from broker.cluster.membership import Membership
+from broker.cluster.placements import Placements
+from broker.cluster.view import ClusterView
+from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader, WriteOp
+from equeue import __version__, control
+from equeue.config import BrokerConfig
+from equeue.errors import (
+    ClusterUnavailable,
+    ConfigError,
+    EQueueError,
+    NotOwner,
+    QueueUnavailable,
+    TopicNotFound,
+)
+from equeue.logs import RateLimitedLog
+from equeue.placement import BROKERS_PREFIX, BrokerRecord, TopicPlacement, decode_broker
+
+__all__ = ["ClusterNode", "load_broker_id"]
+
+log = logging.getLogger("equeue.cluster")
+_errors = RateLimitedLog(log, 10.0, time.monotonic)
+
+#: how long a topic change may take to reach the local store before the request
+#: answers CLUSTER_UNAVAILABLE (the change itself is in etcd and will be applied)
+FOLLOW_TIMEOUT = 10.0
+#: pause before the materializer retries a pass that failed
+_RETRY_PAUSE = 1.0
+
+Submit = Callable[[WriteOp], Awaitable[Any]]
+
+
+def load_broker_id(data_dir: Path) -> str:
+    """The broker's id, kept in ``<data_dir>/broker.id`` (created on first use)."""
+    path = Path(data_dir) / "broker.id"
+    try:
+        text = path.read_text().strip()
+        if text:
+            return str(uuid.UUID(text))
+    except FileNotFoundError:
+        pass
+    except ValueError as exc:
+        raise ConfigError(f"{path} does not hold a broker id (a UUID): {exc}") from None
+    broker_id = str(uuid.uuid4())
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(broker_id + "\n")
+    os.replace(tmp, path)
+    return broker_id
+
+
+class ClusterNode:
+    """The broker's cluster role. Build it with the store and the appender's submit,
+    then ``async with node.serving(port):`` around the time the broker serves: it
+    registers, loads the view, materializes every placement, and only then returns.
+    """
+
+    def __init__(self, config: BrokerConfig, store: StoreReader, submit: Submit) -> None:
+        self.group = config.broker_group
+        self.endpoints = list(config.cluster)
+        self._config = config
+        self._store = store
+        self._submit = submit
+        self._ttl = config.cluster_lease_ttl
+        self._default_queues = config.default_queues
+        self.broker_id = ""
+        self.address = ""
+        #: topic -> queue ids this group owns, for every topic known from etcd
+        self.owned: dict[str, frozenset[int]] = {}
+        #: the placements the handlers go by: the view's, plus newer ones this broker
+        #: wrote or looked up that the view has not shown yet
+        self._placements: dict[str, TopicPlacement] = {}
+        self._ahead: dict[str, TopicPlacement] = {}
+        #: the topic names of the last view snapshot materialized (a name that leaves
+        #: it was deleted in etcd)
+        self._seen: set[str] | None = None
+        #: set (and replaced) after every materializer pass
+        self._passed = trio.Event()
+        self._etcd: EtcdClient = None  # type: ignore[assignment]  # set by serving()
+        self._view: ClusterView = None  # type: ignore[assignment]
+        self._writes: Placements = None  # type: ignore[assignment]
+        self._lock = trio.Lock()  # one materializer pass (or direct apply) at a time
+        #: set when the view's topics changed since the last pass
+        self._dirty = trio.Event()
+
+    # ------------------------------------------------------------------ lifetime
+    @asynccontextmanager
+    async def serving(self, port: int) -> AsyncIterator[ClusterNode]:
+        """Join the cluster for the block's duration (advertising ``port`` unless
+        ``--advertise`` says otherwise); leave it (lease revoked) on exit.
+
+        Raises ClusterUnavailable when etcd does not answer, ConfigError when another
+        live broker serves this group."""
+        cfg = self._config
+        self.broker_id = await trio.to_thread.run_sync(load_broker_id, cfg.data_dir)
+        self.address = cfg.advertised(port)
+        async with EtcdClient(self.endpoints) as etcd, trio.open_nursery() as nursery:
+            self._etcd = etcd
+            await self._refuse_second_broker()
+            record = BrokerRecord(
+                self.group, self.broker_id, self.address, int(time.time() * 1000), os.getpid(), __version__
+            )
+            async with Membership(etcd, record, ttl=self._ttl) as membership, ClusterView(etcd) as view:
+                self._view = view
+                self._writes = Placements(etcd, view)
+                with trio.move_on_after(FOLLOW_TIMEOUT) as starting:
+                    await membership.wait_registered()
+                    await view.ready.wait()
+                    await view.wait_for(self._sees_itself)  # so its first placements count its group
+                if starting.cancelled_caught:
+                    raise ClusterUnavailable(
+                        f"etcd at {','.join(self.endpoints)} did not let the broker register and load the "
+                        f"cluster within {FOLLOW_TIMEOUT:g} s"
+                    )
+                unsubscribe = view.on_topics(lambda _change: self._dirty.set())
+                try:
+                    await self._pass()
+                    nursery.start_soon(self._materializer)
+                    log.info(
+                        "cluster: broker %s of group %s at %s (etcd %s), %d topics",
+                        self.broker_id, self.group, self.address, ",".join(self.endpoints), len(self.owned),
+                    )  # fmt: skip
+                    yield self
+                finally:
+                    unsubscribe()
+                    nursery.cancel_scope.cancel()
+
+    def _sees_itself(self) -> bool:
+        state = self._view.groups().get(self.group)
+        return state is not None and any(b.broker_id == self.broker_id for b in state.brokers)
+
+    async def _refuse_second_broker(self) -> None:
+        """Part 1 runs one broker per group: raises ConfigError when a live broker
+        with another id is registered in this one."""
+        kvs, _ = await self._etcd.get_prefix(f"{BROKERS_PREFIX}{self.group}/")
+        for kv in kvs:
+            try:
+                other = decode_broker(kv.value)
+            except EQueueError:
+                continue
+            if other.broker_id != self.broker_id:
+                raise ConfigError(
+                    f"broker group {self.group!r} already has a live broker ({other.broker_id} at {other.address}); "
+                    "a group runs one broker until replication (issue 15): use another --broker-group "
+                    f"(a crashed broker's registration expires within {self._ttl} s)"
+                )
+
+    # ------------------------------------------------------------------ materializer
+    async def _materializer(self) -> None:
+        """Apply every topic change the view sees to the local store, forever (a
+        failed pass is retried after a pause)."""
+        while True:
+            await self._dirty.wait()
+            self._dirty = trio.Event()
+            if not await self._pass():
+                await trio.sleep(_RETRY_PAUSE)
+                self._dirty.set()
+
+    async def _pass(self) -> bool:
+        """Bring the local store and ``owned`` in line with the view (plus what this
+        broker is ahead of it with). False when a write failed (logged)."""
+        async with self._lock:
+            view = dict(self._view.topics())
+            for name, p in list(self._ahead.items()):
+                seen = view.get(name)
+                if seen is not None and seen.queues >= p.queues:
+                    del self._ahead[name]  # the view caught up
+            merged = dict(view)
+            for name, p in self._ahead.items():
+                if name not in merged or merged[name].queues < p.queues:
+                    merged[name] = p
+            gone = (self._seen - set(view)) if self._seen is not None else set()
+            if self._seen is None:
+                stray = sorted(set(self._store.topics) - set(merged))
+                if stray:
+                    log.warning(
+                        "cluster: %d local topic(s) unknown to etcd are kept but not served: %s",
+                        len(stray), ", ".join(stray[:20]),
+                    )  # fmt: skip
+            self._seen = set(view)
+            self._placements = merged
+            self.owned = {name: frozenset(p.queues_of(self.group)) for name, p in merged.items()}
+            try:
+                for name in sorted(gone - set(merged)):
+                    if name in self._store.topics:
+                        await self._submit(DeleteTopicOp(name))
+                        log.info("cluster: topic %s deleted in etcd: deleted here", name)
+                for p in merged.values():
+                    await self._apply(p)
+            except EQueueError as exc:
+                _errors.log(logging.ERROR, "materialize", "cluster: materializing failed (retrying): %s", exc)
+                self._wake()
+                return False
+            self._wake()
+            return True
+
+    def _wake(self) -> None:
+        self._passed.set()
+        self._passed = trio.Event()
+
+    async def _apply(self, p: TopicPlacement) -> None:
+        """Create or grow the local topic of ``p`` and give it ``p``'s retention."""
+        local = self._store.topics.get(p.name)
+        if local is None:
+            await self._submit(CreateTopicOp(p.name, p.queues, p.retention_ms, p.retention_bytes, exist_ok=True))
+            return
+        if local.queues > p.queues:
+            _errors.log(
+                logging.WARNING, f"more:{p.name}",
+                "cluster: local topic %s has %d queues, etcd %d (a stale copy?): kept", p.name, local.queues, p.queues,
+            )  # fmt: skip
+        grow = p.queues if local.queues < p.queues else None
+        rms = _retention(local.retention_ms, p.retention_ms)
+        rbytes = _retention(local.retention_bytes, p.retention_bytes)
+        if grow is not None or rms is not None or rbytes is not None:
+            await self._submit(AlterTopicOp(p.name, grow, rms, rbytes))
+
+    async def _follow(self, done: Callable[[], bool]) -> None:
+        """Wait until ``done()`` (checked after each materializer pass). Raises
+        ClusterUnavailable when the local store has not followed in FOLLOW_TIMEOUT."""
+        with trio.move_on_after(FOLLOW_TIMEOUT):
+            while not done():
+                await self._passed.wait()
+            return
+        raise ClusterUnavailable(
+            f"etcd has the change but this broker has not applied it within {FOLLOW_TIMEOUT:g} s; retry"
+        )
+
+    async def _learn(self, p: TopicPlacement) -> control.TopicInfo:
+        """Take ``p`` (just written or looked up in etcd) ahead of the view, apply it
+        to the local store, and return the local topic."""
+        async with self._lock:
+            current = self._placements.get(p.name)
+            if current is None or current.queues <= p.queues:
+                self._ahead[p.name] = p
+                self._placements = {**self._placements, p.name: p}
+                self.owned = {**self.owned, p.name: frozenset(p.queues_of(self.group))}
+            await self._apply(p)
+        info = self._store.topics.get(p.name)
+        if info is None or info.queues < p.queues:
+            raise TopicNotFound(f"topic {p.name!r} was deleted")
+        return info
+
+    @property
+    def view(self) -> ClusterView:
+        """The watched view of the cluster (set while :meth:`serving`)."""
+        return self._view
+
+    # ------------------------------------------------------------------ ClusterRole
+    def owner_of(self, topic: str, queue_id: int) -> str:
+        p = self._placements.get(topic)
+        return p.owners[queue_id] if p is not None and 0 <= queue_id < p.queues else ""
+
+    def refuse(self, topic: str, queue_id: int) -> None:
+        p = self._placements.get(topic)
+        if p is None:
+            raise TopicNotFound(f"no topic {topic!r} in the cluster (create it with: equeue topic create {topic})")
+        owner = self.owner_of(topic, queue_id)
+        if not owner or owner == self.group:  # (a queue id past the count: the caller checks it)
+            return
+        if self._view.address_of(owner) is None:
+            raise QueueUnavailable(
+                f"queue {topic}/{queue_id} is owned by broker group {owner!r}, which has no live broker now"
+            )
+        raise NotOwner(
+            f"queue {topic}/{queue_id} is owned by broker group {owner!r}, not {self.group!r}: refresh routes"
+        )
+
+    async def require(self, name: str, create_queues: int | None) -> control.TopicInfo:
+        p = self._placements.get(name)
+        if p is None:
+            p = await self._view.lookup(name)
+        if p is None and create_queues is not None:
+            p = await self._writes.create_topic(name, create_queues, exist_ok=True)
+            log.info("auto-created topic %s in the cluster: %d queues", name, p.queues)
+        if p is None:
+            raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")
+        return await self._learn(p)
+
+    async def create_topic(self, req: control.CreateTopic) -> control.TopicInfo:
+        p = await self._writes.create_topic(
+            req.name, req.queues, req.retention_ms, req.retention_bytes, exist_ok=req.exist_ok
+        )
+        return await self._learn(p)
+
+    async def alter_topic(self, req: control.AlterTopic) -> control.TopicInfo:
+        p = await self._writes.alter_topic(req.name, req.queues, req.retention_ms, req.retention_bytes)
+        return await self._learn(p)
+
+    async def delete_topic(self, name: str) -> None:
+        if not await self._writes.delete_topic(name):
+            if name in self._store.topics and name not in self._placements:
+                await self._submit(DeleteTopicOp(name))  # a stray local copy: the one way to drop it
+                return
+            raise TopicNotFound(f"no topic {name!r}")
+        self._ahead.pop(name, None)
+        await self._follow(lambda: self._view.topic(name) is None)  # the view saw the delete
+        async with self._lock:
+            if name in self._placements:
+                self._placements = {k: v for k, v in self._placements.items() if k != name}
+                self.owned = {k: v for k, v in self.owned.items() if k != name}
+            if name in self._store.topics:
+                await self._submit(DeleteTopicOp(name))
+
+    async def own_queue(self, topic: str, origin_queue: int) -> tuple[control.TopicInfo, int]:
+        p = self._placements.get(topic) or await self._view.lookup(topic)
+        if p is None:
+            p = await self._writes.create_topic(topic, self._default_queues, exist_ok=True)
+        if not p.queues_of(self.group):
+            p = await self._writes.ensure_queue_on(topic, self.group)
+            log.info("cluster: placed a queue of %s on group %s (retries stay in their group)", topic, self.group)
+        info = await self._learn(p)
+        mine = p.queues_of(self.group)
+        return info, mine[origin_queue % len(mine)]
+
+    def route_table(self, topics: list[control.TopicInfo], missing: list[str]) -> control.RouteTable:
+        view = self._view
+        groups = [
+            control.GroupRoute(name, [b.address for b in state.brokers]) for name, state in sorted(view.groups().items())
+        ]
+        routes = []
+        for info in topics:
+            p = self._placements.get(info.name)
+            if p is None:
+                missing.append(info.name)
+                continue
+            routes.append(control.TopicRoute(attrs.evolve(info, queues=p.queues), list(p.owners)))
+        return control.RouteTable(True, view.revision, groups, routes, missing)
+
+    async def status(self) -> control.ClusterStatus:
+        etcd_ok = False
+        with trio.move_on_after(2.0):
+            try:
+                await self._etcd.status()
+                etcd_ok = True
+            except ClusterUnavailable:
+                pass
+        view = self._view
+        placements = sorted(self._placements.values(), key=lambda p: p.name)
+        groups = []
+        for g, state in sorted(view.groups().items()):
+            topics = {p.name: qs for p in placements if (qs := p.queues_of(g))}
+            members = [control.BrokerStatus(b.broker_id, b.group, b.address, b.started_ms, True) for b in state.brokers]
+            groups.append(control.GroupStatus(g, members, sum(map(len, topics.values())), topics, state.live))
+        return control.ClusterStatus(True, self.group, self.broker_id, self.endpoints, etcd_ok, view.revision, groups)
+
+
+def _retention(local: int | None, wanted: int | None) -> int | None:
+    """The AlterTopicOp value that turns ``local`` into ``wanted`` (None: no change;
+    -1: clear the override)."""
+    if local == wanted:
+        return None
+    return -1 if wanted is None else wanted

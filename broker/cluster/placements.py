@@ -1,0 +1,175 @@
+"""The write side of topic placement: create, grow, delete topics in etcd.
+
+etcd's ``/equeue/topics/<topic>`` is the one source of truth for which broker
+group owns each queue. Every change is a transaction: a create-if-absent for a new
+topic, a compare-and-swap on the record's mod_revision for a change (re-read and
+retried when another broker changed it first, a bounded number of times), so two
+brokers altering one topic at once never lose a queue. The rules (spread, grow)
+are :mod:`equeue.placement`'s; the live groups and the load come from the
+:class:`~broker.cluster.view.ClusterView`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+
+from broker.cluster.etcd import EtcdClient
+from broker.cluster.view import ClusterView
+from equeue.errors import BadRequest, ClusterUnavailable, TopicExists, TopicNotFound
+from equeue.placement import (
+    TopicPlacement,
+    decode_topic,
+    encode_topic,
+    grow,
+    load,
+    spread,
+    topic_key,
+)
+
+__all__ = ["Placements"]
+
+#: compare-and-swap attempts before giving up on a topic others keep changing
+_ATTEMPTS = 16
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _retention(value: int | None, current: int | None) -> int | None:
+    """An ALTER's retention override: None keeps ``current``, a negative clears it."""
+    if value is None:
+        return current
+    return None if value < 0 else value
+
+
+class Placements:
+    """Topic placement changes in etcd (see the module docstring).
+
+    Every method raises ClusterUnavailable when etcd cannot be reached (or the view
+    has not loaded yet), ClusterDataInvalid when the stored record does not decode,
+    InvalidName for a name that cannot be a key. ``now_ms`` stamps ``created_ms``.
+    """
+
+    def __init__(
+        self, etcd: EtcdClient, view: ClusterView, *, now_ms: Callable[[], int] = _wall_ms
+    ) -> None:
+        self._etcd = etcd
+        self._view = view
+        self._now_ms = now_ms
+
+    def _loaded(self) -> ClusterView:
+        if not self._view.ready.is_set():
+            raise ClusterUnavailable("the cluster view has not loaded from etcd yet")
+        return self._view
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        exist_ok: bool = False,
+    ) -> TopicPlacement:
+        """Create ``name`` with ``queues`` queues spread over the live groups, least
+        loaded first; retention None or negative = the brokers' defaults. Returns
+        the placement stored. Raises TopicExists when the topic exists, unless
+        ``exist_ok`` (then the existing placement is returned, unchanged);
+        BadRequest for fewer than one queue; NoLiveGroups when no group is alive."""
+        key = topic_key(name)
+        view = self._loaded()
+        known = view.topic(name)
+        if known is not None and exist_ok:
+            return known
+        for _ in range(_ATTEMPTS):
+            placement = TopicPlacement(
+                name=name,
+                queues=queues,
+                owners=spread(queues, view.live_groups(), view.load()),
+                created_ms=self._now_ms(),
+                retention_ms=_retention(retention_ms, None),
+                retention_bytes=_retention(retention_bytes, None),
+            )
+            if await self._etcd.create(key, encode_topic(placement)):
+                return placement
+            kv = await self._etcd.get(key)
+            if kv is None:
+                continue  # deleted in between: try again
+            if not exist_ok:
+                raise TopicExists(f"topic {name!r} already exists")
+            return decode_topic(kv.value)
+        raise ClusterUnavailable(f"topic {name!r} kept being created and deleted; try again")
+
+    async def alter_topic(
+        self,
+        name: str,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> TopicPlacement:
+        """Grow ``name`` to ``queues`` queues (None: unchanged; the new ones on the
+        least loaded live groups, existing ones never move) and/or change its
+        retention overrides (None: unchanged, negative: cleared). Returns the new
+        placement. Raises TopicNotFound; BadRequest for fewer queues than now;
+        NoLiveGroups when queues must be placed and no group is alive."""
+        view = self._loaded()
+
+        def change(current: TopicPlacement) -> TopicPlacement:
+            new = current
+            if queues is not None:
+                if queues < current.queues:
+                    raise BadRequest(
+                        f"topic {name!r} has {current.queues} queues; queue counts only grow "
+                        "(shrinking would strand stored messages)"
+                    )
+                others = [p for n, p in view.topics().items() if n != name]
+                new = grow(
+                    current, queues - current.queues, view.live_groups(), load([*others, current])
+                )
+            return attrs.evolve(
+                new,
+                retention_ms=_retention(retention_ms, current.retention_ms),
+                retention_bytes=_retention(retention_bytes, current.retention_bytes),
+            )
+
+        return await self._update(name, change)
+
+    async def ensure_queue_on(self, name: str, group: str) -> TopicPlacement:
+        """Make sure ``group`` owns at least one queue of ``name`` (internal topics:
+        a consumer group's ``%RETRY%``/``%DLQ%`` topic needs a queue on each group
+        that sends back or dead-letters messages): if it owns none, append one
+        queue owned by ``group``. Returns the placement. Raises TopicNotFound."""
+
+        def change(current: TopicPlacement) -> TopicPlacement:
+            if group in current.owners:
+                return current
+            return attrs.evolve(current, queues=current.queues + 1, owners=(*current.owners, group))
+
+        return await self._update(name, change)
+
+    async def delete_topic(self, name: str) -> bool:
+        """Remove ``name``'s placement; False when there was none."""
+        return await self._etcd.delete(topic_key(name))
+
+    async def _update(
+        self, name: str, change: Callable[[TopicPlacement], TopicPlacement]
+    ) -> TopicPlacement:
+        """Read, ``change``, compare-and-swap; again from the read when another
+        writer got in first (bounded)."""
+        key = topic_key(name)
+        for _ in range(_ATTEMPTS):
+            kv = await self._etcd.get(key)
+            if kv is None:
+                raise TopicNotFound(f"no topic {name!r}")
+            current = decode_topic(kv.value)
+            new = change(current)
+            if new == current:
+                return current
+            if await self._etcd.replace(key, encode_topic(new), kv.mod_revision):
+                return new
+        raise ClusterUnavailable(
+            f"topic {name!r} changed concurrently {_ATTEMPTS} times in a row; try again"
+        )

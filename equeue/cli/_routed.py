@@ -1,0 +1,312 @@
+"""The CLI's cluster-wide reads and writes: ask each broker group and merge.
+
+In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
+"Administration"), so commands that show or change per-queue state fan out through a
+:class:`client.routing.Router` and merge the answers here. Standalone there is one
+group (the broker given with ``--broker``) and each function makes one request, as
+before. :func:`run_routed` runs one of them in a private trio loop.
+
+Errors: the mapped :class:`~equeue.errors.EQueueError` of a failing group (a read
+that some groups answered names the others in its result instead, where it says so).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import attrs
+import trio
+
+from client.connection import AsyncClient
+from client.routing import Router
+from equeue import control
+from equeue.errors import ConfigError, EQueueError, QueueUnavailable
+from equeue.models import PullResult
+
+T = TypeVar("T")
+
+__all__ = [
+    "BrokerHealth",
+    "ClusterReport",
+    "MergedDlqPage",
+    "MergedTopic",
+    "cluster_report",
+    "describe_group",
+    "describe_topic",
+    "dlq_list",
+    "dlq_resend",
+    "find_by_key",
+    "get_message",
+    "list_groups",
+    "list_skipped",
+    "reset_offsets",
+    "run_routed",
+]
+
+
+def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
+    """``fn(router)`` in a fresh trio loop, the router bootstrapped from ``broker``."""
+
+    async def main() -> T:
+        error: EQueueError | None = None
+        async with AsyncClient(broker) as c, Router(c, refresh_interval=60.0) as router:
+            try:
+                result = await fn(router)
+            except EQueueError as exc:  # raised outside the nurseries: not wrapped in a group
+                error = exc
+            finally:
+                await router.aclose()
+        if error is not None:
+            raise error
+        return result
+
+    return trio.run(main)
+
+
+# ---------------------------------------------------------------------- topics
+@attrs.frozen
+class MergedTopic:
+    """A topic's per-queue stats from every owner (None: the owner group is down),
+    with the owner group of each queue."""
+
+    info: control.TopicInfo
+    queues: list[control.QueueStats | None]
+    owners: list[str]
+    pending_delayed: int
+    store_bytes: int
+
+
+async def describe_topic(router: Router, name: str) -> MergedTopic:
+    """DESCRIBE_TOPIC at every owner group of ``name``; each queue's row from its owner.
+    Raises TopicNotFound."""
+    route = await router.route(name)
+    stats: dict[int, control.QueueStats] = {}
+    delayed = store_bytes = 0
+    for owner in sorted(set(route.owners)):
+        try:
+            client = await router.client_for(name, route.owners.index(owner))
+        except QueueUnavailable:
+            continue
+        d = await client.describe_topic(name)
+        delayed += d.pending_delayed
+        store_bytes += d.store_bytes
+        stats.update({s.queue_id: s for s in d.queues if route.owners[s.queue_id] == owner})
+    queues = [stats.get(q) for q in range(len(route.owners))]
+    return MergedTopic(route.info, queues, list(route.owners), delayed, store_bytes)
+
+
+# ---------------------------------------------------------------------- groups
+async def _each_group(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> dict[str, T]:
+    """``fn`` at every live group, concurrently; the answers by group name. Raises the
+    first failure."""
+    clients = await router.all_clients()
+    out: dict[str, T] = {}
+
+    async def one(name: str, client: AsyncClient) -> None:
+        out[name] = await fn(client)
+
+    async with trio.open_nursery() as nursery:
+        for name, client in clients.items():
+            nursery.start_soon(one, name, client)
+    return {name: out[name] for name in sorted(out)}
+
+
+async def list_groups(router: Router) -> list[control.GroupSummary]:
+    """Every consumer group known to any broker group (members: the most any reports)."""
+    merged: dict[str, control.GroupSummary] = {}
+    for answer in (await _each_group(router, lambda c: c.list_groups())).values():
+        for g in answer:
+            old = merged.get(g.group)
+            if old is None:
+                merged[g.group] = g
+            else:
+                topics = sorted(set(old.topics) | set(g.topics))
+                merged[g.group] = control.GroupSummary(g.group, max(old.members, g.members), topics)
+    return [merged[name] for name in sorted(merged)]
+
+
+async def describe_group(router: Router, group: str) -> control.GroupDescription:
+    """DESCRIBE_GROUP at every broker group: members merged by consumer id, each
+    queue's row from its owner (``broker_group`` says which), generation summed."""
+    answers = await _each_group(router, lambda c: c.describe_group(group))
+    members: dict[str, control.MemberInfo] = {}
+    rows: dict[tuple[str, int], control.GroupQueue] = {}
+    for name, d in answers.items():
+        for m in d.members:
+            old = members.get(m.consumer_id)
+            if old is None or m.last_seen_ms > old.last_seen_ms:
+                members[m.consumer_id] = m
+        for q in d.queues:
+            owner = router.owner(q.topic, q.queue_id)
+            if owner is None or owner == name or (q.topic, q.queue_id) not in rows:
+                rows[(q.topic, q.queue_id)] = attrs.evolve(q, broker_group=q.broker_group or name)
+    return control.GroupDescription(
+        group, sorted(members.values(), key=lambda m: m.consumer_id), [rows[k] for k in sorted(rows)],
+        sum(d.generation for d in answers.values()),
+    )  # fmt: skip
+
+
+async def reset_offsets(
+    router: Router, group: str, topic: str, to: control.ResetTarget, timestamp_ms: int, force: bool
+) -> dict[int, int]:
+    """RESET_OFFSETS at every owner group of ``topic``; each queue's new offset from its owner."""
+    route = await router.route(topic)
+    out: dict[int, int] = {}
+    for owner in sorted(set(route.owners)):
+        client = await router.client_for(topic, route.owners.index(owner))
+        answer = await client.reset_offsets(group, topic, to, timestamp_ms, force)
+        out.update({q: off for q, off in answer.items() if route.owners[q] == owner})
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------- dead letters
+@attrs.frozen
+class MergedDlqPage:
+    """Dead letters of every broker group (each with the group that holds it)."""
+
+    letters: list[tuple[str, control.DeadLetter]]
+    next_queue_id: int
+    next_offset: int
+    done: bool
+
+
+async def dlq_list(router: Router, group: str, queue_id: int, offset: int, limit: int) -> MergedDlqPage:
+    """One page of the group's dead letters from the cursor, from every broker group,
+    in (queue, offset) order; the cursor continues after the last letter shown."""
+    pages = await _each_group(router, lambda c: c.dlq_list(group, queue_id, offset, limit))
+    letters = sorted(
+        ((name, d) for name, p in pages.items() for d in p.letters), key=lambda x: (x[1].queue_id, x[1].queue_offset)
+    )
+    shown = letters[:limit]
+    done = all(p.done for p in pages.values()) and len(letters) <= limit
+    if shown and not done:
+        last = shown[-1][1]
+        return MergedDlqPage(shown, last.queue_id, last.queue_offset + 1, False)
+    nxt = [(p.next_queue_id, p.next_offset) for p in pages.values() if not p.done]
+    q, o = min(nxt) if nxt else (queue_id, offset)
+    return MergedDlqPage(shown, q, o, done)
+
+
+async def dlq_resend(router: Router, group: str, ids: list[int], all_letters: bool, broker_group: str | None) -> control.DlqResendAnswer:
+    """DLQ_RESEND at every broker group (``--all``) or at ``broker_group``: letter ids
+    are offsets in one broker's store, so a cluster with several groups needs it with
+    ids. Raises ConfigError when it is missing there."""
+    clients = await router.all_clients()
+    if broker_group is not None:
+        if broker_group not in clients:
+            raise ConfigError(f"no live broker group {broker_group!r} (live: {', '.join(sorted(clients)) or 'none'})")
+        clients = {broker_group: clients[broker_group]}
+    elif ids and len(clients) > 1:
+        raise ConfigError("dead letter ids are per broker group: pass --broker-group (see equeue dlq list)")
+    answer = control.DlqResendAnswer([], [], {})
+    for client in clients.values():
+        a = await client.dlq_resend(group, ids, all_letters)
+        answer.resent.extend(a.resent)
+        answer.already_resent.extend(a.already_resent)
+        answer.failed.update(a.failed)
+    return answer
+
+
+# ---------------------------------------------------------------------- messages
+async def get_message(
+    router: Router, topic: str, queue_id: int, queue_offset: int, global_offset: int, broker_group: str | None
+) -> PullResult:
+    """GET_MESSAGE at the queue's owner, or (by global offset, an offset in one
+    broker's store) at ``broker_group``; required then when several groups live."""
+    if queue_id >= 0:
+        return await router.call(topic, queue_id, lambda c: c.get_message(topic, queue_id=queue_id,
+                                                                          queue_offset=queue_offset))  # fmt: skip
+    clients = await router.all_clients()
+    if broker_group is None:
+        if len(clients) > 1:
+            raise ConfigError("a global offset is per broker group: pass --broker-group")
+        broker_group = next(iter(clients))
+    if broker_group not in clients:
+        raise ConfigError(f"no live broker group {broker_group!r}")
+    return await clients[broker_group].get_message(topic, global_offset=global_offset)
+
+
+async def find_by_key(router: Router, topic: str, key: str, limit: int, before: int) -> PullResult:
+    """FIND_BY_KEY at every owner group of ``topic``, newest first, at most ``limit``.
+    ``before`` and the continuation offset are per broker: with several groups the
+    continuation is not given (``next_offset`` 0)."""
+    route = await router.route(topic)
+    groups = sorted(set(route.owners))
+    results = []
+    for owner in groups:
+        client = await router.client_for(topic, route.owners.index(owner))
+        results.append(await client.find_by_key(topic, key, limit, before))
+    if len(results) == 1:
+        return results[0]
+    msgs = sorted((m for r in results for m in r.messages), key=lambda m: m.timestamp, reverse=True)[:limit]
+    return attrs.evolve(results[0], messages=msgs, next_offset=0)
+
+
+async def list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
+    """The skipped offsets of ``topic`` from each queue's owner."""
+    route = await router.route(topic)
+    out: dict[int, list[int]] = {}
+    for owner in sorted(set(route.owners)):
+        client = await router.client_for(topic, route.owners.index(owner))
+        for q, offsets in (await client.list_skipped(topic)).items():
+            if 0 <= q < len(route.owners) and route.owners[q] == owner:
+                out[q] = offsets
+    return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------- cluster status
+@attrs.frozen
+class BrokerHealth:
+    """Whether this CLI reaches a broker: STATS answered, with the round trip."""
+
+    group: str
+    broker_id: str
+    address: str
+    reachable: bool
+    rtt_ms: float | None
+    error: str = ""
+
+
+@attrs.frozen
+class ClusterReport:
+    """CLUSTER_STATUS as the bootstrap broker sees it, plus each broker's health."""
+
+    status: control.ClusterStatus
+    health: list[BrokerHealth]
+
+
+async def _health(client: AsyncClient, group: str, broker_id: str, address: str) -> BrokerHealth:
+    t0 = time.perf_counter()
+    try:
+        with trio.fail_after(client.connect_timeout + 5):
+            await client.stats()
+    except (EQueueError, trio.TooSlowError) as exc:
+        return BrokerHealth(group, broker_id, address, False, None, str(exc) or type(exc).__name__)
+    return BrokerHealth(group, broker_id, address, True, round((time.perf_counter() - t0) * 1000, 2))
+
+
+async def cluster_report(router: Router, connect_timeout: float = 3.0) -> ClusterReport:
+    """CLUSTER_STATUS at the bootstrap broker, and STATS at every alive broker it lists
+    (standalone: at the bootstrap itself), each over its own connection."""
+    boot = router.bootstrap
+    status = await boot.cluster_status()
+    if not status.cluster:
+        address = ",".join(f"{h}:{p}" for h, p in boot.brokers)
+        return ClusterReport(status, [await _health(boot, "", status.broker_id, address)])
+    health: list[BrokerHealth] = []
+
+    async def probe(group: str, b: control.BrokerStatus) -> None:
+        if not b.alive or not b.address:
+            health.append(BrokerHealth(group, b.broker_id, b.address, False, None, "not registered"))
+            return
+        async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+            health.append(await _health(c, group, b.broker_id, b.address))
+
+    async with trio.open_nursery() as nursery:
+        for g in status.groups:
+            for b in g.brokers:
+                nursery.start_soon(probe, g.name, b)
+    health.sort(key=lambda h: (h.group, h.address))
+    return ClusterReport(status, health)

@@ -1,0 +1,171 @@
+"""The broker's cluster role against a REAL etcd (the ``etcd`` fixture) and real
+brokers (in this test's trio loop, over TCP): placement, materialization, ownership
+(NOT_OWNER, QUEUE_UNAVAILABLE), leases and retries per group, and etcd outages."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from broker import Broker, open_broker
+from broker.cluster.etcdproc import EtcdProcess
+from equeue import Message, control, wire
+from equeue.errors import ClusterUnavailable, ConfigError, NotOwner, QueueUnavailable
+from equeue.names import retry_topic
+from producer import AsyncClient
+from tests.conftest import make_config, wait_until
+
+
+def config(tmp_path: Path, etcd: EtcdProcess, group: str, **kw: Any) -> Any:
+    return make_config(tmp_path / group, cluster=etcd.endpoint, broker_group=group, **kw)
+
+
+@asynccontextmanager
+async def cluster(tmp_path: Path, etcd: EtcdProcess, *groups: str, **kw: Any) -> AsyncIterator[list[Broker]]:
+    """One broker per group; returns once each one's view has every group live."""
+    async with AsyncExitStack() as stack:
+        brokers = [await stack.enter_async_context(open_broker(config(tmp_path, etcd, g, **kw))) for g in groups]
+        for b in brokers:
+            await wait_until(lambda b=b: _live(b) == set(groups), what=f"{b.config.broker_group} sees {groups}")
+        yield brokers
+
+
+def _live(b: Broker) -> set[str]:
+    assert b.cluster is not None
+    return set(b.cluster.view.live_groups())
+
+
+def entry(text: str) -> bytes:
+    return wire.encode_entry(Message(text))
+
+
+def local(b: Broker, topic: str) -> int:
+    """The queue count of ``topic`` in ``b``'s local store (0: absent)."""
+    info = b.store.topics.get(topic)
+    return 0 if info is None else info.queues
+
+
+async def test_placement_routes_ownership_and_groups(tmp_path: Path, etcd: EtcdProcess) -> None:
+    with trio.fail_after(45):
+        async with cluster(tmp_path, etcd, "g1", "g2", "g3", default_queues=1) as brokers, AsyncExitStack() as stack:
+            c = [await stack.enter_async_context(AsyncClient(b.address)) for b in brokers]
+            await c[1].create_topic("t", 12)
+            owners = (await c[0].get_routes(["t"])).topics[0].owners
+            assert Counter(owners) == {"g1": 4, "g2": 4, "g3": 4}
+            for client, b in zip(c, brokers, strict=True):  # every broker agrees and has the topic
+                table = await client.get_routes(["t"])
+                assert table.cluster and table.topics[0].owners == owners and table.missing == []
+                assert {g.name: g.addresses for g in table.groups} == {x.config.broker_group: [x.address] for x in brokers}
+                await wait_until(lambda b=b: local(b, "t") == 12, what=f"{b.config.broker_group} materialized t")
+
+            mine = owners.index("g1")
+            other = owners.index("g2")
+            ans = await c[0].produce(wire.ProduceRequest("t", mine, [entry("a"), entry("b")]))
+            assert ans.stored == 2
+            with pytest.raises(NotOwner, match="'g2'"):
+                await c[0].produce(wire.ProduceRequest("t", other, [entry("x")]))
+            info = brokers[0].store.topics["t"]
+            assert brokers[0].store.queue_state(info.topic_id, other).next_offset == 0  # nothing written
+            for refused in (
+                c[0].pull(wire.PullRequest("t", other, 0)),
+                c[0].commit_offset("cg", "t", other, 0),
+                c[0].query_offset("cg", "t", other),
+                c[0].queue_offsets("t", other),
+                c[0].get_message("t", other, 0),
+            ):
+                with pytest.raises(NotOwner, match="owned by broker group 'g2'"):
+                    await refused
+            assert len((await c[0].pull(wire.PullRequest("t", mine, 0))).messages) == 2
+            await c[0].commit_offset("cg", "t", mine, 1)
+
+            # leases: granted only for owned queues; describe only owned rows, named
+            hb = control.Heartbeat("cg", "m1", ["t"], acquire=[f"t/{q}" for q in range(12)])
+            held = (await c[0].heartbeat(hb)).held
+            assert sorted(held) == sorted(f"t/{q}" for q in range(12) if owners[q] == "g1")
+            desc = await c[0].describe_group("cg")
+            assert {(r.queue_id, r.broker_group) for r in desc.queues} == {(q, "g1") for q in range(12) if owners[q] == "g1"}
+            assert {q.queue_id for q in (await c[0].describe_topic("t")).queues} == {q for q in range(12) if owners[q] == "g1"}
+
+            # alter 8 -> 12: old queues stay, new ones on the least loaded, everyone grows
+            await c[2].create_topic("u", 8)
+            before = (await c[0].get_routes(["u"])).topics[0].owners
+            await c[0].alter_topic("u", queues=12)
+            after = (await c[2].get_routes(["u"])).topics[0].owners
+            assert after[:8] == before and len(after) == 12
+            total = Counter(owners) + Counter(after)
+            assert max(total.values()) - min(total.values()) <= 1
+            for b in brokers:
+                await wait_until(lambda b=b: local(b, "u") == 12, what=f"{b.config.broker_group} grew u")
+
+            # SEND_BACK lands in a retry queue of the sender's own group: the first one
+            # creates the retry topic (1 queue: default_queues), the others place a
+            # queue on their own group first
+            for i, (client, b) in enumerate(zip(c, brokers, strict=True)):
+                g = b.config.broker_group
+                q = owners.index(g)
+                sent = await client.produce(wire.ProduceRequest("t", q, [entry(f"r{i}")]))
+                back = await client.send_back("cg", "t", q, sent.first_queue, 0)
+                assert back.topic == retry_topic("cg")
+                route = (await client.get_routes([back.topic])).topics[0]
+                assert route.owners[back.queue_id] == g
+
+            # delete propagates to every broker
+            await c[1].delete_topic("u")
+            for b in brokers:
+                await wait_until(lambda b=b: local(b, "u") == 0, what=f"{b.config.broker_group} deleted u")
+            assert (await c[0].get_routes(["u"])).missing == ["u"]
+
+
+async def test_group_down_second_broker_refused_etcd_outage(tmp_path: Path, etcd: EtcdProcess) -> None:
+    with trio.fail_after(50):
+        async with open_broker(config(tmp_path, etcd, "g1")) as b1, AsyncClient(b1.address) as c1:
+            # a second broker in the same group is refused at start
+            with pytest.RaisesGroup(pytest.RaisesExc(ConfigError, match="already has a live broker"), flatten_subgroups=True):
+                async with open_broker(make_config(tmp_path / "dup", cluster=etcd.endpoint, broker_group="g1")):
+                    pass
+            async with open_broker(config(tmp_path, etcd, "g2")) as b2:
+                await c1.create_topic("t", 4)
+                owners = (await c1.get_routes(["t"])).topics[0].owners
+                await wait_until(lambda: local(b2, "t") == 4, what="g2 materialized t")
+            # g2 stopped: down in every view, its queues unavailable (not gone)
+            gone = owners.index("g2")
+            await wait_until(lambda: _down(b1, "g2"), what="g2 down")
+            table = await c1.get_routes(["t"])
+            assert {g.name: g.addresses for g in table.groups} == {"g1": [b1.address], "g2": []}
+            with pytest.raises(QueueUnavailable, match="'g2'"):
+                await c1.produce(wire.ProduceRequest("t", gone, [entry("x")]))
+            status = await c1.cluster_status()
+            assert status.etcd_ok and {g.name: g.available for g in status.groups} == {"g1": True, "g2": False}
+
+            # etcd down: owned queues keep serving; topic changes answer CLUSTER_UNAVAILABLE
+            mine = owners.index("g1")
+            etcd.stop()
+            await c1.produce(wire.ProduceRequest("t", mine, [entry("during")]))
+            assert [m.text for m in (await c1.pull(wire.PullRequest("t", mine, 0))).messages] == ["during"]
+            with pytest.raises(ClusterUnavailable):
+                await c1.create_topic("new", 2)
+            assert not (await c1.cluster_status()).etcd_ok
+            etcd.start()
+            await wait_until(_registered(c1, b1), timeout=20, what="g1 registered again")
+            await c1.create_topic("new", 2)
+            assert (await c1.get_routes(["new"])).topics[0].owners == ["g1", "g1"]
+
+
+def _down(b: Broker, group: str) -> bool:
+    assert b.cluster is not None
+    return b.cluster.view.address_of(group) is None
+
+
+def _registered(c: AsyncClient, b: Broker) -> Any:
+    async def check() -> bool:
+        status = await c.cluster_status()
+        groups = {g.name: g for g in status.groups}
+        return status.etcd_ok and groups["g1"].available and groups["g1"].brokers[0].address == b.address
+
+    return check

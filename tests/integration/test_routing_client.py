@@ -1,0 +1,87 @@
+"""The client's Router against a standalone broker: every queue is owned by group ""
+(the bootstrap connection), so producers and consumers route exactly as before; a
+broker that does not know GET_ROUTES (an older one) is routed as standalone."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from broker import Broker
+from client.routing import BOOTSTRAP, Router
+from consumer import AsyncConsumer
+from equeue.errors import QueueNotFound, TopicNotFound
+from equeue.protocol import RequestCode
+from producer import AsyncClient, AsyncProducer
+
+
+async def test_standalone_routes_every_queue_to_the_bootstrap(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c, Router(c, refresh_interval=60) as router:
+            await c.create_topic("a", 3)
+            route = await router.route("a")
+            assert route.owners == [BOOTSTRAP] * 3 and not router.cluster
+            assert [router.owner("a", q) for q in range(3)] == ["", "", ""]
+            assert all(router.available("a", q) for q in range(3)) and not router.available("a", 3)
+            assert all([await router.client_for("a", q) is c for q in range(3)])
+            assert await router.clients_for_topics(["a", "missing"]) == {"": c}
+            assert await router.all_clients() == {"": c}
+            stats = await router.call("a", 1, lambda client: client.queue_offsets("a", 1))
+            assert (stats.queue_id, stats.max_offset) == (1, 0)
+            with pytest.raises(TopicNotFound):
+                await router.route("missing")
+            with pytest.raises(QueueNotFound):
+                await router.client_for("a", 3)
+            created = await router.route("auto", auto_create=True)
+            assert created.owners == [""] * created.info.queues
+            # a refresh sees an alter
+            await c.alter_topic("a", queues=5)
+            table = await router.refresh()
+            assert {t.info.name: len(t.owners) for t in table.topics} == {"a": 5, "auto": created.info.queues}
+            assert router.owner("a", 4) == ""
+
+
+async def test_an_older_broker_without_get_routes_is_routed_as_standalone(broker: Broker) -> None:
+    del broker.handlers.table[RequestCode.GET_ROUTES]  # what a broker before issue 14 answers: UNKNOWN_REQUEST
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c, Router(c, refresh_interval=60) as router:
+            await c.create_topic("a", 2)
+            assert (await router.route("a")).owners == ["", ""]
+            assert router.legacy and await router.client_for("a", 1) is c
+            with pytest.raises(TopicNotFound):
+                await router.route("missing")
+        async with AsyncProducer(broker.address, linger=0) as p:
+            results = [await p.send("a", b"m", key=f"k{i}") for i in range(10)]
+            assert {r.queue_id for r in results} == {0, 1}
+        async with AsyncConsumer(broker.address, "g", "a", start_from="earliest") as cons:
+            got = []
+            async for m in cons:
+                got.append(m.key)
+                if len(got) == 10:
+                    break
+            assert sorted(k or "" for k in got) == sorted(f"k{i}" for i in range(10))
+
+
+async def test_producer_and_consumer_route_through_the_bootstrap(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("t", 4)
+        async with AsyncProducer(broker.address, linger=0.001) as p:
+            handles = [await p.send_async("t", f"m{i}".encode(), key=f"k{i % 7}") for i in range(200)]
+            handles += [await p.send_async("t", b"keyless") for _ in range(40)]
+            await p.flush()
+            results = [await h for h in handles]
+            assert p.router.owner("t", 0) == "" and p.router.client_now("t", 0) is p.client
+        keyless = [r.queue_id for r in results[200:]]
+        assert sorted(set(keyless)) == [0, 1, 2, 3]  # round-robin over every (available) queue
+        async with AsyncConsumer(broker.address, "g", "t", start_from="earliest") as cons:
+            seen: dict[str, list[int]] = {}
+            n = 0
+            async for m in cons:
+                n += 1
+                if m.key is not None:
+                    seen.setdefault(m.key, []).append(m.queue_offset)
+                if n == 240:
+                    break
+            assert cons.coordinator.reached == [""]
+            assert all(offs == sorted(offs) for offs in seen.values())  # queue order per key
