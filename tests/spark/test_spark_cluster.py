@@ -136,7 +136,7 @@ def test_source_and_sink_against_two_groups(ss: Any, cluster: Cluster, tmp_path:
     # availableNow stream bootstrapped from g2, written by the sink to another topic
     q = (
         ss.readStream.format("equeue").option("brokers", g2).option("topic", "sp")
-        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 1000).load()
+        .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 1500).load()
         .select("key", "body")
         .writeStream.format("equeue").option("brokers", g2).option("topic", "sp-out")
         .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
