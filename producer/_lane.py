@@ -392,6 +392,7 @@ class _Lane:
     # ------------------------------------------------------------------ outcomes
     def resolve(self, b: _Batch, answer: wire.ProduceResponse) -> None:
         b.finish(answer, None)
+        self.route_failures = 0  # the owner answered: a later NOT_OWNER backs off from the start
         self._release(b)
 
     def fail(self, b: _Batch, error: BaseException) -> None:

@@ -31,6 +31,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +39,7 @@ from broker.cluster.etcdproc import EtcdProcess
 from broker.process import BrokerProcess
 from consumer import Consumer
 from equeue import Message, wire
-from equeue.control import ClusterStatus
+from equeue.control import ClusterStatus, TopicRoute
 from equeue.errors import EQueueError, ErrorCode, QueueUnavailable
 from equeue.routing import queue_for_key
 from producer import Client, Producer
@@ -522,6 +523,39 @@ def test_etcd_restarted_under_the_cluster(healthy: Cluster) -> None:
         c.close()
         ct.join(10)
     assert sorted(m.text for m in got) == sorted(acked), "every acked message once"
+
+
+# ------------------------------------------------------------------------------ stale routes
+def test_each_not_owner_episode_backs_off_from_the_start(healthy: Cluster) -> None:
+    """A producer whose route turns stale again and again (here: made stale by hand)
+    is rerouted each time after the FIRST backoff step: its count of routing failures
+    starts over once the owner answers (it used to grow for the producer's whole
+    life, so every later NOT_OWNER waited up to the 5 s cap)."""
+    cl = healthy
+    cl.client("g1").create_topic("s7", 3)
+    owners = cl.owners("s7")
+    assert sorted(owners) == sorted(GROUPS)
+    key0 = next(f"k{i}" for i in range(1000) if queue_for_key(f"k{i}", 3) == 0)
+    wrong = next(g for g in GROUPS if g != owners[0])
+
+    async def make_stale(core: Any) -> Any:
+        cache = core.router.cache
+        t = cache.topics["s7"]
+        cache.topics["s7"] = TopicRoute(t.info, [wrong if q == 0 else g for q, g in enumerate(t.owners)])
+        lane = core._routes.topics["s7"].lanes[0]
+        lane.owner = wrong
+        lane.client = await core.router.client_for("s7", 0)
+        return lane
+
+    with Producer(cl.bootstrap, route_refresh=3600.0) as p:
+        p.send("s7", "warm-up", key=key0)
+        for i in range(3):
+            lane = p._call(make_stale)
+            stale_client = lane.client
+            assert p.send("s7", f"x{i}", key=key0).queue_id == 0
+            assert lane.client is not stale_client, "the lane was rerouted after NOT_OWNER"
+            assert lane.route_failures == 0, f"episode {i}: {lane.route_failures} routing failures remembered"
+    assert cl.client(owners[0]).queue_offsets("s7", 0).max_offset == 4
 
 
 # ------------------------------------------------------------------------------ make cluster
