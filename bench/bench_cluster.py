@@ -165,8 +165,9 @@ def route_refresh(target: Target, topic: str, rounds: int = 1000) -> dict[str, f
 
 def make_stale(p: Producer, topic: str, queue_id: int, wrong_group: str) -> None:
     """Make the producer's held route say ``wrong_group`` owns ``queue_id`` (the same
-    revision, so the refresh after NOT_OWNER takes the true table back). Reaches into
-    the producer's router on its loop thread: a benchmark-only hack."""
+    revision, so the refresh after NOT_OWNER takes the true table back) and point the
+    queue's lane at that group's connection. Reaches into the producer's router and
+    lane on its loop thread: a benchmark-only hack."""
 
     async def poison(core: Any) -> None:
         cache = core.router.cache
@@ -174,6 +175,9 @@ def make_stale(p: Producer, topic: str, queue_id: int, wrong_group: str) -> None
         owners = list(t.owners)
         owners[queue_id] = wrong_group
         cache.topics[topic] = TopicRoute(t.info, owners)
+        lane = core._routes.topics[topic].lanes[queue_id]  # its resolved connection, too
+        lane.owner = wrong_group
+        lane.client = await core.router.client_for(topic, queue_id)
 
     p._call(poison)
 
