@@ -124,11 +124,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tmp.name) if tmp is not None else args.data_dir
     cluster = LocalCluster(root, args.groups, args.base_port, args.etcd_port, args.log_level)
     try:
+        # The children start with SIGINT blocked (a signal mask survives exec): Ctrl-C in
+        # a terminal signals the whole foreground group, and etcd must outlive the
+        # brokers' clean stop (they revoke their leases), so only this process acts on it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             cluster.start()
         except EQueueError as exc:
             print(f"equeue cluster: cannot start: {exc}", file=sys.stderr, flush=True)
             return 1
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         print(f"etcd      {cluster.etcd.endpoint}  (data {cluster.etcd.data_dir})", flush=True)
         for name, b in cluster.brokers.items():
             print(f"group {name:4} broker {b.address}  (data {b.data_dir})", flush=True)
