@@ -34,7 +34,7 @@ import trio
 
 from client.connection import AsyncClient, PushHandler
 from client.link import parse_brokers
-from client.retry import DEFAULT_POLICY, RetryPolicy, retry_async
+from client.retry import DEFAULT_POLICY, RetryPolicy, is_transient, retry_async
 from equeue import control
 from equeue.errors import (
     ClientClosed,
@@ -49,12 +49,14 @@ from equeue.errors import (
 
 log = logging.getLogger("equeue.client")
 
-__all__ = ["BOOTSTRAP", "ROUTING_ERRORS", "RouteCache", "Router"]
+__all__ = ["BOOTSTRAP", "MAX_TOPICS_PER_REQUEST", "ROUTING_ERRORS", "RouteCache", "Router"]
 
 T = TypeVar("T")
 
 #: the group name of the bootstrap connection (a standalone broker's only group)
 BOOTSTRAP = ""
+#: GET_ROUTES names at most this many topics (the broker's limit): more are asked in turns
+MAX_TOPICS_PER_REQUEST = 1000
 #: errors after which the route table is refreshed before a retry
 ROUTING_ERRORS = (NotOwner, QueueUnavailable, ConnectionBroken)
 
@@ -170,8 +172,10 @@ class Router:
         self._nursery_cm: Any = None
         self._refresh_lock = trio.Lock()
         self._refresh_now = trio.Event()
-        #: trio time the last refresh began (callers that asked before it reuse it)
+        #: trio time the last refresh began and the topics it asked for (callers that
+        #: asked for some of them before it began reuse it)
         self._last_start = -1.0
+        self._last_topics: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> Router:
@@ -239,9 +243,10 @@ class Router:
         names = sorted(set(self.cache.topics) if topics is None else set(topics))
         asked = trio.current_time()
         async with self._refresh_lock:
-            if self._last_start > asked and all(n in self.cache.topics for n in names):
+            if self._last_start > asked and self._last_topics.issuperset(names):
                 return self.cache.table()  # a refresh that began after we asked covered it
             self._last_start = trio.current_time()
+            self._last_topics = frozenset(names)
             await self._fetch(names, False)
         return self.cache.table()
 
@@ -250,8 +255,11 @@ class Router:
         self._refresh_now.set()
 
     async def _fetch(self, topics: Sequence[str], auto_create: bool) -> None:
-        table = await self._get_routes(topics, auto_create)
-        if self.cache.merge(table):
+        took = False
+        for start in range(0, max(len(topics), 1), MAX_TOPICS_PER_REQUEST):
+            table = await self._get_routes(topics[start : start + MAX_TOPICS_PER_REQUEST], auto_create)
+            took = self.cache.merge(table) or took
+        if took:
             self._sync_clients()
             for listener in list(self._listeners):
                 listener()
@@ -267,16 +275,19 @@ class Router:
             log.info("the broker does not know GET_ROUTES: routing as standalone")
             self.legacy = True
             return await self._legacy_routes(topics, auto_create)
-        except ConnectionBroken as exc:
+        except EQueueError as exc:
+            if not is_transient(exc):
+                raise
             for name in self.cache.live_groups():
                 gc = self._clients.get(name)
                 if name == BOOTSTRAP or gc is None:
                     continue
                 try:
                     return await gc.client.get_routes(topics, auto_create)
-                except ConnectionBroken:
-                    continue
-            raise exc
+                except EQueueError as other:
+                    if not is_transient(other):
+                        raise
+            raise
 
     async def _legacy_routes(self, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
         found, missing = [], []

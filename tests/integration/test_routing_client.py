@@ -4,15 +4,19 @@ broker that does not know GET_ROUTES (an older one) is routed as standalone."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import trio
+from typer.testing import CliRunner
 
-from broker import Broker
+from broker import Broker, EmbeddedBroker
 from client.routing import BOOTSTRAP, Router
 from consumer import AsyncConsumer
+from equeue.cli import app
 from equeue.errors import QueueNotFound, TopicNotFound
 from equeue.protocol import RequestCode
-from producer import AsyncClient, AsyncProducer
+from producer import AsyncClient, AsyncProducer, Client
 
 
 async def test_standalone_routes_every_queue_to_the_bootstrap(broker: Broker) -> None:
@@ -85,3 +89,21 @@ async def test_producer_and_consumer_route_through_the_bootstrap(broker: Broker)
                     break
             assert cons.coordinator.reached == [""]
             assert all(offs == sorted(offs) for offs in seen.values())  # queue order per key
+
+
+def test_cli_cluster_status_and_topic_describe_standalone(embedded_broker: EmbeddedBroker) -> None:
+    addr = embedded_broker.address
+    with Client(addr) as c:
+        c.create_topic("t", 2)
+    r = CliRunner().invoke(app, ["cluster", "status", "--json", "-b", addr])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert not report["status"]["cluster"] and [g["name"] for g in report["status"]["groups"]] == [""]
+    [health] = report["health"]
+    assert health["reachable"] and health["rtt_ms"] >= 0 and health["address"] == addr
+    r = CliRunner().invoke(app, ["cluster", "status", "-b", addr])
+    assert r.exit_code == 0 and "standalone" in r.stdout and "yes" in r.stdout, r.output
+    r = CliRunner().invoke(app, ["topic", "describe", "t", "--json", "-b", addr])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["owners"] == ["", ""] and [q["queue_id"] for q in d["queues"]] == [0, 1]
