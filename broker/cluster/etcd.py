@@ -215,8 +215,10 @@ class EtcdClient:
         self._http: httpx.AsyncClient | None = None
 
     async def __aenter__(self) -> EtcdClient:
+        # connecting gives up a little before the attempt's cancel scope, so a request
+        # that never left (no connection) is told apart from one that got no answer
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(self.request_timeout),
+            timeout=httpx.Timeout(self.request_timeout, connect=self.request_timeout * 0.8),
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=8),
         )
         return self
@@ -445,7 +447,8 @@ class EtcdClient:
             "start_revision": str(start_revision),
         }
         body = {"create_request": create}
-        timeout = httpx.Timeout(self.request_timeout, read=None)  # a watch may idle for ever
+        # a watch may idle for ever
+        timeout = httpx.Timeout(self.request_timeout, connect=self.request_timeout * 0.8, read=None)
         problems: list[str] = []
         for idx in self._order():
             url = self.endpoints[idx] + "/v3/watch"

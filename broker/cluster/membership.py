@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from types import TracebackType
+from typing import Any
 
 import trio
 
@@ -68,7 +69,7 @@ class Membership:
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm = trio.open_nursery()
+        self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
 
     @property
     def registered(self) -> bool:
@@ -81,6 +82,7 @@ class Membership:
         await self._first.wait()
 
     async def __aenter__(self) -> Membership:
+        self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._nursery.start_soon(self._run, name=f"membership {self.key}")
         return self
@@ -99,7 +101,9 @@ class Membership:
         lease, self.lease = self.lease, 0
         if not lease:
             return
-        with trio.CancelScope(shield=True):
+        # shielded (it runs while the broker is cancelled) but bounded: a frozen etcd
+        # must not hold up the broker's stop; the key then expires with the lease
+        with trio.move_on_after(self._etcd.request_timeout * 1.5, shield=True) as scope:
             try:
                 await self._etcd.revoke(lease)
             except ClusterUnavailable as exc:
@@ -110,6 +114,13 @@ class Membership:
                     self.ttl,
                     exc,
                 )
+        if scope.cancelled_caught:
+            log.warning(
+                "could not revoke lease %x of %s in time (its key expires in %d s)",
+                lease,
+                self.key,
+                self.ttl,
+            )
 
     async def _run(self) -> None:
         interval = self.ttl / 3

@@ -12,10 +12,16 @@ handlers see it through :class:`broker.handlers.base.ClusterRole`:
   when that group has no live broker.
 * **Materialization.** Every placement in etcd exists in the local store with its
   full queue count (created or grown through the appender) and its retention; a
-  topic that disappears from etcd while the broker watches is deleted locally. Done
-  before the broker serves, and after every change the view sees. A local topic etcd
-  does not know when the broker starts is left alone (never served; logged), as
-  Kafka keeps stray partitions: a fresh or wiped etcd must not destroy a store.
+  topic deleted in etcd is deleted locally, and a local copy of an earlier
+  incarnation (deleted and created again) is replaced. Done before the broker
+  serves, and after every change the view sees. ``<data-dir>/cluster-topics.json``
+  records which etcd incarnation (``created_ms``) each local copy was made from, so
+  this holds across a broker's downtime too, with the highest etcd revision followed:
+  a view behind it comes from an etcd that lost its data, whose missing topics are
+  kept (not deleted). A local topic etcd does not know and
+  the broker never made from etcd (a store that was standalone) is left alone, never
+  served, logged, as Kafka keeps stray partitions: a fresh or wiped etcd must not
+  destroy a store.
 * **Topic administration.** Create, alter, delete and auto-create write etcd
   (Placements), then wait until the local store follows, then answer; etcd
   unreachable is CLUSTER_UNAVAILABLE.
@@ -28,6 +34,7 @@ the same broker.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -52,6 +59,7 @@ from equeue.errors import (
     ConfigError,
     EQueueError,
     NotOwner,
+    QueueNotFound,
     QueueUnavailable,
     TopicNotFound,
 )
@@ -68,6 +76,10 @@ _errors = RateLimitedLog(log, 10.0, time.monotonic)
 FOLLOW_TIMEOUT = 10.0
 #: pause before the materializer retries a pass that failed
 _RETRY_PAUSE = 1.0
+#: seconds a topic etcd did not have answers TOPIC_NOT_FOUND without another etcd read
+#: (a client asking for unknown topics in a loop costs etcd nothing); most names kept
+ABSENT_TTL = 0.5
+_ABSENT_MAX = 10_000
 
 Submit = Callable[[WriteOp], Awaitable[Any]]
 
@@ -88,6 +100,38 @@ def load_broker_id(data_dir: Path) -> str:
     tmp.write_text(broker_id + "\n")
     os.replace(tmp, path)
     return broker_id
+
+
+#: ``<data-dir>/`` file naming the etcd incarnation (created_ms) of each local topic
+MATERIALIZED_FILE = "cluster-topics.json"
+
+
+def _int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def load_materialized(data_dir: Path) -> tuple[int, dict[str, int]]:
+    """(the highest etcd revision the broker followed, topic -> the created_ms of
+    the placement its local copy was made from), as :func:`save_materialized` left
+    them ((0, {}) when absent or unreadable: every local topic is then taken as it is)."""
+    try:
+        data = json.loads((Path(data_dir) / MATERIALIZED_FILE).read_text())
+    except FileNotFoundError:
+        return 0, {}
+    except (OSError, ValueError) as exc:
+        log.warning("cluster: %s unreadable (%s): local topics are taken as they are", MATERIALIZED_FILE, exc)
+        return 0, {}
+    if not isinstance(data, dict) or not _int(data.get("revision")) or not isinstance(data.get("topics"), dict):
+        return 0, {}
+    return data["revision"], {k: v for k, v in data["topics"].items() if isinstance(k, str) and _int(v)}
+
+
+def save_materialized(data_dir: Path, revision: int, made_from: dict[str, int]) -> None:
+    """Write :data:`MATERIALIZED_FILE` (atomically: a new file renamed over it)."""
+    path = Path(data_dir) / MATERIALIZED_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"revision": revision, "topics": made_from}, sort_keys=True))
+    os.replace(tmp, path)
 
 
 class ClusterNode:
@@ -112,6 +156,14 @@ class ClusterNode:
         #: wrote or looked up that the view has not shown yet
         self._placements: dict[str, TopicPlacement] = {}
         self._ahead: dict[str, TopicPlacement] = {}
+        #: topic -> created_ms of the placement its local copy was materialized from,
+        #: kept in MATERIALIZED_FILE: a copy of an earlier incarnation (the topic was
+        #: deleted, maybe created again, while this broker was down) is told apart
+        self._made_from: dict[str, int] = {}
+        #: the highest etcd revision followed: a view behind it is another etcd's (its
+        #: data was lost, or it was replaced), whose missing topics are never deleted
+        self._revision = 0
+        self._saved: tuple[int, dict[str, int]] = (0, {})
         #: the topic names of the last view snapshot materialized (a name that leaves
         #: it was deleted in etcd)
         self._seen: set[str] | None = None
@@ -120,6 +172,8 @@ class ClusterNode:
         self._etcd: EtcdClient = None  # type: ignore[assignment]  # set by serving()
         self._view: ClusterView = None  # type: ignore[assignment]
         self._writes: Placements = None  # type: ignore[assignment]
+        #: topic -> trio time etcd last answered that it has no such topic
+        self._absent: dict[str, float] = {}
         self._lock = trio.Lock()  # one materializer pass (or direct apply) at a time
         #: set when the view's topics changed since the last pass
         self._dirty = trio.Event()
@@ -134,6 +188,8 @@ class ClusterNode:
         live broker serves this group."""
         cfg = self._config
         self.broker_id = await trio.to_thread.run_sync(load_broker_id, cfg.data_dir)
+        self._saved = await trio.to_thread.run_sync(load_materialized, cfg.data_dir)
+        self._revision, self._made_from = self._saved[0], dict(self._saved[1])
         self.address = cfg.advertised(port)
         async with EtcdClient(self.endpoints) as etcd, trio.open_nursery() as nursery:
             self._etcd = etcd
@@ -204,21 +260,26 @@ class ClusterNode:
             view = dict(self._view.topics())
             for name, p in list(self._ahead.items()):
                 seen = view.get(name)
-                if seen is not None and seen.queues >= p.queues:
-                    del self._ahead[name]  # the view caught up
-            merged = dict(view)
-            for name, p in self._ahead.items():
-                if name not in merged or merged[name].queues < p.queues:
-                    merged[name] = p
-            gone = (self._seen - set(view)) if self._seen is not None else set()
+                if seen is not None and (
+                    seen.created_ms > p.created_ms or (seen.created_ms == p.created_ms and seen.queues >= p.queues)
+                ):
+                    del self._ahead[name]  # the view caught up (or shows a later incarnation)
+            merged = {**view, **self._ahead}
+            # deleted in etcd: seen by the view and gone, or (first pass) made from etcd
+            # before this start and no longer there
+            gone = (self._seen if self._seen is not None else set(self._made_from)) - set(view)
+            revision = self._view.revision
+            if revision < self._revision:
+                self._etcd_replaced(revision, set(view))
+                gone = set()
+            self._revision = revision
             if self._seen is None:
-                stray = sorted(set(self._store.topics) - set(merged))
+                stray = sorted(set(self._store.topics) - set(merged) - set(self._made_from))
                 if stray:
                     log.warning(
                         "cluster: %d local topic(s) unknown to etcd are kept but not served: %s",
                         len(stray), ", ".join(stray[:20]),
                     )  # fmt: skip
-            self._seen = set(view)
             self._placements = merged
             self.owned = {name: frozenset(p.queues_of(self.group)) for name, p in merged.items()}
             try:
@@ -226,22 +287,54 @@ class ClusterNode:
                     if name in self._store.topics:
                         await self._submit(DeleteTopicOp(name))
                         log.info("cluster: topic %s deleted in etcd: deleted here", name)
+                    self._made_from.pop(name, None)
                 for p in merged.values():
                     await self._apply(p)
-            except EQueueError as exc:
+                await self._persist()
+                self._seen = set(view)  # (after a failure, the next pass deletes again)
+            except (EQueueError, OSError) as exc:
                 _errors.log(logging.ERROR, "materialize", "cluster: materializing failed (retrying): %s", exc)
                 self._wake()
                 return False
             self._wake()
             return True
 
+    def _etcd_replaced(self, revision: int, known: set[str]) -> None:
+        """The view's revision is behind one this broker followed: etcd lost its data
+        (or is another etcd). Its missing topics are kept here, not served, never
+        deleted: they turn into stray local topics."""
+        lost = sorted(set(self._made_from) - known)
+        for name in lost:
+            del self._made_from[name]
+        self._seen = None
+        log.error(
+            "cluster: etcd's revision went back from %d to %d: its data was lost or it is another etcd; "
+            "%d local topic(s) it lacks are kept but not served: %s",
+            self._revision, revision, len(lost), ", ".join(lost[:20]),
+        )  # fmt: skip
+
+    async def _persist(self) -> None:
+        """Save the revision and ``_made_from`` when they changed (raises OSError)."""
+        state = (self._revision, dict(self._made_from))
+        if state != self._saved:
+            await trio.to_thread.run_sync(save_materialized, self._config.data_dir, *state)
+            self._saved = state
+
     def _wake(self) -> None:
         self._passed.set()
         self._passed = trio.Event()
 
     async def _apply(self, p: TopicPlacement) -> None:
-        """Create or grow the local topic of ``p`` and give it ``p``'s retention."""
+        """Create or grow the local topic of ``p`` and give it ``p``'s retention. A
+        local copy materialized from an earlier incarnation of the topic (deleted and
+        created again in etcd, possibly in one batch) is deleted first."""
         local = self._store.topics.get(p.name)
+        made_from = self._made_from.get(p.name, p.created_ms)
+        if local is not None and made_from != p.created_ms:
+            await self._submit(DeleteTopicOp(p.name))
+            log.info("cluster: topic %s was deleted and created again in etcd: recreated here", p.name)
+            local = None
+        self._made_from[p.name] = p.created_ms
         if local is None:
             await self._submit(CreateTopicOp(p.name, p.queues, p.retention_ms, p.retention_bytes, exist_ok=True))
             return
@@ -272,11 +365,13 @@ class ClusterNode:
         to the local store, and return the local topic."""
         async with self._lock:
             current = self._placements.get(p.name)
-            if current is None or current.queues <= p.queues:
+            if current is None or current.created_ms < p.created_ms or current.queues <= p.queues:
                 self._ahead[p.name] = p
                 self._placements = {**self._placements, p.name: p}
                 self.owned = {**self.owned, p.name: frozenset(p.queues_of(self.group))}
+            p = self._placements[p.name]  # (a later incarnation the view has wins)
             await self._apply(p)
+            await self._persist()
         info = self._store.topics.get(p.name)
         if info is None or info.queues < p.queues:
             raise TopicNotFound(f"topic {p.name!r} was deleted")
@@ -297,7 +392,9 @@ class ClusterNode:
         if p is None:
             raise TopicNotFound(f"no topic {topic!r} in the cluster (create it with: equeue topic create {topic})")
         owner = self.owner_of(topic, queue_id)
-        if not owner or owner == self.group:  # (a queue id past the count: the caller checks it)
+        if not owner:  # the local copy has more queues than the cluster's topic
+            raise QueueNotFound(f"topic {topic!r} has {p.queues} queues in the cluster; no queue {queue_id}")
+        if owner == self.group:
             return
         if self._view.address_of(owner) is None:
             raise QueueUnavailable(
@@ -309,14 +406,27 @@ class ClusterNode:
 
     async def require(self, name: str, create_queues: int | None) -> control.TopicInfo:
         p = self._placements.get(name)
-        if p is None:
+        if p is None and not self._recently_absent(name):
             p = await self._view.lookup(name)
+            if p is None:
+                self._note_absent(name)
         if p is None and create_queues is not None:
             p = await self._writes.create_topic(name, create_queues, exist_ok=True)
             log.info("auto-created topic %s in the cluster: %d queues", name, p.queues)
         if p is None:
             raise TopicNotFound(f"no topic {name!r} (create it with: equeue topic create {name})")
         return await self._learn(p)
+
+    def _recently_absent(self, name: str) -> bool:
+        """Whether etcd did not have ``name`` less than ABSENT_TTL ago (requests for
+        unknown topics then cost no etcd read each: the watch brings a new topic)."""
+        since = self._absent.get(name)
+        return since is not None and trio.current_time() - since < ABSENT_TTL
+
+    def _note_absent(self, name: str) -> None:
+        if len(self._absent) >= _ABSENT_MAX:
+            self._absent.clear()
+        self._absent[name] = trio.current_time()
 
     async def create_topic(self, req: control.CreateTopic) -> control.TopicInfo:
         p = await self._writes.create_topic(
@@ -340,8 +450,10 @@ class ClusterNode:
             if name in self._placements:
                 self._placements = {k: v for k, v in self._placements.items() if k != name}
                 self.owned = {k: v for k, v in self.owned.items() if k != name}
+            self._made_from.pop(name, None)
             if name in self._store.topics:
                 await self._submit(DeleteTopicOp(name))
+            await self._persist()
 
     async def own_queue(self, topic: str, origin_queue: int) -> tuple[control.TopicInfo, int]:
         p = self._placements.get(topic) or await self._view.lookup(topic)

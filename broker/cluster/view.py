@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from types import MappingProxyType, TracebackType
+from typing import Any
 
 import attrs
 import trio
@@ -60,7 +61,9 @@ class GroupState:
 @attrs.frozen
 class TopicChange:
     """Topics created or altered (their new placement) and deleted (names) by one
-    batch of etcd changes, or found different by a reload."""
+    batch of etcd changes, or found different by a reload. Deletions come first: a
+    name in both was deleted and created again (drop the old topic's data, then
+    create the new one)."""
 
     changed: tuple[TopicPlacement, ...] = ()
     deleted: tuple[str, ...] = ()
@@ -104,10 +107,11 @@ class ClusterView:
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm = trio.open_nursery()
+        self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> ClusterView:
+        self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._nursery.start_soon(self._run, name="cluster view")
         return self
@@ -219,7 +223,12 @@ class ClusterView:
         for kv in kvs:
             self._put(kv)
         changed = tuple(p for name, p in self._topics.items() if old.get(name) != p)
-        deleted = tuple(name for name in old if name not in self._topics)
+        # gone, or deleted and created again while the watch was down (a new created_ms)
+        deleted = tuple(
+            name
+            for name, p in old.items()
+            if name not in self._topics or self._topics[name].created_ms != p.created_ms
+        )
         self.loads += 1
         self._swap(revision, topics_changed=True, change=TopicChange(changed, deleted))
         self.ready.set()
@@ -237,14 +246,14 @@ class ClusterView:
                 topics_touched = True
                 name = names[0]
                 if event.kind == "delete":
+                    if event.revision < self._topic_revs.get(name, 0):
+                        continue  # lookup() cached a later re-creation already
                     if self._topics.pop(name, None) is not None:
                         deleted.append(name)
                     self._topic_revs.pop(name, None)
                     changed.pop(name, None)
                 elif self._put(event.kv):
                     changed[name] = self._topics[name]
-                    if name in deleted:
-                        deleted.remove(name)
             elif event.kind == "delete":
                 if kind == "group":
                     self._group_records.pop(names[0], None)

@@ -144,7 +144,8 @@ class ClusterRole(Protocol):
 
     def refuse(self, topic: str, queue_id: int) -> None:
         """Raises NotOwner naming the owner group, or QueueUnavailable when that group
-        has no live broker; TopicNotFound when the view does not know the topic."""
+        has no live broker; TopicNotFound when the view does not know the topic,
+        QueueNotFound for a queue id past the cluster's count."""
 
     def owner_of(self, topic: str, queue_id: int) -> str:
         """The group owning the queue ("" when the view does not know it)."""
@@ -199,10 +200,16 @@ class TopicDirectory:
         # internal retry/DLQ topics are always created on first use
         internal = is_internal(name)
         create = auto_create and (self._auto_create or internal)
+        if cluster is not None:  # etcd knows the topic (the local store follows), or gets it
+            try:
+                return await cluster.require(name, None)
+            except TopicNotFound:
+                if not create:
+                    raise
         if create and principal is not None and self._may_create is not None and not internal:
             self._may_create(principal, name)
-        if cluster is not None:  # etcd knows (or gets) the topic; the local store follows
-            return await cluster.require(name, self._default_queues if create else None)
+        if cluster is not None:
+            return await cluster.require(name, self._default_queues)
         if create:
             info = await self._submit(CreateTopicOp(name, self._default_queues, exist_ok=True))
             log.info("auto-created topic %s with %d queues", name, info.queues)

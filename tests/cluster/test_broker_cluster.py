@@ -4,6 +4,7 @@ brokers (in this test's trio loop, over TCP): placement, materialization, owners
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -121,6 +122,15 @@ async def test_placement_routes_ownership_and_groups(tmp_path: Path, etcd: EtcdP
                 await wait_until(lambda b=b: local(b, "u") == 0, what=f"{b.config.broker_group} deleted u")
             assert (await c[0].get_routes(["u"])).missing == ["u"]
 
+            # deleted and created again at once: no broker keeps the old incarnation's data
+            await c[0].create_topic("v", 3)
+            v_owners = (await c[0].get_routes(["v"])).topics[0].owners
+            await c[0].produce(wire.ProduceRequest("v", v_owners.index("g1"), [entry("old")]))
+            await c[1].delete_topic("v")
+            await c[1].create_topic("v", 3)
+            await wait_until(lambda: _appended(brokers[0], "v") == 0, what="g1 dropped the old v")
+            assert local(brokers[0], "v") == 3
+
 
 async def test_group_down_second_broker_refused_etcd_outage(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(50):
@@ -129,10 +139,25 @@ async def test_group_down_second_broker_refused_etcd_outage(tmp_path: Path, etcd
             with pytest.RaisesGroup(pytest.RaisesExc(ConfigError, match="already has a live broker"), flatten_subgroups=True):
                 async with open_broker(make_config(tmp_path / "dup", cluster=etcd.endpoint, broker_group="g1")):
                     pass
-            async with open_broker(config(tmp_path, etcd, "g2")) as b2:
+            async with open_broker(config(tmp_path, etcd, "g2")) as b2, AsyncClient(b2.address) as c2:
+                await wait_until(lambda: _live(b1) == {"g1", "g2"}, what="g1 sees g2")
                 await c1.create_topic("t", 4)
                 owners = (await c1.get_routes(["t"])).topics[0].owners
-                await wait_until(lambda: local(b2, "t") == 4, what="g2 materialized t")
+                assert Counter(owners) == {"g1": 2, "g2": 2}
+                await c1.create_topic("v", 2)
+                await c1.create_topic("w", 1)
+                v_owners = (await c2.get_routes(["v"])).topics[0].owners
+                await c2.produce(wire.ProduceRequest("v", v_owners.index("g2"), [entry("old")]))
+                await wait_until(lambda: local(b2, "t") == 4 and local(b2, "w") == 1, what="g2 materialized t, w")
+
+            # while g2 is down, v is deleted and created again, w deleted: g2 follows at
+            # its next start, before it serves (it knows which etcd topic each copy was)
+            await wait_until(lambda: _down(b1, "g2"), what="g2 down")
+            await c1.delete_topic("v")
+            await c1.create_topic("v", 2)
+            await c1.delete_topic("w")
+            async with open_broker(config(tmp_path, etcd, "g2")) as b2:
+                assert (local(b2, "t"), local(b2, "w"), local(b2, "v"), _appended(b2, "v")) == (4, 0, 2, 0)
             # g2 stopped: down in every view, its queues unavailable (not gone)
             gone = owners.index("g2")
             await wait_until(lambda: _down(b1, "g2"), what="g2 down")
@@ -157,6 +182,14 @@ async def test_group_down_second_broker_refused_etcd_outage(tmp_path: Path, etcd
             assert (await c1.get_routes(["new"])).topics[0].owners == ["g1", "g1"]
 
 
+def _appended(b: Broker, topic: str) -> int:
+    """Messages ever written to ``topic`` in ``b``'s store (-1: no such topic)."""
+    info = b.store.topics.get(topic)
+    if info is None:
+        return -1
+    return sum(b.store.queue_state(info.topic_id, q).next_offset for q in range(info.queues))
+
+
 def _down(b: Broker, group: str) -> bool:
     assert b.cluster is not None
     return b.cluster.view.address_of(group) is None
@@ -165,7 +198,46 @@ def _down(b: Broker, group: str) -> bool:
 def _registered(c: AsyncClient, b: Broker) -> Any:
     async def check() -> bool:
         status = await c.cluster_status()
-        groups = {g.name: g for g in status.groups}
-        return status.etcd_ok and groups["g1"].available and groups["g1"].brokers[0].address == b.address
+        g1 = next((g for g in status.groups if g.name == "g1"), None)
+        return status.etcd_ok and g1 is not None and g1.available and g1.brokers[0].address == b.address
 
     return check
+
+
+async def test_etcd_losing_its_data_deletes_nothing(tmp_path: Path, own_etcd: EtcdProcess) -> None:
+    """etcd restarted without its data (its revision goes back): a broker keeps the
+    topics the new etcd lacks (not served) instead of deleting them as "deleted in
+    etcd"; a topic that etcd really deletes is deleted."""
+    with trio.fail_after(50):
+        async with open_broker(config(tmp_path, own_etcd, "g1")) as b, AsyncClient(b.address) as c:
+            await c.create_topic("kept", 2)
+            await c.create_topic("gone", 1)
+            for i in range(20):  # move etcd's revision well past where a new etcd starts
+                await c.alter_topic("kept", retention_ms=1000 + i)
+            await c.produce(wire.ProduceRequest("kept", 0, [entry("precious")]))
+            await c.delete_topic("gone")
+            assert local(b, "gone") == 0
+            assert b.cluster is not None
+            # asking for a topic etcd lacks, again and again, reads etcd once per ABSENT_TTL
+            lookups: list[str] = []
+            real_lookup = b.cluster.view.lookup
+
+            async def counting(name: str) -> Any:
+                lookups.append(name)
+                return await real_lookup(name)
+
+            b.cluster.view.lookup = counting  # type: ignore[method-assign]
+            for _ in range(3):
+                assert (await c.get_routes(["nope"])).missing == ["nope"]
+            assert lookups == ["nope"]
+            loads = b.cluster.view.loads
+            own_etcd.stop()
+            shutil.rmtree(own_etcd.data_dir)
+            await trio.to_thread.run_sync(own_etcd.start)
+            await wait_until(lambda: b.cluster is not None and b.cluster.view.loads > loads, timeout=20, what="reload")
+            await wait_until(_registered(c, b), timeout=20, what="g1 registered again")
+            assert _appended(b, "kept") == 1  # kept, with its message
+            assert (await c.get_routes(["kept"])).missing == ["kept"]  # not served: etcd lacks it
+        # and at the next start too (the broker follows the new etcd from now on)
+        async with open_broker(config(tmp_path, own_etcd, "g1")) as b:
+            assert _appended(b, "kept") == 1
