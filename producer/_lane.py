@@ -105,6 +105,8 @@ class _Lane:
         self.owner = router.owner(topic, queue_id)
         #: consecutive routing failures (the backoff of NOT_OWNER/QUEUE_UNAVAILABLE)
         self.route_failures = 0
+        #: routing failures over the lane's life (reroutes after a refresh)
+        self.reroutes = 0
         self.options = options
         self.policy = options.retry_policy
         self.buffer = buffer
@@ -375,6 +377,7 @@ class _Lane:
         if reroute:
             self.client = None  # resolved again, from the refreshed table, before the next write
             self.route_failures += 1
+            self.reroutes += 1
             backoff_attempts = max(backoff_attempts, self.route_failures)
             try:
                 await self.router.refresh([self.topic])

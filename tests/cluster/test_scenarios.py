@@ -553,7 +553,7 @@ def test_each_not_owner_episode_backs_off_from_the_start(healthy: Cluster) -> No
             lane = p._call(make_stale)
             stale_client = lane.client
             assert p.send("s7", f"x{i}", key=key0).queue_id == 0
-            assert lane.client is not stale_client, "the lane was rerouted after NOT_OWNER"
+            assert lane.client is not stale_client and lane.reroutes == i + 1, "rerouted after NOT_OWNER"
             assert lane.route_failures == 0, f"episode {i}: {lane.route_failures} routing failures remembered"
     assert cl.client(owners[0]).queue_offsets("s7", 0).max_offset == 4
 
