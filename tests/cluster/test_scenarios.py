@@ -560,13 +560,15 @@ def test_each_not_owner_episode_backs_off_from_the_start(healthy: Cluster) -> No
 
 # ------------------------------------------------------------------------------ make cluster
 def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: Path) -> None:
+    """``make cluster``: the ready line, every address, then Ctrl-C (SIGINT to the whole
+    process group, as a terminal sends it) stops the brokers cleanly, then etcd."""
     err = tmp_path / "stderr.txt"
     with err.open("w") as err_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "broker.cluster.local", "--groups", "2", "--base-port", "0",
              "--data-dir", str(tmp_path / "c")],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
         )  # fmt: skip
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
@@ -596,7 +598,7 @@ def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: P
                 lambda: sum(g.available for g in c.cluster_status().groups) == 2,
                 timeout=30, interval=0.1, what="both groups alive",
             )  # fmt: skip
-        proc.send_signal(signal.SIGINT)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole process group gets it
         assert proc.wait(60) == 0, err.read_text()[-2000:]
         reader.join(10)
         rest = "".join(lines.get_nowait() for _ in range(lines.qsize()))
