@@ -383,6 +383,13 @@ class Router:
         if owner is None:
             return None
         try:
+            trio.lowlevel.current_task()
+        except RuntimeError:  # a sync front's calling thread: only the loop opens connections
+            held = self._clients.get(owner)
+            if held is None:
+                return self.bootstrap if owner == BOOTSTRAP and not self.cache.cluster else None
+            return held.client if held.ready.is_set() else None
+        try:
             gc = self._group_client(owner)
         except EQueueError:
             return None

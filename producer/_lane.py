@@ -105,6 +105,8 @@ class _Lane:
         self.owner = router.owner(topic, queue_id)
         #: consecutive routing failures (the backoff of NOT_OWNER/QUEUE_UNAVAILABLE)
         self.route_failures = 0
+        #: routing failures over the lane's life (reroutes after a refresh)
+        self.reroutes = 0
         self.options = options
         self.policy = options.retry_policy
         self.buffer = buffer
@@ -375,6 +377,7 @@ class _Lane:
         if reroute:
             self.client = None  # resolved again, from the refreshed table, before the next write
             self.route_failures += 1
+            self.reroutes += 1
             backoff_attempts = max(backoff_attempts, self.route_failures)
             try:
                 await self.router.refresh([self.topic])
@@ -392,6 +395,7 @@ class _Lane:
     # ------------------------------------------------------------------ outcomes
     def resolve(self, b: _Batch, answer: wire.ProduceResponse) -> None:
         b.finish(answer, None)
+        self.route_failures = 0  # the owner answered: a later NOT_OWNER backs off from the start
         self._release(b)
 
     def fail(self, b: _Batch, error: BaseException) -> None:

@@ -9,20 +9,25 @@ import atexit
 import json
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from client.sync import Client
-from equeue.errors import ConfigError, EQueueError
+from equeue.control import RouteTable
+from equeue.errors import ConfigError, EQueueError, QueueUnavailable
 from equeue.security import ClientSecurity
 
 __all__ = [
     "DataLossError",
+    "Owner",
+    "Routes",
     "client_for",
     "opt_bool",
     "opt_int",
     "opt_str",
     "parse_offsets_json",
+    "routes_for",
     "topics_of",
 ]
 
@@ -67,6 +72,70 @@ def _close_all() -> None:
             c.close()
         except Exception:
             pass
+
+
+# --------------------------------------------------------------------------- routes
+@dataclass(frozen=True)
+class Owner:
+    """Who serves one queue: its broker group ("" on a standalone broker) and where to
+    reach it (``address``: the group's broker addresses, comma-separated, leader first;
+    "" when the group has no live broker)."""
+
+    group: str
+    address: str
+
+
+class Routes:
+    """The owner of every queue of some topics, from one GET_ROUTES answer
+    (docs/cluster.md "Routing"). A queue owned by group "" (a standalone broker, or a
+    cluster answer naming no group) is served at ``bootstrap``, the source's or sink's
+    ``brokers`` option: a standalone broker behaves exactly as before.
+    """
+
+    def __init__(self, table: RouteTable, bootstrap: str) -> None:
+        self.table = table
+        self.bootstrap = bootstrap
+        #: topics the broker does not know
+        self.missing = frozenset(table.missing)
+        self._addresses = {g.name: ",".join(g.addresses) for g in table.groups}
+        self._owners = {r.info.name: list(r.owners) for r in table.topics}
+
+    def queues(self, topic: str) -> int:
+        """How many queues ``topic`` has (0 when it is missing)."""
+        return len(self._owners.get(topic, ()))
+
+    def owner(self, topic: str, queue_id: int) -> Owner:
+        """The owner of one queue; a queue the table does not list (a topic deleted
+        or unknown) is asked of the bootstrap brokers, which answer what they know."""
+        owners = self._owners.get(topic, [])
+        group = owners[queue_id] if 0 <= queue_id < len(owners) else ""
+        if not group:
+            return Owner("", self.bootstrap)
+        return Owner(group, self._addresses.get(group, ""))
+
+    def by_owner(self, topic: str, queue_ids: Sequence[int] | None = None) -> dict[Owner, list[int]]:
+        """``queue_ids`` (default: every queue of ``topic``) grouped by owner, in queue
+        order. Raises QueueUnavailable naming the topic, the queues and the group when
+        one of them is owned by a group with no live broker: a reader must never skip
+        a queue silently."""
+        ids = range(self.queues(topic)) if queue_ids is None else queue_ids
+        out: dict[Owner, list[int]] = {}
+        for q in ids:
+            out.setdefault(self.owner(topic, q), []).append(q)
+        for o, qs in out.items():
+            if not o.address:
+                raise QueueUnavailable(
+                    f"{topic}: queue(s) {', '.join(map(str, qs))} are owned by broker group {o.group!r}, "
+                    "which has no live broker (QUEUE_UNAVAILABLE); nothing is lost, they are served "
+                    "again once the group is back"
+                )
+        return out
+
+
+def routes_for(brokers: str, topics: Sequence[str], security: ClientSecurity | None = None) -> Routes:
+    """The routes of ``topics`` (one GET_ROUTES round trip to ``brokers``; no topic is
+    created). Raises what the client raises (ConnectionBroken, ...)."""
+    return Routes(client_for(brokers, security).get_routes(list(topics), auto_create=False), brokers)
 
 
 # --------------------------------------------------------------------------- options

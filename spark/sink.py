@@ -13,8 +13,10 @@ handed to the producer in row order and the producer is flushed every
 :data:`CHUNK_ROWS` rows / :data:`CHUNK_BYTES` bytes, so every request ends by size
 or at the end of its chunk, never by time (``linger`` is infinite) and never where
 a failure struck (a failed task closes its producer without flushing). Rows go
-to ``queue_for_key(key, queues)`` (round-robin in row order without a key), and
-each (topic, queue) numbers its entries 0, 1, 2... within the task. The id is kept
+to ``queue_for_key(key, queues)`` (round-robin over every queue in row order
+without a key: :class:`RowOrderSelector`), and each (topic, queue) numbers its
+entries 0, 1, 2... within the task. Against a cluster the producer sends each
+queue's requests to the queue's owner group, which keeps the task's sequences. The id is kept
 after a failure (``stable_id``). A replayed micro-batch (same query id, batch id,
 partitioning and rows) therefore sends the same requests with the same sequences,
 and the broker answers each one it already stored as a duplicate without storing
@@ -43,13 +45,15 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from equeue.errors import ConfigError, EQueueError
+from equeue.models import Message
+from equeue.routing import RoundRobin, queue_for_key
 from equeue.security import ClientSecurity
 from producer import Producer, ProducerOptions
 from spark.common import opt_str
 
 log = logging.getLogger("equeue.spark")
 
-__all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "SinkCommit", "producer_id_for", "sink_options"]
+__all__ = ["EQueueBatchWriter", "EQueueStreamWriter", "RowOrderSelector", "SinkCommit", "producer_id_for", "sink_options"]
 
 #: rows per chunk (then the producer is flushed): a queue's share of a chunk goes
 #: in one request up to MAX_REQUEST_BYTES
@@ -72,14 +76,39 @@ def producer_id_for(*parts: object) -> bytes:
     return hashlib.blake2b("/".join(str(p) for p in parts).encode(), digest_size=16).digest()
 
 
+class RowOrderSelector:
+    """The sink's queue choice: a keyed row goes to ``queue_for_key(key, queues)``, a row
+    without a key to the next queue of its topic in row order, over EVERY queue.
+
+    The producer's own round-robin skips the queues of a broker group that is down
+    (docs/cluster.md); a replay of the same rows could then pick other queues than
+    the first attempt, and a row stored by that attempt would be stored again. This
+    choice depends only on the rows, so a replay sends the same requests (a row for a
+    group that is down waits and fails the task with QueueUnavailable instead).
+    """
+
+    def __init__(self) -> None:
+        self._rr: dict[str, RoundRobin] = {}
+
+    def __call__(self, queue_count: int, msg: Message) -> int:
+        if msg.key is not None:
+            return queue_for_key(msg.key, queue_count)
+        rr = self._rr.get(msg.topic)
+        if rr is None:
+            rr = self._rr[msg.topic] = RoundRobin()
+        return rr.next(queue_count)
+
+
 def sink_options(producer_id: bytes, security: ClientSecurity | None = None) -> ProducerOptions:
-    """The producer options of one sink task: its stable id, requests sealed only by
-    size or by the end of a chunk (``linger`` infinite), and no client-side buffer
-    or body limit: a task's memory is bounded by its chunk, and the broker's body
-    limit applies. (With a bounded buffer a row could wait for space that only open
-    batches hold, and they end only by size or at the end of the chunk.) ``security``:
-    TLS and credentials (None: the ``EQUEUE_*`` environment)."""
+    """The producer options of one sink task: its stable id, queues picked from the
+    rows alone (:class:`RowOrderSelector`), requests sealed only by size or by the end
+    of a chunk (``linger`` infinite), and no client-side buffer or body limit: a task's
+    memory is bounded by its chunk, and the broker's body limit applies. (With a
+    bounded buffer a row could wait for space that only open batches hold, and they
+    end only by size or at the end of the chunk.) ``security``: TLS and credentials
+    (None: the ``EQUEUE_*`` environment)."""
     return ProducerOptions(
+        queue_selector=RowOrderSelector(),
         security=security,
         producer_id=producer_id,
         stable_id=True,

@@ -9,6 +9,12 @@ Python objects), yielding ``pyarrow.RecordBatch``es in Spark's exact Arrow schem
 Streaming offsets (what Spark checkpoints) are ``{"topic": {"queue": next_offset}}``:
 the checkpoint is the source of truth, a restart replays an uncommitted batch with
 the identical ranges. See docs/spark.md for every option.
+
+Against a cluster (docs/cluster.md) the ``brokers`` option only bootstraps: the
+driver asks it for the route table (GET_ROUTES), reads each queue's bounds from the
+queue's owner group, and every input partition carries its owner's address, so the
+workers pull each range from the broker that holds it. A queue whose group is down
+fails the batch with QueueUnavailable naming the queue and the group (never skipped).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -47,7 +53,14 @@ from pyspark.sql.types import (
 )
 
 from equeue import wire
-from equeue.errors import ConfigError, EQueueError, TopicNotFound
+from equeue.errors import (
+    ConfigError,
+    ConnectionBroken,
+    EQueueError,
+    QueueUnavailable,
+    TlsError,
+    TopicNotFound,
+)
 from equeue.protocol import PullStatus
 from equeue.security import ClientSecurity
 from spark.columns import packed_batch
@@ -55,11 +68,14 @@ from spark.common import (
     EARLIEST,
     LATEST,
     DataLossError,
+    Owner,
+    Routes,
     client_for,
     opt_bool,
     opt_int,
     opt_str,
     parse_offsets_json,
+    routes_for,
     topics_of,
 )
 from spark.puller import puller_for, release
@@ -97,12 +113,16 @@ Offsets = dict[str, dict[str, int]]  # topic -> queue id (as str, as in the chec
 
 @dataclass
 class RangePartition(InputPartition):
-    """Read ``[start, end)`` of one queue of one topic (pickled to the workers)."""
+    """Read ``[start, end)`` of one queue of one topic (pickled to the workers), from
+    ``address`` (the owner group's brokers; "" = the source's ``brokers`` option, as on
+    a standalone broker). ``group`` names the owner group in errors."""
 
     topic: str
     queue_id: int
     start: int
     end: int
+    address: str = ""
+    group: str = ""
 
 
 # --------------------------------------------------------------------------- reading
@@ -125,12 +145,29 @@ def read_range(
 
     Raises DataLossError (with ``fail_on_data_loss``) when part of the range is no
     longer retained or the queue is shorter than the range; otherwise logs a warning
-    and skips what is gone. Raises CorruptRecord for a damaged record.
+    and skips what is gone. Raises CorruptRecord for a damaged record, and
+    QueueUnavailable when the owner group of a cluster queue cannot be reached.
     """
+    if part.start >= part.end:
+        return
+    try:
+        yield from _read_range(brokers, part, schema, fail_on_data_loss, security)
+    except TlsError:
+        raise
+    except ConnectionBroken as exc:
+        if not part.group:
+            raise
+        raise QueueUnavailable(
+            f"equeue source: {part.topic}/{part.queue_id} is owned by broker group {part.group!r} "
+            f"({brokers}), which cannot be reached: {exc}"
+        ) from exc
+
+
+def _read_range(
+    brokers: str, part: RangePartition, schema: pa.Schema, fail_on_data_loss: bool, security: ClientSecurity | None
+) -> Iterator[pa.RecordBatch]:
     pos, end = part.start, part.end
     topic, qid = part.topic, part.queue_id
-    if pos >= end:
-        return
     puller = puller_for(brokers, security)
     try:
         # pulls stay PULL_DEPTH ahead of parsing, so the broker never waits for this reader
@@ -273,20 +310,38 @@ class _Base:
         if not self.arrow_schema.equals(to_arrow_schema(SCHEMA, timezone="UTC")):
             raise ConfigError("the equeue source has a fixed schema; do not pass .schema(...)")
 
-    def bounds(self) -> dict[str, dict[int, tuple[int, int]]]:
-        """Per topic and queue: (lowest retained offset, next offset to be written).
+    def routes(self) -> Routes:
+        """The owner of every queue of the topics (one GET_ROUTES to ``brokers``)."""
+        return routes_for(self.opts.brokers, self.opts.topics, self.opts.security)
 
-        A topic that does not exist (yet) has no queues (logged once per call)."""
-        c = client_for(self.opts.brokers, self.opts.security)
+    def bounds(self) -> dict[str, dict[int, tuple[int, int]]]:
+        """Per topic and queue: (lowest retained offset, next offset to be written),
+        each read from the queue's owner (one DESCRIBE_TOPIC per owner group).
+
+        A topic that does not exist (yet) has no queues (logged once per call).
+        Raises QueueUnavailable when a queue's group is down: its bounds are unknown,
+        and a batch that left it out would silently skip its messages."""
+        routes = self.routes()
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for t in self.opts.topics:
-            try:
-                d = c.describe_topic(t)
-            except TopicNotFound:
+            if t in routes.missing:
                 log.warning("equeue source: topic %r does not exist (yet)", t)
                 out[t] = {}
                 continue
-            out[t] = {qs.queue_id: (qs.min_offset, qs.max_offset) for qs in d.queues}
+            per: dict[int, tuple[int, int]] = {}
+            for owner, qids in routes.by_owner(t).items():
+                try:
+                    d = client_for(owner.address, self.opts.security).describe_topic(t)
+                except TopicNotFound:
+                    if not owner.group:
+                        log.warning("equeue source: topic %r does not exist (yet)", t)
+                        break
+                    d = None  # placed, not yet created in the owner's store: nothing written
+                stats = {qs.queue_id: qs for qs in d.queues} if d is not None else {}
+                for q in qids:
+                    qs = stats.get(q)
+                    per[q] = (qs.min_offset, qs.max_offset) if qs is not None else (0, 0)
+            out[t] = per
         return out
 
     def resolve(self, spec: str, default: int, name: str) -> Offsets:
@@ -314,17 +369,33 @@ class _Base:
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         yield from read_range(
-            self.opts.brokers, partition, self.arrow_schema, self.opts.fail_on_data_loss, self.opts.security
-        )
+            partition.address or self.opts.brokers, partition, self.arrow_schema,
+            self.opts.fail_on_data_loss, self.opts.security,
+        )  # fmt: skip
 
     def plan(self, start: Offsets, end: Offsets) -> list[RangePartition]:
+        """The input partitions of ``[start, end)``, each carrying its queue's owner
+        (routes read now). Raises QueueUnavailable when a range to read belongs to a
+        group that is down."""
         ranges = []
         for t, queues in end.items():
             for q, e in queues.items():
                 s = start.get(t, {}).get(q, 0)
                 ranges.append((t, int(q), int(s), int(e)))
         ranges.sort(key=lambda r: (r[0], r[1]))
-        return split_ranges(ranges, self.opts.min_partitions, self.opts.max_per_partition)
+        parts = split_ranges(ranges, self.opts.min_partitions, self.opts.max_per_partition)
+        if not parts:
+            return parts
+        routes = self.routes()
+        owners: dict[tuple[str, int], Owner] = {}
+        for t in {p.topic for p in parts}:
+            qids = sorted({p.queue_id for p in parts if p.topic == t})
+            for owner, qs in routes.by_owner(t, qids).items():
+                owners.update({(t, q): owner for q in qs})
+        return [
+            replace(p, address=owners[p.topic, p.queue_id].address, group=owners[p.topic, p.queue_id].group)
+            for p in parts
+        ]
 
 
 class EQueueBatchReader(_Base, DataSourceReader):
@@ -416,11 +487,13 @@ class EQueueStreamReader(_Base, DataSourceStreamReader, SupportsTriggerAvailable
         (once per change; a failure is logged, the query goes on)."""
         if not self.opts.group or end == self._group_committed:
             return
-        c = client_for(self.opts.brokers, self.opts.security)
         try:
+            routes = self.routes()  # offsets live with each queue's owner
             for t, qs in end.items():
-                for q, off in qs.items():
-                    c.commit_offset(self.opts.group, t, int(q), int(off))
+                for owner, qids in routes.by_owner(t, sorted(int(q) for q in qs)).items():
+                    c = client_for(owner.address, self.opts.security)
+                    for q in qids:
+                        c.commit_offset(self.opts.group, t, q, int(qs[str(q)]))
         except EQueueError as exc:
             log.warning("equeue source: committing offsets of group %s failed: %s", self.opts.group, exc)
             return

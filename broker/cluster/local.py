@@ -1,0 +1,163 @@
+"""A whole cluster on this machine, for trying it out: ``make cluster``.
+
+    python -m broker.cluster.local [--groups 3] [--base-port 5800] [--data-dir DIR]
+        [--etcd-port 0] [--log-level warning]
+
+Starts one etcd (:class:`broker.cluster.etcdproc.EtcdProcess`, on free loopback ports
+unless ``--etcd-port`` is given, never 2379/2380) and ``--groups`` broker groups
+``g1..gN`` of one broker each (:class:`broker.process.BrokerProcess` started with
+``--cluster <etcd> --broker-group gN``) on ports ``base-port .. base-port+N-1``
+(``--base-port 0``: any free ports). It prints the etcd endpoint, every group's broker
+address and data directory, then a ``ready`` line, and waits. SIGINT (Ctrl-C) or
+SIGTERM stops the brokers (gracefully: each revokes its etcd lease), then etcd. A
+broker that exits on its own stops the rest too (exit status 1).
+
+Without ``--data-dir`` everything lives in a temporary directory removed at the end;
+with it, ``DIR/etcd`` and ``DIR/gN`` survive, and a later run with the same
+``--data-dir``, ports and ``--etcd-port`` finds its topics and messages again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from broker.cluster.etcdproc import EtcdProcess
+from broker.process import BrokerProcess
+from equeue.errors import EQueueError
+
+__all__ = ["LocalCluster", "main"]
+
+#: seconds between two checks that every child still runs
+_WATCH_INTERVAL = 0.5
+
+
+class LocalCluster:
+    """One etcd and ``groups`` broker groups (one broker each) under ``root``.
+
+    :meth:`start` raises EQueueError when a child does not start (what did start is
+    stopped again); :meth:`stop` stops the brokers, then etcd, and returns True when
+    every broker exited cleanly."""
+
+    def __init__(
+        self, root: Path, groups: int, base_port: int = 5800, etcd_port: int = 0, log_level: str = "warning"
+    ) -> None:
+        if groups < 1:
+            raise EQueueError("a cluster needs at least one broker group")
+        self.root = root
+        self.etcd = EtcdProcess(root / "etcd", name="equeue-local")
+        if etcd_port:
+            self.etcd.client_port, self.etcd.peer_port = etcd_port, etcd_port + 1
+        self.names = [f"g{i + 1}" for i in range(groups)]
+        self.base_port = base_port
+        self.log_level = log_level
+        self.brokers: dict[str, BrokerProcess] = {}
+
+    def start(self) -> LocalCluster:
+        try:
+            self.etcd.start()
+            for i, name in enumerate(self.names):
+                b = BrokerProcess(
+                    self.root / name, "--cluster", self.etcd.endpoint, "--broker-group", name,
+                    port=self.base_port + i if self.base_port else 0, log_level=self.log_level,
+                )  # fmt: skip
+                self.brokers[name] = b
+                b.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        """Every broker address, comma-separated (what clients take as ``brokers``)."""
+        return ",".join(b.address for b in self.brokers.values())
+
+    def exited(self) -> list[str]:
+        """Lines naming each child that is no longer running (empty: all run)."""
+        out = [
+            f"broker {name} ({b.address}) exited with status {b.proc.returncode}: "
+            + "".join(b.stderr_tail)[-500:].strip()
+            for name, b in self.brokers.items()
+            if b.proc is not None and b.proc.poll() is not None
+        ]
+        if not self.etcd.running:
+            out.append(f"etcd ({self.etcd.endpoint}) exited: " + "".join(self.etcd.stderr_tail)[-500:].strip())
+        return out
+
+    def stop(self) -> bool:
+        """Stop every broker (SIGTERM, they leave etcd cleanly), then etcd."""
+        clean = True
+        for b in self.brokers.values():
+            if b.proc is not None:
+                clean = b.stop() == 0 and clean
+        self.etcd.stop()
+        return clean
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m broker.cluster.local",
+        description="Start a local equeue cluster (one etcd, N broker groups) until Ctrl-C.",
+    )
+    ap.add_argument("--groups", type=int, default=3, help="broker groups, one broker each (default 3)")
+    ap.add_argument("--base-port", type=int, default=5800, help="port of g1; gN listens on base+N-1 (0: free ports)")
+    ap.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: a temporary directory)")
+    ap.add_argument("--etcd-port", type=int, default=0, help="etcd client port, peer port +1 (default: free ports)")
+    ap.add_argument("--log-level", default="warning", help="the brokers' log level (default warning)")
+    args = ap.parse_args(argv)
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    tmp = tempfile.TemporaryDirectory(prefix="equeue-cluster-") if args.data_dir is None else None
+    root = Path(tmp.name) if tmp is not None else args.data_dir
+    cluster = LocalCluster(root, args.groups, args.base_port, args.etcd_port, args.log_level)
+    try:
+        # The children start with SIGINT blocked (a signal mask survives exec): Ctrl-C in
+        # a terminal signals the whole foreground group, and etcd must outlive the
+        # brokers' clean stop (they revoke their leases), so only this process acts on it.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            cluster.start()
+        except EQueueError as exc:
+            print(f"equeue cluster: cannot start: {exc}", file=sys.stderr, flush=True)
+            return 1
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        print(f"etcd      {cluster.etcd.endpoint}  (data {cluster.etcd.data_dir})", flush=True)
+        for name, b in cluster.brokers.items():
+            print(f"group {name:4} broker {b.address}  (data {b.data_dir})", flush=True)
+        print(
+            f"ready: {len(cluster.brokers)} broker groups on etcd {cluster.etcd.endpoint}; "
+            f"try: equeue cluster status --broker {cluster.bootstrap}; Ctrl-C stops them all",
+            flush=True,
+        )
+        failed: list[str] = []
+        while not stop.wait(_WATCH_INTERVAL):
+            failed = cluster.exited()
+            if failed:
+                print("equeue cluster: " + "\n".join(failed), file=sys.stderr, flush=True)
+                break
+        print("stopping the brokers, then etcd", flush=True)
+        clean = cluster.stop()
+        print("stopped" + ("" if clean else " (a broker did not exit cleanly)"), flush=True)
+        return 1 if failed or not clean else 0
+    finally:
+        cluster.stop()
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
