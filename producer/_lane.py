@@ -378,11 +378,19 @@ class _Lane:
             self.client = None  # resolved again, from the refreshed table, before the next write
             self.route_failures += 1
             self.reroutes += 1
-            backoff_attempts = max(backoff_attempts, self.route_failures)
+            stale_owner = self.router.owner(self.topic, self.queue_id)
             try:
                 await self.router.refresh([self.topic])
             except EQueueError as exc:
                 log.debug("route refresh of %s failed: %s", self.topic, exc)
+            # the refresh named another owner that is up: resend there at once (the
+            # pause is for a table that did not change, or an owner that is down)
+            moved = (
+                self.router.owner(self.topic, self.queue_id) != stale_owner
+                and self.router.available(self.topic, self.queue_id)
+            )
+            if not moved:
+                backoff_attempts = max(backoff_attempts, self.route_failures)
         else:
             self.route_failures = 0
         if backoff_attempts and resend:
