@@ -138,23 +138,26 @@ def register(app: typer.Typer) -> None:
         warn_if_open(cfg)
 
         async def main() -> None:
-            async with trio.open_nursery() as n:
-                bound = await n.start(broker.serve)
-                # Everything allocated so far (modules, CLI, store, codec tables) lives
-                # as long as the process: move it out of the collector's sight, so the
-                # full collections of the steady state do not walk it (a 25-30 ms pause
-                # of the whole broker every few seconds under L1, 1-2 ms after).
-                gc.collect()
-                gc.freeze()
-                tls = ", TLS" if cfg.tls_cert is not None else ""
-                typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
-                if cfg.cluster:
-                    typer.echo(
-                        f"cluster: broker group {cfg.broker_group}, etcd {','.join(cfg.cluster)}, "
-                        f"advertised as {cfg.advertised(bound)}",
-                        err=True,
-                    )
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+            # The signal receiver is open before the ready line is printed: a SIGTERM
+            # sent as soon as the line is seen (tests, supervisors) is a clean stop,
+            # never the default action's exit by signal.
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+                async with trio.open_nursery() as n:
+                    bound = await n.start(broker.serve)
+                    # Everything allocated so far (modules, CLI, store, codec tables) lives
+                    # as long as the process: move it out of the collector's sight, so the
+                    # full collections of the steady state do not walk it (a 25-30 ms pause
+                    # of the whole broker every few seconds under L1, 1-2 ms after).
+                    gc.collect()
+                    gc.freeze()
+                    tls = ", TLS" if cfg.tls_cert is not None else ""
+                    typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
+                    if cfg.cluster:
+                        typer.echo(
+                            f"cluster: broker group {cfg.broker_group}, etcd {','.join(cfg.cluster)}, "
+                            f"advertised as {cfg.advertised(bound)}",
+                            err=True,
+                        )
                     async for signum in signals:
                         if signum == signal.SIGHUP:  # re-read the users file and the certificate
                             await _reload(broker)
