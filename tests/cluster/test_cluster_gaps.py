@@ -27,7 +27,7 @@ from consumer import AsyncConsumer
 from consumer.routed import RoutedCalls
 from equeue import Message, wire
 from equeue.acl import Acl, UsersFile
-from equeue.errors import NotAuthorized, QueueUnavailable
+from equeue.errors import NotAuthorized, QueueUnavailable, TopicNotFound
 from equeue.names import dlq_topic
 from equeue.placement import TopicPlacement, encode_topic, topic_key
 from equeue.security import ClientSecurity
@@ -72,6 +72,13 @@ async def cluster(tmp_path: Path, etcd: EtcdProcess, **kw: Any) -> AsyncIterator
         finally:
             for r in running.values():
                 r.stop.set()
+
+
+def _etcd_delete(etcd: EtcdProcess, key: str) -> None:
+    """A blocking delete (see :func:`_etcd_put`)."""
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()})
+    with urllib.request.urlopen(urllib.request.Request(etcd.endpoint + "/v3/kv/deleterange", data=body.encode()), timeout=10):
+        pass
 
 
 def _etcd_put(etcd: EtcdProcess, key: str, value: bytes) -> None:
@@ -200,3 +207,33 @@ async def test_consumer_calls_for_a_down_group_fail_at_once_and_do_not_hold_back
                                 assert await lc.query_offset("cg", "c", q) == 3, f"queue {q} of {live} committed"
                     nursery.cancel_scope.cancel()
 
+
+
+# ----------------------------------------------------------------------------- review
+async def test_a_topic_created_then_deleted_before_the_view_saw_it_is_not_kept(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """A broker that created a topic while its view was reloading (after an etcd
+    outage), then saw the reload without it (deleted meanwhile), kept serving it."""
+    with trio.fail_after(60):
+        cfg = make_config(tmp_path / "g1", cluster=etcd.endpoint, broker_group="g1")
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            node = b.cluster
+            assert node is not None
+            view = node.view
+            for attempt in range(6):  # (the view may reload as etcd comes back: then again)
+                name = f"ghost{attempt}"
+                etcd.stop()
+                await trio.sleep(2.5)  # the outage lasts until the view's reload pause nears its cap (2 s)
+                loads = view.loads  # (it cannot reload while etcd is down)
+                await trio.to_thread.run_sync(etcd.start)  # the view's next reload is likely still ahead
+                await c.create_topic(name, 1)
+                assert name in node.owned
+                _etcd_delete(etcd, topic_key(name))  # another broker deleted it
+                if view.loads == loads:
+                    break  # the view reloads after the delete: the case under test
+            else:
+                pytest.fail("the view reloaded before the topic was deleted every time")
+            await wait_until(lambda: view.loads > loads, timeout=15, what="the view reloaded")
+            await wait_until(lambda: name not in node.owned and name not in b.store.topics, timeout=10,
+                             what=f"{name} (deleted in etcd) dropped here")  # fmt: skip
+            with pytest.raises(TopicNotFound):
+                await c.produce(wire.ProduceRequest(name, 0, [wire.encode_entry(Message("lost"))], auto_create=False))
