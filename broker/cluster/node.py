@@ -39,7 +39,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -299,7 +299,7 @@ class ClusterNode:
             gone = ((self._seen if self._seen is not None else set(self._made_from)) - set(view)) | dropped
             revision = self._view.revision
             if revision < self._revision:
-                self._etcd_replaced(revision, set(view))
+                self._etcd_replaced(revision, view)
                 gone = set()
             self._revision = revision
             if self._seen is None:
@@ -328,13 +328,16 @@ class ClusterNode:
             self._wake()
             return True
 
-    def _etcd_replaced(self, revision: int, known: set[str]) -> None:
+    def _etcd_replaced(self, revision: int, known: Mapping[str, TopicPlacement]) -> None:
         """The view's revision is behind one this broker followed: etcd lost its data
         (or is another etcd). Its missing topics are kept here, not served, never
-        deleted: they turn into stray local topics."""
-        lost = sorted(set(self._made_from) - known)
+        deleted: they turn into stray local topics. A topic it has again (created
+        anew since) takes the local copy as it is: nothing is deleted."""
+        lost = sorted(set(self._made_from) - set(known))
         for name in lost:
             del self._made_from[name]
+        for name in self._made_from:
+            self._made_from[name] = known[name].created_ms
         self._seen = None
         log.error(
             "cluster: etcd's revision went back from %d to %d: its data was lost or it is another etcd; "

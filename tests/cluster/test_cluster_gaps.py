@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -237,3 +239,29 @@ async def test_a_topic_created_then_deleted_before_the_view_saw_it_is_not_kept(t
                              what=f"{name} (deleted in etcd) dropped here")  # fmt: skip
             with pytest.raises(TopicNotFound):
                 await c.produce(wire.ProduceRequest(name, 0, [wire.encode_entry(Message("lost"))], auto_create=False))
+
+
+async def test_etcd_losing_its_data_then_the_topic_created_again_deletes_nothing(
+    tmp_path: Path, own_etcd: EtcdProcess
+) -> None:
+    """etcd lost its data while the broker was down, and the topic was created again
+    in the new etcd (a producer's auto-create at another broker): at its start the
+    broker sees the revision went back and keeps its copy, messages included (it
+    deleted it as "an earlier incarnation")."""
+    cfg = make_config(tmp_path / "g1", cluster=own_etcd.endpoint, broker_group="g1")
+    with trio.fail_after(50):
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            await c.create_topic("kept", 2)
+            for i in range(20):  # move etcd's revision well past where a new etcd starts
+                await c.alter_topic("kept", retention_ms=1000 + i)
+            await c.produce(wire.ProduceRequest("kept", 0, [wire.encode_entry(Message("precious"))]))
+        own_etcd.stop()
+        shutil.rmtree(own_etcd.data_dir)
+        await trio.to_thread.run_sync(own_etcd.start)
+        again = TopicPlacement("kept", 2, ("g1", "g1"), created_ms=int(time.time() * 1000))
+        _etcd_put(own_etcd, topic_key("kept"), encode_topic(again))
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            info = b.store.topics["kept"]
+            assert b.store.queue_state(info.topic_id, 0).next_offset == 1, "the broker deleted its copy"
+            page = await c.pull(wire.PullRequest("kept", 0, 0))
+            assert [m.text for m in page.messages] == ["precious"]
