@@ -265,3 +265,21 @@ async def test_etcd_losing_its_data_then_the_topic_created_again_deletes_nothing
             assert b.store.queue_state(info.topic_id, 0).next_offset == 1, "the broker deleted its copy"
             page = await c.pull(wire.PullRequest("kept", 0, 0))
             assert [m.text for m in page.messages] == ["precious"]
+
+
+async def test_a_route_lookup_never_creates_internal_topics(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """Retry and dead-letter topics are created by the broker's own SEND_BACK; a
+    GET_ROUTES (or GET_ROUTE) with auto_create naming them created them, past
+    ``auto_create_topics = false`` and the create right: up to 1000 topics (each
+    materialized on every broker) per request."""
+    cfg = make_config(tmp_path / "g1", cluster=etcd.endpoint, broker_group="g1", auto_create_topics=False)
+    with trio.fail_after(30):
+        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            names = [f"%RETRY%junk{i}" for i in range(50)] + [f"%DLQ%junk{i}" for i in range(50)]
+            table = await c.get_routes(names, auto_create=True)
+            assert table.topics == [] and table.missing == names
+            with pytest.raises(TopicNotFound):
+                await c.get_route("%RETRY%junk-one", auto_create=True)
+            assert b.cluster is not None
+            assert await b.cluster.view.lookup("%RETRY%junk0") is None
+            assert not [t for t in b.store.topics if "junk" in t]
