@@ -39,8 +39,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,7 @@ class ClusterNode:
                 try:
                     await self._pass()
                     nursery.start_soon(self._materializer)
+                    nursery.start_soon(self._recheck_ahead)
                     log.info(
                         "cluster: broker %s of group %s at %s (etcd %s), %d topics",
                         self.broker_id, self.group, self.address, ",".join(self.endpoints), len(self.owned),
@@ -253,24 +255,51 @@ class ClusterNode:
                 await trio.sleep(_RETRY_PAUSE)
                 self._dirty.set()
 
+    async def _recheck_ahead(self) -> None:
+        """Wake a pass after each view change while a placement this broker is ahead
+        of the view with is missing from it: a topic created here and deleted before
+        the view saw it (both in one batch, or while it was reloading) changes no
+        topic of the view, yet must be dropped (the pass asks etcd)."""
+        view = self._view
+        while True:
+            await view.wait_for(partial(self._ahead_unseen, view.snapshot))
+            self._dirty.set()
+
+    def _ahead_unseen(self, since: object) -> bool:
+        """Whether the view changed since the snapshot ``since`` and lacks a topic of ``_ahead``."""
+        view = self._view
+        return view.snapshot is not since and any(name not in view.topics() for name in self._ahead)
+
     async def _pass(self) -> bool:
         """Bring the local store and ``owned`` in line with the view (plus what this
         broker is ahead of it with). False when a write failed (logged)."""
         async with self._lock:
             view = dict(self._view.topics())
+            dropped: set[str] = set()
             for name, p in list(self._ahead.items()):
                 seen = view.get(name)
-                if seen is not None and (
+                if seen is None:  # the view lags, or never saw it: created and deleted
+                    try:  # while it was reloading (then no event will ever remove it)
+                        found = await self._view.lookup(name)
+                    except ClusterUnavailable:
+                        continue  # kept until etcd answers
+                    if found is None:
+                        del self._ahead[name]
+                        dropped.add(name)
+                    elif found.created_ms > p.created_ms:
+                        self._ahead[name] = found  # a later incarnation
+                    continue
+                if (
                     seen.created_ms > p.created_ms or (seen.created_ms == p.created_ms and seen.queues >= p.queues)
                 ):
                     del self._ahead[name]  # the view caught up (or shows a later incarnation)
             merged = {**view, **self._ahead}
             # deleted in etcd: seen by the view and gone, or (first pass) made from etcd
             # before this start and no longer there
-            gone = (self._seen if self._seen is not None else set(self._made_from)) - set(view)
+            gone = ((self._seen if self._seen is not None else set(self._made_from)) - set(view)) | dropped
             revision = self._view.revision
             if revision < self._revision:
-                self._etcd_replaced(revision, set(view))
+                self._etcd_replaced(revision, view)
                 gone = set()
             self._revision = revision
             if self._seen is None:
@@ -299,13 +328,16 @@ class ClusterNode:
             self._wake()
             return True
 
-    def _etcd_replaced(self, revision: int, known: set[str]) -> None:
+    def _etcd_replaced(self, revision: int, known: Mapping[str, TopicPlacement]) -> None:
         """The view's revision is behind one this broker followed: etcd lost its data
         (or is another etcd). Its missing topics are kept here, not served, never
-        deleted: they turn into stray local topics."""
-        lost = sorted(set(self._made_from) - known)
+        deleted: they turn into stray local topics. A topic it has again (created
+        anew since) takes the local copy as it is: nothing is deleted."""
+        lost = sorted(set(self._made_from) - set(known))
         for name in lost:
             del self._made_from[name]
+        for name in self._made_from:
+            self._made_from[name] = known[name].created_ms
         self._seen = None
         log.error(
             "cluster: etcd's revision went back from %d to %d: its data was lost or it is another etcd; "

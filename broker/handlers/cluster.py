@@ -12,6 +12,7 @@ from broker.handlers.base import RequestContext, TopicDirectory
 from broker.storage import StoreReader
 from equeue import control
 from equeue.errors import BadRequest, TopicNotFound
+from equeue.names import is_internal
 
 __all__ = ["MAX_ROUTE_TOPICS", "ClusterHandlers"]
 
@@ -27,7 +28,7 @@ class ClusterHandlers:
     async def get_routes(self, req: control.GetRoutes, ctx: RequestContext) -> control.RouteTable:
         """The route table of ``req.topics`` (each name once, in the order asked).
         A topic that does not exist is created with ``auto_create`` (when the broker
-        allows it and the user may), else listed in ``missing``. Raises InvalidName,
+        allows it and the user may; never a retry or DLQ topic), else listed in ``missing``. Raises InvalidName,
         NotAuthorized (an auto-create without the right), ClusterUnavailable (an
         auto-create while etcd is unreachable), BadRequest past MAX_ROUTE_TOPICS names."""
         if len(req.topics) > MAX_ROUTE_TOPICS:
@@ -36,7 +37,9 @@ class ClusterHandlers:
         missing: list[str] = []
         for name in dict.fromkeys(req.topics):
             try:
-                infos.append(await self._topics.require(name, auto_create=req.auto_create, principal=ctx.principal))
+                # (retry/DLQ topics are the broker's to create, at a SEND_BACK)
+                create = req.auto_create and not is_internal(name)
+                infos.append(await self._topics.require(name, auto_create=create, principal=ctx.principal))
             except TopicNotFound:
                 missing.append(name)
         cluster = self._topics.cluster

@@ -74,7 +74,8 @@ class TopicHandlers:
         )
 
     async def get_route(self, req: control.GetRoute, ctx: RequestContext) -> control.TopicInfo:
-        return await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
+        create = req.auto_create and not is_internal(req.topic)  # retry/DLQ topics: created at a SEND_BACK
+        return await self._topics.require(req.topic, auto_create=create, principal=ctx.principal)
 
     async def describe_topic(
         self, req: control.DescribeTopic, ctx: RequestContext
