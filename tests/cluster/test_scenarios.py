@@ -45,6 +45,7 @@ from equeue.routing import queue_for_key
 from producer import Client, Producer
 from tests.conftest import ROOT, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order
+from tests.integration.test_consumer_cluster import member_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -230,24 +231,6 @@ def test_keyed_produce_and_consume_through_sdk_and_cli(healthy: Cluster) -> None
 
 
 # ------------------------------------------------------------------------------ 2
-MEMBER = r"""
-import signal, sys, time
-sys.path.insert(0, sys.argv[1])
-from consumer import Consumer
-boot, name, out = sys.argv[2], sys.argv[3], sys.argv[4]
-f = open(out, "a", buffering=1)
-c = Consumer(boot, "cg2", "s2", orderly=True, start_from="earliest", consumer_id=name,
-             heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=0.5)
-def handler(m):
-    t0 = time.monotonic()
-    time.sleep(0.002)
-    f.write(f"{m.queue_id} {m.queue_offset} {t0} {time.monotonic()}\n")
-signal.signal(signal.SIGTERM, lambda *a: c.stop())
-c.run(handler)
-c.close()
-"""
-
-
 class HolderSampler:
     """Samples DESCRIBE_GROUP at every group's broker in a thread: records each
     queue's holders as the brokers report them, and every sample in which one
@@ -306,7 +289,7 @@ def test_consumer_group_of_three_kill_one_join_late(healthy: Cluster, tmp_path: 
             p.send_async("s2", f"{i}", key=f"u{i % 300}")
         p.flush()
     script = tmp_path / "member.py"
-    script.write_text(MEMBER)
+    script.write_text(member_script("cg2", "s2", sleep=0.002, hold=0.5))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {n: tmp_path / f"{n}.log" for n in ("m1", "m2", "m3")}
 

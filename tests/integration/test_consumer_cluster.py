@@ -24,16 +24,23 @@ sys.path.insert(0, sys.argv[1])
 from consumer import Consumer
 addr, name, out = sys.argv[2], sys.argv[3], sys.argv[4]
 f = open(out, "a", buffering=1)
-c = Consumer(addr, "cg", "orders", orderly=True, start_from="earliest", consumer_id=name,
-             heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=1.0)
+c = Consumer(addr, %(group)r, %(topic)r, orderly=True, start_from="earliest", consumer_id=name,
+             heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=%(hold)r)
 def handler(m):
     t0 = time.monotonic()
-    time.sleep(0.001)
+    time.sleep(%(sleep)r)
     f.write(f"{m.queue_id} {m.queue_offset} {t0} {time.monotonic()}\n")
 signal.signal(signal.SIGTERM, lambda *a: c.stop())
 c.run(handler)
 c.close()
 """
+
+
+def member_script(group: str, topic: str, *, sleep: float, hold: float) -> str:
+    """A consumer member process (orderly; argv: repo root, brokers, consumer id, log
+    file) that logs "queue offset start end" per message, and stops on SIGTERM."""
+    return MEMBER % {"group": group, "topic": topic, "sleep": sleep, "hold": hold}
+
 
 TOTAL, QUEUES = 30_000, 8
 
@@ -51,7 +58,7 @@ def read(path: Path, name: str) -> list[tuple[str, int, int, float, float]]:
 @pytest.mark.slow
 def test_kill_and_join(tmp_path: Path) -> None:
     script = tmp_path / "member.py"
-    script.write_text(MEMBER)
+    script.write_text(member_script("cg", "orders", sleep=0.001, hold=1.0))
     with EmbeddedBroker(make_config(tmp_path / "data", member_expiry=2.0)) as b:
         with Client(b.address) as c:
             c.create_topic("orders", QUEUES)
