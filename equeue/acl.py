@@ -344,4 +344,10 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.DLQ_RESEND: Rule(admin=True, audit=True),
     RequestCode.SKIP_MESSAGE: Rule(admin=True, audit=True),
     RequestCode.LIST_SKIPPED: Rule((Need(_T, "topic", _O.DESCRIBE),)),
+    # replication reads the whole store (every topic, offsets, producer state): admin only
+    RequestCode.REPLICA_FETCH: Rule(admin=True),
+    RequestCode.REPLICA_KEYS: Rule(admin=True),
+    RequestCode.REPLICA_SNAPSHOT: Rule(admin=True),
+    RequestCode.REPLICA_DIGEST: Rule(admin=True),
+    RequestCode.REPLICATION_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
 }

@@ -328,6 +328,21 @@ class BrokerConfig:
     advertise: str | None = attrs.field(default=None, validator=_advertise)
     #: seconds of the broker's etcd lease: a broker silent this long is down
     cluster_lease_ttl: int = attrs.field(default=5, validator=_lease_ttl)
+    #: replication (docs/cluster.md, part 2): ``all`` acknowledges a write once the
+    #: leader and every in-sync replica committed it (flush policy applied on each);
+    #: ``leader`` once the leader committed it (a leader crash can lose it)
+    acks: str = attrs.field(default="all", validator=attrs.validators.in_(("all", "leader")))
+    #: with ``acks all``: fewer in-sync replicas (leader included) than this, and a
+    #: produce is refused with NOT_ENOUGH_REPLICAS (56)
+    min_insync: int = attrs.field(default=1, validator=positive)
+    #: seconds a follower may stay behind the leader's end before it leaves the ISR
+    replica_lag_max: float = attrs.field(default=4.0, validator=positive)
+    #: bytes of replication log one REPLICA_FETCH answer carries at most (it always
+    #: carries at least one whole entry, however large)
+    replica_fetch_bytes: int = attrs.field(default=4 << 20, validator=positive)
+    #: bytes of replication log a leader keeps for followers that are behind; a
+    #: follower further behind copies the store (REPLICA_SNAPSHOT) before it follows
+    replica_log_bytes: int = attrs.field(default=1 << 30, validator=positive)
 
     def __attrs_post_init__(self) -> None:
         if self.cluster and not self.broker_group:

@@ -397,6 +397,11 @@ class GroupStatus:
     topics: dict[str, list[int]]
     #: at least one live broker: its queues are served
     available: bool
+    #: part 2 (replication): the leader's broker id ("" while the group has none),
+    #: its epoch, and the in-sync replicas (broker ids, leader included), as etcd has them
+    leader: str = ""
+    epoch: int = 0
+    isr: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -412,6 +417,74 @@ class ClusterStatus:
     etcd_ok: bool
     revision: int
     groups: list[GroupStatus]
+
+
+@attrs.frozen
+class ReplicationStatusRequest:
+    """REPLICATION_STATUS: the answering broker's replication state (a leader knows
+    every follower's position; a follower knows its own)."""
+
+    CODE: ClassVar = RequestCode.REPLICATION_STATUS
+
+
+@attrs.frozen
+class ReplicaStatus:
+    """One follower as its leader sees it."""
+
+    broker_id: str
+    address: str
+    #: the next log position it asked for (everything before it is durable there)
+    position: int
+    #: messages (global offsets) and ms it is behind the leader's end (0: caught up)
+    lag_messages: int
+    lag_ms: int
+    in_sync: bool
+    #: seconds since its last fetch
+    last_fetch_s: float
+
+
+@attrs.frozen
+class ReplicationStatus:
+    """REPLICATION_STATUS' answer. ``role``: "leader", "follower" or "standalone".
+    Positions count the group's replication log (one per committed transaction);
+    ``high_watermark``: every position below it is on every in-sync replica (what
+    consumers may see). ``next_global``: the store's next global offset."""
+
+    role: str
+    group: str
+    broker_id: str
+    epoch: int
+    leader: str
+    position: int
+    high_watermark: int
+    next_global: int
+    isr: list[str]
+    acks: str
+    min_insync: int
+    #: a leader: its followers; a follower: empty
+    replicas: list[ReplicaStatus] = attrs.Factory(list)
+
+
+@attrs.frozen
+class ReplicaDigestRequest:
+    """REPLICA_DIGEST: checksums of the answering replica's store, for
+    ``equeue cluster verify``. ``range_size``: global offsets per message range."""
+
+    CODE: ClassVar = RequestCode.REPLICA_DIGEST
+    range_size: int = 65536
+
+
+@attrs.frozen
+class ReplicaDigest:
+    """REPLICA_DIGEST's answer, taken in one read transaction at log ``position``:
+    ``digests`` maps a part of the store ("topics", "offsets", "producers", ...,
+    "messages/<first global offset>") to a hex checksum of its keys and values.
+    Two replicas at the same position must answer the same digests."""
+
+    broker_id: str
+    epoch: int
+    position: int
+    digests: dict[str, str]
 
 
 @attrs.frozen
@@ -625,6 +698,8 @@ REQUEST_TYPES: dict[int, type] = {
         ListGroups,
         DescribeGroup,
         Stats,
+        ReplicationStatusRequest,
+        ReplicaDigestRequest,
         ClusterStatusRequest,
         GetMessage,
         FindByKey,

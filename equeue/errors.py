@@ -38,6 +38,9 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── ClusterUnavailable        (transient) etcd unreachable, or answered nonsense
     │   ├── NoLiveGroups              (transient) no broker group is alive to place queues on
     │   ├── ClusterDataInvalid        a record in etcd does not decode (skipped, never half-used)
+    │   ├── NotLeader                 (transient) a follower, or a leader that lost leadership: refresh routes
+    │   ├── NotEnoughReplicas         (transient) the in-sync set is below --min-insync
+    │   ├── StaleEpoch                (transient) a replication request of an older leader epoch
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
@@ -89,6 +92,8 @@ __all__ = [
     "MessageTooLarge",
     "NoLiveGroups",
     "NotAuthorized",
+    "NotEnoughReplicas",
+    "NotLeader",
     "NotOwner",
     "NotQueueOwner",
     "OffsetOutOfRange",
@@ -99,6 +104,7 @@ __all__ = [
     "QueueUnavailable",
     "RemoteProtocolError",
     "ReservedTopic",
+    "StaleEpoch",
     "StoreDamaged",
     "StoreError",
     "StoreFull",
@@ -162,6 +168,9 @@ class ErrorCode(enum.IntEnum):
     CLUSTER_UNAVAILABLE = 52
     NO_LIVE_GROUPS = 53
     CLUSTER_DATA_INVALID = 54
+    NOT_LEADER = 55
+    NOT_ENOUGH_REPLICAS = 56
+    STALE_EPOCH = 57
     INTERNAL_ERROR = 99
 
 
@@ -388,6 +397,8 @@ class NotAuthorized(BrokerError):
     the resource."""
 
     code = ErrorCode.NOT_AUTHORIZED
+
+
 class TooManyConnections(BrokerError):
     """The broker holds ``--max-connections`` connections already (or is out of file
     descriptors): it refused this one in the handshake answer and closed it."""
@@ -450,6 +461,35 @@ class ClusterDataInvalid(BrokerError):
     code = ErrorCode.CLUSTER_DATA_INVALID
 
 
+class NotLeader(BrokerError):
+    """This broker is a follower of its group (or a leader that lost its leadership):
+    it serves no client data. Refresh routes (GET_ROUTES names each group's leader)
+    and retry at the leader; nothing was written. Transient: during a failover the
+    group has no leader for up to one lease TTL."""
+
+    code = ErrorCode.NOT_LEADER
+    transient = True
+
+
+class NotEnoughReplicas(BrokerError):
+    """The group's in-sync set is smaller than ``--min-insync``. Refused before the
+    write: nothing was stored. Answered after the write (the set shrank while the
+    batch waited for it): the batch may be stored; a retry with the same producer id
+    and sequence is stored once. Transient: followers rejoin once caught up."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+    transient = True
+
+
+class StaleEpoch(BrokerError):
+    """A replication request named a leader epoch other than the current one: the
+    sender follows (or leads) an older term. It reloads the group's leader from etcd.
+    Transient."""
+
+    code = ErrorCode.STALE_EPOCH
+    transient = True
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -488,6 +528,9 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         ClusterUnavailable,
         NoLiveGroups,
         ClusterDataInvalid,
+        NotLeader,
+        NotEnoughReplicas,
+        StaleEpoch,
         InternalBrokerError,
     )
 }

@@ -38,20 +38,30 @@ from equeue.errors import BadRequest, ClusterDataInvalid, InvalidName, NoLiveGro
 __all__ = [
     "BROKERS_PREFIX",
     "GROUPS_PREFIX",
+    "ISR_PREFIX",
+    "LEADERS_PREFIX",
     "ROOT",
     "TOPICS_PREFIX",
     "BrokerRecord",
     "GroupRecord",
+    "IsrRecord",
+    "LeaderRecord",
     "TopicPlacement",
     "broker_key",
     "decode_broker",
     "decode_group",
+    "decode_isr",
+    "decode_leader",
     "decode_topic",
     "encode_broker",
     "encode_group",
+    "encode_isr",
+    "encode_leader",
     "encode_topic",
     "group_key",
     "grow",
+    "isr_key",
+    "leader_key",
     "load",
     "parse_key",
     "spread",
@@ -62,6 +72,9 @@ ROOT = "/equeue/"
 GROUPS_PREFIX = ROOT + "groups/"
 BROKERS_PREFIX = ROOT + "brokers/"
 TOPICS_PREFIX = ROOT + "topics/"
+#: part 2: the leader of each group (under the leader's lease) and its in-sync set
+LEADERS_PREFIX = ROOT + "leaders/"
+ISR_PREFIX = ROOT + "isr/"
 
 #: longest name segment of a key (group, broker id, topic)
 _MAX_SEGMENT = 255
@@ -92,6 +105,14 @@ def broker_key(group: str, broker_id: str) -> str:
 
 def topic_key(topic: str) -> str:
     return TOPICS_PREFIX + _segment(topic, "topic name")
+
+
+def leader_key(group: str) -> str:
+    return LEADERS_PREFIX + _segment(group, "broker group name")
+
+
+def isr_key(group: str) -> str:
+    return ISR_PREFIX + _segment(group, "broker group name")
 
 
 def parse_key(key: str) -> tuple[Literal["group", "broker", "topic"], tuple[str, ...]] | None:
@@ -145,6 +166,39 @@ class BrokerRecord:
     started_ms: int = attrs.field(validator=_non_negative)
     pid: int = attrs.field(validator=_non_negative)
     version: str = ""
+
+
+@attrs.frozen
+class LeaderRecord:
+    """The leader of ``group`` (part 2), held under the leader's etcd lease: created
+    only by create-if-absent, gone when the lease ends. ``epoch`` is bumped at each
+    takeover and equals the ISR record's epoch written in the same transaction."""
+
+    group: str = attrs.field(validator=_non_empty)
+    broker_id: str = attrs.field(validator=_non_empty)
+    address: str = attrs.field(validator=_non_empty)
+    epoch: int = attrs.field(validator=_non_negative)
+    since_ms: int = attrs.field(validator=_non_negative)
+
+
+def _members(
+    _: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
+) -> None:
+    if not value or any(not m for m in value) or len(set(value)) != len(value):
+        raise ValueError(f"{attribute.name} must be distinct non-empty broker ids, at least one")
+
+
+@attrs.frozen
+class IsrRecord:
+    """The in-sync replicas of ``group`` (part 2), persistent (no lease): broker ids,
+    the leader included. Written by a takeover (epoch + 1) and by the leader of
+    ``epoch`` only, in a transaction comparing the record's mod revision. Only a
+    member may take over: each member holds every acknowledged write."""
+
+    group: str = attrs.field(validator=_non_empty)
+    epoch: int = attrs.field(validator=_non_negative)
+    leader: str = attrs.field(validator=_non_empty)
+    members: tuple[str, ...] = attrs.field(converter=tuple, validator=_members)
 
 
 def _owners_match(
@@ -234,6 +288,25 @@ def encode_topic(record: TopicPlacement) -> bytes:
 def decode_topic(data: bytes) -> TopicPlacement:
     """Raises ClusterDataInvalid when ``data`` is not a TopicPlacement."""
     return _decode(data, TopicPlacement)
+
+
+def encode_leader(record: LeaderRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_leader(data: bytes) -> LeaderRecord:
+    """Raises ClusterDataInvalid when ``data`` is not a LeaderRecord."""
+    return _decode(data, LeaderRecord)
+
+
+def encode_isr(record: IsrRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_isr(data: bytes) -> IsrRecord:
+    """Raises ClusterDataInvalid when ``data`` is not an IsrRecord (members empty or
+    repeated included)."""
+    return _decode(data, IsrRecord)
 
 
 # ----------------------------------------------------------------------------- rules

@@ -50,6 +50,13 @@ class RequestCode(enum.IntEnum):
     SEND_BACK = 80
     DLQ_LIST = 81
     DLQ_RESEND = 82
+    # replication inside a broker group (docs/cluster.md, part 2): broker to broker,
+    # except REPLICATION_STATUS and REPLICA_DIGEST, which the CLI sends too
+    REPLICA_FETCH = 90
+    REPLICA_KEYS = 91
+    REPLICA_SNAPSHOT = 92
+    REPLICA_DIGEST = 93
+    REPLICATION_STATUS = 94
 
 
 class PushCode(enum.IntEnum):

@@ -98,6 +98,11 @@ def register(app: typer.Typer) -> None:
         broker_group: str = typer.Option(_D.broker_group, "--broker-group", help="The broker group this broker serves (required with --cluster)."),
         advertise: str | None = typer.Option(_D.advertise, "--advertise", help="HOST:PORT clients reach this broker at (default: the listen address; 127.0.0.1:PORT when listening on 0.0.0.0)."),
         cluster_lease_ttl: int = typer.Option(_D.cluster_lease_ttl, "--cluster-lease-ttl", help="Seconds of the broker's etcd lease: silent this long, it is shown down."),
+        acks: str = typer.Option(_D.acks, "--acks", help="all: acknowledge once every in-sync replica has a write; leader: once the leader has it (a leader crash can lose it)."),
+        min_insync: int = typer.Option(_D.min_insync, "--min-insync", help="With --acks all: fewer in-sync replicas (leader included) and produce fails with NOT_ENOUGH_REPLICAS."),
+        replica_lag_max: float = typer.Option(_D.replica_lag_max, "--replica-lag-max", help="Seconds a follower may stay behind before it leaves the in-sync set."),
+        replica_fetch_bytes: str = typer.Option(str(_D.replica_fetch_bytes), "--replica-fetch-bytes", help="Replication log bytes per fetch answer (at least one whole entry)."),
+        replica_log_bytes: str = typer.Option(str(_D.replica_log_bytes), "--replica-log-bytes", help="Replication log bytes a leader keeps for lagging followers (further behind: the store is copied first)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
@@ -131,6 +136,8 @@ def register(app: typer.Typer) -> None:
                 frame_timeout=frame_timeout, max_partial_frame_bytes=parse_size(max_partial_frame_bytes),
                 idle_timeout=idle_timeout, max_pulls_per_connection=max_pulls_per_connection,
                 cluster=cluster, broker_group=broker_group, advertise=advertise, cluster_lease_ttl=cluster_lease_ttl,
+                acks=acks, min_insync=min_insync, replica_lag_max=replica_lag_max,
+                replica_fetch_bytes=parse_size(replica_fetch_bytes), replica_log_bytes=parse_size(replica_log_bytes),
             )  # fmt: skip
         except ConfigError as exc:
             fail(str(exc))

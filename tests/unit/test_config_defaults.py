@@ -65,6 +65,11 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "broker_group": ("broker_group", None),
     "advertise": ("advertise", None),
     "cluster_lease_ttl": ("cluster_lease_ttl", None),
+    "acks": ("acks", None),
+    "min_insync": ("min_insync", None),
+    "replica_lag_max": ("replica_lag_max", None),
+    "replica_fetch_bytes": ("replica_fetch_bytes", parse_size),
+    "replica_log_bytes": ("replica_log_bytes", parse_size),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"data_dir", "log_level", "audit_log"}

@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 47
+    assert len(_exception_classes()) == 50
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -376,6 +376,9 @@ def test_error_codes_are_stable() -> None:
         "CLUSTER_UNAVAILABLE": 52,
         "NO_LIVE_GROUPS": 53,
         "CLUSTER_DATA_INVALID": 54,
+        "NOT_LEADER": 55,
+        "NOT_ENOUGH_REPLICAS": 56,
+        "STALE_EPOCH": 57,
         "INTERNAL_ERROR": 99,
     }
     assert all(0 <= c <= 0xFFFF for c in ErrorCode)
@@ -396,6 +399,9 @@ def test_transient_errors() -> None:
         "QueueUnavailable",
         "ClusterUnavailable",
         "NoLiveGroups",
+        "NotLeader",
+        "NotEnoughReplicas",
+        "StaleEpoch",
     }
 
 
