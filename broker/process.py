@@ -43,6 +43,7 @@ class BrokerProcess:
         port: int = 0,
         log_level: str = "warning",
         python: str = sys.executable,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="equeue-broker-") if data_dir is None else None
         self.data_dir = Path(self._tmp.name if self._tmp else data_dir)  # type: ignore[arg-type]
@@ -51,6 +52,8 @@ class BrokerProcess:
         self.host = "127.0.0.1"
         self.log_level = log_level
         self.python = python
+        #: a command the broker runs under, e.g. ``("ip", "netns", "exec", "ns1")``
+        self.wrapper = wrapper
         self.proc: subprocess.Popen[str] | None = None
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=200)
         #: every stderr line logged at ERROR or above, and a fatal-signal report (tests
@@ -66,14 +69,20 @@ class BrokerProcess:
         assert self.proc is not None
         return self.proc.pid
 
+    @property
+    def running(self) -> bool:
+        """The child was started and has not exited (a frozen child is running)."""
+        return self.proc is not None and self.proc.poll() is None
+
     def start(self, timeout: float = 30.0) -> BrokerProcess:
-        """Start the child and wait (at most ``timeout`` seconds) for its "listening
+        """Start the child (again after :meth:`kill` or :meth:`stop`: same data
+        directory, same port) and wait (at most ``timeout`` seconds) for its "listening
         on host:port" line. Raises EQueueError when the child exits first, or stays
         silent past the timeout (then it is killed). A thread reads the child's
         stderr the whole time, so waiting never blocks on a line that never comes,
         and a chatty broker never fills the pipe."""
         cmd = [
-            self.python, "-m", "equeue", "broker", "start", "--data-dir", str(self.data_dir),
+            *self.wrapper, self.python, "-m", "equeue", "broker", "start", "--data-dir", str(self.data_dir),
             "--port", str(self.port), "--log-level", self.log_level, *self.args,
         ]  # fmt: skip
         self.proc = subprocess.Popen(
@@ -132,11 +141,26 @@ class BrokerProcess:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the child keeps its sockets and its etcd lease, but runs nothing
+        (a stalled process: a long GC pause, a swapped-out VM)."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT after :meth:`freeze`."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, the graceful path; SIGKILL if it does not exit in ``timeout``."""
+        """SIGTERM, the graceful path (a frozen child is thawed first); SIGKILL if it
+        does not exit in ``timeout``."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.send_signal(signal.SIGTERM)
             try:
                 return self.proc.wait(timeout)
