@@ -60,9 +60,10 @@ class ReplicaGroup:
         self._ids: dict[str, int] = {}
 
     # ------------------------------------------------------------------ processes
-    def start(self) -> ReplicaGroup:
-        """Start every replica at once; raise the first start failure."""
+    def start(self, *indexes: int) -> ReplicaGroup:
+        """Start these replicas (default: every one) at once; raise the first failure."""
         errors: list[BaseException] = []
+        chosen = [self.brokers[i] for i in indexes] if indexes else self.brokers
 
         def one(b: BrokerProcess) -> None:
             try:
@@ -70,7 +71,7 @@ class ReplicaGroup:
             except BaseException as exc:  # reported below, in the test's thread
                 errors.append(exc)
 
-        threads = [threading.Thread(target=one, args=(b,)) for b in self.brokers]
+        threads = [threading.Thread(target=one, args=(b,)) for b in chosen]
         for t in threads:
             t.start()
         for t in threads:
@@ -78,7 +79,8 @@ class ReplicaGroup:
         if errors:
             raise errors[0]
         for i, b in enumerate(self.brokers):
-            self._ids[(b.data_dir / "broker.id").read_text().strip()] = i
+            if b in chosen:
+                self._ids[(b.data_dir / "broker.id").read_text().strip()] = i
         return self
 
     def running(self, i: int) -> bool:
