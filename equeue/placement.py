@@ -181,6 +181,10 @@ class LeaderRecord:
     since_ms: int = attrs.field(validator=_non_negative)
 
 
+def _as_tuple(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(names)
+
+
 def _members(
     _: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
 ) -> None:
@@ -198,7 +202,7 @@ class IsrRecord:
     group: str = attrs.field(validator=_non_empty)
     epoch: int = attrs.field(validator=_non_negative)
     leader: str = attrs.field(validator=_non_empty)
-    members: tuple[str, ...] = attrs.field(converter=tuple, validator=_members)
+    members: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_members)
 
 
 def _owners_match(
@@ -208,10 +212,6 @@ def _owners_match(
         raise ValueError(f"{len(owners)} owners for {instance.queues} queues")
     if not all(owners):
         raise ValueError("an owner group name is empty")
-
-
-def _as_tuple(owners: Iterable[str]) -> tuple[str, ...]:
-    return tuple(owners)
 
 
 @attrs.frozen
