@@ -4,11 +4,14 @@ snapshots, trimming, persistence. Two or three stores in temp dirs, no broker.""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.storage import (
     AlterTopicOp,
@@ -582,3 +585,104 @@ def test_read_keys_and_snapshot_chunk_edges(stores: Callable[..., Store]) -> Non
     with pytest.raises(ValueError):
         s.snapshot_chunk(len(layout.DATABASES), None, 100)
     assert DELETE == 2  # the kinds are part of the wire layout
+
+
+# ------------------------------------------------------------------ random histories
+OP_KINDS = ("create", "produce", "keyed", "delayed", "idem", "commit", "delete", "retention", "move", "expire", "skip", "alter")
+op_strategy = st.tuples(st.sampled_from(OP_KINDS), st.sampled_from(("a", "b")), st.integers(0, 3), st.integers(1, 6))
+
+
+def run_op(store: Store, clock: Clock, op: tuple[str, str, int, int], seqs: dict[tuple[str, int], int]) -> None:
+    """One random write on ``store`` (as its leader would run it)."""
+    kind, name, q, n = op
+    info = store.head.topics.get(name)
+    clock.now += 50
+    if kind == "create":
+        write(store, CreateTopicOp(name, 3, exist_ok=True))
+    elif kind == "alter" and info is not None:
+        write(store, AlterTopicOp(name, queues=info.queues + 1))
+    elif kind == "delete" and info is not None:
+        write(store, DeleteTopicOp(name))
+    elif kind == "commit":
+        write(store, CommitOffsetOp("g", name, q, n))
+    elif kind == "retention":
+        write(store, RetentionOp(None, 60 * n, delete_consumed=n % 2 == 0, limit=2 * n))
+    elif kind == "move":
+        clock.now += 1000 * n
+        write(store, MoveDueOp(limit=n))
+    elif kind == "expire":
+        write(store, ExpireProducersOp(100 * n, limit=n))
+    elif info is not None and q < info.queues:
+        if kind == "produce":
+            write(store, ProduceOp(info, q, entries(n)))
+        elif kind == "keyed":
+            write(store, ProduceOp(info, q, entries(n, key=True)))
+        elif kind == "delayed":
+            write(store, ProduceOp(info, q, entries(n, deliver_at=clock.now + 500 * n) + entries(1)))
+        elif kind == "idem":
+            seq = seqs.get((name, q), 0)
+            (res,) = write(store, ProduceOp(info, q, entries(n), producer_id=PID, base_sequence=seq))
+            if not isinstance(res, Exception):
+                seqs[(name, q)] = seq + n
+        elif kind == "skip":
+            st_q = store.head.queue(info.topic_id, q)
+            if st_q.min_offset < st_q.next_offset:
+                write(store, SkipRecordOp(name, q, st_q.min_offset))
+
+
+@settings(max_examples=60)
+@given(
+    shared=st.lists(op_strategy, max_size=16),
+    old_only=st.lists(op_strategy, max_size=8),
+    new_only=st.lists(op_strategy, max_size=8),
+    behind=st.integers(0, 3),
+    snapshot=st.booleans(),
+)
+def test_random_histories_converge(
+    shared: list[tuple[str, str, int, int]], old_only: list[tuple[str, str, int, int]],
+    new_only: list[tuple[str, str, int, int]], behind: int, snapshot: bool,
+) -> None:
+    """Random writes, a leader change with divergence (the old leader wrote on alone,
+    the new one may have missed some of the shared entries: it was `behind`), then
+    truncation (or a snapshot): the replicas end equal."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory(prefix="equeue-repl-") as d:
+        old = Store(Path(d) / "old", map_size=1 << 28, sync=False, clock=clock, replicated=True)
+        new = Store(Path(d) / "new", map_size=1 << 28, sync=False, clock=clock, replicated=True)
+        try:
+            seqs: dict[tuple[str, int], int] = {}
+            old.begin_epoch(1)
+            write(old, CreateTopicOp("a", 2))
+            for op in shared:
+                run_op(old, clock, op, seqs)
+            upto = max(0, old.position - behind)
+            while new.position < upto:
+                new.apply_log(old.read_log(new.position, 1 << 20)[: upto - new.position])
+            for op in old_only:
+                run_op(old, clock, op, dict(seqs))
+            new.begin_epoch(2)  # reloads its views first
+            seqs_new = dict(seqs)
+            for op in new_only:
+                run_op(new, clock, op, seqs_new)
+            if snapshot:
+                old.reset_for_snapshot()
+                first = None
+                for db in layout.REPLICATED_DATABASES:
+                    after = None
+                    while True:
+                        position, items, after = new.snapshot_chunk(db, after, 200)
+                        first = position if first is None else first
+                        old.apply_snapshot_chunk(db, items)
+                        if after is None:
+                            break
+                assert first is not None
+                old.finish_snapshot(first, new.position, new.epoch)
+                ship(new, old)
+            elif new.end_of_epoch(old.last_epoch) < old.position:
+                truncate_to_leader(new, old)
+            else:
+                ship(new, old)
+            assert_same(new, old)
+        finally:
+            old.close()
+            new.close()
