@@ -112,8 +112,16 @@ def state_of(v: StoreView) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+def log_size(store: Store) -> int:
+    """The bytes of the log's entries, counted one by one."""
+    return sum(len(e) for _, e in store.read_log(store.log_start, 1 << 40))
+
+
 def assert_same(leader: Store, follower: Store) -> None:
-    """Equal digests at equal positions, and equal views once both are reloaded."""
+    """Equal digests at equal positions, and equal views once both are reloaded
+    (and each log's kept size is what its entries add up to)."""
+    assert leader.log_bytes(0) == log_size(leader)
+    assert follower.log_bytes(0) == log_size(follower)
     lp, ld = leader.digests(4)
     fp, fd = follower.digests(4)
     assert lp == fp == leader.position == follower.position
@@ -514,7 +522,8 @@ def test_trim_and_log_trimmed(stores: Callable[..., Store]) -> None:
     total = s.log_bytes(0)
     assert total == sum(len(e) for _, e in s.read_log(0, 1 << 20))
     assert s.trim_log(3) == 3 == s.log_start
-    assert s.log_bytes(0) == s.log_bytes(3) < total
+    assert s.log_bytes(0) == s.log_bytes(3) == log_size(s) < total
+    assert s.log_bytes(4) == log_size(s) - len(s.read_log(3, 1)[0][1])
     with pytest.raises(LogTrimmed):
         s.read_log(2, 100)
     assert [p for p, _ in s.read_log(3, 1 << 20)] == [3, 4, 5]
@@ -538,11 +547,12 @@ def test_log_state_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     write(s, CommitOffsetOp("g", "t", 0, 1))
     s.trim_log(2)
     s.truncate(5, [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0), None)], 7)
-    before = (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8))
+    before = (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0))
     assert before[:5] == (5, 2, 5, 5, 7)
+    assert before[-1] == log_size(s) > 0
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8)) == before
+    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0)) == before
     assert s.view is s.head
     s.close()
     # a snapshot interrupted by a crash stays ineligible; a finished one persists
