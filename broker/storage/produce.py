@@ -120,7 +120,9 @@ class ProduceOp(WriteOp):
                 w.put_many(b"kindex", kks, repeat(b"", k))
             w.next_global = g + m
             st.next_offset = first_queue + m
-            st.bytes += sum(map(len, recs))
+            size = sum(map(len, recs))
+            st.bytes += size
+            w.stored += size
             w.touched.add((tid, qid))
         if scheduled:
             w.sched_delta[tid] = w.sched_delta.get(tid, 0) + scheduled

@@ -126,6 +126,8 @@ class WriteContext:
         self.skipped: dict[tuple[int, int], set[int]] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False
+        #: record bytes appended by this transaction's ops
+        self.stored = 0
         self._cursors: dict[bytes, lmdb.Cursor | RecordingCursor] = {}
 
     def cursor(self, db: bytes) -> lmdb.Cursor | RecordingCursor:

@@ -27,13 +27,14 @@ from broker.storage import (
     WriteOp,
     layout,
 )
+from broker.storage import store as store_module
 from broker.storage.deadletters import Letter, ResendOp
 from broker.storage.replication import UNREACHABLE
 from broker.storage.skips import SkipRecordOp
 from broker.storage.writes import WriteContext
 from equeue import Message, wire
 from equeue.control import TopicInfo
-from equeue.errors import CorruptRecord, LogTrimmed, StoreError
+from equeue.errors import CorruptRecord, LogTrimmed, StoreError, StoreFull
 from equeue.wire.replog import DELETE, PUT, decode_entry
 
 PID = b"p" * 16
@@ -744,3 +745,45 @@ def test_unknown_epoch_divergence(naive: bool, stores: Callable[..., Store]) -> 
     assert same is not naive  # the naive check keeps F's epoch-3 entry 5: it diverges silently
     if not naive:
         assert_same(g, f)
+
+
+def test_a_big_batch_is_several_entries(stores: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replicated store bounds each entry (a follower fetches it whole): past
+    MAX_ENTRY_RECORDS of records it commits and runs the other ops in the next one."""
+    monkeypatch.setattr(store_module, "MAX_ENTRY_RECORDS", 1500)
+    leader, follower = stores("leader"), stores("follower")
+    info = topic(leader)
+    out = leader.write([ProduceOp(info, i % 2, entries(20, prefix=f"b{i}-")) for i in range(5)] + [ProduceOp(info, 9, [])])
+    sizes = [len(e) for _, e in leader.read_log(1, 1 << 30)]
+    assert len(sizes) > 1 and out.position == leader.position == 1 + len(sizes)
+    assert [type(r).__name__ for r in out.settled()][-1] == "QueueNotFound"
+    assert sum(r.stored for r in out.settled()[:5]) == 100
+    assert [o.position for o in leader.publish_all()] == list(range(1, leader.position + 1))
+    ship(leader, follower)
+    assert_same(leader, follower)
+
+
+def test_a_later_transaction_failing_keeps_the_committed_results(
+    stores: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_ENTRY_RECORDS", 100)
+    s = stores("a")
+    info = topic(s)
+    real = Store._transaction
+    calls = 0
+
+    def flaky(self: Store, ops: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise StoreFull("map full")
+        return real(self, ops)
+
+    monkeypatch.setattr(Store, "_transaction", flaky)
+    out = s.write([ProduceOp(info, 0, entries(5)), ProduceOp(info, 1, entries(5)), ProduceOp(info, 0, entries(1))])
+    first, second, third = out.settled()
+    assert first.stored == 5 and isinstance(second, StoreFull) and isinstance(third, StoreFull)
+    assert out.position == s.position == 2
+    calls = 1  # the first transaction failing raises: nothing was written
+    with pytest.raises(StoreFull):
+        s.write([ProduceOp(info, 0, entries(1))])
