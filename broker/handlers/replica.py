@@ -85,10 +85,19 @@ class ReplicaHandlers:
         self._leader_log = leader_log
         self._status = status
 
-    def _leading(self, epoch: int) -> LeaderSide:
-        """The leader's log when this broker leads ``epoch``; raises NotLeader or StaleEpoch."""
-        leader = self._leader_log()
+    def _replicated(self) -> control.ReplicationStatus:
+        """This broker's replication state; raises BadRequest on a standalone broker
+        (it keeps no replication log)."""
         status = self._status()
+        if status.role == "standalone":
+            raise BadRequest("this broker is standalone: it keeps no replication log")
+        return status
+
+    def _leading(self, epoch: int) -> LeaderSide:
+        """The leader's log when this broker leads ``epoch``; raises NotLeader or
+        StaleEpoch (BadRequest on a standalone broker)."""
+        leader = self._leader_log()
+        status = self._replicated()
         if leader is None or status.role != "leader":
             who = f"; the leader is {status.leader}" if status.leader else ""
             raise NotLeader(f"broker {status.broker_id!r} is not the leader of group {status.group!r}{who}")
@@ -108,7 +117,7 @@ class ReplicaHandlers:
             raise BadRequest(f"wait_ms must be at most {MAX_FETCH_WAIT_MS}, got {req.wait_ms}")
         leader = self._leader_log()
         if leader is None:
-            status = self._status()
+            status = self._replicated()
             raise NotLeader(f"broker {status.broker_id!r} is not the leader of group {status.group!r}")
         return encode_fetch_answer(await leader.fetch(req))
 
@@ -154,11 +163,12 @@ class ReplicaHandlers:
 
     async def digest(self, req: control.ReplicaDigestRequest, ctx: RequestContext | None = None) -> control.ReplicaDigest:
         """REPLICA_DIGEST: checksums of the store at one log position (read in a worker
-        thread: it scans the whole store). Raises BadRequest for an absurd range size."""
+        thread: it scans the whole store). Raises BadRequest for an absurd range size
+        or on a standalone broker."""
+        status = self._replicated()
         if not MIN_DIGEST_RANGE <= req.range_size < 1 << 63:
             raise BadRequest(f"range_size must be in {MIN_DIGEST_RANGE}..2^63-1, got {req.range_size}")
         position, digests = await trio.to_thread.run_sync(self._store.digests, req.range_size)
-        status = self._status()
         return control.ReplicaDigest(status.broker_id, status.epoch, position, digests)
 
     async def replication_status(

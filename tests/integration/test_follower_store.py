@@ -22,9 +22,16 @@ from broker.replication.follower import Follower, replica_security
 from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp
 from broker.storage.replication import UNREACHABLE
 from equeue import Message, control, wire
-from equeue.errors import ConfigError, ConnectionBroken, NotLeader, StaleEpoch
+from equeue.errors import BadRequest, ConfigError, ConnectionBroken, NotLeader, StaleEpoch
 from equeue.protocol import RequestCode
-from equeue.wire.replica import FetchAnswer, FetchRequest, FetchStatus
+from equeue.wire.replica import (
+    FetchAnswer,
+    FetchRequest,
+    FetchStatus,
+    KeysRequest,
+    encode_fetch_request,
+    encode_keys_request,
+)
 from tests.conftest import make_config, wait_until
 
 T = TypeVar("T")
@@ -244,3 +251,18 @@ def test_replica_security_needs_the_replica_user_with_a_users_file(tmp_path: Pat
     assert sec.credentials is not None and sec.credentials.username == "rep" and sec.tls is None
     assert replica_security(make_config(tmp_path), {}).credentials is None
 
+
+
+async def test_a_standalone_broker_refuses_replication_requests(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s", map_size=1 << 26, sync=False)
+    st = control.ReplicationStatus("standalone", "", "b", 0, "", 0, 0, 0, [], "all", 1)
+    h = ReplicaHandlers(store=store, leader_log=lambda: None, status=lambda: st)
+    fetch = encode_fetch_request(FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0))
+    for call in (
+        h.fetch(fetch), h.keys(encode_keys_request(KeysRequest(1, [(1, b"k")]))),
+        h.digest(control.ReplicaDigestRequest()),
+    ):  # fmt: skip
+        with pytest.raises(BadRequest, match="standalone"):
+            await call
+    assert await h.replication_status(control.ReplicationStatusRequest()) is st
+    store.close()
