@@ -90,6 +90,9 @@ MAX_FETCH_BYTES = REPLICA_MAX_FRAME // 2
 SNAPSHOT_CHUNK_BYTES = 4 << 20
 #: keys per REPLICA_KEYS request
 KEYS_PER_REQUEST = 4096
+#: seconds a request may go unanswered (beyond a fetch's wait) before the connection
+#: is given up as dead
+REQUEST_TIMEOUT = 30.0
 #: back-off after a failure: from the first to the last, doubling
 BACKOFF_FIRST = 0.1
 BACKOFF_MAX = 2.0
@@ -183,8 +186,6 @@ class Follower:
         self.last_ok: float = -math.inf
         #: the leader followed now (None: none)
         self.leader: str | None = None
-        #: (epoch, consistent_at) of the last truncation
-        self._repaired = (0, 0)
         self._logs = RateLimitedLog(log, 10.0, time.monotonic)
 
     async def follow(self, leader_address: str, epoch: int) -> None:
@@ -248,8 +249,13 @@ class Follower:
                 await self._snapshot(link, epoch, ans.log_start)
 
     async def _request(self, link: ReplicaLink, code: int, payload: bytes) -> bytes:
+        """One request to the leader; raises ConnectionBroken when it is not answered
+        within :data:`REQUEST_TIMEOUT` (past a fetch's wait): a silent peer."""
         try:
-            return await link.request(code, payload)
+            with trio.fail_after(REQUEST_TIMEOUT + (FETCH_WAIT_MS / 1000 if code == RequestCode.REPLICA_FETCH else 0)):
+                return await link.request(code, payload)
+        except trio.TooSlowError:
+            raise ConnectionBroken(f"no answer to request {RequestCode(code).name} within {REQUEST_TIMEOUT:g} s") from None
         except AuthenticationError as exc:
             raise _Refused(f"authentication failed ({exc}): check {REPLICA_USER_ENV} / {REPLICA_PASSWORD_ENV}") from exc
         except BrokerError as exc:
@@ -283,9 +289,10 @@ class Follower:
             await self._snapshot(link, epoch)
             return
         repairs: list[tuple[int, bytes, bytes | None]] = []
-        # an earlier truncation following this epoch repaired keys with values at
-        # its position: the store matches the leader's only from there on
-        consistent_at = max(start, self._repaired[1] if self._repaired[0] == epoch else 0)
+        # an earlier truncation whose consistent_at is not reached yet repaired keys
+        # with values at that position: the store matches the leader's only from there
+        prior = store.consistent_at
+        consistent_at = max(start, prior if store.position < prior < UNREACHABLE else 0)
         at = 0
         while at < len(keys):
             batch = keys[at : at + KEYS_PER_REQUEST]
@@ -298,7 +305,6 @@ class Follower:
             consistent_at = max(consistent_at, got.position)
             at += len(got.values)
         await self._call(partial(store.truncate, start, repairs, consistent_at))
-        self._repaired = (epoch, consistent_at)
         self.position = start
         self._logs.log(logging.WARNING, "diverged", "log diverged from the leader's at %d (end was %d): "
                        "truncated, %d keys repaired, consistent from %d", start, position, len(repairs),
@@ -338,7 +344,6 @@ class Follower:
                 after = chunk.last
         assert first is not None
         await self._call(partial(store.finish_snapshot, first, last, epoch))
-        self._repaired = (epoch, last)
         self.position = first
         self._logs.log(logging.WARNING, "snapshot", "copied the leader's store (%d items) at position %d; "
                        "consistent from %d", items_copied, first, last)  # fmt: skip

@@ -266,3 +266,18 @@ async def test_a_standalone_broker_refuses_replication_requests(tmp_path: Path) 
             await call
     assert await h.replication_status(control.ReplicationStatusRequest()) is st
     store.close()
+
+
+async def test_a_silent_leader_is_given_up_as_a_broken_connection(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(follower_module, "REQUEST_TIMEOUT", 0.05)
+    monkeypatch.setattr(follower_module, "FETCH_WAIT_MS", 0)
+
+    class Silent:
+        async def request(self, code: int, payload: bytes) -> bytes:
+            await trio.sleep_forever()
+            raise AssertionError
+
+    fs = pair.open("f")
+    with pytest.raises(ConnectionBroken, match="no answer to request REPLICA_FETCH"):
+        await pair.follower(fs)._session(Silent(), 1)
+    fs.close()
