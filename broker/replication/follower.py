@@ -11,6 +11,8 @@ over one client connection (:class:`client.AsyncClient`, frames up to
   follower that fetched further than the new leader): the keys those entries touched
   are asked of the leader (REPLICA_KEYS) and, in one transaction, the log is cut at
   ``diverge_at``, the keys repaired and ``consistent_at`` recorded (``store.truncate``).
+  A ``diverge_at`` at or past the local end (the leader never had the local last
+  epoch, KIP-279) cuts that whole epoch instead; rounds repeat until the logs agree.
 - TOO_OLD: the local end is below the leader's ``log_start``: the store is emptied
   and copied chunk by chunk (REPLICA_SNAPSHOT) over every replicated database, then
   followed from the first chunk's position.
@@ -278,7 +280,13 @@ class Follower:
         store = self._store
         start = ans.diverge_at
         if start >= position:
-            raise RemoteProtocolError(f"the leader says the log diverged at {start}, at or past our end {position}")
+            # the leader never had our last epoch and cannot place it (KIP-279): drop
+            # that whole epoch (truncating further than needed is safe: the keys are
+            # repaired and the entries fetched again); the next fetch names an older one
+            start = dict(store.epochs()).get(store.last_epoch, position)
+            if start >= position:
+                raise RemoteProtocolError(f"the leader says the log diverged at {ans.diverge_at}, past our end "
+                                          f"{position}, and epoch {store.last_epoch} has no start here")  # fmt: skip
         try:
             if start < store.log_start:
                 raise LogTrimmed(f"diverged at {start}, below this replica's log start {store.log_start}")

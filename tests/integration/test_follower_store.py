@@ -55,8 +55,10 @@ class LogService:
         status, diverge_at, entries = FetchStatus.OK, 0, []
         if req.position < s.log_start:
             status = FetchStatus.TOO_OLD
-        elif req.position and s.end_of_epoch(req.last_epoch) < req.position:
-            status, diverge_at = FetchStatus.DIVERGED, s.end_of_epoch(req.last_epoch)
+        elif req.position and (
+            s.end_of_epoch(req.last_epoch) < req.position or req.last_epoch not in dict(s.epochs())
+        ):  # KIP-101, and KIP-279: an epoch the leader never had diverges too
+            status, diverge_at = FetchStatus.DIVERGED, min(s.end_of_epoch(req.last_epoch), req.position)
         else:
             entries = s.read_log(req.position, req.max_bytes)
         await trio.lowlevel.checkpoint()
@@ -281,3 +283,27 @@ async def test_a_silent_leader_is_given_up_as_a_broken_connection(pair: Pair, mo
     with pytest.raises(ConnectionBroken, match="no answer to request REPLICA_FETCH"):
         await pair.follower(fs)._session(Silent(), 1)
     fs.close()
+
+
+async def test_an_epoch_the_leader_never_had_is_cut_whole(pair: Pair) -> None:
+    """KIP-279: the follower led epoch 3 (entries at P..P+2) that the leader never
+    had; the leader wrote epoch 2 at P and leads epoch 4 from P+2: the first answer
+    cuts at P+2, the next (the leader cannot place epoch 3) cuts the whole epoch 3."""
+    pair.lead(1)
+    write(pair.leader, CreateTopicOp("t", 2))
+    produce(pair.leader, 3)
+    fs = pair.open("f")
+    f = pair.follower(fs)
+    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    p = fs.position
+    pair.lead(2)
+    produce(pair.leader, 1, "e2")
+    fs.reload()
+    fs.begin_epoch(3)
+    produce(fs, 2, "e3")
+    pair.lead(4)
+    produce(pair.leader, 2, "e4")
+    assert pair.leader.epochs()[1:] == [(2, p), (4, p + 2)] and fs.epochs()[1:] == [(3, p)]
+    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    same(pair.leader, fs)
+    assert pair.service is not None and pair.service.answered.count(FetchStatus.DIVERGED) == 2
