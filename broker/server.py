@@ -153,6 +153,7 @@ class Broker:
                     if self.cluster is not None:  # register, load the view, materialize: then serve
                         try:
                             await cluster_role.enter_async_context(self.cluster.serving(self.port))
+                            await tasks.start(self.cluster.run_leader_duties)  # (rleader: only while leading)
                         except BaseException:
                             for listener in listeners:
                                 await trio.aclose_forcefully(listener)

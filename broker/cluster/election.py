@@ -204,6 +204,15 @@ class GroupElection:
         """Leading and not fenced: this broker may answer clients now."""
         return self.is_leader() and not self.fenced()
 
+    async def wait_settled(self) -> None:
+        """Return once the records were read and the group has a leader or this
+        broker cannot campaign now (not eligible, not an ISR member, unregistered):
+        a group's first broker leads when its start returns. Bound it with a cancel
+        scope (etcd may not answer)."""
+        await self.loaded.wait()
+        while self.state.leader_id is None and self._may_campaign():
+            await self.changed.wait()
+
     def nudge(self) -> None:
         """Re-check the campaign now (``eligible()`` may have turned true)."""
         self._wake.set()

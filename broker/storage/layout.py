@@ -33,6 +33,7 @@ log does not record (docs/storage.md, "The replication log")::
     repl_epochs  u32 epoch         -> u64 first position of that epoch
     repl_state   "log_start"       -> u64 first position still in the log
                  "consistent_at"   -> u64 position from which the store may lead
+                 "log_bytes"       -> u64 bytes of the entries kept
 
 How a produced message is found again::
 
@@ -65,6 +66,7 @@ REPL_DATABASES: Final = (b"replog", b"repl_epochs", b"repl_state")
 #: keys of ``repl_state``
 REPL_LOG_START: Final = b"log_start"
 REPL_CONSISTENT_AT: Final = b"consistent_at"
+REPL_LOG_BYTES: Final = b"log_bytes"
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")

@@ -5,7 +5,8 @@
 ``replog`` holds one entry per committed transaction under its position (dense,
 from 0; :mod:`equeue.wire.replog` encodes it); ``repl_epochs`` the first position
 of each leader epoch (KIP-101's leader-epoch cache); ``repl_state`` the first
-position still kept (``log_start``) and ``consistent_at``. Every writing method here
+position still kept (``log_start``), ``consistent_at`` and the bytes of the entries
+kept (``log_bytes``, so a leader's trim by size never walks the log). Every writing method here
 takes the open LMDB transaction of its caller (:class:`~broker.storage.store.Store`,
 which opens and commits it) and returns the :class:`LogState` to install once that
 transaction committed, so the state readers see never runs ahead of LMDB.
@@ -47,6 +48,8 @@ class LogState:
     epochs: tuple[tuple[int, int], ...] = ()
     #: the epoch of entry position - 1 (with an empty log: of the epoch holding position)
     last_epoch: int = 0
+    #: bytes of the entries from log_start to the end
+    log_bytes: int = 0
 
     @property
     def epoch(self) -> int:
@@ -87,7 +90,7 @@ class ReplicationLog:
         else:
             position = log_start
             last_epoch = _epoch_at(epochs, position)
-        return LogState(position, log_start, consistent_at, epochs, last_epoch)
+        return LogState(position, log_start, consistent_at, epochs, last_epoch, self._u64(txn, layout.REPL_LOG_BYTES))
 
     def _u64(self, txn: lmdb.Transaction, key: bytes) -> int:
         v = txn.get(key, db=self.state_db)
@@ -140,7 +143,11 @@ class ReplicationLog:
         return st.position
 
     def log_bytes(self, start: int) -> int:
-        """Bytes of the entries from ``start`` to the end."""
+        """Bytes of the entries from ``start`` to the end: kept as a total for the
+        whole log, walked (lengths only) from a later ``start``."""
+        st = self.state
+        if start <= st.log_start:
+            return st.log_bytes
         with self.env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self.log)
             if not cur.set_range(layout.position_key(max(0, start))):
@@ -241,7 +248,8 @@ class ReplicationLog:
         epochs = st.epochs
         if not epochs:
             epochs = self._put_epoch(txn, epochs, epoch, st.position)
-        return attrs.evolve(st, position=st.position + 1, epochs=epochs, last_epoch=epoch)
+        size = self._put_bytes(txn, st.log_bytes + len(entry))
+        return attrs.evolve(st, position=st.position + 1, epochs=epochs, last_epoch=epoch, log_bytes=size)
 
     def begin_epoch(self, txn: lmdb.Transaction, epoch: int, time_ms: int, next_global: int) -> LogState:
         """Write the empty entry that starts ``epoch``. ValueError unless ``epoch`` is
@@ -250,11 +258,14 @@ class ReplicationLog:
         if epoch <= st.last_epoch or epoch <= st.epoch or epoch >= 1 << 32:
             raise ValueError(f"epoch {epoch} is not newer than the log's epoch {max(st.epoch, st.last_epoch)}")
         epochs = self._put_epoch(txn, st.epochs, epoch, st.position)
-        txn.put(
-            layout.position_key(st.position), encode_entry(EntryHeader(epoch, time_ms, next_global), ()),
-            db=self.log, append=True,
-        )  # fmt: skip
-        return attrs.evolve(st, position=st.position + 1, epochs=epochs, last_epoch=epoch)
+        entry = encode_entry(EntryHeader(epoch, time_ms, next_global), ())
+        txn.put(layout.position_key(st.position), entry, db=self.log, append=True)
+        size = self._put_bytes(txn, st.log_bytes + len(entry))
+        return attrs.evolve(st, position=st.position + 1, epochs=epochs, last_epoch=epoch, log_bytes=size)
+
+    def _put_bytes(self, txn: lmdb.Transaction, size: int) -> int:
+        txn.put(layout.REPL_LOG_BYTES, layout.pack_u64(size), db=self.state_db)
+        return size
 
     def _put_epoch(
         self, txn: lmdb.Transaction, epochs: tuple[tuple[int, int], ...], epoch: int, first: int
@@ -268,7 +279,7 @@ class ReplicationLog:
         backwards; CorruptRecord for an entry that does not decode or names a database
         that is not replicated."""
         st = self.state
-        position, epochs, last_epoch = st.position, st.epochs, st.last_epoch
+        position, epochs, last_epoch, size = st.position, st.epochs, st.last_epoch, st.log_bytes
         handles = self.handles
         for pos, data in entries:
             if pos != position:
@@ -293,7 +304,9 @@ class ReplicationLog:
                 epochs = self._put_epoch(txn, epochs, header.epoch, pos)
             last_epoch = header.epoch
             position += 1
-        return attrs.evolve(st, position=position, epochs=epochs, last_epoch=last_epoch)
+            size += len(data)
+        size = self._put_bytes(txn, size)
+        return attrs.evolve(st, position=position, epochs=epochs, last_epoch=last_epoch, log_bytes=size)
 
     def truncate(
         self, txn: lmdb.Transaction, start: int, repairs: Sequence[tuple[int, bytes, bytes | None]], consistent_at: int
@@ -304,7 +317,8 @@ class ReplicationLog:
         st = self.state
         if not st.log_start <= start <= st.position:
             raise ValueError(f"cannot truncate the log at {start}: it holds [{st.log_start}, {st.position})")
-        _delete_from(txn.cursor(db=self.log), layout.position_key(start))
+        size = st.log_bytes - _delete_from(txn.cursor(db=self.log), layout.position_key(start))
+        self._put_bytes(txn, size)
         epochs = tuple((e, first) for e, first in st.epochs if first < start)
         for e, first in st.epochs:
             if first >= start:
@@ -320,7 +334,7 @@ class ReplicationLog:
         txn.put(layout.REPL_CONSISTENT_AT, layout.pack_u64(consistent_at), db=self.state_db)
         last = txn.get(layout.position_key(start - 1), db=self.log) if start > st.log_start else None
         last_epoch = entry_header(last).epoch if last is not None else _epoch_at(epochs, start)
-        return LogState(start, st.log_start, consistent_at, epochs, last_epoch)
+        return LogState(start, st.log_start, consistent_at, epochs, last_epoch, size)
 
     def trim(self, txn: lmdb.Transaction, before: int) -> LogState:
         """Delete the entries below ``before`` (never the log's end)."""
@@ -330,12 +344,14 @@ class ReplicationLog:
             return st
         cur = txn.cursor(db=self.log)
         end = layout.position_key(upto)
+        freed = 0
         if cur.first():
             while bytes(cur.key()) < end:
+                freed += len(cur.value())
                 if not cur.delete():
                     break
         txn.put(layout.REPL_LOG_START, layout.pack_u64(upto), db=self.state_db)
-        return attrs.evolve(st, log_start=upto)
+        return attrs.evolve(st, log_start=upto, log_bytes=self._put_bytes(txn, st.log_bytes - freed))
 
     def reset(self, txn: lmdb.Transaction) -> LogState:
         """Empty every replicated database and the log; the store may not lead until
@@ -361,6 +377,7 @@ class ReplicationLog:
         epochs = self._put_epoch(txn, (), epoch, start)
         txn.put(layout.REPL_LOG_START, layout.pack_u64(start), db=self.state_db)
         txn.put(layout.REPL_CONSISTENT_AT, layout.pack_u64(consistent_at), db=self.state_db)
+        self._put_bytes(txn, 0)
         return LogState(start, start, consistent_at, epochs, epoch)
 
 
@@ -373,10 +390,14 @@ def _epoch_at(epochs: Sequence[tuple[int, int]], position: int) -> int:
     return found
 
 
-def _delete_from(cur: lmdb.Cursor, key: bytes) -> None:
-    """Delete every item of the cursor's database from ``key`` on."""
+def _delete_from(cur: lmdb.Cursor, key: bytes) -> int:
+    """Delete every item of the cursor's database from ``key`` on; returns the bytes
+    of the values deleted."""
+    freed = 0
     if cur.set_range(key):
-        while cur.delete():
-            if not cur.key():
+        while True:
+            freed += len(cur.value())
+            if not cur.delete() or not cur.key():
                 break
+    return freed
 

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 import outcome
@@ -258,19 +258,32 @@ class Store(StoreReader):
         op that fails after it started writing, or with anything but an EQueueError,
         is answered InternalBrokerError and the transaction is run again without it
         (the ops before it commit on their own, then the ops after it), so its
-        partial writes never commit and the others are not lost. Raises StoreFull /
-        StoreError when the transaction as a whole failed: then no op took effect.
+        partial writes never commit and the others are not lost. A replicated store
+        also commits a batch whose ops append more than :data:`MAX_ENTRY_RECORDS` of
+        records in several transactions (one log entry each). Raises StoreFull /
+        StoreError when the (first) transaction as a whole failed: then no op took
+        effect; when a later one fails, the ops committed before keep their results
+        and the others are answered that error.
         """
         parts: list[WriteOutcome] = []
         rest = ops
         while True:
-            done = self._transaction(rest)
-            if isinstance(done, WriteOutcome):
-                parts.append(done)
+            try:
+                done = self._transaction(rest)
+                if isinstance(done, WriteOutcome):
+                    parts.append(done)
+                    if len(done.results) < len(rest):  # replicated: the entry was full
+                        rest = rest[len(done.results) :]
+                        continue
+                    break
+                k, err = done
+                if k:
+                    parts.append(self.write(rest[:k]))  # they succeeded once: rarely split again
+            except (StoreFull, StoreError) as exc:
+                if not parts:
+                    raise
+                parts.append(WriteOutcome([outcome.Error(exc)] * len(rest), set(), position=self.position))
                 break
-            k, err = done
-            if k:
-                parts.append(self.write(rest[:k]))  # they succeeded once: rarely split again
             parts.append(WriteOutcome([outcome.Error(err)], set(), position=self.position))
             rest = rest[k + 1 :]
             if not rest:
@@ -315,6 +328,8 @@ class Store(StoreReader):
                     txn.abort()
                     return k, _op_failed(op, exc)
                 w.wrote = w.wrote or wrote
+                if rlog is not None and w.stored > MAX_ENTRY_RECORDS and k + 1 < len(ops):
+                    break  # the other ops go in the next transaction: its entry stays fetchable
             if not w.wrote:
                 txn.abort()
                 return WriteOutcome(results, set(), position=self.position)
@@ -557,6 +572,10 @@ class Store(StoreReader):
 
 #: the log state of a store that is not replicated
 _NO_LOG = LogState()
+#: a replicated store commits a transaction once its ops appended this many record
+#: bytes and runs the rest in the next one, so one log entry (fetched whole by a
+#: follower, in one frame of at most 256 MiB) stays far below a frame whatever the batch
+MAX_ENTRY_RECORDS: Final = 32 << 20
 
 
 def _op_failed(op: WriteOp, exc: BaseException) -> EQueueError:

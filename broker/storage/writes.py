@@ -12,7 +12,7 @@ transaction committed: :meth:`WriteContext.next_view` then builds the new view.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -126,6 +126,8 @@ class WriteContext:
         self.skipped: dict[tuple[int, int], set[int]] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False
+        #: record bytes appended by this transaction's ops
+        self.stored = 0
         self._cursors: dict[bytes, lmdb.Cursor | RecordingCursor] = {}
 
     def cursor(self, db: bytes) -> lmdb.Cursor | RecordingCursor:
@@ -134,6 +136,15 @@ class WriteContext:
         if cur is None:
             cur = self._cursors[db] = self.txn.cursor(db=self.db[db])
         return cur
+
+    def put_many(self, db: bytes, keys: Iterable[bytes], values: Iterable[bytes], *, append: bool = False) -> None:
+        """Put ``keys[i] -> values[i]`` (equal counts) into named database ``db`` with
+        one LMDB call (recorded as one run when replicated)."""
+        cur = self.cursor(db)
+        if isinstance(cur, RecordingCursor):
+            cur.put_lists(keys, values, append=append)
+        else:
+            cur.putmulti(zip(keys, values, strict=True), append=append)
 
     def queue(self, topic_id: int, queue_id: int) -> QueueDraft:
         """A queue's staged range, to change (staged on first use)."""

@@ -154,6 +154,7 @@ async def test_clean_exit_hands_leadership_over_quickly(etcd: EtcdProcess, caplo
             took = trio.current_time() - start
             print(f"clean exit to takeover: {took:.3f} s")
             assert took < TTL, f"a clean exit must not wait for the lease: {took:.3f} s"
+            await wait_until(lambda: b.takeovers == 1, what="b2's transaction answered")
             assert "took over as leader at epoch 2" in caplog.text
 
 
@@ -170,7 +171,8 @@ async def test_fenced_while_etcd_is_frozen_only_with_another_isr_member(etcd: Et
             try:
                 await wait_until(lead.fenced, timeout=TTL * 2, what="the leader fenced itself")
                 age = trio.current_time() - lead._membership.last_renewal_sent
-                assert age > TTL * 2 / 3 and changed.is_set() and not lead.serving()
+                assert age > TTL * 2 / 3 and not lead.serving()
+                await wait_until(changed.is_set, timeout=1, what="changed set when fenced() flipped")
                 # a leader alone in its ISR keeps serving (no one else may take over)
                 await wait_until(
                     lambda: trio.current_time() - alone._membership.last_renewal_sent > TTL * 2 / 3 + 0.05,
@@ -206,3 +208,24 @@ async def test_takeover_after_a_dead_leaders_lease_expires(etcd: EtcdProcess) ->
             await wait_until(lambda: agreed([a, b, x], epoch=5), what="all see epoch 5")
             assert lead.state.isr == (lead.broker_id, ({"b1", "b2"} - {lead.broker_id}).pop())
             assert x.takeovers == 0
+
+
+async def test_a_restarted_leader_removes_its_previous_lives_key(etcd: EtcdProcess) -> None:
+    """A leader that crashed and restarted at once (same broker id, a new lease)
+    does not wait for its old lease to expire: it deletes its own stale key."""
+    async with EtcdClient([etcd.endpoint], request_timeout=1.0) as c:
+        old = await c.grant(60)  # the previous life's lease, far from expiring
+        ok, _ = await c.txn(
+            [compare_create(leader_key("g"), 0)],
+            [
+                put_op(leader_key("g"), encode_leader(LeaderRecord("g", "b1", "127.0.0.1:9", 3, 1)), lease=old),
+                put_op(isr_key("g"), encode_isr(IsrRecord("g", 3, "b1", ("b1", "b2")))),
+            ],
+        )
+        assert ok
+        start = trio.current_time()
+        async with contender(c, "b1") as a:
+            await wait_until(a.is_leader, timeout=10, what="b1 leads again")
+            took = trio.current_time() - start
+            assert took < 10, f"{took:.3f} s"
+            assert a.state.epoch == 4 and a.state.isr == ("b1", "b2")

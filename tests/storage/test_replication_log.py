@@ -4,11 +4,14 @@ snapshots, trimming, persistence. Two or three stores in temp dirs, no broker.""
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.storage import (
     AlterTopicOp,
@@ -24,13 +27,14 @@ from broker.storage import (
     WriteOp,
     layout,
 )
+from broker.storage import store as store_module
 from broker.storage.deadletters import Letter, ResendOp
 from broker.storage.replication import UNREACHABLE
 from broker.storage.skips import SkipRecordOp
 from broker.storage.writes import WriteContext
 from equeue import Message, wire
 from equeue.control import TopicInfo
-from equeue.errors import CorruptRecord, LogTrimmed, StoreError
+from equeue.errors import CorruptRecord, LogTrimmed, StoreError, StoreFull
 from equeue.wire.replog import DELETE, PUT, decode_entry
 
 PID = b"p" * 16
@@ -109,8 +113,16 @@ def state_of(v: StoreView) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
+def log_size(store: Store) -> int:
+    """The bytes of the log's entries, counted one by one."""
+    return sum(len(e) for _, e in store.read_log(store.log_start, 1 << 40))
+
+
 def assert_same(leader: Store, follower: Store) -> None:
-    """Equal digests at equal positions, and equal views once both are reloaded."""
+    """Equal digests at equal positions, and equal views once both are reloaded
+    (and each log's kept size is what its entries add up to)."""
+    assert leader.log_bytes(0) == log_size(leader)
+    assert follower.log_bytes(0) == log_size(follower)
     lp, ld = leader.digests(4)
     fp, fd = follower.digests(4)
     assert lp == fp == leader.position == follower.position
@@ -511,7 +523,8 @@ def test_trim_and_log_trimmed(stores: Callable[..., Store]) -> None:
     total = s.log_bytes(0)
     assert total == sum(len(e) for _, e in s.read_log(0, 1 << 20))
     assert s.trim_log(3) == 3 == s.log_start
-    assert s.log_bytes(0) == s.log_bytes(3) < total
+    assert s.log_bytes(0) == s.log_bytes(3) == log_size(s) < total
+    assert s.log_bytes(4) == log_size(s) - len(s.read_log(3, 1)[0][1])
     with pytest.raises(LogTrimmed):
         s.read_log(2, 100)
     assert [p for p, _ in s.read_log(3, 1 << 20)] == [3, 4, 5]
@@ -535,11 +548,12 @@ def test_log_state_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     write(s, CommitOffsetOp("g", "t", 0, 1))
     s.trim_log(2)
     s.truncate(5, [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0), None)], 7)
-    before = (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8))
+    before = (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0))
     assert before[:5] == (5, 2, 5, 5, 7)
+    assert before[-1] == log_size(s) > 0
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8)) == before
+    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0)) == before
     assert s.view is s.head
     s.close()
     # a snapshot interrupted by a crash stays ineligible; a finished one persists
@@ -582,3 +596,194 @@ def test_read_keys_and_snapshot_chunk_edges(stores: Callable[..., Store]) -> Non
     with pytest.raises(ValueError):
         s.snapshot_chunk(len(layout.DATABASES), None, 100)
     assert DELETE == 2  # the kinds are part of the wire layout
+
+
+# ------------------------------------------------------------------ random histories
+OP_KINDS = ("create", "produce", "keyed", "delayed", "idem", "commit", "delete", "retention", "move", "expire", "skip", "alter")
+op_strategy = st.tuples(st.sampled_from(OP_KINDS), st.sampled_from(("a", "b")), st.integers(0, 3), st.integers(1, 6))
+
+
+def run_op(store: Store, clock: Clock, op: tuple[str, str, int, int], seqs: dict[tuple[str, int], int]) -> None:
+    """One random write on ``store`` (as its leader would run it)."""
+    kind, name, q, n = op
+    info = store.head.topics.get(name)
+    clock.now += 50
+    if kind == "create":
+        write(store, CreateTopicOp(name, 3, exist_ok=True))
+    elif kind == "alter" and info is not None:
+        write(store, AlterTopicOp(name, queues=info.queues + 1))
+    elif kind == "delete" and info is not None:
+        write(store, DeleteTopicOp(name))
+    elif kind == "commit":
+        write(store, CommitOffsetOp("g", name, q, n))
+    elif kind == "retention":
+        write(store, RetentionOp(None, 60 * n, delete_consumed=n % 2 == 0, limit=2 * n))
+    elif kind == "move":
+        clock.now += 1000 * n
+        write(store, MoveDueOp(limit=n))
+    elif kind == "expire":
+        write(store, ExpireProducersOp(100 * n, limit=n))
+    elif info is not None and q < info.queues:
+        if kind == "produce":
+            write(store, ProduceOp(info, q, entries(n)))
+        elif kind == "keyed":
+            write(store, ProduceOp(info, q, entries(n, key=True)))
+        elif kind == "delayed":
+            write(store, ProduceOp(info, q, entries(n, deliver_at=clock.now + 500 * n) + entries(1)))
+        elif kind == "idem":
+            seq = seqs.get((name, q), 0)
+            (res,) = write(store, ProduceOp(info, q, entries(n), producer_id=PID, base_sequence=seq))
+            if not isinstance(res, Exception):
+                seqs[(name, q)] = seq + n
+        elif kind == "skip":
+            st_q = store.head.queue(info.topic_id, q)
+            if st_q.min_offset < st_q.next_offset:
+                write(store, SkipRecordOp(name, q, st_q.min_offset))
+
+
+@settings(max_examples=60)
+@given(
+    shared=st.lists(op_strategy, max_size=16),
+    old_only=st.lists(op_strategy, max_size=8),
+    new_only=st.lists(op_strategy, max_size=8),
+    behind=st.integers(0, 3),
+    snapshot=st.booleans(),
+)
+def test_random_histories_converge(
+    shared: list[tuple[str, str, int, int]], old_only: list[tuple[str, str, int, int]],
+    new_only: list[tuple[str, str, int, int]], behind: int, snapshot: bool,
+) -> None:
+    """Random writes, a leader change with divergence (the old leader wrote on alone,
+    the new one may have missed some of the shared entries: it was `behind`), then
+    truncation (or a snapshot): the replicas end equal."""
+    clock = Clock()
+    with tempfile.TemporaryDirectory(prefix="equeue-repl-") as d:
+        old = Store(Path(d) / "old", map_size=1 << 28, sync=False, clock=clock, replicated=True)
+        new = Store(Path(d) / "new", map_size=1 << 28, sync=False, clock=clock, replicated=True)
+        try:
+            seqs: dict[tuple[str, int], int] = {}
+            old.begin_epoch(1)
+            write(old, CreateTopicOp("a", 2))
+            for op in shared:
+                run_op(old, clock, op, seqs)
+            upto = max(0, old.position - behind)
+            while new.position < upto:
+                new.apply_log(old.read_log(new.position, 1 << 20)[: upto - new.position])
+            for op in old_only:
+                run_op(old, clock, op, dict(seqs))
+            new.begin_epoch(2)  # reloads its views first
+            seqs_new = dict(seqs)
+            for op in new_only:
+                run_op(new, clock, op, seqs_new)
+            if snapshot:
+                old.reset_for_snapshot()
+                first = None
+                for db in layout.REPLICATED_DATABASES:
+                    after = None
+                    while True:
+                        position, items, after = new.snapshot_chunk(db, after, 200)
+                        first = position if first is None else first
+                        old.apply_snapshot_chunk(db, items)
+                        if after is None:
+                            break
+                assert first is not None
+                old.finish_snapshot(first, new.position, new.epoch)
+                ship(new, old)
+            elif new.end_of_epoch(old.last_epoch) < old.position:
+                truncate_to_leader(new, old)
+            else:
+                ship(new, old)
+            assert_same(new, old)
+        finally:
+            old.close()
+            new.close()
+
+
+def follow(leader: Store, follower: Store, *, naive: bool = False) -> int:
+    """The fetch protocol's divergence check, then the fetches; returns the number of
+    truncations. Not ``naive``: a last epoch the leader never had is divergence too
+    (KIP-279), placed at the follower's own start of that epoch when the leader
+    cannot place it."""
+    truncations = 0
+    while True:
+        e, pos = follower.last_epoch, follower.position
+        end = leader.end_of_epoch(e)
+        unknown = not naive and pos > 0 and e not in dict(leader.epochs())
+        if end < pos or unknown:
+            at = min(end, pos)
+            start = at if at < pos else dict(follower.epochs())[e]
+            keys = follower.divergent_keys(start)
+            q, values = leader.read_keys(keys)
+            follower.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
+            truncations += 1
+            continue
+        ship(leader, follower)
+        return truncations
+
+
+@pytest.mark.parametrize("naive", [True, False])
+def test_unknown_epoch_divergence(naive: bool, stores: Callable[..., Store]) -> None:
+    """Three replicas, two quick failovers: the new leader G never had F's epoch 3,
+    and F's epoch-3 entry 5 sits where G has the epoch-2 entry 5 of the first leader."""
+    l2, f, g = stores("l2"), stores("f"), stores("g")
+    l2.begin_epoch(1)
+    info = topic(l2, "t", 2)
+    write(l2, ProduceOp(info, 0, entries(3, key=True)), CommitOffsetOp("g", "t", 0, 1))
+    write(l2, ProduceOp(info, 1, entries(2)))
+    write(l2, CommitOffsetOp("g", "t", 1, 1))
+    ship(l2, f)
+    l2.begin_epoch(2)
+    write(l2, ProduceOp(info, 0, entries(4, prefix="e2")), CommitOffsetOp("g", "t", 0, 2))  # entry 6
+    ship(l2, g)  # G has entry 6 (epoch 2); F does not
+    f.begin_epoch(3)  # F takes over: marker at 5, then writes alone
+    write(f, ProduceOp(info, 1, entries(2, prefix="e3")), CommitOffsetOp("g", "t", 1, 2))
+    g.begin_epoch(4)  # F dies before G fetched; G takes over
+    write(g, ProduceOp(info, 1, entries(1, prefix="e4")))
+    assert g.epochs() == [(1, 0), (2, 5), (4, 7)] and f.epochs() == [(1, 0), (3, 5)]
+    follow(g, f, naive=naive)
+    same = f.digests(8) == g.digests(8)
+    assert same is not naive  # the naive check keeps F's epoch-3 entry 5: it diverges silently
+    if not naive:
+        assert_same(g, f)
+
+
+def test_a_big_batch_is_several_entries(stores: Callable[..., Store], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replicated store bounds each entry (a follower fetches it whole): past
+    MAX_ENTRY_RECORDS of records it commits and runs the other ops in the next one."""
+    monkeypatch.setattr(store_module, "MAX_ENTRY_RECORDS", 1500)
+    leader, follower = stores("leader"), stores("follower")
+    info = topic(leader)
+    out = leader.write([ProduceOp(info, i % 2, entries(20, prefix=f"b{i}-")) for i in range(5)] + [ProduceOp(info, 9, [])])
+    sizes = [len(e) for _, e in leader.read_log(1, 1 << 30)]
+    assert len(sizes) > 1 and out.position == leader.position == 1 + len(sizes)
+    assert [type(r).__name__ for r in out.settled()][-1] == "QueueNotFound"
+    assert sum(r.stored for r in out.settled()[:5]) == 100
+    assert [o.position for o in leader.publish_all()] == list(range(1, leader.position + 1))
+    ship(leader, follower)
+    assert_same(leader, follower)
+
+
+def test_a_later_transaction_failing_keeps_the_committed_results(
+    stores: Callable[..., Store], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "MAX_ENTRY_RECORDS", 100)
+    s = stores("a")
+    info = topic(s)
+    real = Store._transaction
+    calls = 0
+
+    def flaky(self: Store, ops: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise StoreFull("map full")
+        return real(self, ops)
+
+    monkeypatch.setattr(Store, "_transaction", flaky)
+    out = s.write([ProduceOp(info, 0, entries(5)), ProduceOp(info, 1, entries(5)), ProduceOp(info, 0, entries(1))])
+    first, second, third = out.settled()
+    assert first.stored == 5 and isinstance(second, StoreFull) and isinstance(third, StoreFull)
+    assert out.position == s.position == 2
+    calls = 1  # the first transaction failing raises: nothing was written
+    with pytest.raises(StoreFull):
+        s.write([ProduceOp(info, 0, entries(1))])
