@@ -12,8 +12,9 @@ that some groups answered names the others in its result instead, where it says 
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -28,21 +29,29 @@ from equeue.models import PullResult
 T = TypeVar("T")
 
 __all__ = [
+    "VERIFY_POLL",
     "BrokerHealth",
     "ClusterReport",
+    "GroupReplication",
+    "GroupVerdict",
     "MergedDlqPage",
     "MergedTopic",
+    "Verdict",
+    "VerifyReport",
     "cluster_report",
+    "compare_digests",
     "describe_group",
     "describe_topic",
     "dlq_list",
     "dlq_resend",
     "find_by_key",
     "get_message",
+    "judge",
     "list_groups",
     "list_skipped",
     "reset_offsets",
     "run_routed",
+    "verify_cluster",
 ]
 
 
@@ -270,11 +279,23 @@ class BrokerHealth:
 
 
 @attrs.frozen
+class GroupReplication:
+    """REPLICATION_STATUS as a group's leader answers it (None: no leader, or it did
+    not answer: ``error`` says why)."""
+
+    group: str
+    status: control.ReplicationStatus | None
+    error: str = ""
+
+
+@attrs.frozen
 class ClusterReport:
-    """CLUSTER_STATUS as the bootstrap broker sees it, plus each broker's health."""
+    """CLUSTER_STATUS as the bootstrap broker sees it, each broker's health, and each
+    group's replication state (asked of its leader)."""
 
     status: control.ClusterStatus
     health: list[BrokerHealth]
+    replication: list[GroupReplication] = attrs.Factory(list)
 
 
 async def _health(client: AsyncClient, group: str, broker_id: str, address: str) -> BrokerHealth:
@@ -304,9 +325,164 @@ async def cluster_report(router: Router, connect_timeout: float = 3.0) -> Cluste
         async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
             health.append(await _health(c, group, b.broker_id, b.address))
 
+    replication: list[GroupReplication] = []
+
+    async def leader_state(g: control.GroupStatus) -> None:
+        leader = next((b for b in g.brokers if b.broker_id == g.leader and b.alive and b.address), None)
+        if leader is None:
+            replication.append(GroupReplication(g.name, None, "no leader" if not g.leader else "leader not registered"))
+            return
+        try:
+            with trio.fail_after(connect_timeout + 5):
+                async with AsyncClient(leader.address, connect_timeout=connect_timeout, security=boot.security) as c:
+                    replication.append(GroupReplication(g.name, await c.replication_status()))
+        except (EQueueError, trio.TooSlowError) as exc:
+            replication.append(GroupReplication(g.name, None, str(exc) or type(exc).__name__))
+
     async with trio.open_nursery() as nursery:
         for g in status.groups:
+            nursery.start_soon(leader_state, g)
             for b in g.brokers:
                 nursery.start_soon(probe, g.name, b)
     health.sort(key=lambda h: (h.group, h.address))
-    return ClusterReport(status, health)
+    replication.sort(key=lambda r: r.group)
+    return ClusterReport(status, health, replication)
+
+
+# ---------------------------------------------------------------------- cluster verify
+#: seconds between two rounds of REPLICA_DIGEST while a group's replicas are at
+#: different positions (or one does not answer)
+VERIFY_POLL = 0.2
+
+
+class Verdict(enum.StrEnum):
+    """What comparing one group's replicas found."""
+
+    EQUAL = "equal"
+    DIFFER = "differ"
+    #: not compared: a replica did not answer, or they never stood at one position
+    INCOMPARABLE = "incomparable"
+
+
+@attrs.frozen
+class ReplicaAnswer:
+    """One replica's REPLICA_DIGEST (None: it did not answer; ``error`` says why)."""
+
+    broker_id: str
+    address: str
+    digest: control.ReplicaDigest | None
+    error: str = ""
+
+
+@attrs.frozen
+class GroupVerdict:
+    """The comparison of one group's live replicas: at which ``position`` (None: not
+    compared), the parts whose checksum differs (``"part: id=hex, id=hex"``), and
+    why it could not compare (``detail``)."""
+
+    group: str
+    verdict: Verdict
+    position: int | None
+    replicas: list[ReplicaAnswer]
+    differences: list[str]
+    detail: str = ""
+
+
+@attrs.frozen
+class VerifyReport:
+    groups: list[GroupVerdict]
+
+    @property
+    def exit_code(self) -> int:
+        """0 every group's replicas are equal; 1 some differ; 2 some could not be compared."""
+        verdicts = {g.verdict for g in self.groups}
+        if Verdict.DIFFER in verdicts:
+            return 1
+        return 2 if Verdict.INCOMPARABLE in verdicts else 0
+
+
+def compare_digests(digests: Sequence[control.ReplicaDigest]) -> list[str]:
+    """The parts whose checksum is not the same on every replica (a part one replica
+    lacks counts as different), each as ``"part: broker=hex, broker=-"``, sorted."""
+    parts = sorted({part for d in digests for part in d.digests})
+    out = []
+    for part in parts:
+        values = [d.digests.get(part) for d in digests]
+        if len(set(values)) > 1:
+            out.append(f"{part}: " + ", ".join(f"{d.broker_id}={v or '-'}" for d, v in zip(digests, values, strict=True)))
+    return out
+
+
+def judge(group: str, answers: Sequence[ReplicaAnswer]) -> GroupVerdict | None:
+    """The verdict on one round of answers, or None when they cannot be compared yet
+    (a replica did not answer, or they stand at different positions: ask again)."""
+    answers = sorted(answers, key=lambda a: a.broker_id)
+    if not answers:
+        return GroupVerdict(group, Verdict.INCOMPARABLE, None, [], [], "no live replica")
+    if any(a.digest is None for a in answers):
+        return None
+    digests = [a.digest for a in answers if a.digest is not None]
+    if len({d.position for d in digests}) > 1:
+        return None
+    diff = compare_digests(digests)
+    return GroupVerdict(group, Verdict.DIFFER if diff else Verdict.EQUAL, digests[0].position, list(answers), diff)
+
+
+def _gave_up(group: str, answers: Sequence[ReplicaAnswer], timeout: float) -> GroupVerdict:
+    answers = sorted(answers, key=lambda a: a.broker_id)
+    missing = [f"{a.broker_id} ({a.address}): {a.error}" for a in answers if a.digest is None]
+    if missing:
+        detail = "no answer from " + "; ".join(missing)
+    else:
+        positions = ", ".join(f"{a.broker_id}={a.digest.position}" for a in answers if a.digest is not None)
+        detail = f"the replicas were never at one position within {timeout:g} s ({positions})"
+    return GroupVerdict(group, Verdict.INCOMPARABLE, None, list(answers), [], detail)
+
+
+async def _digest(b: control.BrokerStatus, boot: AsyncClient, connect_timeout: float) -> ReplicaAnswer:
+    try:
+        with trio.fail_after(connect_timeout + 5):
+            async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+                return ReplicaAnswer(b.broker_id, b.address, await c.replica_digest())
+    except (EQueueError, trio.TooSlowError) as exc:
+        return ReplicaAnswer(b.broker_id, b.address, None, str(exc) or type(exc).__name__)
+
+
+async def verify_cluster(router: Router, timeout: float, connect_timeout: float = 3.0) -> VerifyReport:
+    """REPLICA_DIGEST of every live replica of every group (as CLUSTER_STATUS lists
+    them), asked again every :data:`VERIFY_POLL` s until a group's replicas answer at
+    one position (then compared: :func:`judge`) or ``timeout`` passes (INCOMPARABLE).
+    Standalone: the one broker, compared with nothing (EQUAL)."""
+    boot = router.bootstrap
+    status = await boot.cluster_status()
+    deadline = trio.current_time() + timeout
+    verdicts: list[GroupVerdict] = []
+
+    async def one(g: control.GroupStatus) -> None:
+        if status.cluster:
+            live = [b for b in g.brokers if b.alive and b.address]
+        else:
+            address = ",".join(f"{h}:{p}" for h, p in boot.brokers)
+            live = [control.BrokerStatus(status.broker_id, "", address, 0, True)]
+        while True:
+            answers: list[ReplicaAnswer] = []
+
+            async def ask(b: control.BrokerStatus, into: list[ReplicaAnswer]) -> None:
+                into.append(await _digest(b, boot, connect_timeout))
+
+            async with trio.open_nursery() as nursery:
+                for b in live:
+                    nursery.start_soon(ask, b, answers)
+            found = judge(g.name, answers)
+            if found is not None:
+                verdicts.append(found)
+                return
+            if trio.current_time() + VERIFY_POLL > deadline:
+                verdicts.append(_gave_up(g.name, answers, timeout))
+                return
+            await trio.sleep(VERIFY_POLL)
+
+    async with trio.open_nursery() as nursery:
+        for g in status.groups:
+            nursery.start_soon(one, g)
+    return VerifyReport(sorted(verdicts, key=lambda v: v.group))
