@@ -486,15 +486,24 @@ class Router:
         (a new owner or a new leader), else after ``delay`` seconds (the caller's
         backoff). Standalone (no cluster) it just waits ``delay``. Never raises for a
         failed refresh (logged at debug)."""
+        await self._settle([topic], lambda: self.cache.endpoint(topic, queue_id), failed, delay)
+
+    def group_endpoint(self, group: str) -> Endpoint:
+        """(group, its addresses) as held (no I/O)."""
+        g = self.cache.groups.get(group)
+        return group, tuple(g.addresses) if g is not None else ()
+
+    async def _settle(self, topics: list[str], now: Callable[[], Endpoint], failed: Endpoint, delay: float) -> None:
         with trio.move_on_after(max(delay, 0.0)):
             while True:
                 try:
-                    await self.refresh([topic])
+                    await self.refresh(topics)
                 except EQueueError as exc:
-                    log.debug("route refresh of %s failed: %s", topic, exc)
+                    log.debug("route refresh of %s failed: %s", topics, exc)
                 if not self.cache.cluster:
                     await trio.sleep_forever()
-                if self.cache.endpoint(topic, queue_id) != failed and self.cache.available(topic, queue_id):
+                endpoint = now()
+                if endpoint is not None and endpoint != failed and endpoint[1]:
                     return
                 await trio.sleep(MIN_REFRESH_INTERVAL)
 
@@ -513,14 +522,44 @@ class Router:
         ``attempts`` (a failover lasts about one lease TTL). Other transient errors
         are retried with the policy's backoff, within its attempts and timeout. Raises
         the last error once the policy gives up, any other error at once."""
-        policy = policy or self.policy
+        return await self._retry(
+            lambda: self.cache.endpoint(topic, queue_id),
+            lambda: self.client_for(topic, queue_id),
+            fn,
+            lambda seen, delay: self.settle(topic, queue_id, seen, delay),
+            policy or self.policy,
+        )
+
+    async def call_group(
+        self, group: str, fn: Callable[[AsyncClient], Awaitable[T]], policy: RetryPolicy | None = None
+    ) -> T:
+        """``await fn(group's client)`` (the bootstrap for the standalone group ""),
+        retried like :meth:`call`: after a routing error, at the group's new leader as
+        soon as the routes name one. For requests a group answers as a whole (group
+        listings, dead letters, lookups by global offset)."""
+        return await self._retry(
+            lambda: self.group_endpoint(group),
+            lambda: self._opened(group),
+            fn,
+            lambda seen, delay: self._settle([], lambda: self.group_endpoint(group), seen, delay),
+            policy or self.policy,
+        )
+
+    async def _retry(
+        self,
+        endpoint: Callable[[], Endpoint],
+        connect: Callable[[], Awaitable[AsyncClient]],
+        fn: Callable[[AsyncClient], Awaitable[T]],
+        settle: Callable[[Endpoint, float], Awaitable[None]],
+        policy: RetryPolicy,
+    ) -> T:
         deadline = math.inf if policy.timeout is None else trio.current_time() + policy.timeout
         attempts = reroutes = 0
         error: EQueueError
         while True:
-            seen = self.cache.endpoint(topic, queue_id)
+            seen = endpoint()
             try:
-                return await fn(await self.client_for(topic, queue_id))
+                return await fn(await connect())
             except ROUTING_ERRORS as exc:
                 reroutes += 1
                 routing, error = True, exc
@@ -535,6 +574,6 @@ class Router:
             if left <= 0:
                 raise error
             if routing:
-                await self.settle(topic, queue_id, seen, min(policy.delay(reroutes), left))
+                await settle(seen, min(policy.delay(reroutes), left))
             else:
                 await trio.sleep(min(policy.delay(attempts), left))

@@ -2,7 +2,10 @@
 
 In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
 "Administration"), so commands that show or change per-queue state fan out through a
-:class:`client.routing.Router` and merge the answers here. Standalone there is one
+:class:`client.routing.Router` and merge the answers here. Each request goes through
+:meth:`~client.routing.Router.call` or :meth:`~client.routing.Router.call_group`, so a
+group failing over to another replica (NOT_LEADER, a broken connection) is waited out
+and the request is made again at its new leader. Standalone there is one
 group (the broker given with ``--broker``) and each function makes one request, as
 before. :func:`run_routed` runs one of them in a private trio loop.
 
@@ -23,7 +26,7 @@ import trio
 from client.connection import AsyncClient
 from client.routing import Router
 from equeue import control
-from equeue.errors import ConfigError, EQueueError, QueueUnavailable
+from equeue.errors import ConfigError, EQueueError, NotLeader, QueueUnavailable
 from equeue.models import PullResult
 
 T = TypeVar("T")
@@ -38,6 +41,7 @@ __all__ = [
     "MergedTopic",
     "Verdict",
     "VerifyReport",
+    "at_any_leader",
     "cluster_report",
     "compare_digests",
     "describe_group",
@@ -74,6 +78,25 @@ def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
     return trio.run(main)
 
 
+# ---------------------------------------------------------------------- any leader
+async def at_any_leader(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """``fn`` at the bootstrap broker; if it is a follower (NOT_LEADER: it serves no
+    client request, docs/cluster.md part 2), at the leader of each live group in turn
+    (the first that answers). For topic administration, which any leader serves (it
+    writes etcd). A refused request wrote nothing, so asking again elsewhere is safe."""
+    try:
+        return await fn(router.bootstrap)
+    except NotLeader as exc:
+        refused: EQueueError = exc
+    await router.refresh([])
+    for name in router.cache.live_groups():
+        try:
+            return await router.call_group(name, fn)
+        except NotLeader as exc:
+            refused = exc
+    raise refused
+
+
 # ---------------------------------------------------------------------- topics
 @attrs.frozen
 class MergedTopic:
@@ -94,11 +117,13 @@ async def describe_topic(router: Router, name: str) -> MergedTopic:
     stats: dict[int, control.QueueStats] = {}
     delayed = store_bytes = 0
     for owner in sorted(set(route.owners)):
+        first = route.owners.index(owner)
+        if not router.available(name, first):
+            continue  # the group is down: its rows are shown as unknown
         try:
-            client = await router.client_for(name, route.owners.index(owner))
+            d = await router.call(name, first, lambda c: c.describe_topic(name))
         except QueueUnavailable:
             continue
-        d = await client.describe_topic(name)
         delayed += d.pending_delayed
         store_bytes += d.store_bytes
         stats.update({s.queue_id: s for s in d.queues if route.owners[s.queue_id] == owner})
@@ -113,12 +138,12 @@ async def _each_group(router: Router, fn: Callable[[AsyncClient], Awaitable[T]])
     clients = await router.all_clients()
     out: dict[str, T] = {}
 
-    async def one(name: str, client: AsyncClient) -> None:
-        out[name] = await fn(client)
+    async def one(name: str) -> None:
+        out[name] = await router.call_group(name, fn)
 
     async with trio.open_nursery() as nursery:
-        for name, client in clients.items():
-            nursery.start_soon(one, name, client)
+        for name in clients:
+            nursery.start_soon(one, name)
     return {name: out[name] for name in sorted(out)}
 
 
@@ -164,8 +189,9 @@ async def reset_offsets(
     route = await router.route(topic)
     out: dict[int, int] = {}
     for owner in sorted(set(route.owners)):
-        client = await router.client_for(topic, route.owners.index(owner))
-        answer = await client.reset_offsets(group, topic, to, timestamp_ms, force)
+        answer = await router.call(
+            topic, route.owners.index(owner), lambda c: c.reset_offsets(group, topic, to, timestamp_ms, force)
+        )
         out.update({q: off for q, off in answer.items() if route.owners[q] == owner})
     return dict(sorted(out.items()))
 
@@ -210,8 +236,8 @@ async def dlq_resend(router: Router, group: str, ids: list[int], all_letters: bo
     elif ids and len(clients) > 1:
         raise ConfigError("dead letter ids are per broker group: pass --broker-group (see equeue dlq list)")
     answer = control.DlqResendAnswer([], [], {})
-    for client in clients.values():
-        a = await client.dlq_resend(group, ids, all_letters)
+    for name in clients:
+        a = await router.call_group(name, lambda c: c.dlq_resend(group, ids, all_letters))
         answer.resent.extend(a.resent)
         answer.already_resent.extend(a.already_resent)
         answer.failed.update(a.failed)
@@ -234,7 +260,7 @@ async def get_message(
         broker_group = next(iter(clients))
     if broker_group not in clients:
         raise ConfigError(f"no live broker group {broker_group!r}")
-    return await clients[broker_group].get_message(topic, global_offset=global_offset)
+    return await router.call_group(broker_group, lambda c: c.get_message(topic, global_offset=global_offset))
 
 
 async def find_by_key(router: Router, topic: str, key: str, limit: int, before: int) -> PullResult:
@@ -245,8 +271,8 @@ async def find_by_key(router: Router, topic: str, key: str, limit: int, before: 
     groups = sorted(set(route.owners))
     results = []
     for owner in groups:
-        client = await router.client_for(topic, route.owners.index(owner))
-        results.append(await client.find_by_key(topic, key, limit, before))
+        results.append(await router.call(topic, route.owners.index(owner),
+                                         lambda c: c.find_by_key(topic, key, limit, before)))  # fmt: skip
     if len(results) == 1:
         return results[0]
     msgs = sorted((m for r in results for m in r.messages), key=lambda m: m.timestamp, reverse=True)[:limit]
@@ -258,8 +284,8 @@ async def list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
     route = await router.route(topic)
     out: dict[int, list[int]] = {}
     for owner in sorted(set(route.owners)):
-        client = await router.client_for(topic, route.owners.index(owner))
-        for q, offsets in (await client.list_skipped(topic)).items():
+        skipped = await router.call(topic, route.owners.index(owner), lambda c: c.list_skipped(topic))
+        for q, offsets in skipped.items():
             if 0 <= q < len(route.owners) and route.owners[q] == owner:
                 out[q] = offsets
     return dict(sorted(out.items()))
