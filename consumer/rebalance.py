@@ -55,6 +55,7 @@ from consumer.stats import Counters
 from equeue import control
 from equeue.allocation import allocate_for
 from equeue.errors import ConnectionBroken, EQueueError, QueueUnavailable
+from equeue.logs import RateLimitedLog
 from equeue.names import retry_topic
 
 log = logging.getLogger("equeue.consumer")
@@ -113,6 +114,8 @@ class Coordinator:
         self.members: list[control.MemberInfo] = []
         self.wake = trio.Event()
         self.rebalances = 0
+        #: heartbeat failures repeat every RETRY_INTERVAL during a failover: rate-limited
+        self.logs = RateLimitedLog(log, 10.0, trio.current_time)
         #: broker group -> trio time the last answered heartbeat to it was sent
         self.last_ok: dict[str, float] = {}
         #: broker groups whose last heartbeat failed on a routing error
@@ -159,7 +162,7 @@ class Coordinator:
             try:
                 await self.rebalance()
             except EQueueError as exc:
-                log.warning("group %s: heartbeat/rebalance failed: %s", self.group, exc)
+                self.logs.log(logging.WARNING, "rebalance", "group %s: heartbeat/rebalance failed: %s", self.group, exc)
 
     async def expire_loop(self) -> None:
         """Drop the queues of a broker group not heartbeaten for ``lease_expiry``, at
@@ -217,6 +220,10 @@ class Coordinator:
         except EQueueError as exc:
             log.debug("group %s: route refresh failed (keeping the held routes): %s", self.group, exc)
         clients = await self.router.clients_for_topics(self.topics)
+        # a group owning queues of these topics with no leader now (down, or failing
+        # over): rounds repeat every RETRY_INTERVAL until it answers
+        owners = {g for t in self.topics if (r := self.router.cached(t)) is not None for g in r.owners}
+        self.unreached = {g for g in self.unreached if g in owners} | (owners - set(clients))
         if self.options.mode == ConsumeMode.BROADCAST:
             self._apply_broadcast(await self._fan_out(clients, []))
             return
@@ -249,7 +256,8 @@ class Coordinator:
             except EQueueError as exc:
                 if isinstance(exc, ROUTING_ERRORS):
                     self.unreached.add(name)
-                log.warning("group %s: heartbeat to broker group %r failed: %s", self.group, name, exc)
+                self.logs.log(logging.WARNING, f"heartbeat {name}", "group %s: heartbeat to broker group %r failed: %s",
+                              self.group, name, exc)  # fmt: skip
                 errors.append(exc)
                 return
             self.unreached.discard(name)
