@@ -52,7 +52,7 @@ bench-peers: install
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-# a local cluster (one etcd on free ports, broker groups g1..g3 on 5800..5802) until Ctrl-C
+# a local cluster (one etcd on free ports, broker groups g1, g2 of 3 replicas each on 5800..5805) until Ctrl-C
 .PHONY: cluster
 cluster: install etcd-install
-	$(PY) -m broker.cluster.local --groups 3 --base-port 5800
+	$(PY) -m broker.cluster.local --groups 2 --replicas 3 --base-port 5800

@@ -4,7 +4,11 @@ Workload "store-append": 100-byte messages, ProduceOps of 100 messages, 10 ops p
 write transaction (1,000 messages per transaction, one fsync each), 4 queues.
 Workload "store-read": read them back with read_queue (32... 1,000 per call).
 
-    .venv/bin/python bench/bench_store.py [--messages 1000000]
+    .venv/bin/python bench/bench_store.py [--messages 1000000] [--replicated]
+
+``--replicated`` opens the store with its replication log (every transaction also
+writes its log entry; the reader view is published after each transaction, as a
+leader alone in its in-sync set does).
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ def main() -> None:
     ap.add_argument("--queues", type=int, default=4)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--keys", action="store_true", help="give every message a key (adds the key index)")
+    ap.add_argument("--replicated", action="store_true", help="keep the replication log")
     args = ap.parse_args()
     body = b"x" * args.size
     entries = [wire.encode_entry(Message(body, key=f"k{i}" if args.keys else None)) for i in range(args.batch)]
     with tempfile.TemporaryDirectory(prefix="equeue-bench-") as d:
-        store = Store(Path(d), map_size=8 << 30, sync=True)
+        store = Store(Path(d), map_size=8 << 30, sync=True, **({"replicated": True} if args.replicated else {}))
         (info,) = store.write([CreateTopicOp("bench", args.queues)]).settled()
+        if args.replicated:
+            store.publish_all()
         ops_per_txn = max(1, args.txn // args.batch)
         txns = args.messages // (ops_per_txn * args.batch)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -45,9 +52,12 @@ def main() -> None:
                 ops.append(ProduceOp(info, q % args.queues, entries))
                 q += 1
             store.write(ops)
+            if args.replicated:
+                store.publish_all()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = txns * ops_per_txn * args.batch
-        print(f"store-append: {n:,} msgs of {args.size} B{' with keys' if args.keys else ''}, "
+        print(f"store-append{' (replicated)' if args.replicated else ''}: {n:,} msgs of {args.size} B"
+              f"{' with keys' if args.keys else ''}, "
               f"{args.txn} msgs/txn + fsync: {n / dt:,.0f} msg/s ({dt:.2f} s, {txns / dt:,.0f} txn/s; "
               f"CPU {cpu / n * 1e6:.2f} us/msg)")
         t0, c0 = time.perf_counter(), time.process_time()

@@ -14,14 +14,25 @@ ops' events (and calls their ``callback``) in the loop thread. While a transacti
 is being written, new ops pile up and form the next batch: many concurrent
 requests, one transaction, one fsync. A ``trio.to_thread`` call per batch would
 cost two extra thread hops and a loop iteration each time (~0.1 ms here).
+
+Two additions for replication (docs/cluster.md, part 2):
+
+* :meth:`Appender.call` runs a synchronous store function (``store.apply_log``,
+  ``store.begin_epoch``, ``store.trim_log``, ``store.reload``...) in the writer
+  thread, in order with the ops queued before and after it: the single writer
+  stays single.
+* ``hold``: when given, the ops of a committed transaction are handed to it (loop
+  thread) instead of being answered: the replication layer answers them with
+  :meth:`Appender.release` once the high watermark passed the transaction (acks
+  all), or with an error (the leader stepped down).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, cast
 
 import outcome
 import trio
@@ -31,17 +42,24 @@ from equeue.errors import BrokerShuttingDown, EQueueError, InternalBrokerError
 
 log = logging.getLogger("equeue.appender")
 
-__all__ = ["Appender"]
+__all__ = ["Appender", "Hold"]
+
+T = TypeVar("T")
 
 
 class _Pending:
     """One queued op. ``done`` is set (and ``callback(self)`` called, in the loop
     thread) once ``outcome`` holds the op's result or its exception."""
 
-    __slots__ = ("callback", "done", "op", "outcome")
+    __slots__ = ("callback", "done", "fn", "op", "outcome")
 
-    def __init__(self, op: WriteOp, callback: Callable[[_Pending], None] | None = None) -> None:
+    def __init__(
+        self, op: WriteOp | None, callback: Callable[[_Pending], None] | None = None,
+        fn: Callable[[], Any] | None = None,
+    ) -> None:  # fmt: skip
         self.op = op
+        #: a function to run alone in the writer thread (:meth:`Appender.call`); op is None
+        self.fn = fn
         self.done = trio.Event()
         self.outcome: outcome.Outcome[Any] | None = None
         self.callback = callback
@@ -63,6 +81,12 @@ class _Pending:
                 log.exception("appender completion callback failed")
 
 
+#: receives the ops of each committed transaction instead of answering them (loop
+#: thread): ``hold(batch, committed)``; the holder answers them later with
+#: :meth:`Appender.release` or :meth:`Appender.fail`
+Hold = Callable[[list[_Pending], WriteOutcome], None]
+
+
 class Appender:
     """Owns the write path. Run :meth:`run` in a nursery; :meth:`submit` from handlers."""
 
@@ -74,6 +98,7 @@ class Appender:
         on_commit: Callable[[WriteOutcome], None] | None = None,
         on_answered: Callable[[], None] | None = None,
         on_written: Callable[[WriteOutcome], None] | None = None,
+        hold: Hold | None = None,
     ) -> None:
         self.store = store
         self.max_batch_ops = max_batch_ops
@@ -84,8 +109,13 @@ class Appender:
         #: called in the writer thread right after a commit, before its answers are
         #: posted to the loop (answers parked pulls without a hop through the loop)
         self.on_written = on_written
+        #: called (loop thread) with the ops of a committed transaction instead of
+        #: answering them (acks after replication); None: answered at commit
+        self.hold = hold
         #: queued ops, FIFO; guarded by ``_cond`` (the loop appends, the writer takes)
         self._pending: list[_Pending] = []
+        #: how many of ``_pending`` are :meth:`call` functions (0: batches need no scan)
+        self._calls = 0
         self._cond = threading.Condition(threading.Lock())
         #: the writer thread exits once the queue is empty (close) ...
         self._drain_and_stop = False
@@ -118,6 +148,25 @@ class Appender:
                 self._cond.notify()
         return p
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` alone in the writer thread, after the ops queued before it and
+        before those queued after; return its result or raise its exception.
+
+        For the store's synchronous replication writes (each one transaction). The
+        wait is shielded like :meth:`wait`: once queued, ``fn`` may run. Raises
+        BrokerShuttingDown once closing.
+        """
+        if self._closing:
+            raise BrokerShuttingDown("the broker is shutting down")
+        p = _Pending(None, None, fn)
+        with self._cond:
+            self._pending.append(p)
+            self._calls += 1
+            if self._writer_waiting:
+                self._cond.notify()
+        result: T = await self.wait(p)
+        return result
+
     async def wait(self, p: _Pending) -> Any:
         """Wait until an enqueued op committed; return its result or raise its error."""
         # shielded: once queued, the op may commit; we must not drop its outcome
@@ -148,6 +197,7 @@ class Appender:
             self._closing = True
             with self._cond:
                 leftover, self._pending = self._pending, []
+                self._calls = 0
                 self._stop_now = True
                 self._cond.notify()
             err = BrokerShuttingDown("the broker stopped before this request was written")
@@ -187,9 +237,22 @@ class Appender:
                         self._writer_waiting = False
                     if self._stop_now or not self._pending:
                         return
-                    batch = self._pending[: self.max_batch_ops]
-                    del self._pending[: len(batch)]
-                done = outcome.capture(write, [p.op for p in batch])
+                    pending = self._pending
+                    call: _Pending | None = None
+                    if self._calls and (cut := _first_call(pending, self.max_batch_ops)) is not None:
+                        if cut == 0:  # a call runs alone
+                            call = pending.pop(0)
+                            self._calls -= 1
+                            batch = []
+                        else:
+                            batch = pending[:cut]
+                    else:
+                        batch = pending[: self.max_batch_ops]
+                    del pending[: len(batch)]
+                if call is not None:
+                    post(_resolve_call, call, outcome.capture(cast(Callable[[], Any], call.fn)))
+                    continue
+                done = outcome.capture(write, cast("list[WriteOp]", [p.op for p in batch]))
                 if isinstance(done, outcome.Error):
                     exc = done.error
                     if isinstance(exc, EQueueError):  # the whole transaction failed
@@ -219,15 +282,15 @@ class Appender:
     # ------------------------------------------------------------------ loop-thread callbacks
     def _answer(self, batch: list[_Pending], committed: WriteOutcome) -> None:
         self.transactions += 1
-        try:
-            for p, r in zip(batch, committed.results, strict=True):
-                p.resolve(r)
-        except Exception as exc:  # a store bug (results do not match the ops): answer anyway
-            log.exception("answering a transaction failed")
-            err = InternalBrokerError(f"answering the write failed: {exc!r}")
-            for p in batch:
-                if not p.done.is_set():
-                    p.resolve(outcome.Error(err))
+        hold = self.hold
+        if hold is None:
+            self._resolve(batch, committed.results)
+        else:
+            try:
+                hold(batch, committed)
+            except Exception as exc:  # a bug in the holder must not strand the waiters
+                log.exception("holding a transaction's answers failed")
+                self._resolve(batch, [outcome.Error(InternalBrokerError(f"holding the answers failed: {exc!r}"))] * len(batch))
         if self.on_commit is not None:
             try:
                 self.on_commit(committed)
@@ -235,11 +298,35 @@ class Appender:
                 log.exception("on_commit failed")
         self._answered()
 
+    @staticmethod
+    def _resolve(batch: Sequence[_Pending], results: Sequence[outcome.Outcome[Any]]) -> None:
+        try:
+            for p, r in zip(batch, results, strict=True):
+                p.resolve(r)
+        except Exception as exc:  # a store bug (results do not match the ops): answer anyway
+            log.exception("answering a transaction failed")
+            err = InternalBrokerError(f"answering the write failed: {exc!r}")
+            for p in batch:
+                if not p.done.is_set():
+                    p.resolve(outcome.Error(err))
+
+    def release(self, batch: Sequence[_Pending], results: Sequence[outcome.Outcome[Any]]) -> None:
+        """Loop thread: answer held ops (``hold``) with their results, then flush the
+        answers (``on_answered``). Never raises."""
+        self._resolve(batch, results)
+        self._answered()
+
+    def fail(self, batch: Sequence[_Pending], exc: BaseException) -> None:
+        """Loop thread: answer ops with ``exc`` (every op gets its own
+        ``outcome.Error``), then flush the answers. Never raises."""
+        for p in batch:
+            if not p.done.is_set():
+                p.resolve(outcome.Error(exc))
+        self._answered()
+
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
         """The whole transaction failed: every op gets its own ``outcome.Error``."""
-        for p in batch:
-            p.resolve(outcome.Error(exc))
-        self._answered()
+        self.fail(batch, exc)
 
     def _answered(self) -> None:
         if self.on_answered is not None:
@@ -247,3 +334,17 @@ class Appender:
                 self.on_answered()
             except Exception:
                 log.exception("on_answered failed")
+
+
+def _first_call(pending: list[_Pending], limit: int) -> int | None:
+    """The index of the first :meth:`Appender.call` among the first ``limit`` queued
+    items (None: none there)."""
+    for i, p in enumerate(pending[:limit]):
+        if p.fn is not None:
+            return i
+    return None
+
+
+def _resolve_call(p: _Pending, result: outcome.Outcome[Any]) -> None:
+    """Loop thread: answer a :meth:`Appender.call`."""
+    p.resolve(result)

@@ -167,6 +167,14 @@ class GroupRegistry:
                 if m.notify == notify:
                     m.notify = None
 
+    def drop_all(self) -> None:
+        """Forget every member and lease (a replica that stops leading its group: the
+        new leader grants leases afresh, so no queue is held at two brokers)."""
+        if self.groups:
+            log.warning("dropping %d consumer group(s) and their leases: this broker stopped leading",
+                        len(self.groups))  # fmt: skip
+        self.groups.clear()
+
     async def run_expiry(self) -> None:
         while True:
             await trio.sleep(min(1.0, self.member_expiry / 5))

@@ -59,7 +59,7 @@ PULL_SLOTS: ContextVar[PullSlots | None] = ContextVar("equeue_pull_slots", defau
 class Parked:
     """One parked pull: its queue, its writer-thread answer (if any), its wake-up."""
 
-    __slots__ = ("answer", "event", "key", "outcome")
+    __slots__ = ("answer", "error", "event", "key", "outcome")
 
     def __init__(self, key: tuple[int, int], answer: Answer | None) -> None:
         self.key = key
@@ -67,6 +67,8 @@ class Parked:
         self.event = trio.Event()
         #: what the writer thread's answer returned (None: the pull task answers)
         self.outcome: tuple[int, int] | None = None
+        #: set by :meth:`ParkedPulls.fail_all`: the pull raises it when woken
+        self.error: BaseException | None = None
 
 
 class ParkedPulls:
@@ -128,6 +130,8 @@ class ParkedPulls:
                 await p.event.wait()
             if p.outcome is None:
                 raise
+        if p.error is not None:
+            raise p.error
         return p.outcome
 
     def _unpark(self, p: Parked) -> bool:
@@ -170,6 +174,15 @@ class ParkedPulls:
     def wake(self, queues: Iterable[tuple[int, int]]) -> None:
         """Loop thread: wake every pull parked on any of ``queues`` (they read)."""
         for p in self.claim(queues):
+            p.event.set()
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Loop thread: every pull parked now raises ``exc`` (a leader that stopped
+        serving answers them NOT_LEADER, never with data); later pulls park as usual."""
+        with self._lock:
+            queues = list(self._queues)
+        for p in self.claim(queues):
+            p.error = exc
             p.event.set()
 
     def close(self) -> None:

@@ -13,6 +13,15 @@ fails for want of file descriptors (EMFILE, ENFILE, ...) the loop backs off (10 
 doubling to 1 s, cut short as soon as one of the broker's connections closes) and
 logs one line per 10 s, with no traceback.
 
+Replication (``--cluster``, docs/cluster.md part 2): the store is replicated (a log
+entry per transaction); the appender hands committed ops to the replica role
+(``hold``) instead of answering them; readers see only what is below the high
+watermark, so the writer thread's direct answer to parked pulls
+(:mod:`broker.thread_answer`) is off and parked pulls are woken as the high
+watermark passes their queues' writes; :class:`~broker.replication.role.ReplicaRole`
+leads or follows, and runs the leader-only tasks (the lifecycle, the materializer).
+A standalone broker runs none of it.
+
 Lifetime: ``await broker.serve(task_status=...)`` runs until :meth:`Broker.stop`
 (graceful: stop accepting, answer parked pulls, finish in-flight commits, close
 LMDB) or until cancelled (in-flight commits still finish and are answered).
@@ -37,6 +46,7 @@ from broker.auth import BrokerSecurity
 from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
+from broker.handlers.replica import ReplicaHandlers
 from broker.http import serve_http
 from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
@@ -48,11 +58,12 @@ from broker.tls import TlsAcceptor, server_context
 from equeue import control
 from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
-from equeue.errors import ConfigError, ErrorCode
+from equeue.errors import ConfigError, ErrorCode, NotLeader
 from equeue.logs import RateLimitedLog
 
 if TYPE_CHECKING:
     from broker.cluster.node import ClusterNode
+    from broker.replication.role import ReplicaRole
 
 log = logging.getLogger("equeue.broker")
 
@@ -101,6 +112,8 @@ class Broker:
         self._handshaking = 0
         #: the cluster role (None: a standalone broker); built by serve() with --cluster
         self.cluster: ClusterNode | None = None
+        #: the replica role (None: standalone); built by serve() with --cluster
+        self.role: ReplicaRole | None = None
         self._frames = FrameBudget(config.max_partial_frame_bytes)
         self._limits = ConnectionLimits(
             frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
@@ -118,28 +131,31 @@ class Broker:
         tls_context = server_context(cfg)  # ConfigError for an unreadable certificate
         self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
         self.security.start(cfg.host, cfg.port)
+        replicated = bool(cfg.cluster)
         self.store = await trio.to_thread.run_sync(
-            lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync")
+            lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync", replicated=replicated)
         )
         self.store.scan_budget = ScanBudget(cfg.scan_records, cfg.scan_time)
         self.appender = Appender(
             self.store,
-            on_commit=self._on_commit,
+            on_commit=None if replicated else self._on_commit,
             on_answered=self._staging.flush,
-            on_written=self._on_written,
+            # replicated: readers see what is below the high watermark, so the writer
+            # thread answers no parked pull, and committed ops wait for replication
+            on_written=None if replicated else self._on_written,
+            hold=self._hold if replicated else None,
         )
         self._statistics = Statistics(
             self.stats, self.store, self.parked, self.appender, flush=cfg.flush
         )
-        if cfg.cluster:  # imported only here: a standalone broker never loads httpx
+        if replicated:  # imported only here: a standalone broker never loads httpx
             from broker.cluster.node import ClusterNode
+            from broker.replication.role import eligible
 
-            self.cluster = ClusterNode(cfg, self.store, self.appender.submit)
-        self.handlers = Handlers(
-            store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,
-            parked=self.parked, counters=self.stats, closing=self._closing, statistics=self._statistics.snapshot,
-            limits=Limits.from_config(cfg), security=self.security, cluster=self.cluster,
-        )  # fmt: skip
+            self.cluster = ClusterNode(
+                cfg, self.store, self.appender.submit, eligible=functools.partial(eligible, self.store),
+                floor_epoch=lambda: self.store.last_epoch,
+            )
         token = trio.lowlevel.current_trio_token()
         lifecycle = self.lifecycle = Lifecycle(
             self.store, self.appender.submit, cfg, functools.partial(subscribed_groups, self.groups)
@@ -150,13 +166,16 @@ class Broker:
                 async with trio.open_nursery() as tasks, AsyncExitStack() as cluster_role:
                     listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
                     self.port = listeners[0].socket.getsockname()[1]
-                    if self.cluster is not None:  # register, load the view, materialize: then serve
+                    if self.cluster is not None:  # register, load the view, take a role: then serve
                         try:
                             await cluster_role.enter_async_context(self.cluster.serving(self.port))
+                            self.role = self._replica_role(self.cluster)
+                            await cluster_role.enter_async_context(self.role)
                         except BaseException:
                             for listener in listeners:
                                 await trio.aclose_forcefully(listener)
                             raise
+                    self.handlers = self._handlers()
                     serve_scope = trio.CancelScope()
 
                     async def accept(listener: trio.SocketListener) -> None:
@@ -166,7 +185,8 @@ class Broker:
                     for listener in listeners:
                         tasks.start_soon(accept, listener)
                     tasks.start_soon(self.groups.run_expiry)
-                    tasks.start_soon(lifecycle.run)
+                    if self.role is None:  # a replica runs it while it leads
+                        tasks.start_soon(lifecycle.run)
                     tasks.start_soon(self.security.watch)
                     if cfg.flush == "async":
                         tasks.start_soon(self._flusher)
@@ -249,6 +269,50 @@ class Broker:
         return self._statistics.snapshot()
 
     # ------------------------------------------------------------------ internals
+    def _handlers(self) -> Handlers:
+        cfg, role = self.config, self.role
+        replication = ReplicaHandlers(
+            store=self.store,
+            leader_log=(lambda: role.leader_log) if role is not None else (lambda: None),
+            status=role.status if role is not None else self._standalone_status,
+        )
+        return Handlers(
+            store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,
+            parked=self.parked, counters=self.stats, closing=self._closing, statistics=self._statistics.snapshot,
+            limits=Limits.from_config(cfg), replication=replication, security=self.security, cluster=self.cluster,
+            replica=role,
+        )  # fmt: skip
+
+    def _replica_role(self, node: ClusterNode) -> ReplicaRole:
+        from broker.replication.follower import Follower, replica_connector
+        from broker.replication.role import ReplicaRole
+
+        cfg = self.config
+        follower = Follower(
+            store=self.store, call=self.appender.call, connect=replica_connector(cfg),
+            broker_id=node.broker_id, address=node.address, config=cfg,
+        )  # fmt: skip
+        return ReplicaRole(
+            store=self.store, appender=self.appender, election=node.election, follower=follower, parked=self.parked,
+            leases=self.groups, lifecycle=self.lifecycle, leader_duties=node.run_leader_duties, config=cfg,
+            broker_id=node.broker_id,
+        )  # fmt: skip
+
+    def _standalone_status(self) -> control.ReplicationStatus:
+        cfg, store = self.config, self.store
+        return control.ReplicationStatus(
+            "standalone", "", "", 0, "", store.position, store.position, store.next_global, [], cfg.acks,
+            cfg.min_insync,
+        )  # fmt: skip
+
+    def _hold(self, batch: list[Any], committed: WriteOutcome) -> None:
+        """Replicated: a committed transaction's ops wait for the high watermark."""
+        role = self.role
+        if role is None:
+            self.appender.fail(batch, NotLeader("this broker has not taken its role in its group yet"))
+            return
+        role.hold(batch, committed)
+
     def _on_written(self, outcome: WriteOutcome) -> None:
         # writer thread: parked pulls on the queues just written answer from there
         if outcome.touched:

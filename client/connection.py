@@ -34,7 +34,7 @@ from client.handshake import authenticate
 from client.link import PendingReply, _Link, _Slot, parse_brokers
 from client.tls import client_context, handshake_error
 from equeue import control, wire
-from equeue.codec import NEED_DATA, Hello, HelloAck, Push, Response
+from equeue.codec import DEFAULT_MAX_FRAME, NEED_DATA, Hello, HelloAck, Push, Response
 from equeue.codec import Request as RequestEvent
 from equeue.errors import (
     AuthenticationError,
@@ -68,8 +68,12 @@ class AsyncClient:
         connect_timeout: float = 5.0,
         on_push: PushHandler | None = None,
         security: ClientSecurity | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
         self.brokers = parse_brokers(brokers)
+        #: the largest frame read from the broker (a broker's follower connection to
+        #: its leader reads larger ones: equeue.wire.replica.REPLICA_MAX_FRAME)
+        self.max_frame = max_frame
         #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
         self.security = ClientSecurity.from_env() if security is None else security
         #: the TLS context (its files read now: ConfigError here, not at connect)
@@ -188,7 +192,7 @@ class AsyncClient:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._ssl_context is not None and tls is not None:
                 stream = trio.SSLStream(raw, self._ssl_context, server_hostname=tls.server_hostname or host)
-            link = _Link(stream, f"{host}:{port}")
+            link = _Link(stream, f"{host}:{port}", self.max_frame)
             try:
                 # with TLS the handshake runs in the first send; with TLS 1.3 a refused
                 # client certificate shows up in the first receive

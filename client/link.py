@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from equeue.codec import Connection, Response, Role
+from equeue.codec import DEFAULT_MAX_FRAME, Connection, Response, Role
 from equeue.config import parse_address
 from equeue.errors import ConfigError
 
@@ -50,15 +50,16 @@ PendingReply = _Slot
 
 
 class _Link:
-    """One live connection: stream, codec, pending requests."""
+    """One live connection: stream, codec, pending requests. ``max_frame`` caps the
+    frames it reads (length prefix included)."""
 
-    def __init__(self, stream: trio.abc.Stream, address: str) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.stream = stream
         #: the socket a plain TCP link writes directly (non-blocking); None with TLS,
         #: whose bytes only the SSLStream may write
         self.socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.address = address
-        self.codec = Connection(Role.CLIENT)
+        self.codec = Connection(Role.CLIENT, max_frame=max_frame)
         self.pending: dict[int, _Slot] = {}
         self.send_lock = trio.Lock()
         #: encoded frames waiting for the next write (in request order)

@@ -326,8 +326,10 @@ class BrokerConfig:
     #: ``HOST:PORT`` clients reach this broker at, as published in etcd (None: the
     #: listen address, or 127.0.0.1:PORT when listening on every interface)
     advertise: str | None = attrs.field(default=None, validator=_advertise)
-    #: seconds of the broker's etcd lease: a broker silent this long is down
-    cluster_lease_ttl: int = attrs.field(default=5, validator=_lease_ttl)
+    #: seconds of the broker's etcd lease: a broker silent this long is down, and a
+    #: dead leader is replaced after about this long (3: failover p99 <= 5 s with
+    #: room for an etcd leader election; docs/operations.md, "Cluster")
+    cluster_lease_ttl: int = attrs.field(default=3, validator=_lease_ttl)
     #: replication (docs/cluster.md, part 2): ``all`` acknowledges a write once the
     #: leader and every in-sync replica committed it (flush policy applied on each);
     #: ``leader`` once the leader committed it (a leader crash can lose it)

@@ -48,6 +48,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── OperationTimeout              a send/request did not finish in its time budget
     ├── BufferFull                    a producer's send buffer is full (on_full="raise")
     ├── DataDirLocked                 another broker holds the data directory (at start)
+    ├── LogTrimmed                    a replication log read below the log's start (a status, no wire code)
     ├── StoreDamaged                  the store cannot be opened safely (at start; code 28)
     │   └── StoreTruncated            data.mdb is shorter than its pages (code 29)
     ├── AuthenticationError           the handshake's SCRAM exchange did not succeed
@@ -88,6 +89,7 @@ __all__ = [
     "InvalidMessage",
     "InvalidName",
     "LocalProtocolError",
+    "LogTrimmed",
     "MessageNotFound",
     "MessageTooLarge",
     "NoLiveGroups",
@@ -184,6 +186,12 @@ class EQueueError(Exception):
 class DataDirLocked(EQueueError):
     """Another broker holds the data directory (its lock file names the pid). Raised
     when a store opens, never sent on the wire."""
+
+
+class LogTrimmed(EQueueError):
+    """A read of a replicated store's log asked for positions the log no longer
+    holds (trimmed): the reader must copy the store instead (a snapshot). A status
+    for the caller, never sent on the wire."""
 
 
 class StoreDamaged(EQueueError):

@@ -10,7 +10,12 @@ Key layout (everything under one root, so one prefix watch sees it all)::
     /equeue/topics/<topic>                TopicPlacement  persistent; the one source of truth
                                                           for queue id -> owner group
 
-(issue 11 adds ``/equeue/leaders/<group>``.) Values are compact JSON, one encoder and
+    /equeue/leaders/<group>               LeaderRecord    under the leader's lease (part 2);
+                                                          created by the takeover txn
+    /equeue/isr/<group>                   IsrRecord       persistent (part 2); written by a
+                                                          takeover and by the leader (CAS)
+
+Values are compact JSON, one encoder and
 one decoder per record (a dedicated cattrs converter with strict types); a value that
 does not decode raises :class:`~equeue.errors.ClusterDataInvalid`, never KeyError.
 
@@ -45,6 +50,7 @@ __all__ = [
     "BrokerRecord",
     "GroupRecord",
     "IsrRecord",
+    "KeyKind",
     "LeaderRecord",
     "TopicPlacement",
     "broker_key",
@@ -115,13 +121,19 @@ def isr_key(group: str) -> str:
     return ISR_PREFIX + _segment(group, "broker group name")
 
 
-def parse_key(key: str) -> tuple[Literal["group", "broker", "topic"], tuple[str, ...]] | None:
+KeyKind = Literal["group", "broker", "topic", "leader", "isr"]
+
+
+def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]] | None:
     """What a key under :data:`ROOT` names: ("group", (g,)), ("broker", (g, id)),
-    ("topic", (t,)); None for any other key (a newer layout's, or garbage)."""
+    ("topic", (t,)), ("leader", (g,)), ("isr", (g,)); None for any other key (a
+    newer layout's, or garbage)."""
     for kind, prefix, parts in (
         ("group", GROUPS_PREFIX, 1),
         ("broker", BROKERS_PREFIX, 2),
         ("topic", TOPICS_PREFIX, 1),
+        ("leader", LEADERS_PREFIX, 1),
+        ("isr", ISR_PREFIX, 1),
     ):
         if key.startswith(prefix):
             names = tuple(key[len(prefix) :].split("/"))
@@ -181,6 +193,10 @@ class LeaderRecord:
     since_ms: int = attrs.field(validator=_non_negative)
 
 
+def _as_tuple(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(names)
+
+
 def _members(
     _: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
 ) -> None:
@@ -198,7 +214,7 @@ class IsrRecord:
     group: str = attrs.field(validator=_non_empty)
     epoch: int = attrs.field(validator=_non_negative)
     leader: str = attrs.field(validator=_non_empty)
-    members: tuple[str, ...] = attrs.field(converter=tuple, validator=_members)
+    members: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_members)
 
 
 def _owners_match(
@@ -208,10 +224,6 @@ def _owners_match(
         raise ValueError(f"{len(owners)} owners for {instance.queues} queues")
     if not all(owners):
         raise ValueError("an owner group name is empty")
-
-
-def _as_tuple(owners: Iterable[str]) -> tuple[str, ...]:
-    return tuple(owners)
 
 
 @attrs.frozen

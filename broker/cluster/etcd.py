@@ -52,7 +52,11 @@ __all__ = [
     "WatchCompacted",
     "WatchEvent",
     "WatchStream",
+    "compare_create",
+    "compare_mod",
+    "delete_op",
     "prefix_range_end",
+    "put_op",
 ]
 
 log = logging.getLogger("equeue.cluster.etcd")
@@ -138,6 +142,30 @@ def prefix_range_end(prefix: str | bytes) -> bytes:
         return b"\0"
     raw[-1] += 1
     return bytes(raw)
+
+
+def compare_create(key: str, create_revision: int) -> dict[str, Any]:
+    """A txn compare: ``key``'s create_revision equals ``create_revision`` (0: the
+    key is absent)."""
+    return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)}
+
+
+def compare_mod(key: str, mod_revision: int) -> dict[str, Any]:
+    """A txn compare: ``key``'s mod_revision equals ``mod_revision`` (0: absent)."""
+    return {"key": _b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(mod_revision)}
+
+
+def put_op(key: str, value: bytes, *, lease: int = 0) -> dict[str, Any]:
+    """A txn operation: put ``key`` (attached to ``lease`` when not 0)."""
+    put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+    if lease:
+        put["lease"] = str(lease)
+    return {"request_put": put}
+
+
+def delete_op(key: str) -> dict[str, Any]:
+    """A txn operation: delete ``key``."""
+    return {"request_delete_range": {"key": _b64(key)}}
 
 
 def _int(obj: dict[str, Any], field: str) -> int:
@@ -349,7 +377,12 @@ class EtcdClient:
     async def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Every key under ``prefix`` (sorted by key) and the store's revision at the
         read (watch from revision + 1 to miss nothing)."""
-        body = {"key": _b64(prefix), "range_end": _b64(prefix_range_end(prefix))}
+        return await self.get_range(prefix, prefix_range_end(prefix))
+
+    async def get_range(self, key: str, range_end: str | bytes) -> tuple[list[KeyValue], int]:
+        """Every key in ``[key, range_end)`` (sorted by key) and the store's revision
+        at the read."""
+        body = {"key": _b64(key), "range_end": _b64(range_end)}
         answer = await self._call("/v3/kv/range", body)
         kvs = answer.get("kvs", [])
         if not isinstance(kvs, list):
@@ -364,13 +397,24 @@ class EtcdClient:
         return _header_revision(await self._call("/v3/kv/put", body))
 
     async def _txn(self, compare: dict[str, Any], success: list[dict[str, Any]]) -> bool:
+        succeeded, _ = await self.txn([compare], success)
+        return succeeded
+
+    async def txn(
+        self, compare: list[dict[str, Any]], success: list[dict[str, Any]]
+    ) -> tuple[bool, int]:
+        """One transaction in the gateway's JSON form (keys and values already
+        base64: see :func:`compare_create`, :func:`compare_mod`, :func:`put_op`):
+        *if* every ``compare`` holds, *then* the ``success`` operations. Returns
+        (succeeded, the revision after it: a put's mod_revision when it succeeded).
+        Not retried once it may have reached etcd (EtcdUnavailable "outcome unknown")."""
         answer = await self._call(
-            "/v3/kv/txn", {"compare": [compare], "success": success}, idempotent=False
+            "/v3/kv/txn", {"compare": compare, "success": success}, idempotent=False
         )
         succeeded = answer.get("succeeded", False)
         if not isinstance(succeeded, bool):
             raise ClusterUnavailable(f"malformed etcd answer: succeeded={succeeded!r}")
-        return succeeded
+        return succeeded, _header_revision(answer)
 
     async def create(self, key: str, value: bytes, *, lease: int = 0) -> bool:
         """Write ``key`` only if it does not exist (a create-if-absent transaction);
@@ -430,20 +474,28 @@ class EtcdClient:
         }
 
     # ------------------------------------------------------------------ watch
-    @contextlib.asynccontextmanager
-    async def watch_prefix(self, prefix: str, start_revision: int) -> AsyncIterator[WatchStream]:
-        """``async with etcd.watch_prefix(p, rev) as stream: async for batch in stream``.
+    def watch_prefix(
+        self, prefix: str, start_revision: int
+    ) -> contextlib.AbstractAsyncContextManager[WatchStream]:
+        """:meth:`watch_range` of every key under ``prefix``."""
+        return self.watch_range(prefix, prefix_range_end(prefix), start_revision)
 
-        Streams every change under ``prefix`` from ``start_revision`` on, in revision
-        order, as batches (``list[WatchEvent]``, one per etcd answer line). Opening
+    @contextlib.asynccontextmanager
+    async def watch_range(
+        self, key: str, range_end: str | bytes, start_revision: int
+    ) -> AsyncIterator[WatchStream]:
+        """``async with etcd.watch_range(k, end, rev) as stream: async for batch in stream``.
+
+        Streams every change of a key in ``[key, range_end)`` from ``start_revision``
+        on, in revision order (the changes of one transaction in one batch), as batches (``list[WatchEvent]``, one per etcd answer line). Opening
         fails over like a call; raises :class:`WatchCompacted` when the history at
         ``start_revision`` is gone, EtcdUnavailable when no endpoint accepts the
         watch. The iteration raises EtcdUnavailable when the stream breaks (etcd
         died), WatchCompacted when etcd cancels it for compaction: the caller
         reloads and watches again."""
         create = {
-            "key": _b64(prefix),
-            "range_end": _b64(prefix_range_end(prefix)),
+            "key": _b64(key),
+            "range_end": _b64(range_end),
             "start_revision": str(start_revision),
         }
         body = {"create_request": create}

@@ -64,12 +64,27 @@ class Membership:
         self.lease = 0
         #: how many times the broker registered (1 + re-registrations after a lost lease)
         self.registrations = 0
+        #: trio time at which the last keepalive that succeeded was *sent* (at first:
+        #: when the lease was granted). The lease cannot expire before this + ttl, so
+        #: a leader fences itself by it (docs/cluster.md, "Election and fencing")
+        self.last_renewal_sent = -float("inf")
+        self._renewed = trio.Event()  # set and replaced at each successful renewal
         self._first = trio.Event()
         self._last_ok = -float("inf")  # trio time of the last answer that kept us registered
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
+
+    @property
+    def lease_id(self) -> int | None:
+        """The current lease (the broker's key and, when it leads, its leader key
+        live under it); None while unregistered."""
+        return self.lease or None
+
+    async def wait_renewal(self) -> None:
+        """Return at the next successful grant or keepalive."""
+        await self._renewed.wait()
 
     @property
     def registered(self) -> bool:
@@ -123,32 +138,42 @@ class Membership:
             )
 
     async def _run(self) -> None:
+        # renewals are spaced from when the last one was SENT (not answered), so a slow
+        # etcd does not stretch the gap that fencing measures
         interval = self.ttl / 3
         retry = min(0.5, interval)
         while True:
+            sent = trio.current_time()
             try:
                 if not self.lease:
-                    await self._register()
+                    sent = await self._register()
                 elif await self._etcd.keepalive(self.lease) <= 0:
                     log.warning("lease of %s expired in etcd: registering again", self.key)
                     self.lease = 0
                     continue
                 self._last_ok = trio.current_time()
+                self.last_renewal_sent = sent
+                self._renewed.set()
+                self._renewed = trio.Event()
                 self._reachable()
             except ClusterUnavailable as exc:
                 self._unreachable(exc)
                 await trio.sleep(retry)
                 continue
-            await trio.sleep(interval)
+            await trio.sleep_until(sent + interval)
 
-    async def _register(self) -> None:
+    async def _register(self) -> float:
+        """Grant a lease and put the broker's key under it; returns the trio time
+        the grant was sent (the lease's life counts from about then)."""
         group = self.record.group
         await self._etcd.create(group_key(group), encode_group(GroupRecord(group, _wall_ms())))
+        sent = trio.current_time()
         lease = await self._etcd.grant(self.ttl)
         await self._etcd.put(
             self.key, encode_broker(self.record), lease=lease
         )  # a failure: the lease expires
         self.lease = lease
+        self.last_renewal_sent = sent
         self.registrations += 1
         log.info(
             "registered %s at %s (lease %x, ttl %d s)",
@@ -158,6 +183,7 @@ class Membership:
             self.ttl,
         )
         self._first.set()
+        return sent
 
     def _unreachable(self, exc: ClusterUnavailable) -> None:
         now = trio.current_time()

@@ -25,8 +25,13 @@ handlers see it through :class:`broker.handlers.base.ClusterRole`:
 * **Topic administration.** Create, alter, delete and auto-create write etcd
   (Placements), then wait until the local store follows, then answer; etcd
   unreachable is CLUSTER_UNAVAILABLE.
-* **Start-up refusal.** Part 1 runs one broker per group: another live broker of
-  the same group (another broker id) makes the start fail with a ConfigError.
+* **Replicas and leadership (part 2).** Every broker of a group is a replica; the
+  group's :class:`~broker.cluster.election.GroupElection` (``node.election``, built
+  in :meth:`ClusterNode.serving` with the caller's ``eligible``) says which one leads.
+  Only the leader writes its store on its own: :meth:`ClusterNode.run_leader_duties`
+  (the materializer) runs while it leads; every broker keeps the placements and
+  ``owned`` current, so any replica answers GET_ROUTES, whose group addresses name
+  each group's leader.
 
 ``broker_id`` is a UUID kept in ``<data-dir>/broker.id``, so a restarted broker is
 the same broker.
@@ -48,6 +53,7 @@ from typing import Any
 import attrs
 import trio
 
+from broker.cluster.election import GroupElection
 from broker.cluster.etcd import EtcdClient
 from broker.cluster.membership import Membership
 from broker.cluster.placements import Placements
@@ -65,7 +71,7 @@ from equeue.errors import (
     TopicNotFound,
 )
 from equeue.logs import RateLimitedLog
-from equeue.placement import BROKERS_PREFIX, BrokerRecord, TopicPlacement, decode_broker
+from equeue.placement import BrokerRecord, TopicPlacement
 
 __all__ = ["ClusterNode", "load_broker_id"]
 
@@ -141,8 +147,18 @@ class ClusterNode:
     registers, loads the view, materializes every placement, and only then returns.
     """
 
-    def __init__(self, config: BrokerConfig, store: StoreReader, submit: Submit) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        store: StoreReader,
+        submit: Submit,
+        *,
+        eligible: Callable[[], bool] = lambda: True,
+        floor_epoch: Callable[[], int] = lambda: 0,
+    ) -> None:
         self.group = config.broker_group
+        self._eligible = eligible
+        self._floor_epoch = floor_epoch
         self.endpoints = list(config.cluster)
         self._config = config
         self._store = store
@@ -176,17 +192,25 @@ class ClusterNode:
         #: topic -> trio time etcd last answered that it has no such topic
         self._absent: dict[str, float] = {}
         self._lock = trio.Lock()  # one materializer pass (or direct apply) at a time
-        #: set when the view's topics changed since the last pass
+        #: set when the view's topics changed since the last pass (of the leader's
+        #: loop, and of the loop that keeps the placements only)
         self._dirty = trio.Event()
+        self._dirty_placements = trio.Event()
+        #: the group's election (set while :meth:`serving`)
+        self.election: GroupElection = None  # type: ignore[assignment]
+        #: True while :meth:`run_leader_duties` runs: passes write the local store
+        self._leading = False
 
     # ------------------------------------------------------------------ lifetime
     @asynccontextmanager
     async def serving(self, port: int) -> AsyncIterator[ClusterNode]:
         """Join the cluster for the block's duration (advertising ``port`` unless
-        ``--advertise`` says otherwise); leave it (lease revoked) on exit.
+        ``--advertise`` says otherwise): register, load the view, take the placements
+        (without writing the store: :meth:`run_leader_duties` does that), and enter
+        the group's election (``self.election``); leave it (lease revoked, which ends
+        a leadership) on exit.
 
-        Raises ClusterUnavailable when etcd does not answer, ConfigError when another
-        live broker serves this group."""
+        Raises ClusterUnavailable when etcd does not answer."""
         cfg = self._config
         self.broker_id = await trio.to_thread.run_sync(load_broker_id, cfg.data_dir)
         self._saved = await trio.to_thread.run_sync(load_materialized, cfg.data_dir)
@@ -194,7 +218,6 @@ class ClusterNode:
         self.address = cfg.advertised(port)
         async with EtcdClient(self.endpoints) as etcd, trio.open_nursery() as nursery:
             self._etcd = etcd
-            await self._refuse_second_broker()
             record = BrokerRecord(
                 self.group, self.broker_id, self.address, int(time.time() * 1000), os.getpid(), __version__
             )
@@ -210,50 +233,74 @@ class ClusterNode:
                         f"etcd at {','.join(self.endpoints)} did not let the broker register and load the "
                         f"cluster within {FOLLOW_TIMEOUT:g} s"
                     )
-                unsubscribe = view.on_topics(lambda _change: self._dirty.set())
+                unsubscribe = view.on_topics(self._topics_changed)
+                election = GroupElection(
+                    etcd, group=self.group, broker_id=self.broker_id, address=self.address,
+                    membership=membership, ttl=self._ttl, eligible=self._eligible, floor_epoch=self._floor_epoch,
+                )  # fmt: skip
                 try:
-                    await self._pass()
-                    nursery.start_soon(self._materializer)
-                    nursery.start_soon(self._recheck_ahead)
-                    log.info(
-                        "cluster: broker %s of group %s at %s (etcd %s), %d topics",
-                        self.broker_id, self.group, self.address, ",".join(self.endpoints), len(self.owned),
-                    )  # fmt: skip
-                    yield self
+                    await self._pass(write=False)
+                    nursery.start_soon(partial(self._materializer, write=False))
+                    async with election:
+                        self.election = election
+                        with trio.move_on_after(FOLLOW_TIMEOUT):
+                            await election.wait_settled()  # a new group's first broker leads at once
+                        log.info(
+                            "cluster: broker %s of group %s at %s (etcd %s), %d topics",
+                            self.broker_id, self.group, self.address, ",".join(self.endpoints), len(self.owned),
+                        )  # fmt: skip
+                        yield self
                 finally:
                     unsubscribe()
                     nursery.cancel_scope.cancel()
+
+    async def run_leader_duties(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """While this broker leads its group (run it in a task; cancel it when the
+        leadership ends): materialize every placement in the local store (a first
+        pass at once, then one after each change the view sees), until cancelled.
+        With ``nursery.start`` it returns once the first pass is done. Only the
+        leader writes its store on its own; a follower's store gets the topics
+        through replication."""
+        if self._leading:
+            raise RuntimeError("run_leader_duties is already running")
+        self._leading = True
+        try:
+            async with trio.open_nursery() as nursery:
+                if not await self._pass(write=True):
+                    self._dirty.set()  # (logged; retried by the loop)
+                task_status.started()
+                nursery.start_soon(self._recheck_ahead)
+                await self._materializer(write=True)
+        finally:
+            self._leading = False
+            self._dirty_placements.set()  # the placements loop takes over
+
+    def _topics_changed(self, _change: object) -> None:
+        self._dirty.set()
+        self._dirty_placements.set()
 
     def _sees_itself(self) -> bool:
         state = self._view.groups().get(self.group)
         return state is not None and any(b.broker_id == self.broker_id for b in state.brokers)
 
-    async def _refuse_second_broker(self) -> None:
-        """Part 1 runs one broker per group: raises ConfigError when a live broker
-        with another id is registered in this one."""
-        kvs, _ = await self._etcd.get_prefix(f"{BROKERS_PREFIX}{self.group}/")
-        for kv in kvs:
-            try:
-                other = decode_broker(kv.value)
-            except EQueueError:
-                continue
-            if other.broker_id != self.broker_id:
-                raise ConfigError(
-                    f"broker group {self.group!r} already has a live broker ({other.broker_id} at {other.address}); "
-                    "a group runs one broker until replication (issue 15): use another --broker-group "
-                    f"(a crashed broker's registration expires within {self._ttl} s)"
-                )
-
     # ------------------------------------------------------------------ materializer
-    async def _materializer(self) -> None:
-        """Apply every topic change the view sees to the local store, forever (a
-        failed pass is retried after a pause)."""
+    async def _materializer(self, *, write: bool) -> None:
+        """Take every topic change the view sees, forever (a failed pass is retried
+        after a pause): into the local store too with ``write`` (the leader's loop,
+        run by :meth:`run_leader_duties`), into the placements only otherwise (the
+        loop :meth:`serving` runs, which skips its passes while the leader's runs)."""
         while True:
-            await self._dirty.wait()
-            self._dirty = trio.Event()
-            if not await self._pass():
+            dirty = self._dirty if write else self._dirty_placements
+            await dirty.wait()
+            if write:
+                self._dirty = trio.Event()
+            else:
+                self._dirty_placements = trio.Event()
+                if self._leading:
+                    continue
+            if not await self._pass(write=write):
                 await trio.sleep(_RETRY_PAUSE)
-                self._dirty.set()
+                (self._dirty if write else self._dirty_placements).set()
 
     async def _recheck_ahead(self) -> None:
         """Wake a pass after each view change while a placement this broker is ahead
@@ -270,9 +317,10 @@ class ClusterNode:
         view = self._view
         return view.snapshot is not since and any(name not in view.topics() for name in self._ahead)
 
-    async def _pass(self) -> bool:
-        """Bring the local store and ``owned`` in line with the view (plus what this
-        broker is ahead of it with). False when a write failed (logged)."""
+    async def _pass(self, *, write: bool) -> bool:
+        """Bring ``owned`` and the placements in line with the view (plus what this
+        broker is ahead of it with), and with ``write`` the local store too. False
+        when a write failed (logged)."""
         async with self._lock:
             view = dict(self._view.topics())
             dropped: set[str] = set()
@@ -311,6 +359,16 @@ class ClusterNode:
                     )  # fmt: skip
             self._placements = merged
             self.owned = {name: frozenset(p.queues_of(self.group)) for name, p in merged.items()}
+            if not write:
+                if not self._following():  # the leader's first pass compares with the store
+                    self._wake()
+                    return True
+                # the leader materializes what etcd says and replication brings it: the
+                # local copies are the view's (as this broker knows when it leads later)
+                for name in gone - set(merged):
+                    self._made_from.pop(name, None)
+                self._made_from.update({name: p.created_ms for name, p in merged.items()})
+                return await self._settle(set(view))
             try:
                 for name in sorted(gone - set(merged)):
                     if name in self._store.topics:
@@ -319,14 +377,29 @@ class ClusterNode:
                     self._made_from.pop(name, None)
                 for p in merged.values():
                     await self._apply(p)
-                await self._persist()
-                self._seen = set(view)  # (after a failure, the next pass deletes again)
             except (EQueueError, OSError) as exc:
                 _errors.log(logging.ERROR, "materialize", "cluster: materializing failed (retrying): %s", exc)
                 self._wake()
                 return False
+            return await self._settle(set(view))  # (after a failure, the next pass deletes again)
+
+    async def _settle(self, seen: set[str]) -> bool:
+        """End a pass: persist what the local copies were made from, remember the
+        names seen, wake the waiters. False when the file could not be written."""
+        try:
+            await self._persist()
+        except OSError as exc:
+            _errors.log(logging.ERROR, "materialize", "cluster: saving %s failed (retrying): %s", MATERIALIZED_FILE, exc)
             self._wake()
-            return True
+            return False
+        self._seen = seen
+        self._wake()
+        return True
+
+    def _following(self) -> bool:
+        """Whether another broker leads this group now (this one follows it)."""
+        election = self.election
+        return election is not None and election.state.leader_id not in (None, self.broker_id)
 
     def _etcd_replaced(self, revision: int, known: Mapping[str, TopicPlacement]) -> None:
         """The view's revision is behind one this broker followed: etcd lost its data
@@ -402,6 +475,11 @@ class ClusterNode:
                 self._placements = {**self._placements, p.name: p}
                 self.owned = {**self.owned, p.name: frozenset(p.queues_of(self.group))}
             p = self._placements[p.name]  # (a later incarnation the view has wins)
+            if not self._leading:  # the leader materializes it; replication brings it here
+                info = self._store.topics.get(p.name)
+                if info is not None and info.queues >= p.queues:
+                    return info
+                return control.TopicInfo(p.name, 0, p.queues, p.created_ms, p.retention_ms, p.retention_bytes)
             await self._apply(p)
             await self._persist()
         info = self._store.topics.get(p.name)
@@ -500,9 +578,7 @@ class ClusterNode:
 
     def route_table(self, topics: list[control.TopicInfo], missing: list[str]) -> control.RouteTable:
         view = self._view
-        groups = [
-            control.GroupRoute(name, [b.address for b in state.brokers]) for name, state in sorted(view.groups().items())
-        ]
+        groups = [control.GroupRoute(name, state.addresses) for name, state in sorted(view.groups().items())]
         routes = []
         for info in topics:
             p = self._placements.get(info.name)
@@ -526,7 +602,15 @@ class ClusterNode:
         for g, state in sorted(view.groups().items()):
             topics = {p.name: qs for p in placements if (qs := p.queues_of(g))}
             members = [control.BrokerStatus(b.broker_id, b.group, b.address, b.started_ms, True) for b in state.brokers]
-            groups.append(control.GroupStatus(g, members, sum(map(len, topics.values())), topics, state.live))
+            leader, isr = state.leader, state.isr
+            groups.append(
+                control.GroupStatus(
+                    g, members, sum(map(len, topics.values())), topics, bool(state.addresses),
+                    leader=leader.broker_id if leader else "",
+                    epoch=leader.epoch if leader else (isr.epoch if isr else 0),
+                    isr=list(isr.members) if isr else [],
+                )
+            )  # fmt: skip
         return control.ClusterStatus(True, self.group, self.broker_id, self.endpoints, etcd_ok, view.revision, groups)
 
 

@@ -25,9 +25,13 @@ from equeue.placement import (
     ROOT,
     BrokerRecord,
     GroupRecord,
+    IsrRecord,
+    LeaderRecord,
     TopicPlacement,
     decode_broker,
     decode_group,
+    decode_isr,
+    decode_leader,
     decode_topic,
     load,
     parse_key,
@@ -46,16 +50,32 @@ _OUTAGE_REMINDER = 30.0
 
 @attrs.frozen
 class GroupState:
-    """A broker group and its registered brokers (sorted by id). A group with no
-    broker is down: its queues are unavailable until a broker registers."""
+    """A broker group, its registered brokers (its replicas, sorted by id), its
+    leader and its in-sync set. A group with no broker is down: its queues are
+    unavailable until a broker registers; one with brokers but no leader is
+    unavailable until one takes over."""
 
     name: str
     brokers: tuple[BrokerRecord, ...] = ()
     record: GroupRecord | None = None
+    leader: LeaderRecord | None = None
+    isr: IsrRecord | None = None
 
     @property
     def live(self) -> bool:
         return bool(self.brokers)
+
+    @property
+    def addresses(self) -> list[str]:
+        """Where clients send this group's requests: ``[the leader's address]``, or
+        ``[]`` while it has none. A group that never held an election (no leader
+        nor ISR record) with exactly one broker gives that broker (part 1's
+        single-broker groups; a group's first broker bootstraps its election)."""
+        if self.leader is not None:
+            return [self.leader.address]
+        if self.isr is None and len(self.brokers) == 1:
+            return [self.brokers[0].address]
+        return []
 
 
 @attrs.frozen
@@ -99,6 +119,8 @@ class ClusterView:
         self.loads = 0
         self._group_records: dict[str, GroupRecord] = {}
         self._brokers: dict[tuple[str, str], BrokerRecord] = {}
+        self._leaders: dict[str, LeaderRecord] = {}
+        self._isrs: dict[str, IsrRecord] = {}
         self._topics: dict[str, TopicPlacement] = {}
         self._topic_revs: dict[str, int] = {}  # mod_revision of each topic's record
         self._listeners: list[Callable[[TopicChange], None]] = []
@@ -150,10 +172,11 @@ class ClusterView:
         return placement.owners[queue_id]
 
     def address_of(self, group: str) -> str | None:
-        """The address of a live broker of ``group`` (the first by id); None when
-        the group is down or unknown."""
+        """The address that serves ``group`` (:attr:`GroupState.addresses`: its
+        leader's); None when the group is down, has no leader, or is unknown."""
         state = self.snapshot.groups.get(group)
-        return state.brokers[0].address if state is not None and state.brokers else None
+        addresses = state.addresses if state is not None else []
+        return addresses[0] if addresses else None
 
     def load(self) -> dict[str, int]:
         """Queues owned per group across all topics (the placement rules' input)."""
@@ -218,6 +241,8 @@ class ClusterView:
         old = dict(self._topics)
         self._group_records.clear()
         self._brokers.clear()
+        self._leaders.clear()
+        self._isrs.clear()
         self._topics.clear()
         self._topic_revs.clear()
         for kv in kvs:
@@ -257,6 +282,10 @@ class ClusterView:
             elif event.kind == "delete":
                 if kind == "group":
                     self._group_records.pop(names[0], None)
+                elif kind == "leader":
+                    self._leaders.pop(names[0], None)
+                elif kind == "isr":
+                    self._isrs.pop(names[0], None)
                 else:
                     self._brokers.pop((names[0], names[1]), None)
             else:
@@ -279,6 +308,10 @@ class ClusterView:
                 self._group_records[names[0]] = decode_group(kv.value)
             elif kind == "broker":
                 self._brokers[(names[0], names[1])] = decode_broker(kv.value)
+            elif kind == "leader":
+                self._leaders[names[0]] = decode_leader(kv.value)
+            elif kind == "isr":
+                self._isrs[names[0]] = decode_isr(kv.value)
             else:
                 if kv.mod_revision <= self._topic_revs.get(names[0], 0):
                     return False  # lookup() cached this or a newer version already
@@ -296,7 +329,13 @@ class ClusterView:
         for (group, _), broker in sorted(self._brokers.items()):
             members.setdefault(group, []).append(broker)
         groups = {
-            name: GroupState(name, tuple(members[name]), self._group_records.get(name))
+            name: GroupState(
+                name,
+                tuple(members[name]),
+                self._group_records.get(name),
+                self._leaders.get(name),
+                self._isrs.get(name),
+            )
             for name in sorted(members)
         }
         topics = MappingProxyType(dict(self._topics)) if topics_changed else self.snapshot.topics

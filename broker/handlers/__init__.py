@@ -28,6 +28,7 @@ from broker.handlers.base import (
     Limits,
     OpQueue,
     Parts,
+    ReplicaGate,
     RequestContext,
     Submit,
     TopicDirectory,
@@ -39,6 +40,7 @@ from broker.handlers.membership import GroupHandlers
 from broker.handlers.offsets import OffsetHandlers
 from broker.handlers.produce import ProduceHandler
 from broker.handlers.pull import PullHandler
+from broker.handlers.replica import ReplicaHandlers
 from broker.handlers.skips import SkipHandlers
 from broker.handlers.topics import TopicHandlers
 from broker.longpoll import ParkedPulls
@@ -50,7 +52,7 @@ from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
 from equeue.wire._prims import unpack_str
 
-__all__ = ["Closing", "ClusterRole", "Handler", "Handlers", "Limits", "RequestContext"]
+__all__ = ["Closing", "ClusterRole", "Handler", "Handlers", "Limits", "ReplicaGate", "RequestContext"]
 
 #: a handler in the dispatch table; None = the writer thread answered (parked pulls)
 Handler = Callable[[bytes, RequestContext], Awaitable[Parts | None]]
@@ -62,7 +64,8 @@ class Handlers:
     def __init__(
         self, *, store: StoreReader, appender: OpQueue, submit: Submit, groups: GroupRegistry,
         parked: ParkedPulls, counters: Counters, closing: Closing, statistics: Callable[[], control.BrokerStats],
-        limits: Limits, security: BrokerSecurity | None = None, cluster: ClusterRole | None = None,
+        limits: Limits, replication: ReplicaHandlers, security: BrokerSecurity | None = None,
+        cluster: ClusterRole | None = None, replica: ReplicaGate | None = None,
     ) -> None:  # fmt: skip
         security = security or BrokerSecurity(None)
         #: the SCRAM server of the handshake (None: the broker does not authenticate)
@@ -71,7 +74,9 @@ class Handlers:
         may_create = self._authorizer.check_create if self._authorizer is not None else None
         topics = TopicDirectory(store, submit, limits, may_create, cluster)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)
-        self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer)
+        self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer, replica)
+        #: the replica role (None: standalone): a follower refuses data requests
+        self._replica = replica
         pull = PullHandler(topics, store, groups, parked, counters, closing, limits)
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
@@ -84,6 +89,9 @@ class Handlers:
         self.table: dict[int, Handler] = {
             RequestCode.PRODUCE: self.produce.handle,
             RequestCode.PULL: pull.handle,
+            RequestCode.REPLICA_FETCH: replication.fetch,
+            RequestCode.REPLICA_KEYS: replication.keys,
+            RequestCode.REPLICA_SNAPSHOT: replication.snapshot,
         }
         control_handlers: dict[type, Callable[[Any, RequestContext], Awaitable[Any]]] = {
             control.CreateTopic: t.create_topic,
@@ -112,6 +120,8 @@ class Handlers:
             control.DlqResend: dlq.resend,
             control.SkipMessage: skips.skip_message,
             control.ListSkipped: skips.list_skipped,
+            control.ReplicaDigestRequest: replication.digest,
+            control.ReplicationStatusRequest: replication.replication_status,
         }
         for code, cls in control.REQUEST_TYPES.items():
             self.table[code] = self._control(cls, control_handlers[cls])
@@ -146,13 +156,17 @@ class Handlers:
         cls = self._models.get(code)
         if cls is not None:
             return control.decode(payload, cls)
+        if code in _REPLICA_BINARY:  # admin-only rules: no field is read
+            return None
         return _Topic(unpack_str(payload, 0)[0])
 
     async def dispatch(self, code: int, payload: bytes, ctx: RequestContext) -> Parts | None:
         """Answer one request; None when the writer thread already answered it.
 
         Raises UnknownRequest for a code without a handler, NotAuthorized when the
-        connection's user may not make this request (checked before anything runs).
+        connection's user may not make this request (checked before anything runs),
+        NotLeader on a replica that does not lead its group now, for every request
+        but those of :data:`_OPEN_ON_FOLLOWER`.
         """
         fn = self.table.get(code)
         if fn is None:
@@ -160,6 +174,8 @@ class Handlers:
         principal = ctx.principal
         if principal is not None and self._authorizer is not None:
             self._authorizer.check(principal, code, self._request_fields(code, payload), ctx.peer)
+        if self._replica is not None and code not in _OPEN_ON_FOLLOWER:
+            self._replica.check_serving()  # NotLeader: only the group's leader serves data
         if code not in _AUDITED:
             return await fn(payload, ctx)
         return await self._audited(fn, code, payload, ctx)
@@ -184,6 +200,18 @@ class Handlers:
     async def stats(self, req: control.Stats, ctx: RequestContext) -> control.BrokerStats:
         return self._statistics()
 
+
+#: what a replica that does not lead its group still answers (docs/cluster.md, part
+#: 2): routes and status, and the replication requests (REPLICA_FETCH, KEYS and
+#: SNAPSHOT answer NOT_LEADER themselves unless this broker leads)
+_OPEN_ON_FOLLOWER = frozenset({
+    RequestCode.GET_ROUTES, RequestCode.GET_ROUTE, RequestCode.CLUSTER_STATUS, RequestCode.STATS,
+    RequestCode.REPLICATION_STATUS, RequestCode.REPLICA_DIGEST, RequestCode.REPLICA_FETCH,
+    RequestCode.REPLICA_KEYS, RequestCode.REPLICA_SNAPSHOT,
+})  # fmt: skip
+
+#: the binary replication requests (their layouts start with no topic)
+_REPLICA_BINARY = frozenset({RequestCode.REPLICA_FETCH, RequestCode.REPLICA_KEYS, RequestCode.REPLICA_SNAPSHOT})
 
 #: the admin actions written to the audit log
 _AUDITED = frozenset(code for code, rule in REQUEST_RULES.items() if rule.audit)

@@ -27,6 +27,7 @@ __all__ = [
     "Limits",
     "OpQueue",
     "Parts",
+    "ReplicaGate",
     "RequestContext",
     "Submit",
     "TopicDirectory",
@@ -166,6 +167,19 @@ class ClusterRole(Protocol):
 
     def route_table(self, topics: list[control.TopicInfo], missing: list[str]) -> control.RouteTable: ...
     async def status(self) -> control.ClusterStatus: ...
+
+
+class ReplicaGate(Protocol):
+    """What handlers use of the broker's replica role
+    (:class:`broker.replication.role.ReplicaRole`); None in a standalone broker."""
+
+    def check_serving(self) -> None:
+        """Raises NotLeader unless this broker leads its group now (and is not fenced)."""
+
+    def check_produce(self) -> None:
+        """check_serving, and NotEnoughReplicas when the ISR is below --min-insync."""
+
+    def status(self) -> control.ReplicationStatus: ...
 
 
 class TopicDirectory:

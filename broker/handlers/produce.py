@@ -6,7 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from broker.auth import Authorizer
-from broker.handlers.base import Closing, Limits, OpQueue, Parts, RequestContext, TopicDirectory
+from broker.handlers.base import (
+    Closing,
+    Limits,
+    OpQueue,
+    Parts,
+    ReplicaGate,
+    RequestContext,
+    TopicDirectory,
+)
 from broker.stats import Counters
 from broker.storage import ProduceOp
 from equeue import wire
@@ -36,8 +44,11 @@ class ProduceHandler:
         closing: Closing,
         limits: Limits,
         authorizer: Authorizer | None = None,
+        replica: ReplicaGate | None = None,
     ) -> None:
         self._topics = topics
+        #: the replica role's produce check (None: standalone, one ``is None`` here)
+        self._replica_check = None if replica is None else replica.check_produce
         #: the cluster role (None: standalone, which costs one ``is None`` here)
         self._cluster = topics.cluster
         self._authorizer = authorizer
@@ -55,13 +66,16 @@ class ProduceHandler:
         Returns the appender's pending op, or None when the topic does not exist
         yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
         requests, NotAuthorized when ``principal`` (None: no authentication) may not
-        produce to the topic.
+        produce to the topic; on a replica, NotLeader when it does not lead its group
+        and NotEnoughReplicas when its ISR is below --min-insync (nothing written).
         """
         req = wire.ProduceRequest.decode(payload)
         if principal is not None:
             self._authorizer.check(principal, _PRODUCE, req)  # type: ignore[union-attr]
         if self._closing.closing:
             raise BrokerShuttingDown("the broker is shutting down")
+        if self._replica_check is not None:  # a replica: NotLeader, NotEnoughReplicas
+            self._replica_check()
         if req.topic[:1] == "%":  # internal topics are written by the broker only
             raise ReservedTopic(
                 f"{req.topic!r} is an internal topic: only the broker writes it "

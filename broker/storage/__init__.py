@@ -14,7 +14,11 @@ Where each concept lives:
   :mod:`~broker.storage.retention`, :mod:`~broker.storage.producers` (producer-state
   expiry), :mod:`~broker.storage.deadletters` (resend each dead letter once),
   :mod:`~broker.storage.skips` (an operator's skip past a corrupt record);
-- :mod:`~broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it.
+- :mod:`~broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
+- the replication log of a replicated store: :mod:`~broker.storage.recorder` (each
+  transaction's physical changes, recorded as the ops make them) and
+  :mod:`~broker.storage.replication` (the log databases, their state, reading,
+  applying, truncating, snapshots, digests).
 
 docs/storage.md describes the layout, the write path and the thread contract.
 """

@@ -1,6 +1,6 @@
-"""The store's on-disk layout: one LMDB environment, ten named databases, and the
-encoders and decoders of their keys (and fixed-width values). No other module packs
-or unpacks a key.
+"""The store's on-disk layout: one LMDB environment, ten named databases (three
+more when replicated), and the encoders and decoders of their keys (and fixed-width
+values). No other module packs or unpacks a key.
 
 Every integer in a key is big-endian, so LMDB's byte order is numeric order: a
 cursor walks a queue in offset order, the schedule in due order, and a prefix (a
@@ -26,6 +26,15 @@ topic id, a topic and queue) selects one contiguous key range::
                     | up to 16 x (u64 base seq | u64 global | u64 queue offset
                                  | u32 stored | u32 scheduled)
 
+A replicated store (``Store(..., replicated=True)``) adds three databases, which the
+log does not record (docs/storage.md, "The replication log")::
+
+    replog       u64 position      -> one log entry (equeue.wire.replog)
+    repl_epochs  u32 epoch         -> u64 first position of that epoch
+    repl_state   "log_start"       -> u64 first position still in the log
+                 "consistent_at"   -> u64 position from which the store may lead
+                 "log_bytes"       -> u64 bytes of the entries kept
+
 How a produced message is found again::
 
     (topic t, queue q, offset o) --qindex--> g --messages--> record
@@ -47,6 +56,17 @@ DATABASES: Final = (
     b"meta", b"topics", b"messages", b"qindex", b"kindex", b"qstats", b"offsets",
     b"schedule", b"sched_count", b"producers",
 )  # fmt: skip
+
+#: indexes (into DATABASES) of the databases a replicated store copies to its
+#: followers (the replication log's entries name databases by index): all of them
+REPLICATED_DATABASES: Final = tuple(range(len(DATABASES)))
+#: the replication log's own databases (opened only by a replicated store; never
+#: recorded in the log themselves): entries by position, epoch starts, log state
+REPL_DATABASES: Final = (b"replog", b"repl_epochs", b"repl_state")
+#: keys of ``repl_state``
+REPL_LOG_START: Final = b"log_start"
+REPL_CONSISTENT_AT: Final = b"consistent_at"
+REPL_LOG_BYTES: Final = b"log_bytes"
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -204,3 +224,10 @@ PRODUCER_RING: Final = 16
 def producer_last_seen(value: Buf) -> int:
     """The last-seen time (ms) of a ``producers`` value (0 if truncated)."""
     return int(_PSTATE.unpack_from(value, 0)[1]) if len(value) >= _PSTATE.size else 0
+
+
+# ---------------------------------------------------------------- replication log
+#: key of ``replog``: the entry's position
+position_key: Final = _U64.pack
+#: key of ``repl_epochs``: the epoch
+epoch_key: Final = _U32.pack

@@ -109,18 +109,20 @@ class ProduceOp(WriteOp):
             g = first_global
             recs = encode_records(tid, qid, first_queue, w.now, entries)
             gks = list(map(layout.global_key, range(g, g + m)))
-            w.cursor(b"messages").putmulti(zip(gks, recs, strict=True), append=True)
+            w.put_many(b"messages", gks, recs, append=True)
             qks = map(layout.qindex_key, repeat(tid, m), repeat(qid, m), range(first_queue, first_queue + m))
-            w.cursor(b"qindex").putmulti(zip(qks, gks, strict=True))
+            w.put_many(b"qindex", qks, gks)
             if keyed:  # key index: crc32 of the key bytes == equeue.routing.key_hash
                 hs = _EH.size
                 k = len(keyed)
                 keys = map(getitem, map(entries.__getitem__, keyed), map(slice, repeat(hs, k), map(add, repeat(hs, k), klens)))
                 kks = map(layout.kindex_key, repeat(tid, k), map(crc32, keys), map(add, repeat(g, k), keyed))  # type: ignore[arg-type]
-                w.cursor(b"kindex").putmulti(zip(kks, repeat(b"", k), strict=True))
+                w.put_many(b"kindex", kks, repeat(b"", k))
             w.next_global = g + m
             st.next_offset = first_queue + m
-            st.bytes += sum(map(len, recs))
+            size = sum(map(len, recs))
+            st.bytes += size
+            w.stored += size
             w.touched.add((tid, qid))
         if scheduled:
             w.sched_delta[tid] = w.sched_delta.get(tid, 0) + scheduled

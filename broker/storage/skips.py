@@ -16,6 +16,7 @@ import attrs
 import lmdb
 
 from broker.storage import layout
+from broker.storage.recorder import RecordingTxn
 from broker.storage.writes import WriteContext, WriteOp
 from equeue import control
 from equeue.errors import EQueueError, MessageNotFound, QueueNotFound, TopicNotFound
@@ -63,7 +64,7 @@ class SkipRecordOp(WriteOp):
         return answer
 
 
-def record_problem(txn: lmdb.Transaction, db: dict[bytes, Any], topic_id: int, queue_id: int, offset: int) -> str:
+def record_problem(txn: lmdb.Transaction | RecordingTxn, db: dict[bytes, Any], topic_id: int, queue_id: int, offset: int) -> str:
     """What is wrong with the record at a queue offset ("" when it reads intact):
     no index entry, a dangling pointer, a failed checksum, a header naming another
     position, an undecodable entry."""

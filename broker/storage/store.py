@@ -13,6 +13,14 @@ Publishing: after the commit, the writer builds a new immutable
 :class:`~broker.storage.view.StoreView` and swaps it in with one assignment
 (``self.view = ...``); readers never see an uncommitted message or a half-applied
 transaction. The writer touches only LMDB and the view it publishes.
+
+Replicated (``Store(..., replicated=True)``): every committed transaction also
+writes one replication log entry, its physical changes, in the same LMDB
+transaction (:mod:`broker.storage.recorder` records them,
+:mod:`broker.storage.replication` keeps the log). The store then keeps two views:
+:attr:`Store.head`, the last commit (what the next transaction starts from), and
+:attr:`Store.view`, what readers see, advanced only by :meth:`Store.publish_upto`
+(the high watermark). Not replicated, ``view is head`` always.
 """
 
 from __future__ import annotations
@@ -20,11 +28,13 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import lmdb
 import outcome
@@ -33,11 +43,14 @@ from broker.storage import layout
 from broker.storage.dirlock import DirLock
 from broker.storage.filecheck import RECOVERY_HINT, check_data_file
 from broker.storage.reader import StoreReader
+from broker.storage.recorder import Recorder, RecordingTxn
+from broker.storage.replication import LogState, ReplicationLog
 from broker.storage.view import QueueState, StoreView, frozen_map
 from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue import control
 from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
 from equeue.logs import RateLimitedLog
+from equeue.wire.replog import EntryHeader
 
 log = logging.getLogger("equeue.store")
 #: one traceback per op type per 10 s for ops that fail unexpectedly in a transaction
@@ -45,7 +58,13 @@ _op_failures = RateLimitedLog(log, 10.0, time.monotonic)
 
 
 class Store(StoreReader):
-    """The LMDB environment, its write path and its published view."""
+    """The LMDB environment, its write path and its published view (and, when
+    replicated, its replication log and the view below the high watermark)."""
+
+    #: the last committed state: what the next transaction starts from
+    head: StoreView
+    #: what readers see (``head`` itself unless replicated)
+    view: StoreView
 
     def __init__(
         self,
@@ -54,10 +73,12 @@ class Store(StoreReader):
         map_size: int = 8 << 30,
         sync: bool = True,
         clock: Callable[[], int] = now_ms,
+        replicated: bool = False,
     ) -> None:
         """Open (or create) the store at ``path`` and recover its state. ``clock``
         (wall-clock ms) stamps each transaction: store times, due checks, producer
-        last-seen times.
+        last-seen times. ``replicated``: keep the replication log (see the module
+        docstring); a store is opened replicated every time or never.
 
         Raises DataDirLocked when another store holds the directory (see
         :mod:`broker.storage.dirlock`); StoreTruncated when ``data.mdb`` is shorter
@@ -71,6 +92,15 @@ class Store(StoreReader):
         self.path.mkdir(parents=True, exist_ok=True)
         self.sync_commits = sync
         self.map_size = map_size
+        self.replicated = replicated
+        #: replicated: the log (None when not replicated)
+        self._log: ReplicationLog | None = None
+        #: replicated: committed transactions not yet visible, (end position, view, outcome)
+        self._pending: deque[tuple[int, StoreView, WriteOutcome]] = deque()
+        self._publish_lock = threading.Lock()
+        #: replicated: apply_log / truncate / a snapshot changed LMDB under the views:
+        #: no write until reload()
+        self._stale = False
         self._lock = DirLock(self.path)
         self._lock.acquire()
         try:
@@ -86,7 +116,8 @@ class Store(StoreReader):
         check_data_file(self.path)  # before LMDB maps it: a truncated file is a SIGBUS
         try:
             self.env = lmdb.open(
-                str(self.path), map_size=map_size, max_dbs=len(layout.DATABASES) + 2, sync=sync,
+                str(self.path), map_size=map_size, sync=sync,
+                max_dbs=len(layout.DATABASES) + len(layout.REPL_DATABASES) + 2,
                 metasync=sync, readahead=False, max_readers=512, writemap=False,
             )  # fmt: skip
         except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.VersionMismatchError, lmdb.PageNotFoundError) as exc:
@@ -103,9 +134,14 @@ class Store(StoreReader):
                     f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
                     f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
                 )
+            if self.replicated:
+                self._log = ReplicationLog(self.env, [self.db[n] for n in layout.DATABASES], txn)
+        if self._log is not None:
+            with self._reading("replication log"):
+                self._log.load()
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
-        self.view = self._recover()
+        self.head = self.view = self._recover()
 
     def _damaged(self, what: str, exc: BaseException) -> StoreDamaged:
         """The one-line refusal for damaged store contents: where, what, how to recover."""
@@ -222,20 +258,33 @@ class Store(StoreReader):
         op that fails after it started writing, or with anything but an EQueueError,
         is answered InternalBrokerError and the transaction is run again without it
         (the ops before it commit on their own, then the ops after it), so its
-        partial writes never commit and the others are not lost. Raises StoreFull /
-        StoreError when the transaction as a whole failed: then no op took effect.
+        partial writes never commit and the others are not lost. A replicated store
+        also commits a batch whose ops append more than :data:`MAX_ENTRY_RECORDS` of
+        records in several transactions (one log entry each). Raises StoreFull /
+        StoreError when the (first) transaction as a whole failed: then no op took
+        effect; when a later one fails, the ops committed before keep their results
+        and the others are answered that error.
         """
         parts: list[WriteOutcome] = []
         rest = ops
         while True:
-            done = self._transaction(rest)
-            if isinstance(done, WriteOutcome):
-                parts.append(done)
+            try:
+                done = self._transaction(rest)
+                if isinstance(done, WriteOutcome):
+                    parts.append(done)
+                    if len(done.results) < len(rest):  # replicated: the entry was full
+                        rest = rest[len(done.results) :]
+                        continue
+                    break
+                k, err = done
+                if k:
+                    parts.append(self.write(rest[:k]))  # they succeeded once: rarely split again
+            except (StoreFull, StoreError) as exc:
+                if not parts:
+                    raise
+                parts.append(WriteOutcome([outcome.Error(exc)] * len(rest), set(), position=self.position))
                 break
-            k, err = done
-            if k:
-                parts.append(self.write(rest[:k]))  # they succeeded once: rarely split again
-            parts.append(WriteOutcome([outcome.Error(err)], set()))
+            parts.append(WriteOutcome([outcome.Error(err)], set(), position=self.position))
             rest = rest[k + 1 :]
             if not rest:
                 break
@@ -249,7 +298,15 @@ class Store(StoreReader):
             txn = self.env.begin(write=True)
         except lmdb.Error as exc:
             raise _store_error(exc, self.path) from exc
-        w = WriteContext(self.view, txn, self.db, self.clock(), self._next_sched_seq)
+        rlog = self._log
+        if rlog is None:
+            w = WriteContext(self.head, txn, self.db, self.clock(), self._next_sched_seq)
+        else:
+            if self._stale:
+                txn.abort()
+                raise StoreError(f"the store at {self.path} applied replicated changes: reload() before writing")
+            rec = Recorder()
+            w = WriteContext(self.head, RecordingTxn(txn, rec, rlog.indexes), self.db, self.clock(), self._next_sched_seq)
         results: list[outcome.Outcome[Any]] = []
         try:
             for k, op in enumerate(ops):
@@ -271,10 +328,13 @@ class Store(StoreReader):
                     txn.abort()
                     return k, _op_failed(op, exc)
                 w.wrote = w.wrote or wrote
+                if rlog is not None and w.stored > MAX_ENTRY_RECORDS and k + 1 < len(ops):
+                    break  # the other ops go in the next transaction: its entry stays fetchable
             if not w.wrote:
                 txn.abort()
-                return WriteOutcome(results, set())
+                return WriteOutcome(results, set(), position=self.position)
             w.stage_counters()
+            state = None if rlog is None else rlog.append(txn, rec.runs, w.now, w.next_global)
             txn.commit()
         except lmdb.Error as exc:
             txn.abort()
@@ -284,8 +344,216 @@ class Store(StoreReader):
         except BaseException:
             txn.abort()
             raise
-        self.view = w.next_view()  # committed: publish, one reference swap
-        return WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()))
+        view = self.head = w.next_view()
+        if rlog is None:
+            self.view = view  # committed: publish, one reference swap
+            return WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()))
+        assert state is not None
+        rlog.state = state
+        out = WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()), state.position)
+        with self._publish_lock:
+            self._pending.append((state.position, view, out))
+        return out
+
+    # ------------------------------------------------------------------ replication: state
+    def _replog(self) -> ReplicationLog:
+        if self._log is None:
+            raise ValueError(f"the store at {self.path} is not replicated")
+        return self._log
+
+    @property
+    def _state(self) -> LogState:
+        return self._log.state if self._log is not None else _NO_LOG
+
+    @property
+    def position(self) -> int:
+        """The next log position (= entries ever written); 0 when not replicated."""
+        return self._state.position
+
+    @property
+    def log_start(self) -> int:
+        """The first position still in the log."""
+        return self._state.log_start
+
+    @property
+    def epoch(self) -> int:
+        """The epoch stamped on new entries: the newest epoch of the log."""
+        return self._state.epoch
+
+    @property
+    def last_epoch(self) -> int:
+        """The epoch of entry ``position - 1`` (0 if none)."""
+        return self._state.last_epoch
+
+    @property
+    def consistent_at(self) -> int:
+        """The store may lead or join the in-sync set only once ``position >= consistent_at``."""
+        return self._state.consistent_at
+
+    # ------------------------------------------------------------------ replication: views (loop)
+    def publish_upto(self, hw: int) -> list[WriteOutcome]:
+        """Make visible the newest committed view whose end position is at most
+        ``hw``; returns the outcomes of the transactions that just became visible, in
+        order (their touched queues wake parked pulls). Safe against the writer
+        appending. Not replicated: nothing to do (``view is head``)."""
+        out: list[WriteOutcome] = []
+        with self._publish_lock:
+            pending = self._pending
+            view = None
+            while pending and pending[0][0] <= hw:
+                _, view, o = pending.popleft()
+                out.append(o)
+            if view is not None:
+                self.view = view
+        return out
+
+    def publish_all(self) -> list[WriteOutcome]:
+        """:meth:`publish_upto` the log's end."""
+        return self.publish_upto(self.position)
+
+    # ------------------------------------------------------------------ replication: reads (any thread)
+    def read_log(self, start: int, max_bytes: int) -> list[tuple[int, bytes]]:
+        """Log entries from ``start`` on, ``(position, entry)``: at most ``max_bytes``
+        in all but at least one whole entry when ``start < position``; [] at the end.
+        Raises LogTrimmed when ``start < log_start``, ValueError past the end."""
+        return self._replog().read_log(start, max_bytes)
+
+    def entry_info(self, position: int) -> EntryHeader | None:
+        """The header of the entry at ``position`` (None: trimmed or absent)."""
+        return self._replog().entry_info(position)
+
+    def epochs(self) -> list[tuple[int, int]]:
+        """(epoch, first position) of every epoch the log knows, ascending."""
+        return list(self._state.epochs)
+
+    def end_of_epoch(self, epoch: int) -> int:
+        """KIP-101: the first position of the first epoch after ``epoch``, or the log's end."""
+        return self._replog().end_of_epoch(epoch)
+
+    def log_bytes(self, start: int) -> int:
+        """Bytes of the log entries from ``start`` to the end."""
+        return self._replog().log_bytes(start)
+
+    def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
+        """Every distinct (database index, key) changed by the entries from ``start`` on."""
+        return self._replog().divergent_keys(start)
+
+    def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]:
+        """One read transaction: its position and each key's value (None: absent)."""
+        return self._replog().read_keys(keys)
+
+    def snapshot_chunk(
+        self, db: int, after: bytes | None, max_bytes: int
+    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
+        """One read transaction: its position, items of database index ``db`` after
+        key ``after`` (None: from the first), and the last key returned (None: the
+        database is done). ``db`` is one of ``layout.REPLICATED_DATABASES``."""
+        return self._replog().snapshot_chunk(db, after, max_bytes)
+
+    def digests(self, range_size: int) -> tuple[int, dict[str, str]]:
+        """One read transaction: its position and a checksum per replicated database
+        (``messages`` per range of ``range_size`` global offsets)."""
+        return self._replog().digests(range_size)
+
+    # ------------------------------------------------------------------ replication: writes (writer thread)
+    def _log_write(self, step: Callable[[Any], LogState], *, stale: bool) -> LogState:
+        """Run one log ``step`` in its own write transaction and install the state it
+        returns once committed. ``stale``: it changed data under the views."""
+        log = self._replog()
+        try:
+            txn = self.env.begin(write=True)
+        except lmdb.Error as exc:
+            raise _store_error(exc, self.path) from exc
+        try:
+            state = step(txn)
+            txn.commit()
+        except lmdb.Error as exc:
+            txn.abort()
+            raise _store_error(exc, self.path) from exc
+        except BaseException:
+            txn.abort()
+            raise
+        log.state = state
+        if stale:
+            self._stale = True
+        return state
+
+    def begin_epoch(self, epoch: int) -> int:
+        """Write the empty entry that starts ``epoch`` (one transaction) and stamp new
+        entries with it; returns its position. Reloads the views first if replicated
+        changes were applied. Raises ValueError unless ``epoch > last_epoch``."""
+        log = self._replog()
+        if self._stale:
+            self.reload()
+        state = self._log_write(lambda txn: log.begin_epoch(txn, epoch, self.clock(), self.head.next_global), stale=False)
+        out = WriteOutcome([], set(), position=state.position)
+        with self._publish_lock:
+            self._pending.append((state.position, self.head, out))
+        return state.position - 1
+
+    def apply_log(self, entries: Sequence[tuple[int, bytes]]) -> int:
+        """Apply ``entries`` (from :meth:`read_log` of the leader) in one transaction:
+        their changes, and a copy into this log; returns the new position. The views
+        are not updated (:meth:`reload` before serving). Raises ValueError unless
+        ``entries[0][0] == position`` and they are consecutive; CorruptRecord for an
+        undecodable entry (then nothing is applied)."""
+        log = self._replog()
+        if not entries:
+            return log.state.position
+        return self._log_write(lambda txn: log.apply(txn, entries), stale=True).position
+
+    def truncate(self, start: int, repairs: Sequence[tuple[int, bytes, bytes | None]], consistent_at: int) -> None:
+        """One transaction: delete the log from ``start`` on and the epochs starting
+        there, write each repaired key (value None: delete), record
+        ``consistent_at``; the position becomes ``start``. ValueError when ``start``
+        is outside [log_start, position]."""
+        log = self._replog()
+        self._log_write(lambda txn: log.truncate(txn, start, repairs, consistent_at), stale=True)
+
+    def trim_log(self, before: int) -> int:
+        """Delete the entries below ``before`` (never at or past the end); returns
+        the new log_start."""
+        log = self._replog()
+        if min(before, log.state.position) <= log.state.log_start:
+            return log.state.log_start
+        return self._log_write(lambda txn: log.trim(txn, before), stale=False).log_start
+
+    def reset_for_snapshot(self) -> None:
+        """One transaction: empty every replicated database and the log; the store
+        may not lead until :meth:`finish_snapshot`."""
+        log = self._replog()
+
+        def step(txn: Any) -> LogState:
+            state = log.reset(txn)
+            txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=self.db[b"meta"])
+            return state
+
+        self._log_write(step, stale=True)
+
+    def apply_snapshot_chunk(self, db: int, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write one snapshot chunk's items into database index ``db`` (one transaction)."""
+        log = self._replog()
+
+        def step(txn: Any) -> LogState:
+            log.put_chunk(txn, db, items)
+            return log.state
+
+        self._log_write(step, stale=True)
+
+    def finish_snapshot(self, start_position: int, consistent_at: int, epoch: int) -> None:
+        """End a snapshot: an empty log at ``start_position`` (= position = log_start),
+        ``repl_epochs = {epoch: start_position}``, ``consistent_at`` recorded."""
+        log = self._replog()
+        self._log_write(lambda txn: log.finish_snapshot(txn, start_position, consistent_at, epoch), stale=True)
+
+    def reload(self) -> None:
+        """Rebuild the views from LMDB (as at open) and publish them both: after
+        apply_log / truncate / a snapshot, before serving (writer thread)."""
+        view = self._recover()
+        with self._publish_lock:
+            self._pending.clear()
+            self.head = self.view = view
+        self._stale = False
 
     def sync(self) -> None:
         """Force committed data to disk (the ``async`` flush policy calls this)."""
@@ -300,6 +568,14 @@ class Store(StoreReader):
                 self.env.close()
             finally:
                 self._lock.release()
+
+
+#: the log state of a store that is not replicated
+_NO_LOG = LogState()
+#: a replicated store commits a transaction once its ops appended this many record
+#: bytes and runs the rest in the next one, so one log entry (fetched whole by a
+#: follower, in one frame of at most 256 MiB) stays far below a frame whatever the batch
+MAX_ENTRY_RECORDS: Final = 32 << 20
 
 
 def _op_failed(op: WriteOp, exc: BaseException) -> EQueueError:

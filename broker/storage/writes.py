@@ -12,7 +12,7 @@ transaction committed: :meth:`WriteContext.next_view` then builds the new view.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -20,6 +20,7 @@ import lmdb
 import outcome
 
 from broker.storage import layout
+from broker.storage.recorder import RecordingCursor, RecordingTxn
 from broker.storage.view import NO_QUEUES, QueueState, StoreView, frozen_map
 from equeue import control
 
@@ -68,6 +69,9 @@ class WriteOutcome:
     touched: set[tuple[int, int]]
     #: some op added delayed messages to the schedule
     scheduled: bool = False
+    #: replicated store: its log position right after this outcome's last commit (an
+    #: outcome that wrote nothing: the position before it); 0 when not replicated
+    position: int = 0
 
     def settled(self) -> list[Any]:
         """Each op's result, or the exception it failed with."""
@@ -79,16 +83,24 @@ class WriteOutcome:
         touched: set[tuple[int, int]] = set()
         for p in parts:
             touched |= p.touched
-        return cls([r for p in parts for r in p.results], touched, any(p.scheduled for p in parts))
+        return cls(
+            [r for p in parts for r in p.results], touched, any(p.scheduled for p in parts),
+            max(p.position for p in parts),
+        )  # fmt: skip
 
 
 class WriteContext:
-    """The open write transaction of :meth:`Store.write` and the state its ops staged."""
+    """The open write transaction of :meth:`Store.write` and the state its ops staged.
+
+    On a replicated store ``txn`` is a :class:`~broker.storage.recorder.RecordingTxn`
+    (and :meth:`cursor` hands out recording cursors): every change an op makes is
+    recorded for the replication log; ops use ``txn`` and :meth:`cursor` alike either
+    way and never reach LMDB otherwise."""
 
     def __init__(
         self,
         base: StoreView,
-        txn: lmdb.Transaction,
+        txn: lmdb.Transaction | RecordingTxn,
         db: dict[bytes, Any],
         now: int,
         next_sched_seq: Callable[[], int],
@@ -114,14 +126,25 @@ class WriteContext:
         self.skipped: dict[tuple[int, int], set[int]] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False
-        self._cursors: dict[bytes, lmdb.Cursor] = {}
+        #: record bytes appended by this transaction's ops
+        self.stored = 0
+        self._cursors: dict[bytes, lmdb.Cursor | RecordingCursor] = {}
 
-    def cursor(self, db: bytes) -> lmdb.Cursor:
+    def cursor(self, db: bytes) -> lmdb.Cursor | RecordingCursor:
         """A cursor on named database ``db`` in this transaction (reused across ops)."""
         cur = self._cursors.get(db)
         if cur is None:
             cur = self._cursors[db] = self.txn.cursor(db=self.db[db])
         return cur
+
+    def put_many(self, db: bytes, keys: Iterable[bytes], values: Iterable[bytes], *, append: bool = False) -> None:
+        """Put ``keys[i] -> values[i]`` (equal counts) into named database ``db`` with
+        one LMDB call (recorded as one run when replicated)."""
+        cur = self.cursor(db)
+        if isinstance(cur, RecordingCursor):
+            cur.put_lists(keys, values, append=append)
+        else:
+            cur.putmulti(zip(keys, values, strict=True), append=append)
 
     def queue(self, topic_id: int, queue_id: int) -> QueueDraft:
         """A queue's staged range, to change (staged on first use)."""

@@ -3,7 +3,9 @@
 - :mod:`equeue.wire.entries`: message entries (what a producer sends);
 - :mod:`equeue.wire.records`: stored records (an entry inside a checksummed header);
 - :mod:`equeue.wire.produce`: produce requests and answers;
-- :mod:`equeue.wire.pull`: pull requests and answers, tag filters.
+- :mod:`equeue.wire.pull`: pull requests and answers, tag filters;
+- :mod:`equeue.wire.replica`: replication requests between the replicas of a group
+  (REPLICA_FETCH, REPLICA_KEYS, REPLICA_SNAPSHOT; imported from there).
 
 All integers are big-endian; docs/protocol.md draws every layout. Nothing here
 does I/O. Decoders raise :class:`~equeue.errors.RemoteProtocolError` on malformed

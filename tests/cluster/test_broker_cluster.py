@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -22,7 +23,7 @@ from broker.cluster.etcd import prefix_range_end
 from broker.cluster.etcdproc import EtcdProcess
 from broker.process import BrokerProcess
 from equeue import Message, control, wire
-from equeue.errors import ClusterUnavailable, ConfigError, EQueueError, NotOwner, QueueUnavailable
+from equeue.errors import ClusterUnavailable, NotOwner, QueueUnavailable
 from equeue.names import retry_topic
 from producer import AsyncClient
 from tests.conftest import make_config, wait_until, wait_until_sync
@@ -137,13 +138,17 @@ async def test_placement_routes_ownership_and_groups(tmp_path: Path, etcd: EtcdP
             assert local(brokers[0], "v") == 3
 
 
-async def test_group_down_second_broker_refused_etcd_outage(tmp_path: Path, etcd: EtcdProcess) -> None:
+async def test_group_down_second_replica_etcd_outage(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(50):
         async with open_broker(config(tmp_path, etcd, "g1")) as b1, AsyncClient(b1.address) as c1:
-            # a second broker in the same group is refused at start
-            with pytest.RaisesGroup(pytest.RaisesExc(ConfigError, match="already has a live broker"), flatten_subgroups=True):
-                async with open_broker(make_config(tmp_path / "dup", cluster=etcd.endpoint, broker_group="g1")):
-                    pass
+            # a second broker in the same group is a replica: routes keep naming the leader
+            async with open_broker(make_config(tmp_path / "dup", cluster=etcd.endpoint, broker_group="g1")) as dup:
+                await wait_until(lambda: len(b1.cluster.view.groups()["g1"].brokers) == 2, what="two replicas")  # type: ignore[union-attr]
+                assert {g.name: g.addresses for g in (await c1.get_routes([])).groups} == {"g1": [b1.address]}
+                (g1,) = (await c1.cluster_status()).groups
+                assert b1.cluster is not None and dup.cluster is not None
+                assert (g1.leader, g1.epoch, g1.isr) == (b1.cluster.broker_id, 1, [b1.cluster.broker_id])
+                assert len(g1.brokers) == 2 and g1.available
             async with open_broker(config(tmp_path, etcd, "g2")) as b2, AsyncClient(b2.address) as c2:
                 await wait_until(lambda: _live(b1) == {"g1", "g2"}, what="g1 sees g2")
                 await c1.create_topic("t", 4)
@@ -248,19 +253,25 @@ async def test_etcd_losing_its_data_deletes_nothing(tmp_path: Path, own_etcd: Et
             assert _appended(b, "kept") == 1
 
 
-def test_broker_start_refuses_a_second_live_broker_in_its_group(tmp_path: Path, etcd: EtcdProcess) -> None:
-    """``equeue broker start --cluster``: one line, exit 1, while the group's broker is
-    alive; once it died (SIGKILL), its lease expires and a new broker may take over;
-    a clean stop (SIGTERM) leaves the group at once."""
+def test_a_second_broker_in_a_group_is_a_replica_that_never_takes_over_outside_the_isr(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    """``equeue broker start --cluster``: a second broker of a live group starts (a
+    replica); the group's first broker leads (its ISR is itself); when it dies
+    (SIGKILL) its lease expires and the replica outside the ISR does not take over
+    (no unclean election: the group has no leader); a clean stop (SIGTERM) leaves
+    the group at once."""
     args = ("--cluster", etcd.endpoint, "--broker-group", "g1", "--cluster-lease-ttl", "2")
     first = BrokerProcess(tmp_path / "a", *args).start()
     try:
-        with pytest.raises(EQueueError, match=r"rc=1.*error: broker group 'g1' already has a live broker"):
-            BrokerProcess(tmp_path / "b", *args).start()
-        first.kill()
-        wait_until_sync(lambda: not _etcd_keys(etcd, "/equeue/brokers/g1/"), timeout=15, what="the lease to expire")
+        wait_until_sync(lambda: _etcd_keys(etcd, "/equeue/leaders/g1") == 1, what="the first broker leads")
         second = BrokerProcess(tmp_path / "b", *args).start()
-        assert _etcd_keys(etcd, "/equeue/brokers/g1/") == 1
+        assert _etcd_keys(etcd, "/equeue/brokers/g1/") == 2
+        first.kill()
+        wait_until_sync(lambda: _etcd_keys(etcd, "/equeue/brokers/g1/") == 1, timeout=15, what="the lease to expire")
+        assert _etcd_keys(etcd, "/equeue/leaders/g1") == 0  # (it went with the lease)
+        time.sleep(1.0)  # the replica would have campaigned at the delete event, within ms
+        assert _etcd_keys(etcd, "/equeue/leaders/g1") == 0, "a broker outside the ISR took over"
         assert second.stop() == 0
         assert _etcd_keys(etcd, "/equeue/brokers/g1/") == 0  # a clean stop revokes its lease at once
     finally:

@@ -543,12 +543,13 @@ def test_each_not_owner_episode_backs_off_from_the_start(healthy: Cluster) -> No
 
 # ------------------------------------------------------------------------------ make cluster
 def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: Path) -> None:
-    """``make cluster``: the ready line, every address, then Ctrl-C (SIGINT to the whole
-    process group, as a terminal sends it) stops the brokers cleanly, then etcd."""
+    """``make cluster``: the ready line, every replica's address and role (one leader
+    per group), then Ctrl-C (SIGINT to the whole process group, as a terminal sends
+    it) stops the brokers cleanly, then etcd."""
     err = tmp_path / "stderr.txt"
     with err.open("w") as err_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cluster.local", "--groups", "2", "--base-port", "0",
+            [sys.executable, "-m", "broker.cluster.local", "--groups", "2", "--replicas", "2", "--base-port", "0",
              "--data-dir", str(tmp_path / "c")],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,
@@ -574,8 +575,12 @@ def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: P
                 pass
         text = "".join(seen)
         assert re.search(r"^etcd\s+http://127\.0\.0\.1:\d+", text, re.M), text
-        brokers = dict(re.findall(r"^group (g\d)\s+broker (127\.0\.0\.1:\d+)", text, re.M))
-        assert set(brokers) == {"g1", "g2"}, text
+        replicas = re.findall(r"^group (g\d)\s+replica (\d)\s+broker (127\.0\.0\.1:\d+)\s+(\w+)", text, re.M)
+        assert sorted((g, r, role) for g, r, _, role in replicas) == [
+            ("g1", "1", "leader"), ("g1", "2", "follower"), ("g2", "1", "leader"), ("g2", "2", "follower"),
+        ], text  # fmt: skip
+        brokers = {g: addr for g, r, addr, _ in replicas if r == "1"}
+        everyone = [addr for *_, addr, _ in replicas]
         with Client(brokers["g2"]) as c:
             wait_until_sync(
                 lambda: sum(g.available for g in c.cluster_status().groups) == 2,
@@ -590,7 +595,7 @@ def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: P
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    for addr in brokers.values():  # every broker is gone
+    for addr in everyone:  # every broker is gone
         host, port = addr.rsplit(":", 1)
         with pytest.raises(OSError):
             socket.create_connection((host, int(port)), timeout=2).close()

@@ -25,6 +25,8 @@ from equeue.placement import (
     encode_topic,
     group_key,
     grow,
+    isr_key,
+    leader_key,
     load,
     parse_key,
     spread,
@@ -145,8 +147,11 @@ def test_keys() -> None:
     assert parse_key("/equeue/groups/g1") == ("group", ("g1",))
     assert parse_key("/equeue/brokers/g1/b-1") == ("broker", ("g1", "b-1"))
     assert parse_key("/equeue/topics/t") == ("topic", ("t",))
+    assert parse_key("/equeue/leaders/g1") == ("leader", ("g1",))
+    assert parse_key("/equeue/isr/g1") == ("isr", ("g1",))
     for other in (
-        "/equeue/leaders/g1",
+        "/equeue/leaders/g1/x",
+        "/equeue/isr/",
         "/equeue/topics/",
         "/equeue/brokers/g1",
         "/equeue/brokers/g/b/c",
@@ -162,6 +167,8 @@ def test_keys() -> None:
 def test_key_round_trip(group: str, broker: str) -> None:
     assert parse_key(broker_key(group, broker)) == ("broker", (group, broker))
     assert parse_key(topic_key(group)) == ("topic", (group,))
+    assert parse_key(leader_key(group)) == ("leader", (group,))
+    assert parse_key(isr_key(group)) == ("isr", (group,))
 
 
 # ----------------------------------------------------------------------------- rules

@@ -1,0 +1,485 @@
+"""The leader election of one broker group (docs/cluster.md, "Election and fencing").
+
+:class:`GroupElection` watches the group's two records in etcd,
+``/equeue/leaders/<g>`` (under the leader's membership lease) and ``/equeue/isr/<g>``
+(persistent), keeps them as one :class:`Leadership` state, and campaigns: when the
+group has no leader key, this broker is an ISR member (or the group has no ISR record
+yet: it bootstraps the group) and ``eligible()`` (its store is consistent), it runs
+the **takeover transaction**
+
+    if   leader key absent  and  ISR record's mod_revision == the one seen (0: absent)
+    then put leader key {epoch + 1, me} under my lease,
+         put ISR record {epoch + 1, leader: me, members: old members - old leader + me}
+
+so exactly one contender wins, and only an ISR member can (no unclean election). The
+campaign reacts to the watch's delete event at once (no polling): a leader's death
+costs its lease expiry plus one transaction.
+
+**Fencing.** The leader's lease is renewed by :class:`~broker.cluster.membership.Membership`;
+:meth:`GroupElection.fenced` is true once no renewal sent in the last ``ttl * 2/3``
+seconds succeeded and the ISR has another member (who could take over after the lease
+expires). The lease cannot have expired before ``last_renewal_sent + ttl``, so a fenced
+leader stops serving before anyone else can lead. A leader alone in its ISR is never
+fenced: no one else may take over.
+
+Leadership ends with the lease: a crash lets it expire, a clean stop revokes it (the
+membership does, after this object's exit), and the followers see the delete at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import attrs
+import trio
+
+from broker.cluster.etcd import (
+    EtcdClient,
+    EtcdError,
+    KeyValue,
+    WatchEvent,
+    compare_create,
+    compare_mod,
+    delete_op,
+    put_op,
+)
+from broker.cluster.membership import Membership
+from equeue.errors import ClusterDataInvalid, ClusterUnavailable
+from equeue.logs import RateLimitedLog
+from equeue.placement import (
+    IsrRecord,
+    LeaderRecord,
+    decode_isr,
+    decode_leader,
+    encode_isr,
+    encode_leader,
+    isr_key,
+    leader_key,
+)
+
+__all__ = ["GroupElection", "Leadership"]
+
+log = logging.getLogger("equeue.cluster.election")
+
+#: back-off between reloads while etcd is unreachable (seconds)
+_RETRY_MIN, _RETRY_MAX = 0.1, 2.0
+#: pause before campaigning again after a takeover whose outcome is unknown
+_UNKNOWN_PAUSE = 0.2
+
+
+@attrs.frozen
+class Leadership:
+    """One broker group's leadership as etcd has it."""
+
+    #: the leader's broker id; None: the group has no leader now
+    leader_id: str | None = None
+    leader_address: str | None = None
+    #: the leader record's epoch (or the ISR record's when there is no leader)
+    epoch: int = 0
+    #: ISR members, leader included (() while the group has no ISR record)
+    isr: tuple[str, ...] = ()
+    #: mod_revision of the ISR record (0: none)
+    isr_revision: int = 0
+
+
+@attrs.frozen
+class _Leader:
+    record: LeaderRecord
+    create_revision: int
+    lease: int
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class GroupElection:
+    """``async with GroupElection(etcd, group=g, broker_id=b, address=a, membership=m,
+    ttl=5, eligible=f) as e:`` watch, campaign, fence (see the module docstring).
+
+    ``eligible()`` says whether this broker may lead now (its store is consistent);
+    call :meth:`nudge` when it turns true. ``floor_epoch()`` (default 0) is the
+    highest epoch this broker's store has seen: a takeover's epoch is above it too,
+    so an etcd that lost its records never makes a leader reuse an epoch. ``changed``
+    is set (then replaced) at every change of ``state`` and every flip of
+    :meth:`fenced`. Nothing here raises on etcd trouble but :meth:`set_isr`
+    (ClusterUnavailable): the watch reloads and the campaign retries.
+    """
+
+    def __init__(
+        self,
+        etcd: EtcdClient,
+        *,
+        group: str,
+        broker_id: str,
+        address: str,
+        membership: Membership,
+        ttl: int,
+        eligible: Callable[[], bool],
+        floor_epoch: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self._etcd = etcd
+        self.group = group
+        self.broker_id = broker_id
+        self.address = address
+        self._membership = membership
+        self._ttl = ttl
+        self._eligible = eligible
+        self._floor_epoch = floor_epoch
+        self._leader_key = leader_key(group)
+        self._isr_key = isr_key(group)
+        # one watch covers both keys, so the two puts of a takeover arrive in one
+        # batch: the range from the ISR key to just past the leader key ("/equeue/isr/"
+        # sorts before "/equeue/leaders/"); other groups' records in it are skipped
+        assert self._isr_key < self._leader_key
+        self._range = (self._isr_key, self._leader_key + "\0")
+        self.state = Leadership()
+        self.changed = trio.Event()
+        #: set after the first read of the group's records
+        self.loaded = trio.Event()
+        #: takeovers this broker won
+        self.takeovers = 0
+        self._leader: _Leader | None = None
+        self._isr: IsrRecord | None = None
+        self._isr_revision = 0
+        # the etcd revision up to which each key's state is known (older events skipped)
+        self._known = {self._leader_key: 0, self._isr_key: 0}
+        self._present = {self._leader_key: False, self._isr_key: False}
+        self._wake = trio.Event()  # the campaign re-checks
+        self._recheck = trio.Event()  # the fence watcher re-checks
+        self._vacant_since: float | None = None  # trio time the leader key was seen gone
+        self._was_fenced = False
+        self._stale_tried = 0  # create_revision of the stale leader key last deleted
+        self._bad = RateLimitedLog(log, 30.0, trio.current_time)
+        self._outage_since: float | None = None
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+
+    # ------------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> GroupElection:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._watch, name=f"election watch {self.group}")
+        self._nursery.start_soon(self._campaign, name=f"election campaign {self.group}")
+        self._nursery.start_soon(self._follow_lease, name=f"election lease {self.group}")
+        self._nursery.start_soon(self._fence_watch, name=f"election fence {self.group}")
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        """Stop watching and campaigning. Leadership itself ends with the membership
+        lease (revoked on a clean stop right after), so no etcd call here."""
+        assert self._nursery is not None
+        self._nursery.cancel_scope.cancel()
+        return await self._nursery_cm.__aexit__(et, ev, tb)
+
+    # ------------------------------------------------------------------ reading
+    def is_leader(self) -> bool:
+        """This broker holds the group's leader key, under its current lease, at
+        ``state.epoch``."""
+        lead = self._leader
+        return (
+            lead is not None
+            and lead.record.broker_id == self.broker_id
+            and lead.lease != 0
+            and lead.lease == self._membership.lease
+            and lead.record.epoch == self.state.epoch
+        )
+
+    def fenced(self) -> bool:
+        """Leading, with another ISR member, and no lease renewal sent in the last
+        ``ttl * 2/3`` s succeeded: stop serving (see the module docstring)."""
+        return (
+            self.is_leader()
+            and len(self.state.isr) > 1
+            and trio.current_time() - self._membership.last_renewal_sent > self._ttl * 2 / 3
+        )
+
+    def serving(self) -> bool:
+        """Leading and not fenced: this broker may answer clients now."""
+        return self.is_leader() and not self.fenced()
+
+    async def wait_settled(self) -> None:
+        """Return once the records were read and the group has a leader or this
+        broker cannot campaign now (not eligible, not an ISR member, unregistered):
+        a group's first broker leads when its start returns. Bound it with a cancel
+        scope (etcd may not answer)."""
+        await self.loaded.wait()
+        while self.state.leader_id is None and self._may_campaign():
+            await self.changed.wait()
+
+    def nudge(self) -> None:
+        """Re-check the campaign now (``eligible()`` may have turned true)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------------ ISR changes
+    async def set_isr(self, members: Sequence[str]) -> bool:
+        """Write the ISR record ``members`` (the leader included) at ``state.epoch``,
+        comparing the record's mod_revision and that this broker still holds the
+        leader key. True: written (``state`` updated). False: this broker is not the
+        leader any more or the record changed (``state`` refreshed from etcd).
+        Raises ClusterUnavailable when etcd does not answer (retry), ValueError when
+        ``members`` lacks this broker."""
+        members = tuple(members)
+        if self.broker_id not in members:
+            raise ValueError(f"the ISR must hold its leader {self.broker_id}: {members}")
+        lead = self._leader
+        if lead is None or not self.is_leader():
+            return False
+        record = IsrRecord(self.group, lead.record.epoch, self.broker_id, members)
+        compare = [
+            compare_create(self._leader_key, lead.create_revision),
+            compare_mod(self._isr_key, self._isr_revision),
+        ]
+        ok, revision = await self._etcd.txn(compare, [put_op(self._isr_key, encode_isr(record))])
+        if ok:
+            self._take_isr(record, revision, revision)
+            self._publish()
+            log.info("group %s: ISR at epoch %d is now %s", self.group, record.epoch, ", ".join(members))
+            return True
+        await self._refresh()
+        # an earlier try whose outcome was unknown may have written this very record
+        return self.is_leader() and self._isr == record
+
+    async def _refresh(self) -> None:
+        """Read both records now (not waiting for the watch) and take what is newer."""
+        kvs, revision = await self._etcd.get_range(*self._range)
+        self._take_read(kvs, revision, reset=False)
+        self._publish()
+
+    # ------------------------------------------------------------------ the watch
+    async def _watch(self) -> None:
+        retry = _RETRY_MIN
+        while True:
+            try:
+                kvs, revision = await self._etcd.get_range(*self._range)
+                self._take_read(kvs, revision, reset=True)
+                self._publish()
+                self.loaded.set()
+                if self._outage_since is not None:
+                    log.info(
+                        "group %s: election watch back after %.1f s",
+                        self.group, trio.current_time() - self._outage_since,
+                    )  # fmt: skip
+                    self._outage_since = None
+                retry = _RETRY_MIN
+                async with self._etcd.watch_range(*self._range, revision + 1) as stream:
+                    async for batch in stream:
+                        self._take_events(batch)
+                        self._publish()
+            except ClusterUnavailable as exc:  # a broken stream and WatchCompacted too
+                if self._outage_since is None:
+                    self._outage_since = trio.current_time()
+                    log.warning("group %s: election watch lost, reloading: %s", self.group, exc)
+                await trio.sleep(retry)
+                retry = min(retry * 2, _RETRY_MAX)
+
+    def _take_read(self, kvs: list[KeyValue], revision: int, *, reset: bool) -> None:
+        """Take a range read at ``revision``: each of the two keys is as read (absent
+        when not in ``kvs``). ``reset``: unconditionally (the watch's reload: etcd
+        may have lost its data, its revisions gone back); else only keys known at an
+        older revision."""
+        found = {kv.key: kv for kv in kvs}
+        for key in (self._leader_key, self._isr_key):
+            if not reset and revision <= self._known[key]:
+                continue
+            kv = found.get(key)
+            if kv is None:
+                self._take_delete(key, revision)
+            else:
+                self._take_put(kv, revision)
+
+    def _take_events(self, batch: list[WatchEvent]) -> None:
+        for event in batch:
+            key = event.kv.key
+            if key not in self._known or event.revision <= self._known[key]:
+                continue  # another group's record, or older than what is known
+            if event.kind == "delete":
+                self._take_delete(key, event.revision)
+            else:
+                self._take_put(event.kv, event.revision)
+
+    def _take_put(self, kv: KeyValue, revision: int) -> None:
+        self._known[kv.key] = revision
+        self._present[kv.key] = True
+        try:
+            if kv.key == self._leader_key:
+                self._leader = _Leader(decode_leader(kv.value), kv.create_revision, kv.lease)
+            else:
+                self._take_isr(decode_isr(kv.value), kv.mod_revision, revision)
+        except ClusterDataInvalid as exc:
+            # present but unreadable: nobody can take over (the compare needs it
+            # absent, or the ISR's members), until an operator repairs it
+            if kv.key == self._leader_key:
+                self._leader = None
+            else:
+                self._isr, self._isr_revision = None, kv.mod_revision
+            self._bad.log(logging.ERROR, kv.key, "group %s: %s does not decode: %s", self.group, kv.key, exc)
+
+    def _take_delete(self, key: str, revision: int) -> None:
+        self._known[key] = revision
+        self._present[key] = False
+        if key == self._leader_key:
+            self._leader = None
+        else:
+            self._isr, self._isr_revision = None, 0
+
+    def _take_isr(self, record: IsrRecord, mod_revision: int, known: int) -> None:
+        self._isr, self._isr_revision = record, mod_revision
+        self._known[self._isr_key] = max(self._known[self._isr_key], known)
+        self._present[self._isr_key] = True
+
+    def _publish(self) -> None:
+        """Rebuild ``state`` from the records; on a change, set ``changed`` and wake
+        the campaign and the fence watcher."""
+        lead, isr = self._leader, self._isr
+        state = Leadership(
+            leader_id=lead.record.broker_id if lead else None,
+            leader_address=lead.record.address if lead else None,
+            epoch=lead.record.epoch if lead else (isr.epoch if isr else 0),
+            isr=isr.members if isr else (),
+            isr_revision=self._isr_revision,
+        )
+        if state == self.state:
+            return
+        old, self.state = self.state, state
+        if old.leader_id is not None and state.leader_id is None:
+            self._vacant_since = trio.current_time()
+        if old.leader_id != state.leader_id or old.epoch != state.epoch:
+            log.info(
+                "group %s: leader %s at epoch %d (ISR %s)",
+                self.group, state.leader_id or "none", state.epoch, ", ".join(state.isr) or "none",
+            )  # fmt: skip
+        self._fire()
+
+    def _fire(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+        self._wake.set()
+        self._recheck.set()
+
+    # ------------------------------------------------------------------ campaigning
+    def _may_campaign(self) -> bool:
+        if not self.loaded.is_set() or self._present[self._leader_key]:
+            return False
+        if self._present[self._isr_key] and (self._isr is None or self.broker_id not in self._isr.members):
+            return False  # an ISR member must take over (or the record is unreadable)
+        return self._membership.registered and self._eligible()
+
+    async def _campaign(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            self._drop_stale_self()
+            if self._may_campaign():
+                try:
+                    won = await self._takeover()
+                except EtcdError as exc:  # refused: e.g. the lease just expired
+                    log.warning("group %s: takeover refused by etcd: %s", self.group, exc)
+                    won = False
+                except ClusterUnavailable as exc:
+                    # the outcome may be unknown: the watch says who won; try again soon
+                    log.warning("group %s: takeover failed (retrying): %s", self.group, exc)
+                    with trio.move_on_after(_UNKNOWN_PAUSE):
+                        await self._wake.wait()
+                    continue
+                if won:
+                    continue
+            await self._wake.wait()
+
+    def _drop_stale_self(self) -> None:
+        """A leader key of this broker's id under another lease is a previous life's
+        (this process holds the data dir lock, so that process is dead): delete it
+        rather than wait for its lease to expire (a restart after a crash)."""
+        lead = self._leader
+        lease = self._membership.lease
+        if (
+            lead is not None
+            and lead.record.broker_id == self.broker_id
+            and lease
+            and lead.lease != lease
+            and self._membership.registered
+            and self._nursery is not None
+            and lead.create_revision != self._stale_tried
+        ):
+            self._stale_tried = lead.create_revision
+            self._nursery.start_soon(self._delete_stale, lead.create_revision)
+
+    async def _delete_stale(self, create_revision: int) -> None:
+        try:
+            ok, _ = await self._etcd.txn(
+                [compare_create(self._leader_key, create_revision)],
+                [delete_op(self._leader_key)],
+            )
+        except ClusterUnavailable as exc:
+            log.warning("group %s: could not remove this broker's stale leader key: %s", self.group, exc)
+            return
+        if ok:
+            log.info("group %s: removed this broker's leader key of a previous run", self.group)
+
+    async def _takeover(self) -> bool:
+        """The takeover transaction (see the module docstring). True when won."""
+        isr = self._isr
+        lease = self._membership.lease
+        base = max(isr.epoch if isr else 0, self.state.epoch, self._floor_epoch())
+        epoch = base + 1
+        others = tuple(m for m in isr.members if m not in (isr.leader, self.broker_id)) if isr else ()
+        members = (self.broker_id, *others)
+        leader = LeaderRecord(self.group, self.broker_id, self.address, epoch, _wall_ms())
+        record = IsrRecord(self.group, epoch, self.broker_id, members)
+        started = trio.current_time()
+        ok, revision = await self._etcd.txn(
+            [compare_create(self._leader_key, 0), compare_mod(self._isr_key, self._isr_revision)],
+            [put_op(self._leader_key, encode_leader(leader), lease=lease), put_op(self._isr_key, encode_isr(record))],
+        )
+        if not ok:
+            return False  # another contender won, or the state moved: the watch tells
+        self.takeovers += 1
+        vacant_since, self._vacant_since = self._vacant_since, None
+        if revision > self._known[self._leader_key]:
+            self._leader = _Leader(leader, revision, lease)
+            self._known[self._leader_key] = revision
+            self._present[self._leader_key] = True
+            self._take_isr(record, revision, revision)
+        self._publish()
+        now = trio.current_time()
+        vacant = f", {now - vacant_since:.3f} s after the leader key went" if vacant_since is not None else ""
+        log.info(
+            "group %s: took over as leader at epoch %d (ISR %s) in %.3f s%s",
+            self.group, epoch, ", ".join(members), now - started, vacant,
+        )  # fmt: skip
+        return True
+
+    # ------------------------------------------------------------------ the lease
+    async def _follow_lease(self) -> None:
+        """Wake the campaign and the fence watcher at every grant or renewal (a new
+        lease may make this broker eligible; a renewal lifts a fence)."""
+        while True:
+            await self._membership.wait_renewal()
+            self._wake.set()
+            self._recheck.set()
+
+    async def _fence_watch(self) -> None:
+        """Set ``changed`` when :meth:`fenced` flips, at the moment it does."""
+        while True:
+            self._recheck = trio.Event()
+            fenced = self.fenced()
+            if fenced != self._was_fenced:
+                self._was_fenced = fenced
+                if fenced:
+                    log.warning(
+                        "group %s: fenced: no lease renewal for %.1f s (stops serving until one succeeds)",
+                        self.group, trio.current_time() - self._membership.last_renewal_sent,
+                    )  # fmt: skip
+                else:
+                    log.info("group %s: fence lifted", self.group)
+                self._fire()
+            deadline = float("inf")
+            if not fenced and self.is_leader() and len(self.state.isr) > 1:
+                deadline = self._membership.last_renewal_sent + self._ttl * 2 / 3 + 0.001
+            with trio.move_on_at(deadline):
+                await self._recheck.wait()

@@ -1,0 +1,339 @@
+"""The replica's role state machine (docs/cluster.md, part 2): leader or follower,
+driven by the group's election (``election.state`` / ``election.changed``).
+
+:class:`ReplicaRole` is owned by the :class:`~broker.server.Broker` of a cluster,
+``async with`` around the time it serves, inside the cluster node's lifetime.
+
+* **Becoming leader** (this broker holds the leader key at ``state.epoch`` and is not
+  fenced): stop following; rebuild the store's views from LMDB
+  (``Appender.call(store.reload)``); write the epoch marker
+  (``Appender.call(store.begin_epoch)``, unless this epoch's marker is already there:
+  a leader that was fenced and recovered); build the :class:`LeaderLog`; start the
+  leader duties in a leader-scoped nursery (the log's ISR checks and trimming,
+  ``Lifecycle.run``: delayed moves, retention, producer expiry, and the cluster
+  node's materializer); serve.
+* **Losing leadership or fenced**: stop serving at once: every data request is
+  NOT_LEADER (:meth:`check_serving`), held acks are answered NOT_LEADER, parked pulls
+  are answered NOT_LEADER, consumer leases are dropped; the leader duties are
+  cancelled; then follow the new leader (a fenced leader that still holds its key
+  waits: it serves again once its lease renews, without a new marker).
+* **Following**: ``follow(address, epoch)`` (:class:`broker.replication.follower.Follower`)
+  until it returns (the peer no longer leads that epoch) or the state changes; while
+  following, the election is nudged when the store becomes eligible
+  (:func:`eligible`: it reached ``consistent_at``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Protocol, TypeVar
+
+import trio
+
+from broker.replication.leader import Answers, LeaderElection, LeaderLog, LeaderState, LeaderStore
+from broker.storage import WriteOutcome
+from equeue import control
+from equeue.config import BrokerConfig
+from equeue.errors import BrokerShuttingDown, EQueueError, NotLeader, StaleEpoch
+from equeue.logs import RateLimitedLog
+
+__all__ = ["ReplicaRole", "eligible"]
+
+log = logging.getLogger("equeue.replication")
+_follow_logs = RateLimitedLog(log, 10.0, time.monotonic)
+
+T = TypeVar("T")
+
+#: pause before following again after a failed follow (seconds)
+FOLLOW_RETRY = 0.5
+#: how often a follower checks whether it became eligible to lead (seconds)
+ELIGIBLE_CHECK = 0.5
+
+
+class RoleStore(LeaderStore, Protocol):
+    """What the role uses of :class:`broker.storage.Store` (replicated)."""
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def last_epoch(self) -> int: ...
+    @property
+    def consistent_at(self) -> int: ...
+    @property
+    def next_global(self) -> int: ...
+    def reload(self) -> None: ...
+    def begin_epoch(self, epoch: int) -> int: ...
+
+
+class RoleState(LeaderState, Protocol):
+    @property
+    def leader_id(self) -> str | None: ...
+    @property
+    def leader_address(self) -> str | None: ...
+
+
+class RoleElection(LeaderElection, Protocol):
+    """What the role uses of :class:`broker.cluster.election.GroupElection`."""
+
+    @property
+    def state(self) -> RoleState: ...
+    @property
+    def changed(self) -> trio.Event: ...
+    def is_leader(self) -> bool: ...
+    def fenced(self) -> bool: ...
+    def nudge(self) -> None: ...
+
+
+class Following(Protocol):
+    """What the role uses of :class:`broker.replication.follower.Follower`."""
+
+    position: int
+    high_watermark: int
+
+    async def follow(self, leader_address: str, epoch: int) -> None: ...
+
+
+class RoleAppender(Answers, Protocol):
+    """The appender's side the role uses: its writer thread and held answers."""
+
+    async def call(self, fn: Callable[[], T]) -> T: ...
+
+
+class Parked(Protocol):
+    def wake(self, queues: Any) -> None: ...
+    def fail_all(self, exc: BaseException) -> None: ...
+
+
+class Leases(Protocol):
+    def drop_all(self) -> None: ...
+
+
+class Scheduler(Protocol):
+    async def run(self) -> None: ...
+    def schedule_changed(self) -> None: ...
+
+
+def eligible(store: RoleStore) -> bool:
+    """Whether this replica may lead or join the ISR: its store reached
+    ``consistent_at`` (a store being copied has it unreachable)."""
+    return store.position >= store.consistent_at
+
+
+class ReplicaRole:
+    """Leader or follower of one broker group; see the module docstring."""
+
+    def __init__(
+        self, *, store: RoleStore, appender: RoleAppender, election: RoleElection, follower: Following,
+        parked: Parked, leases: Leases, lifecycle: Scheduler, leader_duties: Callable[[], Awaitable[None]],
+        config: BrokerConfig, broker_id: str,
+    ) -> None:  # fmt: skip
+        self._store = store
+        self._appender = appender
+        self._election = election
+        self._follower = follower
+        self._parked = parked
+        self._leases = leases
+        self._lifecycle = lifecycle
+        self._leader_duties = leader_duties
+        self._config = config
+        self.broker_id = broker_id
+        self.group = config.broker_group
+        #: the leader's replication state while leading (None: not serving)
+        self.leader_log: LeaderLog | None = None
+        self._duty: trio.CancelScope | None = None
+        self._duty_done: trio.Event | None = None
+        #: (leader address, epoch) followed now
+        self._following: tuple[str, int] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._nursery_cm: Any = None
+        #: leadership taken (epochs led), for tests and statistics
+        self.promotions = 0
+
+    # ------------------------------------------------------------------ lifetime
+    async def __aenter__(self) -> ReplicaRole:
+        self._nursery_cm = trio.open_nursery()
+        self._nursery = await self._nursery_cm.__aenter__()
+        self._nursery.start_soon(self._drive, name=f"replica role {self.group}")
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        assert self._nursery is not None
+        self._stop_serving(BrokerShuttingDown("the broker is stopping: retry at the group's new leader"))
+        self._nursery.cancel_scope.cancel()
+        return await self._nursery_cm.__aexit__(et, ev, tb)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------------ serving
+    def check_serving(self) -> None:
+        """Raises NotLeader unless this broker leads its group now and is not fenced."""
+        if self.leader_log is None or not self._election.serving():
+            raise NotLeader(self._not_leader_text())
+
+    def check_produce(self) -> None:
+        """The produce path's check: NotLeader (not serving), NotEnoughReplicas (the
+        ISR is below --min-insync with acks all)."""
+        ll = self.leader_log
+        if ll is None or not self._election.serving():
+            raise NotLeader(self._not_leader_text())
+        ll.check_produce()
+
+    def _not_leader_text(self) -> str:
+        st = self._election.state
+        if st.leader_id and st.leader_id != self.broker_id:
+            return (
+                f"this broker follows group {self.group!r}; its leader is {st.leader_id} at "
+                f"{st.leader_address}: refresh routes"
+            )
+        return f"this broker does not lead group {self.group!r} now (a failover is under way): refresh routes"
+
+    def hold(self, batch: list[Any], committed: WriteOutcome) -> None:
+        """``Appender(hold=...)``: hand a committed transaction's ops to the leader
+        log; not leading: they are answered NotLeader (the producer retries at the
+        leader with the same sequence)."""
+        ll = self.leader_log
+        if ll is None:
+            self._appender.fail(batch, NotLeader(self._not_leader_text()))
+            return
+        ll.hold(batch, committed)
+
+    # ------------------------------------------------------------------ the state machine
+    async def _drive(self) -> None:
+        while True:
+            changed = self._election.changed
+            await self._step()
+            await changed.wait()
+
+    async def _step(self) -> None:
+        e = self._election
+        st = e.state
+        if e.is_leader() and not e.fenced():
+            if self.leader_log is None or self.leader_log.epoch != st.epoch:
+                if self.leader_log is not None:
+                    self._stop_serving(NotLeader(self._not_leader_text()))
+                await self._lead(st.epoch)
+            return
+        if self.leader_log is not None:
+            reason = "fenced (no lease renewal reached etcd)" if e.is_leader() else "lost its leadership"
+            log.warning("group %s: this broker %s at epoch %d: it stops serving", self.group, reason,
+                        self.leader_log.epoch)  # fmt: skip
+            self._stop_serving(NotLeader(self._not_leader_text()))
+        if e.is_leader():
+            return  # fenced: wait for the lease to renew (or for it to expire)
+        target = (st.leader_address, st.epoch) if st.leader_id and st.leader_address else None
+        if target is not None and st.leader_id == self.broker_id:
+            target = None  # our own stale key: the election deletes it
+        if target != self._following:
+            await self._end_duty()
+            if target is not None:
+                self._start_duty(self._follow, *target)
+                self._following = target
+
+    async def _lead(self, epoch: int) -> None:
+        await self._end_duty()
+        store, call = self._store, self._appender.call
+        await call(store.reload)
+        high_watermark = store.position
+        if store.last_epoch < epoch:
+            await call(lambda: store.begin_epoch(epoch))
+        e = self._election
+        if not (e.is_leader() and not e.fenced() and e.state.epoch == epoch):
+            return  # changed meanwhile: the next step decides
+        ll = LeaderLog(
+            store=store, election=e, answers=self._appender, call=call, wake=self._parked.wake,
+            on_scheduled=self._lifecycle.schedule_changed, config=self._config, broker_id=self.broker_id,
+            group=self.group, epoch=epoch, high_watermark=high_watermark,
+        )  # fmt: skip
+        self.leader_log = ll
+        self.promotions += 1
+        ll.committed()  # the marker: fetches wake, a lone leader publishes it
+        log.info("group %s: this broker leads at epoch %d (log %d..%d)", self.group, epoch, store.log_start,
+                 store.position)  # fmt: skip
+        self._start_duty(self._leading, ll)
+
+    def _stop_serving(self, exc: BaseException) -> None:
+        """Stop answering clients at once (no await): held acks and parked pulls are
+        answered ``exc``, consumer leases dropped, the leader duties cancelled."""
+        ll = self.leader_log
+        if ll is None:
+            return
+        self.leader_log = None
+        if self._duty is not None:
+            self._duty.cancel()
+        ll.close(exc)
+        self._parked.fail_all(exc)
+        self._leases.drop_all()
+
+    def _start_duty(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        assert self._nursery is not None
+        scope = self._duty = trio.CancelScope()
+        done = self._duty_done = trio.Event()
+
+        async def duty() -> None:
+            try:
+                with scope:
+                    await fn(*args)
+            finally:
+                done.set()
+
+        self._nursery.start_soon(duty)
+
+    async def _end_duty(self) -> None:
+        """Cancel the current duty (leading or following) and wait until it ended."""
+        self._following = None
+        if self._duty is not None:
+            self._duty.cancel()
+            assert self._duty_done is not None
+            await self._duty_done.wait()
+            self._duty = self._duty_done = None
+
+    async def _leading(self, ll: LeaderLog) -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(ll.run)
+            n.start_soon(self._lifecycle.run)
+            n.start_soon(self._leader_duties)
+
+    async def _follow(self, address: str, epoch: int) -> None:
+        async with trio.open_nursery() as n:
+            n.start_soon(self._watch_eligible)
+            while True:
+                try:
+                    await self._follower.follow(address, epoch)
+                except* (NotLeader, StaleEpoch):
+                    pass
+                except* (EQueueError, OSError) as group:  # (wrapped by the connection's nursery)
+                    _follow_logs.log(logging.WARNING, "follow", "group %s: following %s at epoch %d failed "
+                                     "(retrying): %s", self.group, address, epoch, group.exceptions[0])  # fmt: skip
+                # the peer no longer leads this epoch (or failed): ask again after a
+                # pause; a new leader ends this duty through the election
+                await trio.sleep(FOLLOW_RETRY)
+
+    async def _watch_eligible(self) -> None:
+        was = eligible(self._store)
+        while True:
+            await trio.sleep(ELIGIBLE_CHECK)
+            now = eligible(self._store)
+            if now and not was:
+                self._election.nudge()
+            was = now
+
+    # ------------------------------------------------------------------ status
+    def status(self) -> control.ReplicationStatus:
+        """REPLICATION_STATUS: this replica's view (a leader: every follower)."""
+        st = self._election.state
+        store = self._store
+        cfg = self._config
+        ll = self.leader_log
+        if ll is not None:
+            return control.ReplicationStatus(
+                "leader", self.group, self.broker_id, ll.epoch, self.broker_id, store.position,
+                ll.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync, ll.status(),
+            )  # fmt: skip
+        return control.ReplicationStatus(
+            "follower", self.group, self.broker_id, st.epoch, st.leader_id or "", store.position,
+            self._follower.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync,
+        )  # fmt: skip
+

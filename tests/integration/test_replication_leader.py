@@ -1,0 +1,222 @@
+"""The leader's side of replication (broker/replication/leader.py) over a real
+replicated store and the real appender: held acks and the high watermark,
+--min-insync, ISR shrink and expand, DIVERGED / TOO_OLD, trimming.
+
+The group's leadership is a fixed value here (the election against a real etcd is
+tests/cluster/test_election.py; whole replicas are tests/cluster/test_replication_*).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.testing
+
+from broker import storage as st
+from broker.appender import Appender
+from broker.replication.leader import LeaderLog
+from equeue import Message, control, wire
+from equeue.config import BrokerConfig
+from equeue.errors import NotEnoughReplicas, NotLeader, StaleEpoch
+from equeue.wire.replica import FetchRequest, FetchStatus
+from tests.conftest import wait_until
+
+ME, F1, F2 = "leader", "f1", "f2"
+
+
+@attrs.define
+class State:
+    epoch: int
+    isr: tuple[str, ...]
+
+
+class FixedLeadership:
+    """This broker leads at ``state.epoch``; ISR writes always succeed (recorded)."""
+
+    def __init__(self, epoch: int, isr: tuple[str, ...]) -> None:
+        self.state = State(epoch, isr)
+        self.serving_now = True
+        self.writes: list[tuple[str, ...]] = []
+
+    def serving(self) -> bool:
+        return self.serving_now
+
+    async def set_isr(self, members: Sequence[str]) -> bool:
+        self.writes.append(tuple(members))
+        self.state = State(self.state.epoch, tuple(members))
+        return True
+
+
+def _op(info: control.TopicInfo, body: bytes) -> st.ProduceOp:
+    return st.ProduceOp(info, 0, [wire.encode_entry(Message(body))], None, -1, 4 << 20, 86_400_000)
+
+
+def _fetch(broker_id: str, position: int, last_epoch: int = 1, wait_ms: int = 0, epoch: int = 1) -> FetchRequest:
+    return FetchRequest(broker_id, f"{broker_id}:1", epoch, position, last_epoch, 1 << 20, wait_ms)
+
+
+async def answer(p: Any) -> Any:
+    """A pending op's result (or its error raised), failing the test after 10 s (the
+    appender's own wait is shielded: a missing answer would hang the test)."""
+    with trio.fail_after(10):
+        await p.done.wait()
+    return p.outcome.unwrap()
+
+
+class Leader:
+    def __init__(self, store: st.Store, app: Appender, ll: LeaderLog, election: FixedLeadership) -> None:
+        self.store, self.app, self.ll, self.election = store, app, ll, election
+        self.woken: list[tuple[int, int]] = []
+
+
+@asynccontextmanager
+async def leading(tmp_path: Path, isr: tuple[str, ...], **cfg: Any) -> AsyncIterator[Leader]:
+    store = st.Store(tmp_path / "data", map_size=1 << 28, sync=False, replicated=True)
+    config = BrokerConfig(data_dir=tmp_path, replica_lag_max=cfg.pop("replica_lag_max", 60.0), **cfg)
+    election = FixedLeadership(1, isr)
+    holder: list[LeaderLog] = []
+    app = Appender(store, hold=lambda batch, committed: holder[0].hold(batch, committed))
+    try:
+        async with trio.open_nursery() as n:
+            n.start_soon(app.run)
+            await app.call(store.reload)
+            hw = store.position
+            await app.call(lambda: store.begin_epoch(1))
+            woken: list[tuple[int, int]] = []
+
+            def wake(queues: Iterable[tuple[int, int]]) -> None:
+                woken.extend(queues)
+
+            ll = LeaderLog(
+                store=store, election=election, answers=app, call=app.call, wake=wake, on_scheduled=lambda: None,
+                config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw,
+            )  # fmt: skip
+            holder.append(ll)
+            ll.committed()
+            leader = Leader(store, app, ll, election)
+            leader.woken = woken
+            yield leader
+            ll.close(NotLeader("test over"))
+            app.close()
+    finally:
+        store.close()
+
+
+async def test_acks_wait_for_every_isr_member_and_visibility_follows(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME, F1, F2)) as L:
+            create = L.app.enqueue(st.CreateTopicOp("t", 1))
+            start = L.ll.high_watermark
+            await wait_until(lambda: L.store.position == start + 2)  # the epoch marker, the create
+            # nothing acknowledged, nothing visible, before both followers have it
+            assert not create.done.is_set() and "t" not in L.store.topics
+            a = await L.ll.fetch(_fetch(F1, start))
+            assert a.status is FetchStatus.OK and [p for p, _ in a.entries] == [start, start + 1]
+            end = a.end
+            assert end == start + 2
+            await L.ll.fetch(_fetch(F1, end))
+            assert not create.done.is_set()  # F2 lags
+            await L.ll.fetch(_fetch(F2, end))
+            info = await answer(create)
+            assert L.ll.high_watermark == end and "t" in L.store.topics
+            p = L.app.enqueue(_op(info, b"x"))
+            await wait_until(lambda: L.store.position > end)
+            for f in (F1, F2):
+                await L.ll.fetch(_fetch(f, L.store.position))
+            assert (await answer(p)).stored == 1
+            assert (info.topic_id, 0) in L.woken  # the parked pulls of its queue woke at the HW
+
+
+async def test_a_lone_leader_acknowledges_at_commit(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME,)) as L:
+            info = await L.app.submit(st.CreateTopicOp("t", 1))
+            assert (await L.app.submit(_op(info, b"x"))).stored == 1
+            assert L.ll.high_watermark == L.store.position
+
+
+async def test_min_insync_refuses_before_and_after_the_write(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME, F1), min_insync=2, replica_lag_max=0.5) as L:
+            start = L.ll.high_watermark
+            await L.ll.fetch(_fetch(F1, start))
+            create = L.app.enqueue(st.CreateTopicOp("t", 1))
+            await wait_until(lambda: L.store.position == start + 2)  # the epoch marker, the create
+            await L.ll.fetch(_fetch(F1, L.store.position))
+            info = await answer(create)
+            L.ll.check_produce()  # 2 in sync: accepted
+            p = L.app.enqueue(_op(info, b"held"))
+            async with trio.open_nursery() as n:
+                n.start_soon(L.ll.run)  # F1 stops fetching: it leaves after 0.5 s
+                with pytest.raises(NotEnoughReplicas, match="stored"):
+                    await answer(p)
+                n.cancel_scope.cancel()
+            assert L.election.state.isr == (ME,)
+            with pytest.raises(NotEnoughReplicas, match="nothing was written"):
+                L.ll.check_produce()
+            # F1 catches up and rejoins
+            async with trio.open_nursery() as n:
+                n.start_soon(L.ll.run)
+                await L.ll.fetch(_fetch(F1, L.store.position))
+                await wait_until(lambda: L.election.state.isr == (ME, F1))
+                n.cancel_scope.cancel()
+            L.ll.check_produce()
+
+
+async def test_divergence_too_old_stale_epoch_and_not_leader(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME, F1)) as L:
+            await L.ll.fetch(_fetch(F1, L.ll.high_watermark))
+            end = L.store.position
+            # a follower with entries of an epoch this log ended earlier: DIVERGED at the end of it
+            a = await L.ll.fetch(_fetch(F1, end + 5, last_epoch=1))
+            assert a.status is FetchStatus.DIVERGED and a.diverge_at == end
+            a = await L.ll.fetch(_fetch(F1, end, last_epoch=0))
+            assert a.status is FetchStatus.DIVERGED and a.diverge_at == L.store.end_of_epoch(0)
+            with pytest.raises(StaleEpoch):
+                await L.ll.fetch(_fetch(F1, end, epoch=2))
+            # trimmed past the follower's position: TOO_OLD
+            await L.ll.fetch(_fetch(F1, end))
+            await L.app.call(lambda: L.store.trim_log(end))
+            a = await L.ll.fetch(_fetch(F2, 0, last_epoch=0))
+            assert a.status is FetchStatus.TOO_OLD and a.log_start == end
+            # stepping down answers held acks and long-polled fetches NOT_LEADER
+            held = L.app.enqueue(st.CreateTopicOp("late", 1))
+            await wait_until(lambda: L.store.position > end)
+            async with trio.open_nursery() as n:
+
+                async def poll() -> None:
+                    with pytest.raises(NotLeader):
+                        await L.ll.fetch(_fetch(F2, L.store.position, wait_ms=10_000))  # not in the ISR
+
+                n.start_soon(poll)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not held.done.is_set(), held.outcome  # F1 has not acknowledged it
+                L.ll.close(NotLeader("stepped down"))
+            with pytest.raises(NotLeader):
+                await answer(held)
+            late = L.app.enqueue(st.CreateTopicOp("later", 1))
+            with pytest.raises(NotLeader):  # committed after the step-down: refused too
+                await answer(late)
+
+
+async def test_trim_keeps_what_followers_and_pins_need(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with leading(tmp_path, (ME,)) as L:
+            info = await L.app.submit(st.CreateTopicOp("t", 1))
+            for i in range(600):
+                await L.app.submit(_op(info, b"%d" % i))
+            end = L.store.position
+            await L.ll.fetch(_fetch(F1, 400))  # a live follower behind
+            L.ll.pin(F2, 300)  # a follower copying the store
+            L.ll.pin(F2, 350)  # a later chunk never moves the pin forward
+            assert await L.ll.trim() == L.store.log_start == 300
+            await L.ll.fetch(_fetch(F2, end - 1))  # F2 fetching again: its pin is gone
+            await L.ll.fetch(_fetch(F1, end))
+            assert await L.ll.trim() == L.store.log_start == end - 1

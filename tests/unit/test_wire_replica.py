@@ -1,0 +1,156 @@
+"""Replication layouts (equeue.wire.replica): REPLICA_FETCH, REPLICA_KEYS and
+REPLICA_SNAPSHOT requests and answers round-trip, and malformed input raises
+RemoteProtocolError only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from equeue.errors import RemoteProtocolError
+from equeue.wire.replica import (
+    ABSENT,
+    FetchAnswer,
+    FetchRequest,
+    FetchStatus,
+    KeysAnswer,
+    KeysRequest,
+    SnapshotAnswer,
+    SnapshotRequest,
+    decode_fetch_answer,
+    decode_fetch_request,
+    decode_keys_answer,
+    decode_keys_request,
+    decode_snapshot_answer,
+    decode_snapshot_request,
+    encode_fetch_answer,
+    encode_fetch_request,
+    encode_keys_answer,
+    encode_keys_request,
+    encode_snapshot_answer,
+    encode_snapshot_request,
+)
+
+u8 = st.integers(0, 0xFF)
+u32 = st.integers(0, 0xFFFFFFFF)
+u64 = st.integers(0, 0xFFFFFFFFFFFFFFFF)
+text = st.text(max_size=30)
+blob = st.binary(max_size=64)
+
+
+@st.composite
+def fetch_answers(draw: Any) -> FetchAnswer:
+    datas = draw(st.lists(blob, max_size=8))
+    first = draw(st.integers(0, (1 << 64) - 1 - len(datas)))
+    return FetchAnswer(
+        draw(st.sampled_from(FetchStatus)), draw(u32), draw(u64), draw(u64), draw(u64), draw(u64),
+        [(first + i, d) for i, d in enumerate(datas)],
+    )  # fmt: skip
+
+
+fetch_requests = st.builds(FetchRequest, text, text, u32, u64, u32, u32, u32)
+keys_requests = st.builds(KeysRequest, u32, st.lists(st.tuples(u8, blob), max_size=8))
+keys_answers = st.builds(KeysAnswer, u64, st.lists(st.none() | blob, max_size=8))
+snapshot_requests = st.builds(SnapshotRequest, u32, text, u8, st.none() | blob, u32)
+snapshot_answers = st.builds(SnapshotAnswer, u64, st.lists(st.tuples(blob, blob), max_size=8), st.none() | blob)
+
+
+def joined(parts: bytes | list[bytes]) -> bytes:
+    return parts if isinstance(parts, bytes) else b"".join(parts)
+
+
+#: (strategy, encoder, decoder) of every layout
+LAYOUTS: list[tuple[Any, Callable[[Any], Any], Callable[[bytes], Any]]] = [
+    (fetch_requests, encode_fetch_request, decode_fetch_request),
+    (fetch_answers(), encode_fetch_answer, decode_fetch_answer),
+    (keys_requests, encode_keys_request, decode_keys_request),
+    (keys_answers, encode_keys_answer, decode_keys_answer),
+    (snapshot_requests, encode_snapshot_request, decode_snapshot_request),
+    (snapshot_answers, encode_snapshot_answer, decode_snapshot_answer),
+]
+IDS = ["fetch_request", "fetch_answer", "keys_request", "keys_answer", "snapshot_request", "snapshot_answer"]
+
+
+@pytest.mark.parametrize(("strategy", "encode", "decode"), LAYOUTS, ids=IDS)
+def test_round_trip(strategy: Any, encode: Callable[[Any], Any], decode: Callable[[bytes], Any]) -> None:
+    @given(strategy)
+    def check(value: Any) -> None:
+        assert decode(joined(encode(value))) == value
+
+    check()
+
+
+@pytest.mark.parametrize(("strategy", "encode", "decode"), LAYOUTS, ids=IDS)
+def test_truncated_or_extended_input_is_refused(
+    strategy: Any, encode: Callable[[Any], Any], decode: Callable[[bytes], Any]
+) -> None:
+    @given(strategy, st.data())
+    def check(value: Any, data: Any) -> None:
+        buf = joined(encode(value))
+        cut = data.draw(st.integers(0, len(buf) - 1))
+        with pytest.raises(RemoteProtocolError):
+            decode(buf[:cut])
+        with pytest.raises(RemoteProtocolError):
+            decode(buf + data.draw(st.binary(min_size=1, max_size=8)))
+
+    check()
+
+
+@pytest.mark.parametrize(("strategy", "encode", "decode"), LAYOUTS, ids=IDS)
+def test_garbage_raises_only_the_protocol_error(
+    strategy: Any, encode: Callable[[Any], Any], decode: Callable[[bytes], Any]
+) -> None:
+    @given(strategy, st.data())
+    def check(value: Any, data: Any) -> None:
+        buf = bytearray(joined(encode(value)))
+        for _ in range(data.draw(st.integers(1, 4))):  # flip bytes of a valid payload
+            if buf:
+                buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(u8)
+        try:
+            decode(bytes(buf))
+        except RemoteProtocolError:
+            pass
+
+    check()
+
+    @given(st.binary(max_size=200))
+    def noise(buf: bytes) -> None:
+        try:
+            decode(buf)
+        except RemoteProtocolError:
+            pass
+
+    noise()
+
+
+def test_fetch_answer_entries_are_dense() -> None:
+    with pytest.raises(ValueError, match="consecutive"):
+        encode_fetch_answer(FetchAnswer(FetchStatus.OK, 1, 0, 0, 0, 0, [(5, b"a"), (7, b"b")]))
+    ans = decode_fetch_answer(b"".join(encode_fetch_answer(FetchAnswer(FetchStatus.OK, 1, 9, 9, 0, 0, []))))
+    assert ans.entries == []
+
+
+def test_unknown_fetch_status_and_absent_snapshot_items_are_refused() -> None:
+    buf = bytearray(b"".join(encode_fetch_answer(FetchAnswer(FetchStatus.OK, 1, 0, 0, 0, 0, []))))
+    buf[0] = 9
+    with pytest.raises(RemoteProtocolError, match="unknown fetch status 9"):
+        decode_fetch_answer(bytes(buf))
+    # an item whose key is the ABSENT length
+    bad = b"".join(encode_snapshot_answer(SnapshotAnswer(3, [], None)))
+    bad = bad[:8] + (1).to_bytes(4, "big") + bad[12:] + ABSENT.to_bytes(4, "big") + (0).to_bytes(4, "big")
+    with pytest.raises(RemoteProtocolError, match="absent snapshot key"):
+        decode_snapshot_answer(bad)
+
+
+def test_huge_counts_are_refused_before_any_allocation() -> None:
+    head = (0).to_bytes(4, "big") + (0xFFFFFFFF).to_bytes(4, "big")
+    with pytest.raises(RemoteProtocolError, match="announces"):
+        decode_keys_request(head)
+    with pytest.raises(RemoteProtocolError, match="truncated"):
+        decode_fetch_answer(
+            bytes([0]) + bytes(4) + bytes(8 * 5) + (0xFFFFFFFF).to_bytes(4, "big")
+        )
