@@ -120,6 +120,33 @@ class AsyncClient:
     def connected(self) -> bool:
         return self._link is not None and self._link.broken is None
 
+    def drop_connection(self, reason: str) -> None:
+        """Close the current connection (loop thread): its pending requests fail at once
+        with ConnectionBroken (transient: their callers retry), and the next request
+        connects again, to the next broker of the list. For a broker that stopped being
+        the one to ask (a group's old leader) or that does not answer (frozen)."""
+        link, self._link = self._link, None
+        if link is None:
+            return
+        link.fail(ConnectionBroken(f"connection to {link.address} dropped: {reason}"))
+        self._next_broker += 1
+        if self._nursery is not None:
+            self._nursery.start_soon(trio.aclose_forcefully, link.stream)
+
+    def retarget(self, brokers: str | Sequence[str]) -> None:
+        """Use ``brokers`` from now on (a broker group's new leader, loop thread). A
+        connection to a broker no longer listed is dropped (:meth:`drop_connection`);
+        one to a broker still listed is kept. Raises ConfigError for an empty list."""
+        new = parse_brokers(brokers)
+        if new == self.brokers:
+            return
+        self.brokers = new
+        self._next_broker = 0
+        link = self._link
+        if link is not None and link.address not in {f"{h}:{p}" for h, p in new}:
+            self.drop_connection("the route names another broker")
+            self._next_broker = 0
+
     # ------------------------------------------------------------------ connection
     async def _connect(self) -> _Link:
         if self._closed:
@@ -467,6 +494,16 @@ class AsyncClient:
     async def cluster_status(self) -> control.ClusterStatus:
         """The answering broker's view of the cluster (CLUSTER_STATUS)."""
         return await self.call(control.ClusterStatusRequest(), control.ClusterStatus)
+
+    async def replication_status(self) -> control.ReplicationStatus:
+        """The answering broker's replication state (REPLICATION_STATUS): a leader
+        reports every follower's position and lag, a follower its own position."""
+        return await self.call(control.ReplicationStatusRequest(), control.ReplicationStatus)
+
+    async def replica_digest(self, range_size: int = 65536) -> control.ReplicaDigest:
+        """Checksums of the answering replica's store at one log position
+        (REPLICA_DIGEST, admin only), for comparing replicas (``equeue cluster verify``)."""
+        return await self.call(control.ReplicaDigestRequest(range_size), control.ReplicaDigest)
 
     async def get_message(
         self, topic: str = "", queue_id: int = -1, queue_offset: int = -1, global_offset: int = -1

@@ -15,7 +15,18 @@ standalone: each topic is looked up with GET_ROUTE and owned by ``""``.
 
 Routes are refreshed every ``refresh_interval`` seconds, at once after
 :meth:`Router.invalidate` (coalesced), and by :meth:`Router.call` after NOT_OWNER,
-QUEUE_UNAVAILABLE or a broken connection, before it retries at the (new) owner.
+NOT_LEADER, QUEUE_UNAVAILABLE or a broken connection, before it retries at the (new)
+owner. Refreshes of one router are never closer than :data:`MIN_REFRESH_INTERVAL`
+(a failover's retries poll the routes at that pace, and no faster).
+
+Replicas (docs/cluster.md, "Clients across a failover"): a group's route names its
+leader only. When a refresh names another leader, the group's connection is pointed
+at it (:meth:`~client.connection.AsyncClient.retarget`: requests still pending at the
+old leader fail with ConnectionBroken and are retried by their callers). After a
+routing error a caller waits with :meth:`Router.settle`: it returns as soon as the
+refreshed table names another endpoint for the queue (the new leader), else after
+the caller's backoff, so the first retry after a failover leaves within one refresh
+interval of the new leader being in the routes.
 
 Errors: :class:`~equeue.errors.TopicNotFound` for a topic the cluster lacks,
 :class:`~equeue.errors.QueueNotFound` for a queue id beyond its count,
@@ -26,6 +37,7 @@ Errors: :class:`~equeue.errors.TopicNotFound` for a topic the cluster lacks,
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -33,13 +45,13 @@ import attrs
 import trio
 
 from client.connection import AsyncClient, PushHandler
-from client.link import parse_brokers
-from client.retry import DEFAULT_POLICY, RetryPolicy, is_transient, retry_async
+from client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue import control
 from equeue.errors import (
     ClientClosed,
     ConnectionBroken,
     EQueueError,
+    NotLeader,
     NotOwner,
     QueueNotFound,
     QueueUnavailable,
@@ -49,7 +61,15 @@ from equeue.errors import (
 
 log = logging.getLogger("equeue.client")
 
-__all__ = ["BOOTSTRAP", "MAX_TOPICS_PER_REQUEST", "ROUTING_ERRORS", "RouteCache", "Router"]
+__all__ = [
+    "BOOTSTRAP",
+    "MAX_TOPICS_PER_REQUEST",
+    "MIN_REFRESH_INTERVAL",
+    "ROUTING_ERRORS",
+    "Endpoint",
+    "RouteCache",
+    "Router",
+]
 
 T = TypeVar("T")
 
@@ -58,7 +78,12 @@ BOOTSTRAP = ""
 #: GET_ROUTES names at most this many topics (the broker's limit): more are asked in turns
 MAX_TOPICS_PER_REQUEST = 1000
 #: errors after which the route table is refreshed before a retry
-ROUTING_ERRORS = (NotOwner, QueueUnavailable, ConnectionBroken)
+ROUTING_ERRORS = (NotOwner, NotLeader, QueueUnavailable, ConnectionBroken)
+#: seconds: the least time between two route refreshes of one router (what a client
+#: asks of the brokers at most while it waits out a failover)
+MIN_REFRESH_INTERVAL = 0.15
+#: where a queue is served, as the route table says: (owner group, its addresses)
+Endpoint = tuple[str, tuple[str, ...]] | None
 
 
 @attrs.define
@@ -108,6 +133,14 @@ class RouteCache:
         """The queue is known and its owner group has a live broker."""
         owner = self.owner(topic, queue_id)
         return owner is not None and self.group_available(owner)
+
+    def endpoint(self, topic: str, queue_id: int) -> Endpoint:
+        """(owner group, its addresses) of a queue; None when the queue is unknown."""
+        owner = self.owner(topic, queue_id)
+        if owner is None:
+            return None
+        g = self.groups.get(owner)
+        return owner, tuple(g.addresses) if g is not None else ()
 
     def available_queues(self, topic: str) -> list[int]:
         """The queue ids of ``topic`` whose group is available (ascending)."""
@@ -219,6 +252,15 @@ class Router:
         """The cached answer to: is the queue's owner group up?"""
         return self.cache.available(topic, queue_id)
 
+    def endpoint(self, topic: str, queue_id: int) -> Endpoint:
+        """The cached (owner group, addresses) of a queue (no I/O)."""
+        return self.cache.endpoint(topic, queue_id)
+
+    def group_addresses(self) -> dict[str, tuple[str, ...]]:
+        """Every group of the held table and its addresses (its leader; () while it
+        has none). No I/O."""
+        return {name: tuple(g.addresses) for name, g in self.cache.groups.items()}
+
     def cached(self, topic: str) -> control.TopicRoute | None:
         """The held route of ``topic`` (no I/O)."""
         return self.cache.topics.get(topic)
@@ -245,6 +287,9 @@ class Router:
         async with self._refresh_lock:
             if self._last_start > asked and self._last_topics.issuperset(names):
                 return self.cache.table()  # a refresh that began after we asked covered it
+            pause = self._last_start + MIN_REFRESH_INTERVAL - trio.current_time()
+            if pause > 0:
+                await trio.sleep(pause)
             self._last_start = trio.current_time()
             self._last_topics = frozenset(names)
             await self._fetch(names, False)
@@ -270,7 +315,7 @@ class Router:
         if self.legacy:
             return await self._legacy_routes(topics, auto_create)
         try:
-            return await self.bootstrap.get_routes(topics, auto_create)
+            return await self._ask(self.bootstrap, topics, auto_create)
         except UnknownRequest:
             log.info("the broker does not know GET_ROUTES: routing as standalone")
             self.legacy = True
@@ -283,11 +328,20 @@ class Router:
                 if name == BOOTSTRAP or gc is None:
                     continue
                 try:
-                    return await gc.client.get_routes(topics, auto_create)
+                    return await self._ask(gc.client, topics, auto_create)
                 except EQueueError as other:
                     if not is_transient(other):
                         raise
             raise
+
+    @staticmethod
+    async def _ask(client: AsyncClient, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
+        """GET_ROUTES at one client, within its connect timeout + 5 s: a broker that does
+        not answer (frozen) has its connection dropped, and ConnectionBroken is raised."""
+        with trio.move_on_after(client.connect_timeout + 5):
+            return await client.get_routes(topics, auto_create)
+        client.drop_connection("no answer to GET_ROUTES")
+        raise ConnectionBroken("no answer to GET_ROUTES")
 
     async def _legacy_routes(self, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
         found, missing = [], []
@@ -315,13 +369,17 @@ class Router:
     # ------------------------------------------------------------------ connections
     def _sync_clients(self) -> None:
         """Close the clients of groups gone from the table; point the others at the
-        group's current addresses."""
+        group's current addresses (its leader): a connection to a broker that is no
+        longer named (an old leader) is dropped, and so is every connection of a group
+        that has no leader now."""
         for name in list(self._clients):
             g = self.cache.groups.get(name)
             if g is None:
                 self._clients.pop(name).scope.cancel()
             elif g.addresses:
-                self._clients[name].client.brokers = parse_brokers(g.addresses)
+                self._clients[name].client.retarget(g.addresses)
+            else:
+                self._clients[name].client.drop_connection(f"broker group {name!r} has no leader")
 
     def _group_client(self, group: str) -> _GroupClient | None:
         """The client of ``group`` (being opened, if new); None for the bootstrap.
@@ -421,6 +479,34 @@ class Router:
             await self.refresh([])
         return {g: await self._opened(g) for g in self.cache.live_groups()}
 
+    async def settle(self, topic: str, queue_id: int, failed: Endpoint, delay: float) -> None:
+        """After a routing error at ``failed`` (the queue's endpoint the failed attempt
+        used): refresh the routes now and then every :data:`MIN_REFRESH_INTERVAL`,
+        returning as soon as they name another endpoint for the queue whose group is up
+        (a new owner or a new leader), else after ``delay`` seconds (the caller's
+        backoff). Standalone (no cluster) it just waits ``delay``. Never raises for a
+        failed refresh (logged at debug)."""
+        await self._settle([topic], lambda: self.cache.endpoint(topic, queue_id), failed, delay)
+
+    def group_endpoint(self, group: str) -> Endpoint:
+        """(group, its addresses) as held (no I/O)."""
+        g = self.cache.groups.get(group)
+        return group, tuple(g.addresses) if g is not None else ()
+
+    async def _settle(self, topics: list[str], now: Callable[[], Endpoint], failed: Endpoint, delay: float) -> None:
+        with trio.move_on_after(max(delay, 0.0)):
+            while True:
+                try:
+                    await self.refresh(topics)
+                except EQueueError as exc:
+                    log.debug("route refresh of %s failed: %s", topics, exc)
+                if not self.cache.cluster:
+                    await trio.sleep_forever()
+                endpoint = now()
+                if endpoint is not None and endpoint != failed and endpoint[1]:
+                    return
+                await trio.sleep(MIN_REFRESH_INTERVAL)
+
     async def call(
         self,
         topic: str,
@@ -428,18 +514,66 @@ class Router:
         fn: Callable[[AsyncClient], Awaitable[T]],
         policy: RetryPolicy | None = None,
     ) -> T:
-        """``await fn(owner's client)``; after NOT_OWNER, QUEUE_UNAVAILABLE or a broken
-        connection, refresh the routes and retry at the owner under ``policy`` (the
-        router's by default). Raises the last error once the policy gives up."""
+        """``await fn(owner's client)``, retried under ``policy`` (the router's by
+        default). After NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE or a broken connection
+        the routes are refreshed and the call retried at the queue's (new) owner or
+        leader as soon as the routes name one (:meth:`settle`); these routing errors are
+        retried until the policy's ``timeout`` and do not count against its
+        ``attempts`` (a failover lasts about one lease TTL). Other transient errors
+        are retried with the policy's backoff, within its attempts and timeout. Raises
+        the last error once the policy gives up, any other error at once."""
+        return await self._retry(
+            lambda: self.cache.endpoint(topic, queue_id),
+            lambda: self.client_for(topic, queue_id),
+            fn,
+            lambda seen, delay: self.settle(topic, queue_id, seen, delay),
+            policy or self.policy,
+        )
 
-        async def attempt() -> T:
+    async def call_group(
+        self, group: str, fn: Callable[[AsyncClient], Awaitable[T]], policy: RetryPolicy | None = None
+    ) -> T:
+        """``await fn(group's client)`` (the bootstrap for the standalone group ""),
+        retried like :meth:`call`: after a routing error, at the group's new leader as
+        soon as the routes name one. For requests a group answers as a whole (group
+        listings, dead letters, lookups by global offset)."""
+        return await self._retry(
+            lambda: self.group_endpoint(group),
+            lambda: self._opened(group),
+            fn,
+            lambda seen, delay: self._settle([], lambda: self.group_endpoint(group), seen, delay),
+            policy or self.policy,
+        )
+
+    async def _retry(
+        self,
+        endpoint: Callable[[], Endpoint],
+        connect: Callable[[], Awaitable[AsyncClient]],
+        fn: Callable[[AsyncClient], Awaitable[T]],
+        settle: Callable[[Endpoint, float], Awaitable[None]],
+        policy: RetryPolicy,
+    ) -> T:
+        deadline = math.inf if policy.timeout is None else trio.current_time() + policy.timeout
+        attempts = reroutes = 0
+        error: EQueueError
+        while True:
+            seen = endpoint()
             try:
-                return await fn(await self.client_for(topic, queue_id))
-            except ROUTING_ERRORS:
-                try:
-                    await self.refresh([topic])
-                except EQueueError as exc:
-                    log.debug("route refresh of %s failed: %s", topic, exc)
-                raise
-
-        return await retry_async(attempt, policy or self.policy)
+                return await fn(await connect())
+            except ROUTING_ERRORS as exc:
+                reroutes += 1
+                routing, error = True, exc
+            except EQueueError as exc:
+                if not is_transient(exc):
+                    raise
+                attempts += 1
+                routing, error = False, exc
+                if attempts >= policy.attempts:
+                    raise
+            left = deadline - trio.current_time()
+            if left <= 0:
+                raise error
+            if routing:
+                await settle(seen, min(policy.delay(reroutes), left))
+            else:
+                await trio.sleep(min(policy.delay(attempts), left))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 import trio
@@ -51,8 +51,12 @@ class Committer:
 
     def __init__(
         self, client: OffsetClient, group: str, consumer_id: str, options: ConsumerOptions,
-        store: BroadcastOffsetStore | None,
+        store: BroadcastOffsetStore | None, regain: Callable[[], Awaitable[None]] | None = None,
     ) -> None:  # fmt: skip
+        #: a heartbeat round, waited for: a commit refused with NOT_QUEUE_OWNER is made
+        #: once more after it (the broker may be a new leader that has not seen this
+        #: member yet: :meth:`consumer.rebalance.Coordinator.heartbeat_now`)
+        self.regain = regain
         self.client = client
         self.group = group
         self.consumer_id = consumer_id
@@ -92,7 +96,13 @@ class Committer:
             try:
                 await self.client.commit_offset(self.group, q.topic, q.queue_id, off, self.consumer_id)
             except NotQueueOwner:
-                return CommitStatus.LEASE_LOST
+                if self.regain is None:
+                    return CommitStatus.LEASE_LOST
+                await self.regain()
+                try:
+                    await self.client.commit_offset(self.group, q.topic, q.queue_id, off, self.consumer_id)
+                except NotQueueOwner:
+                    return CommitStatus.LEASE_LOST
             q.last_committed = off
         return CommitStatus.OK
 

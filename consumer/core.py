@@ -135,14 +135,16 @@ class AsyncConsumer:
         self.counters = Counters()
         logs = RateLimitedLog(log, LOG_INTERVAL, trio.current_time)
         self.dispatcher = Dispatcher(o, self.counters)
-        committer = Committer(self.calls, self.group, self.consumer_id, o, store)
+        committer = Committer(self.calls, self.group, self.consumer_id, o, store,
+                              regain=lambda: self.coordinator.heartbeat_now())  # fmt: skip
         self._send_back = SendBack(
             self.calls, self.group, o, self.counters, self._retry_sent, logs
         )
         pull = PullLoop(
-            self.router.client_for, self.router.refresh, o, self.group if clustering else "", self.consumer_id if clustering else "",
+            self.router.client_for, self.router.endpoint, self.router.settle, o, self.group if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
+            regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
         )  # fmt: skip
         self.assignments = Assignments(
             self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
@@ -179,6 +181,7 @@ class AsyncConsumer:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
         self._nursery.start_soon(self.coordinator.run)
+        self._nursery.start_soon(self.coordinator.expire_loop)
         self._nursery.start_soon(self.assignments.commit_loop)
         return self
 

@@ -97,6 +97,12 @@ class ConsumerOptions:
     pull_batch: int = attrs.field(default=DEFAULTS.pull_batch, validator=positive)
     max_pull_batch: int = attrs.field(default=512, validator=positive)
     heartbeat_interval: float = attrs.field(default=DEFAULTS.heartbeat_interval, validator=positive)
+    #: client-side lease expiry (seconds): when no heartbeat to a broker group has
+    #: succeeded for this long (counted from the sending of the last one answered), the
+    #: member stops handing out what it buffered from that group's queues: the broker
+    #: has dropped its leases by then and another member may hold them. Keep it at or
+    #: below the brokers' ``--member-expiry`` (default 15 s).
+    lease_expiry: float = attrs.field(default=15.0, validator=positive)
     rebalance_interval: float = attrs.field(default=DEFAULTS.rebalance_interval, validator=positive)
     commit_interval: float = attrs.field(default=DEFAULTS.commit_interval, validator=positive)
     max_buffered_messages: int = attrs.field(default=DEFAULTS.max_buffered_messages, validator=positive)

@@ -5,25 +5,26 @@ One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs 
 one :class:`~consumer.process.ProcessQueue` until the queue is stopped or its lease
 is lost (the returned :class:`PullEnd` says which).
 
-Each queue is pulled from the broker group that owns it: the loop resolves the
-owner's connection once (:meth:`client.routing.Router.client_for`) and keeps it
-until NOT_OWNER, QUEUE_UNAVAILABLE or a broken connection, after which it refreshes
-the routes and resolves again, pausing with backoff meanwhile. A queue whose group
-is down thus waits alone; the other queues' loops go on.
+Each queue is pulled from the broker group that owns it (its leader): the loop
+resolves the owner's connection once (:meth:`client.routing.Router.client_for`) and
+keeps it until NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE or a broken connection, after
+which it waits for the routes to name another endpoint (a new owner or leader:
+:meth:`client.routing.Router.settle`, backoff at most) and resolves again. A queue
+whose group is down or failing over thus waits alone; the other queues' loops go on.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import attrs
 import trio
 
 from client.retry import DEFAULT_POLICY
-from client.routing import ROUTING_ERRORS
+from client.routing import ROUTING_ERRORS, Endpoint
 from consumer.options import ConsumerOptions
 from consumer.process import ProcessQueue
 from consumer.sendback import SendBackResult
@@ -71,7 +72,10 @@ class PullLoop:
     the counters, where a queue starts and where pulled messages go."""
 
     client_for: Callable[[str, int], Awaitable[Requester]]
-    refresh_routes: Callable[[Iterable[str]], Awaitable[object]]
+    #: the queue's current endpoint, and the wait after a routing error
+    #: (:meth:`client.routing.Router.endpoint`, :meth:`~client.routing.Router.settle`)
+    endpoint: Callable[[str, int], Endpoint]
+    settle: Callable[[str, int, Endpoint, float], Awaitable[None]]
     options: ConsumerOptions
     group: str
     consumer_id: str
@@ -83,6 +87,10 @@ class PullLoop:
     #: topic (:meth:`consumer.sendback.SendBack.dead_letter`); None (broadcast mode):
     #: a poison record is only skipped
     dead_letter: Callable[[tuple[str, int, int]], Awaitable[SendBackResult]] | None = None
+    #: a heartbeat round now, waited for (:meth:`consumer.rebalance.Coordinator.heartbeat_now`):
+    #: after NOT_QUEUE_OWNER the broker may be a group's new leader that has not seen
+    #: this member yet; the pull is made once more before the queue counts as lost
+    regain: Callable[[], Awaitable[None]] | None = None
 
     async def run(self, q: ProcessQueue) -> PullEnd:
         """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
@@ -114,12 +122,14 @@ class PullLoop:
         tags = "" if q.retry else (o.tags or "")
         deliver, counters = self.deliver, self.counters
         client: Requester | None = None
+        endpoint: Endpoint = None
         verify = o.verify_checksums
         # a consumer that checks every record itself spares the broker its recheck
         flags = wire.PULL_CLIENT_VERIFIES if verify else 0
         max_messages, max_bytes = o.max_buffered_messages, o.max_buffered_bytes
         decode = wire.decode_pull_messages
         failures = overflows = 0
+        regained = False  # NOT_QUEUE_OWNER once: a heartbeat round, then one more pull
         #: after this consumer's decoder found a corrupt record in a batch: pull that
         #: many records one at a time, to find which one (and skip only it)
         single = 0
@@ -134,20 +144,21 @@ class PullLoop:
                                    self.consumer_id, tags, flags)  # fmt: skip
             try:
                 if client is None:
+                    endpoint = self.endpoint(q.topic, q.queue_id)
                     client = await self.client_for(q.topic, q.queue_id)
                 payload = await client.request(RequestCode.PULL, req.encode())
             except NotQueueOwner:
-                return PullEnd.LEASE_LOST
+                if regained or self.regain is None:
+                    return PullEnd.LEASE_LOST
+                regained = True
+                await self.regain()
+                continue
             except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
                 client = None
                 failures += 1
                 level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING
                 self.logs.log(level, f"route {q.key}", "queue %s: %s; refreshing routes", q.key, exc)
-                try:
-                    await self.refresh_routes([q.topic])
-                except EQueueError as refresh_error:
-                    log.debug("route refresh of %s failed: %s", q.topic, refresh_error)
-                await trio.sleep(DEFAULT_POLICY.delay(failures))
+                await self.settle(q.topic, q.queue_id, endpoint, DEFAULT_POLICY.delay(failures))
                 continue
             except CorruptRecord as exc:  # the broker's: the first record it would return
                 if not await self._quarantine(q, offset, exc):
@@ -182,6 +193,7 @@ class PullLoop:
                 await trio.sleep(DEFAULT_POLICY.delay(failures))
                 continue
             failures = 0
+            regained = False
             if single:
                 single -= 1
             if q.stopped:

@@ -18,6 +18,22 @@ A group that does not answer keeps its queues as they are (its leases expire at 
 broker if this member stays away; no queue of it is started meanwhile). Standalone
 there is one group and one heartbeat, as before.
 
+Across a failover (docs/cluster.md, "Clients across a failover"): leases live in the
+leader's memory, so a group's new leader starts with none. Each heartbeat asks the
+group again for the leases of the queues this member consumes there (granted only if
+no other live member took them), so the member keeps its queues at the new leader.
+When the routes name a new leader for a group this member heartbeats to, a round runs
+at once (not at the next timer tick); after a heartbeat failed on a routing error
+(NOT_LEADER, QUEUE_UNAVAILABLE, a broken connection) rounds repeat every
+:data:`RETRY_INTERVAL` until it answers. A pull or commit refused with
+NOT_QUEUE_OWNER first asks for such a round (:meth:`Coordinator.heartbeat_now`).
+
+Client-side lease expiry (like RocketMQ's lock expiry): when no heartbeat to a broker
+group has succeeded for ``lease_expiry`` seconds, counted from the sending of the last
+one answered, the member drops that group's queues (:meth:`Assignments.lease_lost`:
+nothing more of them is handed out, what was buffered is dropped, nothing committed),
+since the broker has expired this member by then and another may hold them.
+
 Broadcast: the heartbeat only announces the member; it consumes every queue of every
 group.
 """
@@ -26,23 +42,28 @@ from __future__ import annotations
 
 import logging
 import socket
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 import trio
 
+from client.routing import ROUTING_ERRORS
 from consumer.assignments import Assignments
 from consumer.options import ConsumeMode, ConsumerOptions
 from consumer.process import Lease, lease_name, parse_lease
 from consumer.stats import Counters
 from equeue import control
 from equeue.allocation import allocate_for
-from equeue.errors import EQueueError, QueueUnavailable
+from equeue.errors import ConnectionBroken, EQueueError, QueueUnavailable
+from equeue.logs import RateLimitedLog
 from equeue.names import retry_topic
 
 log = logging.getLogger("equeue.consumer")
 
-__all__ = ["Coordinator"]
+__all__ = ["RETRY_INTERVAL", "Coordinator"]
+
+#: seconds between rounds while a broker group's heartbeat fails on a routing error
+RETRY_INTERVAL = 0.5
 
 
 class GroupClient(Protocol):
@@ -61,6 +82,10 @@ class GroupRouter(Protocol):
     def owner(self, topic: str, queue_id: int) -> str | None: ...
 
     def cached(self, topic: str) -> control.TopicRoute | None: ...
+
+    def subscribe(self, listener: Callable[[], None]) -> None: ...
+
+    def group_addresses(self) -> dict[str, tuple[str, ...]]: ...
 
 
 class Coordinator:
@@ -89,23 +114,85 @@ class Coordinator:
         self.members: list[control.MemberInfo] = []
         self.wake = trio.Event()
         self.rebalances = 0
+        #: heartbeat failures repeat every RETRY_INTERVAL during a failover: rate-limited
+        self.logs = RateLimitedLog(log, 10.0, trio.current_time)
+        #: broker group -> trio time the last answered heartbeat to it was sent
+        self.last_ok: dict[str, float] = {}
+        #: broker groups whose last heartbeat failed on a routing error
+        self.unreached: set[str] = set()
+        #: rounds begun and finished (:meth:`heartbeat_now` waits on them)
+        self._begun = self._finished = 0
+        self._round_done = trio.Event()
+        #: the addresses (leaders) of the broker groups, as last seen in the routes
+        self._leaders: dict[str, tuple[str, ...]] = {}
+        router.subscribe(self._routes_changed)
 
     def trigger(self) -> None:
         """Rebalance now (membership changed, or a retry topic appeared)."""
         self.wake.set()
 
+    def _routes_changed(self) -> None:
+        """The router took a table: a round now if a group this member heartbeats to
+        has a new leader (its leases are to be asked of it)."""
+        now = self.router.group_addresses()
+        moved = any(addrs and self._leaders.get(name) != addrs for name, addrs in now.items() if name in self.last_ok)
+        self._leaders = now
+        if moved:
+            self.trigger()
+
+    async def heartbeat_now(self) -> None:
+        """Run a round that begins after this call, and wait for its end (a pull or a
+        commit refused with NOT_QUEUE_OWNER: the broker may be a new leader that has
+        not seen this member yet)."""
+        target = self._begun + 1
+        self.trigger()
+        with trio.move_on_after(self.options.heartbeat_interval + self.options.connect_timeout):
+            while self._finished < target:
+                await self._round_done.wait()
+
     async def run(self) -> None:
-        """Heartbeat and rebalance until cancelled."""
+        """Heartbeat and rebalance until cancelled; expire this member's queues of a
+        group it could not heartbeat to for ``lease_expiry`` (module docstring)."""
         o = self.options
         interval = min(o.heartbeat_interval, o.rebalance_interval)
         while True:
-            with trio.move_on_after(interval):
+            with trio.move_on_after(min(interval, RETRY_INTERVAL) if self.unreached else interval):
                 await self.wake.wait()
             self.wake = trio.Event()
             try:
                 await self.rebalance()
             except EQueueError as exc:
-                log.warning("group %s: heartbeat/rebalance failed: %s", self.group, exc)
+                self.logs.log(logging.WARNING, "rebalance", "group %s: heartbeat/rebalance failed: %s", self.group, exc)
+
+    async def expire_loop(self) -> None:
+        """Drop the queues of a broker group not heartbeaten for ``lease_expiry``, at
+        that moment (a task of its own: a round may hang on a frozen broker)."""
+        while True:
+            await trio.sleep(max(0.0, min(self._next_expiry() - trio.current_time(), 1.0)))
+            self._expire()
+
+    def _owner(self, lease: Lease) -> str:
+        return self.router.owner(*lease) or ""
+
+    def _next_expiry(self) -> float:
+        """When the first of this member's queues expires client-side (inf: none)."""
+        groups = {self._owner(lease) for lease in self.assignments.queues}
+        return min((self.last_ok[g] + self.options.lease_expiry for g in groups if g in self.last_ok),
+                   default=float("inf"))  # fmt: skip
+
+    def _expire(self) -> None:
+        """Drop the queues of every group not heartbeaten for ``lease_expiry``."""
+        if self.options.mode != ConsumeMode.CLUSTERING:
+            return
+        now = trio.current_time()
+        a = self.assignments
+        for lease, q in list(a.queues.items()):
+            seen = self.last_ok.get(self._owner(lease))
+            if seen is not None and now - seen >= self.options.lease_expiry:
+                log.warning("group %s: no heartbeat to broker group %r answered for %.1f s; dropping %s "
+                            "(its lease has expired at the broker)", self.group, self._owner(lease), now - seen,
+                            q.key)  # fmt: skip
+                a.lease_lost(q)
 
     def _heartbeat(self, acquire: list[Lease]) -> control.Heartbeat:
         return control.Heartbeat(
@@ -116,15 +203,27 @@ class Coordinator:
 
     async def rebalance(self) -> None:
         """One round: heartbeat, compute the allocation, start/revoke queues, acquire."""
+        self._begun += 1
+        try:
+            if not self.assignments.closing:
+                await self._round()
+        finally:
+            self._finished += 1
+            self._round_done.set()
+            self._round_done = trio.Event()
+
+    async def _round(self) -> None:
         a = self.assignments
-        if a.closing:
-            return
         self.rebalances += 1
         try:
             await self.router.refresh(self.topics)
         except EQueueError as exc:
             log.debug("group %s: route refresh failed (keeping the held routes): %s", self.group, exc)
         clients = await self.router.clients_for_topics(self.topics)
+        # a group owning queues of these topics with no leader now (down, or failing
+        # over): rounds repeat every RETRY_INTERVAL until it answers
+        owners = {g for t in self.topics if (r := self.router.cached(t)) is not None for g in r.owners}
+        self.unreached = {g for g in self.unreached if g in owners} | (owners - set(clients))
         if self.options.mode == ConsumeMode.BROADCAST:
             self._apply_broadcast(await self._fan_out(clients, []))
             return
@@ -142,13 +241,27 @@ class Coordinator:
         answers: dict[str, control.HeartbeatAnswer] = {}
         errors: list[EQueueError] = []
 
+        # the queues consumed here are asked for again: a new leader starts with no lease
+        consumed = [lease for lease in self.assignments.queues if lease not in self.assignments.revoking]
+        wanted = sorted(set(acquire) | set(consumed)) if self.options.mode == ConsumeMode.CLUSTERING else []
+
         async def one(name: str, client: GroupClient) -> None:
-            mine = [lease for lease in acquire if (self.router.owner(*lease) or "") == name]
+            mine = [lease for lease in wanted if self._owner(lease) == name]
+            sent = trio.current_time()
             try:
-                answers[name] = await client.heartbeat(self._heartbeat(mine))
+                with trio.move_on_after(self.options.connect_timeout + 5) as cs:
+                    answers[name] = await client.heartbeat(self._heartbeat(mine))
+                if cs.cancelled_caught:
+                    raise ConnectionBroken(f"no answer within {self.options.connect_timeout + 5:g} s")
             except EQueueError as exc:
-                log.warning("group %s: heartbeat to broker group %r failed: %s", self.group, name, exc)
+                if isinstance(exc, ROUTING_ERRORS):
+                    self.unreached.add(name)
+                self.logs.log(logging.WARNING, f"heartbeat {name}", "group %s: heartbeat to broker group %r failed: %s",
+                              self.group, name, exc)  # fmt: skip
                 errors.append(exc)
+                return
+            self.unreached.discard(name)
+            self.last_ok[name] = sent
 
         async with trio.open_nursery() as nursery:
             for name, client in clients.items():

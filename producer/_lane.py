@@ -21,13 +21,19 @@ window drain, then decides per batch in order:
   id and sequence after the pause of the producer's retry policy
   (:meth:`client.retry.RetryPolicy.delay`), up to ``retries`` times within
   ``send_timeout``;
-- NOT_OWNER, QUEUE_UNAVAILABLE (the queue's broker group moved or is down) and a
-  lost connection: the routes are refreshed (:meth:`client.routing.Router.refresh`)
-  and the batch is resent, keeping its id and sequence, to the queue's owner as the
-  new table says. Idempotence holds: a queue is owned by one group, which keeps the
-  sequence of the queue, and a refused batch was stored nowhere. NOT_OWNER and
-  QUEUE_UNAVAILABLE do not count against ``retries``: they are retried (with the
-  policy's backoff) until ``send_timeout``, then QUEUE_UNAVAILABLE is raised as is;
+- NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE (the queue's broker group moved, is
+  failing over to another replica, or is down) and a lost connection: the routes are
+  refreshed and the batch is resent, keeping its id and sequence, to the queue's owner
+  (its group's leader) as the new table says, the moment the table names one
+  (:meth:`client.routing.Router.settle`: the routes are polled meanwhile, at most one
+  refresh per :data:`client.routing.MIN_REFRESH_INTERVAL`; the policy's backoff when
+  they do not change). Idempotence holds: a queue is owned by one group, whose
+  replicas share its producer state, and a refused batch was stored nowhere.
+  NOT_OWNER, NOT_LEADER and QUEUE_UNAVAILABLE do not count against ``retries``: they
+  are retried until ``send_timeout``, then QUEUE_UNAVAILABLE is raised as is;
+- NOT_ENOUGH_REPLICAS (the group's in-sync set is below ``--min-insync``): resent
+  with the same id and sequence after the policy's backoff, until ``send_timeout``
+  (not counted against ``retries``), then raised as is;
 - anything else, or retries/time exhausted: the batch fails with that error.
   When a written batch fails, the lane switches to a fresh producer id (its fate
   may be unknown, and the broker would refuse what follows it as a gap). With
@@ -60,6 +66,8 @@ from equeue.errors import (
     ClientClosed,
     EQueueError,
     ErrorCode,
+    NotEnoughReplicas,
+    NotLeader,
     NotOwner,
     OperationTimeout,
     OutOfOrderSequence,
@@ -103,6 +111,11 @@ class _Lane:
         #: the owner group's client (None: resolve it before the next write)
         self.client: AsyncClient | None = router.client_now(topic, queue_id)
         self.owner = router.owner(topic, queue_id)
+        #: the queue's endpoint (owner group, its leader) when the client was resolved:
+        #: after a routing error the lane waits for the routes to name another one
+        self.endpoint = router.endpoint(topic, queue_id)
+        #: consecutive NOT_ENOUGH_REPLICAS rounds (their backoff)
+        self.replica_waits = 0
         #: consecutive routing failures (the backoff of NOT_OWNER/QUEUE_UNAVAILABLE)
         self.route_failures = 0
         #: routing failures over the lane's life (reroutes after a refresh)
@@ -142,9 +155,11 @@ class _Lane:
     async def _resolve(self) -> AsyncClient | None:
         """The owner's client; on failure (group down, topic gone) the queued batches
         go to the retry path with that error, and None is returned."""
+        self.endpoint = self.router.endpoint(self.topic, self.queue_id)
         try:
             client = self.client = await self.router.client_for(self.topic, self.queue_id)
         except EQueueError as exc:
+            self.endpoint = self.router.endpoint(self.topic, self.queue_id)
             with self.lock:
                 batches = list(self.sendq)
                 self.sendq.clear()
@@ -155,6 +170,7 @@ class _Lane:
             self.poke()
             return None
         self.owner = self.router.owner(self.topic, self.queue_id)
+        self.endpoint = self.router.endpoint(self.topic, self.queue_id)
         return client
 
     def poke(self) -> None:
@@ -349,13 +365,17 @@ class _Lane:
                 self.on_queue_missing(self.topic)
             if isinstance(e, ROUTING_ERRORS):
                 reroute = True
-                if isinstance(e, NotOwner | QueueUnavailable):  # retried until send_timeout
-                    if time.monotonic() >= b.deadline:
-                        self.fail(b, e if isinstance(e, QueueUnavailable) else OperationTimeout(
-                            f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip
-                        continue
-                    resend.append(b)
+            if isinstance(e, NotOwner | NotLeader | QueueUnavailable | NotEnoughReplicas):  # until send_timeout
+                if time.monotonic() >= b.deadline:
+                    self.fail(b, e if isinstance(e, QueueUnavailable | NotEnoughReplicas) else OperationTimeout(
+                        f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip
                     continue
+                if isinstance(e, NotEnoughReplicas):
+                    self.replica_waits += 1
+                    backoff_attempts = max(backoff_attempts, self.replica_waits)
+                resend.append(b)
+                explained = True
+                continue
             if isinstance(e, ClientClosed) or not (isinstance(e, EQueueError) and e.transient):
                 self.fail(b, e)
                 explained = True
@@ -374,29 +394,19 @@ class _Lane:
             log.debug("retrying %s/%d seq %d (attempt %d): %s", self.topic, self.queue_id, b.seq, b.attempts, e)
             resend.append(b)
         self.retry = []
+        left = max(0.0, min(b.deadline for b in resend) - time.monotonic()) if resend else 0.0
         if reroute:
             self.client = None  # resolved again, from the refreshed table, before the next write
             self.route_failures += 1
             self.reroutes += 1
-            stale_owner = self.router.owner(self.topic, self.queue_id)
-            try:
-                await self.router.refresh([self.topic])
-            except EQueueError as exc:
-                log.debug("route refresh of %s failed: %s", self.topic, exc)
-            # the refresh named another owner that is up: resend there at once (the
-            # pause is for a table that did not change, or an owner that is down)
-            moved = (
-                self.router.owner(self.topic, self.queue_id) != stale_owner
-                and self.router.available(self.topic, self.queue_id)
-            )
-            if not moved:
-                backoff_attempts = max(backoff_attempts, self.route_failures)
+            # resend at once when the refreshed table names another owner or leader
+            # that is up; else after the backoff (the table is polled meanwhile)
+            attempts = max(backoff_attempts, self.route_failures)
+            await self.router.settle(self.topic, self.queue_id, self.endpoint, min(self.policy.delay(attempts), left))
         else:
             self.route_failures = 0
-        if backoff_attempts and resend:
-            delay = self.policy.delay(backoff_attempts)
-            delay = min(delay, max(0.0, min(b.deadline for b in resend) - time.monotonic()))
-            await trio.sleep(delay)
+            if backoff_attempts and resend:
+                await trio.sleep(min(self.policy.delay(backoff_attempts), left))
         with self.lock:
             self.sendq.extendleft(reversed(resend))
 
@@ -404,6 +414,7 @@ class _Lane:
     def resolve(self, b: _Batch, answer: wire.ProduceResponse) -> None:
         b.finish(answer, None)
         self.route_failures = 0  # the owner answered: a later NOT_OWNER backs off from the start
+        self.replica_waits = 0
         self._release(b)
 
     def fail(self, b: _Batch, error: BaseException) -> None:

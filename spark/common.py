@@ -7,18 +7,36 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from client.retry import RetryPolicy
+from client.routing import MIN_REFRESH_INTERVAL
 from client.sync import Client
 from equeue.control import RouteTable
-from equeue.errors import ConfigError, EQueueError, QueueUnavailable
+from equeue.errors import (
+    ConfigError,
+    ConnectionBroken,
+    EQueueError,
+    NotLeader,
+    NotOwner,
+    QueueUnavailable,
+    TlsError,
+)
 from equeue.security import ClientSecurity
 
+log = logging.getLogger("equeue.spark")
+
+T = TypeVar("T")
+
 __all__ = [
+    "DEFAULT_FAILOVER_TIMEOUT",
+    "ROUTING_ERRORS",
     "DataLossError",
     "Owner",
     "Routes",
@@ -27,6 +45,7 @@ __all__ = [
     "opt_int",
     "opt_str",
     "parse_offsets_json",
+    "retry_routing",
     "routes_for",
     "topics_of",
 ]
@@ -136,6 +155,40 @@ def routes_for(brokers: str, topics: Sequence[str], security: ClientSecurity | N
     """The routes of ``topics`` (one GET_ROUTES round trip to ``brokers``; no topic is
     created). Raises what the client raises (ConnectionBroken, ...)."""
     return Routes(client_for(brokers, security).get_routes(list(topics), auto_create=False), brokers)
+
+
+# --------------------------------------------------------------------------- failover
+#: seconds the source waits out a broker group's failover (option ``failoverTimeout``)
+DEFAULT_FAILOVER_TIMEOUT = 30.0
+#: what a failover looks like to a reader: the old leader refuses (NOT_LEADER), is
+#: gone (a broken connection), or the group has no leader yet (QUEUE_UNAVAILABLE)
+ROUTING_ERRORS = (NotLeader, NotOwner, QueueUnavailable, ConnectionBroken)
+#: the pauses between two attempts: from one route refresh interval up to 1 s
+FAILOVER_PAUSES = RetryPolicy(wait_initial=MIN_REFRESH_INTERVAL, wait_max=1.0, wait_jitter=0.05)
+
+
+def is_failover(exc: BaseException) -> bool:
+    """A routing error worth waiting out (a certificate problem is not)."""
+    return isinstance(exc, ROUTING_ERRORS) and not isinstance(exc, TlsError)
+
+
+def retry_routing(fn: Callable[[], T], timeout: float, what: str) -> T:
+    """``fn()``, called again while it fails on a routing error (:func:`is_failover`:
+    a group failing over to a new leader, or down), with short pauses
+    (:data:`FAILOVER_PAUSES`), for at most ``timeout`` seconds; ``fn`` reads the routes
+    again on each call. Raises the last error after that, any other error at once."""
+    deadline = time.monotonic() + timeout
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except EQueueError as exc:
+            attempt += 1
+            left = deadline - time.monotonic()
+            if not is_failover(exc) or left <= 0:
+                raise
+            log.info("equeue: %s: %s; reading the routes again (attempt %d)", what, exc, attempt)
+            time.sleep(min(FAILOVER_PAUSES.delay(attempt), left))
 
 
 # --------------------------------------------------------------------------- options

@@ -15,11 +15,19 @@ driver asks it for the route table (GET_ROUTES), reads each queue's bounds from 
 queue's owner group, and every input partition carries its owner's address, so the
 workers pull each range from the broker that holds it. A queue whose group is down
 fails the batch with QueueUnavailable naming the queue and the group (never skipped).
+
+Across a failover (docs/cluster.md, "Clients across a failover"): a range read that
+meets NOT_LEADER, NOT_OWNER, QUEUE_UNAVAILABLE or a broken connection reads the
+routes again from ``brokers`` and goes on at the group's new leader from the first
+offset it has not yielded yet (no row skipped or repeated), for at most
+``failoverTimeout`` seconds; the driver's bound and route reads wait out a failover
+the same way (:func:`spark.common.retry_routing`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -55,26 +63,28 @@ from pyspark.sql.types import (
 from equeue import wire
 from equeue.errors import (
     ConfigError,
-    ConnectionBroken,
     EQueueError,
     QueueUnavailable,
-    TlsError,
     TopicNotFound,
 )
 from equeue.protocol import PullStatus
 from equeue.security import ClientSecurity
 from spark.columns import packed_batch
 from spark.common import (
+    DEFAULT_FAILOVER_TIMEOUT,
     EARLIEST,
+    FAILOVER_PAUSES,
     LATEST,
     DataLossError,
     Owner,
     Routes,
     client_for,
+    is_failover,
     opt_bool,
     opt_int,
     opt_str,
     parse_offsets_json,
+    retry_routing,
     routes_for,
     topics_of,
 )
@@ -139,33 +149,63 @@ def read_range(
     schema: pa.Schema,
     fail_on_data_loss: bool = True,
     security: ClientSecurity | None = None,
+    bootstrap: str | None = None,
+    failover_timeout: float = DEFAULT_FAILOVER_TIMEOUT,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the records of ``part`` as Arrow batches (one per pull, ≤ 10,000 rows),
-    connecting per ``security`` (TLS, credentials; None: the ``EQUEUE_*`` environment).
+    read at ``brokers`` (the owner's leader when the plan was made), connecting per
+    ``security`` (TLS, credentials; None: the ``EQUEUE_*`` environment).
+
+    A failover during the read (NOT_LEADER, NOT_OWNER, QUEUE_UNAVAILABLE, a broken
+    connection, for a queue of a cluster group) is waited out: the routes are read
+    again from ``bootstrap`` (the source's ``brokers`` option) and the read goes on at
+    the queue's new leader from the first offset not yielded yet, so no row is
+    skipped or repeated; for at most ``failover_timeout`` seconds.
 
     Raises DataLossError (with ``fail_on_data_loss``) when part of the range is no
     longer retained or the queue is shorter than the range; otherwise logs a warning
     and skips what is gone. Raises CorruptRecord for a damaged record, and
-    QueueUnavailable when the owner group of a cluster queue cannot be reached.
+    QueueUnavailable when the owner group of a cluster queue cannot be reached
+    within ``failover_timeout``.
     """
     if part.start >= part.end:
         return
-    try:
-        yield from _read_range(brokers, part, schema, fail_on_data_loss, security)
-    except TlsError:
-        raise
-    except ConnectionBroken as exc:
-        if not part.group:
-            raise
-        raise QueueUnavailable(
-            f"equeue source: {part.topic}/{part.queue_id} is owned by broker group {part.group!r} "
-            f"({brokers}), which cannot be reached: {exc}"
-        ) from exc
+    deadline = time.monotonic() + failover_timeout
+    done = [part.start]  # the first offset not yielded yet (_read_range keeps it)
+    address = brokers
+    attempt = 0
+    while True:
+        try:
+            yield from _read_range(address, replace(part, start=done[0]), schema, fail_on_data_loss, security, done)
+            return
+        except EQueueError as exc:
+            if not part.group or not is_failover(exc):
+                raise
+            attempt += 1
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise QueueUnavailable(
+                    f"equeue source: {part.topic}/{part.queue_id} is owned by broker group {part.group!r}, "
+                    f"which could not be read within failoverTimeout ({failover_timeout:g} s): {exc}"
+                ) from exc
+            log.info("equeue source: %s/%d at offset %d: %s; reading the routes again",
+                     part.topic, part.queue_id, done[0], exc)  # fmt: skip
+            time.sleep(min(FAILOVER_PAUSES.delay(attempt), left))
+            if bootstrap:
+                try:
+                    owner = routes_for(bootstrap, [part.topic], security).owner(part.topic, part.queue_id)
+                except EQueueError as refresh_error:
+                    log.info("equeue source: reading the routes failed: %s", refresh_error)
+                else:
+                    address = owner.address or address
 
 
 def _read_range(
-    brokers: str, part: RangePartition, schema: pa.Schema, fail_on_data_loss: bool, security: ClientSecurity | None
+    brokers: str, part: RangePartition, schema: pa.Schema, fail_on_data_loss: bool, security: ClientSecurity | None,
+    done: list[int],
 ) -> Iterator[pa.RecordBatch]:
+    """The read of :func:`read_range` at one address; ``done[0]`` is kept at the first
+    offset not yielded (or skipped as lost) yet."""
     pos, end = part.start, part.end
     topic, qid = part.topic, part.queue_id
     puller = puller_for(brokers, security)
@@ -202,7 +242,9 @@ def _read_range(
                     restart(pos)  # a short answer (byte cap): the pulls sent after it start too far on
                 else:
                     fill()
-                yield packed_batch(payload, topic, qid, first, count, schema)
+                batch = packed_batch(payload, topic, qid, first, count, schema)
+                done[0] = pos
+                yield batch
                 if pos >= end:
                     return
             elif status is PullStatus.OFFSET_TOO_SMALL:
@@ -212,7 +254,7 @@ def _read_range(
                     "lost data",
                     fail_on_data_loss,
                 )
-                pos = lo
+                pos = done[0] = lo
                 if pos >= end:
                     return
                 restart(pos)
@@ -299,6 +341,13 @@ class _Options:
         )
         if self.max_per_partition < 1:
             raise ConfigError("maxRecordsPerPartition must be >= 1")
+        timeout = opt_str(options, "failoverTimeout", str(DEFAULT_FAILOVER_TIMEOUT))
+        try:
+            self.failover_timeout = float(timeout)
+        except ValueError:
+            raise ConfigError(f'option "failoverTimeout" must be a number of seconds, got {timeout!r}') from None
+        if not self.failover_timeout >= 0:
+            raise ConfigError("failoverTimeout must be >= 0")
 
 
 class _Base:
@@ -316,11 +365,15 @@ class _Base:
 
     def bounds(self) -> dict[str, dict[int, tuple[int, int]]]:
         """Per topic and queue: (lowest retained offset, next offset to be written),
-        each read from the queue's owner (one DESCRIBE_TOPIC per owner group).
+        each read from the queue's owner (one DESCRIBE_TOPIC per owner group; a
+        failover is waited out up to ``failoverTimeout``).
 
         A topic that does not exist (yet) has no queues (logged once per call).
         Raises QueueUnavailable when a queue's group is down: its bounds are unknown,
         and a batch that left it out would silently skip its messages."""
+        return retry_routing(self._bounds, self.opts.failover_timeout, "reading the queue bounds")
+
+    def _bounds(self) -> dict[str, dict[int, tuple[int, int]]]:
         routes = self.routes()
         out: dict[str, dict[int, tuple[int, int]]] = {}
         for t in self.opts.topics:
@@ -370,7 +423,7 @@ class _Base:
         assert isinstance(partition, RangePartition)
         yield from read_range(
             partition.address or self.opts.brokers, partition, self.arrow_schema,
-            self.opts.fail_on_data_loss, self.opts.security,
+            self.opts.fail_on_data_loss, self.opts.security, self.opts.brokers, self.opts.failover_timeout,
         )  # fmt: skip
 
     def plan(self, start: Offsets, end: Offsets) -> list[RangePartition]:
@@ -386,12 +439,17 @@ class _Base:
         parts = split_ranges(ranges, self.opts.min_partitions, self.opts.max_per_partition)
         if not parts:
             return parts
-        routes = self.routes()
-        owners: dict[tuple[str, int], Owner] = {}
-        for t in {p.topic for p in parts}:
-            qids = sorted({p.queue_id for p in parts if p.topic == t})
-            for owner, qs in routes.by_owner(t, qids).items():
-                owners.update({(t, q): owner for q in qs})
+
+        def owners_now() -> dict[tuple[str, int], Owner]:
+            routes = self.routes()
+            out: dict[tuple[str, int], Owner] = {}
+            for t in {p.topic for p in parts}:
+                qids = sorted({p.queue_id for p in parts if p.topic == t})
+                for owner, qs in routes.by_owner(t, qids).items():
+                    out.update({(t, q): owner for q in qs})
+            return out
+
+        owners = retry_routing(owners_now, self.opts.failover_timeout, "reading the routes")
         return [
             replace(p, address=owners[p.topic, p.queue_id].address, group=owners[p.topic, p.queue_id].group)
             for p in parts

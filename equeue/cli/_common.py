@@ -91,6 +91,15 @@ def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
         fail(str(exc))
 
 
+def leader(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
+    """``await fn(client)`` at ``broker``, or, when it is a follower (NOT_LEADER), at
+    a group's leader (:func:`equeue.cli._routed.at_any_leader`): topic administration,
+    which any leader serves. Errors become one-line failures."""
+    from equeue.cli._routed import at_any_leader
+
+    return routed(broker, lambda router: at_any_leader(router, fn))
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:
     """Print an aligned table (numbers right-aligned)."""
     if title:

@@ -2,7 +2,10 @@
 
 In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
 "Administration"), so commands that show or change per-queue state fan out through a
-:class:`client.routing.Router` and merge the answers here. Standalone there is one
+:class:`client.routing.Router` and merge the answers here. Each request goes through
+:meth:`~client.routing.Router.call` or :meth:`~client.routing.Router.call_group`, so a
+group failing over to another replica (NOT_LEADER, a broken connection) is waited out
+and the request is made again at its new leader. Standalone there is one
 group (the broker given with ``--broker``) and each function makes one request, as
 before. :func:`run_routed` runs one of them in a private trio loop.
 
@@ -12,8 +15,9 @@ that some groups answered names the others in its result instead, where it says 
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 import attrs
@@ -22,27 +26,36 @@ import trio
 from client.connection import AsyncClient
 from client.routing import Router
 from equeue import control
-from equeue.errors import ConfigError, EQueueError, QueueUnavailable
+from equeue.errors import ConfigError, EQueueError, NotLeader, QueueUnavailable
 from equeue.models import PullResult
 
 T = TypeVar("T")
 
 __all__ = [
+    "VERIFY_POLL",
     "BrokerHealth",
     "ClusterReport",
+    "GroupReplication",
+    "GroupVerdict",
     "MergedDlqPage",
     "MergedTopic",
+    "Verdict",
+    "VerifyReport",
+    "at_any_leader",
     "cluster_report",
+    "compare_digests",
     "describe_group",
     "describe_topic",
     "dlq_list",
     "dlq_resend",
     "find_by_key",
     "get_message",
+    "judge",
     "list_groups",
     "list_skipped",
     "reset_offsets",
     "run_routed",
+    "verify_cluster",
 ]
 
 
@@ -65,6 +78,25 @@ def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
     return trio.run(main)
 
 
+# ---------------------------------------------------------------------- any leader
+async def at_any_leader(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+    """``fn`` at the bootstrap broker; if it is a follower (NOT_LEADER: it serves no
+    client request, docs/cluster.md part 2), at the leader of each live group in turn
+    (the first that answers). For topic administration, which any leader serves (it
+    writes etcd). A refused request wrote nothing, so asking again elsewhere is safe."""
+    try:
+        return await fn(router.bootstrap)
+    except NotLeader as exc:
+        refused: EQueueError = exc
+    await router.refresh([])
+    for name in router.cache.live_groups():
+        try:
+            return await router.call_group(name, fn)
+        except NotLeader as exc:
+            refused = exc
+    raise refused
+
+
 # ---------------------------------------------------------------------- topics
 @attrs.frozen
 class MergedTopic:
@@ -85,11 +117,13 @@ async def describe_topic(router: Router, name: str) -> MergedTopic:
     stats: dict[int, control.QueueStats] = {}
     delayed = store_bytes = 0
     for owner in sorted(set(route.owners)):
+        first = route.owners.index(owner)
+        if not router.available(name, first):
+            continue  # the group is down: its rows are shown as unknown
         try:
-            client = await router.client_for(name, route.owners.index(owner))
+            d = await router.call(name, first, lambda c: c.describe_topic(name))
         except QueueUnavailable:
             continue
-        d = await client.describe_topic(name)
         delayed += d.pending_delayed
         store_bytes += d.store_bytes
         stats.update({s.queue_id: s for s in d.queues if route.owners[s.queue_id] == owner})
@@ -104,12 +138,12 @@ async def _each_group(router: Router, fn: Callable[[AsyncClient], Awaitable[T]])
     clients = await router.all_clients()
     out: dict[str, T] = {}
 
-    async def one(name: str, client: AsyncClient) -> None:
-        out[name] = await fn(client)
+    async def one(name: str) -> None:
+        out[name] = await router.call_group(name, fn)
 
     async with trio.open_nursery() as nursery:
-        for name, client in clients.items():
-            nursery.start_soon(one, name, client)
+        for name in clients:
+            nursery.start_soon(one, name)
     return {name: out[name] for name in sorted(out)}
 
 
@@ -155,8 +189,9 @@ async def reset_offsets(
     route = await router.route(topic)
     out: dict[int, int] = {}
     for owner in sorted(set(route.owners)):
-        client = await router.client_for(topic, route.owners.index(owner))
-        answer = await client.reset_offsets(group, topic, to, timestamp_ms, force)
+        answer = await router.call(
+            topic, route.owners.index(owner), lambda c: c.reset_offsets(group, topic, to, timestamp_ms, force)
+        )
         out.update({q: off for q, off in answer.items() if route.owners[q] == owner})
     return dict(sorted(out.items()))
 
@@ -201,8 +236,8 @@ async def dlq_resend(router: Router, group: str, ids: list[int], all_letters: bo
     elif ids and len(clients) > 1:
         raise ConfigError("dead letter ids are per broker group: pass --broker-group (see equeue dlq list)")
     answer = control.DlqResendAnswer([], [], {})
-    for client in clients.values():
-        a = await client.dlq_resend(group, ids, all_letters)
+    for name in clients:
+        a = await router.call_group(name, lambda c: c.dlq_resend(group, ids, all_letters))
         answer.resent.extend(a.resent)
         answer.already_resent.extend(a.already_resent)
         answer.failed.update(a.failed)
@@ -225,7 +260,7 @@ async def get_message(
         broker_group = next(iter(clients))
     if broker_group not in clients:
         raise ConfigError(f"no live broker group {broker_group!r}")
-    return await clients[broker_group].get_message(topic, global_offset=global_offset)
+    return await router.call_group(broker_group, lambda c: c.get_message(topic, global_offset=global_offset))
 
 
 async def find_by_key(router: Router, topic: str, key: str, limit: int, before: int) -> PullResult:
@@ -236,8 +271,8 @@ async def find_by_key(router: Router, topic: str, key: str, limit: int, before: 
     groups = sorted(set(route.owners))
     results = []
     for owner in groups:
-        client = await router.client_for(topic, route.owners.index(owner))
-        results.append(await client.find_by_key(topic, key, limit, before))
+        results.append(await router.call(topic, route.owners.index(owner),
+                                         lambda c: c.find_by_key(topic, key, limit, before)))  # fmt: skip
     if len(results) == 1:
         return results[0]
     msgs = sorted((m for r in results for m in r.messages), key=lambda m: m.timestamp, reverse=True)[:limit]
@@ -249,8 +284,8 @@ async def list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
     route = await router.route(topic)
     out: dict[int, list[int]] = {}
     for owner in sorted(set(route.owners)):
-        client = await router.client_for(topic, route.owners.index(owner))
-        for q, offsets in (await client.list_skipped(topic)).items():
+        skipped = await router.call(topic, route.owners.index(owner), lambda c: c.list_skipped(topic))
+        for q, offsets in skipped.items():
             if 0 <= q < len(route.owners) and route.owners[q] == owner:
                 out[q] = offsets
     return dict(sorted(out.items()))
@@ -270,11 +305,23 @@ class BrokerHealth:
 
 
 @attrs.frozen
+class GroupReplication:
+    """REPLICATION_STATUS as a group's leader answers it (None: no leader, or it did
+    not answer: ``error`` says why)."""
+
+    group: str
+    status: control.ReplicationStatus | None
+    error: str = ""
+
+
+@attrs.frozen
 class ClusterReport:
-    """CLUSTER_STATUS as the bootstrap broker sees it, plus each broker's health."""
+    """CLUSTER_STATUS as the bootstrap broker sees it, each broker's health, and each
+    group's replication state (asked of its leader)."""
 
     status: control.ClusterStatus
     health: list[BrokerHealth]
+    replication: list[GroupReplication] = attrs.Factory(list)
 
 
 async def _health(client: AsyncClient, group: str, broker_id: str, address: str) -> BrokerHealth:
@@ -304,9 +351,164 @@ async def cluster_report(router: Router, connect_timeout: float = 3.0) -> Cluste
         async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
             health.append(await _health(c, group, b.broker_id, b.address))
 
+    replication: list[GroupReplication] = []
+
+    async def leader_state(g: control.GroupStatus) -> None:
+        leader = next((b for b in g.brokers if b.broker_id == g.leader and b.alive and b.address), None)
+        if leader is None:
+            replication.append(GroupReplication(g.name, None, "no leader" if not g.leader else "leader not registered"))
+            return
+        try:
+            with trio.fail_after(connect_timeout + 5):
+                async with AsyncClient(leader.address, connect_timeout=connect_timeout, security=boot.security) as c:
+                    replication.append(GroupReplication(g.name, await c.replication_status()))
+        except (EQueueError, trio.TooSlowError) as exc:
+            replication.append(GroupReplication(g.name, None, str(exc) or type(exc).__name__))
+
     async with trio.open_nursery() as nursery:
         for g in status.groups:
+            nursery.start_soon(leader_state, g)
             for b in g.brokers:
                 nursery.start_soon(probe, g.name, b)
     health.sort(key=lambda h: (h.group, h.address))
-    return ClusterReport(status, health)
+    replication.sort(key=lambda r: r.group)
+    return ClusterReport(status, health, replication)
+
+
+# ---------------------------------------------------------------------- cluster verify
+#: seconds between two rounds of REPLICA_DIGEST while a group's replicas are at
+#: different positions (or one does not answer)
+VERIFY_POLL = 0.2
+
+
+class Verdict(enum.StrEnum):
+    """What comparing one group's replicas found."""
+
+    EQUAL = "equal"
+    DIFFER = "differ"
+    #: not compared: a replica did not answer, or they never stood at one position
+    INCOMPARABLE = "incomparable"
+
+
+@attrs.frozen
+class ReplicaAnswer:
+    """One replica's REPLICA_DIGEST (None: it did not answer; ``error`` says why)."""
+
+    broker_id: str
+    address: str
+    digest: control.ReplicaDigest | None
+    error: str = ""
+
+
+@attrs.frozen
+class GroupVerdict:
+    """The comparison of one group's live replicas: at which ``position`` (None: not
+    compared), the parts whose checksum differs (``"part: id=hex, id=hex"``), and
+    why it could not compare (``detail``)."""
+
+    group: str
+    verdict: Verdict
+    position: int | None
+    replicas: list[ReplicaAnswer]
+    differences: list[str]
+    detail: str = ""
+
+
+@attrs.frozen
+class VerifyReport:
+    groups: list[GroupVerdict]
+
+    @property
+    def exit_code(self) -> int:
+        """0 every group's replicas are equal; 1 some differ; 2 some could not be compared."""
+        verdicts = {g.verdict for g in self.groups}
+        if Verdict.DIFFER in verdicts:
+            return 1
+        return 2 if Verdict.INCOMPARABLE in verdicts else 0
+
+
+def compare_digests(digests: Sequence[control.ReplicaDigest]) -> list[str]:
+    """The parts whose checksum is not the same on every replica (a part one replica
+    lacks counts as different), each as ``"part: broker=hex, broker=-"``, sorted."""
+    parts = sorted({part for d in digests for part in d.digests})
+    out = []
+    for part in parts:
+        values = [d.digests.get(part) for d in digests]
+        if len(set(values)) > 1:
+            out.append(f"{part}: " + ", ".join(f"{d.broker_id}={v or '-'}" for d, v in zip(digests, values, strict=True)))
+    return out
+
+
+def judge(group: str, answers: Sequence[ReplicaAnswer]) -> GroupVerdict | None:
+    """The verdict on one round of answers, or None when they cannot be compared yet
+    (a replica did not answer, or they stand at different positions: ask again)."""
+    answers = sorted(answers, key=lambda a: a.broker_id)
+    if not answers:
+        return GroupVerdict(group, Verdict.INCOMPARABLE, None, [], [], "no live replica")
+    if any(a.digest is None for a in answers):
+        return None
+    digests = [a.digest for a in answers if a.digest is not None]
+    if len({d.position for d in digests}) > 1:
+        return None
+    diff = compare_digests(digests)
+    return GroupVerdict(group, Verdict.DIFFER if diff else Verdict.EQUAL, digests[0].position, list(answers), diff)
+
+
+def _gave_up(group: str, answers: Sequence[ReplicaAnswer], timeout: float) -> GroupVerdict:
+    answers = sorted(answers, key=lambda a: a.broker_id)
+    missing = [f"{a.broker_id} ({a.address}): {a.error}" for a in answers if a.digest is None]
+    if missing:
+        detail = "no answer from " + "; ".join(missing)
+    else:
+        positions = ", ".join(f"{a.broker_id}={a.digest.position}" for a in answers if a.digest is not None)
+        detail = f"the replicas were never at one position within {timeout:g} s ({positions})"
+    return GroupVerdict(group, Verdict.INCOMPARABLE, None, list(answers), [], detail)
+
+
+async def _digest(b: control.BrokerStatus, boot: AsyncClient, connect_timeout: float) -> ReplicaAnswer:
+    try:
+        with trio.fail_after(connect_timeout + 5):
+            async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+                return ReplicaAnswer(b.broker_id, b.address, await c.replica_digest())
+    except (EQueueError, trio.TooSlowError) as exc:
+        return ReplicaAnswer(b.broker_id, b.address, None, str(exc) or type(exc).__name__)
+
+
+async def verify_cluster(router: Router, timeout: float, connect_timeout: float = 3.0) -> VerifyReport:
+    """REPLICA_DIGEST of every live replica of every group (as CLUSTER_STATUS lists
+    them), asked again every :data:`VERIFY_POLL` s until a group's replicas answer at
+    one position (then compared: :func:`judge`) or ``timeout`` passes (INCOMPARABLE).
+    Standalone: the one broker, compared with nothing (EQUAL)."""
+    boot = router.bootstrap
+    status = await boot.cluster_status()
+    deadline = trio.current_time() + timeout
+    verdicts: list[GroupVerdict] = []
+
+    async def one(g: control.GroupStatus) -> None:
+        if status.cluster:
+            live = [b for b in g.brokers if b.alive and b.address]
+        else:
+            address = ",".join(f"{h}:{p}" for h, p in boot.brokers)
+            live = [control.BrokerStatus(status.broker_id, "", address, 0, True)]
+        while True:
+            answers: list[ReplicaAnswer] = []
+
+            async def ask(b: control.BrokerStatus, into: list[ReplicaAnswer]) -> None:
+                into.append(await _digest(b, boot, connect_timeout))
+
+            async with trio.open_nursery() as nursery:
+                for b in live:
+                    nursery.start_soon(ask, b, answers)
+            found = judge(g.name, answers)
+            if found is not None:
+                verdicts.append(found)
+                return
+            if trio.current_time() + VERIFY_POLL > deadline:
+                verdicts.append(_gave_up(g.name, answers, timeout))
+                return
+            await trio.sleep(VERIFY_POLL)
+
+    async with trio.open_nursery() as nursery:
+        for g in status.groups:
+            nursery.start_soon(one, g)
+    return VerifyReport(sorted(verdicts, key=lambda v: v.group))

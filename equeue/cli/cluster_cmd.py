@@ -1,5 +1,7 @@
-"""``equeue cluster status``: the broker groups, their brokers and queues, and
-whether this CLI reaches each broker (docs/cluster.md)."""
+"""``equeue cluster status``: the broker groups, their brokers and queues, whether this
+CLI reaches each broker, and each group's replication (leader, epoch, ISR, high
+watermark, followers' lag). ``equeue cluster verify``: compare every group's replicas
+(docs/cluster.md)."""
 
 from __future__ import annotations
 
@@ -9,14 +11,16 @@ from equeue.cli._common import BROKER_OPTION, JSON_OPTION, console, print_json, 
 
 
 def register(app: typer.Typer) -> None:
-    cluster_app = typer.Typer(help="The cluster: broker groups, brokers, health.", no_args_is_help=True)
+    cluster_app = typer.Typer(help="The cluster: broker groups, brokers, replicas, health.", no_args_is_help=True)
     app.add_typer(cluster_app, name="cluster")
 
     @cluster_app.command("status")
     def status(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
-        """Groups (available, queues owned), brokers (address, alive), each broker's
-        health as seen from here (STATS answered, round trip), etcd, the revision.
-        Any broker of the cluster answers; standalone it shows one group ""."""
+        """Groups (available, queues owned; leader, epoch, ISR, high watermark),
+        brokers (address, alive), each broker's health as seen from here (STATS
+        answered, round trip), each follower's position and lag as its leader sees
+        it (REPLICATION_STATUS), etcd, the revision. Any broker of the cluster
+        answers; standalone it shows one group ""."""
         from equeue.cli._routed import cluster_report
 
         report = routed(broker, cluster_report)
@@ -33,13 +37,40 @@ def register(app: typer.Typer) -> None:
             )  # fmt: skip
         else:
             console.print("standalone broker (no cluster)", highlight=False)
+        repl = {r.group: r for r in report.replication}
+        ids = {b.broker_id: b.address for g in st.groups for b in g.brokers}
+
+        def name(broker_id: str) -> str:
+            return ids.get(broker_id) or broker_id
+
+        def hw(group: str) -> str:
+            r = repl.get(group)
+            return "" if r is None or r.status is None else str(r.status.high_watermark)
+
         table(
-            None, ["group", "available", "brokers", "queues", "topics"],
+            None, ["group", "available", "brokers", "queues", "leader", "epoch", "isr", "hw", "topics"],
             [(g.name or '""', "yes" if g.available else "NO", sum(b.alive for b in g.brokers), g.queues,
+              name(g.leader) if g.leader else ("-" if st.cluster else ""), g.epoch if st.cluster else "",
+              ", ".join(name(m) for m in g.isr), hw(g.name),
               ", ".join(f"{t}:{len(q)}" for t, q in sorted(g.topics.items())))
              for g in st.groups],
-            right=["brokers", "queues"],
+            right=["brokers", "queues", "epoch", "hw"],
         )  # fmt: skip
+        if st.cluster:
+            rows: list[tuple[object, ...]] = []
+            for r in report.replication:
+                if r.status is None:
+                    rows.append((r.group, "", "", "", "", "", "", r.error))
+                    continue
+                s = r.status
+                rows.append((r.group, f"{name(s.broker_id)} (leader)", s.position, 0, 0, "yes", "", ""))
+                for f in sorted(s.replicas, key=lambda x: x.address):
+                    rows.append((r.group, f.address or f.broker_id, f.position, f.lag_messages, f.lag_ms,
+                                 "yes" if f.in_sync else "NO", f"{f.last_fetch_s:.1f}", ""))  # fmt: skip
+            table(
+                None, ["group", "replica", "position", "lag msgs", "lag ms", "in sync", "last fetch s", "error"],
+                rows, right=["position", "lag msgs", "lag ms", "last fetch s"],
+            )  # fmt: skip
         table(
             None, ["group", "broker", "address", "alive", "reachable", "rtt ms", "error"],
             [(h.group or '""', h.broker_id, h.address,
@@ -49,3 +80,37 @@ def register(app: typer.Typer) -> None:
              for h in report.health],
             right=["rtt ms"],
         )  # fmt: skip
+
+    @cluster_app.command("verify")
+    def verify(
+        broker: str = BROKER_OPTION,
+        timeout: float = typer.Option(
+            30.0, "--timeout", min=0.0, help="Seconds to wait for a group's replicas to answer at one log position."
+        ),
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Compare the replicas of every broker group: REPLICA_DIGEST (checksums of each
+        part of the store: every database, messages per range of global offsets) of
+        every live replica, asked again every 0.2 s until they answer at the same log
+        position, then compared. Exit 0: every group's replicas are equal; 1: some
+        differ (the parts are named); 2: could not compare (a replica unreachable, or
+        no common position within --timeout). Needs an admin user when the brokers
+        authenticate."""
+        from equeue.cli._routed import Verdict, verify_cluster
+
+        report = routed(broker, lambda router: verify_cluster(router, timeout))
+        if as_json:
+            print_json(report)
+            raise typer.Exit(report.exit_code)
+        table(
+            None, ["group", "verdict", "position", "replicas", "detail"],
+            [(v.group or '""', v.verdict.value.upper() if v.verdict is not Verdict.EQUAL else "equal",
+              "" if v.position is None else v.position, ", ".join(a.address or a.broker_id for a in v.replicas),
+              v.detail or (f"{len(v.differences)} part(s) differ" if v.differences else ""))
+             for v in report.groups],
+            right=["position"],
+        )  # fmt: skip
+        for v in report.groups:
+            for line in v.differences:
+                console.print(f"{v.group}: differs: {line}", highlight=False, soft_wrap=True)
+        raise typer.Exit(report.exit_code)

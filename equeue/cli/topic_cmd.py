@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, JSON_OPTION, client, print_json, query, routed, table
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, leader, print_json, routed, table
 from equeue.config import parse_duration_ms, parse_size
 
 
@@ -24,13 +24,12 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Create a topic with N queues."""
-        with client(broker) as c:
-            info = c.create_topic(
-                name, queues,
-                retention_ms=parse_duration_ms(retention) if retention else None,
-                retention_bytes=parse_size(retention_bytes) if retention_bytes else None,
-                exist_ok=exist_ok,
-            )  # fmt: skip
+        info = leader(broker, lambda c: c.create_topic(
+            name, queues,
+            retention_ms=parse_duration_ms(retention) if retention else None,
+            retention_bytes=parse_size(retention_bytes) if retention_bytes else None,
+            exist_ok=exist_ok,
+        ))  # fmt: skip
         typer.echo(f"topic {info.name} ({info.queues} queues)")
 
     @topic_app.command("alter")
@@ -48,11 +47,10 @@ def register(app: typer.Typer) -> None:
                 return None
             return -1 if v == "default" else parse(v)
 
-        with client(broker) as c:
-            info = c.alter_topic(
-                name, queues=queues, retention_ms=pick(retention, parse_duration_ms),
-                retention_bytes=pick(retention_bytes, parse_size),
-            )  # fmt: skip
+        info = leader(broker, lambda c: c.alter_topic(
+            name, queues=queues, retention_ms=pick(retention, parse_duration_ms),
+            retention_bytes=pick(retention_bytes, parse_size),
+        ))  # fmt: skip
         typer.echo(
             f"topic {info.name}: {info.queues} queues, retention "
             f"{info.retention_ms if info.retention_ms is not None else 'default'} ms / "
@@ -62,8 +60,9 @@ def register(app: typer.Typer) -> None:
     @topic_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """List topics."""
-        topics = query(broker, lambda c: c.list_topics(), as_json)
-        if topics is None:
+        topics = leader(broker, lambda c: c.list_topics())
+        if as_json:
+            print_json(topics)
             return
         table(None, ["topic", "queues", "id"], [(t.name, t.queues, t.topic_id) for t in topics], right=["queues", "id"])
 
@@ -92,6 +91,5 @@ def register(app: typer.Typer) -> None:
     @topic_app.command("delete")
     def delete(name: str, broker: str = BROKER_OPTION) -> None:
         """Delete a topic and (in the background) its messages."""
-        with client(broker) as c:
-            c.delete_topic(name)
+        leader(broker, lambda c: c.delete_topic(name))
         typer.echo(f"deleted topic {name}")

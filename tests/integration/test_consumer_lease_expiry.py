@@ -1,0 +1,59 @@
+"""Client-side lease expiry (docs/consumer.md, "Across a failover"): a member whose
+heartbeats to its broker stop being answered for ``lease_expiry`` stops handing out
+what it buffered from that broker's queues (the broker has expired it by then and
+another member may hold them), like RocketMQ's client lock expiry. A real broker
+process, frozen with SIGSTOP."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import trio
+
+from broker.process import BrokerProcess
+from consumer import AsyncConsumer
+from equeue.models import Message
+from producer import AsyncClient, AsyncProducer
+from tests.conftest import wait_until
+
+N = 300
+
+
+async def test_a_member_cut_off_from_its_broker_stops_handing_out_buffered_messages() -> None:
+    with BrokerProcess() as b:
+        try:
+            with trio.fail_after(90):
+                async with AsyncClient(b.address) as admin, AsyncProducer(b.address) as p:
+                    await admin.create_topic("t", 1)
+                    for h in [await p.send_async("t", str(i).encode()) for i in range(N)]:
+                        await h
+                handled: list[int] = []
+                frozen = trio.Event()
+
+                async def handler(m: Message) -> None:
+                    handled.append(m.queue_offset)
+                    if len(handled) == 5:
+                        os.kill(b.pid, signal.SIGSTOP)  # heartbeats go unanswered from now on
+                        frozen.set()
+                    await trio.sleep(0.02)  # slow: the rest waits in the member's buffer
+
+                async with AsyncConsumer(
+                    b.address, "g", "t", start_from="earliest", concurrency=1, heartbeat_interval=0.2,
+                    rebalance_interval=0.2, lease_expiry=1.5, connect_timeout=1.0, close_timeout=1.0,
+                ) as c:  # fmt: skip
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(c.run, handler)
+                        await frozen.wait()
+                        at_freeze = len(handled)
+                        # everything pulled before the freeze sits in the buffer: N - 5 would
+                        # take 6 s to hand out; the lease expires after 1.5 s
+                        await wait_until(lambda: not c.statistics().queues, timeout=20,
+                                         what="the member dropped the queue of the unreachable broker")  # fmt: skip
+                        dropped_at = len(handled)
+                        assert c.dispatcher.ready_count == 0, "buffered messages still waiting to be handed out"
+                        assert dropped_at < N - 50, (at_freeze, dropped_at)
+                        os.kill(b.pid, signal.SIGCONT)
+                        nursery.cancel_scope.cancel()
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
