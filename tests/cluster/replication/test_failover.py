@@ -232,11 +232,12 @@ def test_whole_group_killed_under_load_and_restarted(replicas: Replicas) -> None
             t.join()
         leader = rs.wait_isr(3)
         load.wait_more(300)
-    assert not load.errors and not load.failed, (load.errors[:1], list(load.failed.items())[:3])
+    assert not load.errors, f"a producer failed: {load.errors[0]!r}"
     check_store(rs, "t4", 4, load.acked, load.sent)
     assert rs.ask(leader, lambda c: c.query_offset("cg4", "t4", 1)) == 7, "the committed offset survived"
     rs.check_verify()
     assert not rs.errors(), rs.errors()[:5]
+    assert not load.failed, f"{len(load.failed)} sends failed within send_timeout, e.g. {list(load.failed.items())[:3]}"
 
 
 # ------------------------------------------------------------------------------ 5
@@ -317,11 +318,13 @@ def test_consumer_group_across_a_failover(replicas: Replicas, tmp_path: Path) ->
     try:
         with HolderSampler(rs, "cg5", "t5", queues) as sampler:
             for name in logs:
-                procs[name] = subprocess.Popen(
-                    [sys.executable, str(script), str(ROOT), rs.bootstrap, name, str(logs[name])],
-                    cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                )  # fmt: skip
-            wait_until_sync(lambda: handled(total // 5), timeout=90, interval=0.1, what="a fifth handled")
+                with (tmp_path / f"{name}.err").open("w") as err:  # its warnings, for a failure's post-mortem
+                    procs[name] = subprocess.Popen(
+                        [sys.executable, str(script), str(ROOT), rs.bootstrap, name, str(logs[name])],
+                        cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stderr=err,
+                    )  # fmt: skip
+            wait_until_sync(lambda: handled(total // 5) and {r[0] for r in records()} == set(logs), timeout=90,
+                            interval=0.1, what="a fifth handled, by both members")  # fmt: skip
             killed_at = time.monotonic()
             rs.kill(leader)
             rs.leader(timeout=30)
@@ -344,14 +347,16 @@ def test_consumer_group_across_a_failover(replicas: Replicas, tmp_path: Path) ->
     for _, q, o, t0, _ in sorted(recs, key=lambda r: r[3]):
         first.setdefault((q, o), t0)
     dups = [k for k, n in Counter(keys).items() if n > 1]
-    window = (killed_at - 3.0, recovered_at + 3.0)
+    # the crash window: from the last commit the dead leader may not have replicated
+    # (commit_interval 0.2 s, with margin) to the members' first heartbeat at the new one
+    window = (killed_at - 1.0, recovered_at + 1.0)
     outside = [(k, round(first[k] - killed_at, 2)) for k in dups if not window[0] <= first[k] <= window[1]]
     print(f"{len(dups)} duplicates of {total}; leader replaced in {recovered_at - killed_at:.2f} s")
     assert not outside, f"{len(outside)} duplicates first handled outside the crash window, e.g. {outside[:5]}"
-    check_no_overlap(recs)
+    check_no_overlap(recs, killed_at)
 
 
-def check_no_overlap(log: list[tuple[str, int, int, float, float]]) -> None:
+def check_no_overlap(log: list[tuple[str, int, int, float, float]], t0: float = 0.0) -> None:
     """``(member, queue, offset, start, end)``: no two members handled one queue at
     the same time (a member may handle a queue again from its committed offset after
     the failover, so per-member order is not checked here)."""
@@ -362,5 +367,5 @@ def check_no_overlap(log: list[tuple[str, int, int, float, float]]) -> None:
         last_end: dict[str, float] = {}
         for start, end, name in sorted(runs):
             for other, other_end in last_end.items():
-                assert other == name or start >= other_end, f"queue {q}: {other} and {name} overlapped at {start}"
+                assert other == name or start >= other_end, f"queue {q}: {other} (until {other_end - t0:.3f}) and {name} (from {start - t0:.3f}) overlapped (s after the kill)"
             last_end[name] = max(end, last_end.get(name, end))
