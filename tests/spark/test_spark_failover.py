@@ -34,7 +34,7 @@ def ss() -> Iterator[Any]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_available_now_to_parquet_across_a_failover(ss: Any, tmp_path: Path) -> None:
-    n, queues, per_trigger = 20_000, 4, 1_000
+    n, queues, per_trigger = 6_000, 4, 1_500
     with EtcdProcess() as etcd:
         rs = ReplicaGroup(tmp_path / "brokers", etcd.endpoint, "s", 3).start()
         try:
