@@ -18,7 +18,7 @@
   messages per second it applied.
 
     .venv/bin/python bench/bench_replication.py [--messages 200000] [--rounds 2]
-        [--kills 10] [--ttl 5,2] [--catchup 1000000] [--only p1,failover,catchup]
+        [--kills 10] [--ttl 3,2] [--catchup 1000000] [--only p1,failover,catchup]
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kills", type=int, default=10)
-    ap.add_argument("--ttl", default="5,2", help="lease TTLs to measure failover with")
+    ap.add_argument("--ttl", default="3,2", help="lease TTLs to measure failover with (3: the default)")
     ap.add_argument("--catchup", type=int, default=1_000_000)
     ap.add_argument("--only", default="p1,failover,catchup")
     args = ap.parse_args()

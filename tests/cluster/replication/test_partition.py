@@ -227,11 +227,13 @@ def test_leader_partitioned_from_etcd_and_followers(etcd: EtcdProcess, netns: Ne
                 what="the inside client's requests after the election answered",
             )  # fmt: skip
             netns.heal()
+            healed = time.monotonic()
             wait_until_sync(
                 lambda: (st := rs.status(0)) is not None and st.role == "follower", timeout=60, interval=0.05,
                 what="the old leader turned follower",
             )  # fmt: skip
             rs.wait_isr(3, timeout=60)
+            rejoined_in = time.monotonic() - healed
             load.wait_more(200)
         pinned.kill()
         pinned.wait(10)
@@ -244,7 +246,8 @@ def test_leader_partitioned_from_etcd_and_followers(etcd: EtcdProcess, netns: Ne
         assert refused, f"no NOT_LEADER after the election: {[a for a in got if a.sent_ms > since_ms][:3]}"
         fenced_after = min((a.answered_ms for a in got if a.answered_ms > cut_ms and a.detail == "NotLeader"),
                            default=0) - cut_ms  # fmt: skip
-        print(f"old leader fenced {fenced_after} ms after the cut; new leader elected {since_ms - cut_ms} ms after it")
+        print(f"old leader fenced {fenced_after} ms after the cut; new leader elected {since_ms - cut_ms} ms after it; "
+              f"healed, back in the ISR in {rejoined_in:.2f} s")
         assert not load.errors and not load.failed, (load.errors[:1], list(load.failed.items())[:3])
         acked = dict(load.acked)
         acked.update({a.body: (0, -1, 0.0, 0.0) for a in got if a.ok and a.kind == "produce"})
