@@ -35,7 +35,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +114,8 @@ class Broker:
         self.cluster: ClusterNode | None = None
         #: the replica role (None: standalone); built by serve() with --cluster
         self.role: ReplicaRole | None = None
+        #: a replica's connections to its leader (``replica_connector``), built at start
+        self._replica_connect: Callable[[str], Any] | None = None
         self._frames = FrameBudget(config.max_partial_frame_bytes)
         self._limits = ConnectionLimits(
             frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
@@ -132,6 +134,10 @@ class Broker:
         self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
         self.security.start(cfg.host, cfg.port)
         replicated = bool(cfg.cluster)
+        if replicated:  # ConfigError (no replication user) before anything joins the cluster
+            from broker.replication.follower import replica_connector
+
+            self._replica_connect = replica_connector(cfg)
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync", replicated=replicated)
         )
@@ -284,12 +290,13 @@ class Broker:
         )  # fmt: skip
 
     def _replica_role(self, node: ClusterNode) -> ReplicaRole:
-        from broker.replication.follower import Follower, replica_connector
+        from broker.replication.follower import Follower
         from broker.replication.role import ReplicaRole
 
         cfg = self.config
+        assert self._replica_connect is not None
         follower = Follower(
-            store=self.store, call=self.appender.call, connect=replica_connector(cfg),
+            store=self.store, call=self.appender.call, connect=self._replica_connect,
             broker_id=node.broker_id, address=node.address, config=cfg,
         )  # fmt: skip
         return ReplicaRole(

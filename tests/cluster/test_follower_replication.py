@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -14,13 +15,17 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
+import trustme
 
+from broker.auth import make_user, update_users_file
 from broker.cluster.etcdproc import EtcdProcess
 from broker.process import BrokerProcess
 from broker.storage import layout
 from equeue import Message, control, wire
-from equeue.errors import BadRequest, NotLeader, StaleEpoch
+from equeue.acl import UsersFile
+from equeue.errors import BadRequest, EQueueError, NotLeader, StaleEpoch
 from equeue.protocol import RequestCode
+from equeue.security import ClientSecurity, Credentials, TlsSettings
 from equeue.wire.replica import (
     FetchRequest,
     KeysRequest,
@@ -66,13 +71,21 @@ async def start(started: list[BrokerProcess], data_dir: Path, *a: str) -> Broker
     return await trio.to_thread.run_sync(b.start)
 
 
+#: how the test's clients connect (the secured test sets TLS and credentials)
+SECURITY = ClientSecurity()
+
+
+def client(address: str) -> AsyncClient:
+    return AsyncClient(address, security=SECURITY)
+
+
 async def status(address: str) -> control.ReplicationStatus:
-    async with AsyncClient(address) as c:
+    async with client(address) as c:
         return await c.call(control.ReplicationStatusRequest(), control.ReplicationStatus)
 
 
 async def digest(address: str) -> control.ReplicaDigest:
-    async with AsyncClient(address) as c:
+    async with client(address) as c:
         return await c.call(control.ReplicaDigestRequest(), control.ReplicaDigest)
 
 
@@ -118,23 +131,27 @@ async def isr_size(address: str, n: int) -> bool:
 
 
 async def messages(address: str, topic: str) -> int:
-    async with AsyncClient(address) as c:
+    async with client(address) as c:
         return sum(q.max_offset for q in (await c.describe_topic(topic)).queues)
 
 
 async def produce(address: str, topic: str, n: int, size: int = 32, queues: int = 2) -> None:
-    async with AsyncClient(address) as c:
+    async with client(address) as c:
         for i in range(n):
             body = f"{i:08d}".encode().ljust(size, b".")
             await c.produce(wire.ProduceRequest(topic, i % queues, [wire.encode_entry(Message(body))]))
+
+
+async def create_topic(address: str, name: str, queues: int) -> None:
+    async with client(address) as c:
+        await c.create_topic(name, queues)
 
 
 async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(120), brokers() as started:
         a = await start(started, tmp_path / "a", *args(etcd))
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
-        async with AsyncClient(a.address) as c:
-            await c.create_topic("t", 2)
+        await create_topic(a.address, "t", 2)
         await produce(a.address, "t", 200)
         b = await start(started, tmp_path / "b", *args(etcd))
         first = await converged(a.address, b.address)
@@ -180,8 +197,7 @@ async def test_old_leader_with_entries_the_new_leader_lacks_truncates_and_conver
     with trio.fail_after(150), brokers() as started:
         a = await start(started, tmp_path / "a", *extra)
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
-        async with AsyncClient(a.address) as c:
-            await c.create_topic("t", 2)
+        await create_topic(a.address, "t", 2)
         await produce(a.address, "t", 20)
         b = await start(started, tmp_path / "b", *extra)
         await converged(a.address, b.address)
@@ -215,13 +231,50 @@ async def test_replica_behind_the_leaders_log_copies_the_store(tmp_path: Path, e
     with trio.fail_after(150), brokers() as started:
         a = await start(started, tmp_path / "a", *extra)
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
-        async with AsyncClient(a.address) as c:
-            await c.create_topic("t", 3)
+        await create_topic(a.address, "t", 3)
         await produce(a.address, "t", 600, size=512, queues=3)  # ~300 KiB of log: trimmed
         await wait_until(lambda: log_start(a.data_dir) > 0, timeout=20, what="a trims its log")
         b = await start(started, tmp_path / "b", *extra)
         await converged(a.address, b.address, timeout=60)
         assert any("copying the store" in line for line in b.stderr_tail), "".join(b.stderr_tail)[-2000:]
         await produce(a.address, "t", 30, queues=3)
+        await converged(a.address, b.address)
+        no_errors(started)
+
+
+async def test_replication_over_mutual_tls_with_authentication(
+    tmp_path: Path, etcd: EtcdProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With --users-file a replica authenticates to its leader as EQUEUE_REPLICA_USER
+    (without it: refused at start, naming the variables, BEFORE it joins the cluster:
+    it must not bootstrap the group's ISR with itself and leave it leaderless); with
+    TLS and client certificates required it connects over TLS with the broker's own
+    certificate."""
+    ca = trustme.CA()
+    ca_file, cert = tmp_path / "ca.pem", tmp_path / "broker.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    users = tmp_path / "users.json"
+
+    def add(doc: UsersFile) -> UsersFile:
+        return doc.with_user(make_user("root", "root-pw", admin=True)).with_user(make_user("repl", "repl-pw", admin=True))
+
+    update_users_file(users, add)
+    extra = args(etcd, "--users-file", str(users), "--tls-cert", str(cert), "--tls-ca", str(ca_file),
+                 "--tls-client-auth", "required")  # fmt: skip
+    for name in ("EQUEUE_REPLICA_USER", "EQUEUE_REPLICA_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(EQueueError, match=r"(?s)rc=1.*EQUEUE_REPLICA_USER"):
+        BrokerProcess(tmp_path / "refused", *extra).start()
+    monkeypatch.setenv("EQUEUE_REPLICA_USER", "repl")
+    monkeypatch.setenv("EQUEUE_REPLICA_PASSWORD", "repl-pw")
+    secured = ClientSecurity(TlsSettings(ca_file=ca_file, cert_file=cert), Credentials("root", "root-pw"))
+    monkeypatch.setattr(sys.modules[__name__], "SECURITY", secured)
+    with trio.fail_after(120), brokers() as started:
+        a = await start(started, tmp_path / "a", *extra)
+        await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
+        await create_topic(a.address, "t", 2)
+        await produce(a.address, "t", 50)
+        b = await start(started, tmp_path / "b", *extra)
         await converged(a.address, b.address)
         no_errors(started)
