@@ -35,7 +35,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -114,8 +114,6 @@ class Broker:
         self.cluster: ClusterNode | None = None
         #: the replica role (None: standalone); built by serve() with --cluster
         self.role: ReplicaRole | None = None
-        #: a replica's connections to its leader (``replica_connector``), built at start
-        self._replica_connect: Callable[[str], Any] | None = None
         self._frames = FrameBudget(config.max_partial_frame_bytes)
         self._limits = ConnectionLimits(
             frame_timeout=config.frame_timeout, idle_timeout=config.idle_timeout,
@@ -134,10 +132,6 @@ class Broker:
         self._tls = TlsAcceptor(tls_context, cfg.handshake_timeout) if tls_context is not None else None
         self.security.start(cfg.host, cfg.port)
         replicated = bool(cfg.cluster)
-        if replicated:  # ConfigError (no replication user) before anything joins the cluster
-            from broker.replication.follower import replica_connector
-
-            self._replica_connect = replica_connector(cfg)
         self.store = await trio.to_thread.run_sync(
             lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync", replicated=replicated)
         )
@@ -290,13 +284,17 @@ class Broker:
         )  # fmt: skip
 
     def _replica_role(self, node: ClusterNode) -> ReplicaRole:
-        from broker.replication.follower import Follower
+        from broker.replication.follower import Follower, replica_connector
         from broker.replication.role import ReplicaRole
 
         cfg = self.config
-        assert self._replica_connect is not None
+        try:
+            connect = replica_connector(cfg)
+        except ConfigError as exc:  # no replica credentials: it may lead (a lone replica), not follow
+            log.warning("%s; until then this broker cannot follow its group's leader", exc)
+            connect = functools.partial(_cannot_follow, exc)
         follower = Follower(
-            store=self.store, call=self.appender.call, connect=self._replica_connect,
+            store=self.store, call=self.appender.call, connect=connect,
             broker_id=node.broker_id, address=node.address, config=cfg,
         )  # fmt: skip
         return ReplicaRole(
@@ -429,6 +427,12 @@ class Broker:
             self.groups.forget_connection(conn.notify_group)
             await trio.aclose_forcefully(stream)
             self._fd_closed()
+
+
+def _cannot_follow(exc: ConfigError, address: str) -> Any:
+    """The follower's ``connect`` without replica credentials: raises ``exc`` (the
+    follower logs it, rate-limited, and tries again later)."""
+    raise exc
 
 
 @asynccontextmanager

@@ -331,6 +331,8 @@ class ClusterNode:
                         found = await self._view.lookup(name)
                     except ClusterUnavailable:
                         continue  # kept until etcd answers
+                    if self._ahead.get(name) is not p:
+                        continue  # changed while etcd answered (a delete_topic or _learn)
                     if found is None:
                         del self._ahead[name]
                         dropped.add(name)

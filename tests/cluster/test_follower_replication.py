@@ -23,7 +23,7 @@ from broker.process import BrokerProcess
 from broker.storage import layout
 from equeue import Message, control, wire
 from equeue.acl import UsersFile
-from equeue.errors import BadRequest, EQueueError, NotLeader, StaleEpoch
+from equeue.errors import BadRequest, NotLeader, StaleEpoch
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity, Credentials, TlsSettings
 from equeue.wire.replica import (
@@ -246,10 +246,8 @@ async def test_replication_over_mutual_tls_with_authentication(
     tmp_path: Path, etcd: EtcdProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With --users-file a replica authenticates to its leader as EQUEUE_REPLICA_USER
-    (without it: refused at start, naming the variables, BEFORE it joins the cluster:
-    it must not bootstrap the group's ISR with itself and leave it leaderless); with
-    TLS and client certificates required it connects over TLS with the broker's own
-    certificate."""
+    (without it, it cannot follow and says so, naming the variables); with TLS and
+    client certificates required it connects over TLS with its own certificate."""
     ca = trustme.CA()
     ca_file, cert = tmp_path / "ca.pem", tmp_path / "broker.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -262,19 +260,25 @@ async def test_replication_over_mutual_tls_with_authentication(
     update_users_file(users, add)
     extra = args(etcd, "--users-file", str(users), "--tls-cert", str(cert), "--tls-ca", str(ca_file),
                  "--tls-client-auth", "required")  # fmt: skip
-    for name in ("EQUEUE_REPLICA_USER", "EQUEUE_REPLICA_PASSWORD"):
-        monkeypatch.delenv(name, raising=False)
-    with pytest.raises(EQueueError, match=r"(?s)rc=1.*EQUEUE_REPLICA_USER"):
-        BrokerProcess(tmp_path / "refused", *extra).start()
-    monkeypatch.setenv("EQUEUE_REPLICA_USER", "repl")
-    monkeypatch.setenv("EQUEUE_REPLICA_PASSWORD", "repl-pw")
     secured = ClientSecurity(TlsSettings(ca_file=ca_file, cert_file=cert), Credentials("root", "root-pw"))
     monkeypatch.setattr(sys.modules[__name__], "SECURITY", secured)
+    for name in ("EQUEUE_REPLICA_USER", "EQUEUE_REPLICA_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
     with trio.fail_after(120), brokers() as started:
-        a = await start(started, tmp_path / "a", *extra)
+        a = await start(started, tmp_path / "a", *extra)  # a lone replica leads without them
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
         await create_topic(a.address, "t", 2)
         await produce(a.address, "t", 50)
         b = await start(started, tmp_path / "b", *extra)
+
+        def cannot_follow() -> bool:
+            return any("cannot follow" in line and "EQUEUE_REPLICA_USER" in line for line in b.stderr_tail)
+
+        await wait_until(cannot_follow, timeout=20, what="b says it cannot follow")
+        assert (await status(b.address)).position == 0
+        await trio.to_thread.run_sync(b.stop)
+        monkeypatch.setenv("EQUEUE_REPLICA_USER", "repl")
+        monkeypatch.setenv("EQUEUE_REPLICA_PASSWORD", "repl-pw")
+        b = await start(started, tmp_path / "b", *extra)
         await converged(a.address, b.address)
-        no_errors(started)
+        no_errors(started[:1] + started[2:])
