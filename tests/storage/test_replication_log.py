@@ -29,6 +29,7 @@ from broker.storage import (
 )
 from broker.storage import store as store_module
 from broker.storage.deadletters import Letter, ResendOp
+from broker.storage.recorder import RecordingCursor, RecordingTxn
 from broker.storage.replication import UNREACHABLE
 from broker.storage.skips import SkipRecordOp
 from broker.storage.writes import WriteContext
@@ -205,12 +206,13 @@ def test_ops_cannot_write_around_the_recorder(stores: Callable[..., Store]) -> N
 
     class Reach(WriteOp):
         def apply(self, w: WriteContext) -> Any:
-            return [hasattr(w.txn, name) for name in ("commit", "abort", "drop", "putmulti")] + [
-                hasattr(w.cursor(b"meta"), "_cur") and not hasattr(w.cursor(b"meta"), "putmulti_raw")
-            ]
+            cur = w.cursor(b"meta")
+            assert isinstance(w.txn, RecordingTxn) and isinstance(cur, RecordingCursor)
+            assert isinstance(w.txn.cursor(db=w.db[b"schedule"]), RecordingCursor)
+            return [name for name in ("commit", "abort", "drop", "putmulti", "env") if hasattr(w.txn, name)]
 
-    (flags,) = write(s, Reach())
-    assert flags == [False, False, False, False, True]
+    (exposed,) = write(s, Reach())
+    assert exposed == []  # nothing that writes around the recorder or ends the transaction
 
 
 @pytest.mark.parametrize("case", [
@@ -648,14 +650,17 @@ def run_op(store: Store, clock: Clock, op: tuple[str, str, int, int], seqs: dict
     new_only=st.lists(op_strategy, max_size=8),
     behind=st.integers(0, 3),
     snapshot=st.booleans(),
+    during=st.lists(op_strategy, max_size=6),
 )
 def test_random_histories_converge(
     shared: list[tuple[str, str, int, int]], old_only: list[tuple[str, str, int, int]],
     new_only: list[tuple[str, str, int, int]], behind: int, snapshot: bool,
+    during: list[tuple[str, str, int, int]],
 ) -> None:
     """Random writes, a leader change with divergence (the old leader wrote on alone,
     the new one may have missed some of the shared entries: it was `behind`), then
-    truncation (or a snapshot): the replicas end equal."""
+    truncation (or a snapshot, the leader writing `during` it, between chunks): the
+    replicas end equal."""
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="equeue-repl-") as d:
         old = Store(Path(d) / "old", map_size=1 << 28, sync=False, clock=clock, replicated=True)
@@ -683,11 +688,14 @@ def test_random_histories_converge(
                     while True:
                         position, items, after = new.snapshot_chunk(db, after, 200)
                         first = position if first is None else first
+                        last = position
                         old.apply_snapshot_chunk(db, items)
+                        if during:
+                            run_op(new, clock, during.pop(), seqs_new)
                         if after is None:
                             break
                 assert first is not None
-                old.finish_snapshot(first, new.position, new.epoch)
+                old.finish_snapshot(first, last, new.epoch)
                 ship(new, old)
             elif new.end_of_epoch(old.last_epoch) < old.position:
                 truncate_to_leader(new, old)
