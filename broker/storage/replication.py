@@ -92,6 +92,13 @@ class ReplicationLog:
             last_epoch = _epoch_at(epochs, position)
         return LogState(position, log_start, consistent_at, epochs, last_epoch, self._u64(txn, layout.REPL_LOG_BYTES))
 
+    def start_after_existing_data(self, txn: lmdb.Transaction) -> None:
+        """A new log over data written without one (a standalone store, or one
+        opened standalone after it was replicated): it starts at position 1, as if
+        that data were entry 0 (never in the log), so a follower at 0 is told the log
+        was trimmed and copies the store."""
+        txn.put(layout.REPL_LOG_START, layout.pack_u64(1), db=self.state_db)
+
     def _u64(self, txn: lmdb.Transaction, key: bytes) -> int:
         v = txn.get(key, db=self.state_db)
         return layout.unpack_u64(v) if v is not None else 0

@@ -795,3 +795,52 @@ def test_a_later_transaction_failing_keeps_the_committed_results(
     calls = 1  # the first transaction failing raises: nothing was written
     with pytest.raises(StoreFull):
         s.write([ProduceOp(info, 0, entries(1))])
+
+
+def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
+    """A store with data and no log (standalone, or opened standalone after it was
+    replicated) starts its log at 1: a follower at 0 must copy it first."""
+    path = tmp_path / "a"
+    s = Store(path, clock=clock, sync=False)
+    info = topic(s)
+    write(s, ProduceOp(info, 0, entries(3)), CommitOffsetOp("g", "t", 0, 1))
+    s.close()
+    s = Store(path, clock=clock, sync=False, replicated=True)
+    assert (s.position, s.log_start, s.last_epoch) == (1, 1, 0)
+    with pytest.raises(LogTrimmed):
+        s.read_log(0, 100)
+    s.begin_epoch(1)
+    write(s, ProduceOp(info, 1, entries(2)))
+    follower = Store(tmp_path / "f", clock=clock, sync=False, replicated=True)
+    try:
+        follower.reset_for_snapshot()
+        first = last = None
+        for db in layout.REPLICATED_DATABASES:
+            after = None
+            while True:
+                position, items, after = s.snapshot_chunk(db, after, 1 << 20)
+                first = position if first is None else first
+                last = position
+                follower.apply_snapshot_chunk(db, items)
+                if after is None:
+                    break
+        assert first is not None and last is not None
+        follower.finish_snapshot(first, last, s.epoch)
+        ship(s, follower)
+        assert_same(s, follower)
+    finally:
+        follower.close()
+    s.close()
+    # opened standalone: the log is dropped (it would miss these writes) ...
+    s = Store(path, clock=clock, sync=False)
+    with s.env.begin() as txn:
+        assert txn.get(b"replog") is None and txn.get(b"repl_state") is None
+    write(s, CommitOffsetOp("g", "t", 0, 2))
+    s.close()
+    # ... and replicated again, it starts a new log after its data
+    s = Store(path, clock=clock, sync=False, replicated=True)
+    assert (s.position, s.log_start, s.epochs()) == (1, 1, [])
+    s.close()
+    empty = Store(tmp_path / "e", clock=clock, sync=False, replicated=True)
+    assert empty.position == 0
+    empty.close()
