@@ -163,9 +163,14 @@ class ReplicationLog:
 
     def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
         """Every distinct (database index, key) the entries from ``start`` on change,
-        in the order first changed. Raises CorruptRecord for an undecodable entry."""
+        in the order first changed. Raises LogTrimmed when ``start`` is below the log
+        (what the trimmed entries changed is unknown: copy the store instead),
+        CorruptRecord for an undecodable entry."""
         seen: dict[tuple[int, bytes], None] = {}
         with self.env.begin() as txn:
+            log_start, _ = self._end(txn)
+            if start < log_start:
+                raise LogTrimmed(f"log position {start} was trimmed: the log starts at {log_start}")
             cur = txn.cursor(db=self.log)
             if cur.set_range(layout.position_key(max(0, start))):
                 for v in cur.iternext(keys=False):

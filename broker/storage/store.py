@@ -453,7 +453,8 @@ class Store(StoreReader):
         return self._replog().log_bytes(start)
 
     def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
-        """Every distinct (database index, key) changed by the entries from ``start`` on."""
+        """Every distinct (database index, key) changed by the entries from ``start``
+        on. Raises LogTrimmed when ``start < log_start``."""
         return self._replog().divergent_keys(start)
 
     def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]:

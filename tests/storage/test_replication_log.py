@@ -529,6 +529,9 @@ def test_trim_and_log_trimmed(stores: Callable[..., Store]) -> None:
     assert s.log_bytes(4) == log_size(s) - len(s.read_log(3, 1)[0][1])
     with pytest.raises(LogTrimmed):
         s.read_log(2, 100)
+    with pytest.raises(LogTrimmed):
+        s.divergent_keys(2)
+    assert s.divergent_keys(5) == [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0))]
     assert [p for p, _ in s.read_log(3, 1 << 20)] == [3, 4, 5]
     assert s.entry_info(2) is None
     assert s.trim_log(100) == 6 == s.position  # never past the end
