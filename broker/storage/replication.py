@@ -95,9 +95,10 @@ class ReplicationLog:
     def start_after_existing_data(self, txn: lmdb.Transaction) -> None:
         """A new log over data written without one (a standalone store, or one
         opened standalone after it was replicated): it starts at position 1, as if
-        that data were entry 0 (never in the log), so a follower at 0 is told the log
-        was trimmed and copies the store."""
+        that data were entry 0 of epoch 0 (never in the log), so a follower at 0 is
+        told the log was trimmed and copies the store."""
         txn.put(layout.REPL_LOG_START, layout.pack_u64(1), db=self.state_db)
+        self._put_epoch(txn, (), 0, 0)
 
     def _u64(self, txn: lmdb.Transaction, key: bytes) -> int:
         v = txn.get(key, db=self.state_db)

@@ -809,7 +809,7 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     write(s, ProduceOp(info, 0, entries(3)), CommitOffsetOp("g", "t", 0, 1))
     s.close()
     s = Store(path, clock=clock, sync=False, replicated=True)
-    assert (s.position, s.log_start, s.last_epoch) == (1, 1, 0)
+    assert (s.position, s.log_start, s.last_epoch, s.epochs(), s.end_of_epoch(0)) == (1, 1, 0, [(0, 0)], 1)
     with pytest.raises(LogTrimmed):
         s.read_log(0, 100)
     s.begin_epoch(1)
@@ -842,7 +842,7 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     s.close()
     # ... and replicated again, it starts a new log after its data
     s = Store(path, clock=clock, sync=False, replicated=True)
-    assert (s.position, s.log_start, s.epochs()) == (1, 1, [])
+    assert (s.position, s.log_start, s.epochs()) == (1, 1, [(0, 0)])
     s.close()
     empty = Store(tmp_path / "e", clock=clock, sync=False, replicated=True)
     assert empty.position == 0
