@@ -14,6 +14,8 @@ The issue's six big scenarios are in tests/cluster/replication/ (not here)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -190,6 +192,19 @@ async def test_producer_consumer_and_cli_across_a_leader_kill(replicas: Replicas
     assert verdict["verdict"] == "equal" and len(verdict["replicas"]) == 2, verdict
     code, out = await trio.to_thread.run_sync(cli, "cluster", "verify", "-b", replicas.bootstrap)
     assert code == 0 and "equal" in out, out
+    # a replica that does not answer: could not compare (exit 2), and it is named
+    _, current = await trio.to_thread.run_sync(replicas.leader)
+    frozen = next(b for b in replicas.brokers if b is not current)
+    os.kill(frozen.pid, signal.SIGSTOP)
+    try:
+        code, out = await trio.to_thread.run_sync(cli, "cluster", "verify", "--json", "--timeout", "1",
+                                                  "-b", current.address)  # fmt: skip
+    finally:
+        os.kill(frozen.pid, signal.SIGCONT)
+    assert code == 2, out
+    (verdict,) = json.loads(out)["groups"]
+    assert verdict["verdict"] == "incomparable" and frozen.address in verdict["detail"], verdict
+    await trio.to_thread.run_sync(lambda: wait_until_sync(replicas.settled, timeout=60, what="both in sync again"))
 
 
 def test_a_spark_range_read_goes_on_at_the_new_leader(replicas: Replicas) -> None:
