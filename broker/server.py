@@ -288,8 +288,13 @@ class Broker:
         from broker.replication.role import ReplicaRole
 
         cfg = self.config
+        try:
+            connect = replica_connector(cfg)
+        except ConfigError as exc:  # no replica credentials: it may lead (a lone replica), not follow
+            log.warning("%s; until then this broker cannot follow its group's leader", exc)
+            connect = functools.partial(_cannot_follow, exc)
         follower = Follower(
-            store=self.store, call=self.appender.call, connect=replica_connector(cfg),
+            store=self.store, call=self.appender.call, connect=connect,
             broker_id=node.broker_id, address=node.address, config=cfg,
         )  # fmt: skip
         return ReplicaRole(
@@ -422,6 +427,12 @@ class Broker:
             self.groups.forget_connection(conn.notify_group)
             await trio.aclose_forcefully(stream)
             self._fd_closed()
+
+
+def _cannot_follow(exc: ConfigError, address: str) -> Any:
+    """The follower's ``connect`` without replica credentials: raises ``exc`` (the
+    follower logs it, rate-limited, and tries again later)."""
+    raise exc
 
 
 @asynccontextmanager

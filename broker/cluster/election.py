@@ -379,11 +379,13 @@ class GroupElection:
                 try:
                     won = await self._takeover()
                 except EtcdError as exc:  # refused: e.g. the lease just expired
-                    log.warning("group %s: takeover refused by etcd: %s", self.group, exc)
+                    self._bad.log(logging.WARNING, "takeover", "group %s: takeover refused by etcd: %s", self.group, exc)
                     won = False
                 except ClusterUnavailable as exc:
                     # the outcome may be unknown: the watch says who won; try again soon
-                    log.warning("group %s: takeover failed (retrying): %s", self.group, exc)
+                    self._bad.log(
+                        logging.WARNING, "takeover", "group %s: takeover failed (retrying): %s", self.group, exc
+                    )
                     with trio.move_on_after(_UNKNOWN_PAUSE):
                         await self._wake.wait()
                     continue

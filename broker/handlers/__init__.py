@@ -174,8 +174,11 @@ class Handlers:
         principal = ctx.principal
         if principal is not None and self._authorizer is not None:
             self._authorizer.check(principal, code, self._request_fields(code, payload), ctx.peer)
-        if self._replica is not None and code not in _OPEN_ON_FOLLOWER:
-            self._replica.check_serving()  # NotLeader: only the group's leader serves data
+        replica = self._replica
+        if replica is not None and code not in _OPEN_ON_FOLLOWER:
+            replica.check_serving()  # NotLeader: only the group's leader serves data
+            if replica.reads_held:  # just promoted: until the high watermark passes the takeover
+                await replica.wait_reads()
         if code not in _AUDITED:
             return await fn(payload, ctx)
         return await self._audited(fn, code, payload, ctx)

@@ -179,6 +179,14 @@ class ReplicaGate(Protocol):
     def check_produce(self) -> None:
         """check_serving, and NotEnoughReplicas when the ISR is below --min-insync."""
 
+    @property
+    def reads_held(self) -> bool:
+        """Just promoted: requests wait (:meth:`wait_reads`) until the high watermark
+        reaches the promotion's end."""
+
+    async def wait_reads(self) -> None:
+        """Wait until reads may see the store; raises NotLeader when leadership ends."""
+
     def status(self) -> control.ReplicationStatus: ...
 
 

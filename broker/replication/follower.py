@@ -214,6 +214,10 @@ class Follower:
                     self._logs.log(logging.ERROR, "refused", "replication from %s refused: %s", leader_address, exc)
                     await trio.sleep(BACKOFF_REFUSED)
                     continue
+                except ConfigError as exc:  # e.g. no replica credentials (see replica_connector)
+                    self._logs.log(logging.ERROR, "config", "cannot follow %s: %s", leader_address, exc)
+                    await trio.sleep(BACKOFF_REFUSED)
+                    continue
                 except (ConnectionBroken, RemoteProtocolError, OSError) as exc:
                     self._logs.log(logging.WARNING, "connection", "replication from %s: %s; reconnecting",
                                    leader_address, exc)  # fmt: skip

@@ -86,6 +86,7 @@ class LeaderStore(Protocol):
     def read_log(self, start: int, max_bytes: int) -> list[tuple[int, bytes]]: ...
     def entry_info(self, position: int) -> EntryHeader | None: ...
     def end_of_epoch(self, epoch: int) -> int: ...
+    def epochs(self) -> list[tuple[int, int]]: ...
     def log_bytes(self, start: int) -> int: ...
     def trim_log(self, before: int) -> int: ...
 
@@ -152,7 +153,7 @@ class LeaderLog:
         self, *, store: LeaderStore, election: LeaderElection, answers: Answers,
         call: WriterCall, wake: Callable[[Iterable[tuple[int, int]]], None],
         on_scheduled: Callable[[], None], config: BrokerConfig, broker_id: str, group: str, epoch: int,
-        high_watermark: int, clock: Callable[[], float] = trio.current_time,
+        high_watermark: int, promoted_at: int, clock: Callable[[], float] = trio.current_time,
     ) -> None:  # fmt: skip
         self._store = store
         self._election = election
@@ -168,10 +169,19 @@ class LeaderLog:
         self.group = group
         self.epoch = epoch
         self._clock = clock
-        #: the highest watermark published (never goes back)
+        #: the high watermark (never goes back): at first the one this replica last
+        #: heard from the previous leader (every ISR member has the entries below it)
         self.high_watermark = high_watermark
-        #: where this epoch's log started here (a member that has not fetched yet counts as this)
+        #: where an ISR member that has not fetched at this epoch yet counts
         self._start = high_watermark
+        #: this replica's end when it took over: its store (published whole by the
+        #: promotion's reload) may show entries from the high watermark to here that
+        #: the other members lack, so client reads wait until the high watermark is here
+        self.promoted_at = promoted_at
+        #: set once the high watermark reached ``promoted_at`` (or leadership ended)
+        self.readable = trio.Event()
+        if high_watermark >= promoted_at:
+            self.readable.set()
         self._started_at = clock()
         self._followers: dict[str, _Follower] = {}
         #: followers being added to the ISR (counted in the high watermark meanwhile)
@@ -224,6 +234,8 @@ class LeaderLog:
         hw = self._compute_hw()
         if hw > self.high_watermark:
             self.high_watermark = hw
+            if hw >= self.promoted_at:
+                self.readable.set()
             touched: set[tuple[int, int]] = set()
             scheduled = False
             for o in self._store.publish_upto(hw):
@@ -285,6 +297,7 @@ class LeaderLog:
         for _, batch, _results in held:
             self._answers.fail(batch, exc)
         self._committed.set()
+        self.readable.set()  # (the waiting reads find the broker not leading)
 
     @property
     def closed(self) -> bool:
@@ -316,6 +329,8 @@ class LeaderLog:
             end_of_epoch = store.end_of_epoch(req.last_epoch)
             if end_of_epoch < req.position:
                 return self._reset(f, FetchStatus.DIVERGED, end_of_epoch)
+            if req.last_epoch not in dict(store.epochs()):  # KIP-279: an epoch this log never had
+                return self._reset(f, FetchStatus.DIVERGED, min(end_of_epoch, req.position))
         if req.position < store.log_start:
             return self._reset(f, FetchStatus.TOO_OLD)
         end = store.position

@@ -11,7 +11,12 @@ driven by the group's election (``election.state`` / ``election.changed``).
   a leader that was fenced and recovered); build the :class:`LeaderLog`; start the
   leader duties in a leader-scoped nursery (the log's ISR checks and trimming,
   ``Lifecycle.run``: delayed moves, retention, producer expiry, and the cluster
-  node's materializer); serve.
+  node's materializer, started with ``nursery.start``: its first pass is done
+  before the leader is ready); serve. Client requests wait until the high
+  watermark reached the end this replica had when it took over
+  (:attr:`ReplicaRole.reads_held`): the promotion's reload published its whole
+  store, which may hold entries the other members lack. A broker that leads when
+  it starts (a new group's first broker) enters the role only once ready.
 * **Losing leadership or fenced**: stop serving at once: every data request is
   NOT_LEADER (:meth:`check_serving`), held acks are answered NOT_LEADER, parked pulls
   are answered NOT_LEADER, consumer leases are dropped; the leader duties are
@@ -51,6 +56,8 @@ T = TypeVar("T")
 FOLLOW_RETRY = 0.5
 #: how often a follower checks whether it became eligible to lead (seconds)
 ELIGIBLE_CHECK = 0.5
+#: the longest a leader's start waits for its first leader duties (seconds)
+START_TIMEOUT = 10.0
 
 
 class RoleStore(LeaderStore, Protocol):
@@ -127,7 +134,7 @@ class ReplicaRole:
 
     def __init__(
         self, *, store: RoleStore, appender: RoleAppender, election: RoleElection, follower: Following,
-        parked: Parked, leases: Leases, lifecycle: Scheduler, leader_duties: Callable[[], Awaitable[None]],
+        parked: Parked, leases: Leases, lifecycle: Scheduler, leader_duties: Callable[..., Awaitable[None]],
         config: BrokerConfig, broker_id: str,
     ) -> None:  # fmt: skip
         self._store = store
@@ -149,14 +156,22 @@ class ReplicaRole:
         self._following: tuple[str, int] | None = None
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
+        #: set once leading with the leader duties' first pass done (start-up waits for it)
+        self._ready = trio.Event()
         #: leadership taken (epochs led), for tests and statistics
         self.promotions = 0
+        #: the high watermark this broker reached when it last led (committed: every
+        #: later leader has the entries below it)
+        self._led_hw = 0
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> ReplicaRole:
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
         self._nursery.start_soon(self._drive, name=f"replica role {self.group}")
+        if self._election.is_leader():  # a leader serves once its first duties ran (topics materialized)
+            with trio.move_on_after(START_TIMEOUT):
+                await self._ready.wait()
         return self
 
     async def __aexit__(
@@ -172,6 +187,22 @@ class ReplicaRole:
         """Raises NotLeader unless this broker leads its group now and is not fenced."""
         if self.leader_log is None or not self._election.serving():
             raise NotLeader(self._not_leader_text())
+
+    @property
+    def reads_held(self) -> bool:
+        """Just promoted: client requests wait (:meth:`wait_reads`) until the high
+        watermark reaches the end this replica had when it took over (its store,
+        published whole, may hold entries the other members lack)."""
+        ll = self.leader_log
+        return ll is not None and not ll.readable.is_set()
+
+    async def wait_reads(self) -> None:
+        """Wait until client reads may see the store (see :attr:`reads_held`); raises
+        NotLeader when the leadership ends meanwhile."""
+        ll = self.leader_log
+        if ll is not None:
+            await ll.readable.wait()
+        self.check_serving()
 
     def check_produce(self) -> None:
         """The produce path's check: NotLeader (not serving), NotEnoughReplicas (the
@@ -236,7 +267,9 @@ class ReplicaRole:
         await self._end_duty()
         store, call = self._store, self._appender.call
         await call(store.reload)
-        high_watermark = store.position
+        promoted_at = store.position
+        # every member has what was below the previous leader's high watermark
+        high_watermark = min(promoted_at, max(self._follower.high_watermark, self._led_hw))
         if store.last_epoch < epoch:
             await call(lambda: store.begin_epoch(epoch))
         e = self._election
@@ -245,13 +278,13 @@ class ReplicaRole:
         ll = LeaderLog(
             store=store, election=e, answers=self._appender, call=call, wake=self._parked.wake,
             on_scheduled=self._lifecycle.schedule_changed, config=self._config, broker_id=self.broker_id,
-            group=self.group, epoch=epoch, high_watermark=high_watermark,
+            group=self.group, epoch=epoch, high_watermark=high_watermark, promoted_at=promoted_at,
         )  # fmt: skip
         self.leader_log = ll
         self.promotions += 1
         ll.committed()  # the marker: fetches wake, a lone leader publishes it
-        log.info("group %s: this broker leads at epoch %d (log %d..%d)", self.group, epoch, store.log_start,
-                 store.position)  # fmt: skip
+        log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
+                 store.log_start, store.position, ll.high_watermark)  # fmt: skip
         self._start_duty(self._leading, ll)
 
     def _stop_serving(self, exc: BaseException) -> None:
@@ -261,6 +294,7 @@ class ReplicaRole:
         if ll is None:
             return
         self.leader_log = None
+        self._led_hw = max(self._led_hw, ll.high_watermark)
         if self._duty is not None:
             self._duty.cancel()
         ll.close(exc)
@@ -294,7 +328,8 @@ class ReplicaRole:
         async with trio.open_nursery() as n:
             n.start_soon(ll.run)
             n.start_soon(self._lifecycle.run)
-            n.start_soon(self._leader_duties)
+            await n.start(self._leader_duties)  # the first materializer pass
+            self._ready.set()
 
     async def _follow(self, address: str, epoch: int) -> None:
         async with trio.open_nursery() as n:

@@ -229,3 +229,23 @@ async def test_a_restarted_leader_removes_its_previous_lives_key(etcd: EtcdProce
             took = trio.current_time() - start
             assert took < 10, f"{took:.3f} s"
             assert a.state.epoch == 4 and a.state.isr == ("b1", "b2")
+
+
+async def test_the_election_reloads_after_an_etcd_restart(etcd: EtcdProcess) -> None:
+    eligible = {"b1": True, "b2": True}
+    async with EtcdClient([etcd.endpoint], request_timeout=1.0) as c:
+        async with contender(c, "b1", eligible=lambda: eligible["b1"]) as a:
+            await wait_until(a.is_leader, what="b1 leads")
+            await trio.to_thread.run_sync(etcd.stop)
+            await trio.to_thread.run_sync(etcd.start)
+            # the leader's lease survived the restart; its ISR write needs the right revision
+            await wait_until(lambda: a._membership.registered and a.loaded.is_set(), timeout=10, what="b1 back")
+            async with contender(c, "b2", eligible=lambda: eligible["b2"]) as b:
+                await wait_until(lambda: b.state.leader_id == "b1", what="b2 sees b1")
+                assert await a.set_isr(("b1", "b2"))
+                eligible["b1"] = False
+                await c.revoke(a._membership.lease)
+                # b1's watch (re-established after the restart) shows the new leader
+                await wait_until(lambda: a.state.leader_id == "b2" and a.state.epoch == 2, what="b1 sees b2 lead")
+                await wait_until(b.is_leader, what="b2 leads")
+                assert not a.is_leader()

@@ -95,7 +95,7 @@ async def leading(tmp_path: Path, isr: tuple[str, ...], **cfg: Any) -> AsyncIter
 
             ll = LeaderLog(
                 store=store, election=election, answers=app, call=app.call, wake=wake, on_scheduled=lambda: None,
-                config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw,
+                config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw, promoted_at=hw,
             )  # fmt: skip
             holder.append(ll)
             ll.committed()
@@ -179,6 +179,9 @@ async def test_divergence_too_old_stale_epoch_and_not_leader(tmp_path: Path) -> 
             assert a.status is FetchStatus.DIVERGED and a.diverge_at == end
             a = await L.ll.fetch(_fetch(F1, end, last_epoch=0))
             assert a.status is FetchStatus.DIVERGED and a.diverge_at == L.store.end_of_epoch(0)
+            # KIP-279: a last epoch this log never had diverges too (at most at the follower's end)
+            a = await L.ll.fetch(_fetch(F1, end, last_epoch=7))
+            assert a.status is FetchStatus.DIVERGED and a.diverge_at == end
             with pytest.raises(StaleEpoch):
                 await L.ll.fetch(_fetch(F1, end, epoch=2))
             # trimmed past the follower's position: TOO_OLD
@@ -220,3 +223,31 @@ async def test_trim_keeps_what_followers_and_pins_need(tmp_path: Path) -> None:
             await L.ll.fetch(_fetch(F2, end - 1))  # F2 fetching again: its pin is gone
             await L.ll.fetch(_fetch(F1, end))
             assert await L.ll.trim() == L.store.log_start == end - 1
+
+
+async def test_a_new_leader_holds_reads_until_the_high_watermark_reaches_its_takeover_end(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME, F1)) as L:
+            info = L.app.enqueue(st.CreateTopicOp("t", 1))
+            await wait_until(lambda: L.store.position == L.ll.high_watermark + 2)
+            old_hw = L.ll.high_watermark  # F1 never acknowledged the create
+            L.ll.close(NotLeader("a new epoch"))
+            with pytest.raises(NotLeader):
+                await answer(info)
+            # this replica leads again at epoch 2: its store shows the create, which F1 may lack
+            await L.app.call(L.store.reload)
+            promoted_at = L.store.position
+            await L.app.call(lambda: L.store.begin_epoch(2))
+            L.election.state = State(2, (ME, F1))
+            ll = LeaderLog(
+                store=L.store, election=L.election, answers=L.app, call=L.app.call, wake=lambda q: None,
+                on_scheduled=lambda: None, config=BrokerConfig(data_dir=tmp_path), broker_id=ME, group="g", epoch=2,
+                high_watermark=old_hw, promoted_at=promoted_at,
+            )  # fmt: skip
+            ll.committed()
+            assert not ll.readable.is_set()
+            await ll.fetch(_fetch(F1, promoted_at - 1, epoch=2))
+            assert not ll.readable.is_set() and ll.high_watermark == promoted_at - 1
+            await ll.fetch(_fetch(F1, promoted_at, epoch=2))
+            assert ll.readable.is_set() and ll.high_watermark == promoted_at
+            ll.close(NotLeader("test over"))
