@@ -31,6 +31,9 @@ window drain, then decides per batch in order:
   replicas share its producer state, and a refused batch was stored nowhere.
   NOT_OWNER, NOT_LEADER and QUEUE_UNAVAILABLE do not count against ``retries``: they
   are retried until ``send_timeout``, then QUEUE_UNAVAILABLE is raised as is;
+- a lost connection to a group of a cluster counts like NOT_LEADER (its leader died:
+  the group fails over), retried until ``send_timeout``; standalone it counts against
+  ``retries`` as below;
 - NOT_ENOUGH_REPLICAS (the group's in-sync set is below ``--min-insync``): resent
   with the same id and sequence after the policy's backoff, until ``send_timeout``
   (not counted against ``retries``), then raised as is;
@@ -64,6 +67,7 @@ from equeue import wire
 from equeue.codec import Response
 from equeue.errors import (
     ClientClosed,
+    ConnectionBroken,
     EQueueError,
     ErrorCode,
     NotEnoughReplicas,
@@ -365,7 +369,11 @@ class _Lane:
                 self.on_queue_missing(self.topic)
             if isinstance(e, ROUTING_ERRORS):
                 reroute = True
-            if isinstance(e, NotOwner | NotLeader | QueueUnavailable | NotEnoughReplicas):  # until send_timeout
+            # until send_timeout; in a cluster also a broken connection (the group's
+            # leader died: a failover, not a broker to give up on after `retries`)
+            if isinstance(e, NotOwner | NotLeader | QueueUnavailable | NotEnoughReplicas) or (
+                isinstance(e, ConnectionBroken) and self.router.cluster
+            ):
                 if time.monotonic() >= b.deadline:
                     self.fail(b, e if isinstance(e, QueueUnavailable | NotEnoughReplicas) else OperationTimeout(
                         f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip

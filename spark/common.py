@@ -187,7 +187,8 @@ def retry_routing(fn: Callable[[], T], timeout: float, what: str) -> T:
             left = deadline - time.monotonic()
             if not is_failover(exc) or left <= 0:
                 raise
-            log.info("equeue: %s: %s; reading the routes again (attempt %d)", what, exc, attempt)
+            log.log(logging.INFO if attempt == 1 else logging.DEBUG,  # once per failover at INFO
+                    "equeue: %s: %s; reading the routes again (attempt %d)", what, exc, attempt)
             time.sleep(min(FAILOVER_PAUSES.delay(attempt), left))
 
 

@@ -188,8 +188,9 @@ def read_range(
                     f"equeue source: {part.topic}/{part.queue_id} is owned by broker group {part.group!r}, "
                     f"which could not be read within failoverTimeout ({failover_timeout:g} s): {exc}"
                 ) from exc
-            log.info("equeue source: %s/%d at offset %d: %s; reading the routes again",
-                     part.topic, part.queue_id, done[0], exc)  # fmt: skip
+            log.log(logging.INFO if attempt == 1 else logging.DEBUG,  # once per failover at INFO
+                    "equeue source: %s/%d at offset %d: %s; reading the routes again",
+                    part.topic, part.queue_id, done[0], exc)  # fmt: skip
             time.sleep(min(FAILOVER_PAUSES.delay(attempt), left))
             if bootstrap:
                 try:

@@ -358,12 +358,12 @@ async def cluster_report(router: Router, connect_timeout: float = 3.0) -> Cluste
         if leader is None:
             replication.append(GroupReplication(g.name, None, "no leader" if not g.leader else "leader not registered"))
             return
-        try:
-            with trio.fail_after(connect_timeout + 5):
-                async with AsyncClient(leader.address, connect_timeout=connect_timeout, security=boot.security) as c:
+        async with AsyncClient(leader.address, connect_timeout=connect_timeout, security=boot.security) as c:
+            try:  # inside the client's block: its errors are raised here, not wrapped in a group
+                with trio.fail_after(connect_timeout + 5):
                     replication.append(GroupReplication(g.name, await c.replication_status()))
-        except (EQueueError, trio.TooSlowError) as exc:
-            replication.append(GroupReplication(g.name, None, str(exc) or type(exc).__name__))
+            except (EQueueError, trio.TooSlowError) as exc:
+                replication.append(GroupReplication(g.name, None, str(exc) or type(exc).__name__))
 
     async with trio.open_nursery() as nursery:
         for g in status.groups:
@@ -465,20 +465,24 @@ def _gave_up(group: str, answers: Sequence[ReplicaAnswer], timeout: float) -> Gr
     return GroupVerdict(group, Verdict.INCOMPARABLE, None, list(answers), [], detail)
 
 
-async def _digest(b: control.BrokerStatus, boot: AsyncClient, connect_timeout: float) -> ReplicaAnswer:
-    try:
-        with trio.fail_after(connect_timeout + 5):
-            async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+async def _digest(b: control.BrokerStatus, boot: AsyncClient, connect_timeout: float, deadline: float) -> ReplicaAnswer:
+    """One replica's REPLICA_DIGEST, bounded by ``deadline`` (trio time; at least
+    VERIFY_POLL from now): a frozen replica makes a round slow, not the command."""
+    bound = min(connect_timeout + 5, max(deadline - trio.current_time(), VERIFY_POLL))
+    async with AsyncClient(b.address, connect_timeout=min(connect_timeout, bound), security=boot.security) as c:
+        try:  # inside the client's block: its errors are raised here, not wrapped in a group
+            with trio.fail_after(bound):
                 return ReplicaAnswer(b.broker_id, b.address, await c.replica_digest())
-    except (EQueueError, trio.TooSlowError) as exc:
-        return ReplicaAnswer(b.broker_id, b.address, None, str(exc) or type(exc).__name__)
+        except (EQueueError, trio.TooSlowError) as exc:
+            return ReplicaAnswer(b.broker_id, b.address, None, str(exc) or type(exc).__name__)
 
 
 async def verify_cluster(router: Router, timeout: float, connect_timeout: float = 3.0) -> VerifyReport:
     """REPLICA_DIGEST of every live replica of every group (as CLUSTER_STATUS lists
     them), asked again every :data:`VERIFY_POLL` s until a group's replicas answer at
     one position (then compared: :func:`judge`) or ``timeout`` passes (INCOMPARABLE).
-    Standalone: the one broker, compared with nothing (EQUAL)."""
+    Replicas the cluster knows but that are not live are named in the verdict's
+    ``detail``, not compared. Standalone: the one broker, compared with nothing (EQUAL)."""
     boot = router.bootstrap
     status = await boot.cluster_status()
     deadline = trio.current_time() + timeout
@@ -494,13 +498,16 @@ async def verify_cluster(router: Router, timeout: float, connect_timeout: float 
             answers: list[ReplicaAnswer] = []
 
             async def ask(b: control.BrokerStatus, into: list[ReplicaAnswer]) -> None:
-                into.append(await _digest(b, boot, connect_timeout))
+                into.append(await _digest(b, boot, connect_timeout, deadline))
 
             async with trio.open_nursery() as nursery:
                 for b in live:
                     nursery.start_soon(ask, b, answers)
             found = judge(g.name, answers)
             if found is not None:
+                gone = [f"{b.broker_id} ({b.address or 'no address'})" for b in g.brokers if b not in live]
+                if gone and found.verdict is not Verdict.INCOMPARABLE:
+                    found = attrs.evolve(found, detail="not live, not compared: " + ", ".join(gone))
                 verdicts.append(found)
                 return
             if trio.current_time() + VERIFY_POLL > deadline:
