@@ -3,18 +3,20 @@
 :class:`ClusterNode` owns the broker's etcd client, its registration
 (:class:`~broker.cluster.membership.Membership`), the watched view
 (:class:`~broker.cluster.view.ClusterView`), the placement writes
-(:class:`~broker.cluster.placements.Placements`) and the materializer task. The
-handlers see it through :class:`broker.handlers.base.ClusterRole`:
+(:class:`~broker.cluster.placements.Placements`), the group's election
+(:class:`~broker.cluster.election.GroupElection`) and the materializer. The handlers
+see it through :class:`broker.handlers.base.ClusterRole`:
 
 * **Ownership.** ``owned`` maps every topic the broker knows from etcd to the queue
   ids its group owns; the produce hot path reads it with one dict lookup. A request
   for a queue owned elsewhere is NOT_OWNER (naming the owner), or QUEUE_UNAVAILABLE
-  when that group has no live broker.
+  when that group has no leader (no live broker, or none of its ISR).
 * **Materialization.** Every placement in etcd exists in the local store with its
   full queue count (created or grown through the appender) and its retention; a
   topic deleted in etcd is deleted locally, and a local copy of an earlier
-  incarnation (deleted and created again) is replaced. Done before the broker
-  serves, and after every change the view sees. ``<data-dir>/cluster-topics.json``
+  incarnation (deleted and created again) is replaced. Done by the group's leader
+  (:meth:`ClusterNode.run_leader_duties`: a first pass before it serves, then after
+  every change the view sees); a follower's store gets it through replication. ``<data-dir>/cluster-topics.json``
   records which etcd incarnation (``created_ms``) each local copy was made from, so
   this holds across a broker's downtime too, with the highest etcd revision followed:
   a view behind it comes from an etcd that lost its data, whose missing topics are
@@ -142,9 +144,11 @@ def save_materialized(data_dir: Path, revision: int, made_from: dict[str, int]) 
 
 
 class ClusterNode:
-    """The broker's cluster role. Build it with the store and the appender's submit,
-    then ``async with node.serving(port):`` around the time the broker serves: it
-    registers, loads the view, materializes every placement, and only then returns.
+    """The broker's cluster role. Build it with the store, the appender's submit and
+    ``eligible`` (whether the store may lead now), then ``async with
+    node.serving(port):`` around the time the broker serves: it registers, loads the
+    view and the placements, and enters the election (a new group's first broker
+    leads when it returns); run :meth:`run_leader_duties` while leading.
     """
 
     def __init__(

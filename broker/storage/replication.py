@@ -92,6 +92,14 @@ class ReplicationLog:
             last_epoch = _epoch_at(epochs, position)
         return LogState(position, log_start, consistent_at, epochs, last_epoch, self._u64(txn, layout.REPL_LOG_BYTES))
 
+    def start_after_existing_data(self, txn: lmdb.Transaction) -> None:
+        """A new log over data written without one (a standalone store, or one
+        opened standalone after it was replicated): it starts at position 1, as if
+        that data were entry 0 of epoch 0 (never in the log), so a follower at 0 is
+        told the log was trimmed and copies the store."""
+        txn.put(layout.REPL_LOG_START, layout.pack_u64(1), db=self.state_db)
+        self._put_epoch(txn, (), 0, 0)
+
     def _u64(self, txn: lmdb.Transaction, key: bytes) -> int:
         v = txn.get(key, db=self.state_db)
         return layout.unpack_u64(v) if v is not None else 0
@@ -156,9 +164,14 @@ class ReplicationLog:
 
     def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
         """Every distinct (database index, key) the entries from ``start`` on change,
-        in the order first changed. Raises CorruptRecord for an undecodable entry."""
+        in the order first changed. Raises LogTrimmed when ``start`` is below the log
+        (what the trimmed entries changed is unknown: copy the store instead),
+        CorruptRecord for an undecodable entry."""
         seen: dict[tuple[int, bytes], None] = {}
         with self.env.begin() as txn:
+            log_start, _ = self._end(txn)
+            if start < log_start:
+                raise LogTrimmed(f"log position {start} was trimmed: the log starts at {log_start}")
             cur = txn.cursor(db=self.log)
             if cur.set_range(layout.position_key(max(0, start))):
                 for v in cur.iternext(keys=False):

@@ -134,14 +134,32 @@ class Store(StoreReader):
                     f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
                     f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
                 )
+            had_log = txn.get(layout.REPL_DATABASES[0]) is not None
             if self.replicated:
                 self._log = ReplicationLog(self.env, [self.db[n] for n in layout.DATABASES], txn)
+                if not had_log and self._has_data(txn):
+                    self._log.start_after_existing_data(txn)
+                    log.warning("the store at %s holds data written without a replication log: its log "
+                                "starts at position 1, so a replica following it copies the store first",
+                                self.path)  # fmt: skip
+            elif had_log:
+                for name in layout.REPL_DATABASES:
+                    txn.drop(self.env.open_db(name, txn=txn), delete=True)
+                log.warning("the store at %s was replicated and is opened standalone: its replication log "
+                            "is dropped (writes from now on are not in it; as a replica again it starts a new "
+                            "log at position 1)", self.path)  # fmt: skip
         if self._log is not None:
             with self._reading("replication log"):
                 self._log.load()
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
         self.head = self.view = self._recover()
+
+    def _has_data(self, txn: lmdb.Transaction) -> bool:
+        """Anything stored besides the format record."""
+        return any(
+            txn.stat(self.db[name])["entries"] > (1 if name == b"meta" else 0) for name in layout.DATABASES
+        )  # fmt: skip
 
     def _damaged(self, what: str, exc: BaseException) -> StoreDamaged:
         """The one-line refusal for damaged store contents: where, what, how to recover."""
@@ -435,7 +453,8 @@ class Store(StoreReader):
         return self._replog().log_bytes(start)
 
     def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
-        """Every distinct (database index, key) changed by the entries from ``start`` on."""
+        """Every distinct (database index, key) changed by the entries from ``start``
+        on. Raises LogTrimmed when ``start < log_start``."""
         return self._replog().divergent_keys(start)
 
     def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]:

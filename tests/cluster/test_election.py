@@ -247,4 +247,5 @@ async def test_the_election_reloads_after_an_etcd_restart(etcd: EtcdProcess) -> 
                 await c.revoke(a._membership.lease)
                 # b1's watch (re-established after the restart) shows the new leader
                 await wait_until(lambda: a.state.leader_id == "b2" and a.state.epoch == 2, what="b1 sees b2 lead")
-                assert b.is_leader() and not a.is_leader()
+                await wait_until(b.is_leader, what="b2 leads")
+                assert not a.is_leader()

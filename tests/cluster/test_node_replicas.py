@@ -15,8 +15,10 @@ import trio
 from broker.appender import Appender
 from broker.cluster.etcdproc import EtcdProcess
 from broker.cluster.node import ClusterNode, load_materialized
+from broker.cluster.view import GroupState
 from broker.storage import Store
 from equeue import control
+from equeue.placement import BrokerRecord, IsrRecord, LeaderRecord
 from tests.conftest import make_config, wait_until
 
 
@@ -71,3 +73,16 @@ async def test_only_the_replica_with_leader_duties_writes_its_store(tmp_path: Pa
                     assert b_store.topics["t"].queues == 3 and b_store.topics["u"].queues == 2
                     b_duties.cancel_scope.cancel()
             duties.cancel_scope.cancel()
+
+
+def test_a_groups_route_is_its_leader() -> None:
+    b1 = BrokerRecord("g", "b1", "h:1", 1, 1)
+    b2 = BrokerRecord("g", "b2", "h:2", 1, 1)
+    leader = LeaderRecord("g", "b2", "h:2", 3, 1)
+    isr = IsrRecord("g", 3, "b2", ("b2", "b1"))
+    assert GroupState("g", (b1, b2), None, leader, isr).addresses == ["h:2"]
+    assert GroupState("g", (b1, b2), None, None, isr).addresses == []  # no leader: unavailable
+    assert GroupState("g", (b1,), None, None, isr).addresses == []  # (even with one broker left)
+    assert GroupState("g", (b1, b2)).addresses == []
+    assert GroupState("g", (b1,)).addresses == ["h:1"]  # never elected: part 1's single broker
+    assert GroupState("g").addresses == []

@@ -29,6 +29,7 @@ from broker.storage import (
 )
 from broker.storage import store as store_module
 from broker.storage.deadletters import Letter, ResendOp
+from broker.storage.recorder import RecordingCursor, RecordingTxn
 from broker.storage.replication import UNREACHABLE
 from broker.storage.skips import SkipRecordOp
 from broker.storage.writes import WriteContext
@@ -128,7 +129,9 @@ def assert_same(leader: Store, follower: Store) -> None:
     assert lp == fp == leader.position == follower.position
     assert fd == ld, {k for k in ld.keys() | fd.keys() if ld.get(k) != fd.get(k)}
     follower.reload()
-    assert state_of(follower.view) == state_of(leader.head)
+    # the leader's incremental head keeps skip markers of deleted topics and below
+    # retention (harmless: never looked up); a view rebuilt from LMDB leaves them out
+    assert state_of(follower.view)[:-1] == state_of(leader.head)[:-1]
     leader.reload()
     assert state_of(leader.view) == state_of(follower.view)
 
@@ -205,12 +208,13 @@ def test_ops_cannot_write_around_the_recorder(stores: Callable[..., Store]) -> N
 
     class Reach(WriteOp):
         def apply(self, w: WriteContext) -> Any:
-            return [hasattr(w.txn, name) for name in ("commit", "abort", "drop", "putmulti")] + [
-                hasattr(w.cursor(b"meta"), "_cur") and not hasattr(w.cursor(b"meta"), "putmulti_raw")
-            ]
+            cur = w.cursor(b"meta")
+            assert isinstance(w.txn, RecordingTxn) and isinstance(cur, RecordingCursor)
+            assert isinstance(w.txn.cursor(db=w.db[b"schedule"]), RecordingCursor)
+            return [name for name in ("commit", "abort", "drop", "putmulti", "env") if hasattr(w.txn, name)]
 
-    (flags,) = write(s, Reach())
-    assert flags == [False, False, False, False, True]
+    (exposed,) = write(s, Reach())
+    assert exposed == []  # nothing that writes around the recorder or ends the transaction
 
 
 @pytest.mark.parametrize("case", [
@@ -527,6 +531,9 @@ def test_trim_and_log_trimmed(stores: Callable[..., Store]) -> None:
     assert s.log_bytes(4) == log_size(s) - len(s.read_log(3, 1)[0][1])
     with pytest.raises(LogTrimmed):
         s.read_log(2, 100)
+    with pytest.raises(LogTrimmed):
+        s.divergent_keys(2)
+    assert s.divergent_keys(5) == [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0))]
     assert [p for p, _ in s.read_log(3, 1 << 20)] == [3, 4, 5]
     assert s.entry_info(2) is None
     assert s.trim_log(100) == 6 == s.position  # never past the end
@@ -648,14 +655,17 @@ def run_op(store: Store, clock: Clock, op: tuple[str, str, int, int], seqs: dict
     new_only=st.lists(op_strategy, max_size=8),
     behind=st.integers(0, 3),
     snapshot=st.booleans(),
+    during=st.lists(op_strategy, max_size=6),
 )
 def test_random_histories_converge(
     shared: list[tuple[str, str, int, int]], old_only: list[tuple[str, str, int, int]],
     new_only: list[tuple[str, str, int, int]], behind: int, snapshot: bool,
+    during: list[tuple[str, str, int, int]],
 ) -> None:
     """Random writes, a leader change with divergence (the old leader wrote on alone,
     the new one may have missed some of the shared entries: it was `behind`), then
-    truncation (or a snapshot): the replicas end equal."""
+    truncation (or a snapshot, the leader writing `during` it, between chunks): the
+    replicas end equal."""
     clock = Clock()
     with tempfile.TemporaryDirectory(prefix="equeue-repl-") as d:
         old = Store(Path(d) / "old", map_size=1 << 28, sync=False, clock=clock, replicated=True)
@@ -683,11 +693,14 @@ def test_random_histories_converge(
                     while True:
                         position, items, after = new.snapshot_chunk(db, after, 200)
                         first = position if first is None else first
+                        last = position
                         old.apply_snapshot_chunk(db, items)
+                        if during:
+                            run_op(new, clock, during.pop(), seqs_new)
                         if after is None:
                             break
                 assert first is not None
-                old.finish_snapshot(first, new.position, new.epoch)
+                old.finish_snapshot(first, last, new.epoch)
                 ship(new, old)
             elif new.end_of_epoch(old.last_epoch) < old.position:
                 truncate_to_leader(new, old)
@@ -787,3 +800,52 @@ def test_a_later_transaction_failing_keeps_the_committed_results(
     calls = 1  # the first transaction failing raises: nothing was written
     with pytest.raises(StoreFull):
         s.write([ProduceOp(info, 0, entries(1))])
+
+
+def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
+    """A store with data and no log (standalone, or opened standalone after it was
+    replicated) starts its log at 1: a follower at 0 must copy it first."""
+    path = tmp_path / "a"
+    s = Store(path, clock=clock, sync=False)
+    info = topic(s)
+    write(s, ProduceOp(info, 0, entries(3)), CommitOffsetOp("g", "t", 0, 1))
+    s.close()
+    s = Store(path, clock=clock, sync=False, replicated=True)
+    assert (s.position, s.log_start, s.last_epoch, s.epochs(), s.end_of_epoch(0)) == (1, 1, 0, [(0, 0)], 1)
+    with pytest.raises(LogTrimmed):
+        s.read_log(0, 100)
+    s.begin_epoch(1)
+    write(s, ProduceOp(info, 1, entries(2)))
+    follower = Store(tmp_path / "f", clock=clock, sync=False, replicated=True)
+    try:
+        follower.reset_for_snapshot()
+        first = last = None
+        for db in layout.REPLICATED_DATABASES:
+            after = None
+            while True:
+                position, items, after = s.snapshot_chunk(db, after, 1 << 20)
+                first = position if first is None else first
+                last = position
+                follower.apply_snapshot_chunk(db, items)
+                if after is None:
+                    break
+        assert first is not None and last is not None
+        follower.finish_snapshot(first, last, s.epoch)
+        ship(s, follower)
+        assert_same(s, follower)
+    finally:
+        follower.close()
+    s.close()
+    # opened standalone: the log is dropped (it would miss these writes) ...
+    s = Store(path, clock=clock, sync=False)
+    with s.env.begin() as txn:
+        assert txn.get(b"replog") is None and txn.get(b"repl_state") is None
+    write(s, CommitOffsetOp("g", "t", 0, 2))
+    s.close()
+    # ... and replicated again, it starts a new log after its data
+    s = Store(path, clock=clock, sync=False, replicated=True)
+    assert (s.position, s.log_start, s.epochs()) == (1, 1, [(0, 0)])
+    s.close()
+    empty = Store(tmp_path / "e", clock=clock, sync=False, replicated=True)
+    assert empty.position == 0
+    empty.close()
