@@ -223,9 +223,9 @@ class Follower:
                 except BrokerError as exc:  # transient refusals (busy, shutting down...)
                     self._logs.log(logging.WARNING, "leader", "replication from %s: %s (%s)",
                                    leader_address, exc, exc.code.name)  # fmt: skip
-                except EQueueError as exc:  # the local store failed to apply (disk full...)
-                    self._logs.log(logging.ERROR, "store", "replication from %s: the store failed: %s",
-                                   leader_address, exc)  # fmt: skip
+                except EQueueError as exc:  # applying failed: the store (disk full...) or an entry (corrupt)
+                    self._logs.log(logging.ERROR, "store", "replication from %s: applying the leader's log "
+                                   "failed: %s (%s)", leader_address, exc, type(exc).__name__)  # fmt: skip
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
         finally:
