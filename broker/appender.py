@@ -116,6 +116,8 @@ class Appender:
         self._pending: list[_Pending] = []
         #: how many of ``_pending`` are :meth:`call` functions (0: batches need no scan)
         self._calls = 0
+        #: set by :meth:`refuse`: the writer fails the ops it takes with it, unwritten
+        self._refusal: BaseException | None = None
         self._cond = threading.Condition(threading.Lock())
         #: the writer thread exits once the queue is empty (close) ...
         self._drain_and_stop = False
@@ -166,6 +168,14 @@ class Appender:
                 self._cond.notify()
         result: T = await self.wait(p)
         return result
+
+    def refuse(self, exc: BaseException | None) -> None:
+        """From now on the writer thread answers every op it takes with ``exc``
+        instead of writing it (None: write again). A replica that stops leading
+        refuses the client writes still queued: only the new leader's log may grow
+        its store (``await call(...)`` after this returns once the transaction in
+        progress, if any, is over). :meth:`call` functions still run."""
+        self._refusal = exc
 
     async def wait(self, p: _Pending) -> Any:
         """Wait until an enqueued op committed; return its result or raise its error."""
@@ -251,6 +261,10 @@ class Appender:
                     del pending[: len(batch)]
                 if call is not None:
                     post(_resolve_call, call, outcome.capture(cast(Callable[[], Any], call.fn)))
+                    continue
+                refusal = self._refusal
+                if refusal is not None:
+                    post(self._fail, batch, refusal)
                     continue
                 done = outcome.capture(write, cast("list[WriteOp]", [p.op for p in batch]))
                 if isinstance(done, outcome.Error):

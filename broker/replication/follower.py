@@ -206,8 +206,7 @@ class Follower:
         try:
             while True:
                 try:
-                    async with self._connect(leader_address) as link:
-                        await self._session(link, epoch)
+                    await self._connected(leader_address, epoch)
                 except (NotLeader, StaleEpoch):
                     raise
                 except _Refused as exc:
@@ -224,13 +223,26 @@ class Follower:
                 except BrokerError as exc:  # transient refusals (busy, shutting down...)
                     self._logs.log(logging.WARNING, "leader", "replication from %s: %s (%s)",
                                    leader_address, exc, exc.code.name)  # fmt: skip
-                except EQueueError as exc:  # the local store failed to apply (disk full...)
-                    self._logs.log(logging.ERROR, "store", "replication from %s: the store failed: %s",
-                                   leader_address, exc)  # fmt: skip
+                except EQueueError as exc:  # applying failed: the store (disk full...) or an entry (corrupt)
+                    self._logs.log(logging.ERROR, "store", "replication from %s: applying the leader's log "
+                                   "failed: %s (%s)", leader_address, exc, type(exc).__name__)  # fmt: skip
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
         finally:
             self.leader = None
+
+    async def _connected(self, leader_address: str, epoch: int) -> None:
+        """One connection and its session. The connection's nursery (the client's
+        reader task) hands errors out in an exception group: the one error inside it
+        is raised on its own, so the callers' ``except`` clauses see it."""
+        try:
+            async with self._connect(leader_address) as link:
+                await self._session(link, epoch)
+        except BaseExceptionGroup as group:
+            error = _sole_error(group)
+            if error is None:
+                raise
+            raise error from None
 
     async def _session(self, link: ReplicaLink, epoch: int) -> None:
         """Follow over one connection until it fails (raises)."""
@@ -360,3 +372,21 @@ class Follower:
         self._logs.log(logging.WARNING, "snapshot", "copied the leader's store (%d items) at position %d; "
                        "consistent from %d", items_copied, first, last)  # fmt: skip
 
+
+
+def _sole_error(group: BaseExceptionGroup[BaseException]) -> Exception | None:
+    """The error a connection's exception group carries: its first leaf, the
+    leader's NotLeader / StaleEpoch preferred; None when a leaf is not an
+    ``Exception`` (a cancellation: the group must propagate as it is)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(reversed(exc.exceptions))
+        else:
+            leaves.append(exc)
+    errors = [e for e in leaves if isinstance(e, Exception)]
+    if len(errors) != len(leaves) or not errors:
+        return None
+    return next((e for e in errors if isinstance(e, (NotLeader, StaleEpoch))), errors[0])

@@ -27,10 +27,11 @@ set, the high watermark, held acknowledgements, log trimming.
   the smaller set); a follower fetching at the end joins (counted from the moment
   the write starts, so it never misses an acknowledged write). One etcd write at a
   time, through ``election.set_isr``.
-* **Trimming** (:meth:`run`, every :data:`TRIM_INTERVAL`): the log is kept back to
-  the lowest position of the followers seen in the last :data:`FOLLOWER_KEEP`
-  seconds and of the snapshots in progress (:meth:`pin`), and never past the high
-  watermark, then cut to ``--replica-log-bytes``; the trim itself runs in the
+* **Trimming** (:meth:`run`, every :data:`TRIM_INTERVAL`): the log is cut only
+  past ``--replica-log-bytes`` (so a follower down for minutes catches up from the
+  log, as Kafka keeps a partition by its retention whatever its followers), in
+  steps of what was written between two checks, never past the high watermark nor
+  the start of a snapshot in progress (:meth:`pin`); the trim itself runs in the
   writer thread (``Appender.call(store.trim_log)``).
 
 Everything here runs on the loop; the store's reads (``read_log``, ``entry_info``)
@@ -56,7 +57,7 @@ from equeue.logs import RateLimitedLog
 from equeue.wire.replica import FetchAnswer, FetchRequest, FetchStatus
 from equeue.wire.replog import EntryHeader
 
-__all__ = ["FOLLOWER_KEEP", "ISR_CHECK", "TRIM_INTERVAL", "LeaderLog"]
+__all__ = ["ISR_CHECK", "PIN_KEEP", "TRIM_INTERVAL", "LeaderLog"]
 
 log = logging.getLogger("equeue.replication")
 _isr_logs = RateLimitedLog(log, 10.0, time.monotonic)
@@ -67,12 +68,8 @@ T = TypeVar("T")
 ISR_CHECK = 0.25
 #: how often the log is trimmed (seconds)
 TRIM_INTERVAL = 1.0
-#: a follower silent for this long no longer holds the log back (seconds)
-FOLLOWER_KEEP = 60.0
 #: a snapshot pin not renewed for this long is dropped (seconds)
 PIN_KEEP = 60.0
-#: the fewest entries worth a trim transaction (unless the byte bound asks)
-TRIM_MIN_ENTRIES = 256
 
 
 class LeaderStore(Protocol):
@@ -186,6 +183,9 @@ class LeaderLog:
         self._followers: dict[str, _Follower] = {}
         #: followers being added to the ISR (counted in the high watermark meanwhile)
         self._joining: set[str] = set()
+        #: followers of an ISR write whose outcome is unknown (etcd did not answer: it
+        #: may have written them): counted until a later write or refusal settles it
+        self._unsettled: set[str] = set()
         #: broker id -> (pinned position, trio time of the last pin) of snapshotting followers
         self._pins: dict[str, tuple[int, float]] = {}
         #: committed transactions waiting for the high watermark: (position, ops, results)
@@ -205,7 +205,7 @@ class LeaderLog:
             self._answers.fail(batch, NotLeader("this broker stopped leading its group: retry at the new leader"))
             return
         results = committed.results
-        if not self._all:  # acks leader: produces are answered at their commit
+        if not self._all and self._election.serving():  # acks leader: produces are answered at their commit
             now = [i for i, p in enumerate(batch) if isinstance(p.op, ProduceOp)]
             if now:
                 self._answers.release([batch[i] for i in now], [results[i] for i in now])
@@ -267,7 +267,7 @@ class LeaderLog:
 
     def _compute_hw(self) -> int:
         hw = self._store.position
-        members = set(self._election.state.isr) | self._joining
+        members = set(self._election.state.isr) | self._joining | self._unsettled
         members.discard(self.broker_id)
         for m in members:
             f = self._followers.get(m)
@@ -393,7 +393,7 @@ class LeaderLog:
     def _wanted_isr(self) -> tuple[set[str], set[str]]:
         """(members to drop, followers to add) now."""
         now = self._clock()
-        isr = set(self._election.state.isr)
+        isr = set(self._election.state.isr) | self._unsettled
         drop: set[str] = set()
         for m in isr:
             if m == self.broker_id:
@@ -426,7 +426,10 @@ class LeaderLog:
         except ClusterUnavailable as exc:
             _isr_logs.log(logging.WARNING, "isr", "group %s: cannot write the ISR %s (retrying): %s",
                           self.group, members, exc)  # fmt: skip
+            self._unsettled |= add  # etcd may have written it: keep counting them
             ok = False
+        else:  # written or refused: the ISR etcd has is known again
+            self._unsettled.clear()
         finally:
             self._joining -= add
         if ok:
@@ -445,33 +448,27 @@ class LeaderLog:
         """Trim the log once (see the module docstring); returns the new log start."""
         store = self._store
         end = store.position
-        if end > self._scanned:
-            start = self._scanned
-            nbytes = await trio.to_thread.run_sync(store.log_bytes, start)
+        if end > self._scanned:  # the bytes of the entries written since the last scan
+            nbytes = await trio.to_thread.run_sync(store.log_bytes, self._scanned)
             self._segments.append((end, nbytes))
             self._scanned = end
         now = self._clock()
-        before = self.high_watermark
-        for f in self._followers.values():
-            if now - f.fetched <= FOLLOWER_KEEP:
-                before = min(before, f.position)
+        floor = self.high_watermark  # never past the high watermark, nor a snapshot's pin
         for b, (pos, at) in list(self._pins.items()):
             if now - at > PIN_KEEP:
                 del self._pins[b]
             else:
-                before = min(before, pos)
+                floor = min(floor, pos)
         segments = self._segments
-        while segments and segments[0][0] <= before:
+        start = before = store.log_start
+        while segments and segments[0][0] <= start:
             segments.popleft()
         total = sum(n for _, n in segments)
-        over = False
-        while total > self._config.replica_log_bytes and segments and segments[0][0] <= self.high_watermark:
+        while total > self._config.replica_log_bytes and segments and segments[0][0] <= floor:
             seg_end, n = segments.popleft()
             total -= n
-            before = max(before, seg_end)
-            over = True
-        start = store.log_start
-        if before > start and (over or before - start >= TRIM_MIN_ENTRIES):
+            before = seg_end
+        if before > start:
             start = await self._call(lambda: store.trim_log(before))
         return start
 

@@ -104,9 +104,10 @@ class Following(Protocol):
 
 
 class RoleAppender(Answers, Protocol):
-    """The appender's side the role uses: its writer thread and held answers."""
+    """The appender's side the role uses: its writer thread, held answers, refusal."""
 
     async def call(self, fn: Callable[[], T]) -> T: ...
+    def refuse(self, exc: BaseException | None) -> None: ...
 
 
 class Parked(Protocol):
@@ -168,6 +169,8 @@ class ReplicaRole:
     async def __aenter__(self) -> ReplicaRole:
         self._nursery_cm = trio.open_nursery()
         self._nursery = await self._nursery_cm.__aenter__()
+        # only a serving leader writes its store through client ops
+        self._appender.refuse(NotLeader(self._not_leader_text()))
         self._nursery.start_soon(self._drive, name=f"replica role {self.group}")
         if self._election.is_leader():  # a leader serves once its first duties ran (topics materialized)
             with trio.move_on_after(START_TIMEOUT):
@@ -259,6 +262,9 @@ class ReplicaRole:
             target = None  # our own stale key: the election deletes it
         if target != self._following:
             await self._end_duty()
+            # the client writes queued before the step-down are refused; this call runs
+            # after the last one written, so the follower starts from the final position
+            await self._appender.call(lambda: None)
             if target is not None:
                 self._start_duty(self._follow, *target)
                 self._following = target
@@ -281,6 +287,7 @@ class ReplicaRole:
             group=self.group, epoch=epoch, high_watermark=high_watermark, promoted_at=promoted_at,
         )  # fmt: skip
         self.leader_log = ll
+        self._appender.refuse(None)
         self.promotions += 1
         ll.committed()  # the marker: fetches wake, a lone leader publishes it
         log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
@@ -294,6 +301,7 @@ class ReplicaRole:
         if ll is None:
             return
         self.leader_log = None
+        self._appender.refuse(exc)
         self._led_hw = max(self._led_hw, ll.high_watermark)
         if self._duty is not None:
             self._duty.cancel()
@@ -339,7 +347,7 @@ class ReplicaRole:
                     await self._follower.follow(address, epoch)
                 except* (NotLeader, StaleEpoch):
                     pass
-                except* (EQueueError, OSError) as group:  # (wrapped by the connection's nursery)
+                except* (EQueueError, OSError, ValueError) as group:  # ValueError: the store refused entries
                     _follow_logs.log(logging.WARNING, "follow", "group %s: following %s at epoch %d failed "
                                      "(retrying): %s", self.group, address, epoch, group.exceptions[0])  # fmt: skip
                 # the peer no longer leads this epoch (or failed): ask again after a

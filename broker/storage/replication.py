@@ -23,15 +23,13 @@ import lmdb
 
 from broker.storage import layout
 from equeue.errors import CorruptRecord, LogTrimmed
-from equeue.wire.replog import PUT, EntryHeader, decode_entry, encode_entry, entry_header
+from equeue.wire.replog import PUT, EntryHeader, Run, decode_entry, encode_entry, entry_header
 
 __all__ = ["UNREACHABLE", "LogState", "ReplicationLog"]
 
 #: ``consistent_at`` of a store that may not lead or join the in-sync set until it
 #: was repaired (a snapshot in progress)
 UNREACHABLE: Final = (1 << 64) - 1
-
-_Run = tuple[int, int, Sequence[bytes], Sequence[bytes] | None]
 
 
 @attrs.frozen
@@ -252,7 +250,7 @@ class ReplicationLog:
         return position, out
 
     # ------------------------------------------------------------------ writes (writer thread, in the caller's txn)
-    def append(self, txn: lmdb.Transaction, runs: Sequence[_Run], time_ms: int, next_global: int) -> LogState:
+    def append(self, txn: lmdb.Transaction, runs: Sequence[Run], time_ms: int, next_global: int) -> LogState:
         """Write one entry of the current epoch at the log's end."""
         st = self.state
         epoch = st.epoch

@@ -25,6 +25,7 @@ import struct
 import sys
 from array import array
 from itertools import accumulate, chain
+from operator import itemgetter
 from typing import Final
 
 import attrs
@@ -81,6 +82,7 @@ _POS_COUNT = struct.Struct(">QI")  # position, count
 _SNAP_REQ = struct.Struct(">BI")  # db index, after length (ABSENT: from the first key)
 _EPOCH = struct.Struct(">I")
 _LITTLE = sys.byteorder == "little"
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
 
 
 @attrs.frozen(slots=True)
@@ -231,8 +233,8 @@ def encode_fetch_answer(ans: FetchAnswer) -> list[bytes]:
     back. Raises ValueError when the entries' positions are not dense from ``first``."""
     entries = ans.entries
     first = entries[0][0] if entries else 0
-    positions, datas = (list(x) for x in zip(*entries, strict=True)) if entries else ([], [])
-    if positions != list(range(first, first + len(positions))):
+    datas = list(map(_SECOND, entries))
+    if list(map(_FIRST, entries)) != list(range(first, first + len(datas))):  # C loops
         raise ValueError("fetch answer entries must have consecutive positions")
     lens = array("I", map(len, datas))
     if _LITTLE:

@@ -135,11 +135,13 @@ async def messages(address: str, topic: str) -> int:
         return sum(q.max_offset for q in (await c.describe_topic(topic)).queues)
 
 
-async def produce(address: str, topic: str, n: int, size: int = 32, queues: int = 2) -> None:
+async def produce(address: str, topic: str, n: int, size: int = 32, queues: int = 2, batch: int = 1) -> None:
+    """``n`` messages of ``size`` bytes round-robin over the queues, ``batch`` per request."""
     async with client(address) as c:
-        for i in range(n):
-            body = f"{i:08d}".encode().ljust(size, b".")
-            await c.produce(wire.ProduceRequest(topic, i % queues, [wire.encode_entry(Message(body))]))
+        for i in range(0, n, batch):
+            bodies = [f"{j:08d}".encode().ljust(size, b".") for j in range(i, min(n, i + batch))]
+            entries = [wire.encode_entry(Message(b)) for b in bodies]
+            await c.produce(wire.ProduceRequest(topic, (i // batch) % queues, entries))
 
 
 async def create_topic(address: str, name: str, queues: int) -> None:
@@ -152,7 +154,7 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
         a = await start(started, tmp_path / "a", *args(etcd))
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
         await create_topic(a.address, "t", 2)
-        await produce(a.address, "t", 200)
+        await produce(a.address, "t", 200, batch=10)
         b = await start(started, tmp_path / "b", *args(etcd))
         first = await converged(a.address, b.address)
         st = await status(b.address)
@@ -227,14 +229,21 @@ async def test_old_leader_with_entries_the_new_leader_lacks_truncates_and_conver
 
 
 async def test_replica_behind_the_leaders_log_copies_the_store(tmp_path: Path, etcd: EtcdProcess) -> None:
-    extra = args(etcd, "--replica-log-bytes", "64KiB")
+    """A follower frozen while the leader writes more than --replica-log-bytes: the
+    leader trims past the follower's position; thawed, the follower is TOO_OLD,
+    copies the store and converges."""
+    extra = args(etcd, "--replica-log-bytes", "64KiB", "--acks", "leader")
     with trio.fail_after(150), brokers() as started:
         a = await start(started, tmp_path / "a", *extra)
         await wait_until(lambda: leading(a.address), timeout=20, what="a leads")
         await create_topic(a.address, "t", 3)
-        await produce(a.address, "t", 600, size=512, queues=3)  # ~300 KiB of log: trimmed
-        await wait_until(lambda: log_start(a.data_dir) > 0, timeout=20, what="a trims its log")
+        await produce(a.address, "t", 30, queues=3)
         b = await start(started, tmp_path / "b", *extra)
+        frozen_at = (await converged(a.address, b.address)).position
+        os.kill(b.pid, signal.SIGSTOP)
+        await produce(a.address, "t", 600, size=512, queues=3, batch=20)  # ~300 KiB of log
+        await wait_until(lambda: log_start(a.data_dir) > frozen_at + 10, timeout=30, what="a trims past b")
+        os.kill(b.pid, signal.SIGCONT)
         await converged(a.address, b.address, timeout=60)
         assert any("copying the store" in line for line in b.stderr_tail), "".join(b.stderr_tail)[-2000:]
         await produce(a.address, "t", 30, queues=3)

@@ -91,3 +91,22 @@ async def test_hold_receives_committed_ops_and_release_answers_them(tmp_path: Pa
         store.close()
 
 
+
+
+async def test_refuse_answers_queued_ops_unwritten_while_calls_still_run(tmp_path: Path) -> None:
+    store = st.Store(tmp_path / "data", map_size=1 << 28, sync=False)
+    try:
+        app = Appender(store)
+        with trio.fail_after(10):
+            async with trio.open_nursery() as n:
+                n.start_soon(app.run)
+                info = await app.submit(st.CreateTopicOp("t", 1))
+                app.refuse(NotLeader("stepped down"))
+                with pytest.raises(NotLeader):
+                    await app.submit(_produce_op(info, 0, b"refused"))
+                assert await app.call(lambda: store.view.queue(info.topic_id, 0).next_offset) == 0
+                app.refuse(None)
+                assert (await app.submit(_produce_op(info, 0, b"written"))).stored == 1
+                app.close()
+    finally:
+        store.close()

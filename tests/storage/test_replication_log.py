@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -849,3 +850,28 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     empty = Store(tmp_path / "e", clock=clock, sync=False, replicated=True)
     assert empty.position == 0
     empty.close()
+
+
+def test_publishing_while_the_writer_commits(stores: Callable[..., Store]) -> None:
+    """publish_upto (the loop) runs against the writer appending: every transaction's
+    outcome comes out once, in order, and the view ends at the head."""
+    s = stores("a")
+    info = topic(s)
+    s.publish_all()
+    n = 300
+
+    def writer() -> None:
+        for i in range(n):
+            s.write([ProduceOp(info, i % 2, entries(1)), CommitOffsetOp("g", "t", i % 2, i)])
+
+    seen: list[int] = []
+    t = threading.Thread(target=writer)
+    t.start()
+    while t.is_alive() or s.view is not s.head:
+        hw = s.position
+        seen.extend(o.position for o in s.publish_upto(hw))
+        v = s.view
+        assert v.queue(info.topic_id, 0).next_offset + v.queue(info.topic_id, 1).next_offset <= hw
+    t.join()
+    assert seen == list(range(2, n + 2))
+    assert s.view is s.head and s.view.queue(info.topic_id, 0).next_offset == n // 2
