@@ -145,6 +145,7 @@ class AsyncConsumer:
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
+            resume=self.dispatcher.resume,
         )  # fmt: skip
         self.assignments = Assignments(
             self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,

@@ -84,12 +84,19 @@ class Dispatcher:
             return None
         if self.options.orderly:
             for item in ready:
-                if not item[0].busy and not item[0].stopped:
+                q = item[0]
+                if not q.busy and not q.stopped and not q.suspended:
                     break
             else:
                 return None
         else:
             item = ready[0]
+            if item[0].suspended:
+                for item in ready:
+                    if not item[0].suspended:
+                        break
+                else:
+                    return None
         q, msgs, offs, pos = item
         end = pos + limit
         if end >= len(msgs):
@@ -110,6 +117,12 @@ class Dispatcher:
         if self.options.orderly:
             q.busy = True
         return q, msgs, offs
+
+    def resume(self, q: ProcessQueue) -> None:
+        """``q``'s lease is confirmed again: hand out what it buffered."""
+        if q.suspended:
+            q.suspended = False
+            self.lot.unpark_all()
 
     def release(self, q: ProcessQueue, n: int) -> None:
         """``n`` messages of ``q`` handed out are no longer in a handler's hands."""

@@ -63,6 +63,10 @@ class ProcessQueue:
         self.taken_top = -1
         #: orderly mode: a worker is handling this queue
         self.busy = False
+        #: the lease is not confirmed at the queue's broker group now (its leader died or
+        #: changed): nothing buffered is handed out until a pull or a heartbeat answered
+        #: there confirms it (another member may hold it at a new leader)
+        self.suspended = False
 
     def __repr__(self) -> str:
         return f"<ProcessQueue {self.key} next={self.window.end} outstanding={len(self.window)}>"

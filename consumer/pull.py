@@ -91,6 +91,10 @@ class PullLoop:
     #: after NOT_QUEUE_OWNER the broker may be a group's new leader that has not seen
     #: this member yet; the pull is made once more before the queue counts as lost
     regain: Callable[[], Awaitable[None]] | None = None
+    #: a pull answered after a routing error: the lease is confirmed at the queue's
+    #: (new) leader, its buffered messages may be handed out again
+    #: (:meth:`consumer.dispatch.Dispatcher.resume`)
+    resume: Callable[[ProcessQueue], None] | None = None
 
     async def run(self, q: ProcessQueue) -> PullEnd:
         """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
@@ -155,6 +159,8 @@ class PullLoop:
                 continue
             except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
                 client = None
+                if self.group:  # the lease is unconfirmed until a pull is answered again
+                    q.suspended = True
                 failures += 1
                 level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING
                 self.logs.log(level, f"route {q.key}", "queue %s: %s; refreshing routes", q.key, exc)
@@ -194,6 +200,8 @@ class PullLoop:
                 continue
             failures = 0
             regained = False
+            if q.suspended and self.resume is not None:
+                self.resume(q)
             if single:
                 single -= 1
             if q.stopped:

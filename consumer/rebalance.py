@@ -256,6 +256,12 @@ class Coordinator:
             except EQueueError as exc:
                 if isinstance(exc, ROUTING_ERRORS):
                     self.unreached.add(name)
+                    if self.options.mode == ConsumeMode.CLUSTERING:
+                        # its leader died or changed: hand out nothing buffered from its
+                        # queues until a heartbeat or a pull answered there confirms the leases
+                        for lease, q in self.assignments.queues.items():
+                            if self._owner(lease) == name:
+                                q.suspended = True
                 self.logs.log(logging.WARNING, f"heartbeat {name}", "group %s: heartbeat to broker group %r failed: %s",
                               self.group, name, exc)  # fmt: skip
                 errors.append(exc)
@@ -329,7 +335,10 @@ class Coordinator:
         for lease, q in list(a.queues.items()):
             if lease not in held:
                 a.lease_lost(q)
-            elif lease not in desired:
+                continue
+            if q.suspended and self._owner(lease) in self.reached:
+                a.dispatcher.resume(q)  # the group answered: the lease is confirmed
+            if lease not in desired:
                 a.revoke(q)
         for lease in sorted(desired & held):
             if not a.busy(lease):
