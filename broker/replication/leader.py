@@ -57,7 +57,7 @@ from equeue.logs import RateLimitedLog
 from equeue.wire.replica import FetchAnswer, FetchRequest, FetchStatus
 from equeue.wire.replog import EntryHeader
 
-__all__ = ["ISR_CHECK", "PIN_KEEP", "TRIM_INTERVAL", "LeaderLog"]
+__all__ = ["ISR_CHECK", "PIN_KEEP", "TRIM_INTERVAL", "LeaderLog", "LogTrimmer"]
 
 log = logging.getLogger("equeue.replication")
 _isr_logs = RateLimitedLog(log, 10.0, time.monotonic)
@@ -68,6 +68,8 @@ T = TypeVar("T")
 ISR_CHECK = 0.25
 #: how often the log is trimmed (seconds)
 TRIM_INTERVAL = 1.0
+#: a log found at a trimmer's first check is read in steps of this fraction of the bound
+SEED_STEPS = 16
 #: a snapshot pin not renewed for this long is dropped (seconds)
 PIN_KEEP = 60.0
 
@@ -150,7 +152,8 @@ class LeaderLog:
         self, *, store: LeaderStore, election: LeaderElection, answers: Answers,
         call: WriterCall, wake: Callable[[Iterable[tuple[int, int]]], None],
         on_scheduled: Callable[[], None], config: BrokerConfig, broker_id: str, group: str, epoch: int,
-        high_watermark: int, promoted_at: int, clock: Callable[[], float] = trio.current_time,
+        high_watermark: int, promoted_at: int, unsettled: set[str] | None = None,
+        clock: Callable[[], float] = trio.current_time,
     ) -> None:  # fmt: skip
         self._store = store
         self._election = election
@@ -183,9 +186,11 @@ class LeaderLog:
         self._followers: dict[str, _Follower] = {}
         #: followers being added to the ISR (counted in the high watermark meanwhile)
         self._joining: set[str] = set()
-        #: followers of an ISR write whose outcome is unknown (etcd did not answer: it
-        #: may have written them): counted until a later write or refusal settles it
-        self._unsettled: set[str] = set()
+        #: followers of an ISR write whose outcome is unknown (etcd did not answer, or
+        #: the write was cancelled: it may have been applied): counted until a later
+        #: write or refusal settles it. Shared by the leader logs of one epoch (a
+        #: fenced leader that serves again keeps it)
+        self._unsettled: set[str] = set() if unsettled is None else unsettled
         #: broker id -> (pinned position, trio time of the last pin) of snapshotting followers
         self._pins: dict[str, tuple[int, float]] = {}
         #: committed transactions waiting for the high watermark: (position, ops, results)
@@ -193,9 +198,7 @@ class LeaderLog:
         #: set (and replaced) at every commit and at close: long-polled fetches wake
         self._committed = trio.Event()
         self._closed = False
-        #: (end position, bytes) of the log segments scanned since the last trim, oldest first
-        self._segments: deque[tuple[int, int]] = deque()
-        self._scanned = store.log_start
+        self._trimmer = LogTrimmer(store, call, config.replica_log_bytes)
 
     # ------------------------------------------------------------------ acks
     def hold(self, batch: list[Any], committed: WriteOutcome) -> None:
@@ -393,9 +396,9 @@ class LeaderLog:
     def _wanted_isr(self) -> tuple[set[str], set[str]]:
         """(members to drop, followers to add) now."""
         now = self._clock()
-        isr = set(self._election.state.isr) | self._unsettled
+        written = set(self._election.state.isr)
         drop: set[str] = set()
-        for m in isr:
+        for m in written | self._unsettled:
             if m == self.broker_id:
                 continue
             f = self._followers.get(m)
@@ -406,7 +409,8 @@ class LeaderLog:
         floor = max(self.high_watermark, self._start)
         for b, f in self._followers.items():
             # caught up at its last fetch (recent), with every acknowledged write
-            if b not in isr and f.at_end and f.position >= floor and now - f.fetched <= self._lag_max:
+            # (an unsettled member is proposed again: the write settles the record)
+            if b not in written and f.at_end and f.position >= floor and now - f.fetched <= self._lag_max:
                 add.add(b)
         return drop, add
 
@@ -428,6 +432,9 @@ class LeaderLog:
                           self.group, members, exc)  # fmt: skip
             self._unsettled |= add  # etcd may have written it: keep counting them
             ok = False
+        except BaseException:  # cancelled mid-write: the outcome is unknown too
+            self._unsettled |= add
+            raise
         else:  # written or refused: the ISR etcd has is known again
             self._unsettled.clear()
         finally:
@@ -446,12 +453,6 @@ class LeaderLog:
 
     async def trim(self) -> int:
         """Trim the log once (see the module docstring); returns the new log start."""
-        store = self._store
-        end = store.position
-        if end > self._scanned:  # the bytes of the entries written since the last scan
-            nbytes = await trio.to_thread.run_sync(store.log_bytes, self._scanned)
-            self._segments.append((end, nbytes))
-            self._scanned = end
         now = self._clock()
         floor = self.high_watermark  # never past the high watermark, nor a snapshot's pin
         for b, (pos, at) in list(self._pins.items()):
@@ -459,18 +460,7 @@ class LeaderLog:
                 del self._pins[b]
             else:
                 floor = min(floor, pos)
-        segments = self._segments
-        start = before = store.log_start
-        while segments and segments[0][0] <= start:
-            segments.popleft()
-        total = sum(n for _, n in segments)
-        while total > self._config.replica_log_bytes and segments and segments[0][0] <= floor:
-            seg_end, n = segments.popleft()
-            total -= n
-            before = seg_end
-        if before > start:
-            start = await self._call(lambda: store.trim_log(before))
-        return start
+        return await self._trimmer.trim(floor)
 
     # ------------------------------------------------------------------ status
     def status(self) -> list[control.ReplicaStatus]:
@@ -494,3 +484,74 @@ class LeaderLog:
                 b, f.address, f.position, lag_messages, lag_ms, b in isr, round(now - f.fetched, 3),
             ))  # fmt: skip
         return out
+
+
+class TrimStore(Protocol):
+    @property
+    def position(self) -> int: ...
+    @property
+    def log_start(self) -> int: ...
+    def read_log(self, start: int, max_bytes: int) -> list[tuple[int, bytes]]: ...
+    def log_bytes(self, start: int) -> int: ...
+    def trim_log(self, before: int) -> int: ...
+
+
+class LogTrimmer:
+    """Keeps a replica's log at most ``max_bytes`` long (the leader's and each
+    follower's): it remembers the bytes written between two checks as steps, and
+    cuts whole steps, oldest first, while the log is past the bound, never past
+    ``floor``. A log found at the first check is split in steps of
+    :data:`SEED_STEPS` ths of the bound (read once in a worker thread), so a long
+    log is never cut whole at once."""
+
+    def __init__(self, store: TrimStore, call: WriterCall, max_bytes: int) -> None:
+        self._store = store
+        self._call = call
+        self._max = max_bytes
+        #: (end position, bytes) of each step not cut yet, oldest first
+        self._steps: deque[tuple[int, int]] = deque()
+        self._scanned = -1
+
+    def _seed(self, start: int, end: int) -> list[tuple[int, int]]:
+        """Worker thread: the steps of the log from ``start`` to ``end``."""
+        steps: list[tuple[int, int]] = []
+        step = max(1, self._max // SEED_STEPS)
+        p = start
+        while p < end:
+            try:
+                got = [(q, len(e)) for q, e in self._store.read_log(p, step) if q < end]
+            except (LogTrimmed, ValueError):
+                break
+            if not got:
+                break
+            p = got[-1][0] + 1
+            steps.append((p, sum(n for _, n in got)))
+        return steps
+
+    async def trim(self, floor: int) -> int:
+        """Check once: cut what is past the bound (never past ``floor``); returns the
+        log start."""
+        store = self._store
+        end = store.position
+        if end < self._scanned:  # truncated or copied since: read it again
+            self._steps.clear()
+            self._scanned = -1
+        if self._scanned < 0:
+            self._steps.extend(await trio.to_thread.run_sync(self._seed, store.log_start, end))
+            self._scanned = end
+        elif end > self._scanned:  # the bytes of the entries written since the last check
+            nbytes = await trio.to_thread.run_sync(store.log_bytes, self._scanned)
+            self._steps.append((end, nbytes))
+            self._scanned = end
+        steps = self._steps
+        start = before = store.log_start
+        while steps and steps[0][0] <= start:
+            steps.popleft()
+        total = sum(n for _, n in steps)
+        while total > self._max and steps and steps[0][0] <= floor:
+            step_end, n = steps.popleft()
+            total -= n
+            before = step_end
+        if before > start:
+            start = await self._call(lambda: store.trim_log(before))
+        return start

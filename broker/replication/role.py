@@ -38,7 +38,15 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from broker.replication.leader import Answers, LeaderElection, LeaderLog, LeaderState, LeaderStore
+from broker.replication.leader import (
+    TRIM_INTERVAL,
+    Answers,
+    LeaderElection,
+    LeaderLog,
+    LeaderState,
+    LeaderStore,
+    LogTrimmer,
+)
 from broker.storage import WriteOutcome
 from equeue import control
 from equeue.config import BrokerConfig
@@ -161,6 +169,10 @@ class ReplicaRole:
         self._ready = trio.Event()
         #: leadership taken (epochs led), for tests and statistics
         self.promotions = 0
+        #: (epoch, ISR members of a write with an unknown outcome) of the last epoch led
+        self._unsettled: tuple[int, set[str]] = (0, set())
+        #: the follower's log bound (a replica keeps at most --replica-log-bytes of log)
+        self._trimmer = LogTrimmer(store, appender.call, config.replica_log_bytes)
         #: the high watermark this broker reached when it last led (committed: every
         #: later leader has the entries below it)
         self._led_hw = 0
@@ -273,6 +285,11 @@ class ReplicaRole:
         await self._end_duty()
         store, call = self._store, self._appender.call
         await call(store.reload)
+        if not eligible(store):  # a repair or a copy committed after the campaign began
+            log.error("group %s: this broker won epoch %d but its store is not consistent (position %d, "
+                      "consistent at %d): it does not serve", self.group, epoch, store.position,
+                      store.consistent_at)  # fmt: skip
+            return
         promoted_at = store.position
         # every member has what was below the previous leader's high watermark
         high_watermark = min(promoted_at, max(self._follower.high_watermark, self._led_hw))
@@ -285,6 +302,7 @@ class ReplicaRole:
             store=store, election=e, answers=self._appender, call=call, wake=self._parked.wake,
             on_scheduled=self._lifecycle.schedule_changed, config=self._config, broker_id=self.broker_id,
             group=self.group, epoch=epoch, high_watermark=high_watermark, promoted_at=promoted_at,
+            unsettled=self._unsettled_at(epoch),
         )  # fmt: skip
         self.leader_log = ll
         self._appender.refuse(None)
@@ -293,6 +311,13 @@ class ReplicaRole:
         log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
                  store.log_start, store.position, ll.high_watermark)  # fmt: skip
         self._start_duty(self._leading, ll)
+
+    def _unsettled_at(self, epoch: int) -> set[str]:
+        """The ISR members whose write had an unknown outcome at ``epoch`` (shared by
+        the leader logs of that epoch: a fenced leader serving again keeps them)."""
+        if self._unsettled[0] != epoch:
+            self._unsettled = (epoch, set())
+        return self._unsettled[1]
 
     def _stop_serving(self, exc: BaseException) -> None:
         """Stop answering clients at once (no await): held acks and parked pulls are
@@ -342,6 +367,7 @@ class ReplicaRole:
     async def _follow(self, address: str, epoch: int) -> None:
         async with trio.open_nursery() as n:
             n.start_soon(self._watch_eligible)
+            n.start_soon(self._trim_following)
             while True:
                 try:
                     await self._follower.follow(address, epoch)
@@ -353,6 +379,14 @@ class ReplicaRole:
                 # the peer no longer leads this epoch (or failed): ask again after a
                 # pause; a new leader ends this duty through the election
                 await trio.sleep(FOLLOW_RETRY)
+
+    async def _trim_following(self) -> None:
+        """A follower's log stays under --replica-log-bytes too, never cut past the
+        leader's high watermark (what it may need to lead)."""
+        while True:
+            await trio.sleep(TRIM_INTERVAL)
+            store = self._store
+            await self._trimmer.trim(min(self._follower.high_watermark, store.position))
 
     async def _watch_eligible(self) -> None:
         was = eligible(self._store)

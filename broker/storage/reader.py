@@ -340,6 +340,10 @@ class StoreReader:
 
     # ------------------------------------------------------------------ lookups
     def get_global(self, global_offset: int) -> bytes | None:
+        """The stored record at ``global_offset``, or None; only what the published
+        view shows (a replicated store's readers see what is below its high watermark)."""
+        if global_offset >= self.view.next_global:
+            return None
         with self.env.begin() as txn:
             rec: bytes | None = txn.get(layout.global_key(global_offset), db=self.db[b"messages"])
             return rec
@@ -351,8 +355,9 @@ class StoreReader:
         Raises CorruptRecord when the record fails its checksum or its header names
         another position than the one asked for (an index pointer gone wrong): never
         another message in its place."""
-        if offset in self.view.skips(info.topic_id, queue_id):
-            return None
+        view = self.view
+        if offset in view.skips(info.topic_id, queue_id) or offset >= view.queue(info.topic_id, queue_id).next_offset:
+            return None  # skipped, or past what the published view shows (the high watermark)
         with self.env.begin() as txn:
             gk = txn.get(layout.qindex_key(info.topic_id, queue_id, offset), db=self.db[b"qindex"])
             if gk is None:
@@ -384,6 +389,8 @@ class StoreReader:
         (the first hit always goes), so the answer fits in a frame; a hit left out
         for that is where ``resume_before`` resumes.
         """
+        shown = self.view.next_global  # only what the published view shows
+        before = shown if before < 0 or before > shown else before
         kb = key.encode()
         h = key_hash(kb)
         prefix = layout.key_hash_prefix(info.topic_id, h)

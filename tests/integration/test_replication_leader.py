@@ -20,7 +20,7 @@ import trio.testing
 
 from broker import storage as st
 from broker.appender import Appender
-from broker.replication.leader import LeaderLog
+from broker.replication.leader import LeaderLog, LogTrimmer
 from equeue import Message, control, wire
 from equeue.config import BrokerConfig
 from equeue.errors import ClusterUnavailable, NotEnoughReplicas, NotLeader, StaleEpoch
@@ -295,3 +295,36 @@ async def test_a_joining_member_whose_isr_write_is_unanswered_keeps_counting(tmp
                 await L.ll.fetch(_fetch(F1, L.store.position))
                 assert (await answer(p)).stored == 1
                 n.cancel_scope.cancel()
+
+
+async def test_a_long_log_found_at_the_first_check_is_cut_in_steps_not_whole(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with leading(tmp_path, (ME,)) as L:
+            info = await L.app.submit(st.CreateTopicOp("t", 1))
+            for i in range(320):
+                await L.app.submit(_op(info, b"%0100d" % i))
+            end = L.store.position
+            total = L.store.log_bytes(L.store.log_start)
+            trimmer = LogTrimmer(L.store, L.app.call, total // 2)  # e.g. a follower just promoted
+            start = await trimmer.trim(floor=end)
+            kept = L.store.log_bytes(start)
+            assert 0 < start < end and total // 2 - total // 8 <= kept <= total // 2, (start, end, kept, total)
+
+
+async def test_lookups_see_only_what_is_below_the_high_watermark(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with leading(tmp_path, (ME, F1)) as L:
+            create = L.app.enqueue(st.CreateTopicOp("t", 1))
+            await wait_until(lambda: L.store.position == L.ll.high_watermark + 2)
+            await L.ll.fetch(_fetch(F1, L.store.position))
+            info = await answer(create)
+            keyed = wire.encode_entry(Message(b"k", key="k"))
+            p = L.app.enqueue(st.ProduceOp(info, 0, [keyed], None, -1, 4 << 20, 86_400_000))
+            await L.app.call(lambda: None)  # committed and held: F1 lacks it
+            assert L.store.head.next_global == 1  # written
+            assert L.store.get_global(0) is None and L.store.get_queue_offset(info, 0, 0) is None
+            assert L.store.find_by_key(info, "k", 10).hits == []
+            await L.ll.fetch(_fetch(F1, L.store.position))
+            await answer(p)
+            assert L.store.get_global(0) is not None and L.store.get_queue_offset(info, 0, 0) is not None
+            assert len(L.store.find_by_key(info, "k", 10).hits) == 1
