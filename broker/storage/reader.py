@@ -109,6 +109,9 @@ class StoreReader:
     #: the per-request scan budget of tag-filtered pulls and key lookups (the broker
     #: sets it from its configuration before serving)
     scan_budget: ScanBudget = ScanBudget()
+    #: replicated: the view stops at the high watermark, and no read may go past it
+    #: (LMDB holds the committed but unacknowledged transactions above it)
+    replicated: bool = False
 
     # ------------------------------------------------------------------ committed state
     @property
@@ -202,7 +205,7 @@ class StoreReader:
         lo, hi = st.min_offset, st.next_offset
         if offset < lo:
             return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], lo, hi, lo)
-        if offset > hi:
+        if offset > hi and not self.replicated:
             # The writer thread publishes a new view just after its commit, so a
             # reader may already have seen committed messages past ``hi``: ask LMDB.
             hi = max(hi, self._last_committed(info.topic_id, queue_id) + 1)
@@ -221,6 +224,7 @@ class StoreReader:
         recs: list[bytes] = []
         size = 0
         nxt = offset
+        end = hi if self.replicated else 1 << 64  # standalone: what LMDB holds is committed
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"qindex"])
             get = txn.get
@@ -236,7 +240,7 @@ class StoreReader:
                 if not k.startswith(prefix):
                     break
                 qo = layout.qindex_offset(k)
-                if qo != nxt:
+                if qo != nxt or qo >= end:
                     if not recs and qo > nxt and nxt == offset:
                         # retention removed the head while we looked
                         return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], qo, hi, qo)
