@@ -189,6 +189,8 @@ class Follower:
         #: the leader followed now (None: none)
         self.leader: str | None = None
         self._logs = RateLimitedLog(log, 10.0, time.monotonic)
+        #: copy the store before fetching (set by :meth:`follow`)
+        self._recopy = False
 
     async def follow(self, leader_address: str, epoch: int) -> None:
         """Fetch from the leader at ``leader_address`` (of leader epoch ``epoch``) and
@@ -200,6 +202,10 @@ class Follower:
         epoch is not ``epoch``: the role waits for the election, then follows again.
         """
         self.leader = leader_address
+        # a repair (truncate's consistent_at) not reached yet came from an earlier
+        # session's leader: its values may hold that leader's unreplicated writes, which
+        # this leader never had. Only a fresh copy of this leader's store is safe.
+        self._recopy = self._store.position < self._store.consistent_at
         self._logs.log(logging.INFO, "follow", "following %s (epoch %d) from position %d",
                        leader_address, epoch, self._store.position)  # fmt: skip
         backoff = BACKOFF_FIRST
@@ -247,8 +253,9 @@ class Follower:
     async def _session(self, link: ReplicaLink, epoch: int) -> None:
         """Follow over one connection until it fails (raises)."""
         store = self._store
-        if store.consistent_at == UNREACHABLE:  # a copy was interrupted: start it over
+        if store.consistent_at == UNREACHABLE or self._recopy:  # a copy interrupted, or an earlier leader's repair
             await self._snapshot(link, epoch)
+            self._recopy = False
         while True:
             position = self.position = store.position
             req = FetchRequest(

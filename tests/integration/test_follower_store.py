@@ -234,6 +234,26 @@ async def test_copies_the_store_when_behind_the_log_and_again_after_an_interrupt
     fs.close()
 
 
+async def test_a_repair_of_an_earlier_leader_not_reached_yet_is_copied_over(pair: Pair) -> None:
+    """A replica repaired by one leader (truncate's consistent_at above its position)
+    that then follows another must not fetch over those repaired values: they may be
+    the earlier leader's unreplicated writes. It copies the new leader's store."""
+    pair.lead(1)
+    write(pair.leader, CreateTopicOp("t", 2))
+    produce(pair.leader, 20)
+    fs = pair.open("f")
+    f = pair.follower(fs)
+    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    fs.truncate(fs.position - 3, [], consistent_at=fs.position + 50)  # an earlier leader's repair
+    pair.lead(2)
+    produce(pair.leader, 4, "new")
+    pair.link.codes.clear()
+    await follow_until(f, pair, lambda: fs.position == pair.leader.position and fs.consistent_at <= fs.position)
+    assert pair.link.codes[0] == RequestCode.REPLICA_SNAPSHOT
+    same(pair.leader, fs)
+    fs.close()
+
+
 async def test_not_leader_and_stale_epoch_end_the_follow(pair: Pair) -> None:
     pair.lead(2)
     fs = pair.open("f")
