@@ -30,7 +30,9 @@ Two additions for replication (docs/cluster.md, part 2):
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
@@ -99,8 +101,13 @@ class Appender:
         on_answered: Callable[[], None] | None = None,
         on_written: Callable[[WriteOutcome], None] | None = None,
         hold: Hold | None = None,
+        inline_bytes: int = 0,
     ) -> None:
         self.store = store
+        #: :meth:`kick` commits a batch on the loop when the writer thread is idle and
+        #: the batch's ops are small (``WriteOp.inline_size``) and add up to at most
+        #: this many bytes (0: never; ``--flush async`` only, see docs/storage.md)
+        self.inline_bytes = inline_bytes
         self.max_batch_ops = max_batch_ops
         #: called (loop thread) after the ops of a committed transaction are answered
         self.on_commit = on_commit
@@ -128,6 +135,10 @@ class Appender:
         self._running = False
         self._fatal: BaseException | None = None
         self.transactions = 0
+        #: transactions committed on the loop by :meth:`kick`, and the longest one (s):
+        #: the loop's worst pause from inline commits
+        self.inline_transactions = 0
+        self.inline_max_seconds = 0.0
 
     async def submit(self, op: WriteOp) -> Any:
         """Queue ``op`` for the next transaction and wait until it committed.
@@ -137,18 +148,77 @@ class Appender:
         """
         return await self.wait(self.enqueue(op))
 
-    def enqueue(self, op: WriteOp, callback: Callable[[_Pending], None] | None = None) -> _Pending:
+    def enqueue(
+        self, op: WriteOp, callback: Callable[[_Pending], None] | None = None, *, defer: bool = False
+    ) -> _Pending:
         """Queue ``op`` now (no checkpoint), so ops enqueued one after another are
         committed in that order; :meth:`wait` for its outcome, or pass ``callback``
-        to be called with the pending op once it is answered (in the loop thread)."""
+        to be called with the pending op once it is answered (in the loop thread).
+
+        ``defer``: do not wake the writer yet; the caller queues more ops and calls
+        :meth:`kick` before its next checkpoint, so the requests of one received
+        chunk share a transaction (and, with ``inline_bytes``, commit on the loop).
+        """
         if self._closing:
             raise BrokerShuttingDown("the broker is shutting down")
         p = _Pending(op, callback)
         with self._cond:
             self._pending.append(p)
-            if self._writer_waiting:
+            if self._writer_waiting and not defer:
                 self._cond.notify()
         return p
+
+    def kick(self) -> None:
+        """Loop thread: commit the ops queued with ``defer``. When the writer thread is
+        idle, nothing else is queued and the batch is small (``inline_bytes``), the
+        transaction is written here, on the loop, and its ops answered before this
+        returns (no thread hop: docs/storage.md, "Inline commits"); otherwise the writer
+        thread is woken. Never raises."""
+        if not self._pending:
+            return
+        batch: list[_Pending] | None = None
+        with self._cond:
+            pending = self._pending
+            if not pending:
+                return
+            if (
+                self.inline_bytes
+                and self._writer_waiting
+                and not self._calls
+                and self._refusal is None
+                and len(pending) <= self.max_batch_ops
+                and _inline_size(pending) <= self.inline_bytes
+            ):
+                # the writer is parked on the condition and only the loop queues ops:
+                # nothing else can write the store until this returns
+                batch, self._pending = pending, []
+            else:
+                self._cond.notify()
+        if batch is not None:
+            self._write_inline(batch)
+
+    def _write_inline(self, batch: list[_Pending]) -> None:
+        """Loop thread: one transaction for ``batch``, answered at once (see :meth:`kick`)."""
+        started = time.perf_counter()
+        done = outcome.capture(self.store.write, cast("list[WriteOp]", [p.op for p in batch]))
+        took = time.perf_counter() - started
+        self.inline_transactions += 1
+        if took > self.inline_max_seconds:
+            self.inline_max_seconds = took
+        if isinstance(done, outcome.Error):
+            exc = done.error
+            if not isinstance(exc, EQueueError):
+                log.error("store write failed unexpectedly", exc_info=exc)
+                exc = InternalBrokerError(f"store write failed: {exc!r}")
+            self._fail(batch, exc)
+            return
+        committed = done.unwrap()
+        if self.on_written is not None:
+            try:
+                self.on_written(committed)
+            except Exception:
+                log.exception("on_written failed")
+        self._answer(batch, committed)
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn()`` alone in the writer thread, after the ops queued before it and
@@ -348,6 +418,17 @@ class Appender:
                 self.on_answered()
             except Exception:
                 log.exception("on_answered failed")
+
+
+def _inline_size(pending: list[_Pending]) -> float:
+    """The bytes a batch writes, or infinity when one of its ops is not for the loop."""
+    total = 0
+    for p in pending:
+        size = None if p.op is None else p.op.inline_size()
+        if size is None:
+            return math.inf
+        total += size
+    return total
 
 
 def _first_call(pending: list[_Pending], limit: int) -> int | None:

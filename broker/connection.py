@@ -259,6 +259,7 @@ class ServerConnection:
         try:
             await self._serve_frames(nursery)
         finally:
+            self._produce.kick()  # deferred produces are never left unwritten
             if self._reserved:
                 self._frames.release(self._reserved)
                 self._reserved = 0
@@ -272,18 +273,25 @@ class ServerConnection:
         #: when the frame being received must be whole (inf: none partly received)
         frame_deadline = math.inf
         self._idle_since = trio.current_time()
+        #: produces of this chunk were queued with ``defer``: kick before receiving more
+        queued = False
         while True:
             got = 0
             while True:
+                # (every await below is preceded by a kick: no deferred produce waits)
                 if got and not got % FAIR_BATCH:
+                    produce.kick()
                     await trio.lowlevel.checkpoint()  # a burst of requests: let others run
                 if output.over_soft_since is not None:
+                    produce.kick()
                     await output.wait_below_soft()  # backpressure: the peer reads first
                 while self._requests + self._pulls - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
+                    produce.kick()
                     await slots.wait_changed()  # one finished, or a pull parked
                 try:
                     ev = codec.next_event()
                 except RemoteProtocolError as exc:
+                    produce.kick()
                     await self._fatal(exc)
                     return
                 if ev is NEED_DATA:
@@ -299,11 +307,12 @@ class ServerConnection:
                 if ev.code == RequestCode.PRODUCE:
                     # enqueue now: a connection's produces commit in arrival order
                     try:
-                        prepared = produce.prepare(ev.payload, principal)
+                        prepared = produce.prepare(ev.payload, principal, defer=True)
                     except Exception as exc:
                         prepared = exc
                     else:
                         if prepared is not None:
+                            queued = True
                             # answered straight from the commit callback: no task
                             self._producing += 1
                             inflight.enter()
@@ -313,6 +322,9 @@ class ServerConnection:
                             continue
                 self._requests += 1
                 nursery.start_soon(self._handle, ev, prepared, _TASK)
+            if queued:  # the chunk's produces: one transaction (inline when small)
+                queued = False
+                produce.kick()
             if codec.peer_closed:
                 return
             now = trio.current_time()

@@ -144,6 +144,8 @@ class Broker:
             # thread answers no parked pull, and committed ops wait for replication
             on_written=None if replicated else self._on_written,
             hold=self._hold if replicated else None,
+            # --flush async: small transactions commit on the loop (docs/storage.md)
+            inline_bytes=cfg.inline_commit_bytes if cfg.flush == "async" else 0,
         )
         self._statistics = Statistics(
             self.stats, self.store, self.parked, self.appender, flush=cfg.flush

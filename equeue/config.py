@@ -250,6 +250,10 @@ class BrokerConfig:
     http_port: int = attrs.field(default=0, validator=port_number)
     #: seconds between fsyncs with flush "async"
     flush_interval: float = attrs.field(default=0.5, validator=positive)
+    #: flush "async": a transaction of small writes up to this many bytes commits on
+    #: the event loop when the writer thread is idle (0 = always in the writer thread;
+    #: docs/storage.md, "Inline commits")
+    inline_commit_bytes: int = attrs.field(default=256 << 10, validator=non_negative)
     #: LMDB map size: the most the store may hold
     map_size: int = attrs.field(default=8 << 30, validator=positive)
     #: largest frame either way; at most DEFAULT_MAX_FRAME, the cap every client

@@ -58,10 +58,11 @@ class ProduceHandler:
         self._max_body = limits.max_message_bytes
         self._max_delay_ms = limits.max_delay_ms
 
-    def prepare(self, payload: bytes, principal: str | None = None) -> Any:
+    def prepare(self, payload: bytes, principal: str | None = None, *, defer: bool = False) -> Any:
         """Decode, validate and enqueue a produce request at once, without a
         checkpoint, so one connection's requests commit in arrival order (pipelined
-        batches of a producer then never reach the appender swapped).
+        batches of a producer then never reach the appender swapped). ``defer``: the
+        caller calls :meth:`kick` before its next checkpoint (``Appender.enqueue``).
 
         Returns the appender's pending op, or None when the topic does not exist
         yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
@@ -107,7 +108,11 @@ class ProduceHandler:
             self._max_body,
             self._max_delay_ms,
         )
-        return self._appender.enqueue(op)
+        return self._appender.enqueue(op, defer=defer)
+
+    def kick(self) -> None:
+        """Commit the requests prepared with ``defer`` (``Appender.kick``)."""
+        self._appender.kick()
 
     def answer(self, answer: wire.ProduceResponse, nbytes: int) -> Parts:
         """The answer payload of a committed produce (and its statistics)."""

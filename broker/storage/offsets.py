@@ -17,6 +17,10 @@ class CommitOffsetOp(WriteOp):
     queue_id: int
     offset: int
 
+    def inline_size(self) -> int:
+        """One small put."""
+        return 64
+
     def apply(self, w: WriteContext) -> None:
         w.wrote = True
         w.txn.put(

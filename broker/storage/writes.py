@@ -50,6 +50,12 @@ class WriteOp:
     def apply(self, ctx: WriteContext) -> Any:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def inline_size(self) -> int | None:
+        """About how many bytes this op writes, when it is small and bounded enough
+        to be committed on the event loop (``--flush async``, see
+        :meth:`broker.appender.Appender.kick`); None: always in the writer thread."""
+        return None
+
 
 def settled(result: outcome.Outcome[Any]) -> Any:
     """What an outcome holds, without raising: its value, or its exception."""

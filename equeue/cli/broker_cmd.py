@@ -70,6 +70,7 @@ def register(app: typer.Typer) -> None:
         http_port: int = typer.Option(_D.http_port, help="Port for /metrics and /stats over HTTP (0 = off)."),
         flush: FlushPolicy = typer.Option(_D.flush, help="sync: fsync before every ack; async: fsync every --flush-interval."),
         flush_interval: float = typer.Option(_D.flush_interval, help="Seconds between fsyncs with --flush async."),
+        inline_commit: str = typer.Option(format_size(_D.inline_commit_bytes), help="--flush async: commit transactions up to this size on the event loop when the writer thread is idle (0 = never)."),
         map_size: str = typer.Option(format_size(_D.map_size), help="LMDB map size (the store's maximum size)."),
         auto_create: bool = typer.Option(_D.auto_create_topics, "--auto-create/--no-auto-create", help="Create unknown topics on produce."),
         default_queues: int = typer.Option(_D.default_queues, help="Queue count of auto-created topics."),
@@ -124,6 +125,7 @@ def register(app: typer.Typer) -> None:
         try:
             cfg = BrokerConfig(
                 data_dir=data_dir, host=host, port=port, flush=flush, flush_interval=flush_interval,
+                inline_commit_bytes=parse_size(inline_commit),
                 map_size=parse_size(map_size), auto_create_topics=auto_create, default_queues=default_queues,
                 retention_ms=parse_duration_ms(retention) or None, retention_bytes=parse_size(retention_bytes) or None,
                 delete_consumed=delete_consumed, max_message_bytes=parse_size(max_message), http_port=http_port,

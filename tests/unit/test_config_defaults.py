@@ -38,6 +38,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "http_port": ("http_port", None),
     "flush": ("flush", None),
     "flush_interval": ("flush_interval", None),
+    "inline_commit": ("inline_commit_bytes", parse_size),
     "map_size": ("map_size", parse_size),
     "auto_create": ("auto_create_topics", None),
     "default_queues": ("default_queues", None),
@@ -124,7 +125,7 @@ def _render(field: str, value: object) -> str:
         return value.value
     if field in (
         "map_size", "max_frame", "max_message_bytes", "retention_bytes",
-        "output_buffer_soft", "output_buffer_hard", "max_partial_frame_bytes",
+        "output_buffer_soft", "output_buffer_hard", "max_partial_frame_bytes", "inline_commit_bytes",
     ):  # fmt: skip
         return format_size(value)  # type: ignore[arg-type]
     if field == "retention_ms":
