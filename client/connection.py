@@ -86,6 +86,10 @@ class AsyncClient:
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
         self._closed = False
+        #: :meth:`cork` depth; while above 0, :meth:`send_request_nowait` collects
+        #: frames in ``_corked`` and :meth:`uncork` writes them with one write
+        self._cork_depth = 0
+        self._corked: list[bytes] = []
         self._next_broker = 0
         #: incremented on every new connection (consumers re-register after a reconnect)
         self.connection_epoch = 0
@@ -351,19 +355,59 @@ class AsyncClient:
         data = link.codec.send(RequestEvent(rid, code, payload))
         slot = _Slot(notify)
         link.pending[rid] = slot
+        if self._cork_depth:
+            self._corked.append(data)  # written by uncork, with the others
+            return slot
+        self._write_now(link, fd, data, rid)
+        return slot
+
+    def cork(self) -> None:
+        """Loop thread: until the matching :meth:`uncork`, requests sent with
+        :meth:`send_request_nowait` are collected and then written together: the
+        requests a producer seals at once (one ``send_batch`` over several queues)
+        leave in one segment, and the broker reads, commits and answers them as one
+        chunk. Call only around synchronous code (no checkpoint in between)."""
+        self._cork_depth += 1
+
+    def uncork(self) -> None:
+        """Loop thread: end a :meth:`cork`; the outermost one writes what was
+        collected with one non-blocking write (the rest is queued for a task). A
+        failed write fails the link (its pending requests get ConnectionBroken);
+        never raises."""
+        self._cork_depth -= 1
+        if self._cork_depth or not self._corked:
+            return
+        data = b"".join(self._corked)
+        self._corked.clear()
+        link = self._link
+        if link is None or link.broken is not None or link.socket is None:
+            return  # the link failed meanwhile: its pending requests were failed with it
+        fd = link.socket.fileno()
+        if fd < 0:
+            return
+        try:
+            self._write_now(link, fd, data, None)
+        except ConnectionBroken:
+            pass  # link.fail answered every pending request with the error
+
+    def _write_now(self, link: _Link, fd: int, data: bytes, rid: int | None) -> None:
+        """One non-blocking write of ``data``; what the socket does not take is
+        queued for a task. Raises ConnectionBroken (the link is failed; request
+        ``rid``, if given, is dropped from it first: its caller gets the error)."""
+        assert self._nursery is not None
         try:
             sent = os.write(fd, data)  # trio's sockets are non-blocking
         except BlockingIOError:
             sent = 0
         except OSError as exc:
             err = ConnectionBroken(f"connection to {link.address} lost: {exc}")
-            link.pending.pop(rid, None)
+            if rid is not None:
+                link.pending.pop(rid, None)
             link.fail(err)
             raise err from exc
         if sent < len(data):
             link.outbox.append(data[sent:] if sent else data)
             self._nursery.start_soon(self._flush_outbox, link)
-        return slot
 
     @staticmethod
     async def _write_outbox(link: _Link) -> None:

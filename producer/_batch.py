@@ -53,6 +53,10 @@ def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | 
     return int(due * 1000) if due > now else 0
 
 
+#: guards the lazy creation of a batch's thread event
+_THREAD_EVENTS = threading.Lock()
+
+
 class _Batch:
     """Entries for one (topic, queue), sent as one produce request.
 
@@ -100,7 +104,24 @@ class _Batch:
         self.error: BaseException | None = None
         self.finished = False
         self.tdone = trio.Event()
-        self.thdone = threading.Event()
+        #: made only when a thread blocks on the batch (:meth:`thread_event`): most
+        #: batches are awaited in trio, and a threading.Event costs a lock and a
+        #: condition to build
+        self.thdone: threading.Event | None = None
+
+    def thread_event(self) -> threading.Event:
+        """The event a blocking caller waits on (any thread); set once finished."""
+        ev = self.thdone
+        if ev is None:
+            with _THREAD_EVENTS:
+                ev = self.thdone
+                if ev is None:
+                    ev = self.thdone = threading.Event()
+            # finish() writes ``finished`` before it reads ``thdone``, and we wrote
+            # ``thdone`` before reading ``finished``: one of us sets the event
+            if self.finished:
+                ev.set()
+        return ev
 
     def finish(self, answer: wire.ProduceResponse | None, error: BaseException | None) -> None:
         """Resolve every handle of the batch (loop thread only)."""
@@ -108,7 +129,9 @@ class _Batch:
             return
         self.answer, self.error, self.finished = answer, error, True
         self.tdone.set()
-        self.thdone.set()
+        ev = self.thdone
+        if ev is not None:
+            ev.set()
 
     def result(self, index: int) -> SendResult:
         if self.error is not None:
@@ -152,14 +175,14 @@ class SendHandle:
         the handle there.
         """
         b = self._batch
-        if not b.finished and not b.thdone.wait(timeout):
+        if not b.finished and not b.thread_event().wait(timeout):
             raise OperationTimeout(f"send not finished after {timeout} s")
         return b.result(self._index)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Block like :meth:`result`; return the failure (None if stored)."""
         b = self._batch
-        if not b.finished and not b.thdone.wait(timeout):
+        if not b.finished and not b.thread_event().wait(timeout):
             raise OperationTimeout(f"send not finished after {timeout} s")
         return b.error
 

@@ -376,13 +376,19 @@ class AsyncProducer:
     def _seal_lanes(self, lanes: Iterable[_Lane]) -> list[_Batch]:
         """Seal the open batches of ``lanes`` and wake them; return their unfinished batches."""
         out: list[_Batch] = []
-        for lane in lanes:
-            with self.lock:
-                if lane.open is not None:
-                    lane.sendq.append(lane.open)
-                    lane.open = None
-                out.extend(lane.pending)
-            self._kick(lane)
+        on_loop = threading.get_ident() == self._loop_ident
+        corked = _cork(lanes) if on_loop else ()
+        try:
+            for lane in lanes:
+                with self.lock:
+                    if lane.open is not None:
+                        lane.sendq.append(lane.open)
+                        lane.open = None
+                    out.extend(lane.pending)
+                self._kick(lane)
+        finally:
+            for client in corked:
+                client.uncork()
         return out
 
     # ------------------------------------------------------------------ waking lanes
@@ -405,8 +411,13 @@ class AsyncProducer:
         with self.lock:
             kicks, self._kicks = self._kicks, set()
             self._kick_scheduled = False
-        for lane in kicks:
-            self._wake(lane)
+        corked = _cork(kicks)
+        try:
+            for lane in kicks:
+                self._wake(lane)
+        finally:
+            for client in corked:
+                client.uncork()
 
     def _wake(self, lane: _Lane) -> None:
         if lane.started:
@@ -421,3 +432,15 @@ class AsyncProducer:
         if self._closed and self._routes.get(topic) is None:
             raise ClientClosed("the producer is closed")
         return await self._routes.fetch(topic)
+
+
+def _cork(lanes: Iterable[_Lane]) -> list[AsyncClient]:
+    """Cork the connections of ``lanes`` (loop thread; see ``AsyncClient.cork``): the
+    requests their kicks write leave together. The caller uncorks each one."""
+    clients: list[AsyncClient] = []
+    for lane in lanes:
+        c = lane.client
+        if c is not None and c not in clients:
+            c.cork()
+            clients.append(c)
+    return clients

@@ -92,7 +92,8 @@ class Producer(SyncFront[AsyncProducer]):
 
             return self._call(run)
         b = h._batch
-        while not b.finished and not b.thdone.wait(_LIVENESS_CHECK):
+        thread_done = b.thread_event()
+        while not b.finished and not thread_done.wait(_LIVENESS_CHECK):
             if not loop.alive:
                 raise ClientClosed("the producer's event loop is not running (closed or forked)")
         return b.result(h._index)
