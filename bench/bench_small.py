@@ -46,6 +46,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import socket
 import statistics
@@ -132,8 +133,12 @@ def end(procs: list[subprocess.Popen[str]]) -> None:
         p.wait()
 
 
+#: extra ``equeue broker start`` arguments (``--broker-args``), e.g. ``--inline-commit 0``
+BROKER_ARGS: list[str] = []
+
+
 def start_broker(flush: str) -> BrokerProcess:
-    b = BrokerProcess(None, "--flush", flush)
+    b = BrokerProcess(None, "--flush", flush, *BROKER_ARGS)
     try:
         b.start()
         with Client(b.address) as c:
@@ -370,13 +375,16 @@ def run_p1(flush: str, n: int, size: int = 100) -> Figures:
                 t1 = time.perf_counter()
                 return t0, t1, cpu_seconds(broker.pid) - cpu0, acks
 
+        txns = transactions(broker)
         t0, t1, cpu, acks = trio.run(main)
+        txns = transactions(broker) - txns
     finally:
         broker.close()
     assert acks == n, (acks, n)
     secs = t1 - t0
     return {"workload": "P1", "server": f"equeue --flush {flush}", "flush": flush, "msgs": n, "bytes": size,
-            "secs": secs, "rate": n / secs, "server_cpu_us": cpu / n * 1e6}  # fmt: skip
+            "secs": secs, "rate": n / secs, "server_cpu_us": cpu / n * 1e6,
+            "txns_per_100": txns / n * 100}  # fmt: skip
 
 
 def _race(
@@ -420,15 +428,25 @@ def _concurrent_figures(
             "start_skew_ms": start_skew * 1e3, **extra}  # fmt: skip
 
 
+def transactions(broker: BrokerProcess) -> int:
+    """The broker's write transactions so far (its STATS answer)."""
+    with Client(broker.address) as c:
+        return int(c.stats().transactions)
+
+
 def run_concurrent_equeue(flush: str, procs: int, n: int, size: int = 1024) -> Figures:
     broker = start_broker(flush)
     try:
+        txns = transactions(broker)
         results, cpu = _race(
             "produce-equeue", {"address": broker.address, "size": size}, procs, n, broker.pid
         )
+        txns = transactions(broker) - txns
     finally:
         broker.close()
-    return _concurrent_figures(f"equeue --flush {flush}", results, cpu, size, flush=flush)
+    return _concurrent_figures(
+        f"equeue --flush {flush}", results, cpu, size, flush=flush, txns_per_100=txns / (procs * n) * 100
+    )
 
 
 def run_concurrent_redis(fsync: str, procs: int, n: int, size: int = 1024) -> Figures:
@@ -495,6 +513,12 @@ def cpu_cell(r: Figures) -> str:
     return f"{cpu:.1f}" + (f" ± {tick:.1f}" if tick > 0.05 * max(cpu, tick) else "")
 
 
+def _txns(r: Figures) -> str:
+    """The broker's write transactions per 100 messages (group commit at work)."""
+    t = r.get("txns_per_100")
+    return "" if t is None else f"{t:.2f} transactions per 100 msgs"
+
+
 def table(rows: list[Figures]) -> str:
     head = ["workload", "server (flush)", "msgs", "secs", "msg/s", "MB/s", "p50 ms", "p99 ms",
             "server CPU µs/msg", "ratio", "notes"]  # fmt: skip
@@ -504,7 +528,8 @@ def table(rows: list[Figures]) -> str:
         cells = [
             r["workload"], r["server"], fmt(r.get("msgs"), ","), fmt(r.get("secs"), ".2f"),
             fmt(r.get("rate"), ",.0f"), fmt(mb, ".1f"), fmt(r.get("p50_ms"), ".3f"), fmt(r.get("p99_ms"), ".3f"),
-            cpu_cell(r), r.get("ratio", ""), r.get("note", ""),
+            cpu_cell(r), r.get("ratio", ""),
+            "; ".join(x for x in (r.get("note", ""), _txns(r)) if x),
         ]  # fmt: skip
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
@@ -542,7 +567,11 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=4, help="producer processes in concurrent")
     ap.add_argument("--durable-commits", type=int, default=500)
     ap.add_argument("--json", default=None, metavar="FILE", help="also write the figures here")
+    ap.add_argument(
+        "--broker-args", default="", help="extra 'equeue broker start' arguments, e.g. '--inline-commit 0'"
+    )
     args = ap.parse_args()
+    BROKER_ARGS.extend(shlex.split(args.broker_args))
     known = {w.lower(): w for w in WORKLOADS}
     try:
         work = [known[w.strip().lower()] for w in args.workloads.split(",") if w.strip()]
