@@ -17,6 +17,10 @@ the loop as if the crossing did not exist. At most :data:`MAX_THREAD_ANSWERS` pu
 are answered per commit, so a crowd of long-pollers cannot delay the produce
 acknowledgements.
 
+**Inline commits.** With ``--flush async`` a small transaction may commit on the loop
+(:meth:`broker.appender.Appender.kick`); the same ``on_written`` hook then runs this
+module on the loop, where writing the socket is no crossing at all.
+
 **Plain TCP only.** The crossing writes raw bytes to the socket's fd, which a TLS
 connection cannot take (its record layer belongs to the loop's ``trio.SSLStream``):
 a TLS connection's output is in *stream-only* mode (:mod:`broker.output`, "write

@@ -488,7 +488,7 @@ def role_l1_consume(a: dict[str, Any]) -> dict[str, Any]:
                     c.stop()
 
             with trio.fail_after(20):
-                while len(c.statistics().queues) < NQ or not all(q.started for q in c.queues.values()):
+                while len(c.statistics().queues) < NQ or not all(q.started for q in c.assignments.queues.values()):
                     await trio.sleep(0.01)
             open(ready, "w").close()
             with trio.move_on_after(a["max_seconds"]):
