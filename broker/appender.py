@@ -125,6 +125,10 @@ class Appender:
         self._calls = 0
         #: set by :meth:`refuse`: the writer fails the ops it takes with it, unwritten
         self._refusal: BaseException | None = None
+        #: batches the writer thread took whose answers it has not posted to the loop
+        #: and the loop has not run yet (guarded by ``_cond``): :meth:`kick` commits
+        #: inline only at 0, so an inline batch is never answered before them
+        self._unanswered = 0
         self._cond = threading.Condition(threading.Lock())
         #: the writer thread exits once the queue is empty (close) ...
         self._drain_and_stop = False
@@ -170,7 +174,8 @@ class Appender:
 
     def kick(self) -> None:
         """Loop thread: commit the ops queued with ``defer``. When the writer thread is
-        idle, nothing else is queued and the batch is small (``inline_bytes``), the
+        idle, nothing else is queued, no answer of the writer's is still on its way to
+        the loop (answers stay in commit order) and the batch is small (``inline_bytes``), the
         transaction is written here, on the loop, and its ops answered before this
         returns (no thread hop: docs/storage.md, "Inline commits"); otherwise the writer
         thread is woken. Never raises."""
@@ -186,6 +191,7 @@ class Appender:
                 and self._writer_waiting
                 and not self._calls
                 and self._refusal is None
+                and not self._unanswered
                 and len(pending) <= self.max_batch_ops
                 and _inline_size(pending) <= self.inline_bytes
             ):
@@ -329,22 +335,24 @@ class Appender:
                     else:
                         batch = pending[: self.max_batch_ops]
                     del pending[: len(batch)]
+                    if call is None:
+                        self._unanswered += 1  # until its posted answers ran (_posted)
                 if call is not None:
                     post(_resolve_call, call, outcome.capture(cast(Callable[[], Any], call.fn)))
                     continue
                 refusal = self._refusal
                 if refusal is not None:
-                    post(self._fail, batch, refusal)
+                    post(self._posted, self._fail, batch, refusal)
                     continue
                 done = outcome.capture(write, cast("list[WriteOp]", [p.op for p in batch]))
                 if isinstance(done, outcome.Error):
                     exc = done.error
                     if isinstance(exc, EQueueError):  # the whole transaction failed
-                        post(self._fail, batch, exc)
+                        post(self._posted, self._fail, batch, exc)
                         continue
                     # an unexpected bug must not strand waiters
                     log.error("store write failed unexpectedly", exc_info=exc)
-                    post(self._fail, batch, InternalBrokerError(f"store write failed: {exc!r}"))
+                    post(self._posted, self._fail, batch, InternalBrokerError(f"store write failed: {exc!r}"))
                     if not isinstance(exc, Exception):
                         self._fatal = exc
                         return
@@ -356,7 +364,7 @@ class Appender:
                 except Exception:
                     log.exception("on_written failed")
                 finally:  # committed: its ops are answered whatever on_written did
-                    post(self._answer, batch, committed)
+                    post(self._posted, self._answer, batch, committed)
         except BaseException as exc:  # pragma: no cover - a bug in this loop itself
             log.exception("appender writer thread failed")
             self._fatal = exc
@@ -364,6 +372,12 @@ class Appender:
             post(stopped.set)
 
     # ------------------------------------------------------------------ loop-thread callbacks
+    def _posted(self, answer: Callable[[list[_Pending], Any], None], batch: list[_Pending], arg: Any) -> None:
+        """A batch of the writer thread is answered (``_answer`` or ``_fail``)."""
+        with self._cond:
+            self._unanswered -= 1
+        answer(batch, arg)
+
     def _answer(self, batch: list[_Pending], committed: WriteOutcome) -> None:
         self.transactions += 1
         hold = self.hold

@@ -63,6 +63,8 @@ _METRICS: tuple[tuple[str, str, str, str], ...] = (
     ("store_bytes", "equeue_store_bytes", "gauge", "Bytes of the LMDB map in use."),
     ("map_size", "equeue_map_size_bytes", "gauge", "LMDB map size (the store's maximum)."),
     ("transactions", "equeue_write_transactions_total", "counter", "Group-commit write transactions."),
+    ("inline_transactions", "equeue_write_transactions_inline_total", "counter", "Write transactions committed on the event loop (--flush async inline commits)."),
+    ("inline_max_seconds", "equeue_write_inline_max_seconds", "gauge", "Longest inline commit (the event loop's worst pause from one)."),
     ("pending_delayed", "equeue_pending_delayed", "gauge", "Delayed messages not yet due."),
     ("connections_refused", "equeue_connections_refused_total", "counter", "Connections refused past --max-connections."),
     ("connections_dropped", "equeue_connections_dropped_total", "counter", "Connections closed by a limit (output buffer, frame or idle timeout)."),

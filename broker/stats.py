@@ -49,6 +49,10 @@ class _Parked(Protocol):
 class _Transactions(Protocol):
     @property
     def transactions(self) -> int: ...
+    @property
+    def inline_transactions(self) -> int: ...
+    @property
+    def inline_max_seconds(self) -> float: ...
 
 
 class Statistics:
@@ -100,4 +104,6 @@ class Statistics:
             pending_delayed=sum(store.sched_pending.values()),
             connections_refused=s.connections_refused,
             connections_dropped=s.connections_dropped,
+            inline_transactions=self._appender.inline_transactions,
+            inline_max_seconds=self._appender.inline_max_seconds,
         )

@@ -510,6 +510,10 @@ class BrokerStats:
     #: buffer, frame timeout, idle timeout) since the start
     connections_refused: int = 0
     connections_dropped: int = 0
+    #: of ``transactions``, those committed on the event loop (``--flush async``
+    #: inline commits), and the longest of them in seconds (the loop's worst pause)
+    inline_transactions: int = 0
+    inline_max_seconds: float = 0.0
 
 
 # ----------------------------------------------------------------------------- lookup

@@ -197,6 +197,7 @@ def register(app: typer.Typer) -> None:
             ("produce rate", f"{s.produce_rate:,.0f} msg/s"), ("pull rate", f"{s.pull_rate:,.0f} msg/s"),
             ("parked pulls", s.parked_pulls), ("next global offset", s.next_global_offset),
             ("pending delayed", s.pending_delayed), ("transactions", s.transactions),
+            ("inline transactions", f"{s.inline_transactions} (longest {s.inline_max_seconds * 1e3:.2f} ms)"),
             ("store size", f"{s.store_bytes / 2**20:,.1f} MiB of {s.map_size / 2**30:,.1f} GiB map"),
             ("flush", s.flush),
         ]  # fmt: skip
