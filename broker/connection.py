@@ -265,27 +265,6 @@ class ServerConnection:
                 self._reserved = 0
 
     async def _serve_frames(self, nursery: trio.Nursery) -> None:
-        # One cancel scope for the connection's life, whose deadline is set only while
-        # a receive waits (entering a scope per receive cost ~20 us of a ~300 us
-        # produce round trip here): when it fires, the connection ends anyway.
-        with trio.CancelScope() as scope:
-            await self._serve_frames_in(nursery, scope)
-        if scope.cancelled_caught:
-            self._counters.connections_dropped += 1
-            codec = self._codec
-            if codec.buffered:
-                _limit_logs.log(
-                    logging.INFO, "frame", "client %s: a frame (%d of %d bytes) not received whole in %.0f s; closing",
-                    self.peer, codec.buffered, codec.partial_frame_size, self._limits.frame_timeout,
-                )  # fmt: skip
-            else:
-                _limit_logs.log(
-                    logging.INFO, "idle", "client %s: idle for %.0f s; closing", self.peer, self._limits.idle_timeout
-                )
-
-    async def _serve_frames_in(self, nursery: trio.Nursery, scope: trio.CancelScope) -> None:
-        """The frame loop of :meth:`_serve_frames`: ``scope``'s deadline is the receive
-        deadline while a receive waits, and infinite otherwise."""
         codec, stream, output = self._codec, self._stream, self.output
         produce, inflight, limits, frames = self._produce, self._inflight, self._limits, self._frames
         slots = self._slots
@@ -369,15 +348,22 @@ class ServerConnection:
                 deadline = math.inf  # the idle clock starts when the last one is answered
             else:
                 deadline = self._idle_since + limits.idle_timeout
-            if deadline != math.inf:
-                scope.deadline = deadline
-            self._recv_scope = scope
-            try:
+            with trio.CancelScope(deadline=deadline) as scope:
+                self._recv_scope = scope
                 data = await stream.receive_some(_RECV)
-            finally:
-                self._recv_scope = None
-            if scope.deadline != math.inf:
-                scope.deadline = math.inf
+            self._recv_scope = None
+            if scope.cancelled_caught:
+                self._counters.connections_dropped += 1
+                if partial:
+                    _limit_logs.log(
+                        logging.INFO, "frame", "client %s: a frame (%d of %d bytes) not received whole in %.0f s; closing",
+                        self.peer, codec.buffered, codec.partial_frame_size, limits.frame_timeout,
+                    )  # fmt: skip
+                else:
+                    _limit_logs.log(
+                        logging.INFO, "idle", "client %s: idle for %.0f s; closing", self.peer, limits.idle_timeout
+                    )
+                return
             codec.receive_data(data)
             if not data:
                 try:
