@@ -386,8 +386,10 @@ class StoreReader:
         """Messages of ``info`` with ``key``, newest first (hash index + exact check),
         at global offsets below ``before`` (-1: all).
 
-        Keys whose crc32 collide share the index prefix, so the walk checks at most
-        :attr:`scan_budget` candidates (records and time); when that runs out first,
+        The walk visits the topic's key-index buckets newest first (one seek each;
+        empty buckets are skipped). Keys whose crc32 collide share the index prefix,
+        so it checks at most :attr:`scan_budget` candidates, and visits at most as
+        many buckets, within its time; when that runs out first,
         ``KeyHits.resume_before`` says where it stopped (pass it as ``before`` to go on).
         The hits' records (plus 12 bytes each in an answer) stay within ``max_bytes``
         (the first hit always goes), so the answer fits in a frame; a hit left out
@@ -395,37 +397,49 @@ class StoreReader:
         """
         shown = self.view.next_global  # only what the published view shows
         before = shown if before < 0 or before > shown else before
+        if before <= 0:
+            return KeyHits([])
         kb = key.encode()
         h = key_hash(kb)
-        prefix = layout.key_hash_prefix(info.topic_id, h)
+        tid = info.topic_id
+        tprefix = layout.topic_prefix(tid)
+        bits = layout.KINDEX_BUCKET_BITS
         out: list[tuple[int, bytes]] = []
         budget = self.scan_budget
         deadline = budget.deadline()
-        examined = size = 0
+        examined = hops = size = 0
+        bucket: int | None = (before - 1) >> bits
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"kindex"])
-            start = layout.kindex_key(info.topic_id, h, before) if 0 <= before < 1 << 64 else prefix + b"\xff" * 8
-            if cur.set_range(start):
-                ok = cur.prev()
-            else:
-                ok = cur.last()
-            while ok and len(out) < limit:
-                k = cur.key()
-                if not k.startswith(prefix):
-                    break
-                g = layout.kindex_global(k)
-                if examined >= budget.records or (
-                    examined and not examined % _CLOCK_EVERY and time.monotonic() >= deadline
-                ):
-                    return KeyHits(out, g + 1)
-                examined += 1
-                rec = txn.get(layout.global_key(g), db=self.db[b"messages"])
-                if rec is not None and record_entry_meta(rec).key == kb:
-                    size += len(rec) + 12
-                    if out and size > max_bytes:
+            mdb = self.db[b"messages"]
+            while bucket is not None and len(out) < limit:
+                if hops >= budget.records or (hops and not hops % _CLOCK_EVERY and time.monotonic() >= deadline):
+                    return KeyHits(out, min(before, (bucket + 1) << bits))
+                hops += 1
+                prefix = layout.kindex_prefix(tid, bucket, h)
+                ok = cur.prev() if cur.set_range(layout.kindex_key(tid, h, min(before, (bucket + 1) << bits) - 1) + b"\0") else cur.last()
+                while ok and len(out) < limit:
+                    k = cur.key()
+                    if not k.startswith(prefix):
+                        break
+                    g = layout.kindex_global(k)
+                    if examined >= budget.records or (
+                        examined and not examined % _CLOCK_EVERY and time.monotonic() >= deadline
+                    ):
                         return KeyHits(out, g + 1)
-                    out.append((g, rec))
-                ok = cur.prev()
+                    examined += 1
+                    rec = txn.get(layout.global_key(g), db=mdb)
+                    if rec is not None and record_entry_meta(rec).key == kb:
+                        size += len(rec) + 12
+                        if out and size > max_bytes:
+                            return KeyHits(out, g + 1)
+                        out.append((g, rec))
+                    ok = cur.prev()
+                if len(out) >= limit:
+                    break
+                # the next older bucket holding anything of this topic (empty ones skipped)
+                ok = cur.prev() if cur.set_range(layout.kindex_bucket_start(tid, bucket)) else cur.last()
+                bucket = layout.kindex_bucket(cur.key()) if ok and cur.key().startswith(tprefix) else None
         return KeyHits(out)
 
     def offset_for_time(self, info: control.TopicInfo, queue_id: int, ts_ms: int) -> int:

@@ -127,9 +127,10 @@ class Store(StoreReader):
         with self._reading("database catalogue and format record"), self.env.begin(write=True) as txn:
             self.db = {name: self.env.open_db(name, txn=txn) for name in layout.DATABASES}
             fmt = txn.get(b"format", db=self.db[b"meta"])
+            unbucketed = fmt is not None and layout.unpack_u32(fmt) == layout.FORMAT_UNBUCKETED
             if fmt is None:
                 txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=self.db[b"meta"])
-            elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION:
+            elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION and not unbucketed:
                 raise StoreError(
                     f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
                     f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
@@ -151,9 +152,56 @@ class Store(StoreReader):
         if self._log is not None:
             with self._reading("replication log"):
                 self._log.load()
+        if unbucketed:
+            self._convert_key_index()
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
         self.head = self.view = self._recover()
+
+    def _convert_key_index(self) -> None:
+        """Convert a format-1 store (its key index without buckets) to the current
+        format, in transactions of :data:`_CONVERT_CHUNK` keys; the format record
+        changes in the last one, so a conversion cut short resumes at the next open.
+
+        A replicated store's log is emptied in that last transaction too: its
+        entries name key-index keys of the old form, so a follower that has not
+        applied them copies the store instead. Raises StoreFull / StoreError.
+        """
+        kdb, meta = self.db[b"kindex"], self.db[b"meta"]
+        after = b""
+        converted = 0
+        t0 = time.monotonic()
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    old: list[bytes] = []
+                    cur = txn.cursor(db=kdb)
+                    if cur.set_range(after):
+                        for k in cur.iternext(keys=True, values=False):
+                            if len(k) == layout.KINDEX_V1_SIZE:
+                                old.append(k)
+                                if len(old) >= _CONVERT_CHUNK:
+                                    break
+                    for k in old:
+                        txn.delete(k, db=kdb)
+                    txn.cursor(db=kdb).putmulti([(k, b"") for k in sorted(map(layout.kindex_from_v1, old))])
+                    last = len(old) < _CONVERT_CHUNK
+                    state = None
+                    if last:
+                        if self._log is not None:
+                            state = self._log.trim(txn, self._log.state.position)
+                        txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=meta)
+            except lmdb.Error as exc:
+                raise _store_error(exc, self.path) from exc
+            converted += len(old)
+            if last:
+                if state is not None and self._log is not None:
+                    self._log.state = state
+                break
+            after = old[-1]
+        log.warning("the store at %s had format %d: its key index (%d keys) was converted to format %d in %.1f s",
+                    self.path, layout.FORMAT_UNBUCKETED, converted, layout.FORMAT_VERSION,
+                    time.monotonic() - t0)  # fmt: skip
 
     def _has_data(self, txn: lmdb.Transaction) -> bool:
         """Anything stored besides the format record."""
@@ -589,6 +637,8 @@ class Store(StoreReader):
                 self._lock.release()
 
 
+#: key-index keys converted per transaction when a format-1 store is opened
+_CONVERT_CHUNK: Final = 50_000
 #: the log state of a store that is not replicated
 _NO_LOG = LogState()
 #: a replicated store commits a transaction once its ops appended this many record
