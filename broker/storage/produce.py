@@ -120,7 +120,7 @@ class ProduceOp(WriteOp):
                 hs = _EH.size
                 k = len(keyed)
                 keys = map(getitem, map(entries.__getitem__, keyed), map(slice, repeat(hs, k), map(add, repeat(hs, k), klens)))
-                kks = map(layout.kindex_key, repeat(tid, k), map(crc32, keys), map(add, repeat(g, k), keyed))  # type: ignore[arg-type]
+                kks = layout.kindex_keys(tid, map(crc32, keys), list(map(add, repeat(g, k), keyed)))  # type: ignore[arg-type]
                 w.put_many(b"kindex", kks, repeat(b"", k))
             w.next_global = g + m
             st.next_offset = first_queue + m
