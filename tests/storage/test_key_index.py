@@ -10,6 +10,8 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, layout
 from broker.storage import store as store_module
@@ -175,3 +177,21 @@ def test_a_store_of_an_unknown_format_is_still_refused(tmp_path: Path) -> None:
     env.close()
     with pytest.raises(Exception, match="has format"):
         Store(tmp_path, map_size=1 << 26, sync=False)
+
+
+u32 = st.integers(0, (1 << 32) - 1)
+
+
+@given(tid=u32, h=u32, g=st.integers(0, (1 << 42) - 1), hashes=st.lists(u32, min_size=1, max_size=5))
+def test_key_index_keys_decode_to_what_they_encode_and_sort_by_bucket(tid: int, h: int, g: int, hashes: list[int]) -> None:
+    k = layout.kindex_key(tid, h, g)
+    assert layout.kindex_global(k) == g and layout.kindex_bucket(k) == g >> layout.KINDEX_BUCKET_BITS
+    assert k.startswith(layout.kindex_prefix(tid, g >> layout.KINDEX_BUCKET_BITS, h))
+    assert k.startswith(layout.kindex_bucket_start(tid, g >> layout.KINDEX_BUCKET_BITS))
+    assert layout.kindex_from_v1(_V1.pack(tid, h, g)) == k
+    gs = [g + i * 700 for i in range(len(hashes))]
+    assert list(layout.kindex_keys(tid, hashes, gs)) == [layout.kindex_key(tid, x, y) for x, y in zip(hashes, gs, strict=True)]
+    # an older bucket sorts first whatever the hash: the walk goes bucket by bucket
+    if g >= 1 << layout.KINDEX_BUCKET_BITS:
+        older = layout.kindex_key(tid, (1 << 32) - 1, g - (1 << layout.KINDEX_BUCKET_BITS))
+        assert older < layout.kindex_key(tid, 0, g)
