@@ -247,6 +247,11 @@ class AsyncConsumer:
                 self._run_scope.cancel()
             if self.client.connected or a.queues:
                 with trio.move_on_after(self.options.connect_timeout + 5):
+                    # a round still heartbeating (with this member's leases) would register
+                    # the member again after its leave: a ghost holding its queues until the
+                    # broker's member_expiry; it ends within this bound (its heartbeat's)
+                    await self.coordinator.wait_idle()
+                with trio.move_on_after(self.options.connect_timeout + 5):
                     await self.commit()
                     await self.calls.leave_group(self.group, self.consumer_id)
         except EQueueError as exc:

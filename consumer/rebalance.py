@@ -150,6 +150,13 @@ class Coordinator:
             while self._finished < target:
                 await self._round_done.wait()
 
+    async def wait_idle(self) -> None:
+        """Wait until no round is running. With ``assignments.closing`` set, a round
+        begun later sends nothing, so after this no heartbeat of this member is in
+        flight (one answered after the member's LEAVE_GROUP would register it again)."""
+        while self._finished < self._begun:
+            await self._round_done.wait()
+
     async def run(self) -> None:
         """Heartbeat and rebalance until cancelled; expire this member's queues of a
         group it could not heartbeat to for ``lease_expiry`` (module docstring)."""

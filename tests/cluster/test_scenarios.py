@@ -52,20 +52,24 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 GROUPS = ("g1", "g2", "g3")
 #: consumer timers short enough for a quick rebalance
 FAST = dict(heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=0.5)
+#: the brokers drop a member silent this long (15 s by default): a SIGKILLed member's
+#: queues go to the others after this (members heartbeat every 0.2 s)
+MEMBER_EXPIRY = "15"
 
 
 class Cluster:
     """One etcd and a broker process per group, each with its own data directory."""
 
-    def __init__(self, root: Path, etcd: EtcdProcess, groups: tuple[str, ...] = GROUPS) -> None:
+    def __init__(self, root: Path, etcd: EtcdProcess, groups: tuple[str, ...] = GROUPS, *args: str) -> None:
         self.root = root
         self.etcd = etcd
         self.groups = groups
+        self.args = args  # more options of every ``broker start``
         self.brokers: dict[str, BrokerProcess] = {}
         self._clients: dict[str, Client] = {}
 
     def start_group(self, name: str, port: int = 0) -> BrokerProcess:
-        b = BrokerProcess(self.root / name, "--cluster", self.etcd.endpoint, "--broker-group", name, port=port)
+        b = BrokerProcess(self.root / name, "--cluster", self.etcd.endpoint, "--broker-group", name, *self.args, port=port)
         self.brokers[name] = b.start()
         return b
 
@@ -133,7 +137,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with EtcdProcess() as etcd:
-        c = Cluster(tmp_path_factory.mktemp("cluster"), etcd)
+        c = Cluster(tmp_path_factory.mktemp("cluster"), etcd, GROUPS, "--member-expiry", MEMBER_EXPIRY)
         try:
             for g in GROUPS:
                 c.start_group(g)

@@ -51,6 +51,7 @@ def test_graceful_leave_and_join_while_draining_no_duplicates(tmp_path: Path, ha
             t.start()
             return con, t
 
+        admin = Client(b.address)
         members = [member(f"m{i:02d}") for i in range(MEMBERS)]
         started = MEMBERS
         churned = 0
@@ -65,6 +66,11 @@ def test_graceful_leave_and_join_while_draining_no_duplicates(tmp_path: Path, ha
                     )
                     done = len(distinct)
                 assert time.monotonic() < deadline, f"only {done} of {TOTAL} handled"
+                # a member that left is gone from the group: one the broker still lists
+                # (until member_expiry) holds its queues, which stall
+                listed = {m.consumer_id for m in admin.describe_group("g").members}
+                ghosts = listed - {con.consumer_id for con, _ in members}
+                assert not ghosts, f"members still listed after their graceful close: {sorted(ghosts)}"
                 if done == TOTAL:
                     break
                 oldest, thread = members.pop(0)  # graceful leave, then a newcomer
@@ -77,6 +83,7 @@ def test_graceful_leave_and_join_while_draining_no_duplicates(tmp_path: Path, ha
             for con, thread in members:
                 con.close()
                 thread.join(10)
+            admin.close()
     counts = Counter((q, o) for _, q, o, _, _ in handled)
     dups = sorted(k for k, n in counts.items() if n > 1)
     assert churned >= 8

@@ -8,6 +8,7 @@ the driver uses (``spark.common.Routes``) is checked without Spark first.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,5 +158,9 @@ def test_source_and_sink_against_two_groups(ss: Any, cluster: Cluster, tmp_path:
         return not {x.name: x for x in cluster.status("g1").groups}["g2"].available
 
     wait_until_sync(g2_down, timeout=30, interval=0.1, what="g1 sees g2 down")
+    # the planner waits out a failover for failoverTimeout (default 30 s) before it
+    # gives up; a group that stays down fails the same way after a shorter wait
+    started = time.monotonic()
     with pytest.raises(QueueUnavailable, match=f"sp: queue\\(s\\) {down} are owned by broker group 'g2'"):
-        EQueueBatchReader({"brokers": g1, "topic": "sp"}, df.schema).partitions()
+        EQueueBatchReader({"brokers": g1, "topic": "sp", "failoverTimeout": "1"}, df.schema).partitions()
+    assert time.monotonic() - started >= 1, "planning gave up before failoverTimeout"

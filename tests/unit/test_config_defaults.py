@@ -62,6 +62,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
     "idle_timeout": ("idle_timeout", None),
     "max_pulls_per_connection": ("max_pulls_per_connection", None),
+    "member_expiry": ("member_expiry", None),
     "cluster": ("cluster", lambda t: tuple(u for u in t.split(",") if u)),
     "broker_group": ("broker_group", None),
     "advertise": ("advertise", None),
