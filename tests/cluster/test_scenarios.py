@@ -54,7 +54,7 @@ GROUPS = ("g1", "g2", "g3")
 FAST = dict(heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=0.5)
 #: the brokers drop a member silent this long (15 s by default): a SIGKILLed member's
 #: queues go to the others after this (members heartbeat every 0.2 s)
-MEMBER_EXPIRY = "15"
+MEMBER_EXPIRY = "3"
 
 
 class Cluster:
@@ -285,13 +285,21 @@ class HolderSampler:
 def test_consumer_group_of_three_kill_one_join_late(healthy: Cluster, tmp_path: Path) -> None:
     cl = healthy
     boot = cl.bootstrap
-    total, queues = 6000, 12
+    backlog, late, queues = 6000, 600, 12
+    total = backlog + late
     cl.client("g1").create_topic("s2", queues)
     owners = cl.owners("s2")
-    with Producer(boot) as p:
-        for i in range(total):
-            p.send_async("s2", f"{i}", key=f"u{i % 300}")
-        p.flush()
+
+    def produce(start: int, n: int) -> None:
+        with Producer(boot) as p:
+            for i in range(start, start + n):
+                p.send_async("s2", f"{i}", key=f"u{i % 300}")
+            p.flush()
+
+    def holds_a_queue(name: str) -> bool:
+        return any(r.owner == name for g in cl.groups for r in cl.client(g).describe_group("cg2").queues)
+
+    produce(0, backlog)
     script = tmp_path / "member.py"
     script.write_text(member_script("cg2", "s2", sleep=0.002, hold=0.5))
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -323,6 +331,10 @@ def test_consumer_group_of_three_kill_one_join_late(healthy: Cluster, tmp_path: 
             spawn("m2")
             wait_until_sync(lambda: progress(total // 5), timeout=90, interval=0.2, what="a fifth handled")
             spawn("m3")
+            # messages produced once m3 holds queues: some are m3's to handle, however
+            # fast m1 and m2 drain the backlog meanwhile (a loaded machine starts m3 late)
+            wait_until_sync(lambda: holds_a_queue("m3"), timeout=90, interval=0.1, what="m3 holds queues")
+            produce(backlog, late)
             wait_until_sync(lambda: progress(total // 2, by="m3"), timeout=90, interval=0.2, what="m3 at work")
             procs["m1"].send_signal(signal.SIGKILL)
             procs["m1"].wait(10)
