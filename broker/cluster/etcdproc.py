@@ -99,8 +99,8 @@ class EtcdProcess:
             try:
                 self._wait_healthy(timeout)
                 return self
-            except EQueueError:
-                bind_race = "address already in use" in self._tail()
+            except EQueueError as exc:
+                bind_race = "address already in use" in self._tail() + str(exc)
                 if fixed or not bind_race or attempt == _PORT_ATTEMPTS - 1:
                     raise
                 self.client_port = self.peer_port = 0
@@ -144,16 +144,53 @@ class EtcdProcess:
                 raise EQueueError(f"etcd exited early (rc={self.proc.returncode}): {self._tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=1.0) as resp:
-                    if b'"true"' in resp.read():
-                        return
+                    healthy = b'"true"' in resp.read()
             except (urllib.error.URLError, OSError):
-                pass
+                healthy = False
+            if healthy:
+                if self._listens_on_client_port():
+                    return
+                # another process took the port between _free_port and our bind (a
+                # bind race with a concurrent test run): its etcd answered, not ours
+                self.kill()
+                raise EQueueError(
+                    f"etcd did not serve: another process listens on 127.0.0.1:{self.client_port} "
+                    "(address already in use)"
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise EQueueError(
                     f"etcd did not serve within {timeout:g} s (killed it): {self._tail()}"
                 )
             time.sleep(0.05)
+
+    def _listens_on_client_port(self) -> bool:
+        """This etcd process holds the socket listening on the client port (Linux
+        ``/proc``: the listening socket's inode among the process's descriptors)."""
+        assert self.proc is not None
+        inodes = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            try:
+                with open(table) as f:
+                    rows = f.read().splitlines()[1:]
+            except OSError:
+                continue
+            for row in rows:
+                cols = row.split()
+                if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == self.client_port:  # LISTEN
+                    inodes.add(f"socket:[{cols[9]}]")
+        fd_dir = f"/proc/{self.proc.pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") in inodes:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def _tail(self) -> str:
         return "".join(self.stderr_tail)[-2000:]

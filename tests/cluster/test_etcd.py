@@ -270,3 +270,19 @@ def test_etcd_process_restarts_on_the_same_ports(own_etcd: EtcdProcess) -> None:
 def test_bad_endpoints_are_config_errors(endpoints: list[str]) -> None:
     with pytest.raises(ConfigError):
         EtcdClient(endpoints)
+
+
+def test_an_etcd_whose_port_another_etcd_serves_does_not_count_as_started(etcd: EtcdProcess, tmp_path: Path) -> None:
+    """A bind race (the port picked was taken before etcd bound it): the ``/health``
+    that answers is the other etcd's, so start() must not report this one serving."""
+    other = EtcdProcess(tmp_path / "other")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        other.peer_port = s.getsockname()[1]
+    other.client_port = etcd.client_port  # fixed: started as-is, no new ports
+    try:
+        with pytest.raises(EQueueError, match="address already in use"):
+            other.start(timeout=10)
+        assert not other.running
+    finally:
+        other.close()
