@@ -5,7 +5,8 @@
   (``tmp_path``), talking real TCP. Never a mocked broker. Async tests run under
   pytest-trio (``trio_mode = true``); every network test is bounded (``trio.fail_after``
   or the pytest-timeout limit) so a hang fails instead of blocking CI.
-- ``tests/spark``: one local Spark session shared by the module (marker ``spark``).
+- ``tests/spark``: one local Spark session shared by every Spark test of the run
+  (``tests/spark/conftest.py``; marker ``spark``).
 - Crash tests run the broker as a subprocess (``broker_process``) and SIGKILL it.
 - Slow tests carry ``@pytest.mark.slow``; CI still runs them.
 

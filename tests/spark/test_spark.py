@@ -1,8 +1,9 @@
 """The equeue Spark source and sink against a real broker and a real local Spark.
 
-One SparkSession and one embedded broker for the module; every test uses its own
-topics and directories. Streams use availableNow triggers (deterministic, and
-stopping a query mid-batch would log error traces).
+One embedded broker for the module and the run's shared SparkSession
+(tests/spark/conftest.py); every test uses its own topics and directories. Streams
+use availableNow triggers (deterministic, and stopping a query mid-batch would log
+error traces).
 """
 
 from __future__ import annotations
@@ -44,15 +45,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
 def client(broker: EmbeddedBroker) -> Iterator[Client]:
     with Client(broker.address) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def ss() -> Iterator[Any]:
-    import spark
-
-    s = spark.session("equeue-tests", "local[2]", shuffle_partitions=2)
-    yield s
-    s.stop()
 
 
 def produce(c: Client, topic: str, queue: int, n: int, tag: str = "t") -> None:

@@ -81,15 +81,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             c.close()
 
 
-@pytest.fixture(scope="module")
-def ss() -> Iterator[Any]:
-    import spark
-
-    s = spark.session("equeue-tests-cluster", "local[2]", shuffle_partitions=2)
-    yield s
-    s.stop()
-
-
 def check_per_key_order(rows: list[Any]) -> None:
     """Rows ``(queue_id, queue_offset, key, body "key:i")``: each key sits in one queue
     and its ``i`` grows with the queue offset."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +18,6 @@ from broker.cluster.etcdproc import EtcdProcess  # noqa: E402
 from producer import Producer  # noqa: E402
 from tests.cluster.replication.conftest import ReplicaGroup  # noqa: E402
 from tests.conftest import wait_until_sync  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def ss() -> Iterator[Any]:
-    import spark
-
-    s = spark.session("equeue-tests-failover", "local[2]", shuffle_partitions=2)
-    yield s
-    s.stop()
 
 
 @pytest.mark.spark

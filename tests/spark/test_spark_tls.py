@@ -1,8 +1,8 @@
 """The Spark source and sink against a broker that requires mutual TLS and
 SCRAM-SHA-256 users with ACLs.
 
-One embedded broker (TLS, client certificates required, a users file) and one
-local Spark session for the module. The settings travel as the documented options
+One embedded broker (TLS, client certificates required, a users file) for the
+module, and the run's shared Spark session (tests/spark/conftest.py). The settings travel as the documented options
 (``tls.ca``, ``tls.cert``, ``tls.key``, ``credentials.file``); the workers' readers
 (the blocking puller) and writers (the producer) and the driver's planning client
 all use them.
@@ -75,15 +75,6 @@ def client(broker: EmbeddedBroker, pki: dict[str, Path]) -> Iterator[Client]:
     )
     with Client(broker.address, security=sec) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def ss() -> Iterator[Any]:
-    import spark
-
-    s = spark.session("equeue-tls-tests", "local[2]", shuffle_partitions=2)
-    yield s
-    s.stop()
 
 
 def tls_options(broker: EmbeddedBroker, pki: dict[str, Path]) -> dict[str, str]:
