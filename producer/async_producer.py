@@ -207,18 +207,31 @@ class AsyncProducer:
         """Send messages (routed one by one), grouped per queue into as few requests
         as ``max_batch_bytes`` allows; wait for all. Results are in input order.
 
+        When the topic's route is known and the buffer has room for the whole batch,
+        every message is validated and encoded first, then all are buffered under
+        one lock: a message that fails validation raises before any of the batch is
+        sent. Otherwise messages are submitted one by one (waiting for the route or
+        for buffer space as ``send_async`` does).
+
         Raises the first failure (messages of other queues may have been stored).
         """
-        handles: list[SendHandle] = []
-        for m in messages:
-            if not isinstance(m, Message):
-                m = Message(m)
-            h = self.try_submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
-            if h is None:
-                h = await self._submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
-            handles.append(h)
-        self._seal_lanes(self._lanes_of(handles))
-        return [await h.wait() for h in handles]
+        msgs = messages if isinstance(messages, list) else list(messages)
+        placed = self._submit_many(topic, msgs)
+        if placed is None:  # route unknown or buffer short: one by one
+            handles: list[SendHandle] = []
+            for m in msgs:
+                if not isinstance(m, Message):
+                    m = Message(m)
+                h = self.try_submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+                if h is None:
+                    h = await self._submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+                handles.append(h)
+            placed = [(h._batch, h._index) for h in handles]
+        self._seal_lanes(self._lanes_of(b for b, _ in placed))
+        for b in {id(b): b for b, _ in placed}.values():  # each batch awaited once
+            if not b.finished:
+                await b.tdone.wait()
+        return [b.result(i) for b, i in placed]
 
     async def flush(self) -> None:
         """Send everything buffered now and wait until all of it is answered (stored
@@ -264,6 +277,47 @@ class AsyncProducer:
         route = self._routes.topics.get(topic)
         if route is None:
             return None
+        qid, entry = self._encode(route, body, key, tags, properties, due)
+        placed = self._buffer_entries(topic, route, [(qid, entry, due > 0)], len(entry), seal)
+        return None if placed is None else SendHandle(*placed[0])
+
+    def _submit_many(self, topic: str, msgs: list[Message | Body]) -> list[tuple[_Batch, int]] | None:
+        """:meth:`send_batch`'s path: encode every message, then buffer them all at
+        once (unsealed). Returns each message's (batch, index), or None when the
+        route is unknown or the buffer has no room for the whole batch (nothing is
+        buffered then). Raises validation errors (nothing buffered), ClientClosed.
+        """
+        if self._closed:
+            raise ClientClosed("the producer is closed")
+        route = self._routes.topics.get(topic)
+        if route is None or not msgs:
+            return None
+        encode = self._encode
+        items: list[tuple[int, bytes, bool]] = []
+        total = 0
+        for m in msgs:
+            if not isinstance(m, Message):
+                m = Message(m)
+            due = m.deliver_at
+            qid, entry = encode(route, m.body, m.key, m.tags, m.properties, due)
+            items.append((qid, entry, due > 0))
+            total += len(entry)
+        buffer = self._buffer
+        if buffer.used + total > buffer.limit:  # (unlocked: a hint; rechecked under the lock)
+            return None
+        return self._buffer_entries(topic, route, items, total, False, whole=True)
+
+    def _encode(
+        self,
+        route: Route,
+        body: Body,
+        key: str | bytes | None,
+        tags: str | None,
+        properties: dict[str, Any] | None,
+        due: int,
+    ) -> tuple[int, bytes]:
+        """One message's queue and entry. Raises ConfigError (a body or key of the
+        wrong type) and MessageTooLarge (over ``max_message_bytes``)."""
         options = self.options
         if type(body) is bytes:
             data: bytes = body  # type: ignore[assignment]
@@ -292,45 +346,74 @@ class AsyncProducer:
         if properties:
             properties = {str(k): str(v) for k, v in properties.items()}
         entry = pack_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
-        n = len(entry)
-        if n - ENTRY_HEADER.size > options.max_message_bytes:  # the broker counts it all
+        if len(entry) - ENTRY_HEADER.size > options.max_message_bytes:  # the broker counts it all
             raise MessageTooLarge(
-                f"message content (key + tags + properties + body) is {n - ENTRY_HEADER.size} bytes; "
+                f"message content (key + tags + properties + body) is {len(entry) - ENTRY_HEADER.size} bytes; "
                 f"the limit is {options.max_message_bytes}"
             )
-        delayed = due > 0
-        kick = None
+        return qid, entry
+
+    def _buffer_entries(
+        self,
+        topic: str,
+        route: Route,
+        items: list[tuple[int, bytes, bool]],
+        total: int,
+        seal: bool,
+        *,
+        whole: bool = False,
+    ) -> list[tuple[_Batch, int]] | None:
+        """Reserve ``total`` buffered bytes and append the encoded ``items`` (queue,
+        entry, delayed) to their lanes' open batches, under the lock once; kick the
+        lanes that got a new batch. ``seal``: the last item's batch is sealed.
+
+        Returns each item's (batch, index); None when the buffer is full with
+        ``on_full="block"`` (nothing buffered), or, with ``whole``, when the buffer has
+        no room for all of ``total``. Raises BufferFull with ``on_full="raise"``.
+        """
+        options = self.options
+        max_batch = options.max_batch_bytes
         buffer = self._buffer
+        kicks: list[_Lane] = []
+        placed: list[tuple[_Batch, int]] = []
+        lanes = route.lanes
         with buffer.lock:
             used = buffer.used  # Buffer's reservation, inline: the produce hot path
-            if used + n > buffer.limit and used > 0:
-                if buffer.on_full is OnFull.RAISE:
+            if used + total > buffer.limit and (used > 0 or whole):
+                if buffer.on_full is OnFull.RAISE and not whole:
                     raise buffer.full_error()
                 return None
-            buffer.used = used + n
-            lane = route.lanes.get(qid)
-            if lane is None:
-                lane = route.lanes[qid] = self._new_lane(topic, qid)
-            b = lane.open
-            if b is not None and (b.delayed != delayed or b.nbytes + n > options.max_batch_bytes):
-                lane.sendq.append(b)
-                lane.open = b = None
-            if b is None:
-                now = time.monotonic()
-                b = lane.open = _Batch(topic, qid, delayed, now + options.send_timeout, now)
-                lane.pending.add(b)
-                kick = lane
-            entries = b.entries
-            entries.append(entry)
-            b.nbytes += n
-            idx = len(entries) - 1
+            buffer.used = used + total
+            now = 0.0
+            for qid, entry, delayed in items:
+                n = len(entry)
+                lane = lanes.get(qid)
+                if lane is None:
+                    lane = lanes[qid] = self._new_lane(topic, qid)
+                b = lane.open
+                if b is not None and (b.delayed != delayed or b.nbytes + n > max_batch):
+                    lane.sendq.append(b)
+                    lane.open = b = None
+                if b is None:
+                    now = now or time.monotonic()
+                    b = lane.open = _Batch(topic, qid, delayed, now + options.send_timeout, now)
+                    lane.pending.add(b)
+                    if lane not in kicks:
+                        kicks.append(lane)
+                entries = b.entries
+                entries.append(entry)
+                b.nbytes += n
+                placed.append((b, len(entries) - 1))
             if seal:
-                lane.sendq.append(b)
-                lane.open = None
-                kick = lane
-        if kick is not None:
-            self._kick(kick)
-        return SendHandle(b, idx)
+                last, _ = placed[-1]
+                sealed = lanes[last.queue_id]
+                sealed.sendq.append(last)
+                sealed.open = None
+                if sealed not in kicks:
+                    kicks.append(sealed)
+        for kicked in kicks:
+            self._kick(kicked)
+        return placed
 
     async def _submit(
         self,
@@ -363,10 +446,10 @@ class AsyncProducer:
             on_queue_missing=self._routes.invalidate,
         )
 
-    def _lanes_of(self, handles: Iterable[SendHandle]) -> set[_Lane]:
-        """The lanes holding the batches of ``handles``."""
+    def _lanes_of(self, batches: Iterable[_Batch]) -> set[_Lane]:
+        """The lanes holding ``batches``."""
         lanes: set[_Lane] = set()
-        for topic, queue_id in {(h._batch.topic, h._batch.queue_id) for h in handles}:
+        for topic, queue_id in {(b.topic, b.queue_id) for b in batches}:
             route = self._routes.get(topic)
             lane = route.lanes.get(queue_id) if route is not None else None
             if lane is not None:

@@ -119,6 +119,48 @@ async def test_send_batch_groups_per_queue_in_input_order(broker: Broker) -> Non
             assert stats.transactions <= 3  # topic creation + the batch (one group commit, or two)
 
 
+async def test_send_batch_refuses_a_bad_message_before_buffering_any(broker: Broker) -> None:
+    """The batch path encodes every message first: one too large raises, and none
+    of the batch is buffered or sent (one by one, the messages before it were)."""
+    with trio.fail_after(20):
+        async with (
+            AsyncClient(broker.address) as c,
+            AsyncProducer(broker.address, max_message_bytes=1000) as p,
+        ):
+            await c.create_topic("bad", 2)
+            await p.queue_count("bad")  # the route is known: the batch path
+            msgs = [Message(b"x" * 10, key=f"k{i}") for i in range(50)] + [Message(b"x" * 2000)]
+            with pytest.raises(MessageTooLarge):
+                await p.send_batch("bad", msgs)
+            assert p.statistics()["buffered_bytes"] == 0
+            await p.flush()
+            assert await read_queue(c, "bad", 0) == [] and await read_queue(c, "bad", 1) == []
+            # the producer goes on: the next batch is stored whole
+            rs = await p.send_batch("bad", msgs[:50])
+            assert sorted(r.global_offset for r in rs) == list(range(50))
+
+
+async def test_send_batch_larger_than_the_buffer_goes_one_by_one(broker: Broker) -> None:
+    """A batch the buffer cannot hold whole is submitted message by message, waiting
+    for space as send_async does; every message is stored, results in input order."""
+    with trio.fail_after(30):
+        async with (
+            AsyncClient(broker.address) as c,
+            AsyncProducer(broker.address, max_buffered_bytes=4096, max_batch_bytes=1024) as p,
+        ):
+            await c.create_topic("big", 4)
+            msgs = [Message(b"y" * 100, key=f"k{i}") for i in range(300)]
+            rs = await p.send_batch("big", msgs)
+            assert [r.queue_id for r in rs] == [queue_for_key(f"k{i}", 4) for i in range(300)]
+            for q in range(4):
+                offs = [r.queue_offset for r in rs if r.queue_id == q]
+                assert offs == list(range(len(offs)))
+                assert [m.key for m in await read_queue(c, "big", q)] == [
+                    m.key for m, r in zip(msgs, rs, strict=True) if r.queue_id == q
+                ]
+            assert p.statistics()["buffered_bytes"] == 0
+
+
 async def test_buffered_send_async_and_flush(broker: Broker) -> None:
     with trio.fail_after(20):
         async with AsyncClient(broker.address) as c, AsyncProducer(broker.address, linger=0.05) as p:
