@@ -16,7 +16,7 @@ from typing import Protocol
 import trio
 
 from broker.handlers.base import Parts, RequestContext
-from broker.storage.layout import REPLICATED_DATABASES
+from broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from equeue import control
 from equeue.errors import BadRequest, NotLeader, StaleEpoch
 from equeue.wire.replica import (
@@ -111,6 +111,7 @@ class ReplicaHandlers:
         req = decode_fetch_request(payload)
         _check_name("broker_id", req.broker_id)
         _check_name("address", req.address)
+        _check_format(req.broker_id, req.store_format)
         if not 0 < req.max_bytes <= MAX_FETCH_BYTES:
             raise BadRequest(f"max_bytes must be in 1..{MAX_FETCH_BYTES}, got {req.max_bytes}")
         if req.wait_ms > MAX_FETCH_WAIT_MS:
@@ -148,6 +149,7 @@ class ReplicaHandlers:
         req = decode_snapshot_request(payload)
         leader = self._leading(req.epoch)
         _check_name("broker_id", req.broker_id)
+        _check_format(req.broker_id, req.store_format)
         _check_db(req.db)
         if req.after is not None:
             _check_key(req.after)
@@ -191,3 +193,15 @@ def _check_key(key: bytes) -> None:
 def _check_name(field: str, value: str) -> None:
     if not 0 < len(value) <= 255:
         raise BadRequest(f"{field} must be 1..255 characters, got {len(value)}")
+
+
+def _check_format(broker_id: str, store_format: int) -> None:
+    """Refuse a follower whose store format is not this broker's: log entries carry
+    raw index keys in the writer's layout, so applying them to a store of another
+    format would corrupt its indexes (an old follower sends no format: 1)."""
+    if store_format != FORMAT_VERSION:
+        raise BadRequest(
+            f"follower {broker_id!r} has store format {store_format}, this leader {FORMAT_VERSION}: "
+            "the replicas of a group must run the same store format (upgrade them together; "
+            "docs/storage.md, \"The key index\")"
+        )

@@ -38,7 +38,7 @@ from typing import Protocol, TypeVar
 import trio
 
 from broker.storage import Store
-from broker.storage.layout import REPLICATED_DATABASES
+from broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from broker.storage.replication import UNREACHABLE
 from client.connection import AsyncClient
 from equeue.config import BrokerConfig, TlsClientAuth
@@ -259,7 +259,8 @@ class Follower:
         while True:
             position = self.position = store.position
             req = FetchRequest(
-                self._broker_id, self._address, epoch, position, store.last_epoch, self._fetch_bytes, FETCH_WAIT_MS
+                self._broker_id, self._address, epoch, position, store.last_epoch, self._fetch_bytes, FETCH_WAIT_MS,
+                FORMAT_VERSION,
             )
             ans = decode_fetch_answer(await self._request(link, RequestCode.REPLICA_FETCH, encode_fetch_request(req)))
             if ans.epoch != epoch:
@@ -357,7 +358,7 @@ class Follower:
         for db in REPLICATED_DATABASES:
             after: bytes | None = None
             while True:
-                req = SnapshotRequest(epoch, self._broker_id, db, after, SNAPSHOT_CHUNK_BYTES)
+                req = SnapshotRequest(epoch, self._broker_id, db, after, SNAPSHOT_CHUNK_BYTES, FORMAT_VERSION)
                 chunk = decode_snapshot_answer(
                     await self._request(link, RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(req))
                 )

@@ -35,6 +35,7 @@ from equeue.wire._prims import _U32, _bad, pack_str, unpack_str
 __all__ = [
     "ABSENT",
     "REPLICA_MAX_FRAME",
+    "STORE_FORMAT_UNSTATED",
     "FetchAnswer",
     "FetchRequest",
     "FetchStatus",
@@ -61,6 +62,9 @@ __all__ = [
 REPLICA_MAX_FRAME: Final = 256 << 20
 #: the u32 length that stands for an absent byte string
 ABSENT: Final = 0xFFFFFFFF
+#: the store format of a follower whose fetch or snapshot request ends before the
+#: ``store_format`` field: it predates the field, and so store format 2
+STORE_FORMAT_UNSTATED: Final = 1
 
 
 class FetchStatus(enum.IntEnum):
@@ -91,7 +95,9 @@ class FetchRequest:
     epoch ``epoch`` asks for the entries from ``position`` on (everything below it
     is durable on the follower: the position is its acknowledgement). ``last_epoch``
     is the epoch of its entry ``position - 1`` (0: none). At most ``max_bytes``
-    (always one whole entry); waits up to ``wait_ms`` when there is none."""
+    (always one whole entry); waits up to ``wait_ms`` when there is none.
+    ``store_format`` is the follower's store format (``broker.storage.layout``): log
+    entries carry raw index keys, so replicas of different formats must not meet."""
 
     broker_id: str
     address: str
@@ -100,6 +106,7 @@ class FetchRequest:
     last_epoch: int
     max_bytes: int
     wait_ms: int
+    store_format: int
 
 
 @attrs.frozen(slots=True)
@@ -142,13 +149,15 @@ class KeysAnswer:
 class SnapshotRequest:
     """REPLICA_SNAPSHOT: the items of database index ``db`` after key ``after``
     (None: from the first), at most about ``max_bytes`` (at least one item), for the
-    follower ``broker_id`` of leader epoch ``epoch``."""
+    follower ``broker_id`` of leader epoch ``epoch``, whose store has format
+    ``store_format`` (as in :class:`FetchRequest`)."""
 
     epoch: int
     broker_id: str
     db: int
     after: bytes | None
     max_bytes: int
+    store_format: int
 
 
 @attrs.frozen(slots=True)
@@ -210,20 +219,33 @@ def _fixed(st: struct.Struct, buf: bytes, pos: int, what: str) -> tuple[int, ...
 
 def encode_fetch_request(req: FetchRequest) -> bytes:
     """``broker_id str, address str, epoch u32, position u64, last_epoch u32,
-    max_bytes u32, wait_ms u32``."""
+    max_bytes u32, wait_ms u32, store_format u32``."""
     return b"".join((
         pack_str(req.broker_id), pack_str(req.address),
         _FETCH_REQ.pack(req.epoch, req.position, req.last_epoch, req.max_bytes, req.wait_ms),
+        _U32.pack(req.store_format),
     ))  # fmt: skip
 
 
 def decode_fetch_request(buf: bytes) -> FetchRequest:
-    """The one decoder of a fetch request; raises RemoteProtocolError."""
+    """The one decoder of a fetch request (one that ends before ``store_format``
+    comes from an older follower: :data:`STORE_FORMAT_UNSTATED`); raises
+    RemoteProtocolError."""
     broker_id, pos = unpack_str(buf, 0)
     address, pos = unpack_str(buf, pos)
     epoch, position, last_epoch, max_bytes, wait_ms = _fixed(_FETCH_REQ, buf, pos, "fetch request")
-    _end(buf, pos + _FETCH_REQ.size, "fetch request")
-    return FetchRequest(broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms)
+    fmt, pos = _store_format(buf, pos + _FETCH_REQ.size, "fetch request")
+    _end(buf, pos, "fetch request")
+    return FetchRequest(broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms, fmt)
+
+
+def _store_format(buf: bytes, pos: int, what: str) -> tuple[int, int]:
+    """A request's trailing ``store_format u32`` (absent: :data:`STORE_FORMAT_UNSTATED`)
+    and the position after it."""
+    if pos == len(buf):
+        return STORE_FORMAT_UNSTATED, pos
+    (fmt,) = _fixed(_U32, buf, pos, what)
+    return fmt, pos + 4
 
 
 def encode_fetch_answer(ans: FetchAnswer) -> list[bytes]:
@@ -329,15 +351,16 @@ def decode_keys_answer(buf: bytes) -> KeysAnswer:
 
 def encode_snapshot_request(req: SnapshotRequest) -> bytes:
     """``epoch u32, broker_id str, db u8, after bytes (ABSENT: from the first key),
-    max_bytes u32``."""
+    max_bytes u32, store_format u32``."""
     return b"".join((
         _EPOCH.pack(req.epoch), pack_str(req.broker_id), bytes((req.db,)),
-        *_pack_bytes(req.after), _U32.pack(req.max_bytes),
+        *_pack_bytes(req.after), _U32.pack(req.max_bytes), _U32.pack(req.store_format),
     ))  # fmt: skip
 
 
 def decode_snapshot_request(buf: bytes) -> SnapshotRequest:
-    """The one decoder of a snapshot request; raises RemoteProtocolError."""
+    """The one decoder of a snapshot request (no ``store_format``: an older follower,
+    :data:`STORE_FORMAT_UNSTATED`); raises RemoteProtocolError."""
     (epoch,) = _fixed(_EPOCH, buf, 0, "snapshot request")
     broker_id, pos = unpack_str(buf, _EPOCH.size)
     if pos >= len(buf):
@@ -345,8 +368,9 @@ def decode_snapshot_request(buf: bytes) -> SnapshotRequest:
     db = buf[pos]
     after, pos = _unpack_bytes(buf, pos + 1, "snapshot request cursor")
     (max_bytes,) = _fixed(_U32, buf, pos, "snapshot request")
-    _end(buf, pos + 4, "snapshot request")
-    return SnapshotRequest(epoch, broker_id, db, after, max_bytes)
+    fmt, pos = _store_format(buf, pos + 4, "snapshot request")
+    _end(buf, pos, "snapshot request")
+    return SnapshotRequest(epoch, broker_id, db, after, max_bytes, fmt)
 
 
 def encode_snapshot_answer(ans: SnapshotAnswer) -> list[bytes]:

@@ -21,6 +21,7 @@ from broker.auth import make_user, update_users_file
 from broker.cluster.etcdproc import EtcdProcess
 from broker.process import BrokerProcess
 from broker.storage import layout
+from broker.storage.layout import FORMAT_VERSION
 from equeue import Message, control, wire
 from equeue.acl import UsersFile
 from equeue.errors import BadRequest, NotLeader, StaleEpoch
@@ -166,12 +167,15 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
         async with AsyncClient(a.address) as c:
             for code, payload, match in [
                 (RequestCode.REPLICA_FETCH, b"\x00\x05garbage", "truncated"),
-                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 0, 0)), "max_bytes"),
+                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 0, 0, FORMAT_VERSION)), "max_bytes"),
+                # an older follower (its store format 1): refused by name, so it never applies our entries
+                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION))[:-4], "store format 1"),
+                (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 1, None, 1 << 20, FORMAT_VERSION + 1)), f"store format {FORMAT_VERSION + 1}"),
                 (RequestCode.REPLICA_KEYS, b"\x00\x00\x00\x01\xff\xff\xff\xff", "announces"),
                 (RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(250, b"k")])), "not a replicated"),
                 (RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(1, b"")])), "1..511"),
-                (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 250, None, 1 << 20)), "not a replicated"),
-                (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 1, None, 0)), "max_bytes"),
+                (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 250, None, 1 << 20, FORMAT_VERSION)), "not a replicated"),
+                (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 1, None, 0, FORMAT_VERSION)), "max_bytes"),
             ]:  # fmt: skip
                 with pytest.raises(BadRequest, match=match):
                     await c.request(code, payload)
@@ -181,7 +185,7 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
                 await c.call(control.ReplicaDigestRequest(range_size=0), control.ReplicaDigest)
             assert (await c.stats()).topics >= 1  # the same connection still serves
         async with AsyncClient(b.address) as c:  # a follower serves no replication reads
-            fetch = FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0)
+            fetch = FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION)
             with pytest.raises(NotLeader):
                 await c.request(RequestCode.REPLICA_FETCH, encode_fetch_request(fetch))
             with pytest.raises(NotLeader):

@@ -19,7 +19,7 @@ from broker.handlers import replica as replica_handlers
 from broker.handlers.replica import ReplicaHandlers
 from broker.replication import follower as follower_module
 from broker.replication.follower import Follower, replica_security
-from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp
+from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp, layout
 from broker.storage.replication import UNREACHABLE
 from equeue import Message, control, wire
 from equeue.errors import BadRequest, ConfigError, ConnectionBroken, NotLeader, StaleEpoch
@@ -281,7 +281,7 @@ async def test_a_standalone_broker_refuses_replication_requests(tmp_path: Path) 
     store = Store(tmp_path / "s", map_size=1 << 26, sync=False)
     st = control.ReplicationStatus("standalone", "", "b", 0, "", 0, 0, 0, [], "all", 1)
     h = ReplicaHandlers(store=store, leader_log=lambda: None, status=lambda: st)
-    fetch = encode_fetch_request(FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0))
+    fetch = encode_fetch_request(FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0, layout.FORMAT_VERSION))
     for call in (
         h.fetch(fetch), h.keys(encode_keys_request(KeysRequest(1, [(1, b"k")]))),
         h.digest(control.ReplicaDigestRequest()),

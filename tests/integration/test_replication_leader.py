@@ -21,6 +21,7 @@ import trio.testing
 from broker import storage as st
 from broker.appender import Appender
 from broker.replication.leader import LeaderLog, LogTrimmer
+from broker.storage.layout import FORMAT_VERSION
 from equeue import Message, control, wire
 from equeue.config import BrokerConfig
 from equeue.errors import ClusterUnavailable, NotEnoughReplicas, NotLeader, StaleEpoch
@@ -64,7 +65,7 @@ def _op(info: control.TopicInfo, body: bytes) -> st.ProduceOp:
 
 
 def _fetch(broker_id: str, position: int, last_epoch: int = 1, wait_ms: int = 0, epoch: int = 1) -> FetchRequest:
-    return FetchRequest(broker_id, f"{broker_id}:1", epoch, position, last_epoch, 1 << 20, wait_ms)
+    return FetchRequest(broker_id, f"{broker_id}:1", epoch, position, last_epoch, 1 << 20, wait_ms, FORMAT_VERSION)
 
 
 async def answer(p: Any) -> Any:
