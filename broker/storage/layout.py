@@ -159,6 +159,13 @@ def kindex_keys(topic_id: int, key_hashes: Iterable[int], global_offsets: Sequen
     )  # fmt: skip
 
 
+def kindex_key_after(topic_id: int, key_hash: int, global_offset: int) -> bytes:
+    """A key just above :func:`kindex_key` ``(topic_id, key_hash, global_offset)`` and
+    below the next possible one: a cursor seeking it and stepping back lands on the
+    newest entry of that key hash at or below ``global_offset``."""
+    return kindex_key(topic_id, key_hash, global_offset) + b"\0"
+
+
 def kindex_prefix(topic_id: int, bucket: int, key_hash: int) -> bytes:
     """The prefix of one key hash's ``kindex`` keys in one bucket."""
     return _TBH.pack(topic_id, bucket, key_hash)

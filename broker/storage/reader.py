@@ -64,6 +64,14 @@ class ScanBudget:
         """When a scan starting now must stop (``time.monotonic`` seconds)."""
         return time.monotonic() + self.seconds
 
+    def spent(self, count: int, deadline: float) -> bool:
+        """Whether a scan that has examined ``count`` items must stop: the count is
+        used up, or -- looked at once per :data:`_CLOCK_EVERY` items -- the clock
+        passed ``deadline``."""
+        return count >= self.records or (
+            count > 0 and not count % _CLOCK_EVERY and time.monotonic() >= deadline
+        )
+
 
 @attrs.frozen
 class KeyHits:
@@ -263,9 +271,7 @@ class StoreReader:
                     tags = record_entry_meta(rec).tags
                     if tags not in tag_filter:
                         nxt += 1
-                        if scanned >= budget.records or (
-                            not scanned % _CLOCK_EVERY and time.monotonic() >= deadline
-                        ):
+                        if budget.spent(scanned, deadline):
                             exhausted = True
                             break
                         continue
@@ -413,19 +419,18 @@ class StoreReader:
             cur = txn.cursor(db=self.db[b"kindex"])
             mdb = self.db[b"messages"]
             while bucket is not None and len(out) < limit:
-                if hops >= budget.records or (hops and not hops % _CLOCK_EVERY and time.monotonic() >= deadline):
-                    return KeyHits(out, min(before, (bucket + 1) << bits))
+                end = min(before, (bucket + 1) << bits)  # this bucket's part below ``before``
+                if budget.spent(hops, deadline):
+                    return KeyHits(out, end)
                 hops += 1
                 prefix = layout.kindex_prefix(tid, bucket, h)
-                ok = cur.prev() if cur.set_range(layout.kindex_key(tid, h, min(before, (bucket + 1) << bits) - 1) + b"\0") else cur.last()
+                ok = _last_below(cur, layout.kindex_key_after(tid, h, end - 1))
                 while ok and len(out) < limit:
                     k = cur.key()
                     if not k.startswith(prefix):
                         break
                     g = layout.kindex_global(k)
-                    if examined >= budget.records or (
-                        examined and not examined % _CLOCK_EVERY and time.monotonic() >= deadline
-                    ):
+                    if budget.spent(examined, deadline):
                         return KeyHits(out, g + 1)
                     examined += 1
                     rec = txn.get(layout.global_key(g), db=mdb)
@@ -438,7 +443,7 @@ class StoreReader:
                 if len(out) >= limit:
                     break
                 # the next older bucket holding anything of this topic (empty ones skipped)
-                ok = cur.prev() if cur.set_range(layout.kindex_bucket_start(tid, bucket)) else cur.last()
+                ok = _last_below(cur, layout.kindex_bucket_start(tid, bucket))
                 bucket = layout.kindex_bucket(cur.key()) if ok and cur.key().startswith(tprefix) else None
         return KeyHits(out)
 
@@ -469,6 +474,11 @@ class StoreReader:
             if cur.first():
                 return layout.schedule_due(cur.key())
         return None
+
+
+def _last_below(cur: lmdb.Cursor, key: bytes) -> bool:
+    """Put ``cur`` on the last key below ``key``; False when there is none."""
+    return bool(cur.prev() if cur.set_range(key) else cur.last())
 
 
 def check_record(rec: bytes, info: control.TopicInfo, queue_id: int, offset: int, gk: bytes) -> RecordHeader:

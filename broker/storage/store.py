@@ -170,7 +170,12 @@ class Store(StoreReader):
         kdb, meta = self.db[b"kindex"], self.db[b"meta"]
         after = b""
         converted = 0
-        t0 = time.monotonic()
+        t0 = noted = time.monotonic()
+        with self.env.begin() as txn:
+            total = txn.stat(kdb)["entries"]  # an upper bound: a resumed conversion did some
+        log.warning("the store at %s has format %d: converting its key index (up to %d keys) to format %d "
+                    "before the broker starts", self.path, layout.FORMAT_UNBUCKETED, total,
+                    layout.FORMAT_VERSION)  # fmt: skip
         while True:
             try:
                 with self.env.begin(write=True) as txn:
@@ -199,6 +204,10 @@ class Store(StoreReader):
                     self._log.state = state
                 break
             after = old[-1]
+            if time.monotonic() - noted >= _CONVERT_PROGRESS_EVERY:
+                noted = time.monotonic()
+                log.warning("the store at %s: %d of up to %d key-index keys converted (%.0f s)",
+                            self.path, converted, total, noted - t0)  # fmt: skip
         log.warning("the store at %s had format %d: its key index (%d keys) was converted to format %d in %.1f s",
                     self.path, layout.FORMAT_UNBUCKETED, converted, layout.FORMAT_VERSION,
                     time.monotonic() - t0)  # fmt: skip
@@ -639,6 +648,8 @@ class Store(StoreReader):
 
 #: key-index keys converted per transaction when a format-1 store is opened
 _CONVERT_CHUNK: Final = 50_000
+#: a long conversion logs its progress this often (seconds)
+_CONVERT_PROGRESS_EVERY: Final = 10.0
 #: the log state of a store that is not replicated
 _NO_LOG = LogState()
 #: a replicated store commits a transaction once its ops appended this many record

@@ -5,6 +5,7 @@ earlier conversion was cut short (docs/storage.md, "The key index")."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from pathlib import Path
 
@@ -103,7 +104,7 @@ def test_a_walk_over_many_buckets_stops_at_its_budget_and_resumes(tmp_path: Path
 
 
 def test_a_key_index_without_buckets_is_converted_when_the_store_opens(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Written by this code, then rewritten by hand to format 1 (its key index as
     that format stored it: topic | crc32 | global); the first half only, so part of
@@ -127,7 +128,12 @@ def test_a_key_index_without_buckets_is_converted_when_the_store_opens(
     env.close()
 
     monkeypatch.setattr(store_module, "_CONVERT_CHUNK", 700)  # several transactions
-    s = Store(tmp_path, map_size=1 << 28, sync=False)
+    monkeypatch.setattr(store_module, "_CONVERT_PROGRESS_EVERY", 0.0)  # a progress line after each
+    with caplog.at_level(logging.WARNING, logger="equeue.store"):
+        s = Store(tmp_path, map_size=1 << 28, sync=False)
+    said = [r.getMessage() for r in caplog.records]
+    assert f"up to {len(new)} keys" in said[0] and "converting" in said[0]
+    assert any(" of up to " in m for m in said[1:-1]) and "was converted" in said[-1]
     try:
         with s.env.begin() as txn:
             assert layout.unpack_u32(txn.get(b"format", db=s.db[b"meta"])) == layout.FORMAT_VERSION
