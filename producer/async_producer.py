@@ -278,8 +278,32 @@ class AsyncProducer:
         if route is None:
             return None
         qid, entry = self._encode(route, body, key, tags, properties, due)
-        placed = self._buffer_entries(topic, route, [(qid, entry, due > 0)], len(entry), seal)
-        return None if placed is None else SendHandle(*placed[0])
+        n = len(entry)
+        buffer = self._buffer
+        with buffer.lock:
+            used = buffer.used  # Buffer's reservation, inline: the produce hot path
+            if used + n > buffer.limit and used > 0:
+                if buffer.on_full is OnFull.RAISE:
+                    raise buffer.full_error()
+                return None
+            buffer.used = used + n
+            delayed = due > 0
+            lane = route.lanes.get(qid)
+            b = None if lane is None else lane.open
+            if lane is not None and b is not None and b.delayed == delayed and b.nbytes + n <= self.options.max_batch_bytes:
+                b.entries.append(entry)  # the streaming case, inline: it fits the open batch
+                b.nbytes += n
+                kick = False
+            else:
+                lane, b, kick = self._place(route.lanes, topic, qid, entry, delayed)
+            idx = len(b.entries) - 1
+            if seal:
+                lane.sendq.append(b)
+                lane.open = None
+                kick = True
+        if kick:
+            self._kick(lane)
+        return SendHandle(b, idx)
 
     def _submit_many(self, topic: str, msgs: list[Message | Body]) -> list[tuple[_Batch, int]] | None:
         """:meth:`send_batch`'s path: encode every message, then buffer them all at
@@ -305,7 +329,7 @@ class AsyncProducer:
         buffer = self._buffer
         if buffer.used + total > buffer.limit:  # (unlocked: a hint; rechecked under the lock)
             return None
-        return self._buffer_entries(topic, route, items, total, False, whole=True)
+        return self._buffer_all(topic, route, items, total)
 
     def _encode(
         self,
@@ -353,67 +377,54 @@ class AsyncProducer:
             )
         return qid, entry
 
-    def _buffer_entries(
-        self,
-        topic: str,
-        route: Route,
-        items: list[tuple[int, bytes, bool]],
-        total: int,
-        seal: bool,
-        *,
-        whole: bool = False,
+    def _buffer_all(
+        self, topic: str, route: Route, items: list[tuple[int, bytes, bool]], total: int
     ) -> list[tuple[_Batch, int]] | None:
         """Reserve ``total`` buffered bytes and append the encoded ``items`` (queue,
         entry, delayed) to their lanes' open batches, under the lock once; kick the
-        lanes that got a new batch. ``seal``: the last item's batch is sealed.
-
-        Returns each item's (batch, index); None when the buffer is full with
-        ``on_full="block"`` (nothing buffered), or, with ``whole``, when the buffer has
-        no room for all of ``total``. Raises BufferFull with ``on_full="raise"``.
-        """
-        options = self.options
-        max_batch = options.max_batch_bytes
+        lanes that got a new batch. Returns each item's (batch, index), or None when
+        the buffer has no room for all of ``total`` (nothing buffered)."""
         buffer = self._buffer
         kicks: list[_Lane] = []
         placed: list[tuple[_Batch, int]] = []
-        lanes = route.lanes
+        lanes, place = route.lanes, self._place
         with buffer.lock:
-            used = buffer.used  # Buffer's reservation, inline: the produce hot path
-            if used + total > buffer.limit and (used > 0 or whole):
-                if buffer.on_full is OnFull.RAISE and not whole:
-                    raise buffer.full_error()
+            if buffer.used + total > buffer.limit:
                 return None
-            buffer.used = used + total
-            now = 0.0
+            buffer.used += total
             for qid, entry, delayed in items:
-                n = len(entry)
-                lane = lanes.get(qid)
-                if lane is None:
-                    lane = lanes[qid] = self._new_lane(topic, qid)
-                b = lane.open
-                if b is not None and (b.delayed != delayed or b.nbytes + n > max_batch):
-                    lane.sendq.append(b)
-                    lane.open = b = None
-                if b is None:
-                    now = now or time.monotonic()
-                    b = lane.open = _Batch(topic, qid, delayed, now + options.send_timeout, now)
-                    lane.pending.add(b)
-                    if lane not in kicks:
-                        kicks.append(lane)
-                entries = b.entries
-                entries.append(entry)
-                b.nbytes += n
-                placed.append((b, len(entries) - 1))
-            if seal:
-                last, _ = placed[-1]
-                sealed = lanes[last.queue_id]
-                sealed.sendq.append(last)
-                sealed.open = None
-                if sealed not in kicks:
-                    kicks.append(sealed)
-        for kicked in kicks:
-            self._kick(kicked)
+                lane, b, new = place(lanes, topic, qid, entry, delayed)
+                if new and lane not in kicks:
+                    kicks.append(lane)
+                placed.append((b, len(b.entries) - 1))
+        for lane in kicks:
+            self._kick(lane)
         return placed
+
+    def _place(
+        self, lanes: dict[int, _Lane], topic: str, qid: int, entry: bytes, delayed: bool
+    ) -> tuple[_Lane, _Batch, bool]:
+        """Append ``entry`` to its queue's open batch (the caller holds the lock and
+        reserved its bytes): a new batch when there is none, or when the open one
+        holds the other kind (delayed or not) or would grow past ``max_batch_bytes``
+        (the open one is then sealed). Returns the lane, the batch and whether the
+        batch is new (its lane must be kicked)."""
+        lane = lanes.get(qid)
+        if lane is None:
+            lane = lanes[qid] = self._new_lane(topic, qid)
+        n = len(entry)
+        b = lane.open
+        if b is not None and (b.delayed != delayed or b.nbytes + n > self.options.max_batch_bytes):
+            lane.sendq.append(b)
+            lane.open = b = None
+        new = b is None
+        if b is None:
+            now = time.monotonic()
+            b = lane.open = _Batch(topic, qid, delayed, now + self.options.send_timeout, now)
+            lane.pending.add(b)
+        b.entries.append(entry)
+        b.nbytes += n
+        return lane, b, new
 
     async def _submit(
         self,
