@@ -3,7 +3,9 @@
 Every server runs in its own process on a free loopback port and a fresh temporary
 directory (``$TMPDIR``), and is stopped when its workload ends. Server CPU is the
 server process's utime + stime (``/proc/PID/stat``, all its threads, 10 ms ticks)
-over the measured phase, divided by the messages (or round trips).
+over the measured phase, divided by the messages (or round trips). For echo, P3 and P1
+the client runs in this process, and its CPU per message (``time.process_time``) is in
+the notes: the client's share of a round trip.
 
 - ``echo``: a bare trio TCP echo server (``receive_some``/``send_all``) in its own
   process; a bare trio client in this process sends one ~140-byte request at a time
@@ -308,21 +310,21 @@ def run_echo(n: int, size: int) -> Figures:
 
                 for _ in range(100):  # warm-up
                     await once()
-                cpu0, t0 = cpu_seconds(server.pid), time.perf_counter()
+                cpu0, t0, own0 = cpu_seconds(server.pid), time.perf_counter(), time.process_time()
                 for i in range(n):
                     st = pc()
                     await once()
                     lat[i] = pc() - st
-                t1 = time.perf_counter()
-                return t0, t1, cpu_seconds(server.pid) - cpu0
+                t1, own1 = time.perf_counter(), time.process_time()
+                return t0, t1, cpu_seconds(server.pid) - cpu0, own1 - own0
 
-        t0, t1, cpu = trio.run(main)
+        t0, t1, cpu, own = trio.run(main)
     finally:
         end([server])
     secs = t1 - t0
     return {"workload": "echo", "server": "trio echo server", "msgs": n, "bytes": size, "secs": secs,
             "rate": n / secs, "p50_ms": pct_ms(lat, 0.5), "p99_ms": pct_ms(lat, 0.99),
-            "server_cpu_us": cpu / n * 1e6}  # fmt: skip
+            "server_cpu_us": cpu / n * 1e6, "client_cpu_us": own / n * 1e6}  # fmt: skip
 
 
 def run_p3(flush: str, n: int, size: int = 100) -> Figures:
@@ -337,21 +339,21 @@ def run_p3(flush: str, n: int, size: int = 100) -> Figures:
             async with AsyncProducer(broker.address) as p:
                 await p.queue_count(TOPIC)
                 await p.send(TOPIC, b"warm-up", key="w")
-                cpu0, t0 = cpu_seconds(broker.pid), time.perf_counter()
+                cpu0, t0, own0 = cpu_seconds(broker.pid), time.perf_counter(), time.process_time()
                 for i in range(n):
                     st = pc()
                     await p.send(TOPIC, payloads[i], key=keys[i])
                     lat[i] = pc() - st
-                t1 = time.perf_counter()
-                return t0, t1, cpu_seconds(broker.pid) - cpu0
+                t1, own1 = time.perf_counter(), time.process_time()
+                return t0, t1, cpu_seconds(broker.pid) - cpu0, own1 - own0
 
-        t0, t1, cpu = trio.run(main)
+        t0, t1, cpu, own = trio.run(main)
     finally:
         broker.close()
     secs = t1 - t0
     return {"workload": "P3", "server": f"equeue --flush {flush}", "flush": flush, "msgs": n, "bytes": size,
             "secs": secs, "rate": n / secs, "p50_ms": pct_ms(lat, 0.5), "p99_ms": pct_ms(lat, 0.99),
-            "server_cpu_us": cpu / n * 1e6}  # fmt: skip
+            "server_cpu_us": cpu / n * 1e6, "client_cpu_us": own / n * 1e6}  # fmt: skip
 
 
 def run_p1(flush: str, n: int, size: int = 100) -> Figures:
@@ -365,18 +367,18 @@ def run_p1(flush: str, n: int, size: int = 100) -> Figures:
                 await p.queue_count(TOPIC)
                 await p.send(TOPIC, b"warm-up", key="w")
                 acks = 0
-                cpu0, t0 = cpu_seconds(broker.pid), time.perf_counter()
+                cpu0, t0, own0 = cpu_seconds(broker.pid), time.perf_counter(), time.process_time()
                 for s in range(0, n, BATCH):
                     res = await p.send_batch(
                         TOPIC,
                         [Message(payloads[i], key=keys[i]) for i in range(s, min(n, s + BATCH))],
                     )
                     acks += len(res)
-                t1 = time.perf_counter()
-                return t0, t1, cpu_seconds(broker.pid) - cpu0, acks
+                t1, own1 = time.perf_counter(), time.process_time()
+                return t0, t1, cpu_seconds(broker.pid) - cpu0, acks, own1 - own0
 
         txns = transactions(broker)
-        t0, t1, cpu, acks = trio.run(main)
+        t0, t1, cpu, acks, own = trio.run(main)
         txns = transactions(broker) - txns
     finally:
         broker.close()
@@ -384,7 +386,7 @@ def run_p1(flush: str, n: int, size: int = 100) -> Figures:
     secs = t1 - t0
     return {"workload": "P1", "server": f"equeue --flush {flush}", "flush": flush, "msgs": n, "bytes": size,
             "secs": secs, "rate": n / secs, "server_cpu_us": cpu / n * 1e6,
-            "txns_per_100": txns / n * 100}  # fmt: skip
+            "client_cpu_us": own / n * 1e6, "txns_per_100": txns / n * 100}  # fmt: skip
 
 
 def _race(
@@ -519,6 +521,12 @@ def _txns(r: Figures) -> str:
     return "" if t is None else f"{t:.2f} transactions per 100 msgs"
 
 
+def _client(r: Figures) -> str:
+    """This process's CPU per message (the client side of echo, P3 and P1)."""
+    c = r.get("client_cpu_us")
+    return "" if c is None else f"client CPU {c:.1f} µs/msg"
+
+
 def table(rows: list[Figures]) -> str:
     head = ["workload", "server (flush)", "msgs", "secs", "msg/s", "MB/s", "p50 ms", "p99 ms",
             "server CPU µs/msg", "ratio", "notes"]  # fmt: skip
@@ -529,7 +537,7 @@ def table(rows: list[Figures]) -> str:
             r["workload"], r["server"], fmt(r.get("msgs"), ","), fmt(r.get("secs"), ".2f"),
             fmt(r.get("rate"), ",.0f"), fmt(mb, ".1f"), fmt(r.get("p50_ms"), ".3f"), fmt(r.get("p99_ms"), ".3f"),
             cpu_cell(r), r.get("ratio", ""),
-            "; ".join(x for x in (r.get("note", ""), _txns(r)) if x),
+            "; ".join(x for x in (r.get("note", ""), _txns(r), _client(r)) if x),
         ]  # fmt: skip
         out.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(out)
