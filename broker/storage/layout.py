@@ -56,7 +56,8 @@ from typing import Final
 #: the on-disk format this code reads and writes (meta "format"); a store of
 #: format 1 (``kindex`` keys without the bucket) is converted when opened
 FORMAT_VERSION: Final = 2
-#: the format whose key index has no buckets (``kindex_v1_key``)
+#: the format whose key index has no buckets (keys of :data:`KINDEX_V1_SIZE` bytes,
+#: converted with :func:`kindex_from_v1`)
 FORMAT_UNBUCKETED: Final = 1
 #: the named databases, in the order they are opened
 DATABASES: Final = (

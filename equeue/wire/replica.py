@@ -63,7 +63,8 @@ REPLICA_MAX_FRAME: Final = 256 << 20
 #: the u32 length that stands for an absent byte string
 ABSENT: Final = 0xFFFFFFFF
 #: the store format of a follower whose fetch or snapshot request ends before the
-#: ``store_format`` field: it predates the field, and so store format 2
+#: ``store_format`` field. It predates the field, so it counts as format 1; the
+#: format-2 builds from before the field look the same and are refused alike
 STORE_FORMAT_UNSTATED: Final = 1
 
 
