@@ -326,9 +326,6 @@ class AsyncProducer:
             qid, entry = encode(route, m.body, m.key, m.tags, m.properties, due)
             items.append((qid, entry, due > 0))
             total += len(entry)
-        buffer = self._buffer
-        if buffer.used + total > buffer.limit:  # (unlocked: a hint; rechecked under the lock)
-            return None
         return self._buffer_all(topic, route, items, total)
 
     def _encode(
