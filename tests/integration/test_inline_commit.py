@@ -78,6 +78,13 @@ class Harness:
         app = self.app
         await wait_until(lambda: app._writer_waiting and not app._pending, what="the writer thread parked")
 
+    async def topic(self, queues: int = 1) -> control.TopicInfo:
+        """Create topic ``t`` with ``queues`` queues, then wait until the writer thread
+        parked (every test's starting point)."""
+        info: control.TopicInfo = await self.app.submit(st.CreateTopicOp("t", queues))
+        await self.idle()
+        return info
+
     def next_offset(self, info: control.TopicInfo, q: int = 0) -> int:
         return self.store.view.queue(info.topic_id, q).next_offset
 
@@ -117,8 +124,7 @@ async def appender(tmp_path: Path, **kw: Any) -> AsyncIterator[Harness]:
 async def test_kick_commits_a_small_deferred_batch_on_the_loop_in_one_transaction(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 2))
-        await h.idle()
+        info = await h.topic(2)
         tx, notified, writes = app.transactions, h.cond.notified, len(h.threads)
         answered: list[object] = []
         ops: list[st.WriteOp] = [
@@ -149,8 +155,7 @@ async def test_kicks_keep_the_order_of_the_ops(tmp_path: Path) -> None:
     rnd = random.Random(7)
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         ps = []
         for _ in range(30):
             now = [
@@ -171,8 +176,7 @@ async def test_kicks_keep_the_order_of_the_ops(tmp_path: Path) -> None:
 async def test_a_deferred_op_waits_for_a_kick_or_a_wake_up(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         notified = h.cond.notified
         p = app.enqueue(_produce_op(info, 0, b"deferred"), defer=True)
         await trio.lowlevel.checkpoint()
@@ -204,8 +208,7 @@ async def test_inline_answers_never_overtake_a_writer_transaction(tmp_path: Path
     order) come in commit order."""
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         answered: list[object] = []
         first = app.enqueue(_produce_op(info, 0, b"first"), answered.append)
         # no checkpoint from here: the writer's posted answers cannot run
@@ -241,8 +244,7 @@ async def _committed_by_the_writer(h: Harness, ps: list[Any]) -> None:
 async def test_not_inline_while_the_writer_thread_is_writing(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         h.gate = threading.Event()
         first = app.enqueue(_produce_op(info, 0, b"first"))
         await trio.to_thread.run_sync(h.entered.wait, 10)  # the writer is in store.write
@@ -258,8 +260,7 @@ async def test_not_inline_while_the_writer_thread_is_writing(tmp_path: Path) -> 
 
 async def test_not_inline_when_inline_bytes_is_0(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=0) as h:
-        info = await h.app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         notified = h.cond.notified
         ps = [h.app.enqueue(_produce_op(info, 0, b"x"), defer=True) for _ in range(3)]
         h.app.kick()
@@ -271,8 +272,7 @@ async def test_not_inline_when_inline_bytes_is_0(tmp_path: Path) -> None:
 async def test_not_inline_when_the_batch_is_larger_than_inline_bytes(tmp_path: Path) -> None:
     entry = len(wire.encode_entry(Message(b"y" * 50)))
     async with appender(tmp_path, inline_bytes=2 * entry) as h:
-        info = await h.app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         # exactly inline_bytes: inline
         ps = [h.app.enqueue(_produce_op(info, 0, b"y" * 50), defer=True) for _ in range(2)]
         h.app.kick()
@@ -290,8 +290,7 @@ async def test_not_inline_when_the_batch_is_larger_than_inline_bytes(tmp_path: P
 
 async def test_not_inline_when_an_op_has_no_inline_size(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
-        info = await h.app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         assert st.CreateTopicOp("u", 1).inline_size() is None
         ps = [
             h.app.enqueue(_produce_op(info, 0, b"x"), defer=True),
@@ -307,8 +306,7 @@ async def test_not_inline_when_an_op_has_no_inline_size(tmp_path: Path) -> None:
 async def test_not_inline_while_a_call_is_queued(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         seen: list[tuple[str, int]] = []
 
         def probe() -> int:
@@ -338,8 +336,7 @@ async def test_not_inline_while_a_call_is_queued(tmp_path: Path) -> None:
 async def test_not_inline_while_refusing_and_the_writer_fails_the_ops(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         writes = len(h.threads)
         app.refuse(NotLeader("stepped down"))
         ps = [app.enqueue(_produce_op(info, 0, b"refused"), defer=True) for _ in range(2)]
@@ -384,8 +381,7 @@ async def test_an_op_failing_inline_fails_alone(tmp_path: Path) -> None:
 async def test_a_transaction_failing_inline_answers_its_ops_and_the_appender_lives_on(tmp_path: Path) -> None:
     async with appender(tmp_path, inline_bytes=64 << 10) as h:
         app = h.app
-        info = await app.submit(st.CreateTopicOp("t", 1))
-        await h.idle()
+        info = await h.topic()
         recording = h.store.write
         failures: list[BaseException] = [StoreFull("the map is full"), RuntimeError("a bug")]
         try:
