@@ -388,7 +388,12 @@ class Appender:
                 hold(batch, committed)
             except Exception as exc:  # a bug in the holder must not strand the waiters
                 log.exception("holding a transaction's answers failed")
-                self._resolve(batch, [outcome.Error(InternalBrokerError(f"holding the answers failed: {exc!r}"))] * len(batch))
+                # the ones it answered before failing keep their answer (each op is
+                # answered exactly once: a second answer would reach the client too)
+                err = InternalBrokerError(f"holding the answers failed: {exc!r}")
+                for p in batch:
+                    if not p.done.is_set():
+                        p.resolve(outcome.Error(err))
         if self.on_commit is not None:
             try:
                 self.on_commit(committed)

@@ -413,6 +413,39 @@ async def test_a_transaction_failing_inline_answers_its_ops_and_the_appender_liv
         assert h.threads[-1] == WRITER
 
 
+async def test_a_holder_failing_after_it_answered_some_ops_never_answers_them_twice(tmp_path: Path) -> None:
+    """A ``hold`` (a replicated leader's) that releases the produces and then fails: the
+    released ops keep their answer and get no second one (the client would get two
+    responses to one request), the others are failed; on both paths."""
+    holder: dict[str, Any] = {}
+
+    def hold(batch: Sequence[Any], committed: st.WriteOutcome) -> None:
+        app: Appender = holder["app"]
+        app.release(batch[:1], committed.results[:1])  # the first is answered ...
+        raise RuntimeError("a bug after releasing")  # ... then the holder fails
+
+    async with appender(tmp_path, inline_bytes=64 << 10, hold=hold) as h:
+        app = holder["app"] = h.app
+        h.app.hold = None  # the topic is created without the holder
+        info = await h.topic()
+        app.hold = hold
+        for inline in (True, False):
+            answers: list[Any] = []
+            record = answers.append
+            ps = [
+                app.enqueue(_produce_op(info, 0, b"%d" % i), lambda p, rec=record: rec(p.result), defer=inline)
+                for i in range(2)
+            ]
+            if inline:
+                app.kick()
+            await wait_until(lambda n=answers: len(n) >= 2, what="both answered")
+            await h.idle()
+            assert len(answers) == 2, answers  # once each
+            assert isinstance(ps[0].result, wire.ProduceResponse)
+            assert isinstance(ps[1].result, InternalBrokerError) and "a bug after releasing" in str(ps[1].result)
+            assert answers[0] is ps[0].result
+
+
 # ---------------------------------------------------------------------- 4. a broker
 
 
