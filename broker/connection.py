@@ -66,9 +66,10 @@ _RECV = 256 * 1024
 #: a partly received frame up to this size needs no reservation in the FrameBudget
 #: (a request split across segments never waits on other connections' frames)
 FREE_PARTIAL_FRAME = 64 * 1024
-#: requests of one connection being handled at once (parked pulls and produces
-#: waiting for their commit aside); past it the reader waits for one to finish or
-#: park (backpressure, nothing is refused)
+#: requests of one connection being handled at once, produces waiting for their
+#: commit included (parked pulls aside): past it the reader waits for one to finish or
+#: park (backpressure, nothing is refused), so a client that pipelines produces
+#: faster than the store commits them cannot grow the appender's queue
 MAX_REQUESTS_IN_PROGRESS = 128
 #: what a finished request was (ServerConnection._done)
 _PULL, _TASK, _PRODUCE = 0, 1, 2
@@ -285,7 +286,7 @@ class ServerConnection:
                 if output.over_soft_since is not None:
                     produce.kick()
                     await output.wait_below_soft()  # backpressure: the peer reads first
-                while self._requests + self._pulls - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
+                while self._requests + self._pulls + self._producing - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
                     produce.kick()
                     await slots.wait_changed()  # one finished, or a pull parked
                 try:

@@ -12,17 +12,21 @@ from __future__ import annotations
 import os
 import resource
 import struct
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from broker import open_broker
+from broker.connection import MAX_REQUESTS_IN_PROGRESS
 from broker.http import render_broker
 from broker.process import BrokerProcess
+from broker.storage import Store, WriteOp, WriteOutcome
 from consumer import AsyncConsumer
 from equeue import Message, control, wire
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
@@ -483,3 +487,55 @@ async def test_refused_and_dropped_connections_are_counted(tmp_path: Path) -> No
             assert (snap.connections_refused, snap.connections_dropped) == (1, 2)
             text = render_broker(snap)
             assert "equeue_connections_refused_total 1" in text and "equeue_connections_dropped_total 2" in text
+
+
+async def test_pipelined_produces_count_against_the_requests_in_progress(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that pipelines produces faster than the store commits them (here the
+    writer thread is held) is read only up to MAX_REQUESTS_IN_PROGRESS produces
+    waiting for their commit: the appender's queue, and the memory of the payloads in
+    it, stay bounded. Once the store moves again every produce is answered, in order."""
+    held = threading.Event()
+    release = threading.Event()
+    taken: list[int] = []
+    write = Store.write
+
+    def gated(self: Store, ops: Sequence[WriteOp]) -> WriteOutcome:
+        if held.is_set():
+            taken.append(len(ops))
+            release.wait(30)
+        return write(self, ops)
+
+    monkeypatch.setattr(Store, "write", gated)
+    n = 3 * MAX_REQUESTS_IN_PROGRESS
+    with trio.fail_after(60):
+        async with open_broker(make_config(tmp_path / "data", flush="sync")) as broker:
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("t", 1)
+            app = broker.appender
+            raw = await Raw.connect(broker.address)
+            try:
+                held.set()
+                req = wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"x" * 100))]).encode()
+                await raw.stream.send_all(b"".join(raw.frame(RequestCode.PRODUCE, req) for _ in range(n)))
+
+                def read() -> int:  # produces the broker has read: held by the writer or queued
+                    return sum(taken) + len(app._pending)
+
+                await wait_until(lambda: read() >= MAX_REQUESTS_IN_PROGRESS, what="the limit reached")
+                await trio.testing.wait_all_tasks_blocked()  # the reader waits, or reads on
+                assert read() == MAX_REQUESTS_IN_PROGRESS, f"{read()} produces read, {n} sent"
+                release.set()
+                offsets: dict[int, int] = {}
+                while len(offsets) < n:
+                    data = await raw.stream.receive_some(1 << 20)
+                    assert data, "closed"
+                    raw.codec.receive_data(data)
+                    while (ev := raw.codec.next_event()) is not NEED_DATA:
+                        assert isinstance(ev, Response) and ev.code == ErrorCode.OK, ev
+                        offsets[ev.request_id] = wire.ProduceResponse.decode(ev.payload).first_queue
+                assert [offsets[rid] for rid in range(1, n + 1)] == list(range(n))  # in arrival order
+            finally:
+                release.set()
+                await raw.aclose()
