@@ -4,7 +4,9 @@ The reader decodes frames with the sans-I/O codec and starts one handler task pe
 request, so a parked pull never blocks a heartbeat on the same connection. A
 produce is enqueued for the appender by the reader itself (no task, no checkpoint)
 so one connection's produces commit in arrival order; its answer is staged from the
-appender's commit callback. Answers leave through the connection's
+appender's commit callback. A produce to a topic that must be auto-created (or, in a
+cluster, learned from etcd) first holds the reader until it is enqueued, so the
+produces behind it keep that order too. Answers leave through the connection's
 :class:`~broker.output.Output`; every frame is built by :mod:`equeue.codec`.
 
 Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
@@ -309,18 +311,21 @@ class ServerConnection:
                     # enqueue now: a connection's produces commit in arrival order
                     try:
                         prepared = produce.prepare(ev.payload, principal, defer=True)
+                        if prepared is None:
+                            # the topic must be created or learned first: the reader
+                            # waits for it (reading nothing more of this connection, as
+                            # Kafka does), so a later produce cannot be queued before it
+                            produce.kick()
+                            prepared = await produce.prepare_missing(ev.payload, principal, defer=True)
                     except Exception as exc:
                         prepared = exc
                     else:
-                        if prepared is not None:
-                            queued = True
-                            # answered straight from the commit callback: no task
-                            self._producing += 1
-                            inflight.enter()
-                            prepared.callback = functools.partial(
-                                self._produce_done, ev.request_id, len(ev.payload)
-                            )
-                            continue
+                        queued = True
+                        # answered straight from the commit callback: no task
+                        self._producing += 1
+                        inflight.enter()
+                        prepared.callback = functools.partial(self._produce_done, ev.request_id, len(ev.payload))
+                        continue
                 self._requests += 1
                 nursery.start_soon(self._handle, ev, prepared, _TASK)
             if queued:  # the chunk's produces: one transaction (inline when small)

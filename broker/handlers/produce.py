@@ -120,19 +120,30 @@ class ProduceHandler:
         self._counters.bytes_in += nbytes
         return [answer.encode()]
 
+    async def prepare_missing(self, payload: bytes, principal: str | None = None, *, defer: bool = False) -> Any:
+        """What :meth:`prepare` does for a request it returned None for: auto-creates
+        the missing topic first (cluster mode: in etcd, or learns a topic the view has
+        not seen yet, and waits for the local store), then enqueues the request.
+
+        Returns the appender's pending op. Raises what :meth:`prepare` raises, and
+        TopicNotFound (no auto-create, or deleted meanwhile), QueueNotFound,
+        NotAuthorized (auto-create without the ``admin`` permission), ClusterUnavailable.
+        """
+        req = wire.ProduceRequest.decode(payload)
+        info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=principal)
+        if self._cluster is not None and req.queue_id >= info.queues:
+            await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
+        pending = self.prepare(payload, principal, defer=defer)
+        if pending is None:
+            if self._cluster is not None and req.topic in self._cluster.owned:
+                raise QueueNotFound(f"topic {req.topic!r} has no queue {req.queue_id}")
+            raise TopicNotFound(f"topic {req.topic!r} was deleted")
+        return pending
+
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts:
-        """The general path: auto-creates a missing topic first (cluster mode: in
-        etcd, or learns a topic the view has not seen yet, and waits for the local
-        store)."""
+        """The general path: :meth:`prepare`, or :meth:`prepare_missing` when the topic
+        must be created or learned first; then the answer once committed."""
         pending = self.prepare(payload, ctx.principal)
         if pending is None:
-            req = wire.ProduceRequest.decode(payload)
-            info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=ctx.principal)
-            if self._cluster is not None and req.queue_id >= info.queues:
-                await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
-            pending = self.prepare(payload, ctx.principal)
-            if pending is None:
-                if self._cluster is not None and req.topic in self._cluster.owned:
-                    raise QueueNotFound(f"topic {req.topic!r} has no queue {req.queue_id}")
-                raise TopicNotFound(f"topic {req.topic!r} was deleted")
+            pending = await self.prepare_missing(payload, ctx.principal)
         return self.answer(await self._appender.wait(pending), len(payload))

@@ -243,6 +243,43 @@ async def test_blocking_sends_in_a_row_keep_order_per_queue(broker: Broker) -> N
         assert offs == list(range(len(offs))), f"queue {q}"
 
 
+def _pipelined_to_new_topics(address: str, topics: list[str], per_topic: int) -> dict[str, list[int]]:
+    """On one raw connection, ``per_topic`` produces to queue 0 of each topic (none
+    exists yet: each is auto-created by its first produce), all in one write; the
+    queue offsets the answers report, per topic, in request order."""
+    s, c = _raw_connect(address)
+    try:
+        frames = b""
+        rid = 0
+        for t in topics:
+            for i in range(per_topic):
+                rid += 1
+                req = wire.ProduceRequest(t, 0, [wire.encode_entry(Message(b"%s-%d" % (t.encode(), i)))])
+                frames += c.send(Request(rid, RequestCode.PRODUCE, req.encode()))
+        s.sendall(frames)
+        answers = _read_responses(s, c, rid)
+    finally:
+        s.close()
+    out: dict[str, list[int]] = {}
+    rid = 0
+    for t in topics:
+        for _ in range(per_topic):
+            rid += 1
+            assert answers[rid].code == ErrorCode.OK, answers[rid]
+            out.setdefault(t, []).append(wire.ProduceResponse.decode(answers[rid].payload).first_queue)
+    return out
+
+
+async def test_pipelined_produces_to_a_topic_being_auto_created_keep_their_order(broker: Broker) -> None:
+    """The first produce to a missing topic waits for its creation; the produces
+    pipelined behind it on the same connection are stored after it, in arrival order
+    (they used to race it: trio wakes the waiters of one event in either order)."""
+    topics = [f"auto-{i}" for i in range(20)]
+    with trio.fail_after(30):
+        got = await trio.to_thread.run_sync(_pipelined_to_new_topics, broker.address, topics, 3)
+    assert got == {t: [0, 1, 2] for t in topics}
+
+
 def test_sync_send_from_threads(embedded_broker: EmbeddedBroker) -> None:
     address = embedded_broker.address
 
