@@ -118,7 +118,8 @@ class AsyncProducer:
         if flush and self._nursery is not None:
             with trio.move_on_after(self.options.send_timeout):
                 await self.flush()
-        self._closed = True
+        with self._buffer.lock:  # a send_async racing from another thread sees it
+            self._closed = True
         for lane in self._routes.lanes():
             lane.fail_all(ClientClosed("the producer closed before this message was sent"))
         # close the client first: the caller's task may run inside the cancel scopes
@@ -207,17 +208,20 @@ class AsyncProducer:
         """Send messages (routed one by one), grouped per queue into as few requests
         as ``max_batch_bytes`` allows; wait for all. Results are in input order.
 
-        When the topic's route is known and the buffer has room for the whole batch,
-        every message is validated and encoded first, then all are buffered under
-        one lock: a message that fails validation raises before any of the batch is
-        sent. Otherwise messages are submitted one by one (waiting for the route or
-        for buffer space as ``send_async`` does).
+        The topic's route is fetched first; every message is then validated and
+        encoded, and when the buffer has room for the whole batch all are buffered
+        under one lock: a message that fails validation raises before any of the
+        batch is sent. When the buffer has no room for the whole batch, messages are
+        submitted one by one, waiting for space as ``send_async`` does; with
+        ``on_full="raise"`` it raises BufferFull instead and sends none of them.
 
         Raises the first failure (messages of other queues may have been stored).
         """
         msgs = messages if isinstance(messages, list) else list(messages)
+        if msgs and self._routes.get(topic) is None:
+            await self._route(topic)  # first: every message is then validated before any is sent
         placed = self._submit_many(topic, msgs)
-        if placed is None:  # route unknown or buffer short: one by one
+        if placed is None:  # the buffer cannot hold it whole now (on_full="block"): one by one
             handles: list[SendHandle] = []
             for m in msgs:
                 if not isinstance(m, Message):
@@ -281,6 +285,8 @@ class AsyncProducer:
         n = len(entry)
         buffer = self._buffer
         with buffer.lock:
+            if self._closed:  # under the lock: aclose's fail_all has not run, or it sees this
+                raise ClientClosed("the producer is closed")
             used = buffer.used  # Buffer's reservation, inline: the produce hot path
             if used + n > buffer.limit and used > 0:
                 if buffer.on_full is OnFull.RAISE:
@@ -309,7 +315,8 @@ class AsyncProducer:
         """:meth:`send_batch`'s path: encode every message, then buffer them all at
         once (unsealed). Returns each message's (batch, index), or None when the
         route is unknown or the buffer has no room for the whole batch (nothing is
-        buffered then). Raises validation errors (nothing buffered), ClientClosed.
+        buffered then). Raises validation errors (nothing buffered), ClientClosed,
+        BufferFull (``on_full="raise"`` and no room: nothing buffered).
         """
         if self._closed:
             raise ClientClosed("the producer is closed")
@@ -380,13 +387,18 @@ class AsyncProducer:
         """Reserve ``total`` buffered bytes and append the encoded ``items`` (queue,
         entry, delayed) to their lanes' open batches, under the lock once; kick the
         lanes that got a new batch. Returns each item's (batch, index), or None when
-        the buffer has no room for all of ``total`` (nothing buffered)."""
+        the buffer has no room for all of ``total`` (nothing buffered). Raises
+        ClientClosed, and BufferFull instead of returning None with ``on_full="raise"``."""
         buffer = self._buffer
         kicks: list[_Lane] = []
         placed: list[tuple[_Batch, int]] = []
         lanes, place = route.lanes, self._place
         with buffer.lock:
+            if self._closed:
+                raise ClientClosed("the producer is closed")
             if buffer.used + total > buffer.limit:
+                if buffer.on_full is OnFull.RAISE:
+                    raise buffer.full_error(total)
                 return None
             buffer.used += total
             for qid, entry, delayed in items:

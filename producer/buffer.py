@@ -34,7 +34,13 @@ class Buffer:
         self._space = trio.Event()
         self._waiters = 0
 
-    def full_error(self) -> BufferFull:
+    def full_error(self, need: int = 0) -> BufferFull:
+        """The error for a message (or a whole batch: ``need`` bytes) that does not fit."""
+        if need:
+            return BufferFull(
+                f"a batch of {need} bytes does not fit: {self.used} bytes are buffered "
+                f"(max_buffered_bytes={self.limit}); nothing of it was sent"
+            )
         return BufferFull(f"{self.used} bytes are buffered (max_buffered_bytes={self.limit})")
 
     def release(self, n: int) -> None:

@@ -161,6 +161,78 @@ async def test_send_batch_larger_than_the_buffer_goes_one_by_one(broker: Broker)
             assert p.statistics()["buffered_bytes"] == 0
 
 
+async def test_send_batch_with_on_full_raise_sends_none_of_a_batch_that_does_not_fit(broker: Broker) -> None:
+    """With ``on_full="raise"`` a batch the buffer cannot hold whole raises BufferFull
+    and none of it is sent (it used to send the part that fitted, which a retry of the
+    batch then stored twice). A topic whose route is not known yet is looked up first,
+    so a bad message at the end of a batch keeps all of it unsent as well."""
+    with trio.fail_after(30):
+        async with (
+            AsyncClient(broker.address) as c,
+            AsyncProducer(broker.address, max_buffered_bytes=4096, max_batch_bytes=1024, on_full="raise") as p,
+        ):
+            await c.create_topic("full", 4)
+            msgs = [Message(b"y" * 100, key=f"k{i}") for i in range(100)]
+            with pytest.raises(BufferFull, match="nothing of it was sent"):
+                await p.send_batch("full", msgs)
+            bad = [Message(b"z", key=f"k{i}") for i in range(5)] + [Message(b"z" * (p.options.max_message_bytes + 1))]
+            with pytest.raises(MessageTooLarge):
+                await p.send_batch("full", bad)
+            await p.flush()
+            assert p.statistics()["buffered_bytes"] == 0
+            assert [len(await read_queue(c, "full", q)) for q in range(4)] == [0, 0, 0, 0]
+            rs = await p.send_batch("full", msgs[:20])  # a batch that fits goes whole
+            assert sorted(r.queue_offset for r in rs if r.queue_id == rs[0].queue_id)[0] == 0
+
+
+class _SpyLock:
+    """A lock that says when a thread starts waiting for it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.waiting = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.waiting.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+async def test_send_async_racing_close_from_another_thread_raises_client_closed(broker: Broker) -> None:
+    """A thread's send_async that passed the closed check just before ``aclose`` and
+    takes the buffer lock after it raises ClientClosed. It used to open a batch in a lane
+    that ``aclose`` had already failed, and its handle never finished."""
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("race", 1)
+        p = AsyncProducer(broker.address)
+        async with p:
+            await p.send("race", b"first")  # the route and the lane exist
+            spy = p._buffer.lock = _SpyLock()  # type: ignore[assignment]
+            outcome: list[BaseException | object] = []
+
+            def sender() -> None:
+                try:
+                    outcome.append(p.try_submit("race", b"late", None, None, None, 0, False))
+                except BaseException as exc:  # recorded for the assertion
+                    outcome.append(exc)
+
+            # hold the lock (blocking the loop: nothing of it may run while the lock is
+            # held): the sender passes the unlocked check and waits for the lock
+            with spy:
+                t = threading.Thread(target=sender)
+                t.start()
+                assert spy.waiting.wait(10)
+                p._closed = True  # what aclose does under the lock, before failing the lanes
+            await trio.to_thread.run_sync(t.join, 10)
+            assert len(outcome) == 1 and isinstance(outcome[0], ClientClosed), outcome
+            p._closed = False
+            await p.aclose(flush=False)
+
+
 async def test_buffered_send_async_and_flush(broker: Broker) -> None:
     with trio.fail_after(20):
         async with AsyncClient(broker.address) as c, AsyncProducer(broker.address, linger=0.05) as p:
