@@ -178,7 +178,8 @@ class Appender:
         the loop (answers stay in commit order) and the batch is small (``inline_bytes``), the
         transaction is written here, on the loop, and its ops answered before this
         returns (no thread hop: docs/storage.md, "Inline commits"); otherwise the writer
-        thread is woken. Never raises."""
+        thread is woken. Never raises, but a KeyboardInterrupt or SystemExit raised
+        in the loop thread during an inline commit goes on up once its ops are answered."""
         if not self._pending:
             return
         batch: list[_Pending] | None = None
@@ -213,6 +214,13 @@ class Appender:
             self.inline_max_seconds = took
         if isinstance(done, outcome.Error):
             exc = done.error
+            if not isinstance(exc, Exception):
+                # KeyboardInterrupt or SystemExit landed in the loop thread (an embedded
+                # broker): the ops are answered (whether the transaction committed is
+                # unknown: a retry of an idempotent producer is deduplicated), then it
+                # goes on up, as it would anywhere else on the loop
+                self._fail(batch, BrokerShuttingDown(f"the broker is stopping ({type(exc).__name__}); resend"))
+                raise exc
             if not isinstance(exc, EQueueError):
                 log.error("store write failed unexpectedly", exc_info=exc)
                 exc = InternalBrokerError(f"store write failed: {exc!r}")

@@ -28,7 +28,14 @@ from broker import storage as st
 from broker.appender import Appender
 from broker.http import render_broker
 from equeue import Message, PullStatus, control, wire
-from equeue.errors import EQueueError, InternalBrokerError, NotLeader, StoreFull, TopicNotFound
+from equeue.errors import (
+    BrokerShuttingDown,
+    EQueueError,
+    InternalBrokerError,
+    NotLeader,
+    StoreFull,
+    TopicNotFound,
+)
 from producer import AsyncClient, AsyncProducer, SendResult
 from tests.conftest import make_config, wait_until, wait_until_sync
 from tests.integration.test_crash import QUEUES, produce_until_killed, read_all
@@ -411,6 +418,31 @@ async def test_a_transaction_failing_inline_answers_its_ops_and_the_appender_liv
         assert p.result.first_queue == 0 and app.inline_transactions == 3
         assert (await app.submit(_produce_op(info, 0, b"thread"))).first_queue == 1
         assert h.threads[-1] == WRITER
+
+
+async def test_a_keyboard_interrupt_in_an_inline_commit_answers_the_ops_and_goes_on_up(tmp_path: Path) -> None:
+    """Ctrl-C landing in the loop thread during an inline commit (an embedded broker) is
+    not turned into an error answer and swallowed: the ops are answered (resend: whether
+    the transaction committed is unknown), then the KeyboardInterrupt propagates."""
+    async with appender(tmp_path, inline_bytes=64 << 10) as h:
+        app = h.app
+        info = await h.topic()
+        recording = h.store.write
+
+        def interrupted(ops: Sequence[st.WriteOp]) -> st.WriteOutcome:
+            raise KeyboardInterrupt
+
+        h.store.write = interrupted  # type: ignore[method-assign]
+        try:
+            ps = [app.enqueue(_produce_op(info, 0, b"%d" % i), defer=True) for i in range(2)]
+            with pytest.raises(KeyboardInterrupt):
+                app.kick()
+        finally:
+            h.store.write = recording  # type: ignore[method-assign]
+        assert all(isinstance(p.result, BrokerShuttingDown) for p in ps)
+        p = app.enqueue(_produce_op(info, 0, b"after"), defer=True)  # the appender lives on
+        app.kick()
+        assert p.result.first_queue == 0
 
 
 async def test_a_holder_failing_after_it_answered_some_ops_never_answers_them_twice(tmp_path: Path) -> None:
