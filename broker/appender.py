@@ -398,10 +398,7 @@ class Appender:
                 log.exception("holding a transaction's answers failed")
                 # the ones it answered before failing keep their answer (each op is
                 # answered exactly once: a second answer would reach the client too)
-                err = InternalBrokerError(f"holding the answers failed: {exc!r}")
-                for p in batch:
-                    if not p.done.is_set():
-                        p.resolve(outcome.Error(err))
+                _fail_unanswered(batch, InternalBrokerError(f"holding the answers failed: {exc!r}"))
         if self.on_commit is not None:
             try:
                 self.on_commit(committed)
@@ -416,10 +413,7 @@ class Appender:
                 p.resolve(r)
         except Exception as exc:  # a store bug (results do not match the ops): answer anyway
             log.exception("answering a transaction failed")
-            err = InternalBrokerError(f"answering the write failed: {exc!r}")
-            for p in batch:
-                if not p.done.is_set():
-                    p.resolve(outcome.Error(err))
+            _fail_unanswered(batch, InternalBrokerError(f"answering the write failed: {exc!r}"))
 
     def release(self, batch: Sequence[_Pending], results: Sequence[outcome.Outcome[Any]]) -> None:
         """Loop thread: answer held ops (``hold``) with their results, then flush the
@@ -430,9 +424,7 @@ class Appender:
     def fail(self, batch: Sequence[_Pending], exc: BaseException) -> None:
         """Loop thread: answer ops with ``exc`` (every op gets its own
         ``outcome.Error``), then flush the answers. Never raises."""
-        for p in batch:
-            if not p.done.is_set():
-                p.resolve(outcome.Error(exc))
+        _fail_unanswered(batch, exc)
         self._answered()
 
     def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
@@ -445,6 +437,14 @@ class Appender:
                 self.on_answered()
             except Exception:
                 log.exception("on_answered failed")
+
+
+def _fail_unanswered(batch: Sequence[_Pending], exc: BaseException) -> None:
+    """Answer the ops of ``batch`` not answered yet with ``exc`` (each op is answered
+    once: its callback stages the client's response)."""
+    for p in batch:
+        if not p.done.is_set():
+            p.resolve(outcome.Error(exc))
 
 
 def _inline_size(pending: list[_Pending]) -> float:
