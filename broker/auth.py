@@ -97,14 +97,15 @@ def audit(action: str, *, user: str | None, peer: str, resource: str, outcome: s
 
 # ----------------------------------------------------------------------------- the users file
 def make_user(name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS, admin: bool = False,
-              acls: Iterable[Acl] = ()) -> UserRecord:  # fmt: skip
-    """A user whose password is kept as SCRAM-SHA-256 verifiers (random salt)."""
+              acls: Iterable[Acl] = (), replica: bool = False) -> UserRecord:  # fmt: skip
+    """A user whose password is kept as SCRAM-SHA-256 verifiers (random salt);
+    ``replica``: the replica role (what a follower's user needs)."""
     if not password:
         raise ConfigError("an empty password")
     if iterations < DEFAULT_ITERATIONS:
         raise ConfigError(f"iterations must be >= {DEFAULT_ITERATIONS} (RFC 7677)")
     salt, stored_key, server_key, its = _SCRAM.make_auth_info(password, iteration_count=iterations)
-    return UserRecord(name, salt, its, stored_key, server_key, admin, tuple(acls))
+    return UserRecord(name, salt, its, stored_key, server_key, admin, tuple(acls), replica)
 
 
 def read_users_file(path: Path) -> UsersFile:
@@ -326,6 +327,8 @@ class Authorizer:
         self._store = store
         self._denials = RateLimitedLog(audit_log, 10.0, time.monotonic)
         self._create_key = rule_key(ResourceKind.TOPIC, "admin")
+        #: the request codes only the replica role may send (the admin role is not enough)
+        self._replica_codes = frozenset(int(code) for code, rule in REQUEST_RULES.items() if rule.replica)
         #: request code (a plain int) → (admin role only, needs): no enum on the request path
         self._rules: dict[int, tuple[bool, tuple[_Need, ...]]] = {
             int(code): (rule.admin, tuple((n.field, rule_key(n.kind, n.op), str(n.kind), str(n.op)) for n in rule.needs))
@@ -336,6 +339,10 @@ class Authorizer:
         """Raises NotAuthorized (naming the operation and the resource) unless
         ``principal`` may make the request ``code`` with these fields."""
         perms = self._store.permissions.get(principal)
+        if code in self._replica_codes:
+            if perms is not None and perms.replica:
+                return
+            self._deny_replica(principal, code, peer, perms)
         if perms is not None and perms.admin:
             return
         rule = self._rules.get(code)
@@ -375,6 +382,22 @@ class Authorizer:
                 break
         self._denials.log(
             logging.INFO, f"{principal}:{code}", "time=%s action=%s user=%s peer=%s outcome=denied reason=%r",
+            datetime.now(UTC).isoformat(timespec="milliseconds"), _name(code), principal, peer, str(exc),
+        )  # fmt: skip
+        raise exc
+
+    def _deny_replica(self, principal: str, code: int, peer: str, perms: Permissions | None) -> None:
+        """Raise the refusal of a replication request from a user without the replica
+        role (logged, rate-limited: a forged follower is worth an operator's look)."""
+        if perms is None:
+            exc = NotAuthorized(f"user {principal!r} no longer exists")
+        else:
+            exc = NotAuthorized(
+                f"user {principal!r} may not {_name(code)}: it needs the replica role (the admin role is not "
+                "enough; grant it with: equeue user replica NAME)"
+            )
+        self._denials.log(
+            logging.WARNING, f"{principal}:{code}", "time=%s action=%s user=%s peer=%s outcome=denied reason=%r",
             datetime.now(UTC).isoformat(timespec="milliseconds"), _name(code), principal, peer, str(exc),
         )  # fmt: skip
         raise exc

@@ -46,7 +46,7 @@ from broker.auth import BrokerSecurity
 from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
-from broker.handlers.replica import ReplicaHandlers
+from broker.handlers.replica import ReplicaHandlers, no_replicas
 from broker.http import serve_http
 from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
@@ -277,6 +277,7 @@ class Broker:
             store=self.store,
             leader_log=(lambda: role.leader_log) if role is not None else (lambda: None),
             status=role.status if role is not None else self._standalone_status,
+            identify=self.cluster.check_replica if self.cluster is not None else no_replicas,
         )
         return Handlers(
             store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,
@@ -297,12 +298,12 @@ class Broker:
             connect = functools.partial(_cannot_follow, exc)
         follower = Follower(
             store=self.store, call=self.appender.call, connect=connect,
-            broker_id=node.broker_id, address=node.address, config=cfg,
+            broker_id=node.broker_id, address=node.address, config=cfg, proof=node.replica_secret,
         )  # fmt: skip
         return ReplicaRole(
             store=self.store, appender=self.appender, election=node.election, follower=follower, parked=self.parked,
             leases=self.groups, lifecycle=self.lifecycle, leader_duties=node.run_leader_duties, config=cfg,
-            broker_id=node.broker_id,
+            broker_id=node.broker_id, replicas=node.replicas,
         )  # fmt: skip
 
     def _standalone_status(self) -> control.ReplicationStatus:

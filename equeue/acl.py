@@ -22,6 +22,11 @@ every name). Users with the *admin role* may do everything, including what no AC
 grants: alter or delete internal topics, DLQ_RESEND and the other cluster admin
 requests. Internal topics (``%RETRY%<g>``, ``%DLQ%<g>``) follow their group: consume
 and describe need ``join`` and ``describe`` on ``<g>``.
+
+The *replica role* is separate: only a user with it may send the requests a
+follower sends its leader (REPLICA_FETCH, REPLICA_KEYS, REPLICA_SNAPSHOT), and the
+admin role does not imply it. A fetch is an acknowledgement (it moves the high
+watermark), so it must come from a replica, never from an operator's credentials.
 """
 
 from __future__ import annotations
@@ -143,7 +148,8 @@ class Acl:
 
 @attrs.frozen
 class UserRecord:
-    """One user: SCRAM-SHA-256 verifiers (never the password), the admin role, ACLs."""
+    """One user: SCRAM-SHA-256 verifiers (never the password), the admin role, ACLs,
+    the replica role (the brokers' own user for replication; admin does not imply it)."""
 
     name: str = attrs.field(validator=lambda _i, _a, v: validate_username(v))
     salt: bytes = attrs.field(repr=False)
@@ -152,6 +158,7 @@ class UserRecord:
     server_key: bytes = attrs.field(repr=False)
     admin: bool = False
     acls: tuple[Acl, ...] = ()
+    replica: bool = False
 
     def to_json(self) -> dict[str, Any]:
         b64 = base64.b64encode
@@ -163,6 +170,7 @@ class UserRecord:
             "server_key": b64(self.server_key).decode(),
             "admin": self.admin,
             "acls": [a.to_json() for a in self.acls],
+            "replica": self.replica,
         }
 
     @classmethod
@@ -178,10 +186,13 @@ class UserRecord:
             admin = d.get("admin", False)
             if not isinstance(admin, bool):
                 raise ConfigError("admin must be true or false")
+            replica = d.get("replica", False)
+            if not isinstance(replica, bool):
+                raise ConfigError("replica must be true or false")
             acls = tuple(Acl(a["resource"], a["pattern"], a["ops"]) for a in d.get("acls", []))
             return cls(
                 name, b64(d["salt"], validate=True), iterations, b64(d["stored_key"], validate=True),
-                b64(d["server_key"], validate=True), admin, acls,
+                b64(d["server_key"], validate=True), admin, acls, replica,
             )  # fmt: skip
         except ConfigError as exc:
             raise ConfigError(f"user {name!r}: {exc}") from None
@@ -234,11 +245,12 @@ class Permissions:
     """One user's ACLs compiled for lookups: per ``kind:operation`` key, the exact
     names (a set) and the prefixes (usually a handful)."""
 
-    __slots__ = ("_exact", "_prefixes", "admin", "name")
+    __slots__ = ("_exact", "_prefixes", "admin", "name", "replica")
 
     def __init__(self, user: UserRecord) -> None:
         self.name = user.name
         self.admin = user.admin
+        self.replica = user.replica
         exact: dict[str, set[str]] = {}
         prefixes: dict[str, list[str]] = {}
         for acl in user.acls:
@@ -302,12 +314,14 @@ class Need:
 class Rule:
     """What one request code needs. ``needs`` empty: any authenticated user, with
     the answer filtered to what the user may describe (``filters``). ``admin``: the
-    admin role only. ``audit``: an admin action, written to the audit log."""
+    admin role only. ``replica``: the replica role only (the admin role does not
+    imply it). ``audit``: an admin action, written to the audit log."""
 
     needs: tuple[Need, ...] = ()
     filters: ResourceKind | None = None
     admin: bool = False
     audit: bool = False
+    replica: bool = False
 
 
 _T, _G, _C = ResourceKind.TOPIC, ResourceKind.GROUP, ResourceKind.CLUSTER
@@ -344,10 +358,11 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.DLQ_RESEND: Rule(admin=True, audit=True),
     RequestCode.SKIP_MESSAGE: Rule(admin=True, audit=True),
     RequestCode.LIST_SKIPPED: Rule((Need(_T, "topic", _O.DESCRIBE),)),
-    # replication reads the whole store (every topic, offsets, producer state): admin only
-    RequestCode.REPLICA_FETCH: Rule(admin=True),
-    RequestCode.REPLICA_KEYS: Rule(admin=True),
-    RequestCode.REPLICA_SNAPSHOT: Rule(admin=True),
+    # a follower's requests read the whole store, and a fetch is an acknowledgement
+    # that moves the high watermark: the replica role only (admin is not enough)
+    RequestCode.REPLICA_FETCH: Rule(replica=True),
+    RequestCode.REPLICA_KEYS: Rule(replica=True),
+    RequestCode.REPLICA_SNAPSHOT: Rule(replica=True),
     RequestCode.REPLICA_DIGEST: Rule(admin=True),
     RequestCode.REPLICATION_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
 }

@@ -41,6 +41,8 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── NotLeader                 (transient) a follower, or a leader that lost leadership: refresh routes
     │   ├── NotEnoughReplicas         (transient) the in-sync set is below --min-insync
     │   ├── StaleEpoch                (transient) a replication request of an older leader epoch
+    │   ├── NotAReplica               (transient) a replication request from no registered replica of the group
+    │   ├── BrokerIdConflict          another live broker holds this broker id (also a ConfigError; at start)
     │   └── InternalBrokerError
     ├── ConnectionBroken              the peer broke the connection (transient)
     │   └── TlsError                  a certificate problem in the TLS handshake (not transient)
@@ -72,6 +74,7 @@ __all__ = [
     "BadRequest",
     "BrokerBusy",
     "BrokerError",
+    "BrokerIdConflict",
     "BrokerShuttingDown",
     "BufferFull",
     "ClientClosed",
@@ -93,6 +96,7 @@ __all__ = [
     "MessageNotFound",
     "MessageTooLarge",
     "NoLiveGroups",
+    "NotAReplica",
     "NotAuthorized",
     "NotEnoughReplicas",
     "NotLeader",
@@ -173,6 +177,8 @@ class ErrorCode(enum.IntEnum):
     NOT_LEADER = 55
     NOT_ENOUGH_REPLICAS = 56
     STALE_EPOCH = 57
+    NOT_A_REPLICA = 58
+    BROKER_ID_CONFLICT = 59
     INTERNAL_ERROR = 99
 
 
@@ -498,6 +504,26 @@ class StaleEpoch(BrokerError):
     transient = True
 
 
+class NotAReplica(BrokerError):
+    """A replication request (REPLICA_FETCH, REPLICA_KEYS, REPLICA_SNAPSHOT) named a
+    broker that is not a replica of this group registered under a live etcd lease,
+    or its proof does not match that registration: nothing was read or counted.
+    Transient: a replica that just registered may not be in the leader's view yet;
+    a forged request fails the same way every time."""
+
+    code = ErrorCode.NOT_A_REPLICA
+    transient = True
+
+
+class BrokerIdConflict(BrokerError, ConfigError):
+    """Another live broker is registered in etcd under this broker's id (its
+    ``<data-dir>/broker.id``): two brokers share one identity, typically a copied
+    data directory. The broker refuses to start rather than let two stores answer
+    for one replica (acknowledged writes would be lost). Not transient."""
+
+    code = ErrorCode.BROKER_ID_CONFLICT
+
+
 class InternalBrokerError(BrokerError):
     code = ErrorCode.INTERNAL_ERROR
 
@@ -539,6 +565,8 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         NotLeader,
         NotEnoughReplicas,
         StaleEpoch,
+        NotAReplica,
+        BrokerIdConflict,
         InternalBrokerError,
     )
 }

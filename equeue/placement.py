@@ -170,7 +170,12 @@ class GroupRecord:
 
 @attrs.frozen
 class BrokerRecord:
-    """A live broker of ``group``, at ``address`` ("host:port" clients connect to)."""
+    """A live broker of ``group``, at ``address`` ("host:port" clients connect to).
+    ``proof_sha256`` is the hex SHA-256 of the secret this broker process made when
+    it started: as a follower it sends the secret with every replication request,
+    and its leader counts the request only if it hashes to this ("": a broker from
+    before the field, whose replication requests are refused). Only the digest is
+    stored, so reading etcd does not let anyone act as this replica."""
 
     group: str = attrs.field(validator=_non_empty)
     broker_id: str = attrs.field(validator=_non_empty)
@@ -178,6 +183,7 @@ class BrokerRecord:
     started_ms: int = attrs.field(validator=_non_negative)
     pid: int = attrs.field(validator=_non_negative)
     version: str = ""
+    proof_sha256: str = ""
 
 
 @attrs.frozen

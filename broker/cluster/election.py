@@ -17,10 +17,13 @@ costs its lease expiry plus one transaction.
 
 **Fencing.** The leader's lease is renewed by :class:`~broker.cluster.membership.Membership`;
 :meth:`GroupElection.fenced` is true once no renewal sent in the last ``ttl * 2/3``
-seconds succeeded and the ISR has another member (who could take over after the lease
-expires). The lease cannot have expired before ``last_renewal_sent + ttl``, so a fenced
-leader stops serving before anyone else can lead. A leader alone in its ISR is never
-fenced: no one else may take over.
+seconds succeeded (on the membership's clock, CLOCK_BOOTTIME: suspended time counts)
+and another broker might take over after the lease expires: a member of the ISR etcd
+last showed, or of an ISR write whose outcome is not known (etcd may have applied it
+and lost the answer; a member being added is one of these while its write is under
+way). The lease cannot have expired before ``last_renewal_sent + ttl``, so a fenced
+leader stops serving before anyone else can lead. A leader alone in its ISR, with no
+write pending or unsettled, is never fenced: no one else may take over.
 
 Leadership ends with the lease: a crash lets it expire, a clean stop revokes it (the
 membership does, after this object's exit), and the followers see the delete at once.
@@ -153,6 +156,10 @@ class GroupElection:
         self._recheck = trio.Event()  # the fence watcher re-checks
         self._vacant_since: float | None = None  # trio time the leader key was seen gone
         self._was_fenced = False
+        #: other brokers named by an ISR write whose outcome is not known yet (under
+        #: way, or etcd did not answer): they may be ISR members in etcd, so they
+        #: count for fencing until a later answer settles the record
+        self._unsettled: frozenset[str] = frozenset()
         self._stale_tried = 0  # create_revision of the stale leader key last deleted
         self._bad = RateLimitedLog(log, 30.0, trio.current_time)
         self._outage_since: float | None = None
@@ -191,14 +198,17 @@ class GroupElection:
             and lead.record.epoch == self.state.epoch
         )
 
+    def replaceable(self) -> bool:
+        """Another broker might take over once this leader's lease expires: the ISR
+        etcd last showed has another member, or an ISR write naming one has an
+        unknown outcome (see the module docstring)."""
+        return len(self.state.isr) > 1 or bool(self._unsettled)
+
     def fenced(self) -> bool:
-        """Leading, with another ISR member, and no lease renewal sent in the last
-        ``ttl * 2/3`` s succeeded: stop serving (see the module docstring)."""
-        return (
-            self.is_leader()
-            and len(self.state.isr) > 1
-            and trio.current_time() - self._membership.last_renewal_sent > self._ttl * 2 / 3
-        )
+        """Leading, replaceable, and no lease renewal sent in the last ``ttl * 2/3``
+        s succeeded: stop serving (see the module docstring)."""
+        m = self._membership
+        return self.is_leader() and self.replaceable() and m.clock() - m.last_renewal_sent > self._ttl * 2 / 3
 
     def serving(self) -> bool:
         """Leading and not fenced: this broker may answer clients now."""
@@ -236,13 +246,19 @@ class GroupElection:
             compare_create(self._leader_key, lead.create_revision),
             compare_mod(self._isr_key, self._isr_revision),
         ]
+        # until etcd's answer is known, the members may be in the record: they count
+        # for fencing (and stay counted if the answer never comes)
+        self._unsettled = self._unsettled | (frozenset(members) - {self.broker_id})
+        self._recheck.set()  # the fence watcher's deadline may start now
         ok, revision = await self._etcd.txn(compare, [put_op(self._isr_key, encode_isr(record))])
         if ok:
+            self._unsettled = frozenset()
             self._take_isr(record, revision, revision)
             self._publish()
             log.info("group %s: ISR at epoch %d is now %s", self.group, record.epoch, ", ".join(members))
             return True
         await self._refresh()
+        self._unsettled = frozenset()  # the record as etcd has it now is known
         # an earlier try whose outcome was unknown may have written this very record
         return self.is_leader() and self._isr == record
 
@@ -441,6 +457,7 @@ class GroupElection:
         if not ok:
             return False  # another contender won, or the state moved: the watch tells
         self.takeovers += 1
+        self._unsettled = frozenset()  # a new epoch: its record is the one just written
         vacant_since, self._vacant_since = self._vacant_since, None
         if revision > self._known[self._leader_key]:
             self._leader = _Leader(leader, revision, lease)
@@ -475,13 +492,14 @@ class GroupElection:
                 if fenced:
                     log.warning(
                         "group %s: fenced: no lease renewal for %.1f s (stops serving until one succeeds)",
-                        self.group, trio.current_time() - self._membership.last_renewal_sent,
+                        self.group, self._membership.clock() - self._membership.last_renewal_sent,
                     )  # fmt: skip
                 else:
                     log.info("group %s: fence lifted", self.group)
                 self._fire()
-            deadline = float("inf")
-            if not fenced and self.is_leader() and len(self.state.isr) > 1:
-                deadline = self._membership.last_renewal_sent + self._ttl * 2 / 3 + 0.001
-            with trio.move_on_at(deadline):
+            wait = float("inf")
+            if not fenced and self.is_leader() and self.replaceable():
+                m = self._membership
+                wait = max(0.0, m.last_renewal_sent + self._ttl * 2 / 3 + 0.001 - m.clock())
+            with trio.move_on_after(wait):
                 await self._recheck.wait()

@@ -35,15 +35,25 @@ see it through :class:`broker.handlers.base.ClusterRole`:
   ``owned`` current, so any replica answers GET_ROUTES, whose group addresses name
   each group's leader.
 
+* **Replica identity.** The broker makes a random secret when it starts
+  (``replica_secret``) and registers its SHA-256 in its broker record. As a follower
+  it sends the secret with every replication request; as a leader it counts such a
+  request only when :meth:`ClusterNode.check_replica` finds its broker id registered
+  in this group under a live lease with a matching digest, so a client cannot
+  acknowledge writes in a replica's name.
+
 ``broker_id`` is a UUID kept in ``<data-dir>/broker.id``, so a restarted broker is
 the same broker.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -67,6 +77,7 @@ from equeue.errors import (
     ClusterUnavailable,
     ConfigError,
     EQueueError,
+    NotAReplica,
     NotOwner,
     QueueNotFound,
     QueueUnavailable,
@@ -171,6 +182,11 @@ class ClusterNode:
         self._default_queues = config.default_queues
         self.broker_id = ""
         self.address = ""
+        #: this process's replica secret: sent with its replication requests, its
+        #: SHA-256 registered in etcd (a new one at each start: a copied data
+        #: directory cannot answer for this process)
+        self.replica_secret = secrets.token_bytes(32)
+        self._impostors = RateLimitedLog(log, 10.0, time.monotonic)
         #: topic -> queue ids this group owns, for every topic known from etcd
         self.owned: dict[str, frozenset[int]] = {}
         #: the placements the handlers go by: the view's, plus newer ones this broker
@@ -223,7 +239,8 @@ class ClusterNode:
         async with EtcdClient(self.endpoints) as etcd, trio.open_nursery() as nursery:
             self._etcd = etcd
             record = BrokerRecord(
-                self.group, self.broker_id, self.address, int(time.time() * 1000), os.getpid(), __version__
+                self.group, self.broker_id, self.address, int(time.time() * 1000), os.getpid(), __version__,
+                hashlib.sha256(self.replica_secret).hexdigest(),
             )
             async with Membership(etcd, record, ttl=self._ttl) as membership, ClusterView(etcd) as view:
                 self._view = view
@@ -497,6 +514,36 @@ class ClusterNode:
     def view(self) -> ClusterView:
         """The watched view of the cluster (set while :meth:`serving`)."""
         return self._view
+
+    # ------------------------------------------------------------------ replicas
+    def replicas(self) -> frozenset[str]:
+        """The broker ids registered in this broker's group now (under a live etcd
+        lease, as the view last saw them), this broker included."""
+        state = self._view.groups().get(self.group) if self._view is not None else None
+        return frozenset(b.broker_id for b in state.brokers) if state is not None else frozenset()
+
+    def check_replica(self, broker_id: str, proof: bytes, peer: str = "?") -> None:
+        """Accept a replication request only from another broker of this group that
+        is registered under a live lease and whose ``proof`` hashes to the digest of
+        its registration. Raises NotAReplica otherwise (logged, rate-limited: a
+        forged request is worth an operator's look)."""
+        state = self._view.groups().get(self.group) if self._view is not None else None
+        record = next((b for b in state.brokers if b.broker_id == broker_id), None) if state is not None else None
+        if broker_id == self.broker_id:
+            why = "it names this broker itself"
+        elif record is None:
+            why = "no broker of that id is registered in the group (its etcd lease ended, or it never registered)"
+        elif not record.proof_sha256:
+            why = "its registration carries no proof (a broker from before replica proofs: upgrade it)"
+        elif not hmac.compare_digest(hashlib.sha256(proof).hexdigest(), record.proof_sha256):
+            why = "its proof does not match that broker's registration"
+        else:
+            return
+        self._impostors.log(logging.WARNING, broker_id, "group %s: replication request from %s refused "
+                            "(broker id %r): %s", self.group, peer, broker_id, why)  # fmt: skip
+        raise NotAReplica(f"replication request refused: broker {broker_id!r} is not a replica of group "
+                          f"{self.group!r} that this leader can verify: {why}")  # fmt: skip
+
 
     # ------------------------------------------------------------------ ClusterRole
     def owner_of(self, topic: str, queue_id: int) -> str:

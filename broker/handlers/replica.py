@@ -4,7 +4,10 @@ leader), REPLICA_DIGEST and REPLICATION_STATUS (JSON, any replica answers).
 
 Every field a peer sends is checked before it reaches the store (a database index
 that is not replicated, an empty or oversized key, absurd sizes): BAD_REQUEST, never
-an internal error. Reads that scan (keys, chunks, digests) run in a worker thread
+an internal error. A follower's well-formed requests (fetch, keys, snapshot) must
+then prove who sent them (``identify``: a broker of this group registered under a live etcd
+lease, with its registration's proof): a fetch is an acknowledgement that moves the
+high watermark, so nothing else may send one (NOT_A_REPLICA). Reads that scan (keys, chunks, digests) run in a worker thread
 (read transactions only), so the event loop keeps serving.
 """
 
@@ -33,7 +36,7 @@ from equeue.wire.replica import (
     encode_snapshot_answer,
 )
 
-__all__ = ["ReplicaHandlers"]
+__all__ = ["Identify", "ReplicaHandlers", "no_replicas"]
 
 #: LMDB's key size limit (a longer or empty key is no key of the store)
 MAX_KEY = 511
@@ -72,18 +75,33 @@ class LeaderSide(Protocol):
     def pin(self, broker_id: str, position: int) -> None: ...
 
 
+class Identify(Protocol):
+    """``identify(broker_id, proof, peer)`` raises NotAReplica unless ``broker_id`` is
+    a registered replica of this group whose registration ``proof`` matches
+    (:meth:`broker.cluster.node.ClusterNode.check_replica`)."""
+
+    def __call__(self, broker_id: str, proof: bytes, peer: str = "?", /) -> None: ...
+
+
+def no_replicas(broker_id: str, proof: bytes, peer: str = "?") -> None:
+    """The ``identify`` of a standalone broker: it has no replicas (BadRequest)."""
+    raise BadRequest("this broker is standalone: it has no replicas")
+
+
 class ReplicaHandlers:
     """The replication requests. ``leader_log()`` is the leader's log while this
     broker leads (None otherwise: NOT_LEADER); ``status()`` its replication state
-    (epoch, role, followers)."""
+    (epoch, role, followers); ``identify`` checks a follower's identity (see
+    :class:`Identify`; a standalone broker refuses every follower)."""
 
     def __init__(
         self, *, store: ReplicaStore, leader_log: Callable[[], LeaderSide | None],
-        status: Callable[[], control.ReplicationStatus],
+        status: Callable[[], control.ReplicationStatus], identify: Identify = no_replicas,
     ) -> None:  # fmt: skip
         self._store = store
         self._leader_log = leader_log
         self._status = status
+        self._identify = identify
 
     def _replicated(self) -> control.ReplicationStatus:
         """This broker's replication state; raises BadRequest on a standalone broker
@@ -107,7 +125,8 @@ class ReplicaHandlers:
 
     async def fetch(self, payload: bytes, ctx: RequestContext | None = None) -> Parts:
         """REPLICA_FETCH: the leader's entries from the follower's position (long poll).
-        Raises NotLeader, StaleEpoch, BadRequest."""
+        Raises NotAReplica (not a verified replica of this group), NotLeader,
+        StaleEpoch, BadRequest."""
         req = decode_fetch_request(payload)
         _check_name("broker_id", req.broker_id)
         _check_name("address", req.address)
@@ -116,6 +135,7 @@ class ReplicaHandlers:
             raise BadRequest(f"max_bytes must be in 1..{MAX_FETCH_BYTES}, got {req.max_bytes}")
         if req.wait_ms > MAX_FETCH_WAIT_MS:
             raise BadRequest(f"wait_ms must be at most {MAX_FETCH_WAIT_MS}, got {req.wait_ms}")
+        self._identify(req.broker_id, req.proof, _peer(ctx))
         leader = self._leader_log()
         if leader is None:
             status = self._replicated()
@@ -124,15 +144,17 @@ class ReplicaHandlers:
 
     async def keys(self, payload: bytes, ctx: RequestContext | None = None) -> Parts:
         """REPLICA_KEYS: the current values of the keys asked (a truncating replica's
-        repairs), read at one position. Raises NotLeader, StaleEpoch, BadRequest."""
+        repairs), read at one position. Raises NotAReplica, NotLeader, StaleEpoch,
+        BadRequest."""
         req = decode_keys_request(payload)
-        self._leading(req.epoch)
         keys = req.keys
         if len(keys) > MAX_KEYS:
             raise BadRequest(f"at most {MAX_KEYS} keys per request, got {len(keys)}")
         for db, key in keys:
             _check_db(db)
             _check_key(key)
+        self._identify(req.broker_id, req.proof, _peer(ctx))
+        self._leading(req.epoch)
         position, values = await trio.to_thread.run_sync(self._store.read_keys, keys)
         total = 0
         for n, v in enumerate(values):  # bound the answer: the follower asks for the rest
@@ -144,17 +166,17 @@ class ReplicaHandlers:
 
     async def snapshot(self, payload: bytes, ctx: RequestContext | None = None) -> Parts:
         """REPLICA_SNAPSHOT: one chunk of one replicated database; the leader keeps its
-        log for the follower from this chunk's position on. Raises NotLeader,
-        StaleEpoch, BadRequest."""
+        log for the follower from this chunk's position on. Raises NotAReplica,
+        NotLeader, StaleEpoch, BadRequest."""
         req = decode_snapshot_request(payload)
-        leader = self._leading(req.epoch)
-        _check_name("broker_id", req.broker_id)
         _check_format(req.broker_id, req.store_format)
         _check_db(req.db)
         if req.after is not None:
             _check_key(req.after)
         if not 0 < req.max_bytes <= MAX_CHUNK_BYTES:
             raise BadRequest(f"max_bytes must be in 1..{MAX_CHUNK_BYTES}, got {req.max_bytes}")
+        self._identify(req.broker_id, req.proof, _peer(ctx))
+        leader = self._leading(req.epoch)
         # pinned before the read: the chunk's position is at or past it, so every
         # entry the follower needs after its copy stays in the log
         leader.pin(req.broker_id, self._store.position)
@@ -178,6 +200,11 @@ class ReplicaHandlers:
     ) -> control.ReplicationStatus:
         """REPLICATION_STATUS: this broker's replication state."""
         return self._status()
+
+
+def _peer(ctx: RequestContext | None) -> str:
+    session = ctx.session if ctx is not None else None
+    return session.peer if session is not None else "?"
 
 
 def _check_db(db: int) -> None:

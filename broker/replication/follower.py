@@ -138,7 +138,8 @@ def replica_security(config: BrokerConfig, environ: Mapping[str, str] | None = N
         if not user or not password:
             raise ConfigError(
                 f"a replicated broker with --users-file authenticates to its group's leader: set "
-                f"{REPLICA_USER_ENV} and {REPLICA_PASSWORD_ENV} to an admin user of the users file"
+                f"{REPLICA_USER_ENV} and {REPLICA_PASSWORD_ENV} to a user with the replica role (equeue user add "
+                "NAME --replica; the admin role is not enough)"
             )
         credentials = Credentials(user, password)
     return ClientSecurity(tls=tls, credentials=credentials)
@@ -167,18 +168,21 @@ class Follower:
 
     ``call(fn)`` runs ``fn()`` in the writer thread (``Appender.call``);
     ``connect(address)`` opens a :class:`ReplicaLink` to a leader (an ``async with``);
-    ``broker_id`` / ``address`` name this broker to the leader.
+    ``broker_id`` / ``address`` name this broker to the leader; ``proof`` is this
+    process's replica secret (its digest is in the broker's etcd record), sent with
+    every request so the leader counts it as this replica's.
     """
 
     def __init__(
         self, *, store: Store, call: WriterCall, connect: Callable[[str], AbstractAsyncContextManager[ReplicaLink]],
-        broker_id: str, address: str, config: BrokerConfig,
+        broker_id: str, address: str, config: BrokerConfig, proof: bytes = b"",
     ) -> None:  # fmt: skip
         self._store = store
         self._call = call
         self._connect = connect
         self._broker_id = broker_id
         self._address = address
+        self._proof = proof
         self._fetch_bytes = max(1, min(config.replica_fetch_bytes, MAX_FETCH_BYTES))
         #: the next log position this replica needs (everything below is durable here)
         self.position: int = store.position
@@ -260,7 +264,7 @@ class Follower:
             position = self.position = store.position
             req = FetchRequest(
                 self._broker_id, self._address, epoch, position, store.last_epoch, self._fetch_bytes, FETCH_WAIT_MS,
-                FORMAT_VERSION,
+                FORMAT_VERSION, self._proof,
             )
             ans = decode_fetch_answer(await self._request(link, RequestCode.REPLICA_FETCH, encode_fetch_request(req)))
             if ans.epoch != epoch:
@@ -329,7 +333,7 @@ class Follower:
         while at < len(keys):
             batch = keys[at : at + KEYS_PER_REQUEST]
             got = decode_keys_answer(
-                await self._request(link, RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, batch)))
+                await self._request(link, RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, batch, self._broker_id, self._proof)))
             )
             if not got.values or len(got.values) > len(batch):
                 raise RemoteProtocolError(f"the leader answered {len(got.values)} values for {len(batch)} keys")
@@ -358,7 +362,9 @@ class Follower:
         for db in REPLICATED_DATABASES:
             after: bytes | None = None
             while True:
-                req = SnapshotRequest(epoch, self._broker_id, db, after, SNAPSHOT_CHUNK_BYTES, FORMAT_VERSION)
+                req = SnapshotRequest(
+                    epoch, self._broker_id, db, after, SNAPSHOT_CHUNK_BYTES, FORMAT_VERSION, self._proof
+                )
                 chunk = decode_snapshot_answer(
                     await self._request(link, RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(req))
                 )

@@ -23,10 +23,15 @@ set, the high watermark, held acknowledgements, log trimming.
   changes, the broker's own moves) always waits for the high watermark, as Kafka's
   offset commits do whatever the producer's acks.
 * **ISR changes** (:meth:`run`, every :data:`ISR_CHECK`): a member not caught up for
-  ``--replica-lag-max`` leaves (the leader keeps waiting for it until etcd confirmed
-  the smaller set); a follower fetching at the end joins (counted from the moment
-  the write starts, so it never misses an acknowledged write). One etcd write at a
-  time, through ``election.set_isr``.
+  ``--replica-lag-max`` leaves, and so does one whose registration is gone from
+  etcd (a follower that stopped cleanly revoked its lease: acks resume after one
+  check and one etcd write, not after the lag bound); the leader keeps waiting for
+  a leaving member until etcd confirmed the smaller set. A registered follower
+  fetching at the end joins (counted from the moment the write starts, so it never
+  misses an acknowledged write). One etcd write at a time, through
+  ``election.set_isr``. Fetches reach this object only from verified replicas (the
+  handler's ``identify``), so no client can move the high watermark or enter the
+  ISR in a replica's name.
 * **Trimming** (:meth:`run`, every :data:`TRIM_INTERVAL`): the log is cut only
   past ``--replica-log-bytes`` (so a follower down for minutes catches up from the
   log, as Kafka keeps a partition by its retention whatever its followers), in
@@ -43,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from typing import Any, Protocol, TypeVar
 
 import outcome
@@ -153,7 +158,7 @@ class LeaderLog:
         call: WriterCall, wake: Callable[[Iterable[tuple[int, int]]], None],
         on_scheduled: Callable[[], None], config: BrokerConfig, broker_id: str, group: str, epoch: int,
         high_watermark: int, promoted_at: int, unsettled: set[str] | None = None,
-        clock: Callable[[], float] = trio.current_time,
+        clock: Callable[[], float] = trio.current_time, replicas: Callable[[], Collection[str]] | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._election = election
@@ -169,6 +174,8 @@ class LeaderLog:
         self.group = group
         self.epoch = epoch
         self._clock = clock
+        #: the broker ids registered in the group now (None: unknown, every one counts)
+        self._replicas = replicas
         #: the high watermark (never goes back): at first the one this replica last
         #: heard from the previous leader (every ISR member has the entries below it)
         self.high_watermark = high_watermark
@@ -397,20 +404,24 @@ class LeaderLog:
         """(members to drop, followers to add) now."""
         now = self._clock()
         written = set(self._election.state.isr)
+        registered = None if self._replicas is None else self._replicas()
         drop: set[str] = set()
         for m in written | self._unsettled:
             if m == self.broker_id:
                 continue
             f = self._followers.get(m)
             since = self._started_at if f is None else f.caught_up
-            if now - since > self._lag_max:
+            if now - since > self._lag_max or (registered is not None and m not in registered):
                 drop.add(m)
         add: set[str] = set()
         floor = max(self.high_watermark, self._start)
         for b, f in self._followers.items():
-            # caught up at its last fetch (recent), with every acknowledged write
-            # (an unsettled member is proposed again: the write settles the record)
-            if b not in written and f.at_end and f.position >= floor and now - f.fetched <= self._lag_max:
+            # registered, caught up at its last fetch (recent), with every acknowledged
+            # write (an unsettled member is proposed again: the write settles the record)
+            if (
+                b not in written and f.at_end and f.position >= floor and now - f.fetched <= self._lag_max
+                and (registered is None or b in registered)
+            ):  # fmt: skip
                 add.add(b)
         return drop, add
 

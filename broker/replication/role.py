@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -144,7 +144,7 @@ class ReplicaRole:
     def __init__(
         self, *, store: RoleStore, appender: RoleAppender, election: RoleElection, follower: Following,
         parked: Parked, leases: Leases, lifecycle: Scheduler, leader_duties: Callable[..., Awaitable[None]],
-        config: BrokerConfig, broker_id: str,
+        config: BrokerConfig, broker_id: str, replicas: Callable[[], Collection[str]] | None = None,
     ) -> None:  # fmt: skip
         self._store = store
         self._appender = appender
@@ -156,6 +156,8 @@ class ReplicaRole:
         self._leader_duties = leader_duties
         self._config = config
         self.broker_id = broker_id
+        #: the broker ids registered in the group now (None: not known, every one counts)
+        self._replicas = replicas
         self.group = config.broker_group
         #: the leader's replication state while leading (None: not serving)
         self.leader_log: LeaderLog | None = None
@@ -302,7 +304,7 @@ class ReplicaRole:
             store=store, election=e, answers=self._appender, call=call, wake=self._parked.wake,
             on_scheduled=self._lifecycle.schedule_changed, config=self._config, broker_id=self.broker_id,
             group=self.group, epoch=epoch, high_watermark=high_watermark, promoted_at=promoted_at,
-            unsettled=self._unsettled_at(epoch),
+            unsettled=self._unsettled_at(epoch), replicas=self._replicas,
         )  # fmt: skip
         self.leader_log = ll
         self._appender.refuse(None)

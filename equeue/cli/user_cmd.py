@@ -1,4 +1,4 @@
-"""``equeue user add|passwd|admin|remove|list``: the broker's users file.
+"""``equeue user add|passwd|admin|replica|remove|list``: the broker's users file.
 
 These commands edit the file a broker reads with ``--users-file`` (locked, written
 atomically with mode 0600); a running broker picks the change up within a second
@@ -80,6 +80,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument(..., help="User name (1-64 of A-Z a-z 0-9 _ . @ -)."),
         users_file: Path = USERS_FILE_OPTION,
         admin: bool = typer.Option(False, "--admin", help="Give the admin role (every request, internal topics, DLQ resend)."),
+        replica: bool = typer.Option(False, "--replica", help="Give the replica role: the user the brokers of a replicated group follow their leader with (EQUEUE_REPLICA_USER); admin does not imply it."),
         password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's first line."),
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
     ) -> None:
@@ -97,9 +98,10 @@ def register(app: typer.Typer) -> None:
         def change(doc: UsersFile) -> UsersFile:
             if name in doc.users:
                 raise ConfigError(f"user {name!r} exists (change its password with: equeue user passwd {name})")
-            return doc.with_user(make_user(name, password, iterations=iterations, admin=admin))
+            return doc.with_user(make_user(name, password, iterations=iterations, admin=admin, replica=replica))
 
-        apply_change(users_file, change, "user.add", name, f"user {name} added{' (admin)' if admin else ''}")
+        roles = ", ".join(r for r, on in (("admin", admin), ("replica", replica)) if on)
+        apply_change(users_file, change, "user.add", name, f"user {name} added{f' ({roles})' if roles else ''}")
 
     @user_app.command("passwd")
     def passwd(
@@ -119,7 +121,8 @@ def register(app: typer.Typer) -> None:
             old = doc.users.get(name)
             if old is None:
                 raise ConfigError(f"no user {name!r}")
-            return doc.with_user(make_user(name, password, iterations=iterations, admin=old.admin, acls=old.acls))
+            return doc.with_user(make_user(name, password, iterations=iterations, admin=old.admin, acls=old.acls,
+                                           replica=old.replica))
 
         apply_change(users_file, change, "user.password", name, f"password of {name} changed")
 
@@ -142,6 +145,29 @@ def register(app: typer.Typer) -> None:
             return doc.with_user(attrs.evolve(old, admin=not revoke))
 
         apply_change(users_file, change, "user.admin" if not revoke else "user.admin-revoke", name, f"{name}: admin role {'revoked' if revoke else 'granted'}")
+
+    @user_app.command("replica")
+    def replica_(
+        name: str,
+        users_file: Path = USERS_FILE_OPTION,
+        revoke: bool = typer.Option(False, "--revoke", help="Take the replica role away instead."),
+    ) -> None:
+        """Give a user the replica role (or take it away with --revoke): only such a
+        user may send the requests a follower sends its leader. The admin role does
+        not imply it."""
+        import attrs
+
+        from equeue.acl import UsersFile
+        from equeue.errors import ConfigError
+
+        def change(doc: UsersFile) -> UsersFile:
+            old = doc.users.get(name)
+            if old is None:
+                raise ConfigError(f"no user {name!r}")
+            return doc.with_user(attrs.evolve(old, replica=not revoke))
+
+        apply_change(users_file, change, "user.replica" if not revoke else "user.replica-revoke", name,
+                     f"{name}: replica role {'revoked' if revoke else 'granted'}")  # fmt: skip
 
     @user_app.command("remove")
     def remove(name: str, users_file: Path = USERS_FILE_OPTION) -> None:
@@ -169,7 +195,9 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         users = [doc.users[n] for n in sorted(doc.users)]
         if as_json:
-            print_json([{"user": u.name, "admin": u.admin, "acls": [a.to_json() for a in u.acls]} for u in users])
+            print_json([{"user": u.name, "admin": u.admin, "replica": u.replica, "acls": [a.to_json() for a in u.acls]}
+                        for u in users])
             return
-        rows = [(u.name, "admin" if u.admin else "user", "; ".join(a.describe() for a in u.acls) or "-") for u in users]
+        rows = [(u.name, "+".join(r for r, on in (("admin", u.admin), ("replica", u.replica)) if on) or "user",
+                 "; ".join(a.describe() for a in u.acls) or "-") for u in users]
         table(None, ["user", "role", "acls"], rows)

@@ -98,7 +98,10 @@ class FetchRequest:
     is the epoch of its entry ``position - 1`` (0: none). At most ``max_bytes``
     (always one whole entry); waits up to ``wait_ms`` when there is none.
     ``store_format`` is the follower's store format (``broker.storage.layout``): log
-    entries carry raw index keys, so replicas of different formats must not meet."""
+    entries carry raw index keys, so replicas of different formats must not meet.
+    ``proof`` is the follower's registration secret (its SHA-256 is in its broker
+    record in etcd): the leader counts a fetch only from the broker it names (b"":
+    a follower from before the field, refused)."""
 
     broker_id: str
     address: str
@@ -108,6 +111,7 @@ class FetchRequest:
     max_bytes: int
     wait_ms: int
     store_format: int
+    proof: bytes = b""
 
 
 @attrs.frozen(slots=True)
@@ -130,10 +134,13 @@ class FetchAnswer:
 @attrs.frozen(slots=True)
 class KeysRequest:
     """REPLICA_KEYS: the current value of each (database index, key) at the leader
-    of ``epoch`` (a truncating replica's repairs)."""
+    of ``epoch`` (a truncating replica's repairs), for the follower ``broker_id``
+    with its registration ``proof`` (as in :class:`FetchRequest`; absent: "" and b"")."""
 
     epoch: int
     keys: list[tuple[int, bytes]]
+    broker_id: str = ""
+    proof: bytes = b""
 
 
 @attrs.frozen(slots=True)
@@ -151,7 +158,7 @@ class SnapshotRequest:
     """REPLICA_SNAPSHOT: the items of database index ``db`` after key ``after``
     (None: from the first), at most about ``max_bytes`` (at least one item), for the
     follower ``broker_id`` of leader epoch ``epoch``, whose store has format
-    ``store_format`` (as in :class:`FetchRequest`)."""
+    ``store_format``, with its registration ``proof`` (both as in :class:`FetchRequest`)."""
 
     epoch: int
     broker_id: str
@@ -159,6 +166,7 @@ class SnapshotRequest:
     after: bytes | None
     max_bytes: int
     store_format: int
+    proof: bytes = b""
 
 
 @attrs.frozen(slots=True)
@@ -220,24 +228,25 @@ def _fixed(st: struct.Struct, buf: bytes, pos: int, what: str) -> tuple[int, ...
 
 def encode_fetch_request(req: FetchRequest) -> bytes:
     """``broker_id str, address str, epoch u32, position u64, last_epoch u32,
-    max_bytes u32, wait_ms u32, store_format u32``."""
+    max_bytes u32, wait_ms u32, store_format u32, proof bytes``."""
     return b"".join((
         pack_str(req.broker_id), pack_str(req.address),
         _FETCH_REQ.pack(req.epoch, req.position, req.last_epoch, req.max_bytes, req.wait_ms),
-        _U32.pack(req.store_format),
+        _U32.pack(req.store_format), *_pack_bytes(req.proof),
     ))  # fmt: skip
 
 
 def decode_fetch_request(buf: bytes) -> FetchRequest:
     """The one decoder of a fetch request (one that ends before ``store_format``
-    comes from an older follower: :data:`STORE_FORMAT_UNSTATED`); raises
-    RemoteProtocolError."""
+    comes from an older follower: :data:`STORE_FORMAT_UNSTATED`; before ``proof``:
+    b""); raises RemoteProtocolError."""
     broker_id, pos = unpack_str(buf, 0)
     address, pos = unpack_str(buf, pos)
     epoch, position, last_epoch, max_bytes, wait_ms = _fixed(_FETCH_REQ, buf, pos, "fetch request")
     fmt, pos = _store_format(buf, pos + _FETCH_REQ.size, "fetch request")
+    proof, pos = _proof(buf, pos, "fetch request")
     _end(buf, pos, "fetch request")
-    return FetchRequest(broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms, fmt)
+    return FetchRequest(broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms, fmt, proof)
 
 
 def _store_format(buf: bytes, pos: int, what: str) -> tuple[int, int]:
@@ -247,6 +256,15 @@ def _store_format(buf: bytes, pos: int, what: str) -> tuple[int, int]:
         return STORE_FORMAT_UNSTATED, pos
     (fmt,) = _fixed(_U32, buf, pos, what)
     return fmt, pos + 4
+
+
+def _proof(buf: bytes, pos: int, what: str, *, optional: bool = True) -> tuple[bytes, int]:
+    """A request's trailing ``proof bytes`` (absent, when ``optional``: b"", an older
+    follower's) and the position after it."""
+    if optional and pos == len(buf):
+        return b"", pos
+    proof, pos = _unpack_bytes(buf, pos, what)
+    return _present(proof, f"{what} proof"), pos
 
 
 def encode_fetch_answer(ans: FetchAnswer) -> list[bytes]:
@@ -297,12 +315,14 @@ def decode_fetch_answer(buf: bytes) -> FetchAnswer:
 
 
 def encode_keys_request(req: KeysRequest) -> bytes:
-    """``epoch u32, count u32``, then per key ``db u8, key bytes``."""
+    """``epoch u32, count u32``, then per key ``db u8, key bytes``, then
+    ``broker_id str, proof bytes``."""
     parts = [_KEYS_HEAD.pack(req.epoch, len(req.keys))]
     for db, key in req.keys:
         if len(key) >= ABSENT:
             raise ValueError("key too long for the wire")
         parts += (_KEY.pack(db, len(key)), key)
+    parts += (pack_str(req.broker_id), *_pack_bytes(req.proof))
     return b"".join(parts)
 
 
@@ -322,8 +342,12 @@ def decode_keys_request(buf: bytes) -> KeysRequest:
             raise _bad("key overruns the keys request")
         append((db, buf[pos:end]))
         pos = end
+    broker_id, proof = "", b""
+    if pos < size:  # a follower from before the fields sends neither
+        broker_id, pos = unpack_str(buf, pos)
+        proof, pos = _proof(buf, pos, "keys request", optional=False)
     _end(buf, pos, "keys request")
-    return KeysRequest(epoch, keys)
+    return KeysRequest(epoch, keys, broker_id, proof)
 
 
 def encode_keys_answer(ans: KeysAnswer) -> list[bytes]:
@@ -352,16 +376,16 @@ def decode_keys_answer(buf: bytes) -> KeysAnswer:
 
 def encode_snapshot_request(req: SnapshotRequest) -> bytes:
     """``epoch u32, broker_id str, db u8, after bytes (ABSENT: from the first key),
-    max_bytes u32, store_format u32``."""
+    max_bytes u32, store_format u32, proof bytes``."""
     return b"".join((
         _EPOCH.pack(req.epoch), pack_str(req.broker_id), bytes((req.db,)),
-        *_pack_bytes(req.after), _U32.pack(req.max_bytes), _U32.pack(req.store_format),
+        *_pack_bytes(req.after), _U32.pack(req.max_bytes), _U32.pack(req.store_format), *_pack_bytes(req.proof),
     ))  # fmt: skip
 
 
 def decode_snapshot_request(buf: bytes) -> SnapshotRequest:
     """The one decoder of a snapshot request (no ``store_format``: an older follower,
-    :data:`STORE_FORMAT_UNSTATED`); raises RemoteProtocolError."""
+    :data:`STORE_FORMAT_UNSTATED`; no ``proof``: b""); raises RemoteProtocolError."""
     (epoch,) = _fixed(_EPOCH, buf, 0, "snapshot request")
     broker_id, pos = unpack_str(buf, _EPOCH.size)
     if pos >= len(buf):
@@ -370,8 +394,9 @@ def decode_snapshot_request(buf: bytes) -> SnapshotRequest:
     after, pos = _unpack_bytes(buf, pos + 1, "snapshot request cursor")
     (max_bytes,) = _fixed(_U32, buf, pos, "snapshot request")
     fmt, pos = _store_format(buf, pos + 4, "snapshot request")
+    proof, pos = _proof(buf, pos, "snapshot request")
     _end(buf, pos, "snapshot request")
-    return SnapshotRequest(epoch, broker_id, db, after, max_bytes, fmt)
+    return SnapshotRequest(epoch, broker_id, db, after, max_bytes, fmt, proof)
 
 
 def encode_snapshot_answer(ans: SnapshotAnswer) -> list[bytes]:

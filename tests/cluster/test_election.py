@@ -10,14 +10,16 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 import trio
 
 from broker.cluster.election import GroupElection, Leadership
-from broker.cluster.etcd import EtcdClient, compare_create, put_op
+from broker.cluster.etcd import EtcdClient, EtcdUnavailable, compare_create, put_op
 from broker.cluster.etcdproc import EtcdProcess
 from broker.cluster.membership import Membership
+from equeue.errors import ClusterUnavailable
 from equeue.placement import (
     BrokerRecord,
     IsrRecord,
@@ -170,12 +172,12 @@ async def test_fenced_while_etcd_is_frozen_only_with_another_isr_member(etcd: Et
             etcd.freeze()
             try:
                 await wait_until(lead.fenced, timeout=TTL * 2, what="the leader fenced itself")
-                age = trio.current_time() - lead._membership.last_renewal_sent
+                age = lead._membership.clock() - lead._membership.last_renewal_sent
                 assert age > TTL * 2 / 3 and not lead.serving()
                 await wait_until(changed.is_set, timeout=1, what="changed set when fenced() flipped")
                 # a leader alone in its ISR keeps serving (no one else may take over)
                 await wait_until(
-                    lambda: trio.current_time() - alone._membership.last_renewal_sent > TTL * 2 / 3 + 0.05,
+                    lambda: alone._membership.clock() - alone._membership.last_renewal_sent > TTL * 2 / 3 + 0.05,
                     timeout=TTL * 2, what="g2's leader without a renewal as long",
                 )  # fmt: skip
                 assert alone.is_leader() and not alone.fenced() and alone.serving()
@@ -249,3 +251,107 @@ async def test_the_election_reloads_after_an_etcd_restart(etcd: EtcdProcess) -> 
                 await wait_until(lambda: a.state.leader_id == "b2" and a.state.epoch == 2, what="b1 sees b2 lead")
                 await wait_until(b.is_leader, what="b2 leads")
                 assert not a.is_leader()
+
+
+class Severable(EtcdClient):
+    """A real etcd client (one broker's link to the real etcd) that the test can cut:
+    once ``cut``, every call fails and no watch event is delivered, as when the
+    broker is partitioned from etcd. ``lose_txn_answer``: the next transaction is
+    applied by etcd but its answer is lost, and the link is cut at that moment (the
+    case a review found: the leader never learns its ISR write went through).
+    ``slow_keepalive``: the next keepalive answers that many seconds late."""
+
+    cut = False
+    lose_txn_answer = False
+    slow_keepalive = 0.0
+
+    async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
+        if self.cut:
+            raise EtcdUnavailable(f"{path}: cut from etcd by the test")
+        if path == "/v3/kv/txn" and self.lose_txn_answer:
+            self.lose_txn_answer = False
+            self.cut = True  # before the answer: the watch cannot tell either
+            await super()._call(path, body, idempotent=idempotent)
+            raise EtcdUnavailable(f"{path}: applied, answer lost (the test)")
+        if path == "/v3/lease/keepalive" and self.slow_keepalive:
+            delay, self.slow_keepalive = self.slow_keepalive, 0.0
+            await trio.sleep(delay)  # the fault: etcd answers late
+        return await super()._call(path, body, idempotent=idempotent)
+
+    @asynccontextmanager
+    async def watch_range(self, key: str, range_end: str | bytes, start_revision: int) -> AsyncIterator[Any]:
+        if self.cut:
+            raise EtcdUnavailable("watch: cut from etcd by the test")
+        async with super().watch_range(key, range_end, start_revision) as stream:
+            yield self._events(stream)
+
+    async def _events(self, stream: Any) -> AsyncIterator[Any]:
+        async for batch in stream:
+            if self.cut:
+                raise EtcdUnavailable("watch: cut from etcd by the test")
+            yield batch
+
+
+async def test_an_isr_write_whose_answer_was_lost_counts_for_fencing(etcd: EtcdProcess) -> None:
+    """The leader's ISR write {b1, b2} is applied but its answer lost, and b1 is then
+    cut from etcd: b2 may take over once b1's lease expires, so b1 must fence itself
+    first although the ISR it last saw was {b1} alone. Two leaders never serve."""
+    async with Severable([etcd.endpoint], request_timeout=1.0) as lossy, EtcdClient(
+        [etcd.endpoint], request_timeout=1.0
+    ) as c:
+        async with contender(lossy, "b1") as a:
+            await wait_until(a.is_leader, what="b1 leads")
+            async with contender(c, "b2") as b:
+                await wait_until(lambda: b.state.leader_id == "b1", what="b2 sees b1 lead")
+                lossy.lose_txn_answer = True
+                with pytest.raises(ClusterUnavailable):
+                    await a.set_isr(("b1", "b2"))
+                assert a.state.isr == ("b1",)  # b1 never learnt: etcd has {b1, b2}
+                both: list[float] = []
+
+                async def watch_both() -> None:
+                    while True:
+                        if a.serving() and b.serving():
+                            both.append(trio.current_time())
+                        await trio.sleep(0.01)
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(watch_both)
+                    await wait_until(a.fenced, timeout=TTL * 2, what="b1 fenced itself")
+                    await wait_until(b.is_leader, timeout=TTL * 5, what="b2 took over")
+                    n.cancel_scope.cancel()
+                assert b.state.epoch == 2 and not a.serving()
+                assert not both, "two leaders served at once"
+
+
+async def test_one_slow_keepalive_does_not_fence_a_healthy_leader(etcd: EtcdProcess) -> None:
+    """One keepalive answered 1 s late (half of TTL 2, most of the fence window of
+    1.33 s): the next renewal goes out on time, so the leader never fences."""
+    async with Severable([etcd.endpoint], request_timeout=1.0) as slow, EtcdClient(
+        [etcd.endpoint], request_timeout=1.0
+    ) as c:
+        async with contender(slow, "b1") as a:
+            await wait_until(a.is_leader, what="b1 leads")
+            async with contender(c, "b2") as b:
+                assert await a.set_isr(("b1", "b2"))
+                await wait_until(lambda: b.state.isr == ("b1", "b2"), what="b2 sees the ISR")
+                fenced: list[float] = []
+
+                async def watch_fence() -> None:
+                    while True:
+                        if a.fenced():
+                            fenced.append(trio.current_time())
+                        await trio.sleep(0.01)
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(watch_fence)
+                    slow.slow_keepalive = 1.0
+                    await wait_until(lambda: not slow.slow_keepalive, what="the slow keepalive sent")
+                    start = trio.current_time()
+                    renewed = a._membership.registrations, a._membership.last_renewal_sent
+                    await wait_until(lambda: a._membership.last_renewal_sent > renewed[1] + 1.5,
+                                     timeout=10, what="renewals past the slow answer")  # fmt: skip
+                    n.cancel_scope.cancel()
+                assert trio.current_time() - start >= 1.0
+                assert not fenced, f"fenced by one slow keepalive at {fenced[:3]}"
+                assert a.serving()

@@ -24,7 +24,7 @@ from broker.storage import layout
 from broker.storage.layout import FORMAT_VERSION
 from equeue import Message, control, wire
 from equeue.acl import UsersFile
-from equeue.errors import BadRequest, NotLeader, StaleEpoch
+from equeue.errors import BadRequest, NotAReplica
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity, Credentials, TlsSettings
 from equeue.wire.replica import (
@@ -169,7 +169,7 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
                 (RequestCode.REPLICA_FETCH, b"\x00\x05garbage", "truncated"),
                 (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 0, 0, FORMAT_VERSION)), "max_bytes"),
                 # an older follower (its store format 1): refused by name, so it never applies our entries
-                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION))[:-4], "store format 1"),
+                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION))[:-8], "store format 1"),
                 (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 1, None, 1 << 20, FORMAT_VERSION + 1)), f"store format {FORMAT_VERSION + 1}"),
                 (RequestCode.REPLICA_KEYS, b"\x00\x00\x00\x01\xff\xff\xff\xff", "announces"),
                 (RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(250, b"k")])), "not a replicated"),
@@ -179,16 +179,28 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
             ]:  # fmt: skip
                 with pytest.raises(BadRequest, match=match):
                     await c.request(code, payload)
-            with pytest.raises(StaleEpoch):
-                await c.request(RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch + 7, [(1, b"k")])))
+            # well-formed, but from no verified replica: a made-up id, and b's own id
+            # without b's secret (a forged fetch at the leader's end would ack writes)
+            b_id = (await status(b.address)).broker_id
+            end = (await status(a.address)).position
+            for who in ("x", b_id):
+                forged = FetchRequest(who, "h:1", epoch, end, epoch, 1 << 20, 0, FORMAT_VERSION, b"guess")
+                with pytest.raises(NotAReplica, match="not a replica"):
+                    await c.request(RequestCode.REPLICA_FETCH, encode_fetch_request(forged))
+                with pytest.raises(NotAReplica):
+                    await c.request(RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(1, b"k")], who)))
+                with pytest.raises(NotAReplica):
+                    await c.request(RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(
+                        SnapshotRequest(epoch, who, 1, None, 1 << 20, FORMAT_VERSION)))  # fmt: skip
+            assert [f.broker_id for f in (await status(a.address)).replicas] == [b_id]
             with pytest.raises(BadRequest, match="range_size"):
                 await c.call(control.ReplicaDigestRequest(range_size=0), control.ReplicaDigest)
             assert (await c.stats()).topics >= 1  # the same connection still serves
-        async with AsyncClient(b.address) as c:  # a follower serves no replication reads
+        async with AsyncClient(b.address) as c:  # a follower serves no replication reads, nor to strangers
             fetch = FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION)
-            with pytest.raises(NotLeader):
+            with pytest.raises(NotAReplica):
                 await c.request(RequestCode.REPLICA_FETCH, encode_fetch_request(fetch))
-            with pytest.raises(NotLeader):
+            with pytest.raises(NotAReplica):
                 await c.request(RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(1, b"k")])))
         no_errors(started)
 
@@ -259,8 +271,10 @@ async def test_replication_over_mutual_tls_with_authentication(
     tmp_path: Path, etcd: EtcdProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With --users-file a replica authenticates to its leader as EQUEUE_REPLICA_USER
-    (without it, it cannot follow and says so, naming the variables); with TLS and
-    client certificates required it connects over TLS with its own certificate."""
+    (without it, it cannot follow and says so, naming the variables), a user with the
+    replica role: an admin user is refused (an operator's credentials must not
+    acknowledge writes); with TLS and client certificates required it connects over
+    TLS with its own certificate."""
     ca = trustme.CA()
     ca_file, cert = tmp_path / "ca.pem", tmp_path / "broker.pem"
     ca.cert_pem.write_to_path(str(ca_file))
@@ -268,7 +282,7 @@ async def test_replication_over_mutual_tls_with_authentication(
     users = tmp_path / "users.json"
 
     def add(doc: UsersFile) -> UsersFile:
-        return doc.with_user(make_user("root", "root-pw", admin=True)).with_user(make_user("repl", "repl-pw", admin=True))
+        return doc.with_user(make_user("root", "root-pw", admin=True)).with_user(make_user("repl", "repl-pw", replica=True))
 
     update_users_file(users, add)
     extra = args(etcd, "--users-file", str(users), "--tls-cert", str(cert), "--tls-ca", str(ca_file),
@@ -290,8 +304,18 @@ async def test_replication_over_mutual_tls_with_authentication(
         await wait_until(cannot_follow, timeout=20, what="b says it cannot follow")
         assert (await status(b.address)).position == 0
         await trio.to_thread.run_sync(b.stop)
+        monkeypatch.setenv("EQUEUE_REPLICA_USER", "root")  # the admin role is not the replica role
+        monkeypatch.setenv("EQUEUE_REPLICA_PASSWORD", "root-pw")
+        b = await start(started, tmp_path / "b", *extra)
+
+        def refused() -> bool:
+            return any("needs the replica role" in line for line in b.stderr_tail)
+
+        await wait_until(refused, timeout=20, what="b's admin credentials are refused")
+        assert (await status(b.address)).position == 0
+        await trio.to_thread.run_sync(b.stop)
         monkeypatch.setenv("EQUEUE_REPLICA_USER", "repl")
         monkeypatch.setenv("EQUEUE_REPLICA_PASSWORD", "repl-pw")
         b = await start(started, tmp_path / "b", *extra)
         await converged(a.address, b.address)
-        no_errors(started[:1] + started[2:])
+        no_errors(started[:1] + started[3:])  # (the two refused runs of b logged their refusal)

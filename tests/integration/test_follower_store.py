@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TypeVar
 
+import attrs
 import pytest
 import trio
 
@@ -22,19 +23,31 @@ from broker.replication.follower import Follower, replica_security
 from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp, layout
 from broker.storage.replication import UNREACHABLE
 from equeue import Message, control, wire
-from equeue.errors import BadRequest, ConfigError, ConnectionBroken, NotLeader, StaleEpoch
+from equeue.errors import (
+    BadRequest,
+    ConfigError,
+    ConnectionBroken,
+    NotAReplica,
+    NotLeader,
+    StaleEpoch,
+)
 from equeue.protocol import RequestCode
 from equeue.wire.replica import (
     FetchAnswer,
     FetchRequest,
     FetchStatus,
     KeysRequest,
+    SnapshotRequest,
+    decode_fetch_answer,
     encode_fetch_request,
     encode_keys_request,
+    encode_snapshot_request,
 )
 from tests.conftest import make_config, wait_until
 
 T = TypeVar("T")
+#: the follower "F"'s replica secret in these tests
+FOLLOWER_PROOF = b"secret of F"
 
 
 class LogService:
@@ -93,7 +106,16 @@ class Pair:
         self.tmp = tmp_path
         self.leader = self.open("leader")
         self.service: LogService | None = None
-        self.link = Link(ReplicaHandlers(store=self.leader, leader_log=lambda: self.service, status=self.status))
+        self.link = Link(ReplicaHandlers(
+            store=self.leader, leader_log=lambda: self.service, status=self.status, identify=self.identify,
+        ))  # fmt: skip
+
+    @staticmethod
+    def identify(broker_id: str, proof: bytes, peer: str = "?") -> None:
+        """The follower "F" proves itself with its secret (as a real leader checks it
+        against the registration's digest)."""
+        if (broker_id, proof) != ("F", FOLLOWER_PROOF):
+            raise NotAReplica(f"{broker_id!r} with a wrong proof")
 
     def open(self, name: str) -> Store:
         return Store(self.tmp / name, map_size=1 << 28, sync=False, replicated=True)
@@ -118,7 +140,9 @@ class Pair:
             return await trio.to_thread.run_sync(fn)
 
         cfg = make_config(self.tmp / "cfg", replica_fetch_bytes=4096)
-        return Follower(store=store, call=call, connect=connect, broker_id="F", address="f:1", config=cfg)
+        return Follower(
+            store=store, call=call, connect=connect, broker_id="F", address="f:1", config=cfg, proof=FOLLOWER_PROOF
+        )
 
 
 @pytest.fixture
@@ -329,3 +353,24 @@ async def test_an_epoch_the_leader_never_had_is_cut_whole(pair: Pair) -> None:
     await follow_until(f, pair, lambda: fs.position == pair.leader.position)
     same(pair.leader, fs)
     assert pair.service is not None and pair.service.answered.count(FetchStatus.DIVERGED) == 2
+
+
+async def test_the_leader_counts_no_replication_request_it_cannot_verify(pair: Pair) -> None:
+    """A fetch is an acknowledgement: one under the follower's id without its proof
+    (or with another's) is refused before the leader records any position, and so
+    are keys and snapshot requests."""
+    pair.lead(1)
+    fetch = FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0, layout.FORMAT_VERSION)
+    h = pair.link.handlers
+    for forged in (fetch, attrs.evolve(fetch, proof=b"guess"), attrs.evolve(fetch, broker_id="made-up", proof=b"x")):
+        with pytest.raises(NotAReplica):
+            await h.fetch(encode_fetch_request(forged))
+    with pytest.raises(NotAReplica):
+        await h.keys(encode_keys_request(KeysRequest(1, [(1, b"k")], "F", b"guess")))
+    with pytest.raises(NotAReplica):
+        await h.snapshot(encode_snapshot_request(SnapshotRequest(1, "F", 1, None, 1 << 20, layout.FORMAT_VERSION)))
+    assert pair.service is not None and pair.service.answered == []  # nothing reached the leader's log
+    ans = decode_fetch_answer(b"".join(await h.fetch(encode_fetch_request(attrs.evolve(fetch, proof=FOLLOWER_PROOF)))))
+    assert ans.status is FetchStatus.OK
+    with pytest.raises(StaleEpoch):  # verified, but of another epoch
+        await h.keys(encode_keys_request(KeysRequest(8, [(1, b"k")], "F", FOLLOWER_PROOF)))

@@ -27,11 +27,11 @@ def test_every_request_code_is_mapped() -> None:
 @pytest.mark.parametrize("code", list(RequestCode), ids=lambda c: c.name)
 def test_each_rule_reads_fields_the_request_has(code: RequestCode) -> None:
     rule = REQUEST_RULES[code]
-    assert rule.needs or rule.filters or rule.admin, f"{code.name} would be open to every user"
+    assert rule.needs or rule.filters or rule.admin or rule.replica, f"{code.name} would be open to every user"
     binary = {RequestCode.PRODUCE: ProduceRequest, RequestCode.PULL: PullRequest}
     model = control.REQUEST_TYPES.get(code) or binary.get(code)
-    if model is None:  # the binary replication requests (equeue.wire.replica): admin only, no fields read
-        assert rule.admin and not rule.needs, code.name
+    if model is None:  # the binary replication requests (equeue.wire.replica): the replica role only
+        assert rule.replica and not rule.admin and not rule.needs, code.name
         return
     fields = {f.name for f in attrs.fields(model)}
     for need in rule.needs:
@@ -119,3 +119,46 @@ def test_authorizer_names_the_operation_and_the_resource(tmp_path) -> None:  # t
         authz.check("bob", RequestCode.HEARTBEAT, control.Heartbeat("g", "c", ["orders"]))
     with pytest.raises(NotAuthorized, match="no longer exists"):
         authz.check("carol", RequestCode.PULL, PullRequest("orders", 0, 0))
+
+
+REPLICA_CODES = (RequestCode.REPLICA_FETCH, RequestCode.REPLICA_KEYS, RequestCode.REPLICA_SNAPSHOT)
+
+
+@pytest.mark.parametrize("code", REPLICA_CODES, ids=lambda c: c.name)
+def test_replication_requests_need_the_replica_role_which_admin_does_not_imply(tmp_path, code) -> None:  # type: ignore[no-untyped-def]
+    """A fetch is an acknowledgement that moves the high watermark: an operator's
+    admin credentials must not be able to forge one; only the replica role may."""
+    store = UserStore(tmp_path / "users.json")
+    store.users = {
+        "root": make_user("root", "pw", admin=True),
+        "rep": make_user("rep", "pw", replica=True),
+        "bob": make_user("bob", "pw", acls=[Acl("topic", "*", ["produce", "consume", "admin"])]),
+    }
+    store.permissions = {n: Permissions(u) for n, u in store.users.items()}
+    authz = Authorizer(store)
+    authz.check("rep", code, None)
+    for user in ("root", "bob"):
+        with pytest.raises(NotAuthorized, match="needs the replica role"):
+            authz.check(user, code, None)
+    with pytest.raises(NotAuthorized, match="no longer exists"):
+        authz.check("gone", code, None)
+
+
+def test_the_replica_role_grants_nothing_else(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    store = UserStore(tmp_path / "users.json")
+    store.users = {"rep": make_user("rep", "pw", replica=True)}
+    store.permissions = {n: Permissions(u) for n, u in store.users.items()}
+    authz = Authorizer(store)
+    with pytest.raises(NotAuthorized):
+        authz.check("rep", RequestCode.PRODUCE, ProduceRequest("orders", 0, []))
+    with pytest.raises(NotAuthorized, match="needs the admin role"):
+        authz.check("rep", RequestCode.REPLICA_DIGEST, control.ReplicaDigestRequest())
+
+
+def test_the_replica_role_survives_the_users_file() -> None:
+    user = make_user("rep", "pw", replica=True)
+    doc = UsersFile.parse(UsersFile({"rep": user}).dump())
+    assert doc.users["rep"].replica and not doc.users["rep"].admin
+    old = json.loads(UsersFile({"rep": user}).dump())
+    del old["users"]["rep"]["replica"]  # a file written before the role: no replica role
+    assert not UsersFile.parse(json.dumps(old)).users["rep"].replica

@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 51
+    assert len(_exception_classes()) == 53
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -379,6 +379,8 @@ def test_error_codes_are_stable() -> None:
         "NOT_LEADER": 55,
         "NOT_ENOUGH_REPLICAS": 56,
         "STALE_EPOCH": 57,
+        "NOT_A_REPLICA": 58,
+        "BROKER_ID_CONFLICT": 59,
         "INTERNAL_ERROR": 99,
     }
     assert all(0 <= c <= 0xFFFF for c in ErrorCode)
@@ -402,6 +404,7 @@ def test_transient_errors() -> None:
         "NotLeader",
         "NotEnoughReplicas",
         "StaleEpoch",
+        "NotAReplica",
     }
 
 

@@ -54,15 +54,31 @@ def fetch_answers(draw: Any) -> FetchAnswer:
     )  # fmt: skip
 
 
-fetch_requests = st.builds(FetchRequest, text, text, u32, u64, u32, u32, u32, u32)
-keys_requests = st.builds(KeysRequest, u32, st.lists(st.tuples(u8, blob), max_size=8))
+fetch_requests = st.builds(FetchRequest, text, text, u32, u64, u32, u32, u32, u32, blob)
+keys_requests = st.builds(KeysRequest, u32, st.lists(st.tuples(u8, blob), max_size=8), text, blob)
 keys_answers = st.builds(KeysAnswer, u64, st.lists(st.none() | blob, max_size=8))
-snapshot_requests = st.builds(SnapshotRequest, u32, text, u8, st.none() | blob, u32, u32)
+snapshot_requests = st.builds(SnapshotRequest, u32, text, u8, st.none() | blob, u32, u32, blob)
 snapshot_answers = st.builds(SnapshotAnswer, u64, st.lists(st.tuples(blob, blob), max_size=8), st.none() | blob)
 
 
 def joined(parts: bytes | list[bytes]) -> bytes:
     return parts if isinstance(parts, bytes) else b"".join(parts)
+
+
+def older_forms(value: Any, buf: bytes) -> dict[int, Any]:
+    """The prefixes of ``buf`` an older follower sends (cut length → what it
+    decodes as): a request without its trailing proof (and broker id, for keys),
+    and a fetch or snapshot request without its store format too."""
+    if not hasattr(value, "proof"):
+        return {}
+    tail = 4 + len(value.proof)
+    if not hasattr(value, "store_format"):  # keys: broker_id and proof come last
+        tail += 2 + len(value.broker_id.encode())
+        return {len(buf) - tail: attrs.evolve(value, broker_id="", proof=b"")}
+    return {
+        len(buf) - tail: attrs.evolve(value, proof=b""),
+        len(buf) - tail - 4: attrs.evolve(value, proof=b"", store_format=STORE_FORMAT_UNSTATED),
+    }
 
 
 #: (strategy, encoder, decoder) of every layout
@@ -94,9 +110,9 @@ def test_truncated_or_extended_input_is_refused(
     def check(value: Any, data: Any) -> None:
         buf = joined(encode(value))
         cut = data.draw(st.integers(0, len(buf) - 1))
-        if hasattr(value, "store_format") and cut == len(buf) - 4:
-            # without its trailing store format: an older follower's request (format 1)
-            assert decode(buf[:cut]) == attrs.evolve(value, store_format=STORE_FORMAT_UNSTATED)
+        older = older_forms(value, buf)
+        if cut in older:  # an older follower's request: it lacks the trailing fields
+            assert decode(buf[:cut]) == older[cut]
             return
         with pytest.raises(RemoteProtocolError):
             decode(buf[:cut])
@@ -167,10 +183,10 @@ def test_a_request_without_a_store_format_is_an_older_followers() -> None:
     before ``store_format``: they decode as format 1, which a leader then refuses
     by name (the encoders always write the field)."""
     fetch = FetchRequest("f", "h:1", 3, 10, 2, 1 << 20, 500, 2)
-    old_fetch = encode_fetch_request(fetch)[:-4]
+    old_fetch = encode_fetch_request(fetch)[:-8]  # (an empty proof is its u32 length alone)
     assert decode_fetch_request(old_fetch) == attrs.evolve(fetch, store_format=1)
     snap = SnapshotRequest(3, "f", 1, b"k", 1 << 20, 2)
-    old_snap = encode_snapshot_request(snap)[:-4]
+    old_snap = encode_snapshot_request(snap)[:-8]
     assert decode_snapshot_request(old_snap) == attrs.evolve(snap, store_format=1)
     for buf, decode in ((old_fetch, decode_fetch_request), (old_snap, decode_snapshot_request)):
         for extra in (b"\x00", b"\x00\x00\x00"):  # a partial format field is garbled
