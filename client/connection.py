@@ -25,7 +25,7 @@ import itertools
 import logging
 import os
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import trio
@@ -48,6 +48,7 @@ from equeue.errors import (
 )
 from equeue.models import PullResult
 from equeue.protocol import RequestCode
+from equeue.retention import check_topic_settings
 from equeue.security import ClientSecurity
 
 log = logging.getLogger("equeue.client")
@@ -462,6 +463,12 @@ class AsyncClient:
         retention_bytes: int | None = None,
         exist_ok: bool = False,
     ) -> control.TopicInfo:
+        """Create topic ``name`` with ``queues`` queues. Retention overrides: None =
+        the broker's default, -1 = keep forever, > 0 = the limit (ms, bytes).
+
+        Raises ConfigError for any other retention value (0, -5...) before anything
+        is sent; TopicExists unless ``exist_ok``; BadRequest, InvalidName from the broker."""
+        check_topic_settings(retention_ms, retention_bytes)
         return await self.call(
             control.CreateTopic(name, queues, retention_ms, retention_bytes, exist_ok), control.TopicInfo
         )
@@ -473,8 +480,21 @@ class AsyncClient:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        reset: Iterable[str] = (),
     ) -> control.TopicInfo:
-        return await self.call(control.AlterTopic(name, queues, retention_ms, retention_bytes), control.TopicInfo)
+        """Grow ``name`` to ``queues`` queues and/or change its retention overrides:
+        None leaves one unchanged, -1 = keep forever, > 0 = the limit; ``reset``
+        names settings (``"retention_ms"``, ``"retention_bytes"``) to put back to the
+        broker's default. Returns the topic as changed.
+
+        Raises ConfigError before anything is sent for any other retention value, an
+        unknown name in ``reset`` or a setting both given and reset; TopicNotFound,
+        BadRequest (fewer queues) from the broker."""
+        names = [reset] if isinstance(reset, str) else list(reset)
+        check_topic_settings(retention_ms, retention_bytes, names)
+        return await self.call(
+            control.AlterTopic(name, queues, retention_ms, retention_bytes, names), control.TopicInfo
+        )
 
     async def delete_topic(self, name: str) -> None:
         await self.call(control.DeleteTopic(name))

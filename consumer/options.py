@@ -7,6 +7,7 @@ Modes are :class:`~enum.StrEnum` members; their string values are accepted too
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -66,9 +67,16 @@ def _delays(value: Any) -> tuple[float, ...]:
         out = tuple(float(v) for v in value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"retry_delays must be a sequence of seconds, got {value!r}") from exc
-    if not out or any(v < 0 for v in out):
-        raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0")
+    if not out or any(not math.isfinite(v) or v < 0 for v in out):
+        raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0 (finite)")
     return out
+
+
+def _reconsume_times(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: a whole number >= 0 (0: a failed message goes straight to the
+    dead-letter topic, with no retry). Raises ConfigError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"max_reconsume_times must be a whole number >= 0, got {value!r}")
 
 
 @attrs.frozen(kw_only=True)
@@ -107,7 +115,8 @@ class ConsumerOptions:
     commit_interval: float = attrs.field(default=DEFAULTS.commit_interval, validator=positive)
     max_buffered_messages: int = attrs.field(default=DEFAULTS.max_buffered_messages, validator=positive)
     max_buffered_bytes: int = attrs.field(default=DEFAULTS.max_buffered_bytes, validator=positive)
-    max_reconsume_times: int = DEFAULTS.max_reconsume_times
+    #: failed deliveries before a message goes to the dead-letter topic (0: at once)
+    max_reconsume_times: int = attrs.field(default=DEFAULTS.max_reconsume_times, validator=_reconsume_times)
     retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
     #: close(): how long to wait for running handlers before abandoning them
     close_timeout: float = attrs.field(default=30.0, validator=positive)
@@ -122,8 +131,6 @@ class ConsumerOptions:
     security: ClientSecurity | None = None
 
     def __attrs_post_init__(self) -> None:
-        if self.max_reconsume_times < 0:
-            raise ConfigError("max_reconsume_times must be >= 0")
         if self.max_pull_batch < self.pull_batch:
             raise ConfigError("max_pull_batch must be >= pull_batch")
 

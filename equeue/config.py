@@ -9,13 +9,17 @@ enum conversion (:func:`to_enum`) are shared with the SDKs' options classes.
 
 Human-friendly sizes (``8GiB``) and durations (``72h``) used by the CLI are parsed
 and printed here too (:func:`parse_size`, :func:`parse_duration_ms` and their
-inverses), so a default round-trips exactly.
+inverses), so a default round-trips exactly; so are retention settings, which also
+take ``-1`` / ``forever`` (:func:`parse_retention_ms`, :func:`parse_retention_bytes`;
+the rule is :mod:`equeue.retention`'s). Numbers are finite: NaN passes every ``<=``
+check and infinity turns a limit off, so both are refused.
 """
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Final, TypeVar
@@ -24,6 +28,7 @@ import attrs
 
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
+from equeue.retention import FOREVER, FOREVER_WORDS, retention_problem
 from equeue.wire import ENTRY_HEADER, PULL_HEAD_SIZE, RECORD_HEADER
 
 __all__ = [
@@ -39,16 +44,22 @@ __all__ = [
     "StartFrom",
     "TlsClientAuth",
     "boolean",
+    "broker_retention",
     "format_duration_ms",
+    "format_retention_bytes",
+    "format_retention_ms",
     "format_size",
     "host_name",
     "non_negative",
     "optional_positive",
     "parse_address",
     "parse_duration_ms",
+    "parse_retention_bytes",
+    "parse_retention_ms",
     "parse_size",
     "port_number",
     "positive",
+    "retention_setting",
     "retry_delay",
     "to_enum",
 ]
@@ -103,8 +114,12 @@ def parse_address(addr: str) -> tuple[str, int]:
 
 
 def _number(attr: attrs.Attribute, value: object) -> float:  # type: ignore[type-arg]
+    """``value`` if it is a finite number (NaN passes every ``<=`` check, infinity
+    turns a limit off). Raises ConfigError naming the option."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{attr.name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{attr.name} must be a finite number, got {value!r}")
     return value
 
 
@@ -119,13 +134,13 @@ def retry_delay(delays: Sequence[float], reconsume_times: int) -> float:
 
 
 def positive(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
-    """attrs validator: a number > 0. Raises ConfigError."""
+    """attrs validator: a finite number > 0. Raises ConfigError."""
     if _number(attr, value) <= 0:
         raise ConfigError(f"{attr.name} must be > 0, got {value!r}")
 
 
 def non_negative(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
-    """attrs validator: a number >= 0. Raises ConfigError."""
+    """attrs validator: a finite number >= 0. Raises ConfigError."""
     if _number(attr, value) < 0:
         raise ConfigError(f"{attr.name} must be >= 0, got {value!r}")
 
@@ -152,6 +167,22 @@ def optional_positive(inst: object, attr: attrs.Attribute, value: object) -> Non
     """attrs validator: None (no limit) or a number > 0. Raises ConfigError."""
     if value is not None:
         positive(inst, attr, value)
+
+
+def retention_setting(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator of a broker-wide retention default: None (no limit: keep
+    forever) or a whole number > 0 (:func:`broker_retention` has turned -1 into
+    None). Raises ConfigError naming -1, the way to say "forever"."""
+    if value is not None and (why := retention_problem(attr.name, value)) is not None:
+        raise ConfigError(why)
+
+
+def broker_retention(value: int | None) -> int | None:
+    """attrs converter of a broker-wide retention default: -1 (keep forever) → None,
+    the field's "no limit"; anything else unchanged (the validator checks it)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value == FOREVER:
+        return None
+    return value
 
 
 def to_enum(cls: type[E], name: str, value: object) -> E:
@@ -273,10 +304,14 @@ class BrokerConfig:
     handshake_timeout: float = attrs.field(default=10.0, validator=positive)
     member_expiry: float = attrs.field(default=15.0, validator=positive)
     max_delay: float = attrs.field(default=40 * 86400.0, validator=positive)
-    #: time retention (None = keep forever); topics may override it
-    retention_ms: int | None = attrs.field(default=72 * 3600 * 1000, validator=optional_positive)
-    #: per-topic size limit (None = unlimited); topics may override it
-    retention_bytes: int | None = attrs.field(default=None, validator=optional_positive)
+    #: time retention in ms (-1 or None = keep forever, stored as None; 0 and other
+    #: negative values are refused); topics may override it
+    retention_ms: int | None = attrs.field(
+        default=72 * 3600 * 1000, converter=broker_retention, validator=retention_setting
+    )
+    #: per-topic size limit in bytes (-1 or None = unlimited, stored as None; 0 and
+    #: other negative values are refused); topics may override it
+    retention_bytes: int | None = attrs.field(default=None, converter=broker_retention, validator=retention_setting)
     #: also delete messages every group committed past
     delete_consumed: bool = attrs.field(default=False, validator=boolean)
     retention_check_interval: float = attrs.field(default=30.0, validator=positive)
@@ -424,15 +459,22 @@ _DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d"
 
 
 def parse_size(text: str) -> int:
-    """``'8GiB'``, ``'512MiB'``, ``'1G'``, ``'100000'`` → bytes. Raises ConfigError."""
+    """``'8GiB'``, ``'512MiB'``, ``'1G'``, ``'100000'`` → bytes (>= 0). Raises
+    ConfigError for anything else (a negative or non-finite size included)."""
     t = text.strip().lower().replace("ib", "").replace("b", "")
+    n: float
     try:
         for suffix, mult in _SIZE_UNITS:
             if t.endswith(suffix.lower()):
-                return int(float(t[:-1]) * mult)
-        return int(t)
+                n = float(t[:-1]) * mult
+                break
+        else:
+            n = int(t)  # exact, however large
     except ValueError:
         raise ConfigError(f"invalid size {text!r} (use e.g. 512MiB, 8GiB or a byte count)") from None
+    if not math.isfinite(n) or n < 0:
+        raise ConfigError(f"invalid size {text!r}: a size is a byte count >= 0 (e.g. 512MiB, 8GiB)")
+    return int(n)
 
 
 def format_size(n: int) -> str:
@@ -445,15 +487,19 @@ def format_size(n: int) -> str:
 
 def parse_duration_ms(text: str) -> int:
     """``'72h'``, ``'30m'``, ``'45s'``, ``'7d'``, ``'1500ms'`` (a bare number: seconds)
-    → milliseconds. Raises ConfigError."""
+    → milliseconds (>= 0). Raises ConfigError for anything else (a negative or
+    non-finite duration included: ``'-1'`` is not -1000 ms)."""
     t = text.strip().lower()
     for suffix, mult in _DURATION_UNITS:
         if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
             return int(float(t[: -len(suffix)]) * mult)
     try:
-        return int(float(t) * 1000)
+        seconds = float(t)
     except ValueError:
         raise ConfigError(f"invalid duration {text!r} (use e.g. 30s, 5m, 72h, 7d)") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"invalid duration {text!r}: a duration is >= 0 (use e.g. 30s, 5m, 72h, 7d)")
+    return int(seconds * 1000)
 
 
 def format_duration_ms(ms: int) -> str:
@@ -464,3 +510,45 @@ def format_duration_ms(ms: int) -> str:
             return f"{ms // mult}{suffix}"
     return f"{ms}ms" if ms else "0"
 
+
+def _parse_retention(text: str, what: str, parse: Callable[[str], int], example: str) -> int:
+    """``text`` → FOREVER or a value > 0 of ``parse``; ConfigError naming ``what``."""
+    t = text.strip().lower()
+    if t == "-1" or t in FOREVER_WORDS:
+        return FOREVER
+    refused = ConfigError(
+        f"invalid {what} {text!r}: give a value > 0 (e.g. {example}), or -1 / forever to keep messages forever"
+    )
+    try:
+        value = parse(text)
+    except ConfigError:
+        raise refused from None
+    if value <= 0:
+        raise refused
+    return value
+
+
+def parse_retention_ms(text: str, what: str = "--retention") -> int:
+    """A time retention as the CLI takes it → ms: a duration > 0 (``'24h'``, ``'7d'``)
+    or ``'-1'`` / ``'forever'`` / ``'infinite'`` / ``'unlimited'`` → FOREVER (-1).
+    Raises ConfigError naming ``what`` (the flag) for anything else, 0 and every
+    other negative value included."""
+    return _parse_retention(text, what, parse_duration_ms, "24h or 7d")
+
+
+def parse_retention_bytes(text: str, what: str = "--retention-bytes") -> int:
+    """A size retention as the CLI takes it → bytes: a size > 0 (``'10GiB'``) or
+    ``'-1'`` / ``'forever'`` / ``'infinite'`` / ``'unlimited'`` → FOREVER (-1).
+    Raises ConfigError naming ``what`` (the flag) for anything else."""
+    return _parse_retention(text, what, parse_size, "1GiB or 500MiB")
+
+
+def format_retention_ms(ms: int | None) -> str:
+    """A time retention as the CLI prints it: ``'forever'`` for -1 or None (a
+    broker default's "no limit"), else the duration (``'72h'``)."""
+    return "forever" if ms is None or ms == FOREVER else format_duration_ms(ms)
+
+
+def format_retention_bytes(n: int | None) -> str:
+    """A size retention as the CLI prints it: ``'forever'`` for -1 or None, else the size."""
+    return "forever" if n is None or n == FOREVER else format_size(n)

@@ -8,6 +8,7 @@ Each request model names its :class:`~equeue.protocol.RequestCode` in ``CODE``;
 from __future__ import annotations
 
 import json
+import typing
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
 
@@ -51,9 +52,22 @@ def _structure_int(value: object, _: type) -> int:
     return int(value)
 
 
+def _is_list(tp: Any) -> bool:
+    return typing.get_origin(tp) is list
+
+
+def _structure_list(value: object, tp: Any) -> list[Any]:
+    # cattrs would iterate a string: "retention_ms" as a list[str] is 12 letters
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {type(value).__name__}")
+    (item,) = typing.get_args(tp) or (Any,)
+    return [converter.structure(v, item) for v in value]
+
+
 converter.register_structure_hook(str, _structure_str)
 converter.register_structure_hook(bool, _structure_bool)
 converter.register_structure_hook(int, _structure_int)
+converter.register_structure_hook_func(_is_list, _structure_list)
 
 
 def encode(obj: Any) -> bytes:
@@ -72,6 +86,10 @@ def decode(payload: bytes, cls: type[T] | Any) -> T:
 # ----------------------------------------------------------------------------- topics
 @attrs.frozen
 class CreateTopic:
+    """Create a topic. Retention overrides (:mod:`equeue.retention`): None = the
+    broker's default, -1 = keep forever, > 0 = the limit; any other value is
+    refused (BAD_REQUEST) and nothing is created."""
+
     CODE: ClassVar = RequestCode.CREATE_TOPIC
     name: str
     queues: int = 4
@@ -88,13 +106,19 @@ class DeleteTopic:
 
 @attrs.frozen
 class AlterTopic:
-    """Change queue count (grow only) and/or retention overrides (-1 clears one)."""
+    """Change the queue count (grow only) and/or the retention overrides: None leaves
+    one unchanged, -1 = keep forever, > 0 = the limit (any other value is refused,
+    BAD_REQUEST, and nothing changes). ``reset`` names the settings to put back to
+    the broker's default (``"retention_ms"``, ``"retention_bytes"``), like Kafka's
+    incremental alter DELETE; a setting may not be both given and reset. (Before
+    ``reset`` existed -1 meant "back to the default"; it now means forever.)"""
 
     CODE: ClassVar = RequestCode.ALTER_TOPIC
     name: str
     queues: int | None = None
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    reset: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -162,6 +186,9 @@ class DescribeTopic:
 
 @attrs.frozen
 class TopicInfo:
+    """A topic. Retention overrides: None = the broker's default applies, -1 = keep
+    forever, > 0 = the limit (ms, bytes)."""
+
     name: str
     topic_id: int
     queues: int

@@ -39,6 +39,8 @@ from cattrs import BaseValidationError, transform_error
 
 from equeue.control import converter as _wire_converter
 from equeue.errors import BadRequest, ClusterDataInvalid, InvalidName, NoLiveGroups
+from equeue.retention import SETTINGS as _RETENTION
+from equeue.retention import from_record, retention_problem, to_record
 
 __all__ = [
     "BROKERS_PREFIX",
@@ -154,9 +156,9 @@ def _non_negative(_: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ValueError(f"{attribute.name} must be >= 0, not {value}")
 
 
-def _non_negative_or_none(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
-    if value is not None and value < 0:
-        raise ValueError(f"{attribute.name} must be >= 0 or absent, not {value}")
+def _retention(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+    if value is not None and (why := retention_problem(attribute.name, value)) is not None:
+        raise ValueError(why)
 
 
 @attrs.frozen
@@ -235,15 +237,17 @@ def _owners_match(
 @attrs.frozen
 class TopicPlacement:
     """A topic's queues and where they live: ``owners[i]`` is the broker group that
-    owns queue id ``i`` (so ``len(owners) == queues``). Retention overrides are
-    None for the broker's defaults."""
+    owns queue id ``i`` (so ``len(owners) == queues``). Retention overrides
+    (:mod:`equeue.retention`): None for the broker's defaults, -1 keep forever, > 0
+    the limit. The record in etcd writes -1 as 0 (what earlier versions read as "no
+    limit"); 0 or a negative value read from etcd is -1."""
 
     name: str = attrs.field(validator=_non_empty)
     queues: int = attrs.field(validator=attrs.validators.ge(1))
     owners: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_owners_match)
     created_ms: int = attrs.field(validator=_non_negative)
-    retention_ms: int | None = attrs.field(default=None, validator=_non_negative_or_none)
-    retention_bytes: int | None = attrs.field(default=None, validator=_non_negative_or_none)
+    retention_ms: int | None = attrs.field(default=None, converter=from_record, validator=_retention)
+    retention_bytes: int | None = attrs.field(default=None, converter=from_record, validator=_retention)
 
     def queues_of(self, group: str) -> list[int]:
         """The queue ids ``group`` owns, ascending."""
@@ -300,7 +304,11 @@ def decode_broker(data: bytes) -> BrokerRecord:
 
 
 def encode_topic(record: TopicPlacement) -> bytes:
-    return _encode(record)
+    """The etcd value of ``record``; a retention of -1 (keep forever) is written as 0."""
+    obj = _converter.unstructure(record)
+    for name in _RETENTION:
+        obj[name] = to_record(obj[name])
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def decode_topic(data: bytes) -> TopicPlacement:

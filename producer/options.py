@@ -9,6 +9,7 @@ connects. The CLI takes its defaults from this class.
 from __future__ import annotations
 
 import enum
+import math
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -69,13 +70,18 @@ def _to_on_full(value: OnFull | str) -> OnFull:
         raise ConfigError(f"on_full must be 'block' or 'raise', got {value!r}") from None
 
 
-def _range(low: float, high: float | None = None, *, above: bool = False) -> Callable[[Any, Any, Any], None]:
+def _range(
+    low: float, high: float | None = None, *, above: bool = False, infinite: bool = False
+) -> Callable[[Any, Any, Any], None]:
     """An attrs validator: ``low <= value`` (``low < value`` with ``above``) and
-    ``value <= high``; raises ConfigError naming the option."""
+    ``value <= high``, a finite number (NaN passes every comparison; infinity only
+    where documented: ``infinite``); raises ConfigError naming the option."""
 
     def check(_inst: object, attr: attrs.Attribute[Any], value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{attr.name} must be a number, got {value!r}")
+        if math.isnan(value) or (math.isinf(value) and not (infinite and value > 0)):
+            raise ConfigError(f"{attr.name} must be a finite number, got {value!r}")
         if (value <= low if above else value < low) or (high is not None and value > high):
             bound = f"> {low:g}" if above else f">= {low:g}"
             if high is not None:
@@ -110,7 +116,7 @@ class ProducerOptions:
     #: asked (``send``, ``send_batch``, ``flush``); then a ``send_async`` waiting
     #: for buffer space held only by open batches waits for good, so keep
     #: ``max_buffered_bytes`` above (queues x ``max_batch_bytes``)
-    linger: float = attrs.field(default=0.005, validator=_range(0))
+    linger: float = attrs.field(default=0.005, validator=_range(0, infinite=True))
     #: the largest produce request (one bigger message goes alone)
     max_batch_bytes: int = attrs.field(default=1 << 20, validator=_range(1, MAX_BATCH_BYTES))
     #: unacknowledged bytes held by the producer (>= max_batch_bytes)

@@ -472,10 +472,18 @@ class ClusterNode:
                 "cluster: local topic %s has %d queues, etcd %d (a stale copy?): kept", p.name, local.queues, p.queues,
             )  # fmt: skip
         grow = p.queues if local.queues < p.queues else None
-        rms = _retention(local.retention_ms, p.retention_ms)
-        rbytes = _retention(local.retention_bytes, p.retention_bytes)
-        if grow is not None or rms is not None or rbytes is not None:
-            await self._submit(AlterTopicOp(p.name, grow, rms, rbytes))
+        rms = p.retention_ms if local.retention_ms != p.retention_ms else None
+        rbytes = p.retention_bytes if local.retention_bytes != p.retention_bytes else None
+        reset = tuple(
+            name
+            for name, mine, wanted in (
+                ("retention_ms", local.retention_ms, p.retention_ms),
+                ("retention_bytes", local.retention_bytes, p.retention_bytes),
+            )
+            if mine is not None and wanted is None
+        )
+        if grow is not None or rms is not None or rbytes is not None or reset:
+            await self._submit(AlterTopicOp(p.name, grow, rms, rbytes, reset))
 
     async def _follow(self, done: Callable[[], bool]) -> None:
         """Wait until ``done()`` (checked after each materializer pass). Raises
@@ -544,7 +552,6 @@ class ClusterNode:
         raise NotAReplica(f"replication request refused: broker {broker_id!r} is not a replica of group "
                           f"{self.group!r} that this leader can verify: {why}")  # fmt: skip
 
-
     # ------------------------------------------------------------------ ClusterRole
     def owner_of(self, topic: str, queue_id: int) -> str:
         p = self._placements.get(topic)
@@ -598,7 +605,7 @@ class ClusterNode:
         return await self._learn(p)
 
     async def alter_topic(self, req: control.AlterTopic) -> control.TopicInfo:
-        p = await self._writes.alter_topic(req.name, req.queues, req.retention_ms, req.retention_bytes)
+        p = await self._writes.alter_topic(req.name, req.queues, req.retention_ms, req.retention_bytes, req.reset)
         return await self._learn(p)
 
     async def delete_topic(self, name: str) -> None:
@@ -666,10 +673,3 @@ class ClusterNode:
             )  # fmt: skip
         return control.ClusterStatus(True, self.group, self.broker_id, self.endpoints, etcd_ok, view.revision, groups)
 
-
-def _retention(local: int | None, wanted: int | None) -> int | None:
-    """The AlterTopicOp value that turns ``local`` into ``wanted`` (None: no change;
-    -1: clear the override)."""
-    if local == wanted:
-        return None
-    return -1 if wanted is None else wanted

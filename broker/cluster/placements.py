@@ -12,7 +12,7 @@ are :mod:`equeue.placement`'s; the live groups and the load come from the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import attrs
 
@@ -39,11 +39,12 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _retention(value: int | None, current: int | None) -> int | None:
-    """An ALTER's retention override: None keeps ``current``, a negative clears it."""
-    if value is None:
-        return current
-    return None if value < 0 else value
+def _retention(value: int | None, current: int | None, reset: bool) -> int | None:
+    """An ALTER's retention override: None keeps ``current``, ``reset`` clears it (the
+    brokers' default), a value (-1 forever, > 0 the limit) replaces it."""
+    if reset:
+        return None
+    return current if value is None else value
 
 
 class Placements:
@@ -75,7 +76,9 @@ class Placements:
         exist_ok: bool = False,
     ) -> TopicPlacement:
         """Create ``name`` with ``queues`` queues spread over the live groups, least
-        loaded first; retention None or negative = the brokers' defaults. Returns
+        loaded first; retention None = the brokers' defaults, -1 = keep forever, > 0
+        = the limit (checked by the caller; the record refuses anything else with
+        ValueError). Returns
         the placement stored. Raises TopicExists when the topic exists, unless
         ``exist_ok`` (then the existing placement is returned, unchanged);
         BadRequest for fewer than one queue; NoLiveGroups when no group is alive."""
@@ -90,8 +93,8 @@ class Placements:
                 queues=queues,
                 owners=spread(queues, view.live_groups(), view.load()),
                 created_ms=self._now_ms(),
-                retention_ms=_retention(retention_ms, None),
-                retention_bytes=_retention(retention_bytes, None),
+                retention_ms=retention_ms,
+                retention_bytes=retention_bytes,
             )
             if await self._etcd.create(key, encode_topic(placement)):
                 return placement
@@ -109,12 +112,15 @@ class Placements:
         queues: int | None = None,
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
+        reset: Collection[str] = (),
     ) -> TopicPlacement:
         """Grow ``name`` to ``queues`` queues (None: unchanged; the new ones on the
         least loaded live groups, existing ones never move) and/or change its
-        retention overrides (None: unchanged, negative: cleared). Returns the new
-        placement. Raises TopicNotFound; BadRequest for fewer queues than now;
-        NoLiveGroups when queues must be placed and no group is alive."""
+        retention overrides (None: unchanged, -1: keep forever, > 0: the limit; a
+        name in ``reset``, ``"retention_ms"`` or ``"retention_bytes"``: back to the
+        brokers' default). Returns the new placement. Raises TopicNotFound;
+        BadRequest for fewer queues than now; NoLiveGroups when queues must be
+        placed and no group is alive."""
         view = self._loaded()
 
         def change(current: TopicPlacement) -> TopicPlacement:
@@ -131,8 +137,8 @@ class Placements:
                 )
             return attrs.evolve(
                 new,
-                retention_ms=_retention(retention_ms, current.retention_ms),
-                retention_bytes=_retention(retention_bytes, current.retention_bytes),
+                retention_ms=_retention(retention_ms, current.retention_ms, "retention_ms" in reset),
+                retention_bytes=_retention(retention_bytes, current.retention_bytes, "retention_bytes" in reset),
             )
 
         return await self._update(name, change)

@@ -2,7 +2,11 @@
 
 Cluster mode: create, alter and delete change the placement in etcd and answer once
 the local store follows; a listing shows the topics etcd has; a description lists
-only the queues this broker's group owns (the CLI merges the groups' answers)."""
+only the queues this broker's group owns (the CLI merges the groups' answers).
+
+Retention settings are checked here, whatever the client checked
+(:func:`equeue.retention.check_topic_settings`): -1 keeps forever, > 0 is the limit,
+anything else is BAD_REQUEST before anything is written, here or in etcd."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreRead
 from equeue import control
 from equeue.errors import BadRequest
 from equeue.names import is_internal, validate_topic
+from equeue.retention import check_topic_settings
 
 __all__ = ["TopicHandlers"]
 
@@ -31,6 +36,7 @@ class TopicHandlers:
     ) -> control.TopicInfo:
         validate_topic(req.name)
         self._check_queues(req.queues)
+        check_topic_settings(req.retention_ms, req.retention_bytes, error=BadRequest)
         if self._topics.cluster is not None:
             return await self._topics.cluster.create_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
@@ -50,13 +56,14 @@ class TopicHandlers:
         await self._submit(DeleteTopicOp(req.name))
 
     async def alter_topic(self, req: control.AlterTopic, ctx: RequestContext) -> control.TopicInfo:
+        check_topic_settings(req.retention_ms, req.retention_bytes, req.reset, error=BadRequest)
         await self._topics.require(req.name)
         if req.queues is not None:
             self._check_queues(req.queues)
         if self._topics.cluster is not None:
             return await self._topics.cluster.alter_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
-            AlterTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes)
+            AlterTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, tuple(req.reset))
         )
 
     async def list_topics(

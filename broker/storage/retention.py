@@ -15,6 +15,7 @@ from broker.storage.view import NO_QUEUES, QueueState, StoreView
 from broker.storage.writes import QueueDraft, WriteContext, WriteOp
 from equeue import control
 from equeue.errors import EQueueError
+from equeue.retention import retention_limit
 from equeue.routing import key_hash
 from equeue.wire.records import record_entry_meta, record_timestamp
 
@@ -26,7 +27,9 @@ class RetentionOp(WriteOp):
     """Delete the oldest messages past their topic's retention, at most ``limit`` per
     transaction (the caller repeats while a full batch was removed).
 
-    Per topic (its overrides, else the broker defaults; 0 or None = no limit):
+    Per topic (its overrides, else the broker defaults, read by
+    :func:`equeue.retention.retention_limit`: -1, None or any other value that is
+    not a positive number is no limit, so nothing is deleted on it):
 
     - time: per queue, from its head, messages stored before ``now - retention_ms``;
     - consumed (``delete_consumed``): per queue, messages below the lowest committed
@@ -58,9 +61,9 @@ class RetentionOp(WriteOp):
         return removed
 
     def _topic(self, w: WriteContext, t: control.TopicInfo, budget: int) -> int:
-        rms = t.retention_ms if t.retention_ms is not None else self.default_retention_ms
-        rbytes = t.retention_bytes if t.retention_bytes is not None else self.default_retention_bytes
-        cutoff = w.now - rms if rms else None
+        rms = retention_limit(t.retention_ms, self.default_retention_ms)
+        rbytes = retention_limit(t.retention_bytes, self.default_retention_bytes)
+        cutoff = w.now - rms if rms is not None else None
         consumed = self._consumed(w.base, t) if self.delete_consumed else {}
         mdb = w.db[b"messages"]
         tid = t.topic_id
@@ -83,7 +86,7 @@ class RetentionOp(WriteOp):
                     _delete_head(w, tid, q, draft, g)
                     st = draft
                     removed += 1
-        if rbytes:
+        if rbytes is not None:
             total = sum(w.queue_now(tid, q).bytes for q in range(t.queues))
             heads: list[tuple[int, int]] = []
             if total > rbytes:

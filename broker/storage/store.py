@@ -45,6 +45,7 @@ from broker.storage.filecheck import RECOVERY_HINT, check_data_file
 from broker.storage.reader import StoreReader
 from broker.storage.recorder import Recorder, RecordingTxn
 from broker.storage.replication import LogState, ReplicationLog
+from broker.storage.topics import decode_topic_record
 from broker.storage.view import QueueState, StoreView, frozen_map
 from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue import control
@@ -101,6 +102,8 @@ class Store(StoreReader):
         #: replicated: apply_log / truncate / a snapshot changed LMDB under the views:
         #: no write until reload()
         self._stale = False
+        #: (topic, field, value) of stored retention values already warned about
+        self._warned_legacy: set[tuple[str, str, int]] = set()
         self._lock = DirLock(self.path)
         self._lock.acquire()
         try:
@@ -237,6 +240,21 @@ class Store(StoreReader):
             raise self._damaged(what, exc) from exc
 
     # ------------------------------------------------------------------ recovery
+    def _warn_legacy_retention(self, topic: str, legacy: dict[str, int]) -> None:
+        """Warn, once per store, about each stored retention value no current version
+        writes (:func:`~broker.storage.topics.decode_topic_record`): it reads as
+        keep forever, which may not be what was meant."""
+        for name, value in legacy.items():
+            if (topic, name, value) in self._warned_legacy:
+                continue
+            self._warned_legacy.add((topic, name, value))
+            log.warning(
+                "topic %r: its stored %s is %d, not a valid setting (an earlier version took it and "
+                "deleted every message on it); it is read as -1, keep forever. Set the retention "
+                "you want: equeue topic alter %s --%s VALUE (or 'default')",
+                topic, name, value, topic, "retention" if name == "retention_ms" else "retention-bytes",
+            )  # fmt: skip
+
     def _recover(self) -> StoreView:
         """The committed state, from last keys and the small tables (no full scan)."""
         db = self.db
@@ -262,8 +280,9 @@ class Store(StoreReader):
                 deleting = tuple(int(t) for t in json.loads(dl)) if dl else ()
             for k, v in txn.cursor(db=db[b"topics"]):
                 with reading(f"topic metadata of {bytes(k)!r}"):
-                    info: control.TopicInfo = control.decode(v, control.TopicInfo)
+                    info, legacy = decode_topic_record(v)
                     topics[bytes(k).decode()] = info
+                self._warn_legacy_retention(info.name, legacy)
             with reading("queue index and stats (qindex, qstats)"):
                 qidx = txn.cursor(db=db[b"qindex"])
                 for info in topics.values():

@@ -1,7 +1,12 @@
 """Topic administration: create, alter and delete topics (the ``topics`` database
 and the ``deleting`` list in ``meta``). A deleted topic disappears at once; its
 stored data is removed afterwards in bounded steps by
-:class:`~broker.storage.retention.RetentionOp`."""
+:class:`~broker.storage.retention.RetentionOp`.
+
+A topic record is its :class:`~equeue.control.TopicInfo` as JSON, written by
+:func:`encode_topic_record` and read by :func:`decode_topic_record` only: a
+retention of -1 (keep forever) is stored as 0, which every earlier version reads as
+"no limit"; 0 and negative values read back as -1 (:mod:`equeue.retention`)."""
 
 from __future__ import annotations
 
@@ -13,12 +18,39 @@ import attrs
 from broker.storage.writes import WriteContext, WriteOp
 from equeue import control
 from equeue.errors import BadRequest, TopicExists, TopicNotFound
+from equeue.retention import SETTINGS, from_record, is_legacy_record, to_record
+
+
+def encode_topic_record(info: control.TopicInfo) -> bytes:
+    """The stored form of ``info`` (the one encoder of the ``topics`` database)."""
+    return control.encode(
+        attrs.evolve(info, retention_ms=to_record(info.retention_ms), retention_bytes=to_record(info.retention_bytes))
+    )
+
+
+def decode_topic_record(raw: bytes) -> tuple[control.TopicInfo, dict[str, int]]:
+    """A stored topic record → its TopicInfo (the one decoder), and the retention
+    values no version of the current rule writes (negative: an earlier version took
+    them from a client and deleted every message on them), by field name: they read
+    as -1, keep forever, and the caller warns. Raises RemoteProtocolError for a
+    record that does not decode."""
+    info: control.TopicInfo = control.decode(raw, control.TopicInfo)
+    legacy = {
+        name: value
+        for name, value in (("retention_ms", info.retention_ms), ("retention_bytes", info.retention_bytes))
+        if value is not None and is_legacy_record(value)
+    }
+    return attrs.evolve(
+        info, retention_ms=from_record(info.retention_ms), retention_bytes=from_record(info.retention_bytes)
+    ), legacy
 
 
 @attrs.define
 class CreateTopicOp(WriteOp):
-    """Create a topic; returns its :class:`~equeue.control.TopicInfo`. Raises
-    TopicExists unless ``exist_ok`` (then the existing topic is returned)."""
+    """Create a topic; returns its :class:`~equeue.control.TopicInfo`. Retention
+    overrides as checked by the caller (None: the broker's default, -1: forever,
+    > 0: the limit). Raises TopicExists unless ``exist_ok`` (then the existing
+    topic is returned)."""
 
     name: str
     queues: int
@@ -38,7 +70,7 @@ class CreateTopicOp(WriteOp):
         info = control.TopicInfo(
             self.name, tid, self.queues, w.now, self.retention_ms, self.retention_bytes
         )
-        w.txn.put(self.name.encode(), control.encode(info), db=w.db[b"topics"])
+        w.txn.put(self.name.encode(), encode_topic_record(info), db=w.db[b"topics"])
         w.topics[self.name] = info
         for q in range(self.queues):
             w.queue(tid, q)
@@ -47,13 +79,16 @@ class CreateTopicOp(WriteOp):
 
 @attrs.define
 class AlterTopicOp(WriteOp):
-    """Grow a topic's queue count or change its retention overrides (a negative
-    value clears one). Raises TopicNotFound, or BadRequest for fewer queues."""
+    """Grow a topic's queue count or change its retention overrides: a value (-1:
+    forever, > 0: the limit) replaces one, None leaves it, a name in ``reset``
+    (``"retention_ms"``, ``"retention_bytes"``) puts it back to the broker's
+    default. Raises TopicNotFound, or BadRequest for fewer queues."""
 
     name: str
     queues: int | None = None
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    reset: tuple[str, ...] = ()
 
     def apply(self, w: WriteContext) -> control.TopicInfo:
         info = w.topic(self.name)
@@ -68,12 +103,16 @@ class AlterTopicOp(WriteOp):
         if self.queues is not None:
             changes["queues"] = self.queues
         if self.retention_ms is not None:
-            changes["retention_ms"] = None if self.retention_ms < 0 else self.retention_ms
+            changes["retention_ms"] = self.retention_ms
         if self.retention_bytes is not None:
-            changes["retention_bytes"] = None if self.retention_bytes < 0 else self.retention_bytes
+            changes["retention_bytes"] = self.retention_bytes
+        for name in self.reset:
+            if name not in SETTINGS:
+                raise BadRequest(f"reset: {name!r} is not a setting that can be reset")
+            changes[name] = None
         new = attrs.evolve(info, **changes)
         w.wrote = True
-        w.txn.put(self.name.encode(), control.encode(new), db=w.db[b"topics"])
+        w.txn.put(self.name.encode(), encode_topic_record(new), db=w.db[b"topics"])
         w.topics[self.name] = new
         for q in range(info.queues, new.queues):
             w.queue(new.topic_id, q)

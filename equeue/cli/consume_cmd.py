@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         topic: str,
         group: str = typer.Option(..., "--group", "-g", help="Consumer group."),
         start: StartFrom = typer.Option(DEFAULTS.start_from, "--from", help="Where a group with no offset starts."),
-        max_messages: int = typer.Option(0, "--max", "-n", help="Exit after N messages (0: run until Ctrl-C)."),
+        max_messages: int = typer.Option(0, "--max", "-n", min=0, help="Exit after N messages (0: run until Ctrl-C)."),
         fmt: OutputFormat = typer.Option(OutputFormat.TEXT, "--format", "-f", help="One line per message."),
         tags: str = typer.Option("", "--tags", help='Tag filter, e.g. "paid || refunded".'),
         broker: str = BROKER_OPTION,

@@ -85,9 +85,9 @@ def register(app: typer.Typer) -> None:
     @dlq_app.command("list")
     def dlq_list(
         group: str,
-        limit: int = typer.Option(100, "--limit", help="At most this many letters (one page, up to 1000)."),
-        queue: int = typer.Option(0, "--queue", help="Start at this queue of %DLQ%GROUP (from a previous page)."),
-        offset: int = typer.Option(0, "--offset", help="Start at this offset of that queue (from a previous page)."),
+        limit: int = typer.Option(100, "--limit", min=1, max=1000, help="At most this many letters (one page, up to 1000)."),
+        queue: int = typer.Option(0, "--queue", min=0, help="Start at this queue of %DLQ%GROUP (from a previous page)."),
+        offset: int = typer.Option(0, "--offset", min=0, help="Start at this offset of that queue (from a previous page)."),
         broker: str = BROKER_OPTION,
         as_json: bool = typer.Option(False, "--json"),
     ) -> None:

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
             try:
                 delay_s = parse_duration_ms(delay) / 1000
             except ConfigError:
-                fail(f"invalid --delay {delay!r} (use e.g. 30s, 5m, 1h)")
+                fail(f"invalid --delay {delay!r} (a duration >= 0, e.g. 30s, 5m, 1h)")
         if file is not None and not file.is_file():
             fail(f"no such file: {file}")
         stream: IO[str] = file.open(encoding="utf-8") if file is not None else sys.stdin

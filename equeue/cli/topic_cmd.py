@@ -3,11 +3,46 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, JSON_OPTION, leader, print_json, routed, table
-from equeue.config import parse_duration_ms, parse_size
+from equeue.cli._common import BROKER_OPTION, JSON_OPTION, fail, leader, print_json, routed, table
+from equeue.config import (
+    format_retention_bytes,
+    format_retention_ms,
+    parse_retention_bytes,
+    parse_retention_ms,
+)
+from equeue.errors import ConfigError
+
+#: what ``topic alter --retention[-bytes]`` takes to put a setting back to the broker's default
+DEFAULT_WORD = "default"
+_FOREVER_HELP = "-1 or forever: keep messages forever, whatever the broker's default"
+
+
+def _setting(text: str, flag: str, parse: Callable[[str, str], int]) -> int | None:
+    """A ``--retention``/``--retention-bytes`` value → -1 (forever), a value > 0, or
+    None (not given, or ``default``). Anything else is one error line, exit 1,
+    before the broker is asked."""
+    if not text or text.strip().lower() == DEFAULT_WORD:
+        return None
+    try:
+        return parse(text, flag)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _shown(value: int | None, fmt: Callable[[int], str]) -> str:
+    """A topic's retention override as printed: default, forever or the value."""
+    return DEFAULT_WORD if value is None else fmt(value)
+
+
+def _summary(info: Any) -> str:
+    """A TopicInfo's queue count and retention overrides, for one output line."""
+    rms = _shown(info.retention_ms, format_retention_ms)
+    rbytes = _shown(info.retention_bytes, format_retention_bytes)
+    return f"{info.queues} queues, retention {rms} / {rbytes}"
 
 
 def register(app: typer.Typer) -> None:
@@ -18,44 +53,39 @@ def register(app: typer.Typer) -> None:
     def create(
         name: str,
         queues: int = typer.Option(4, "--queues", "-q", help="Number of queues (partitions)."),
-        retention: str = typer.Option("", help="Override the broker's time retention (e.g. 24h)."),
-        retention_bytes: str = typer.Option("", help="Override the broker's size retention (e.g. 1GiB)."),
+        retention: str = typer.Option("", help=f"Override the broker's time retention (e.g. 24h; {_FOREVER_HELP})."),
+        retention_bytes: str = typer.Option("", help=f"Override the broker's size retention (e.g. 1GiB; {_FOREVER_HELP})."),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Succeed if the topic exists."),
         broker: str = BROKER_OPTION,
     ) -> None:
         """Create a topic with N queues."""
+        rms = _setting(retention, "--retention", parse_retention_ms)
+        rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
         info = leader(broker, lambda c: c.create_topic(
-            name, queues,
-            retention_ms=parse_duration_ms(retention) if retention else None,
-            retention_bytes=parse_size(retention_bytes) if retention_bytes else None,
-            exist_ok=exist_ok,
+            name, queues, retention_ms=rms, retention_bytes=rbytes, exist_ok=exist_ok,
         ))  # fmt: skip
-        typer.echo(f"topic {info.name} ({info.queues} queues)")
+        typer.echo(f"topic {info.name}: {_summary(info)}")
 
     @topic_app.command("alter")
     def alter(
         name: str,
         queues: int = typer.Option(None, "--queues", "-q", help="New queue count (grow only)."),
-        retention: str = typer.Option("", help="Time retention override (e.g. 24h; 'default' clears it)."),
-        retention_bytes: str = typer.Option("", help="Size retention override (e.g. 1GiB; 'default' clears it)."),
+        retention: str = typer.Option("", help=f"Time retention override (e.g. 24h; {_FOREVER_HELP}; 'default': back to the broker's)."),
+        retention_bytes: str = typer.Option("", help=f"Size retention override (e.g. 1GiB; {_FOREVER_HELP}; 'default': back to the broker's)."),
         broker: str = BROKER_OPTION,
     ) -> None:
         """Grow a topic's queue count or change its retention overrides."""
-
-        def pick(v: str, parse: Callable[[str], int]) -> int | None:
-            if not v:
-                return None
-            return -1 if v == "default" else parse(v)
-
+        rms = _setting(retention, "--retention", parse_retention_ms)
+        rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
+        reset = [
+            setting
+            for setting, text in (("retention_ms", retention), ("retention_bytes", retention_bytes))
+            if text.strip().lower() == DEFAULT_WORD
+        ]
         info = leader(broker, lambda c: c.alter_topic(
-            name, queues=queues, retention_ms=pick(retention, parse_duration_ms),
-            retention_bytes=pick(retention_bytes, parse_size),
+            name, queues=queues, retention_ms=rms, retention_bytes=rbytes, reset=reset,
         ))  # fmt: skip
-        typer.echo(
-            f"topic {info.name}: {info.queues} queues, retention "
-            f"{info.retention_ms if info.retention_ms is not None else 'default'} ms / "
-            f"{info.retention_bytes if info.retention_bytes is not None else 'default'} bytes"
-        )
+        typer.echo(f"topic {info.name}: {_summary(info)}")
 
     @topic_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
@@ -83,7 +113,7 @@ def register(app: typer.Typer) -> None:
         ]  # fmt: skip
         rows.append(("all", "", "", "", sum(s.count for s in d.queues if s is not None), f"{d.store_bytes:,}"))
         table(
-            f"topic {d.info.name}: {d.info.queues} queues, {d.pending_delayed} delayed pending",
+            f"topic {d.info.name}: {_summary(d.info)}, {d.pending_delayed} delayed pending",
             ["queue", "broker group", "min offset", "max offset", "messages", "bytes"], rows,
             right=["queue", "min offset", "max offset", "messages", "bytes"],
         )  # fmt: skip

@@ -4,6 +4,7 @@ brokers and topics, and placement changes (spread, grow, concurrent CAS)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections import Counter
@@ -216,7 +217,12 @@ async def test_alter_grows_on_the_least_loaded_and_never_moves(etcd: EtcdProcess
                 )
             grown = await placements.alter_topic("t", queues=12, retention_ms=-1)
         assert grown.owners[:8] == p.owners and grown.owners[8:] == ("g3",) * 4
-        assert grown.retention_ms is None and grown.retention_bytes == 5000
+        assert grown.retention_ms == -1 and grown.retention_bytes == 5000  # -1: keep forever
+        kv = await c.get(topic_key("t"))
+        assert kv is not None and json.loads(kv.value)["retention_ms"] == 0  # as earlier versions read "no limit"
+        reset = await placements.alter_topic("t", reset=["retention_ms"])
+        assert reset.retention_ms is None and reset.retention_bytes == 5000  # back to the brokers' default
+        grown = await placements.alter_topic("t", retention_ms=-1)
         with pytest.raises(BadRequest, match="only grow"):
             await placements.alter_topic("t", queues=11)
         with pytest.raises(TopicNotFound):

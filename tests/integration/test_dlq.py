@@ -184,7 +184,7 @@ async def test_resend_records_of_removed_letters_are_pruned(broker: Broker) -> N
             # retention removes every letter; the next resend drops their records
             await c.alter_topic(dlq_topic("g"), retention_bytes=1)
             assert await broker.lifecycle.enforce_retention() == 4
-            await c.alter_topic(dlq_topic("g"), retention_bytes=-1)
+            await c.alter_topic(dlq_topic("g"), reset=["retention_bytes"])
             await c.produce(wire.ProduceRequest("src", 0, [wire.encode_entry(Message("late"))]))
             late = (await c.queue_offsets("src", 0)).max_offset - 1
             await c.send_back("g", "src", 0, late, 1, 1)

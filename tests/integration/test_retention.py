@@ -103,7 +103,7 @@ async def test_size_retention_oldest_first_across_queues(tmp_path: Path) -> None
                 assert {(q, o) for o in range(qs.min_offset, qs.max_offset)} == {k for k in kept if k[0] == q}
             assert (await c.describe_topic("other")).queues[0].count == 10
             # per-topic override back to the broker default (unlimited): nothing more goes
-            await c.alter_topic("s", retention_bytes=-1)
+            assert (await c.alter_topic("s", reset=["retention_bytes"])).retention_bytes is None
             await produce(c, "s", 0, batch("x", 20, size=200))
             assert await b.lifecycle.enforce_retention() == 0
 

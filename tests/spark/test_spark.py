@@ -159,7 +159,7 @@ def test_fail_on_data_loss_both_ways(ss: Any, broker: EmbeddedBroker, client: Cl
     produce(client, "s-loss", 0, 30)
     client.alter_topic("s-loss", retention_ms=1)  # everything stored so far expires
     _wait_retention(client, "s-loss", 30)
-    client.alter_topic("s-loss", retention_ms=0)  # 0 = no limit again
+    client.alter_topic("s-loss", retention_ms=-1)  # -1 = keep forever (no limit) again
     produce(client, "s-loss", 0, 10)  # offsets 30..39 remain
 
     def read(**options: str) -> Any:

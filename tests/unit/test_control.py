@@ -104,12 +104,18 @@ def test_known_encoding() -> None:
     assert encode(control.CreateTopic("orders", 8)) == (
         b'{"name":"orders","queues":8,"retention_ms":null,"retention_bytes":null,"exist_ok":false}'
     )
+    assert encode(control.AlterTopic("t", retention_ms=-1, reset=["retention_bytes"])) == (
+        b'{"name":"t","queues":null,"retention_ms":-1,"retention_bytes":null,"reset":["retention_bytes"]}'
+    )
     assert encode(control.ResetAnswer({1: 2})) == b'{"offsets":{"1":2}}'
     assert decode(b'{"offsets":{"1":2}}', control.ResetAnswer) == control.ResetAnswer({1: 2})
 
 
 def test_defaults_fill_missing_fields() -> None:
     assert decode(b'{"name":"t"}', control.CreateTopic) == control.CreateTopic("t")
+    # an ALTER_TOPIC of a client that knows no ``reset``: nothing is reset
+    assert decode(b'{"name":"t","retention_ms":5}', control.AlterTopic) == control.AlterTopic("t", retention_ms=5)
+    assert control.AlterTopic("t").reset == []
     assert decode(b'{"group":"g","consumer_id":"c","topics":["t"]}', control.Heartbeat) == (
         control.Heartbeat("g", "c", ["t"])
     )
@@ -156,6 +162,9 @@ def test_malformed_payload_raises_remote_protocol_error(payload: bytes) -> None:
 @pytest.mark.parametrize(
     ("payload", "cls"),
     [
+        (b'{"name":"t","reset":"retention_ms"}', control.AlterTopic),  # a list, not a string
+        (b'{"name":"t","reset":[1]}', control.AlterTopic),
+        (b'{"name":"t","reset":[null]}', control.AlterTopic),
         (b'{"offsets":{"x":1}}', control.ResetAnswer),
         (b'{"offsets":[1,2]}', control.ResetAnswer),
         (b'{"info":{},"queues":[]}', control.TopicDescription),

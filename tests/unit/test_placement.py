@@ -36,7 +36,8 @@ from equeue.placement import (
 names = st.text(st.sampled_from("abcdefgh-_.%0123"), min_size=1, max_size=12)
 group_lists = st.lists(names, min_size=1, max_size=6, unique=True)
 ms = st.integers(0, 2**53)
-positive = st.none() | st.integers(0, 2**53)
+#: a retention override: none (the brokers' default), -1 (keep forever) or a limit
+retention = st.none() | st.just(-1) | st.integers(1, 2**53)
 
 groups = st.builds(GroupRecord, name=names, created_ms=ms)
 brokers = st.builds(
@@ -50,7 +51,7 @@ def topics(draw: st.DrawFn) -> TopicPlacement:
     owners = draw(st.lists(names, min_size=1, max_size=40))
     return TopicPlacement(
         name=draw(names), queues=len(owners), owners=tuple(owners), created_ms=draw(ms),
-        retention_ms=draw(positive), retention_bytes=draw(positive),
+        retention_ms=draw(retention), retention_bytes=draw(retention),
     )  # fmt: skip
 
 
@@ -118,7 +119,7 @@ def test_a_wrong_field_is_refused_or_still_valid(
         (b'{"name":"t","queues":0,"owners":[],"created_ms":1}', "queues"),
         (b'{"name":"t","queues":1,"owners":[""],"created_ms":1}', "empty"),
         (
-            b'{"name":"t","queues":"1","owners":["a"],"created_ms":1,"retention_ms":-1}',
+            b'{"name":"t","queues":"1","owners":["a"],"created_ms":1,"retention_ms":1.5}',
             "retention_ms",
         ),
         (b'{"name":"t","queues":true,"owners":["a"],"created_ms":1}', "integer"),
@@ -131,6 +132,21 @@ def test_bad_topic_records(payload: bytes, why: str) -> None:
     with pytest.raises(ClusterDataInvalid, match="TopicPlacement") as info:
         decode_topic(payload)
     assert why in str(info.value)
+
+
+def test_retention_forever_is_written_as_earlier_versions_read_no_limit() -> None:
+    """-1 (keep forever) goes to etcd as 0, which every earlier version reads as "no
+    limit" (and accepts: they refuse negative values); 0 or a negative value read
+    from etcd is -1, never a limit that deletes."""
+    rec = TopicPlacement("t", 1, ("a",), 5, retention_ms=-1, retention_bytes=None)
+    obj = json.loads(encode_topic(rec))
+    assert (obj["retention_ms"], obj["retention_bytes"]) == (0, None)
+    assert decode_topic(encode_topic(rec)) == rec
+    for stored in (0, -1, -1000):
+        raw = json.dumps({"name": "t", "queues": 1, "owners": ["a"], "created_ms": 5, "retention_bytes": stored})
+        assert decode_topic(raw.encode()).retention_bytes == -1
+    limited = TopicPlacement("t", 1, ("a",), 5, retention_ms=60_000)
+    assert json.loads(encode_topic(limited))["retention_ms"] == 60_000
 
 
 def test_extra_fields_are_ignored() -> None:
