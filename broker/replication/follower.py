@@ -264,7 +264,7 @@ class Follower:
             position = self.position = store.position
             req = FetchRequest(
                 self._broker_id, self._address, epoch, position, store.last_epoch, self._fetch_bytes, FETCH_WAIT_MS,
-                FORMAT_VERSION, self._proof,
+                FORMAT_VERSION, self._proof, position >= store.consistent_at,
             )
             ans = decode_fetch_answer(await self._request(link, RequestCode.REPLICA_FETCH, encode_fetch_request(req)))
             if ans.epoch != epoch:

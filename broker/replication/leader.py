@@ -129,7 +129,10 @@ class Answers(Protocol):
 class _Follower:
     """One follower as the leader sees it (loop only)."""
 
-    __slots__ = ("address", "at_end", "broker_id", "caught_up", "end_at_answer", "fetched", "last_answer", "position")
+    __slots__ = (
+        "acked", "address", "at_end", "broker_id", "caught_up", "consistent", "end_at_answer", "fetched",
+        "last_answer", "position",
+    )  # fmt: skip
 
     def __init__(self, broker_id: str, address: str, position: int, now: float) -> None:
         self.broker_id = broker_id
@@ -146,6 +149,10 @@ class _Follower:
         self.end_at_answer = -1
         #: its last fetch was at the end (now, or as of the previous answer)
         self.at_end = False
+        #: its last fetch said its store is consistent (a repair or copy complete)
+        self.consistent = False
+        #: ``position`` is an acknowledgement it made at this epoch (not the start value)
+        self.acked = False
 
 
 class LeaderLog:
@@ -334,7 +341,10 @@ class LeaderLog:
             f = self._followers[req.broker_id] = _Follower(req.broker_id, req.address, self._start, self._started_at)
         f.address = req.address
         f.fetched = now
+        f.consistent = req.consistent
         self._pins.pop(req.broker_id, None)  # fetching again: no snapshot in progress
+        if req.position < f.position and (f.acked or self._member(f.broker_id)):
+            self._regressed(f, req.position)
         if req.position > 0:
             end_of_epoch = store.end_of_epoch(req.last_epoch)
             if end_of_epoch < req.position:
@@ -344,13 +354,15 @@ class LeaderLog:
         if req.position < store.log_start:
             return self._reset(f, FetchStatus.TOO_OLD)
         end = store.position
-        # caught up: at the end now, or at the end the previous answer saw (Kafka's rule)
-        f.at_end = req.position >= end or req.position >= f.end_at_answer >= 0
-        if req.position >= end:
+        # caught up: at the end now, or at the end the previous answer saw (Kafka's
+        # rule), with a consistent store (a repair or a fuzzy copy is complete)
+        f.at_end = req.consistent and (req.position >= end or req.position >= f.end_at_answer >= 0)
+        if f.at_end and req.position >= end:
             f.caught_up = now
         elif f.at_end:
             f.caught_up = max(f.caught_up, f.last_answer)
         f.position = min(req.position, end)
+        f.acked = True
         self.advance()
         if req.position >= store.position and req.wait_ms > 0:
             with trio.move_on_after(req.wait_ms / 1000):
@@ -364,6 +376,24 @@ class LeaderLog:
         f.last_answer = self._clock()
         f.end_at_answer = store.position
         return self._answer(FetchStatus.OK, entries=entries)
+
+    def _member(self, broker_id: str) -> bool:
+        """``broker_id`` counts in the high watermark now (ISR, joining or unsettled)."""
+        return broker_id in self._election.state.isr or broker_id in self._joining or broker_id in self._unsettled
+
+    def _regressed(self, f: _Follower, position: int) -> None:
+        """A follower fetching below a position it acknowledged lost entries it had
+        (an OS crash with ``--flush async``, a restored disk; Kafka's KIP-966): it is
+        not caught up from now on, so it leaves the ISR (the high watermark waits for
+        it meanwhile, as for any member) and joins again only once caught up."""
+        isr = self._member(f.broker_id)
+        _isr_logs.log(logging.WARNING, f"regressed:{f.broker_id}", "group %s: follower %s fetched at %d, below "
+                      "%d it had acknowledged (it lost entries)%s", self.group, f.broker_id, position, f.position,
+                      ": it leaves the in-sync set" if isr else "")  # fmt: skip
+        f.caught_up = -float("inf")
+        f.at_end = False
+        f.end_at_answer = -1
+        f.position = position
 
     def _reset(self, f: _Follower, status: FetchStatus, diverge_at: int = 0) -> FetchAnswer:
         """A DIVERGED or TOO_OLD answer: the follower repairs or copies its store, and
@@ -386,6 +416,10 @@ class LeaderLog:
         it fetches, or after :data:`PIN_KEEP` without a renewal)."""
         old = self._pins.get(broker_id)
         self._pins[broker_id] = (position if old is None else min(old[0], position), self._clock())
+        f = self._followers.get(broker_id)
+        if f is not None:  # copying: caught up only at an end read after the copy
+            f.at_end = False
+            f.end_at_answer = -1
 
     # ------------------------------------------------------------------ duties
     async def run(self) -> None:
@@ -419,8 +453,8 @@ class LeaderLog:
             # registered, caught up at its last fetch (recent), with every acknowledged
             # write (an unsettled member is proposed again: the write settles the record)
             if (
-                b not in written and f.at_end and f.position >= floor and now - f.fetched <= self._lag_max
-                and (registered is None or b in registered)
+                b not in written and f.at_end and f.consistent and f.position >= floor
+                and now - f.fetched <= self._lag_max and (registered is None or b in registered)
             ):  # fmt: skip
                 add.add(b)
         return drop, add

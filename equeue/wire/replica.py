@@ -101,7 +101,9 @@ class FetchRequest:
     entries carry raw index keys, so replicas of different formats must not meet.
     ``proof`` is the follower's registration secret (its SHA-256 is in its broker
     record in etcd): the leader counts a fetch only from the broker it names (b"":
-    a follower from before the field, refused)."""
+    a follower from before the field, refused). ``consistent``: the follower's store
+    reached its ``consistent_at`` (a repair or a copy is complete): only then may it
+    count as caught up and join the in-sync set (absent: False)."""
 
     broker_id: str
     address: str
@@ -112,6 +114,7 @@ class FetchRequest:
     wait_ms: int
     store_format: int
     proof: bytes = b""
+    consistent: bool = False
 
 
 @attrs.frozen(slots=True)
@@ -228,25 +231,32 @@ def _fixed(st: struct.Struct, buf: bytes, pos: int, what: str) -> tuple[int, ...
 
 def encode_fetch_request(req: FetchRequest) -> bytes:
     """``broker_id str, address str, epoch u32, position u64, last_epoch u32,
-    max_bytes u32, wait_ms u32, store_format u32, proof bytes``."""
+    max_bytes u32, wait_ms u32, store_format u32, proof bytes, consistent u8``."""
     return b"".join((
         pack_str(req.broker_id), pack_str(req.address),
         _FETCH_REQ.pack(req.epoch, req.position, req.last_epoch, req.max_bytes, req.wait_ms),
-        _U32.pack(req.store_format), *_pack_bytes(req.proof),
+        _U32.pack(req.store_format), *_pack_bytes(req.proof), b"\x01" if req.consistent else b"\x00",
     ))  # fmt: skip
 
 
 def decode_fetch_request(buf: bytes) -> FetchRequest:
     """The one decoder of a fetch request (one that ends before ``store_format``
     comes from an older follower: :data:`STORE_FORMAT_UNSTATED`; before ``proof``:
-    b""); raises RemoteProtocolError."""
+    b""; before ``consistent``: False); raises RemoteProtocolError."""
     broker_id, pos = unpack_str(buf, 0)
     address, pos = unpack_str(buf, pos)
     epoch, position, last_epoch, max_bytes, wait_ms = _fixed(_FETCH_REQ, buf, pos, "fetch request")
     fmt, pos = _store_format(buf, pos + _FETCH_REQ.size, "fetch request")
     proof, pos = _proof(buf, pos, "fetch request")
+    consistent = False
+    if pos < len(buf):  # a follower from before the field sends none
+        if buf[pos] > 1:
+            raise _bad(f"fetch request: consistent must be 0 or 1, got {buf[pos]}")
+        consistent, pos = buf[pos] == 1, pos + 1
     _end(buf, pos, "fetch request")
-    return FetchRequest(broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms, fmt, proof)
+    return FetchRequest(
+        broker_id, address, epoch, position, last_epoch, max_bytes, wait_ms, fmt, proof, consistent
+    )
 
 
 def _store_format(buf: bytes, pos: int, what: str) -> tuple[int, int]:

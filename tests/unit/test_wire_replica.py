@@ -54,7 +54,7 @@ def fetch_answers(draw: Any) -> FetchAnswer:
     )  # fmt: skip
 
 
-fetch_requests = st.builds(FetchRequest, text, text, u32, u64, u32, u32, u32, u32, blob)
+fetch_requests = st.builds(FetchRequest, text, text, u32, u64, u32, u32, u32, u32, blob, st.booleans())
 keys_requests = st.builds(KeysRequest, u32, st.lists(st.tuples(u8, blob), max_size=8), text, blob)
 keys_answers = st.builds(KeysAnswer, u64, st.lists(st.none() | blob, max_size=8))
 snapshot_requests = st.builds(SnapshotRequest, u32, text, u8, st.none() | blob, u32, u32, blob)
@@ -67,18 +67,23 @@ def joined(parts: bytes | list[bytes]) -> bytes:
 
 def older_forms(value: Any, buf: bytes) -> dict[int, Any]:
     """The prefixes of ``buf`` an older follower sends (cut length → what it
-    decodes as): a request without its trailing proof (and broker id, for keys),
-    and a fetch or snapshot request without its store format too."""
+    decodes as): a request without its trailing consistent flag (fetch), proof (and
+    broker id, for keys), and a fetch or snapshot request without its store format."""
     if not hasattr(value, "proof"):
         return {}
+    forms: dict[int, Any] = {}
+    if hasattr(value, "consistent"):  # a fetch: the flag comes last
+        value = attrs.evolve(value, consistent=False)
+        forms[len(buf) - 1] = value
+        buf = buf[:-1]
     tail = 4 + len(value.proof)
     if not hasattr(value, "store_format"):  # keys: broker_id and proof come last
         tail += 2 + len(value.broker_id.encode())
-        return {len(buf) - tail: attrs.evolve(value, broker_id="", proof=b"")}
-    return {
-        len(buf) - tail: attrs.evolve(value, proof=b""),
-        len(buf) - tail - 4: attrs.evolve(value, proof=b"", store_format=STORE_FORMAT_UNSTATED),
-    }
+        forms[len(buf) - tail] = attrs.evolve(value, broker_id="", proof=b"")
+        return forms
+    forms[len(buf) - tail] = attrs.evolve(value, proof=b"")
+    forms[len(buf) - tail - 4] = attrs.evolve(value, proof=b"", store_format=STORE_FORMAT_UNSTATED)
+    return forms
 
 
 #: (strategy, encoder, decoder) of every layout
@@ -183,7 +188,7 @@ def test_a_request_without_a_store_format_is_an_older_followers() -> None:
     before ``store_format``: they decode as format 1, which a leader then refuses
     by name (the encoders always write the field)."""
     fetch = FetchRequest("f", "h:1", 3, 10, 2, 1 << 20, 500, 2)
-    old_fetch = encode_fetch_request(fetch)[:-8]  # (an empty proof is its u32 length alone)
+    old_fetch = encode_fetch_request(fetch)[:-9]  # (an empty proof is its u32 length alone; then the flag)
     assert decode_fetch_request(old_fetch) == attrs.evolve(fetch, store_format=1)
     snap = SnapshotRequest(3, "f", 1, b"k", 1 << 20, 2)
     old_snap = encode_snapshot_request(snap)[:-8]
