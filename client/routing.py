@@ -3,12 +3,21 @@
 A :class:`Router` answers, for every queue of every topic a client uses, which broker
 group owns it and which connection reaches that group. It bootstraps from one
 :class:`~client.connection.AsyncClient` (any broker of the cluster), asks it
-GET_ROUTES, and keeps the newest table it saw (:class:`RouteCache`: a table whose
-revision is older than the held one never replaces it). Group ``""`` is the bootstrap
-connection: a standalone broker owns every queue as group ``""``, so standalone and
-cluster clients run one code path. Every other group gets one ``AsyncClient`` (the
-bootstrap's security settings, the group's broker addresses), opened on first use in
-the router's nursery and closed when the group leaves the table.
+GET_ROUTES, and keeps the newest table it saw (:class:`RouteCache`: within one
+cluster incarnation a table whose revision is older than the held one never replaces
+it; a table of another incarnation, from an etcd that lost its data, does). Group
+``""`` is the bootstrap connection: a standalone broker owns every queue as group
+``""``, so standalone and cluster clients run one code path. Every other group gets
+one ``AsyncClient`` (the bootstrap's security settings, the group's broker
+addresses), opened on first use in the router's nursery and closed when the group
+leaves the table.
+
+Bootstrapping: the router remembers every broker address the route tables named
+(each group's leader and replicas, newest first, at most :data:`MAX_LEARNT` besides
+the bootstrap list) and gives them to the bootstrap client after its own addresses
+(:meth:`~client.connection.AsyncClient.retarget`), so when every bootstrap broker is
+dead or does not answer, GET_ROUTES (and whatever else the bootstrap client carries)
+reaches another broker of the cluster; any replica answers it, a follower too.
 
 A broker that answers UNKNOWN_REQUEST to GET_ROUTES (an older broker) is treated as
 standalone: each topic is looked up with GET_ROUTE and owned by ``""``.
@@ -63,6 +72,7 @@ log = logging.getLogger("equeue.client")
 
 __all__ = [
     "BOOTSTRAP",
+    "MAX_LEARNT",
     "MAX_TOPICS_PER_REQUEST",
     "MIN_REFRESH_INTERVAL",
     "ROUTING_ERRORS",
@@ -84,30 +94,45 @@ ROUTING_ERRORS = (NotOwner, NotLeader, QueueUnavailable, ConnectionBroken)
 MIN_REFRESH_INTERVAL = 0.15
 #: where a queue is served, as the route table says: (owner group, its addresses)
 Endpoint = tuple[str, tuple[str, ...]] | None
+#: most broker addresses learnt from route tables that the bootstrap client keeps
+#: besides its own (the newest tables' first)
+MAX_LEARNT = 64
 
 
 @attrs.define
 class RouteCache:
     """The newest route table seen (pure: no I/O; the rules the unit tests check).
 
-    ``merge`` takes an answer to GET_ROUTES for some topics: an answer at least as new
-    as the held revision replaces the groups and the topics it names (and drops the
-    topics it says are missing); an older one only adds topics not held yet (a client
-    must route them somewhere) and changes nothing else."""
+    ``merge`` takes an answer to GET_ROUTES for some topics when it is *current*: it
+    names a cluster incarnation other than the held one (etcd lost its data: its
+    revisions started again), or its revision is at least the held one (an answer
+    naming no incarnation, from a broker that predates it, is judged by revision
+    alone). A current answer replaces the groups and the topics it names (and drops
+    the topics it says are missing); another one only adds topics not held yet (a
+    client must route them somewhere) and changes nothing else. The held incarnation
+    is the last one a taken answer named."""
 
     cluster: bool = False
     revision: int = -1
     groups: dict[str, control.GroupRoute] = attrs.Factory(dict)
     topics: dict[str, control.TopicRoute] = attrs.Factory(dict)
+    incarnation: str = ""
+
+    def current(self, table: control.RouteTable) -> bool:
+        """Whether ``merge`` would take ``table`` (the rule above)."""
+        if table.incarnation and table.incarnation != self.incarnation:
+            return True
+        return table.revision >= self.revision
 
     def merge(self, table: control.RouteTable) -> bool:
-        """Take ``table`` under the rules above; whether it was newer or as new."""
-        if table.revision < self.revision:
+        """Take ``table`` under the rules above; whether it was current."""
+        if not self.current(table):
             for t in table.topics:
                 self.topics.setdefault(t.info.name, t)
             return False
         self.cluster = table.cluster
         self.revision = table.revision
+        self.incarnation = table.incarnation or self.incarnation
         self.groups = {g.name: g for g in table.groups}
         for t in table.topics:
             self.topics[t.info.name] = t
@@ -155,6 +180,13 @@ class RouteCache:
             return [BOOTSTRAP]
         return sorted(name for name, g in self.groups.items() if g.addresses)
 
+    def brokers(self) -> list[str]:
+        """Every broker address the held groups name, each once: the leaders first
+        (they surely answered lately), then the other replicas."""
+        leaders = [a for _, g in sorted(self.groups.items()) for a in g.addresses]
+        replicas = [a for _, g in sorted(self.groups.items()) for a in g.replicas]
+        return list(dict.fromkeys([*leaders, *replicas]))
+
     def table(self) -> control.RouteTable:
         """What is held, as a RouteTable."""
         return control.RouteTable(
@@ -162,6 +194,7 @@ class RouteCache:
             max(self.revision, 0),
             list(self.groups.values()),
             list(self.topics.values()),
+            incarnation=self.incarnation,
         )
 
 
@@ -193,6 +226,10 @@ class Router:
         policy: RetryPolicy = DEFAULT_POLICY,
     ) -> None:
         self.bootstrap = bootstrap
+        #: the bootstrap client's own addresses (tried first, never forgotten)
+        self.seeds = [f"{host}:{port}" for host, port in bootstrap.brokers]
+        #: broker addresses learnt from route tables (newest first, at most MAX_LEARNT)
+        self.learnt: list[str] = []
         self.refresh_interval = refresh_interval
         self.on_push = on_push
         self.policy = policy
@@ -305,13 +342,25 @@ class Router:
             table = await self._get_routes(topics[start : start + MAX_TOPICS_PER_REQUEST], auto_create)
             took = self.cache.merge(table) or took
         if took:
+            self._learn()
             self._sync_clients()
             for listener in list(self._listeners):
                 listener()
 
+    def _learn(self) -> None:
+        """Remember the broker addresses of the held table (before the ones learnt
+        earlier) and let the bootstrap client try them after its own: GET_ROUTES
+        still reaches the cluster once every bootstrap broker is gone."""
+        seeds = set(self.seeds)
+        named = [a for a in self.cache.brokers() if a not in seeds]
+        learnt = list(dict.fromkeys([*named, *self.learnt]))[:MAX_LEARNT]
+        if learnt != self.learnt:
+            self.learnt = learnt
+            self.bootstrap.retarget([*self.seeds, *learnt])
+
     async def _get_routes(self, topics: Sequence[str], auto_create: bool) -> control.RouteTable:
-        """GET_ROUTES at the bootstrap, else at any live group (the bootstrap's broker
-        may be the one that is down)."""
+        """GET_ROUTES at the bootstrap client (its own brokers, then the learnt ones:
+        :meth:`_learn`), else at any live group's connection."""
         if self.legacy:
             return await self._legacy_routes(topics, auto_create)
         try:

@@ -151,11 +151,16 @@ class GetRoutes:
 
 @attrs.frozen
 class GroupRoute:
-    """One broker group as a client needs it: the client addresses of its live brokers
-    (empty: the group is down, its queues answer QUEUE_UNAVAILABLE)."""
+    """One broker group as a client needs it. ``addresses`` is where its requests go:
+    ``[its leader's address]`` (empty: the group is down or has no leader, its queues
+    answer QUEUE_UNAVAILABLE). ``replicas`` are the client addresses of every broker
+    registered in it (the leader and its followers; empty from a broker that predates
+    the field): any of them answers GET_ROUTES, so a client whose bootstrap brokers
+    are gone fetches its routes there."""
 
     name: str
     addresses: list[str]
+    replicas: list[str] = attrs.Factory(list)
 
 
 @attrs.frozen
@@ -168,14 +173,18 @@ class TopicRoute:
 
 @attrs.frozen
 class RouteTable:
-    """GET_ROUTES' answer. ``revision`` (the etcd revision the broker's view is at; 0
-    standalone) only grows for one broker: a client keeps the newest table it saw."""
+    """GET_ROUTES' answer. ``revision`` is the etcd revision the broker's view is at (0
+    standalone); ``incarnation`` the id of the cluster's etcd data ("" standalone, or
+    from a broker that predates it), new when etcd lost its data and revisions started
+    again. Within one incarnation a client keeps the newest table it saw; a table of
+    another incarnation replaces it whatever its revision."""
 
     cluster: bool
     revision: int
     groups: list[GroupRoute]
     topics: list[TopicRoute]
     missing: list[str] = attrs.Factory(list)
+    incarnation: str = ""
 
 
 @attrs.frozen

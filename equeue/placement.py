@@ -14,6 +14,9 @@ Key layout (everything under one root, so one prefix watch sees it all)::
                                                           created by the takeover txn
     /equeue/isr/<group>                   IsrRecord       persistent (part 2); written by a
                                                           takeover and by the leader (CAS)
+    /equeue/cluster                       ClusterRecord   persistent; created if absent by the
+                                                          first broker that finds it missing:
+                                                          the incarnation of etcd's data
 
 Values are compact JSON, one encoder and
 one decoder per record (a dedicated cattrs converter with strict types); a value that
@@ -44,12 +47,14 @@ from equeue.retention import from_record, retention_problem, to_record
 
 __all__ = [
     "BROKERS_PREFIX",
+    "CLUSTER_KEY",
     "GROUPS_PREFIX",
     "ISR_PREFIX",
     "LEADERS_PREFIX",
     "ROOT",
     "TOPICS_PREFIX",
     "BrokerRecord",
+    "ClusterRecord",
     "GroupRecord",
     "IsrRecord",
     "KeyKind",
@@ -57,11 +62,13 @@ __all__ = [
     "TopicPlacement",
     "broker_key",
     "decode_broker",
+    "decode_cluster",
     "decode_group",
     "decode_isr",
     "decode_leader",
     "decode_topic",
     "encode_broker",
+    "encode_cluster",
     "encode_group",
     "encode_isr",
     "encode_leader",
@@ -83,6 +90,8 @@ TOPICS_PREFIX = ROOT + "topics/"
 #: part 2: the leader of each group (under the leader's lease) and its in-sync set
 LEADERS_PREFIX = ROOT + "leaders/"
 ISR_PREFIX = ROOT + "isr/"
+#: the cluster's incarnation (one key, not a prefix)
+CLUSTER_KEY = ROOT + "cluster"
 
 #: longest name segment of a key (group, broker id, topic)
 _MAX_SEGMENT = 255
@@ -123,13 +132,15 @@ def isr_key(group: str) -> str:
     return ISR_PREFIX + _segment(group, "broker group name")
 
 
-KeyKind = Literal["group", "broker", "topic", "leader", "isr"]
+KeyKind = Literal["group", "broker", "topic", "leader", "isr", "cluster"]
 
 
 def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]] | None:
     """What a key under :data:`ROOT` names: ("group", (g,)), ("broker", (g, id)),
-    ("topic", (t,)), ("leader", (g,)), ("isr", (g,)); None for any other key (a
-    newer layout's, or garbage)."""
+    ("topic", (t,)), ("leader", (g,)), ("isr", (g,)), ("cluster", ()) for
+    :data:`CLUSTER_KEY`; None for any other key (a newer layout's, or garbage)."""
+    if key == CLUSTER_KEY:
+        return "cluster", ()
     for kind, prefix, parts in (
         ("group", GROUPS_PREFIX, 1),
         ("broker", BROKERS_PREFIX, 2),
@@ -159,6 +170,17 @@ def _non_negative(_: object, attribute: attrs.Attribute[int], value: int) -> Non
 def _retention(_: object, attribute: attrs.Attribute[int | None], value: int | None) -> None:
     if value is not None and (why := retention_problem(attribute.name, value)) is not None:
         raise ValueError(why)
+
+
+@attrs.frozen
+class ClusterRecord:
+    """The incarnation of the cluster's etcd data: a random ``id`` made by the broker
+    that created the record (create-if-absent, never changed). An etcd that lost its
+    data has none; the first broker to see that creates a new one, so clients can
+    tell a table of the new data (whose revisions start low again) from a stale one."""
+
+    id: str = attrs.field(validator=_non_empty)
+    created_ms: int = attrs.field(validator=_non_negative)
 
 
 @attrs.frozen
@@ -283,6 +305,15 @@ def _decode(data: bytes, cls: type[T]) -> T:
             else str(exc)
         )
         raise ClusterDataInvalid(f"malformed {cls.__name__} record in etcd: {why}") from exc
+
+
+def encode_cluster(record: ClusterRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_cluster(data: bytes) -> ClusterRecord:
+    """Raises ClusterDataInvalid when ``data`` is not a ClusterRecord."""
+    return _decode(data, ClusterRecord)
 
 
 def encode_group(record: GroupRecord) -> bytes:

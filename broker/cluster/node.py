@@ -84,7 +84,13 @@ from equeue.errors import (
     TopicNotFound,
 )
 from equeue.logs import RateLimitedLog
-from equeue.placement import BrokerRecord, TopicPlacement
+from equeue.placement import (
+    CLUSTER_KEY,
+    BrokerRecord,
+    ClusterRecord,
+    TopicPlacement,
+    encode_cluster,
+)
 
 __all__ = ["ClusterNode", "load_broker_id"]
 
@@ -249,6 +255,7 @@ class ClusterNode:
                     await membership.wait_registered()
                     await view.ready.wait()
                     await view.wait_for(self._sees_itself)  # so its first placements count its group
+                    await self._ensure_incarnation()  # so GET_ROUTES names one from the start
                 if starting.cancelled_caught:
                     raise ClusterUnavailable(
                         f"etcd at {','.join(self.endpoints)} did not let the broker register and load the "
@@ -262,6 +269,7 @@ class ClusterNode:
                 try:
                     await self._pass(write=False)
                     nursery.start_soon(partial(self._materializer, write=False))
+                    nursery.start_soon(self._keep_incarnation)
                     async with election:
                         self.election = election
                         with trio.move_on_after(FOLLOW_TIMEOUT):
@@ -303,6 +311,34 @@ class ClusterNode:
     def _sees_itself(self) -> bool:
         state = self._view.groups().get(self.group)
         return state is not None and any(b.broker_id == self.broker_id for b in state.brokers)
+
+    # ------------------------------------------------------------------ incarnation
+    async def _ensure_incarnation(self) -> None:
+        """Return once the view holds the cluster's incarnation record, creating it
+        (create-if-absent: of brokers racing, one id wins) while etcd has none: at
+        the first start of a cluster, and after etcd lost its data. An etcd error is
+        logged and retried after a pause."""
+        view = self._view
+        while view.incarnation is None:
+            record = ClusterRecord(uuid.uuid4().hex, int(time.time() * 1000))
+            try:
+                if await self._etcd.create(CLUSTER_KEY, encode_cluster(record)):
+                    log.info("cluster: new cluster incarnation %s", record.id)
+            except ClusterUnavailable as exc:
+                _errors.log(logging.WARNING, "incarnation", "cluster: creating the incarnation record failed "
+                            "(retrying): %s", exc)  # fmt: skip
+                await trio.sleep(_RETRY_PAUSE)
+                continue
+            with trio.move_on_after(_RETRY_PAUSE):  # the watch brings it (or a reload does)
+                await view.wait_for(lambda: view.incarnation is not None)
+
+    async def _keep_incarnation(self) -> None:
+        """For the node's life: whenever the view finds no incarnation record (etcd
+        lost its data, or the key was deleted), create one (:meth:`_ensure_incarnation`)."""
+        view = self._view
+        while True:
+            await view.wait_for(lambda: view.incarnation is None)
+            await self._ensure_incarnation()
 
     # ------------------------------------------------------------------ materializer
     async def _materializer(self, *, write: bool) -> None:
@@ -637,8 +673,15 @@ class ClusterNode:
         return info, mine[origin_queue % len(mine)]
 
     def route_table(self, topics: list[control.TopicInfo], missing: list[str]) -> control.RouteTable:
+        """GET_ROUTES' answer from the view: per group its leader's address (where
+        requests go) and every registered replica's (where routes may be fetched),
+        the placements of ``topics``, and the cluster's incarnation ("" while etcd's
+        record is missing or does not decode)."""
         view = self._view
-        groups = [control.GroupRoute(name, state.addresses) for name, state in sorted(view.groups().items())]
+        groups = [
+            control.GroupRoute(name, state.addresses, state.replica_addresses)
+            for name, state in sorted(view.groups().items())
+        ]
         routes = []
         for info in topics:
             p = self._placements.get(info.name)
@@ -646,7 +689,7 @@ class ClusterNode:
                 missing.append(info.name)
                 continue
             routes.append(control.TopicRoute(attrs.evolve(info, queues=p.queues), list(p.owners)))
-        return control.RouteTable(True, view.revision, groups, routes, missing)
+        return control.RouteTable(True, view.revision, groups, routes, missing, view.incarnation or "")
 
     async def status(self) -> control.ClusterStatus:
         etcd_ok = False

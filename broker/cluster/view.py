@@ -29,6 +29,7 @@ from equeue.placement import (
     LeaderRecord,
     TopicPlacement,
     decode_broker,
+    decode_cluster,
     decode_group,
     decode_isr,
     decode_leader,
@@ -77,6 +78,12 @@ class GroupState:
             return [self.brokers[0].address]
         return []
 
+    @property
+    def replica_addresses(self) -> list[str]:
+        """The client addresses of every registered broker (leader and followers),
+        each once, in broker id order: any of them answers GET_ROUTES."""
+        return list(dict.fromkeys(b.address for b in self.brokers))
+
 
 @attrs.frozen
 class TopicChange:
@@ -91,11 +98,14 @@ class TopicChange:
 
 @attrs.frozen
 class Snapshot:
-    """One consistent state of the cluster as of etcd ``revision``."""
+    """One consistent state of the cluster as of etcd ``revision``. ``incarnation``
+    is the id of etcd's :class:`~equeue.placement.ClusterRecord`: None while etcd
+    holds none, "" for one that does not decode (logged)."""
 
     revision: int = 0
     groups: Mapping[str, GroupState] = MappingProxyType({})
     topics: Mapping[str, TopicPlacement] = MappingProxyType({})
+    incarnation: str | None = None
 
 
 class ClusterView:
@@ -121,6 +131,8 @@ class ClusterView:
         self._brokers: dict[tuple[str, str], BrokerRecord] = {}
         self._leaders: dict[str, LeaderRecord] = {}
         self._isrs: dict[str, IsrRecord] = {}
+        #: the cluster record: absent (None), or its id ("": it does not decode)
+        self._incarnation: str | None = None
         self._topics: dict[str, TopicPlacement] = {}
         self._topic_revs: dict[str, int] = {}  # mod_revision of each topic's record
         self._listeners: list[Callable[[TopicChange], None]] = []
@@ -149,6 +161,11 @@ class ClusterView:
     @property
     def revision(self) -> int:
         return self.snapshot.revision
+
+    @property
+    def incarnation(self) -> str | None:
+        """The id of the cluster's incarnation record (see :class:`Snapshot`)."""
+        return self.snapshot.incarnation
 
     def groups(self) -> Mapping[str, GroupState]:
         """Every known group (from its record or its brokers), live or down."""
@@ -243,6 +260,7 @@ class ClusterView:
         self._brokers.clear()
         self._leaders.clear()
         self._isrs.clear()
+        self._incarnation = None
         self._topics.clear()
         self._topic_revs.clear()
         for kv in kvs:
@@ -286,6 +304,8 @@ class ClusterView:
                     self._leaders.pop(names[0], None)
                 elif kind == "isr":
                     self._isrs.pop(names[0], None)
+                elif kind == "cluster":
+                    self._incarnation = None
                 else:
                     self._brokers.pop((names[0], names[1]), None)
             else:
@@ -303,8 +323,12 @@ class ClusterView:
         if parsed is None:
             return False
         kind, names = parsed
+        if kind == "cluster":
+            self._incarnation = ""  # (a record that does not decode still exists)
         try:
-            if kind == "group":
+            if kind == "cluster":
+                self._incarnation = decode_cluster(kv.value).id
+            elif kind == "group":
                 self._group_records[names[0]] = decode_group(kv.value)
             elif kind == "broker":
                 self._brokers[(names[0], names[1])] = decode_broker(kv.value)
@@ -339,7 +363,7 @@ class ClusterView:
             for name in sorted(members)
         }
         topics = MappingProxyType(dict(self._topics)) if topics_changed else self.snapshot.topics
-        self.snapshot = Snapshot(revision, MappingProxyType(groups), topics)
+        self.snapshot = Snapshot(revision, MappingProxyType(groups), topics, self._incarnation)
         self._changed.set()
         self._changed = trio.Event()
         if change.changed or change.deleted:

@@ -121,6 +121,23 @@ def test_defaults_fill_missing_fields() -> None:
     )
 
 
+def test_route_tables_with_and_without_replicas_and_incarnation() -> None:
+    table = control.RouteTable(True, 7, [control.GroupRoute("g1", ["h:1"], ["h:1", "h:2"])], [], [], "c0ffee")
+    assert encode(table) == (
+        b'{"cluster":true,"revision":7,"groups":[{"name":"g1","addresses":["h:1"],"replicas":["h:1","h:2"]}],'
+        b'"topics":[],"missing":[],"incarnation":"c0ffee"}'
+    )
+    # the answer of a broker that predates both fields: no replicas, no incarnation
+    old = b'{"cluster":true,"revision":7,"groups":[{"name":"g1","addresses":["h:1"]}],"topics":[],"missing":[]}'
+    assert decode(old, control.RouteTable) == control.RouteTable(True, 7, [control.GroupRoute("g1", ["h:1"])], [])
+    assert decode(old, control.RouteTable).incarnation == "" and control.GroupRoute("g", []).replicas == []
+    for bad in (b'"replicas":"h:1"', b'"replicas":[1]'):  # a wrong type is a bad payload, not a list of letters
+        with pytest.raises(RemoteProtocolError):
+            decode(b'{"name":"g1","addresses":[],' + bad + b"}", control.GroupRoute)
+    with pytest.raises(RemoteProtocolError):
+        decode(old[:-1] + b',"incarnation":5}', control.RouteTable)
+
+
 @pytest.mark.parametrize("cls", [control.ListTopics, control.ListGroups, control.Stats])
 def test_empty_payload_means_all_defaults(cls: type) -> None:
     assert decode(b"", cls) == cls()
