@@ -227,6 +227,22 @@ class GroupElection:
         """Re-check the campaign now (``eligible()`` may have turned true)."""
         self._wake.set()
 
+    async def resign(self) -> bool:
+        """Give the leader key back: delete it if it is still this broker's (the same
+        key, by its create revision), so another ISR member takes over at a new epoch.
+        For a leader that cannot serve (its store is not consistent at the takeover):
+        while ``eligible()`` is false it does not campaign again. True: resigned;
+        False: not the leader (any more). Raises ClusterUnavailable (retry)."""
+        lead = self._leader
+        if lead is None or not self.is_leader():
+            return False
+        ok, _ = await self._etcd.txn(
+            [compare_create(self._leader_key, lead.create_revision)], [delete_op(self._leader_key)]
+        )
+        if ok:
+            log.warning("group %s: resigned the leadership of epoch %d", self.group, lead.record.epoch)
+        return ok
+
     # ------------------------------------------------------------------ ISR changes
     async def set_isr(self, members: Sequence[str]) -> bool:
         """Write the ISR record ``members`` (the leader included) at ``state.epoch``,

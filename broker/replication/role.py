@@ -100,6 +100,7 @@ class RoleElection(LeaderElection, Protocol):
     def is_leader(self) -> bool: ...
     def fenced(self) -> bool: ...
     def nudge(self) -> None: ...
+    async def resign(self) -> bool: ...
 
 
 class Following(Protocol):
@@ -291,6 +292,7 @@ class ReplicaRole:
             log.error("group %s: this broker won epoch %d but its store is not consistent (position %d, "
                       "consistent at %d): it does not serve", self.group, epoch, store.position,
                       store.consistent_at)  # fmt: skip
+            await self._resign(epoch)
             return
         promoted_at = store.position
         # every member has what was below the previous leader's high watermark
@@ -313,6 +315,26 @@ class ReplicaRole:
         log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
                  store.log_start, store.position, ll.high_watermark)  # fmt: skip
         self._start_duty(self._leading, ll)
+
+    async def _resign(self, epoch: int) -> None:
+        """Give back a leadership this broker cannot serve, so that another in-sync
+        replica leads (it follows that one and repairs its store). Alone in the ISR
+        it keeps the key: no one else may lead, and an operator must act (logged).
+        etcd errors are retried while it still holds the key."""
+        e = self._election
+        while e.is_leader() and e.state.epoch == epoch and not eligible(self._store):
+            if len(e.state.isr) < 2:
+                log.error("group %s: no other in-sync replica can take over: the group has no serving leader "
+                          "until this broker's store is repaired (restart it, or copy a replica's store)",
+                          self.group)  # fmt: skip
+                return
+            try:
+                if await e.resign():
+                    return
+            except EQueueError as exc:
+                _follow_logs.log(logging.WARNING, "resign", "group %s: resigning failed (retrying): %s",
+                                 self.group, exc)  # fmt: skip
+            await trio.sleep(FOLLOW_RETRY)
 
     def _unsettled_at(self, epoch: int) -> set[str]:
         """The ISR members whose write had an unknown outcome at ``epoch`` (shared by

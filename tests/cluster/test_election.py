@@ -355,3 +355,22 @@ async def test_one_slow_keepalive_does_not_fence_a_healthy_leader(etcd: EtcdProc
                 assert trio.current_time() - start >= 1.0
                 assert not fenced, f"fenced by one slow keepalive at {fenced[:3]}"
                 assert a.serving()
+
+
+async def test_a_leader_that_resigns_hands_over_and_does_not_campaign_again(etcd: EtcdProcess) -> None:
+    """A leader whose store turned out inconsistent at the takeover resigns: its key
+    is deleted, another ISR member takes over at a new epoch, and the resigner does not
+    win it back while it is not eligible."""
+    eligible = {"b1": True, "b2": True}
+    async with EtcdClient([etcd.endpoint], request_timeout=1.0) as c:
+        async with contender(c, "b1", eligible=lambda: eligible["b1"]) as a:
+            await wait_until(a.is_leader, what="b1 leads")
+            async with contender(c, "b2", eligible=lambda: eligible["b2"]) as b:
+                assert await a.set_isr(("b1", "b2"))
+                await wait_until(lambda: b.state.isr == ("b1", "b2"), what="b2 sees the ISR")
+                eligible["b1"] = False  # (its store is not consistent)
+                assert await a.resign()
+                await wait_until(b.is_leader, what="b2 took over")
+                assert b.state.epoch == 2 and not a.is_leader() and a.state.leader_id == "b2"
+                assert not await a.resign()  # not the leader any more: nothing to give back
+                assert a.takeovers == 1 and b.takeovers == 1
