@@ -169,7 +169,7 @@ async def test_new_replica_catches_up_and_garbled_replica_requests_are_refused(t
                 (RequestCode.REPLICA_FETCH, b"\x00\x05garbage", "truncated"),
                 (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 0, 0, FORMAT_VERSION)), "max_bytes"),
                 # an older follower (its store format 1): refused by name, so it never applies our entries
-                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION))[:-8], "store format 1"),
+                (RequestCode.REPLICA_FETCH, encode_fetch_request(FetchRequest("x", "h:1", epoch, 0, 0, 1 << 20, 0, FORMAT_VERSION))[:-9], "store format 1"),
                 (RequestCode.REPLICA_SNAPSHOT, encode_snapshot_request(SnapshotRequest(epoch, "x", 1, None, 1 << 20, FORMAT_VERSION + 1)), f"store format {FORMAT_VERSION + 1}"),
                 (RequestCode.REPLICA_KEYS, b"\x00\x00\x00\x01\xff\xff\xff\xff", "announces"),
                 (RequestCode.REPLICA_KEYS, encode_keys_request(KeysRequest(epoch, [(250, b"k")])), "not a replicated"),
