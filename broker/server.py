@@ -46,7 +46,7 @@ from broker.auth import BrokerSecurity
 from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
-from broker.handlers.replica import ReplicaHandlers, no_replicas
+from broker.handlers.replica import ReplicaHandlers, no_recovery, no_replicas
 from broker.http import serve_http
 from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
@@ -278,6 +278,7 @@ class Broker:
             leader_log=(lambda: role.leader_log) if role is not None else (lambda: None),
             status=role.status if role is not None else self._standalone_status,
             identify=self.cluster.check_replica if self.cluster is not None else no_replicas,
+            recover=self.cluster.recover if self.cluster is not None else no_recovery,
         )
         return Handlers(
             store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,

@@ -365,4 +365,5 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.REPLICA_SNAPSHOT: Rule(replica=True),
     RequestCode.REPLICA_DIGEST: Rule(admin=True),
     RequestCode.REPLICATION_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
+    RequestCode.CLUSTER_RECOVER: Rule(admin=True, audit=True),
 }

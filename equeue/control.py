@@ -456,6 +456,21 @@ class ClusterStatus:
 
 
 @attrs.frozen
+class ClusterRecover:
+    """CLUSTER_RECOVER (``equeue cluster recover``): after etcd lost a group's records
+    (or was restored from an older state), write the group's ISR record at ``epoch``
+    with ``members`` (the first one takes over, at ``epoch + 1``). ``epoch`` must be
+    at least every live replica's last epoch, so no epoch number is used twice.
+    Answered by any replica of ``group`` (it has no leader); the answer is its
+    REPLICATION_STATUS after the write."""
+
+    CODE: ClassVar = RequestCode.CLUSTER_RECOVER
+    group: str
+    epoch: int
+    members: list[str]
+
+
+@attrs.frozen
 class ReplicationStatusRequest:
     """REPLICATION_STATUS: the answering broker's replication state (a leader knows
     every follower's position; a follower knows its own)."""
@@ -499,6 +514,8 @@ class ReplicationStatus:
     min_insync: int
     #: a leader: its followers; a follower: empty
     replicas: list[ReplicaStatus] = attrs.Factory(list)
+    #: the epoch of the last entry in this replica's store (what it has seen)
+    last_epoch: int = 0
 
 
 @attrs.frozen
@@ -741,6 +758,7 @@ REQUEST_TYPES: dict[int, type] = {
         ReplicationStatusRequest,
         ReplicaDigestRequest,
         ClusterStatusRequest,
+        ClusterRecover,
         GetMessage,
         FindByKey,
         SendBack,

@@ -40,6 +40,8 @@ class RequestCode(enum.IntEnum):
     # admin
     STATS = 60
     CLUSTER_STATUS = 61
+    #: an operator's recovery of a group whose records etcd lost (admin)
+    CLUSTER_RECOVER = 62
     # lookup
     GET_MESSAGE = 70
     FIND_BY_KEY = 71

@@ -27,6 +27,15 @@ write pending or unsettled, is never fenced: no one else may take over.
 
 Leadership ends with the lease: a crash lets it expire, a clean stop revokes it (the
 membership does, after this object's exit), and the followers see the delete at once.
+
+**etcd that lost its data, or was restored from a backup.** A replica whose store has
+seen an epoch newer than etcd's ISR record (``floor_epoch()`` above the record's
+epoch), or that finds no ISR record while its store has led or followed an epoch
+(``floor_epoch() > 0``), does not campaign: etcd forgot who was in sync, and a stale
+replica winning could reuse an epoch number the old leader used (its divergent
+entries would then pass the truncation checks) or lose acknowledged writes. It logs
+why (ERROR, rate-limited) and waits for the operator's ``equeue cluster recover``,
+which writes an ISR record at an epoch no live replica has passed (:meth:`recover`).
 """
 
 from __future__ import annotations
@@ -241,6 +250,7 @@ class GroupElection:
         )
         if ok:
             log.warning("group %s: resigned the leadership of epoch %d", self.group, lead.record.epoch)
+            await self._refresh()  # no longer the leader from now on, not from the watch's next event
         return ok
 
     # ------------------------------------------------------------------ ISR changes
@@ -401,7 +411,54 @@ class GroupElection:
             return False
         if self._present[self._isr_key] and (self._isr is None or self.broker_id not in self._isr.members):
             return False  # an ISR member must take over (or the record is unreadable)
-        return self._membership.registered and self._eligible()
+        if not (self._membership.registered and self._eligible()):
+            return False
+        return self.stale_record() is None
+
+    def stale_record(self) -> str | None:
+        """Why etcd's record of the group cannot be trusted to elect from (see the
+        module docstring), or None. Logged (ERROR, rate-limited) when not None."""
+        floor = self._floor_epoch()
+        isr = self._isr
+        if isr is None and not self._present[self._isr_key] and floor > 0:
+            why = (f"etcd has no record of group {self.group} but this replica's store has epoch {floor}: etcd "
+                   "lost its data")  # fmt: skip
+        elif isr is not None and floor > isr.epoch:
+            why = (f"etcd's record of group {self.group} is at epoch {isr.epoch} but this replica's store has "
+                   f"epoch {floor}: etcd was restored from an older state")  # fmt: skip
+        else:
+            return None
+        self._bad.log(logging.ERROR, "stale", "group %s: not taking over: %s. Recover with: equeue cluster "
+                      "recover --group %s", self.group, why, self.group)  # fmt: skip
+        return why
+
+    async def recover(self, epoch: int, members: Sequence[str]) -> bool:
+        """The operator's recovery after etcd lost the group's records (``equeue
+        cluster recover``): write the ISR record ``{epoch, members}`` when etcd has
+        none, or one at an older epoch, and no leader key. ``epoch`` must be at least
+        every live replica's (the caller asked them), so the next takeover's epoch
+        (``epoch + 1``) was never used. True: written; False: not written (etcd has
+        a leader or a record at ``epoch`` or later, ``epoch`` is below this replica's
+        last epoch, or the records changed meanwhile). Raises ClusterUnavailable."""
+        if not members:
+            raise ValueError("an ISR needs a member")
+        if epoch < self._floor_epoch():
+            return False  # this replica has seen a later epoch: it would be used twice
+        await self._refresh()
+        if self._present[self._leader_key]:
+            return False
+        current = self._isr
+        if current is not None and current.epoch >= epoch:
+            return False
+        record = IsrRecord(self.group, epoch, members[0], tuple(members))
+        ok, _ = await self._etcd.txn(
+            [compare_create(self._leader_key, 0), compare_mod(self._isr_key, self._isr_revision)],
+            [put_op(self._isr_key, encode_isr(record))],
+        )
+        if ok:
+            log.warning("group %s: recovered by an operator: ISR %s at epoch %d", self.group,
+                        ", ".join(members), epoch)  # fmt: skip
+        return ok
 
     async def _campaign(self) -> None:
         while True:

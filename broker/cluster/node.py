@@ -74,6 +74,7 @@ from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreRead
 from equeue import __version__, control
 from equeue.config import BrokerConfig
 from equeue.errors import (
+    BadRequest,
     ClusterUnavailable,
     ConfigError,
     EQueueError,
@@ -565,6 +566,29 @@ class ClusterNode:
         lease, as the view last saw them), this broker included."""
         state = self._view.groups().get(self.group) if self._view is not None else None
         return frozenset(b.broker_id for b in state.brokers) if state is not None else frozenset()
+
+    async def recover(self, req: control.ClusterRecover) -> None:
+        """CLUSTER_RECOVER (docs/cluster.md, "When etcd loses its data"): write this
+        group's ISR record ``{req.epoch, req.members}`` where etcd has none, or one at
+        an older epoch, and no leader. Raises BadRequest when the request is for
+        another group, names no or unregistered members, or an epoch below this
+        replica's store's; when etcd holds a leader or a record at that epoch or
+        later (nothing to recover). Raises ClusterUnavailable."""
+        if req.group != self.group:
+            raise BadRequest(f"this broker is a replica of group {self.group!r}, not {req.group!r}: ask one of "
+                             f"{req.group!r}'s replicas")  # fmt: skip
+        if not req.members:
+            raise BadRequest("name the replica to lead (members must not be empty)")
+        unknown = sorted(set(req.members) - self.replicas())
+        if unknown:
+            raise BadRequest(f"not registered in group {self.group!r}: {', '.join(unknown)}")
+        floor = self._floor_epoch()
+        if req.epoch < floor:
+            raise BadRequest(f"epoch {req.epoch} is below this replica's last epoch {floor}: an epoch would be "
+                             "used twice")  # fmt: skip
+        if not await self.election.recover(req.epoch, req.members):
+            raise BadRequest(f"etcd has a leader of group {self.group!r}, or an ISR record at epoch {req.epoch} "
+                             "or later: nothing to recover")  # fmt: skip
 
     def check_replica(self, broker_id: str, proof: bytes, peer: str = "?") -> None:
         """Accept a replication request only from another broker of this group that

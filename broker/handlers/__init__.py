@@ -101,6 +101,7 @@ class Handlers:
             control.GetRoute: t.get_route,
             control.GetRoutes: c.get_routes,
             control.ClusterStatusRequest: c.cluster_status,
+            control.ClusterRecover: replication.recover,
             control.DescribeTopic: t.describe_topic,
             control.QueueOffsets: o.queue_offsets,
             control.OffsetForTime: o.offset_for_time,
@@ -210,7 +211,7 @@ class Handlers:
 _OPEN_ON_FOLLOWER = frozenset({
     RequestCode.GET_ROUTES, RequestCode.GET_ROUTE, RequestCode.CLUSTER_STATUS, RequestCode.STATS,
     RequestCode.REPLICATION_STATUS, RequestCode.REPLICA_DIGEST, RequestCode.REPLICA_FETCH,
-    RequestCode.REPLICA_KEYS, RequestCode.REPLICA_SNAPSHOT,
+    RequestCode.REPLICA_KEYS, RequestCode.REPLICA_SNAPSHOT, RequestCode.CLUSTER_RECOVER,
 })  # fmt: skip
 
 #: the binary replication requests (their layouts start with no topic)

@@ -36,7 +36,7 @@ from equeue.wire.replica import (
     encode_snapshot_answer,
 )
 
-__all__ = ["Identify", "ReplicaHandlers", "no_replicas"]
+__all__ = ["Identify", "Recover", "ReplicaHandlers", "no_recovery", "no_replicas"]
 
 #: LMDB's key size limit (a longer or empty key is no key of the store)
 MAX_KEY = 511
@@ -88,20 +88,35 @@ def no_replicas(broker_id: str, proof: bytes, peer: str = "?") -> None:
     raise BadRequest("this broker is standalone: it has no replicas")
 
 
+class Recover(Protocol):
+    """``recover(req)``: write the group's ISR record as the operator asked
+    (:meth:`broker.cluster.node.ClusterNode.recover`); raises BadRequest when it may not."""
+
+    async def __call__(self, req: control.ClusterRecover, /) -> None: ...
+
+
+async def no_recovery(req: control.ClusterRecover) -> None:
+    """The ``recover`` of a standalone broker: it has no group (BadRequest)."""
+    raise BadRequest("this broker is standalone: it has no broker group to recover")
+
+
 class ReplicaHandlers:
     """The replication requests. ``leader_log()`` is the leader's log while this
     broker leads (None otherwise: NOT_LEADER); ``status()`` its replication state
     (epoch, role, followers); ``identify`` checks a follower's identity (see
-    :class:`Identify`; a standalone broker refuses every follower)."""
+    :class:`Identify`; a standalone broker refuses every follower); ``recover``
+    carries out CLUSTER_RECOVER (see :class:`Recover`)."""
 
     def __init__(
         self, *, store: ReplicaStore, leader_log: Callable[[], LeaderSide | None],
         status: Callable[[], control.ReplicationStatus], identify: Identify = no_replicas,
+        recover: Recover = no_recovery,
     ) -> None:  # fmt: skip
         self._store = store
         self._leader_log = leader_log
         self._status = status
         self._identify = identify
+        self._recover = recover
 
     def _replicated(self) -> control.ReplicationStatus:
         """This broker's replication state; raises BadRequest on a standalone broker
@@ -199,6 +214,14 @@ class ReplicaHandlers:
         self, req: control.ReplicationStatusRequest, ctx: RequestContext | None = None
     ) -> control.ReplicationStatus:
         """REPLICATION_STATUS: this broker's replication state."""
+        return self._status()
+
+    async def recover(self, req: control.ClusterRecover, ctx: RequestContext | None = None) -> control.ReplicationStatus:
+        """CLUSTER_RECOVER: write the group's ISR record as the operator asked (after
+        etcd lost the group's records); answers this replica's state after it.
+        Raises BadRequest (standalone, another group, an epoch below this replica's,
+        etcd already has a leader or a newer record), ClusterUnavailable."""
+        await self._recover(req)
         return self._status()
 
 

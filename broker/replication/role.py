@@ -432,9 +432,11 @@ class ReplicaRole:
             return control.ReplicationStatus(
                 "leader", self.group, self.broker_id, ll.epoch, self.broker_id, store.position,
                 ll.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync, ll.status(),
+                last_epoch=store.last_epoch,
             )  # fmt: skip
         return control.ReplicationStatus(
             "follower", self.group, self.broker_id, st.epoch, st.leader_id or "", store.position,
             self._follower.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync,
+            last_epoch=store.last_epoch,
         )  # fmt: skip
 

@@ -519,3 +519,80 @@ async def verify_cluster(router: Router, timeout: float, connect_timeout: float 
         for g in status.groups:
             nursery.start_soon(one, g)
     return VerifyReport(sorted(verdicts, key=lambda v: v.group))
+
+
+# ----------------------------------------------------------------------------- recovery
+@attrs.frozen
+class RecoveryCandidate:
+    """One live replica of a group as ``equeue cluster recover`` sees it: the epoch of
+    its last entry and its log position (None: it did not answer, ``error`` says why)."""
+
+    broker_id: str
+    address: str
+    last_epoch: int | None
+    position: int | None
+    error: str = ""
+
+
+@attrs.frozen
+class RecoveryPlan:
+    """What ``equeue cluster recover`` would write: the ISR record of ``group`` at
+    ``epoch`` (the highest last epoch of the replicas that answered) with ``leader``
+    alone (the most advanced replica, or the one asked for); ``problem`` (not empty):
+    why nothing can be written."""
+
+    group: str
+    candidates: list[RecoveryCandidate]
+    epoch: int
+    leader: str
+    problem: str = ""
+
+
+async def plan_recovery(router: Router, group: str, leader: str = "", connect_timeout: float = 3.0) -> RecoveryPlan:
+    """Ask every live replica of ``group`` (as CLUSTER_STATUS lists them) for its
+    REPLICATION_STATUS and plan the recovery (see :class:`RecoveryPlan`)."""
+    boot = router.bootstrap
+    status = await boot.cluster_status()
+    if not status.cluster:
+        return RecoveryPlan(group, [], 0, "", "the broker is standalone: there is no broker group to recover")
+    g = next((g for g in status.groups if g.name == group), None)
+    if g is None:
+        known = ", ".join(x.name for x in status.groups) or "none"
+        return RecoveryPlan(group, [], 0, "", f"no broker group {group!r} is registered (known: {known})")
+    candidates: list[RecoveryCandidate] = []
+
+    async def ask(b: control.BrokerStatus) -> None:
+        try:
+            async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+                with trio.fail_after(connect_timeout + 5):
+                    st = await c.replication_status()
+            candidates.append(RecoveryCandidate(b.broker_id, b.address, st.last_epoch, st.position))
+        except (EQueueError, OSError, trio.TooSlowError) as exc:
+            candidates.append(RecoveryCandidate(b.broker_id, b.address, None, None, str(exc) or type(exc).__name__))
+
+    async with trio.open_nursery() as nursery:
+        for b in g.brokers:
+            if b.alive and b.address:
+                nursery.start_soon(ask, b)
+    candidates.sort(key=lambda c: c.broker_id)
+    answered = [c for c in candidates if c.last_epoch is not None and c.position is not None]
+    if not answered:
+        return RecoveryPlan(group, candidates, 0, "", f"no replica of group {group!r} answered")
+    epoch = max(c.last_epoch or 0 for c in answered)
+    if leader:
+        chosen = next((c for c in answered if c.broker_id == leader), None)
+        if chosen is None:
+            return RecoveryPlan(group, candidates, epoch, leader, f"{leader} is not a live replica of {group!r} "
+                                "that answered")  # fmt: skip
+    else:
+        chosen = max(answered, key=lambda c: (c.last_epoch or 0, c.position or 0))
+    return RecoveryPlan(group, candidates, epoch, chosen.broker_id)
+
+
+async def recover_group(router: Router, plan: RecoveryPlan, connect_timeout: float = 3.0) -> control.ReplicationStatus:
+    """Send the plan's CLUSTER_RECOVER to its leader-to-be. Raises BrokerError (the
+    broker's refusal: etcd has a leader or a newer record, an epoch below its own)."""
+    boot = router.bootstrap
+    chosen = next(c for c in plan.candidates if c.broker_id == plan.leader)
+    async with AsyncClient(chosen.address, connect_timeout=connect_timeout, security=boot.security) as c:
+        return await c.call(control.ClusterRecover(plan.group, plan.epoch, [plan.leader]), control.ReplicationStatus)

@@ -1,6 +1,7 @@
 """``equeue cluster status``: the broker groups, their brokers and queues, whether this
 CLI reaches each broker, and each group's replication (leader, epoch, ISR, high
-watermark, followers' lag). ``equeue cluster verify``: compare every group's replicas
+watermark, followers' lag). ``equeue cluster verify``: compare every group's replicas.
+``equeue cluster recover``: give a group whose records etcd lost an ISR again
 (docs/cluster.md)."""
 
 from __future__ import annotations
@@ -114,3 +115,48 @@ def register(app: typer.Typer) -> None:
             for line in v.differences:
                 console.print(f"{v.group}: differs: {line}", highlight=False, soft_wrap=True)
         raise typer.Exit(report.exit_code)
+
+    @cluster_app.command("recover")
+    def recover(
+        group: str = typer.Option(..., "--group", help="The broker group whose records etcd lost."),
+        leader: str = typer.Option("", "--leader", help="The replica (broker id) to lead; default: the most advanced."),
+        yes: bool = typer.Option(False, "--yes", help="Write it (without: show the plan only)."),
+        broker: str = BROKER_OPTION,
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """After etcd lost its data (or was restored from an older state), replicas whose
+        stores have led or followed refuse to elect from what etcd says. This asks every
+        live replica of GROUP for the epoch of its last entry and its position, picks the
+        most advanced (or --leader), and with --yes writes the group's ISR record at the
+        highest epoch seen, with that replica alone: it takes over at the next epoch
+        (never used before by a live replica) and the others follow it and rejoin.
+        Replicas that are down are not asked: start every replica you can first.
+        Needs an admin user when the brokers authenticate."""
+        from equeue.cli._common import fail
+        from equeue.cli._routed import plan_recovery, recover_group
+
+        plan = routed(broker, lambda router: plan_recovery(router, group, leader))
+        if as_json and not yes:
+            print_json(plan)
+        elif not as_json:
+            table(
+                f"group {group}: replicas", ["broker", "address", "last epoch", "position", "note"],
+                [(c.broker_id, c.address, "" if c.last_epoch is None else c.last_epoch,
+                  "" if c.position is None else c.position,
+                  c.error or ("leads after recovery" if c.broker_id == plan.leader else ""))
+                 for c in plan.candidates],
+                right=["last epoch", "position"],
+            )  # fmt: skip
+        if plan.problem:
+            fail(plan.problem)
+        if not yes:
+            if not as_json:
+                console.print(f"plan: ISR {{{plan.leader}}} at epoch {plan.epoch}; {plan.leader} takes over at "
+                              f"epoch {plan.epoch + 1}. Add --yes to write it.", highlight=False)  # fmt: skip
+            return
+        st = routed(broker, lambda router: recover_group(router, plan))
+        if as_json:
+            print_json(st)
+            return
+        console.print(f"recovered group {group}: ISR {{{plan.leader}}} at epoch {plan.epoch}; "
+                      f"{plan.leader} takes over at epoch {plan.epoch + 1}", highlight=False)  # fmt: skip

@@ -370,7 +370,45 @@ async def test_a_leader_that_resigns_hands_over_and_does_not_campaign_again(etcd
                 await wait_until(lambda: b.state.isr == ("b1", "b2"), what="b2 sees the ISR")
                 eligible["b1"] = False  # (its store is not consistent)
                 assert await a.resign()
+                assert not a.is_leader()  # at once, not at the watch's next event
                 await wait_until(b.is_leader, what="b2 took over")
-                assert b.state.epoch == 2 and not a.is_leader() and a.state.leader_id == "b2"
+                await wait_until(lambda: a.state.leader_id == "b2", what="b1 sees b2 lead")
+                assert b.state.epoch == 2 and not a.is_leader()
                 assert not await a.resign()  # not the leader any more: nothing to give back
                 assert a.takeovers == 1 and b.takeovers == 1
+
+
+async def test_a_stale_or_missing_record_is_not_elected_from_until_an_operator_recovers(
+    etcd: EtcdProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd restored from an older state: its ISR record is at epoch 3, but b1's store
+    has seen epoch 5. Electing from the record could reuse epoch 4 or 5 (the old
+    leader's divergent entries would then pass the truncation checks), so b1 does not
+    campaign; likewise with no record at all (etcd lost its data) while its store has
+    history. The operator's recovery writes the record at epoch 5, and b1 takes over at
+    epoch 6, an epoch no replica used."""
+    caplog.set_level(logging.ERROR, "equeue.cluster.election")
+    async with EtcdClient([etcd.endpoint], request_timeout=1.0) as c:
+        for stale in (True, False):
+            if stale:
+                await c.put(isr_key("g"), encode_isr(IsrRecord("g", 3, "b9", ("b9", "b1"))))
+            else:
+                await c.delete(isr_key("g"))
+            address = "127.0.0.1:5801"
+            record = BrokerRecord("g", "b1", address, started_ms=1, pid=1, version="test")
+            async with Membership(c, record, ttl=TTL) as m:
+                e = GroupElection(c, group="g", broker_id="b1", address=address, membership=m, ttl=TTL,
+                                  eligible=lambda: True, floor_epoch=lambda: 5)  # fmt: skip
+                async with e:
+                    await m.wait_registered()
+                    with trio.fail_after(10):
+                        await e.wait_settled()  # returns: it may not campaign
+                    assert not e.is_leader() and e.takeovers == 0
+                    assert "Recover with: equeue cluster recover --group g" in caplog.text
+                    assert e.stale_record() is not None
+                    assert not await e.recover(4, ["b1"])  # below the store's epoch 5: it would be used twice
+                    assert await e.recover(5, ["b1"])
+                    await wait_until(e.is_leader, what="b1 took over after the recovery")
+                    assert e.state.epoch == 6
+                    assert not await e.recover(7, ["b1"])  # a leader exists: nothing to recover
+            caplog.clear()

@@ -8,12 +8,16 @@ each reproduced here as it was found (every test failed before its fix):
 2. a clean stop of a follower must not stall acks until ``--replica-lag-max``:
    its registration is gone, so the leader drops it from the in-sync set at once;
 3. a second broker with the same broker id (a copied data directory) is refused
-   at registration instead of answering for the live replica.
+   at registration instead of answering for the live replica;
+4. etcd losing its data under a live group: no replica elects itself from the empty
+   etcd; the operator's ``equeue cluster recover`` does, at a new epoch.
 """
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from broker.cluster.etcdproc import EtcdProcess
 from broker.process import BrokerProcess
 from broker.storage.layout import FORMAT_VERSION
 from client.connection import AsyncClient
@@ -141,3 +146,48 @@ def test_a_second_broker_with_the_same_broker_id_is_refused(replicas: Replicas, 
     finally:
         twin.close()
     assert rs.current_leader() == 0  # the original is untouched
+
+
+def test_after_etcd_lost_its_data_no_replica_elects_itself_until_the_operator_recovers(
+    tmp_path: Path, own_etcd: EtcdProcess
+) -> None:
+    """etcd restarts empty under a live group of 2 replicas that acknowledged writes:
+    no replica bootstraps the group again on its own (a stale one could reuse an
+    epoch, or lose acknowledged writes); both say why, naming the recovery command.
+    `equeue cluster recover --group G --yes` then makes the most advanced replica
+    lead at an epoch above every one used, with every acknowledged message."""
+    rs = ReplicaGroup(tmp_path, own_etcd.endpoint, "w", 2, "--acks", "all")
+    try:
+        rs.start()
+        leader = rs.leader()
+        c = rs.client(leader)
+        c.create_topic("t", 1)
+        rs.wait_isr(2)
+        for i in range(20):
+            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+        old = rs.status(leader)
+        assert old is not None
+        own_etcd.stop()
+        shutil.rmtree(own_etcd.data_dir)
+        own_etcd.start()
+
+        def both_refuse() -> bool:
+            return all(any("Recover with: equeue cluster recover --group w" in line for line in b.stderr_tail)
+                       for b in rs.brokers)  # fmt: skip
+
+        wait_until_sync(both_refuse, timeout=60, what="both replicas refuse to elect from the empty etcd")
+        assert all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
+        cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap]
+        plan = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert plan.returncode == 0 and "Add --yes" in plan.stdout, plan.stdout + plan.stderr
+        done = subprocess.run([*cli, "--yes"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        new = rs.leader()
+        st = rs.status(new)
+        assert st is not None and st.epoch > old.epoch
+        rs.client(new).create_topic("t", 1)  # the new etcd lacks it: serve the kept data again
+        assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
+        rs.wait_isr(2)
+        rs.check_verify()
+    finally:
+        rs.close()
