@@ -252,7 +252,10 @@ class OffsetAnswer:
 class CommitOffset:
     """Commit ``offset`` (the next offset to consume) for (group, topic, queue).
 
-    With a ``consumer_id`` the broker checks that member holds the queue's lease.
+    With a ``consumer_id`` the broker checks that member holds the queue's lease, and
+    never moves the committed offset back: an offset below the committed one is a late
+    commit of an earlier hold and is not written (answered OK). Without one the offset
+    is written as given.
     """
 
     CODE: ClassVar = RequestCode.COMMIT_OFFSET

@@ -57,7 +57,8 @@ class OffsetHandlers:
                 f"offset {req.offset} is past the end of {req.topic}/{req.queue_id}: its next offset is {end} "
                 "(commit at most the end)"
             )
-        await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset))
+        # a member's commit never moves the group back (a stale hold's late commit)
+        await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset, bool(req.consumer_id)))
 
     async def query_offset(
         self, req: control.QueryOffset, ctx: RequestContext

@@ -10,21 +10,32 @@ from broker.storage.writes import WriteContext, WriteOp
 
 @attrs.define
 class CommitOffsetOp(WriteOp):
-    """Record ``offset`` as ``group``'s committed offset of one queue (never raises)."""
+    """Record ``offset`` as ``group``'s committed offset of one queue (never raises).
+
+    ``forward_only`` (a lease-holding member's commit): an offset below the one
+    committed is not written. Such a commit comes from a hold of the queue that ended
+    (the member lost the lease, another member consumed further and committed, and the
+    first member holds the queue again): moving the group back would deliver again what
+    was consumed. Checked in the write transaction, so concurrent commits cannot race
+    it. RESET_OFFSETS writes without it (moving back is its purpose)."""
 
     group: str
     topic: str
     queue_id: int
     offset: int
+    forward_only: bool = False
 
     def inline_size(self) -> int:
         """One small put."""
         return 64
 
     def apply(self, w: WriteContext) -> None:
+        key = layout.offset_key(self.group, self.topic, self.queue_id)
+        db = w.db[b"offsets"]
+        if self.forward_only:
+            held = w.txn.get(key, db=db)
+            if held is not None and layout.unpack_u64(held) > self.offset:
+                return
         w.wrote = True
-        w.txn.put(
-            layout.offset_key(self.group, self.topic, self.queue_id), layout.pack_u64(self.offset),
-            db=w.db[b"offsets"],
-        )  # fmt: skip
+        w.txn.put(key, layout.pack_u64(self.offset), db=db)
         w.offsets[(self.group, self.topic, self.queue_id)] = self.offset
