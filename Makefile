@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install etcd-install test test-fast check run broker bench bench-peers clean
+.PHONY: install etcd-install net-tools-install test test-fast check run broker bench bench-peers clean
 
 install: $(STAMP)
 
@@ -23,7 +23,12 @@ etcd-install:
 	@test -x /usr/bin/etcd || { echo "installing etcd-server (needed by the cluster tests)"; \
 	  (apt-get update -qq && apt-get install -y -qq etcd-server) >/dev/null; }
 
-test: install etcd-install
+# the fault campaign partitions its network namespaces with iptables (Debian's package)
+net-tools-install:
+	@command -v iptables >/dev/null 2>&1 || { echo "installing iptables (the fault campaign's partitions)"; \
+	  (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null || echo "no iptables: the campaign runs without partitions"; }
+
+test: install etcd-install net-tools-install
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
 test-fast: install etcd-install
@@ -56,3 +61,10 @@ clean:
 .PHONY: cluster
 cluster: install etcd-install
 	$(PY) -m broker.cluster.local --groups 2 --replicas 3 --base-port 5800
+
+# the fault campaign (docs/chaos.md): a 3-member etcd and 2 broker groups of 3 replicas in
+# network namespaces, a workload recording a history, a seeded nemesis, a checker.
+# make chaos (5 minutes, a random seed, printed); make chaos SEED=1234 MINUTES=30 (replay, longer)
+.PHONY: chaos
+chaos: install etcd-install net-tools-install
+	$(PY) -m tests.chaos $(if $(SEED),--seed $(SEED)) --minutes $(or $(MINUTES),5)
