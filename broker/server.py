@@ -46,7 +46,7 @@ from broker.auth import BrokerSecurity
 from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from broker.groups import GroupRegistry
 from broker.handlers import Closing, Handlers, Limits
-from broker.handlers.replica import ReplicaHandlers, no_recovery, no_replicas
+from broker.handlers.replica import ReplicaHandlers, no_handover, no_recovery, no_replicas
 from broker.http import serve_http
 from broker.lifecycle import Lifecycle, subscribed_groups
 from broker.longpoll import ParkedPulls
@@ -218,6 +218,8 @@ class Broker:
                     await self._stop.wait()
                     # graceful shutdown
                     serve_scope.cancel()
+                    if self.role is not None:  # a leader hands its group to an in-sync follower first
+                        await self.role.hand_over_at_stop()
                     await cluster_role.aclose()  # leave the cluster at once (lease revoked)
                     self._closing.closing = True
                     self.parked.close()
@@ -279,6 +281,7 @@ class Broker:
             status=role.status if role is not None else self._standalone_status,
             identify=self.cluster.check_replica if self.cluster is not None else no_replicas,
             recover=self.cluster.recover if self.cluster is not None else no_recovery,
+            hand_over=role.hand_over if role is not None else no_handover,
         )
         return Handlers(
             store=self.store, appender=self.appender, submit=self.appender.submit, groups=self.groups,

@@ -366,4 +366,5 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.REPLICA_DIGEST: Rule(admin=True),
     RequestCode.REPLICATION_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
     RequestCode.CLUSTER_RECOVER: Rule(admin=True, audit=True),
+    RequestCode.CLUSTER_HANDOVER: Rule(admin=True, audit=True),
 }

@@ -474,6 +474,18 @@ class ClusterRecover:
 
 
 @attrs.frozen
+class ClusterHandover:
+    """CLUSTER_HANDOVER (``equeue cluster handover``), to ``group``'s leader: hand the
+    leadership to the in-sync follower ``to`` ("": the one furthest ahead), as Kafka's
+    preferred-leader election. The answer is the leader's REPLICATION_STATUS after it
+    gave the leadership up (it follows from then on)."""
+
+    CODE: ClassVar = RequestCode.CLUSTER_HANDOVER
+    group: str
+    to: str = ""
+
+
+@attrs.frozen
 class ReplicationStatusRequest:
     """REPLICATION_STATUS: the answering broker's replication state (a leader knows
     every follower's position; a follower knows its own)."""
@@ -762,6 +774,7 @@ REQUEST_TYPES: dict[int, type] = {
         ReplicaDigestRequest,
         ClusterStatusRequest,
         ClusterRecover,
+        ClusterHandover,
         GetMessage,
         FindByKey,
         SendBack,

@@ -239,12 +239,15 @@ class IsrRecord:
     """The in-sync replicas of ``group`` (part 2), persistent (no lease): broker ids,
     the leader included. Written by a takeover (epoch + 1) and by the leader of
     ``epoch`` only, in a transaction comparing the record's mod revision. Only a
-    member may take over: each member holds every acknowledged write."""
+    member may take over: each member holds every acknowledged write. ``handover``
+    (not empty): the leader handed the group over to that member and gave its key
+    up; the other members leave it the first try (one lease TTL)."""
 
     group: str = attrs.field(validator=_non_empty)
     epoch: int = attrs.field(validator=_non_negative)
     leader: str = attrs.field(validator=_non_empty)
     members: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_members)
+    handover: str = ""
 
 
 def _owners_match(

@@ -42,6 +42,8 @@ class RequestCode(enum.IntEnum):
     CLUSTER_STATUS = 61
     #: an operator's recovery of a group whose records etcd lost (admin)
     CLUSTER_RECOVER = 62
+    #: hand a group's leadership to an in-sync follower (admin; answered by the leader)
+    CLUSTER_HANDOVER = 63
     # lookup
     GET_MESSAGE = 70
     FIND_BY_KEY = 71

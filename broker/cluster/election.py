@@ -236,6 +236,29 @@ class GroupElection:
         """Re-check the campaign now (``eligible()`` may have turned true)."""
         self._wake.set()
 
+    async def hand_over(self, to: str) -> bool:
+        """Give the leadership to the ISR member ``to``: in one transaction, delete
+        this broker's leader key (by its create revision) and mark the ISR record's
+        ``handover`` with ``to``, which the other members leave the first try for one
+        TTL. The caller made sure ``to`` has every entry (writes stopped, ``to`` at the
+        end). True: done (this broker no longer leads); False: not the leader, or the
+        records changed. Raises ValueError (``to`` not another ISR member),
+        ClusterUnavailable."""
+        lead, isr = self._leader, self._isr
+        if lead is None or isr is None or not self.is_leader():
+            return False
+        if to == self.broker_id or to not in isr.members:
+            raise ValueError(f"{to} is not another in-sync replica of group {self.group}: {isr.members}")
+        record = IsrRecord(isr.group, isr.epoch, isr.leader, isr.members, to)
+        ok, _ = await self._etcd.txn(
+            [compare_create(self._leader_key, lead.create_revision), compare_mod(self._isr_key, self._isr_revision)],
+            [delete_op(self._leader_key), put_op(self._isr_key, encode_isr(record))],
+        )
+        if ok:
+            log.info("group %s: handed the leadership of epoch %d over to %s", self.group, lead.record.epoch, to)
+            await self._refresh()
+        return ok
+
     async def resign(self) -> bool:
         """Give the leader key back: delete it if it is still this broker's (the same
         key, by its create revision), so another ISR member takes over at a new epoch.
@@ -413,7 +436,17 @@ class GroupElection:
             return False  # an ISR member must take over (or the record is unreadable)
         if not (self._membership.registered and self._eligible()):
             return False
+        if self._handover_wait() > 0:
+            return False  # the leader handed the group over to another member: its turn first
         return self.stale_record() is None
+
+    def _handover_wait(self) -> float:
+        """Seconds this broker leaves the member the leader handed over to to take
+        over first (0: none, or this broker is that member, or it had its TTL)."""
+        isr = self._isr
+        if isr is None or not isr.handover or isr.handover == self.broker_id or self._vacant_since is None:
+            return 0.0
+        return max(0.0, self._vacant_since + self._ttl - trio.current_time())
 
     def stale_record(self) -> str | None:
         """Why etcd's record of the group cannot be trusted to elect from (see the
@@ -480,7 +513,9 @@ class GroupElection:
                     continue
                 if won:
                     continue
-            await self._wake.wait()
+            wait = self._handover_wait()  # past it, campaign even if that member never did
+            with trio.move_on_after(wait if wait > 0 else float("inf")):
+                await self._wake.wait()
 
     def _drop_stale_self(self) -> None:
         """A leader key of this broker's id under another lease is a previous life's

@@ -102,6 +102,7 @@ class Handlers:
             control.GetRoutes: c.get_routes,
             control.ClusterStatusRequest: c.cluster_status,
             control.ClusterRecover: replication.recover,
+            control.ClusterHandover: replication.hand_over,
             control.DescribeTopic: t.describe_topic,
             control.QueueOffsets: o.queue_offsets,
             control.OffsetForTime: o.offset_for_time,

@@ -36,7 +36,7 @@ from equeue.wire.replica import (
     encode_snapshot_answer,
 )
 
-__all__ = ["Identify", "Recover", "ReplicaHandlers", "no_recovery", "no_replicas"]
+__all__ = ["HandOver", "Identify", "Recover", "ReplicaHandlers", "no_handover", "no_recovery", "no_replicas"]
 
 #: LMDB's key size limit (a longer or empty key is no key of the store)
 MAX_KEY = 511
@@ -95,6 +95,18 @@ class Recover(Protocol):
     async def __call__(self, req: control.ClusterRecover, /) -> None: ...
 
 
+class HandOver(Protocol):
+    """``hand_over(to)``: hand this leader's group to the in-sync follower ``to``
+    (:meth:`broker.replication.role.ReplicaRole.hand_over`); returns the target."""
+
+    async def __call__(self, to: str = "", /) -> str: ...
+
+
+async def no_handover(to: str = "") -> str:
+    """The ``hand_over`` of a standalone broker: it has no group (BadRequest)."""
+    raise BadRequest("this broker is standalone: it has no broker group to hand over")
+
+
 async def no_recovery(req: control.ClusterRecover) -> None:
     """The ``recover`` of a standalone broker: it has no group (BadRequest)."""
     raise BadRequest("this broker is standalone: it has no broker group to recover")
@@ -110,13 +122,14 @@ class ReplicaHandlers:
     def __init__(
         self, *, store: ReplicaStore, leader_log: Callable[[], LeaderSide | None],
         status: Callable[[], control.ReplicationStatus], identify: Identify = no_replicas,
-        recover: Recover = no_recovery,
+        recover: Recover = no_recovery, hand_over: HandOver = no_handover,
     ) -> None:  # fmt: skip
         self._store = store
         self._leader_log = leader_log
         self._status = status
         self._identify = identify
         self._recover = recover
+        self._hand_over = hand_over
 
     def _replicated(self) -> control.ReplicationStatus:
         """This broker's replication state; raises BadRequest on a standalone broker
@@ -214,6 +227,18 @@ class ReplicaHandlers:
         self, req: control.ReplicationStatusRequest, ctx: RequestContext | None = None
     ) -> control.ReplicationStatus:
         """REPLICATION_STATUS: this broker's replication state."""
+        return self._status()
+
+    async def hand_over(self, req: control.ClusterHandover, ctx: RequestContext | None = None) -> control.ReplicationStatus:
+        """CLUSTER_HANDOVER: hand this leader's group to an in-sync follower; answers
+        this broker's state after it (a follower of the target). Raises BadRequest
+        (another group, not an in-sync follower, standalone), NotLeader, BrokerBusy
+        (the target did not catch up in time: this broker keeps leading),
+        ClusterUnavailable."""
+        status = self._replicated()
+        if req.group != status.group:
+            raise BadRequest(f"this broker is a replica of group {status.group!r}, not {req.group!r}")
+        await self._hand_over(req.to)
         return self._status()
 
     async def recover(self, req: control.ClusterRecover, ctx: RequestContext | None = None) -> control.ReplicationStatus:

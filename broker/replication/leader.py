@@ -211,6 +211,8 @@ class LeaderLog:
         self._held: deque[tuple[int, list[Any], list[outcome.Outcome[Any]]]] = deque()
         #: set (and replaced) at every commit and at close: long-polled fetches wake
         self._committed = trio.Event()
+        #: set (and replaced) at every fetch that moved a follower's position, and at close
+        self._progress = trio.Event()
         self._closed = False
         self._trimmer = LogTrimmer(store, call, config.replica_log_bytes)
 
@@ -314,6 +316,7 @@ class LeaderLog:
         for _, batch, _results in held:
             self._answers.fail(batch, exc)
         self._committed.set()
+        self._progress.set()
         self.readable.set()  # (the waiting reads find the broker not leading)
 
     @property
@@ -363,6 +366,8 @@ class LeaderLog:
             f.caught_up = max(f.caught_up, f.last_answer)
         f.position = min(req.position, end)
         f.acked = True
+        self._progress.set()
+        self._progress = trio.Event()
         self.advance()
         if req.position >= store.position and req.wait_ms > 0:
             with trio.move_on_after(req.wait_ms / 1000):
@@ -409,6 +414,24 @@ class LeaderLog:
         return FetchAnswer(
             status, self.epoch, self.high_watermark, store.position, diverge_at, store.log_start, entries or []
         )
+
+    def most_caught_up(self, candidates: Iterable[str]) -> str | None:
+        """The candidate follower with the highest acknowledged position (None: none
+        of them fetched at this epoch)."""
+        seen = [(f.position, b) for b in candidates if (f := self._followers.get(b)) is not None and f.acked]
+        return max(seen)[1] if seen else None
+
+    async def wait_caught_up(self, broker_id: str) -> None:
+        """Return once ``broker_id`` acknowledged the log's end (the caller stopped
+        the writes first, so the end stays put). Raises NotLeader when the log closes
+        meanwhile. Bound it with a cancel scope."""
+        while True:
+            if self._closed:
+                raise NotLeader(f"this broker stopped leading group {self.group!r}")
+            f = self._followers.get(broker_id)
+            if f is not None and f.acked and f.position >= self._store.position:
+                return
+            await self._progress.wait()
 
     def pin(self, broker_id: str, position: int) -> None:
         """A follower copying the store (REPLICA_SNAPSHOT) will fetch from

@@ -50,7 +50,14 @@ from broker.replication.leader import (
 from broker.storage import WriteOutcome
 from equeue import control
 from equeue.config import BrokerConfig
-from equeue.errors import BrokerShuttingDown, EQueueError, NotLeader, StaleEpoch
+from equeue.errors import (
+    BadRequest,
+    BrokerBusy,
+    BrokerShuttingDown,
+    EQueueError,
+    NotLeader,
+    StaleEpoch,
+)
 from equeue.logs import RateLimitedLog
 
 __all__ = ["ReplicaRole", "eligible"]
@@ -62,6 +69,8 @@ T = TypeVar("T")
 
 #: pause before following again after a failed follow (seconds)
 FOLLOW_RETRY = 0.5
+#: the longest a hand-over waits for its target to catch up (writes are refused meanwhile)
+HANDOVER_TIMEOUT = 5.0
 #: how often a follower checks whether it became eligible to lead (seconds)
 ELIGIBLE_CHECK = 0.5
 #: the longest a leader's start waits for its first leader duties (seconds)
@@ -101,6 +110,7 @@ class RoleElection(LeaderElection, Protocol):
     def fenced(self) -> bool: ...
     def nudge(self) -> None: ...
     async def resign(self) -> bool: ...
+    async def hand_over(self, to: str) -> bool: ...
 
 
 class Following(Protocol):
@@ -315,6 +325,54 @@ class ReplicaRole:
         log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
                  store.log_start, store.position, ll.high_watermark)  # fmt: skip
         self._start_duty(self._leading, ll)
+
+    async def hand_over(self, to: str = "", timeout: float = HANDOVER_TIMEOUT) -> str:
+        """Hand the group's leadership to the in-sync follower ``to`` (default: the
+        one furthest ahead), as Kafka's preferred-leader election: stop taking client
+        writes (answered NOT_LEADER, so producers retry at the new leader with the
+        same sequence), wait until ``to`` has every entry, then give the leader key up
+        marking ``to`` as the one to take over (:meth:`GroupElection.hand_over`); this
+        broker then follows it. Returns ``to``. On failure it serves again and raises
+        NotLeader (not leading), BadRequest (``to`` is not an in-sync follower, or
+        there is none), BrokerBusy (``to`` did not catch up within
+        ``timeout``), ClusterUnavailable (etcd)."""
+        ll, e = self.leader_log, self._election
+        if ll is None or not e.serving():
+            raise NotLeader(self._not_leader_text())
+        followers = [m for m in e.state.isr if m != self.broker_id]
+        target = to or ll.most_caught_up(followers) or ""
+        if not target or target not in followers:
+            raise BadRequest(f"{target or 'no follower'} is not an in-sync follower of group {self.group!r} "
+                             f"(ISR: {', '.join(e.state.isr)})")  # fmt: skip
+        self._appender.refuse(NotLeader(f"group {self.group!r} is handing its leadership over to {target}: "
+                                        "retry at the new leader"))  # fmt: skip
+        try:
+            await self._appender.call(lambda: None)  # the last transaction is over: the end stays put
+            with trio.move_on_after(timeout) as waited:
+                await ll.wait_caught_up(target)
+            if waited.cancelled_caught:
+                raise BrokerBusy(f"{target} did not catch up within {timeout:g} s: group {self.group!r} "
+                                       "keeps its leader")  # fmt: skip
+            if not await e.hand_over(target):
+                raise NotLeader(f"the leadership of group {self.group!r} changed during the hand-over")
+        except BaseException:
+            if self.leader_log is ll and e.serving():
+                self._appender.refuse(None)  # serve again
+            raise
+        log.info("group %s: handed the leadership over to %s", self.group, target)
+        return target
+
+    async def hand_over_at_stop(self) -> None:
+        """A clean stop of a leader with in-sync followers hands the group over first
+        (:meth:`hand_over`, bounded by its timeout), so clients move to a leader that
+        has every entry at once; failing that, the stop revokes the lease as before."""
+        ll, e = self.leader_log, self._election
+        if ll is None or not e.serving() or len(e.state.isr) < 2:
+            return
+        try:
+            await self.hand_over()
+        except EQueueError as exc:
+            log.warning("group %s: no hand-over before stopping (%s): the lease is revoked instead", self.group, exc)
 
     async def _resign(self, epoch: int) -> None:
         """Give back a leadership this broker cannot serve, so that another in-sync

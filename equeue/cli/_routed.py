@@ -596,3 +596,20 @@ async def recover_group(router: Router, plan: RecoveryPlan, connect_timeout: flo
     chosen = next(c for c in plan.candidates if c.broker_id == plan.leader)
     async with AsyncClient(chosen.address, connect_timeout=connect_timeout, security=boot.security) as c:
         return await c.call(control.ClusterRecover(plan.group, plan.epoch, [plan.leader]), control.ReplicationStatus)
+
+
+# ----------------------------------------------------------------------------- hand-over
+async def hand_over_group(router: Router, group: str, to: str = "", connect_timeout: float = 3.0) -> control.ReplicationStatus:
+    """CLUSTER_HANDOVER to ``group``'s leader (as the route table names it). Raises
+    ConfigError (no such group, or it has no leader now), BrokerError (the leader's
+    refusal: not an in-sync follower, the target did not catch up in time)."""
+    boot = router.bootstrap
+    table = await boot.get_routes([])
+    route = next((g for g in table.groups if g.name == group), None)
+    if not table.cluster or route is None:
+        known = ", ".join(g.name for g in table.groups) or "none"
+        raise ConfigError(f"no broker group {group!r} (known: {known})")
+    if not route.addresses:
+        raise ConfigError(f"group {group!r} has no leader now: nothing to hand over")
+    async with AsyncClient(route.addresses[0], connect_timeout=connect_timeout, security=boot.security) as c:
+        return await c.call(control.ClusterHandover(group, to), control.ReplicationStatus)

@@ -1,7 +1,8 @@
 """``equeue cluster status``: the broker groups, their brokers and queues, whether this
 CLI reaches each broker, and each group's replication (leader, epoch, ISR, high
 watermark, followers' lag). ``equeue cluster verify``: compare every group's replicas.
-``equeue cluster recover``: give a group whose records etcd lost an ISR again
+``equeue cluster recover``: give a group whose records etcd lost an ISR again.
+``equeue cluster handover``: move a group's leadership to an in-sync follower
 (docs/cluster.md)."""
 
 from __future__ import annotations
@@ -160,3 +161,25 @@ def register(app: typer.Typer) -> None:
             return
         console.print(f"recovered group {group}: ISR {{{plan.leader}}} at epoch {plan.epoch}; "
                       f"{plan.leader} takes over at epoch {plan.epoch + 1}", highlight=False)  # fmt: skip
+
+    @cluster_app.command("handover")
+    def handover(
+        group: str = typer.Option(..., "--group", help="The broker group whose leadership moves."),
+        to: str = typer.Option("", "--to", help="The in-sync follower (broker id) to lead; default: the one furthest ahead."),
+        broker: str = BROKER_OPTION,
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        """Hand GROUP's leadership to an in-sync follower, as Kafka's preferred-leader
+        election: the leader stops taking writes (clients retry at the new leader with
+        the same producer sequence), waits until the follower has every entry (at most
+        5 s, else it keeps leading and this fails), gives its leadership up to it and
+        follows it. A leader stopped cleanly does the same on its own. Needs an admin
+        user when the brokers authenticate."""
+        from equeue.cli._routed import hand_over_group
+
+        st = routed(broker, lambda router: hand_over_group(router, group, to))
+        if as_json:
+            print_json(st)
+            return
+        console.print(f"group {group}: {st.broker_id} handed its leadership over; it now follows "
+                      f"(epoch {st.epoch} ended)", highlight=False)  # fmt: skip

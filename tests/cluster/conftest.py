@@ -14,6 +14,7 @@ import base64
 import json
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -49,3 +50,18 @@ def etcd(_shared_etcd: EtcdProcess) -> EtcdProcess:
 def own_etcd() -> Iterator[EtcdProcess]:
     with EtcdProcess() as e:
         yield e
+
+
+async def recover_alone(client: Any, broker: Any) -> None:
+    """The operator's step after etcd lost its data (docs/cluster.md, "When etcd loses
+    its data: recovery"): CLUSTER_RECOVER naming ``broker`` (an in-process Broker, the
+    only replica of its group) alone, at its store's last epoch, through ``client``
+    (an AsyncClient connected to it); returns once it leads again."""
+    from equeue import control
+    from tests.conftest import wait_until
+
+    assert broker.cluster is not None
+    group, me = broker.config.broker_group, broker.cluster.broker_id
+    await client.call(control.ClusterRecover(group, broker.store.last_epoch, [me]), control.ReplicationStatus)
+    await wait_until(lambda: broker.role is not None and broker.role.leader_log is not None, timeout=20,
+                     what=f"{me} leads group {group} again")  # fmt: skip

@@ -34,6 +34,7 @@ from equeue.names import dlq_topic
 from equeue.placement import TopicPlacement, encode_topic, topic_key
 from equeue.security import ClientSecurity
 from producer import AsyncClient
+from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until
 
 GROUPS = ("g1", "g2")
@@ -247,7 +248,8 @@ async def test_etcd_losing_its_data_then_the_topic_created_again_deletes_nothing
     """etcd lost its data while the broker was down, and the topic was created again
     in the new etcd (a producer's auto-create at another broker): at its start the
     broker sees the revision went back and keeps its copy, messages included (it
-    deleted it as "an earlier incarnation")."""
+    deleted it as "an earlier incarnation"). Its group elects no leader from the empty
+    etcd until the operator recovers it."""
     cfg = make_config(tmp_path / "g1", cluster=own_etcd.endpoint, broker_group="g1")
     with trio.fail_after(50):
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
@@ -261,6 +263,7 @@ async def test_etcd_losing_its_data_then_the_topic_created_again_deletes_nothing
         again = TopicPlacement("kept", 2, ("g1", "g1"), created_ms=int(time.time() * 1000))
         _etcd_put(own_etcd, topic_key("kept"), encode_topic(again))
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
+            await recover_alone(c, b)  # its store has led: it waits for the operator
             info = b.store.topics["kept"]
             assert b.store.queue_state(info.topic_id, 0).next_offset == 1, "the broker deleted its copy"
             page = await c.pull(wire.PullRequest("kept", 0, 0))

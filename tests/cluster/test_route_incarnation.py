@@ -25,6 +25,7 @@ from client.routing import Router
 from equeue import Message, wire
 from equeue.placement import CLUSTER_KEY, decode_cluster
 from producer import AsyncClient
+from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until
 
 
@@ -64,6 +65,7 @@ async def test_a_client_takes_the_routes_of_an_etcd_that_lost_its_data(tmp_path:
             await trio.to_thread.run_sync(own_etcd.start)
             await wait_until(lambda: b1.cluster is not None and b1.cluster.view.loads > loads, timeout=20, what="reload")
             await wait_until(_registered(c, b1, "g1"), timeout=20, what="g1 registered again")
+            await recover_alone(c, b1)  # g1's store has led: it waits for the operator
             b2 = await stack.enter_async_context(open_broker(config(tmp_path, own_etcd, "g2")))
             await wait_until(_registered(c, b2, "g2"), timeout=20, what="g2 registered")
             await c.create_topic("fresh", 2)

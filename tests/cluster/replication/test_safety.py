@@ -67,7 +67,7 @@ async def _forge(address: str, req: FetchRequest, *, strip_proof: bool) -> BaseE
     or None when the leader took it."""
     payload = encode_fetch_request(req)
     if strip_proof:  # the layout before replica proofs (what the review's client sent)
-        payload = payload[:-4]
+        payload = payload[:-5]  # (an empty proof is its u32 length alone; then the consistent flag)
     async with AsyncClient(address) as c:
         try:
             await c.request(RequestCode.REPLICA_FETCH, payload)
