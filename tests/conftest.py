@@ -30,10 +30,11 @@ Waiting:
 from __future__ import annotations
 
 import inspect
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -83,6 +84,29 @@ async def wait_wall_clock_past(ms: int, *, timeout: float = 10.0) -> None:
     """Wait until the wall clock is past ``ms``: for tests of broker-stamped times
     (a message older than its retention, a mark between two stamps)."""
     await wait_until(lambda: wall_ms() > ms, timeout=timeout, interval=0.001, what=f"the wall clock passes {ms} ms")
+
+
+T = TypeVar("T")
+
+
+def in_threads(items: Iterable[T], fn: Callable[[T], object]) -> None:
+    """``fn(item)`` for every item at once, one thread each (starting processes costs
+    their start-up time, not the sum); raises the first failure once all ended."""
+    errors: list[BaseException] = []
+
+    def one(item: T) -> None:
+        try:
+            fn(item)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def wait_until_sync(

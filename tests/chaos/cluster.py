@@ -19,13 +19,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from broker.process import BrokerProcess
 from equeue.errors import EQueueError
 from tests.chaos.net import Network
+from tests.conftest import in_threads
 
 __all__ = ["ETCD_BINARY", "ChaosBroker", "Cluster", "EtcdMember"]
 
@@ -257,8 +258,8 @@ class Cluster:
     def start_brokers(self) -> None:
         """Each group's replica 0 first (it bootstraps the group and leads, epoch 1),
         then the other replicas in parallel."""
-        self._parallel([self.members(g)[0] for g in self.group_names], self.start_broker)
-        self._parallel([n for g in self.group_names for n in self.members(g)[1:]], self.start_broker)
+        in_threads([self.members(g)[0] for g in self.group_names], self.start_broker)
+        in_threads([n for g in self.group_names for n in self.members(g)[1:]], self.start_broker)
 
     def start_broker(self, node: str, timeout: float = 90.0) -> None:
         b = self.brokers[node]
@@ -267,24 +268,6 @@ class Cluster:
         with self.lock:
             self.down.discard(node)
             self.frozen.discard(node)
-
-    @staticmethod
-    def _parallel(items: list[str], fn: Callable[[str], None]) -> None:
-        errors: list[BaseException] = []
-
-        def one(item: str) -> None:
-            try:
-                fn(item)
-            except BaseException as exc:  # re-raised below, in the caller's thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in items]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
 
     # ------------------------------------------------------------------ faults
     def kill(self, node: str) -> None:

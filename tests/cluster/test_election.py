@@ -292,69 +292,72 @@ class Severable(EtcdClient):
             yield batch
 
 
+@asynccontextmanager
+async def severable_leader(etcd: EtcdProcess) -> AsyncIterator[tuple[Severable, GroupElection, GroupElection]]:
+    """b1 leading group g through a :class:`Severable` link to etcd, and b2, a second
+    contender on a plain one."""
+    async with Severable([etcd.endpoint], request_timeout=1.0) as link, EtcdClient(
+        [etcd.endpoint], request_timeout=1.0
+    ) as c:
+        async with contender(link, "b1") as a:
+            await wait_until(a.is_leader, what="b1 leads")
+            async with contender(c, "b2") as b:
+                yield link, a, b
+
+
 async def test_an_isr_write_whose_answer_was_lost_counts_for_fencing(etcd: EtcdProcess) -> None:
     """The leader's ISR write {b1, b2} is applied but its answer lost, and b1 is then
     cut from etcd: b2 may take over once b1's lease expires, so b1 must fence itself
     first although the ISR it last saw was {b1} alone. Two leaders never serve."""
-    async with Severable([etcd.endpoint], request_timeout=1.0) as lossy, EtcdClient(
-        [etcd.endpoint], request_timeout=1.0
-    ) as c:
-        async with contender(lossy, "b1") as a:
-            await wait_until(a.is_leader, what="b1 leads")
-            async with contender(c, "b2") as b:
-                await wait_until(lambda: b.state.leader_id == "b1", what="b2 sees b1 lead")
-                lossy.lose_txn_answer = True
-                with pytest.raises(ClusterUnavailable):
-                    await a.set_isr(("b1", "b2"))
-                assert a.state.isr == ("b1",)  # b1 never learnt: etcd has {b1, b2}
-                both: list[float] = []
+    async with severable_leader(etcd) as (lossy, a, b):
+        await wait_until(lambda: b.state.leader_id == "b1", what="b2 sees b1 lead")
+        lossy.lose_txn_answer = True
+        with pytest.raises(ClusterUnavailable):
+            await a.set_isr(("b1", "b2"))
+        assert a.state.isr == ("b1",)  # b1 never learnt: etcd has {b1, b2}
+        both: list[float] = []
 
-                async def watch_both() -> None:
-                    while True:
-                        if a.serving() and b.serving():
-                            both.append(trio.current_time())
-                        await trio.sleep(0.01)
+        async def watch_both() -> None:
+            while True:
+                if a.serving() and b.serving():
+                    both.append(trio.current_time())
+                await trio.sleep(0.01)
 
-                async with trio.open_nursery() as n:
-                    n.start_soon(watch_both)
-                    await wait_until(a.fenced, timeout=TTL * 2, what="b1 fenced itself")
-                    await wait_until(b.is_leader, timeout=TTL * 5, what="b2 took over")
-                    n.cancel_scope.cancel()
-                assert b.state.epoch == 2 and not a.serving()
-                assert not both, "two leaders served at once"
+        async with trio.open_nursery() as n:
+            n.start_soon(watch_both)
+            await wait_until(a.fenced, timeout=TTL * 2, what="b1 fenced itself")
+            await wait_until(b.is_leader, timeout=TTL * 5, what="b2 took over")
+            n.cancel_scope.cancel()
+        assert b.state.epoch == 2 and not a.serving()
+        assert not both, "two leaders served at once"
 
 
 async def test_one_slow_keepalive_does_not_fence_a_healthy_leader(etcd: EtcdProcess) -> None:
     """One keepalive answered 1 s late (half of TTL 2, most of the fence window of
     1.33 s): the next renewal goes out on time, so the leader never fences."""
-    async with Severable([etcd.endpoint], request_timeout=1.0) as slow, EtcdClient(
-        [etcd.endpoint], request_timeout=1.0
-    ) as c:
-        async with contender(slow, "b1") as a:
-            await wait_until(a.is_leader, what="b1 leads")
-            async with contender(c, "b2") as b:
-                assert await a.set_isr(("b1", "b2"))
-                await wait_until(lambda: b.state.isr == ("b1", "b2"), what="b2 sees the ISR")
-                fenced: list[float] = []
+    async with severable_leader(etcd) as (slow, a, b):
+        assert await a.set_isr(("b1", "b2"))
+        await wait_until(lambda: b.state.isr == ("b1", "b2"), what="b2 sees the ISR")
+        fenced: list[float] = []
 
-                async def watch_fence() -> None:
-                    while True:
-                        if a.fenced():
-                            fenced.append(trio.current_time())
-                        await trio.sleep(0.01)
+        async def watch_fence() -> None:
+            while True:
+                if a.fenced():
+                    fenced.append(trio.current_time())
+                await trio.sleep(0.01)
 
-                async with trio.open_nursery() as n:
-                    n.start_soon(watch_fence)
-                    slow.slow_keepalive = 1.0
-                    await wait_until(lambda: not slow.slow_keepalive, what="the slow keepalive sent")
-                    start = trio.current_time()
-                    renewed = a._membership.registrations, a._membership.last_renewal_sent
-                    await wait_until(lambda: a._membership.last_renewal_sent > renewed[1] + 1.5,
-                                     timeout=10, what="renewals past the slow answer")  # fmt: skip
-                    n.cancel_scope.cancel()
-                assert trio.current_time() - start >= 1.0
-                assert not fenced, f"fenced by one slow keepalive at {fenced[:3]}"
-                assert a.serving()
+        async with trio.open_nursery() as n:
+            n.start_soon(watch_fence)
+            slow.slow_keepalive = 1.0
+            await wait_until(lambda: not slow.slow_keepalive, what="the slow keepalive sent")
+            start = trio.current_time()
+            renewed = a._membership.last_renewal_sent
+            await wait_until(lambda: a._membership.last_renewal_sent > renewed + 1.5,
+                             timeout=10, what="renewals past the slow answer")  # fmt: skip
+            n.cancel_scope.cancel()
+        assert trio.current_time() - start >= 1.0
+        assert not fenced, f"fenced by one slow keepalive at {fenced[:3]}"
+        assert a.serving()
 
 
 async def test_a_leader_that_resigns_hands_over_and_does_not_campaign_again(etcd: EtcdProcess) -> None:

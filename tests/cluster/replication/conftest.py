@@ -35,7 +35,7 @@ from equeue.control import (
 )
 from equeue.errors import EQueueError
 from producer import Client
-from tests.conftest import ROOT, wait_until_sync
+from tests.conftest import ROOT, in_threads, wait_until_sync
 
 #: the lease TTL every replica runs with (failover within a few seconds)
 LEASE_TTL = 2
@@ -62,22 +62,8 @@ class ReplicaGroup:
     # ------------------------------------------------------------------ processes
     def start(self, *indexes: int) -> ReplicaGroup:
         """Start these replicas (default: every one) at once; raise the first failure."""
-        errors: list[BaseException] = []
         chosen = [self.brokers[i] for i in indexes] if indexes else self.brokers
-
-        def one(b: BrokerProcess) -> None:
-            try:
-                b.start(timeout=60)
-            except BaseException as exc:  # reported below, in the test's thread
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(b,)) for b in chosen]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
+        in_threads(chosen, lambda b: b.start(timeout=60))
         for i, b in enumerate(self.brokers):
             if b in chosen:
                 self._ids[(b.data_dir / "broker.id").read_text().strip()] = i
