@@ -156,7 +156,7 @@ class Broker:
 
             self.cluster = ClusterNode(
                 cfg, self.store, self.appender.submit, eligible=functools.partial(eligible, self.store),
-                floor_epoch=lambda: self.store.last_epoch,
+                floor_epoch=lambda: self.store.last_epoch, led_epoch=lambda: self.store.led_epoch,
             )
         token = trio.lowlevel.current_trio_token()
         lifecycle = self.lifecycle = Lifecycle(

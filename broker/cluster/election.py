@@ -116,7 +116,10 @@ class GroupElection:
     ``eligible()`` says whether this broker may lead now (its store is consistent);
     call :meth:`nudge` when it turns true. ``floor_epoch()`` (default 0) is the
     highest epoch this broker's store has seen: a takeover's epoch is above it too,
-    so an etcd that lost its records never makes a leader reuse an epoch. ``changed``
+    so an etcd that lost its records never makes a leader reuse an epoch.
+    ``led_epoch()`` (default: ``floor_epoch()``) is the last epoch the store got from
+    a leader: above 0, the store has been part of the group, and a missing or older
+    ISR record is not elected from (see the module docstring). ``changed``
     is set (then replaced) at every change of ``state`` and every flip of
     :meth:`fenced`. Nothing here raises on etcd trouble but :meth:`set_isr`
     (ClusterUnavailable): the watch reloads and the campaign retries.
@@ -133,6 +136,7 @@ class GroupElection:
         ttl: int,
         eligible: Callable[[], bool],
         floor_epoch: Callable[[], int] = lambda: 0,
+        led_epoch: Callable[[], int] | None = None,
     ) -> None:
         self._etcd = etcd
         self.group = group
@@ -142,6 +146,7 @@ class GroupElection:
         self._ttl = ttl
         self._eligible = eligible
         self._floor_epoch = floor_epoch
+        self._led_epoch = floor_epoch if led_epoch is None else led_epoch
         self._leader_key = leader_key(group)
         self._isr_key = isr_key(group)
         # one watch covers both keys, so the two puts of a takeover arrive in one
@@ -451,7 +456,7 @@ class GroupElection:
     def stale_record(self) -> str | None:
         """Why etcd's record of the group cannot be trusted to elect from (see the
         module docstring), or None. Logged (ERROR, rate-limited) when not None."""
-        floor = self._floor_epoch()
+        floor = self._led_epoch()
         isr = self._isr
         if isr is None and not self._present[self._isr_key] and floor > 0:
             why = (f"etcd has no record of group {self.group} but this replica's store has epoch {floor}: etcd "

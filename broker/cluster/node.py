@@ -177,10 +177,12 @@ class ClusterNode:
         *,
         eligible: Callable[[], bool] = lambda: True,
         floor_epoch: Callable[[], int] = lambda: 0,
+        led_epoch: Callable[[], int] | None = None,
     ) -> None:
         self.group = config.broker_group
         self._eligible = eligible
         self._floor_epoch = floor_epoch
+        self._led_epoch = led_epoch
         self.endpoints = list(config.cluster)
         self._config = config
         self._store = store
@@ -266,6 +268,7 @@ class ClusterNode:
                 election = GroupElection(
                     etcd, group=self.group, broker_id=self.broker_id, address=self.address,
                     membership=membership, ttl=self._ttl, eligible=self._eligible, floor_epoch=self._floor_epoch,
+                    led_epoch=self._led_epoch,
                 )  # fmt: skip
                 try:
                     await self._pass(write=False)

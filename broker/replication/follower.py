@@ -352,6 +352,11 @@ class Follower:
         leader's, when it answered TOO_OLD."""
         store = self._store
         why = "an interrupted copy" if log_start is None else f"behind the leader's log (it starts at {log_start})"
+        if store.converted_epoch and store.last_epoch == store.converted_epoch:
+            log.warning("this replica holds data written before replication that its group's leader does not "
+                        "have (epoch %d, position %d): it is replaced by a copy of the leader's store (start a "
+                        "group from one converted store; the others join empty)", store.converted_epoch,
+                        store.position)  # fmt: skip
         self._logs.log(logging.WARNING, "snapshot", "position %d: %s: copying the store",
                        store.position, why)  # fmt: skip
         await self._call(store.reset_for_snapshot)

@@ -75,6 +75,8 @@ REPL_DATABASES: Final = (b"replog", b"repl_epochs", b"repl_state")
 REPL_LOG_START: Final = b"log_start"
 REPL_CONSISTENT_AT: Final = b"consistent_at"
 REPL_LOG_BYTES: Final = b"log_bytes"
+#: the epoch a store's data written before its replication log is counted in (absent: 0)
+REPL_CONVERTED_EPOCH: Final = b"converted_epoch"
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")

@@ -15,6 +15,7 @@ transaction committed, so the state readers see never runs ahead of LMDB.
 from __future__ import annotations
 
 import hashlib
+import secrets
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -48,6 +49,9 @@ class LogState:
     last_epoch: int = 0
     #: bytes of the entries from log_start to the end
     log_bytes: int = 0
+    #: the epoch this store's data from before its replication log is counted in (0:
+    #: none, or a store converted by an earlier version)
+    converted_epoch: int = 0
 
     @property
     def epoch(self) -> int:
@@ -88,15 +92,24 @@ class ReplicationLog:
         else:
             position = log_start
             last_epoch = _epoch_at(epochs, position)
-        return LogState(position, log_start, consistent_at, epochs, last_epoch, self._u64(txn, layout.REPL_LOG_BYTES))
+        return LogState(
+            position, log_start, consistent_at, epochs, last_epoch, self._u64(txn, layout.REPL_LOG_BYTES),
+            self._u64(txn, layout.REPL_CONVERTED_EPOCH),
+        )  # fmt: skip
 
     def start_after_existing_data(self, txn: lmdb.Transaction) -> None:
         """A new log over data written without one (a standalone store, or one
         opened standalone after it was replicated): it starts at position 1, as if
-        that data were entry 0 of epoch 0 (never in the log), so a follower at 0 is
-        told the log was trimmed and copies the store."""
+        that data were entry 0 (never in the log), so a follower at 0 is told the log
+        was trimmed and copies the store. That entry's epoch is drawn at random
+        (1..2**30), not 0: two stores converted apart hold different data, and with
+        one epoch number each the leader's fetch checks tell them apart (KIP-279: an
+        epoch the leader never had), so the follower copies the leader's store instead
+        of applying the leader's log on top of its own data."""
+        epoch = secrets.randbelow(1 << 30) + 1
         txn.put(layout.REPL_LOG_START, layout.pack_u64(1), db=self.state_db)
-        self._put_epoch(txn, (), 0, 0)
+        txn.put(layout.REPL_CONVERTED_EPOCH, layout.pack_u64(epoch), db=self.state_db)
+        self._put_epoch(txn, (), epoch, 0)
 
     def _u64(self, txn: lmdb.Transaction, key: bytes) -> int:
         v = txn.get(key, db=self.state_db)
@@ -345,7 +358,7 @@ class ReplicationLog:
         txn.put(layout.REPL_CONSISTENT_AT, layout.pack_u64(consistent_at), db=self.state_db)
         last = txn.get(layout.position_key(start - 1), db=self.log) if start > st.log_start else None
         last_epoch = entry_header(last).epoch if last is not None else _epoch_at(epochs, start)
-        return LogState(start, st.log_start, consistent_at, epochs, last_epoch, size)
+        return LogState(start, st.log_start, consistent_at, epochs, last_epoch, size, st.converted_epoch)
 
     def trim(self, txn: lmdb.Transaction, before: int) -> LogState:
         """Delete the entries below ``before`` (never the log's end)."""

@@ -480,6 +480,20 @@ class Store(StoreReader):
         return self._state.last_epoch
 
     @property
+    def led_epoch(self) -> int:
+        """The last epoch this store got from a group's leader (or led): ``last_epoch``,
+        except 0 while it is the random epoch its data from before replication is
+        counted in (a converted store has not been part of a group yet)."""
+        st = self._state
+        return 0 if st.last_epoch == st.converted_epoch else st.last_epoch
+
+    @property
+    def converted_epoch(self) -> int:
+        """The epoch this store's data from before its replication log is counted in
+        (0: none)."""
+        return self._state.converted_epoch
+
+    @property
     def consistent_at(self) -> int:
         """The store may lead or join the in-sync set only once ``position >= consistent_at``."""
         return self._state.consistent_at

@@ -33,6 +33,7 @@ from equeue import Message, wire
 from equeue.errors import EQueueError, NotAReplica
 from equeue.protocol import RequestCode
 from equeue.wire.replica import FetchRequest, encode_fetch_request
+from producer import Client
 from tests.cluster.replication.conftest import ReplicaGroup
 from tests.conftest import wait_until_sync
 
@@ -189,5 +190,38 @@ def test_after_etcd_lost_its_data_no_replica_elects_itself_until_the_operator_re
         assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
         rs.wait_isr(2)
         rs.check_verify()
+    finally:
+        rs.close()
+
+
+def test_two_stores_converted_apart_are_reconciled_not_mixed(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """Two standalone stores with different data become replicas of one group. Both
+    called their data epoch 0, so the follower passed every fetch check and applied
+    the leader's log on top of its own data: the replicas differed for ever. Each
+    converted store now counts its data in an epoch of its own: the follower's is one
+    the leader never had, so it copies the leader's store (and says so), and the
+    replicas are equal."""
+    for i in range(2):
+        alone = BrokerProcess(tmp_path / f"conv-{i}")
+        try:
+            alone.start(timeout=60)
+            c = Client(alone.address)
+            try:
+                c.create_topic("t", 1)
+                c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"store %d: %d" % (i, j)))
+                                                       for j in range(5 + i)]))  # fmt: skip
+            finally:
+                c.close()
+        finally:
+            alone.close()
+    rs = ReplicaGroup(tmp_path, etcd.endpoint, "conv", 2, "--acks", "all")
+    try:
+        rs.start(0)
+        rs.client(rs.leader()).create_topic("t", 1)  # placed in etcd: the leader serves its local data
+        rs.start(1)
+        rs.wait_isr(2)
+        rs.check_verify()
+        assert any("replaced by a copy of the leader's store" in line for line in rs.brokers[1].stderr_tail)
+        assert [m.body for m in rs.read_queue("t", 0)] == [b"store 0: %d" % j for j in range(5)]
     finally:
         rs.close()
