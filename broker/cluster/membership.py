@@ -191,10 +191,11 @@ class Membership:
                 await trio.sleep_until(sent_at + interval)
 
     async def _renew(self, lease: int) -> None:
-        """One keepalive of ``lease`` (bounded by the TTL: past it the lease is gone
-        anyway). A lease etcd no longer knows makes :meth:`_run` register again."""
+        """One keepalive of ``lease``, bounded by the fence window (TTL * 2/3: an
+        answer later than that could not keep a leader serving anyway). A lease etcd
+        no longer knows makes :meth:`_run` register again."""
         sent = self.clock()
-        with trio.move_on_after(self.ttl):
+        with trio.move_on_after(self.ttl * 2 / 3):
             try:
                 left = await self._etcd.keepalive(lease)
             except ClusterUnavailable as exc:
