@@ -40,7 +40,7 @@ import trio
 from broker.groups import GroupRegistry
 from broker.storage import ExpireProducersOp, MoveDueOp, RetentionOp, StoreReader, WriteOp
 from equeue.config import BrokerConfig
-from equeue.errors import BrokerShuttingDown, EQueueError
+from equeue.errors import BrokerShuttingDown, EQueueError, NotLeader
 
 log = logging.getLogger("equeue.lifecycle")
 
@@ -126,6 +126,10 @@ class Lifecycle:
                 await self.move_due()
             except BrokerShuttingDown:
                 return
+            except NotLeader as exc:  # a failover (or a hand-over) under way: the new leader moves them
+                log.warning("moving due delayed messages stopped: %s; retrying in 1 s", exc)
+                await trio.sleep(1)
+                continue
             except EQueueError as exc:
                 log.error("moving due delayed messages failed: %s; retrying in 1 s", exc)
                 await trio.sleep(1)
@@ -154,6 +158,8 @@ class Lifecycle:
                     await self.expire_producers()
             except BrokerShuttingDown:
                 return
+            except NotLeader as exc:  # a failover (or a hand-over) under way: the new leader enforces it
+                log.warning("retention pass stopped: %s; next try in %.0f s", exc, cfg.retention_check_interval)
             except EQueueError as exc:
                 log.error("retention pass failed: %s; next try in %.0f s", exc, cfg.retention_check_interval)
 
