@@ -14,8 +14,8 @@ Retries: when the head answer is a failure the lane stops writing, lets the
 window drain, then decides per batch in order:
 
 - ``OutOfOrderSequence`` behind a failed batch of the same producer id: the batch
-  was never stored (the broker refuses a gap), so it is renumbered under the
-  lane's fresh producer id and resent at no cost;
+  was never stored (the broker refuses a gap), so it is numbered again under the
+  lane's fresh producer id, at its next write, and resent at no cost;
 - other transient errors (connection lost, broker busy or restarting, an
   out-of-order answer that its position does not explain): resent with the same
   id and sequence after the pause of the producer's retry policy
@@ -42,6 +42,13 @@ window drain, then decides per batch in order:
   may be unknown, and the broker would refuse what follows it as a gap). With
   ``stable_id`` it keeps its id instead and every later batch fails with the same
   error (a replay under the same id then resends them all in order).
+
+Order across a retired id: while a batch of a retired id is in flight the lane
+writes nothing new, and a batch of that id that was refused with nothing written
+(NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE, or out of sequence) is numbered under the
+new id only at its next write, in its turn. So the batches behind a lost one keep
+their order (per-key order within the queue); a batch whose fate is unknown keeps
+its old id and sequence (the broker answers it as a duplicate if it was stored).
 
 The lane takes only what it uses: the router (the owner's client is resolved per
 lane, not per message: kept until a routing error or an owner change), the options,
@@ -204,6 +211,8 @@ class _Lane:
         now = time.monotonic()
         wrote = False
         max_in_flight = self.options.max_in_flight
+        if self._stale_in_flight():
+            return False
         while sendq and len(window) < max_in_flight:
             b = sendq[0]
             if b.finished:
@@ -226,6 +235,13 @@ class _Lane:
             if at < self._parked.deadline:
                 self._parked.deadline = at
         return True
+
+    def _stale_in_flight(self) -> bool:
+        """A batch under a retired producer id is still in flight: write nothing new
+        until it is answered (it may have to be numbered again under the new id, and
+        it must keep its place before the batches behind it)."""
+        failed = self.failed_pids
+        return bool(failed) and any(e[0].pid in failed for e in self.window)
 
     def _payload(self, b: _Batch) -> bytes:
         """Number ``b`` on its first send (kept across retries); its request payload."""
@@ -305,7 +321,7 @@ class _Lane:
                 await self._recover()
                 continue
             # write, in order, while the window has room (not while recovering)
-            if not self.retry and self.sendq and len(self.window) < max_in_flight:
+            if not self.retry and self.sendq and len(self.window) < max_in_flight and not self._stale_in_flight():
                 client = self.client or await self._resolve()
                 while client is not None and len(self.window) < max_in_flight and self.sendq:
                     b = self.sendq.popleft()  # deque: atomic; appends happen under the lock
@@ -360,9 +376,7 @@ class _Lane:
                 self.fail(b, self.dead)
                 continue
             if isinstance(e, OutOfOrderSequence) and b.pid in self.failed_pids:
-                b.pid = self.pid
-                b.seq = self.next_seq
-                self.next_seq += len(b.entries)
+                b.pid = None  # numbered again at its next write, in its turn (its id is retired)
                 resend.append(b)
                 continue
             if isinstance(e, QueueNotFound):
@@ -378,6 +392,11 @@ class _Lane:
                     self.fail(b, e if isinstance(e, QueueUnavailable | NotEnoughReplicas) else OperationTimeout(
                         f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip
                     continue
+                if b.pid in self.failed_pids and isinstance(e, NotOwner | NotLeader | QueueUnavailable):
+                    # nothing was written, and its id is retired (a batch before it failed
+                    # for good): numbered again at its next write, in its turn, so it keeps
+                    # its place before the batches behind it
+                    b.pid = None
                 if isinstance(e, NotEnoughReplicas):
                     self.replica_waits += 1
                     backoff_attempts = max(backoff_attempts, self.replica_waits)

@@ -11,11 +11,11 @@ import trio
 
 from broker import Broker
 from equeue import EQueueError, Message, PullStatus, wire
-from equeue.codec import HEADER
-from equeue.errors import ConnectionBroken
+from equeue.codec import HEADER, encode_response
+from equeue.errors import ConnectionBroken, ErrorCode
 from equeue.protocol import RequestCode
 from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
-from tests.conftest import wait_until_sync
+from tests.conftest import wait_until, wait_until_sync
 
 
 class AckDropper:
@@ -214,3 +214,113 @@ def test_broker_restart_during_a_send_loop(broker_process: Any) -> None:
         assert (m.text, m.queue_id, m.queue_offset) == (f"m{i}", r.queue_id, r.queue_offset)
     texts = [m.text for m in stored.values()]
     assert len(texts) == len(set(texts))  # never stored twice
+
+
+class Meddler(AckDropper):
+    """A proxy that swallows the ``nth`` produce request (never forwarded, never
+    answered: its send times out) and answers the next one NOT_LEADER itself (not
+    forwarded either): what a producer sees when a leader is cut off mid-window."""
+
+    def __init__(self, upstream: str, nth: int = 1) -> None:
+        super().__init__(upstream, nth)
+        self.swallowed = 0
+        self.refused = 0
+
+    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, to_broker: bool, scope: trio.CancelScope) -> None:
+        if not to_broker:
+            await super()._pump(src, dst, to_broker, scope)
+            return
+        buf = b""
+        handshake = 8
+        try:
+            while True:
+                data = await src.receive_some(65536)
+                if not data:
+                    break
+                buf += data
+                out = b""
+                if handshake:
+                    take = min(handshake, len(buf))
+                    out, buf, handshake = buf[:take], buf[take:], handshake - take
+                while handshake == 0 and len(buf) >= 4:
+                    (length,) = struct.unpack_from(">I", buf)
+                    if len(buf) < 4 + length:
+                        break
+                    frame, buf = buf[: 4 + length], buf[4 + length :]
+                    _, kind, code, rid = HEADER.unpack_from(frame)
+                    if kind == 0 and code == RequestCode.PRODUCE:
+                        self.produces += 1
+                        if self.produces == self.nth:
+                            self.swallowed += 1
+                            continue
+                        if self.produces == self.nth + 1:
+                            self.refused += 1
+                            answer = b"".join(encode_response(ErrorCode.NOT_LEADER, rid, [b"cut off (the test)"]))
+                            self.answers.append((src, answer))
+                            continue
+                    out += frame
+                if out:
+                    await dst.send_all(out)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+        scope.cancel()
+
+    answers: list[tuple[trio.SocketStream, bytes]]
+
+    async def _conn(self, client: trio.SocketStream) -> None:
+        self.answers = []
+        self.connections += 1
+        upstream = await trio.open_tcp_stream(*self.upstream)
+        async with trio.open_nursery() as n:
+            n.start_soon(self._pump, client, upstream, True, n.cancel_scope)
+            n.start_soon(self._pump, upstream, client, False, n.cancel_scope)
+            n.start_soon(self._answer_refusals, client)
+        await trio.aclose_forcefully(client)
+        await trio.aclose_forcefully(upstream)
+
+    async def _answer_refusals(self, client: trio.SocketStream) -> None:
+        """The proxy's own answers go out through the client's stream, between the
+        broker's (the pump to the client forwards whole frames only)."""
+        while True:
+            while self.answers:
+                _, answer = self.answers.pop(0)
+                await client.send_all(answer)
+            await trio.sleep(0.005)
+
+
+async def test_a_batch_behind_a_lost_one_keeps_its_place_when_the_id_is_retired(broker: Broker) -> None:
+    """The fault campaign's per-key order finding (seed 2611): one keyed batch is
+    lost (its send times out), the next is refused NOT_LEADER (nothing written), the
+    ones behind it reach the broker out of sequence. The lane retires its producer id
+    and sends them all again under a new one: the refused batch must keep its place
+    before the later ones (it was stored after them)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = Meddler(broker.address, nth=1)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("order", 1)
+                async with AsyncProducer(proxy.address, send_timeout=1.0, retry_backoff=0.01, linger=0,
+                                         max_batch_bytes=64, max_in_flight=8) as p:  # fmt: skip
+                    # sent apart, as in the campaign: the lost batch's deadline passes first
+                    handles = [await p.send_async("order", "m0", key="k")]
+                    await wait_until(lambda: proxy.swallowed == 1)
+                    await trio.sleep(0.3)
+                    handles.append(await p.send_async("order", "m1", key="k"))
+                    await wait_until(lambda: proxy.refused == 1)
+                    await trio.sleep(0.1)
+                    handles += [await p.send_async("order", f"m{i}", key="k") for i in range(2, 6)]
+                    await p.flush()
+                    outcomes = []
+                    for h in handles:
+                        try:
+                            outcomes.append(await h)
+                        except EQueueError as exc:
+                            outcomes.append(exc)
+                assert proxy.swallowed == 1 and proxy.refused == 1
+                assert isinstance(outcomes[0], EQueueError)  # lost: never stored
+                stored = await read_all(c, "order", 1)
+                assert [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)] == [
+                    f"m{i}" for i in range(1, 6)
+                ]
+            n.cancel_scope.cancel()
