@@ -53,6 +53,14 @@ class AckDropper:
         await trio.aclose_forcefully(client)
         await trio.aclose_forcefully(upstream)
 
+    def _forward(self, kind: int, code: int, rid: int) -> bool:
+        """A request frame on its way to the broker: count it; False drops it."""
+        if kind == 0 and code == RequestCode.PRODUCE:
+            self.produces += 1
+            if self.produces == self.nth:
+                self.target = rid
+        return True
+
     async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, to_broker: bool, scope: trio.CancelScope) -> None:
         buf = b""
         handshake = 8
@@ -72,10 +80,8 @@ class AckDropper:
                         break
                     frame, buf = buf[: 4 + length], buf[4 + length :]
                     _, kind, code, rid = HEADER.unpack_from(frame)
-                    if to_broker and kind == 0 and code == RequestCode.PRODUCE:
-                        self.produces += 1
-                        if self.produces == self.nth:
-                            self.target = rid
+                    if to_broker and not self._forward(kind, code, rid):
+                        continue
                     if not to_broker and kind == 1 and rid == self.target:
                         self.target = None
                         self.dropped += 1
@@ -226,46 +232,19 @@ class Meddler(AckDropper):
         self.swallowed = 0
         self.refused = 0
 
-    async def _pump(self, src: trio.SocketStream, dst: trio.SocketStream, to_broker: bool, scope: trio.CancelScope) -> None:
-        if not to_broker:
-            await super()._pump(src, dst, to_broker, scope)
-            return
-        buf = b""
-        handshake = 8
-        try:
-            while True:
-                data = await src.receive_some(65536)
-                if not data:
-                    break
-                buf += data
-                out = b""
-                if handshake:
-                    take = min(handshake, len(buf))
-                    out, buf, handshake = buf[:take], buf[take:], handshake - take
-                while handshake == 0 and len(buf) >= 4:
-                    (length,) = struct.unpack_from(">I", buf)
-                    if len(buf) < 4 + length:
-                        break
-                    frame, buf = buf[: 4 + length], buf[4 + length :]
-                    _, kind, code, rid = HEADER.unpack_from(frame)
-                    if kind == 0 and code == RequestCode.PRODUCE:
-                        self.produces += 1
-                        if self.produces == self.nth:
-                            self.swallowed += 1
-                            continue
-                        if self.produces == self.nth + 1:
-                            self.refused += 1
-                            answer = b"".join(encode_response(ErrorCode.NOT_LEADER, rid, [b"cut off (the test)"]))
-                            self.answers.append((src, answer))
-                            continue
-                    out += frame
-                if out:
-                    await dst.send_all(out)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
-        scope.cancel()
+    def _forward(self, kind: int, code: int, rid: int) -> bool:
+        if kind == 0 and code == RequestCode.PRODUCE:
+            self.produces += 1
+            if self.produces == self.nth:
+                self.swallowed += 1
+                return False
+            if self.produces == self.nth + 1:
+                self.refused += 1
+                self.answers.append(b"".join(encode_response(ErrorCode.NOT_LEADER, rid, [b"cut off (the test)"])))
+                return False
+        return True
 
-    answers: list[tuple[trio.SocketStream, bytes]]
+    answers: list[bytes]
 
     async def _conn(self, client: trio.SocketStream) -> None:
         self.answers = []
@@ -283,8 +262,7 @@ class Meddler(AckDropper):
         broker's (the pump to the client forwards whole frames only)."""
         while True:
             while self.answers:
-                _, answer = self.answers.pop(0)
-                await client.send_all(answer)
+                await client.send_all(self.answers.pop(0))
             await trio.sleep(0.005)
 
 
