@@ -75,6 +75,7 @@ from equeue import __version__, control
 from equeue.config import BrokerConfig
 from equeue.errors import (
     BadRequest,
+    ClusterDataInvalid,
     ClusterUnavailable,
     ConfigError,
     EQueueError,
@@ -90,6 +91,7 @@ from equeue.placement import (
     BrokerRecord,
     ClusterRecord,
     TopicPlacement,
+    decode_cluster,
     encode_cluster,
 )
 
@@ -210,6 +212,11 @@ class ClusterNode:
         #: data was lost, or it was replaced), whose missing topics are never deleted
         self._revision = 0
         self._saved: tuple[int, dict[str, int]] = (0, {})
+        #: the incarnation id the view held at the last pass that found etcd's revision
+        #: moving forward; and the one to renew after etcd went back (a restore)
+        self._incarnation_seen: str | None = None
+        self._stale_incarnation: str | None = None
+        self._rolled_back = trio.Event()
         #: the topic names of the last view snapshot materialized (a name that leaves
         #: it was deleted in etcd)
         self._seen: set[str] | None = None
@@ -274,6 +281,7 @@ class ClusterNode:
                     await self._pass(write=False)
                     nursery.start_soon(partial(self._materializer, write=False))
                     nursery.start_soon(self._keep_incarnation)
+                    nursery.start_soon(self._renew_incarnation)
                     async with election:
                         self.election = election
                         with trio.move_on_after(FOLLOW_TIMEOUT):
@@ -344,6 +352,34 @@ class ClusterNode:
             await view.wait_for(lambda: view.incarnation is None)
             await self._ensure_incarnation()
 
+    async def _renew_incarnation(self) -> None:
+        """For the node's life: when etcd went back to an older state with the
+        incarnation record this broker held (restored from a backup: the same id,
+        revisions behind what clients hold), replace the record with a new id, so
+        clients take the restored etcd's route tables instead of refusing them as
+        old. Of brokers racing, one replacement wins (compare-and-swap on the record
+        they saw); an etcd error is logged and retried after a pause."""
+        while True:
+            await self._rolled_back.wait()
+            self._rolled_back = trio.Event()
+            stale = self._stale_incarnation
+            while stale is not None:
+                try:
+                    kv = await self._etcd.get(CLUSTER_KEY)
+                    if kv is None or decode_cluster(kv.value).id != stale:
+                        break  # gone (recreated by _keep_incarnation), or renewed by another broker
+                    record = ClusterRecord(uuid.uuid4().hex, int(time.time() * 1000))
+                    if await self._etcd.replace(CLUSTER_KEY, encode_cluster(record), kv.mod_revision):
+                        log.warning("cluster: etcd went back to an older state: new cluster incarnation %s "
+                                    "(clients take its route tables)", record.id)  # fmt: skip
+                    break
+                except ClusterUnavailable as exc:
+                    _errors.log(logging.WARNING, "incarnation", "cluster: renewing the incarnation record failed "
+                                "(retrying): %s", exc)  # fmt: skip
+                    await trio.sleep(_RETRY_PAUSE)
+                except ClusterDataInvalid:  # a record that does not decode: left as it is
+                    break
+
     # ------------------------------------------------------------------ materializer
     async def _materializer(self, *, write: bool) -> None:
         """Take every topic change the view sees, forever (a failed pass is retried
@@ -412,6 +448,8 @@ class ClusterNode:
             if revision < self._revision:
                 self._etcd_replaced(revision, view)
                 gone = set()
+            elif self._view.incarnation:
+                self._incarnation_seen = self._view.incarnation
             self._revision = revision
             if self._seen is None:
                 stray = sorted(set(self._store.topics) - set(merged) - set(self._made_from))
@@ -475,6 +513,10 @@ class ClusterNode:
         for name in self._made_from:
             self._made_from[name] = known[name].created_ms
         self._seen = None
+        held = self._view.incarnation
+        if held and held == self._incarnation_seen:  # restored from a backup: same record, older revisions
+            self._stale_incarnation = held
+            self._rolled_back.set()
         log.error(
             "cluster: etcd's revision went back from %d to %d: its data was lost or it is another etcd; "
             "%d local topic(s) it lacks are kept but not served: %s",

@@ -135,3 +135,54 @@ async def test_a_deleted_record_is_created_again_and_an_unreadable_one_blocks_no
                 assert table.cluster and table.incarnation == ""
                 kv = await e.get(CLUSTER_KEY)
                 assert kv is not None and kv.value == b'{"id":""}'  # left as it is: never overwritten
+
+
+async def test_a_client_takes_the_routes_of_an_etcd_restored_from_a_backup(
+    tmp_path: Path, own_etcd: EtcdProcess
+) -> None:
+    """etcd restored from a backup (its data directory, copied while it was stopped)
+    goes back to the same incarnation record at older revisions than the client
+    holds: the broker that followed the later state replaces the record with a new
+    id, so the client takes the restored etcd's tables (here: a second group that
+    registered after the restore) instead of refusing them as old."""
+    with trio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            b1 = await stack.enter_async_context(open_broker(config(tmp_path, own_etcd, "g1")))
+            c = await stack.enter_async_context(AsyncClient(b1.address))
+            router = await stack.enter_async_context(Router(c, refresh_interval=60))
+            await c.create_topic("old", 1)
+            assert b1.cluster is not None
+            first = (await c.get_routes([])).incarnation
+            await trio.to_thread.run_sync(own_etcd.stop)
+            backup = tmp_path / "etcd-backup"
+            shutil.copytree(own_etcd.data_dir, backup)
+            await trio.to_thread.run_sync(own_etcd.start)
+            for i in range(40):  # move etcd's revision well past the backup's
+                await c.alter_topic("old", retention_ms=1000 + i)
+            before = await router.refresh(["old"])
+            assert before.incarnation == first
+            await wait_until(lambda: b1.cluster is not None and b1.cluster._revision >= before.revision,
+                             timeout=10, what="g1 followed the latest revision")  # fmt: skip
+
+            loads = b1.cluster.view.loads
+            await trio.to_thread.run_sync(own_etcd.stop)
+            shutil.rmtree(own_etcd.data_dir)
+            shutil.copytree(backup, own_etcd.data_dir)
+            await trio.to_thread.run_sync(own_etcd.start)
+            await wait_until(lambda: b1.cluster is not None and b1.cluster.view.loads > loads, timeout=20, what="reload")
+
+            async def renewed() -> bool:
+                return (await c.get_routes([])).incarnation not in ("", first)
+
+            await wait_until(renewed, timeout=20, what="a new incarnation after the restore")
+            b2 = await stack.enter_async_context(open_broker(config(tmp_path, own_etcd, "g2")))
+            await wait_until(_registered(c, b2, "g2"), timeout=20, what="g2 registered")
+            table = await c.get_routes([])
+            assert table.revision < before.revision, "the restored etcd's revision is not behind the client's"
+
+            async def routed() -> bool:
+                await router.refresh(["old"])
+                return "g2" in router.group_addresses()
+
+            await wait_until(routed, timeout=10, what="the client takes the restored etcd's routes")
+            assert router.cache.incarnation == table.incarnation != first
