@@ -241,13 +241,17 @@ class IsrRecord:
     ``epoch`` only, in a transaction comparing the record's mod revision. Only a
     member may take over: each member holds every acknowledged write. ``handover``
     (not empty): the leader handed the group over to that member and gave its key
-    up; the other members leave it the first try (one lease TTL)."""
+    up; the other members leave it the first try (one lease TTL). ``restored``: a
+    broker found etcd gone back to an older state (restored from a backup) with this
+    record in it: the record may be older than the group, so no replica takes over
+    from it until an operator's recovery writes a new one."""
 
     group: str = attrs.field(validator=_non_empty)
     epoch: int = attrs.field(validator=_non_negative)
     leader: str = attrs.field(validator=_non_empty)
     members: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_members)
     handover: str = ""
+    restored: bool = False
 
 
 def _owners_match(

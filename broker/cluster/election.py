@@ -36,6 +36,16 @@ replica winning could reuse an epoch number the old leader used (its divergent
 entries would then pass the truncation checks) or lose acknowledged writes. It logs
 why (ERROR, rate-limited) and waits for the operator's ``equeue cluster recover``,
 which writes an ISR record at an epoch no live replica has passed (:meth:`recover`).
+
+A restored backup is told by the revision: a reload reads etcd at a revision below
+one this broker already saw (or, at start, below ``seen_revision``, the highest the
+broker followed before). The group's records then may be older than the group: a
+replica whose store is no further than the record could otherwise win and reuse an
+epoch a later leader used. So the broker marks the restored ISR record ``restored``
+(compare-and-swap: one mark, seen by every replica, those restarted later too), a
+leader key of its own from the backup is deleted (its leadership there is the
+backup's, not this run's), and no replica takes over from a marked record until
+the operator's recovery writes a new one.
 """
 
 from __future__ import annotations
@@ -137,6 +147,7 @@ class GroupElection:
         eligible: Callable[[], bool],
         floor_epoch: Callable[[], int] = lambda: 0,
         led_epoch: Callable[[], int] | None = None,
+        seen_revision: int = 0,
     ) -> None:
         self._etcd = etcd
         self.group = group
@@ -165,6 +176,11 @@ class GroupElection:
         self._isr_revision = 0
         # the etcd revision up to which each key's state is known (older events skipped)
         self._known = {self._leader_key: 0, self._isr_key: 0}
+        #: the highest etcd revision seen (a reload below it: etcd went back)
+        self._seen_revision = seen_revision
+        #: the revision of the read that found etcd gone back, until the records
+        #: read then are marked (:meth:`_mark_restored`)
+        self._restored_at = 0
         self._present = {self._leader_key: False, self._isr_key: False}
         self._wake = trio.Event()  # the campaign re-checks
         self._recheck = trio.Event()  # the fence watcher re-checks
@@ -328,8 +344,20 @@ class GroupElection:
         while True:
             try:
                 kvs, revision = await self._etcd.get_range(*self._range)
+                seen = max(self._seen_revision, *self._known.values())
+                if revision < seen:  # etcd went back: restored from a backup, or wiped
+                    self._restored_at = revision
+                    log.error(
+                        "group %s: etcd went back from revision %d to %d (wiped, or restored from a backup): "
+                        "its records of the group may be older than the group; no replica takes over from them "
+                        "until an operator recovers it: equeue cluster recover --group %s",
+                        self.group, seen, revision, self.group,
+                    )  # fmt: skip
+                self._seen_revision = revision
                 self._take_read(kvs, revision, reset=True)
                 self._publish()
+                if self._restored_at:
+                    await self._mark_restored()
                 self.loaded.set()
                 if self._outage_since is not None:
                     log.info(
@@ -348,6 +376,30 @@ class GroupElection:
                     log.warning("group %s: election watch lost, reloading: %s", self.group, exc)
                 await trio.sleep(retry)
                 retry = min(retry * 2, _RETRY_MAX)
+
+    async def _mark_restored(self) -> None:
+        """etcd went back to an older state (module docstring): mark the ISR record
+        read then ``restored``, and delete a leader key of this broker's read then.
+        Both compare what was read, so nothing written since is touched. Raises
+        ClusterUnavailable (the watch reloads and this runs again)."""
+        at = self._restored_at
+        isr = self._isr
+        if isr is not None and not isr.restored and self._isr_revision <= at:
+            marked = attrs.evolve(isr, restored=True)
+            ok, revision = await self._etcd.txn(
+                [compare_mod(self._isr_key, self._isr_revision)], [put_op(self._isr_key, encode_isr(marked))]
+            )
+            if ok:
+                self._take_isr(marked, revision, revision)
+                log.warning("group %s: marked etcd's record of the group (epoch %d) as restored", self.group, isr.epoch)
+        lead = self._leader
+        if lead is not None and lead.record.broker_id == self.broker_id and lead.create_revision <= at:
+            ok, _ = await self._etcd.txn([compare_create(self._leader_key, lead.create_revision)],
+                                         [delete_op(self._leader_key)])  # fmt: skip
+            if ok:
+                log.warning("group %s: gave up the leader key etcd's older state gave this broker", self.group)
+        self._restored_at = 0
+        self._publish()
 
     def _take_read(self, kvs: list[KeyValue], revision: int, *, reset: bool) -> None:
         """Take a range read at ``revision``: each of the two keys is as read (absent
@@ -464,6 +516,9 @@ class GroupElection:
         elif isr is not None and floor > isr.epoch:
             why = (f"etcd's record of group {self.group} is at epoch {isr.epoch} but this replica's store has "
                    f"epoch {floor}: etcd was restored from an older state")  # fmt: skip
+        elif isr is not None and isr.restored:
+            why = (f"etcd's record of group {self.group} (epoch {isr.epoch}) came back with etcd's older state "
+                   "(restored from a backup): the group may have moved on since")  # fmt: skip
         else:
             return None
         self._bad.log(logging.ERROR, "stale", "group %s: not taking over: %s. Recover with: equeue cluster "
@@ -473,10 +528,11 @@ class GroupElection:
     async def recover(self, epoch: int, members: Sequence[str]) -> bool:
         """The operator's recovery after etcd lost the group's records (``equeue
         cluster recover``): write the ISR record ``{epoch, members}`` when etcd has
-        none, or one at an older epoch, and no leader key. ``epoch`` must be at least
+        none, one at an older epoch, or one marked ``restored`` at ``epoch`` or older,
+        and no leader key. ``epoch`` must be at least
         every live replica's (the caller asked them), so the next takeover's epoch
         (``epoch + 1``) was never used. True: written; False: not written (etcd has
-        a leader or a record at ``epoch`` or later, ``epoch`` is below this replica's
+        a leader or an unmarked record at ``epoch`` or later, ``epoch`` is below this replica's
         last epoch, or the records changed meanwhile). Raises ClusterUnavailable."""
         if not members:
             raise ValueError("an ISR needs a member")
@@ -486,7 +542,7 @@ class GroupElection:
         if self._present[self._leader_key]:
             return False
         current = self._isr
-        if current is not None and current.epoch >= epoch:
+        if current is not None and (current.epoch > epoch or (current.epoch == epoch and not current.restored)):
             return False
         record = IsrRecord(self.group, epoch, members[0], tuple(members))
         ok, _ = await self._etcd.txn(

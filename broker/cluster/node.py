@@ -251,6 +251,7 @@ class ClusterNode:
         self.broker_id = await trio.to_thread.run_sync(load_broker_id, cfg.data_dir)
         self._saved = await trio.to_thread.run_sync(load_materialized, cfg.data_dir)
         self._revision, self._made_from = self._saved[0], dict(self._saved[1])
+        followed = self._revision  # before this start: a restored etcd is behind it
         self.address = cfg.advertised(port)
         async with EtcdClient(self.endpoints) as etcd, trio.open_nursery() as nursery:
             self._etcd = etcd
@@ -275,7 +276,7 @@ class ClusterNode:
                 election = GroupElection(
                     etcd, group=self.group, broker_id=self.broker_id, address=self.address,
                     membership=membership, ttl=self._ttl, eligible=self._eligible, floor_epoch=self._floor_epoch,
-                    led_epoch=self._led_epoch,
+                    led_epoch=self._led_epoch, seen_revision=followed,
                 )  # fmt: skip
                 try:
                     await self._pass(write=False)
@@ -294,6 +295,18 @@ class ClusterNode:
                 finally:
                     unsubscribe()
                     nursery.cancel_scope.cancel()
+                    self._save_followed()
+
+    def _save_followed(self) -> None:
+        """At the end of :meth:`serving`: keep the highest etcd revision this run saw
+        (the view follows every cluster key), so the next start tells an etcd restored
+        from an older backup (its revision is behind) even when no topic changed."""
+        revision = max(self._revision, self._view.revision if self._view is not None else 0)
+        if revision > self._saved[0]:
+            try:
+                save_materialized(self._config.data_dir, revision, self._saved[1])
+            except OSError as exc:  # the next start then knows a lower revision: logged
+                log.warning("cluster: saving the followed etcd revision failed: %s", exc)
 
     async def run_leader_duties(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """While this broker leads its group (run it in a task; cancel it when the

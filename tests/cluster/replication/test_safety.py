@@ -10,15 +10,21 @@ each reproduced here as it was found (every test failed before its fix):
 3. a second broker with the same broker id (a copied data directory) is refused
    at registration instead of answering for the live replica;
 4. etcd losing its data under a live group: no replica elects itself from the empty
-   etcd; the operator's ``equeue cluster recover`` does, at a new epoch.
+   etcd; the operator's ``equeue cluster recover`` does, at a new epoch;
+5. etcd restored from a backup taken before a failover (the fault campaign's
+   finding): the replica the backup's record still trusts, whose store never saw
+   the later epoch, must not take over at that epoch again.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import shutil
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -187,6 +193,77 @@ def test_after_etcd_lost_its_data_no_replica_elects_itself_until_the_operator_re
         st = rs.status(new)
         assert st is not None and st.epoch > old.epoch
         rs.client(new).create_topic("t", 1)  # the new etcd lacks it: serve the kept data again
+        assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
+        rs.wait_isr(2)
+        rs.check_verify()
+    finally:
+        rs.close()
+
+
+def _isr_record(endpoint: str, group: str) -> dict[str, object] | None:
+    body = json.dumps({"key": base64.b64encode(f"/equeue/isr/{group}".encode()).decode()}).encode()
+    with urllib.request.urlopen(urllib.request.Request(endpoint + "/v3/kv/range", data=body), timeout=10) as resp:
+        kvs = json.loads(resp.read()).get("kvs", [])
+    return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
+
+
+def test_after_etcd_is_restored_from_a_backup_a_stale_replica_does_not_reuse_an_epoch(
+    tmp_path: Path, own_etcd: EtcdProcess
+) -> None:
+    """A backup of etcd is taken while A leads at epoch 1 (ISR A, B). A stops
+    cleanly, so B takes over at epoch 2 and acknowledges writes alone. etcd is then
+    restored from the backup: its record says epoch 1, ISR A, B, and A's store
+    (epoch 1) is no further than that, so A could take over at epoch 2 again and B's
+    acknowledged writes would pass the truncation check and be lost. B finds etcd
+    gone back and marks the record restored; A, started again, does not take over;
+    ``equeue cluster recover`` makes B lead at epoch 3 with every message."""
+    rs = ReplicaGroup(tmp_path, own_etcd.endpoint, "w", 2, "--acks", "all")
+    try:
+        rs.start()
+        a = rs.leader()
+        b = 1 - a
+        c = rs.client(a)
+        c.create_topic("t", 1)
+        rs.wait_isr(2)
+        for i in range(10):
+            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+        own_etcd.stop()
+        backup = tmp_path / "etcd-backup"
+        shutil.copytree(own_etcd.data_dir, backup)
+        own_etcd.start()
+        wait_until_sync(lambda: rs.current_leader() == a, timeout=60, what="A leads again after the backup")
+        rs.brokers[a].stop()  # a clean stop hands the group over to B
+        assert rs.leader() == b
+        st = rs.status(b)
+        assert st is not None and st.epoch == 2
+        for i in range(10, 20):
+            rs.client(b).produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+
+        own_etcd.stop()
+        shutil.rmtree(own_etcd.data_dir)
+        shutil.copytree(backup, own_etcd.data_dir)
+        own_etcd.start()
+        rs.restart(a)
+
+        def a_refuses_or_leads() -> bool:
+            refused = any("Recover with: equeue cluster recover --group w" in line for line in rs.brokers[a].stderr_tail)
+            return refused or rs.current_leader() == a
+
+        wait_until_sync(a_refuses_or_leads, timeout=60, what="A refuses to take over, or leads")
+        st = rs.status(a)
+        assert st is not None and st.role != "leader", f"A took over from the restored record at epoch {st.epoch}"
+
+        def marked_and_leaderless() -> bool:
+            marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
+            return marked and all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
+
+        wait_until_sync(marked_and_leaderless, timeout=30, what="the record marked restored, and no replica leading")
+        cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap, "--yes"]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert rs.leader() == b
+        st = rs.status(b)
+        assert st is not None and st.epoch == 3
         assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
         rs.wait_isr(2)
         rs.check_verify()
