@@ -241,6 +241,7 @@ class EtcdClient:
         self.request_timeout = request_timeout
         self._current = 0  # index of the endpoint that answered last
         self._http: httpx.AsyncClient | None = None
+        self._closed = False
 
     async def __aenter__(self) -> EtcdClient:
         # connecting gives up a little before the attempt's cancel scope, so a request
@@ -254,6 +255,7 @@ class EtcdClient:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self._closed = True
         if self._http is not None:
             http, self._http = self._http, None
             with trio.CancelScope(shield=True):
@@ -261,7 +263,11 @@ class EtcdClient:
 
     @property
     def _client(self) -> httpx.AsyncClient:
+        """The HTTP client. Raises ClusterUnavailable once the block ended (a request
+        still answered while the broker stops), RuntimeError before it began."""
         if self._http is None:
+            if self._closed:
+                raise ClusterUnavailable("etcd: the broker is stopping (its etcd client is closed)")
             raise RuntimeError("use EtcdClient inside 'async with'")
         return self._http
 

@@ -286,3 +286,17 @@ def test_an_etcd_whose_port_another_etcd_serves_does_not_count_as_started(etcd: 
         assert not other.running
     finally:
         other.close()
+
+
+async def test_a_call_after_the_block_ended_is_cluster_unavailable(etcd: EtcdProcess) -> None:
+    """A request still answered while the broker stops (its etcd client closed, a
+    GET_ROUTES looking a topic up, say) gets the transient, coded CLUSTER_UNAVAILABLE,
+    not an internal error; a client used before its block is a programming error."""
+    c = EtcdClient([etcd.endpoint])
+    with pytest.raises(RuntimeError):
+        await c.get("/t/x")
+    async with c:
+        assert await c.get("/t/x") is None
+    with pytest.raises(ClusterUnavailable) as info:
+        await c.get("/t/x")
+    assert info.value.code == ErrorCode.CLUSTER_UNAVAILABLE
