@@ -40,7 +40,16 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
 def run_app(app: typer.Typer) -> None:
+    """Run the CLI: an EQueueError (also one raised inside a nursery, which wraps it
+    in an exception group) is one ``error:`` line and exit 1; Ctrl-C is exit 130."""
     try:
         app()
     except EQueueError as exc:
@@ -48,6 +57,15 @@ def run_app(app: typer.Typer) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if leaves and all(isinstance(e, KeyboardInterrupt) for e in leaves):
+            sys.exit(130)
+        if not leaves or not all(isinstance(e, EQueueError) for e in leaves):
+            raise
+        for exc in dict.fromkeys(str(e) for e in leaves):
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        sys.exit(1)
 
 
 @contextmanager
