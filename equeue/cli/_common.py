@@ -63,8 +63,8 @@ def run_app(app: typer.Typer) -> None:
             sys.exit(130)
         if not leaves or not all(isinstance(e, EQueueError) for e in leaves):
             raise
-        for exc in dict.fromkeys(str(e) for e in leaves):
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        for line in dict.fromkeys(str(e) for e in leaves):
+            err_console.print(f"[bold red]error:[/] {line}", highlight=False)
         sys.exit(1)
 
 
