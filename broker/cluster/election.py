@@ -42,10 +42,11 @@ one this broker already saw (or, at start, below ``seen_revision``, the highest 
 broker followed before). The group's records then may be older than the group: a
 replica whose store is no further than the record could otherwise win and reuse an
 epoch a later leader used. So the broker marks the restored ISR record ``restored``
-(compare-and-swap: one mark, seen by every replica, those restarted later too), a
-leader key of its own from the backup is deleted (its leadership there is the
-backup's, not this run's), and no replica takes over from a marked record until
-the operator's recovery writes a new one.
+(compare-and-swap: one mark, seen by every replica, those restarted later too), the
+leader key from the backup is deleted (its leadership is the backup's, not this
+run's: its holder, frozen across the failover, may still renew the lease it was
+under), and no replica takes over from a marked record until the operator's
+recovery writes a new one.
 """
 
 from __future__ import annotations
@@ -379,7 +380,7 @@ class GroupElection:
 
     async def _mark_restored(self) -> None:
         """etcd went back to an older state (module docstring): mark the ISR record
-        read then ``restored``, and delete a leader key of this broker's read then.
+        read then ``restored``, and delete the leader key read then.
         Both compare what was read, so nothing written since is touched. Raises
         ClusterUnavailable (the watch reloads and this runs again)."""
         at = self._restored_at
@@ -393,11 +394,15 @@ class GroupElection:
                 self._take_isr(marked, revision, revision)
                 log.warning("group %s: marked etcd's record of the group (epoch %d) as restored", self.group, isr.epoch)
         lead = self._leader
-        if lead is not None and lead.record.broker_id == self.broker_id and lead.create_revision <= at:
+        if lead is not None and lead.create_revision <= at:
+            # the backup's leader key: its holder may still renew the lease it was
+            # under (a broker frozen across the failover and the restore) and would
+            # lead at the backup's epoch again
             ok, _ = await self._etcd.txn([compare_create(self._leader_key, lead.create_revision)],
                                          [delete_op(self._leader_key)])  # fmt: skip
             if ok:
-                log.warning("group %s: gave up the leader key etcd's older state gave this broker", self.group)
+                log.warning("group %s: deleted the leader key (%s, epoch %d) that came back with etcd's older state",
+                            self.group, lead.record.broker_id, lead.record.epoch)  # fmt: skip
         self._restored_at = 0
         self._publish()
 

@@ -13,7 +13,8 @@ each reproduced here as it was found (every test failed before its fix):
    etcd; the operator's ``equeue cluster recover`` does, at a new epoch;
 5. etcd restored from a backup taken before a failover (the fault campaign's
    finding): the replica the backup's record still trusts, whose store never saw
-   the later epoch, must not take over at that epoch again.
+   the later epoch, must not take over at that epoch again; nor may a leader frozen
+   across the failover and the restore lead again under the backup's leader key.
 """
 
 from __future__ import annotations
@@ -252,6 +253,61 @@ def test_after_etcd_is_restored_from_a_backup_a_stale_replica_does_not_reuse_an_
         wait_until_sync(a_refuses_or_leads, timeout=60, what="A refuses to take over, or leads")
         st = rs.status(a)
         assert st is not None and st.role != "leader", f"A took over from the restored record at epoch {st.epoch}"
+
+        def marked_and_leaderless() -> bool:
+            marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
+            return marked and all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
+
+        wait_until_sync(marked_and_leaderless, timeout=30, what="the record marked restored, and no replica leading")
+        cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap, "--yes"]
+        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert rs.leader() == b
+        st = rs.status(b)
+        assert st is not None and st.epoch == 3
+        assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
+        rs.wait_isr(2)
+        rs.check_verify()
+    finally:
+        rs.close()
+
+
+def test_after_etcd_is_restored_from_a_backup_a_leader_frozen_across_it_does_not_lead_again(
+    tmp_path: Path, own_etcd: EtcdProcess
+) -> None:
+    """A backup is taken while A leads at epoch 1; A is frozen, B takes over at epoch 2
+    and acknowledges writes. etcd is restored from the backup while A is still frozen:
+    A's leader key and its lease come back, so A, thawed, renews that lease and would
+    lead at epoch 1 again. B finds etcd gone back and deletes the backup's leader key:
+    nobody leads until the operator's recovery makes B lead at epoch 3, with every
+    message. (A lease TTL of 10 s keeps A's restored lease alive until A is thawed.)"""
+    rs = ReplicaGroup(tmp_path, own_etcd.endpoint, "w", 2, "--acks", "all", "--cluster-lease-ttl", "10")
+    try:
+        rs.start()
+        a = rs.leader()
+        b = 1 - a
+        c = rs.client(a)
+        c.create_topic("t", 1)
+        rs.wait_isr(2)
+        for i in range(10):
+            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+        own_etcd.stop()
+        backup = tmp_path / "etcd-backup"
+        shutil.copytree(own_etcd.data_dir, backup)
+        own_etcd.start()
+        wait_until_sync(lambda: rs.current_leader() == a, timeout=60, what="A leads again after the backup")
+        rs.freeze(a)
+        wait_until_sync(lambda: rs.current_leader() == b, timeout=60, what="B takes over")
+        st = rs.status(b)
+        assert st is not None and st.epoch == 2
+        for i in range(10, 20):
+            rs.client(b).produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+
+        own_etcd.stop()
+        shutil.rmtree(own_etcd.data_dir)
+        shutil.copytree(backup, own_etcd.data_dir)
+        own_etcd.start()
+        rs.thaw(a)
 
         def marked_and_leaderless() -> bool:
             marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
