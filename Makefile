@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 
 # the cluster tests start their own etcd from Debian's etcd-server (never its service)
 etcd-install:
-	@test -x /usr/bin/etcd || { echo "installing etcd-server (needed by the cluster tests)"; \
-	  (apt-get update -qq && apt-get install -y -qq etcd-server) >/dev/null; }
+	@test -x /usr/bin/etcd -a -x /usr/bin/etcdctl || { echo "installing etcd-server and etcd-client (the cluster tests; etcdctl: the fault campaign's etcd restore)"; \
+	  (apt-get update -qq && apt-get install -y -qq etcd-server etcd-client) >/dev/null; }
 
 # the fault campaign partitions its network namespaces with iptables (Debian's package)
 net-tools-install:
@@ -62,8 +62,8 @@ clean:
 cluster: install etcd-install
 	$(PY) -m broker.cluster.local --groups 2 --replicas 3 --base-port 5800
 
-# the fault campaign (docs/chaos.md): a 3-member etcd and 2 broker groups of 3 replicas in
-# network namespaces, a workload recording a history, a seeded nemesis, a checker.
+# the fault campaign (docs/chaos.md): a 3-member etcd and 3 broker groups of 3 replicas (one with
+# --acks leader) in network namespaces, a workload recording a history, a seeded nemesis, a checker.
 # make chaos (5 minutes, a random seed, printed); make chaos SEED=1234 MINUTES=30 (replay, longer)
 .PHONY: chaos
 chaos: install etcd-install net-tools-install

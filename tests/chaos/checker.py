@@ -6,7 +6,9 @@
 What it checks (each failure is a violation, kind in brackets):
 
 - every acknowledged send is stored exactly once, with its body (crc32 and length),
-  at the queue and offset its acknowledgement named [lost, moved, corrupt]; no body
+  at the queue and offset its acknowledgement named [lost, moved, corrupt]; a send
+  acknowledged by a group running ``--acks leader`` may be lost (counted, not a
+  violation: that is what acks leader allows); no body
   is stored twice [duplicate]; nothing is stored that was never sent [phantom]; a
   send that failed before it left the client is not stored [failed-stored];
 - per-key order within a queue: a key's messages (keys belong to one producer)
@@ -17,15 +19,21 @@ What it checks (each failure is a violation, kind in brackets):
 - committed offsets never go backwards: a committed-offset query never answers less
   than an offset already acknowledged as committed or answered by an earlier query
   [offset-backwards];
-- epochs only grow: no broker ever reports a lower epoch than it did before (across
-  its restarts too), and no two brokers of a group ever report
-  "leader" at the same epoch [epoch-decreased, two-leaders];
+- no two consumers hold one queue at once: two brokers' DESCRIBE_GROUP answers
+  (only a serving leader answers) whose request-to-answer windows overlap never name
+  different members for one queue of a consumer group [two-holders];
+- epochs only grow: no broker leads at a lower epoch than it led at before (across
+  its restarts too), no broker leads at an epoch below one another broker of its
+  group led at before it was asked, and no two brokers of a group ever report
+  "leader" at the same epoch [epoch-decreased, two-leaders] (a follower reports
+  etcd's record, which a restored backup takes back: not judged);
 - every queue's offsets are dense [gap], every queue could be read after the heal
   [final-read], the cluster recovered after the heal [no-recovery], and
   ``equeue cluster verify`` passed [verify].
 
 It also reports the failover times (a leader's SIGKILL to the first acknowledged
-produce to a queue of its group), the faults by kind, and the operation counts.
+produce to a queue of its group; all kills, and the kills during which no other
+fault hit etcd or the group), the acks-leader losses, the faults by kind, and the operation counts.
 """
 
 from __future__ import annotations
@@ -64,7 +72,14 @@ class Report:
     faults: Counter[str] = attrs.Factory(Counter)
     skipped: Counter[str] = attrs.Factory(Counter)
     failovers: list[float] = attrs.Factory(list)
+    #: the failovers of kills during which no other fault hit etcd or the group
+    failovers_alone: list[float] = attrs.Factory(list)
     failover_missing: int = 0
+    #: group -> its --acks (from the run's config line)
+    acks: dict[str, str] = attrs.Factory(dict)
+    #: acks-leader sends acknowledged, and those of them lost
+    leader_acked: int = 0
+    leader_lost: list[str] = attrs.Factory(list)
     notes: list[str] = attrs.Factory(list)
 
     @property
@@ -84,6 +99,12 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
+def _touches(kind: str, targets: tuple[str, ...], group: str) -> bool:
+    """Whether a fault of ``kind`` on ``targets`` bears on ``group``'s failover: it hits
+    etcd, a broker of the group, or splits the whole network."""
+    return kind == "partition-halves" or any(n.startswith(("e", f"{group}-")) for n in targets)
+
+
 def check(run_dir: Path) -> Report:
     """Judge the run in ``run_dir`` (module docstring)."""
     r = Report()
@@ -91,10 +112,19 @@ def check(run_dir: Path) -> Report:
     by_id: dict[int, dict[str, Any]] = {}
     owners: dict[tuple[str, int], str] = {}
     kills: list[tuple[float, str, int]] = []
-    acked_produces: list[tuple[float, float, str, int]] = []  # (t invoked, t acknowledged, topic, queue)
+    #: (start, end) of every fault, for the failovers with no other fault running
+    spans: list[tuple[float, float, str, tuple[str, ...]]] = []
+    open_faults: dict[tuple[str, str], list[float]] = defaultdict(list)
+    #: (consumer group, "topic/queue") -> [(sent, answered, node, holder, line)]
+    holders: dict[tuple[str, str], list[tuple[float, float, str, str, int]]] = defaultdict(list)
+    acked_produces: list[
+        tuple[float, float, str, int]
+    ] = []  # (t invoked, t acknowledged, topic, queue)
     offset_floor: dict[tuple[str, str, int], tuple[int, float, int]] = {}
     query_floor: dict[int, tuple[int, float, int]] = {}
     epochs: dict[str, tuple[int, float, int]] = {}
+    #: every "leader" status sample: (request sent, answered, group, node, epoch, line)
+    led: list[tuple[float, float, str, str, int, int]] = []
     leaders: dict[tuple[str, int], dict[str, tuple[float, int]]] = defaultdict(dict)
     ops = Counter[str]()
     verify: Op | None = None
@@ -112,7 +142,14 @@ def check(run_dir: Path) -> Report:
                 if rec["kind"] == "queue":
                     final[(rec["topic"], rec["queue"])] = rec
                 elif rec["kind"] == "message":
-                    place = (rec["topic"], rec["queue"], rec["offset"], rec["crc"], rec["len"], rec["key"])
+                    place = (
+                        rec["topic"],
+                        rec["queue"],
+                        rec["offset"],
+                        rec["crc"],
+                        rec["len"],
+                        rec["key"],
+                    )
                     stored[rec["mid"]].append(place)
                     by_pos[(rec["topic"], rec["queue"], rec["offset"])] = (rec["mid"], rec["crc"])
     read_ok = {k for k, rec in final.items() if rec.get("ok")}
@@ -192,15 +229,16 @@ def check(run_dir: Path) -> Report:
         elif f == "status" and typ == "ok":
             ops["status samples"] += 1
             node, epoch = v["node"], v["epoch"]
-            prev = epochs.get(node)
-            if prev is not None and epoch < prev[0]:
-                r.violations.append(Violation(
-                    "epoch-decreased", t, i,
-                    f"{node} ({v['broker']}) reported epoch {epoch} after {prev[0]} (history line {prev[2]})",
-                ))  # fmt: skip
-            if prev is None or epoch > prev[0]:
-                epochs[node] = (epoch, t, i)
             if v["role"] == "leader":
+                prev = epochs.get(node)
+                if prev is not None and epoch < prev[0]:
+                    r.violations.append(Violation(
+                        "epoch-decreased", t, i,
+                        f"{node} ({v['broker']}) led at epoch {epoch} after it led at {prev[0]} (history line {prev[2]})",
+                    ))  # fmt: skip
+                if prev is None or epoch > prev[0]:
+                    epochs[node] = (epoch, t, i)
+                led.append((v.get("sent", t), t, v["group"], node, epoch, i))
                 seen = leaders[(v["group"], epoch)]
                 if node not in seen:
                     seen[node] = (t, i)
@@ -211,6 +249,10 @@ def check(run_dir: Path) -> Report:
                         f"group {v['group']} epoch {epoch}: {other} (line {seen[other][1]}) and {node} both "
                         "reported role leader",
                     ))  # fmt: skip
+        elif f == "leases" and typ == "ok":
+            ops["lease samples"] += 1
+            for qkey, member in v["held"].items():
+                holders[(v["group"], qkey)].append((v["sent"], t, v["node"], member, i))
         elif f == "routes":
             for topic, own in v["owners"].items():
                 for q, g in enumerate(own):
@@ -218,14 +260,22 @@ def check(run_dir: Path) -> Report:
         elif typ == "nemesis":
             if f == "start":
                 r.faults[v["kind"]] += 1
+                open_faults[(v["kind"], ",".join(v["targets"]))].append(t)
                 if v["kind"] == "kill-broker" and v.get("was_leader"):
                     kills.append((t, v["group"], i))
+            elif f == "stop":
+                targets = tuple(v.get("targets", []))
+                began = open_faults.get((v["kind"], ",".join(targets)))
+                if began:
+                    spans.append((began.pop(0), t, v["kind"], targets))
             elif f == "skipped":
                 r.skipped[v["kind"]] += 1
             elif f in ("error", "revive-failed", "note"):
                 r.notes.append(f"nemesis {f} at t={t:.1f}: {json.dumps(v)[:300]}")
         elif typ == "info":
-            if f == "verify":
+            if f == "config":
+                r.acks = dict(v.get("acks", {}))
+            elif f == "verify":
                 verify = op
             elif f == "settled":
                 settled = op
@@ -233,22 +283,64 @@ def check(run_dir: Path) -> Report:
                 r.notes.append(f"{f} at t={t:.1f}: {json.dumps(v)[:300]}")
     for s in by_id.values():  # invoked, never completed: the run ended first
         s["outcome"] = "unknown"
+    for (kind, names), started in open_faults.items():  # running at the end: healed by the heal-all
+        spans.extend((t0, float("inf"), kind, tuple(names.split(","))) for t0 in started)
+
+    # ---------------------------------------------------------------- a group's leaders' epochs
+    # a leader answering at epoch e, asked after another broker of its group had answered
+    # "leader" at a higher epoch, leads at an epoch a later leader already passed
+    by_answer = sorted(led, key=lambda x: x[1])
+    highest: dict[str, tuple[int, str, int]] = {}
+    pos = 0
+    for sent_at, _t, grp, who, ep, at_line in sorted(led):
+        while pos < len(by_answer) and by_answer[pos][1] < sent_at:
+            _s, _a, g2, n2, e2, l2 = by_answer[pos]
+            if e2 > highest.get(g2, (-1, "", 0))[0]:
+                highest[g2] = (e2, n2, l2)
+            pos += 1
+        top = highest.get(grp)
+        if top is not None and top[1] != who and ep < top[0]:
+            r.violations.append(Violation(
+                "epoch-decreased", sent_at, at_line,
+                f"group {grp}: {who} led at epoch {ep}, asked after {top[1]} had led at epoch {top[0]} "
+                f"(history line {top[2]})",
+            ))  # fmt: skip
+
+    # ---------------------------------------------------------------- one holder per queue
+    for (cgroup, qkey), samples in holders.items():
+        samples.sort()
+        for j, (at1, to1, node1, member1, line1) in enumerate(samples):
+            for at2, to2, node2, member2, line2 in samples[j + 1 :]:
+                if at2 > to1:
+                    break  # sorted by request time: no later sample overlaps this one
+                if node2 != node1 and member2 != member1:
+                    r.violations.append(Violation(
+                        "two-holders", at2, line2,
+                        f"group {cgroup} queue {qkey}: {node1} answered that {member1} holds it (line {line1}, "
+                        f"{at1:.3f}-{to1:.3f} s) while {node2} answered {member2} ({at2:.3f}-{to2:.3f} s)",
+                    ))  # fmt: skip
 
     end_t = max((s.get("t_done", s["t"]) for s in sends.values()), default=0.0)
     for (topic, q), rec in sorted(final.items()):
         if not rec.get("ok"):
-            r.violations.append(Violation("final-read", end_t, 0, f"{topic}/{q}: {rec.get('error')}"))
+            r.violations.append(
+                Violation("final-read", end_t, 0, f"{topic}/{q}: {rec.get('error')}")
+            )
         elif rec.get("gap"):
             r.violations.append(Violation("gap", end_t, 0, f"{topic}/{q}: {rec['gap']}"))
     if not final_path.exists():
-        r.violations.append(Violation("final-read", end_t, 0, "no final read (the run ended before it)"))
+        r.violations.append(
+            Violation("final-read", end_t, 0, "no final read (the run ended before it)")
+        )
 
     # ---------------------------------------------------------------- sends
     resolved = Counter[str]()
     for mid, places in stored.items():
         sent = sends.get(mid)
         if sent is None:
-            r.violations.append(Violation("phantom", end_t, 0, f"{places[0][:3]} holds {mid!r}, never sent", mid))
+            r.violations.append(
+                Violation("phantom", end_t, 0, f"{places[0][:3]} holds {mid!r}, never sent", mid)
+            )
             continue
         s = sent
         if len(places) > 1:
@@ -268,6 +360,12 @@ def check(run_dir: Path) -> Report:
         if (ack["topic"], ack["queue"]) not in read_ok:
             continue  # reported as final-read
         places = stored.get(mid, [])
+        acks_leader = r.acks.get(owners.get((ack["topic"], ack["queue"]), ""), "all") == "leader"
+        if acks_leader:
+            r.leader_acked += 1
+            if not places:
+                r.leader_lost.append(mid)
+                continue
         if not places:
             r.violations.append(Violation(
                 "lost", s["t_done"], s["line_done"],
@@ -279,7 +377,11 @@ def check(run_dir: Path) -> Report:
             r.violations.append(Violation("corrupt", s["t_done"], s["line_done"],
                                           f"{mid} stored with crc {crc} len {n}, sent crc {s['crc']} len {s['len']}",
                                           mid))  # fmt: skip
-        if ack["offset"] >= 0 and not ack.get("duplicate") and (topic, q, o) != (ack["topic"], ack["queue"], ack["offset"]):
+        if (
+            ack["offset"] >= 0
+            and not ack.get("duplicate")
+            and (topic, q, o) != (ack["topic"], ack["queue"], ack["offset"])
+        ):
             r.violations.append(Violation("moved", s["t_done"], s["line_done"],
                                           f"{mid} acknowledged at {ack['topic']}/{ack['queue']}@{ack['offset']}, "
                                           f"stored at {topic}/{q}@{o}", mid))  # fmt: skip
@@ -317,6 +419,10 @@ def check(run_dir: Path) -> Report:
             r.failover_missing += 1
         else:
             r.failovers.append(first - t_kill)
+            others = [sp for sp in spans if sp[0] != t_kill and sp[0] <= first and sp[1] >= t_kill
+                      and _touches(sp[2], sp[3], group)]  # fmt: skip
+            if not others:
+                r.failovers_alone.append(first - t_kill)
 
     r.counts = {
         **dict(sorted(ops.items())),
@@ -332,15 +438,30 @@ def render(r: Report) -> str:
     lines = ["faults injected: " + (", ".join(f"{k} {n}" for k, n in sorted(r.faults.items())) or "none")
              + f" (total {sum(r.faults.values())})"]  # fmt: skip
     if r.skipped:
-        lines.append("faults skipped (no target then): " + ", ".join(f"{k} {n}" for k, n in sorted(r.skipped.items())))
+        lines.append(
+            "faults skipped (no target then): "
+            + ", ".join(f"{k} {n}" for k, n in sorted(r.skipped.items()))
+        )
     lines.append("operations: " + ", ".join(f"{k} {n}" for k, n in r.counts.items()))
     if r.failovers:
         lines.append(f"failover (leader SIGKILL -> first acknowledgement of a produce to its group sent after it), {len(r.failovers)} kills: "
                      f"p50 {statistics.median(r.failovers):.2f} s, p99 {_pct(r.failovers, 0.99):.2f} s, "
                      f"max {max(r.failovers):.2f} s")  # fmt: skip
+    if r.failovers_alone:
+        fa = r.failovers_alone
+        lines.append(f"  of them {len(fa)} kills with no other fault on etcd or the group: p50 {statistics.median(fa):.2f} s, "
+                     f"p99 {_pct(fa, 0.99):.2f} s, max {max(fa):.2f} s")  # fmt: skip
     if r.failover_missing:
-        lines.append(f"{r.failover_missing} leader kills with no acknowledged produce to the group afterwards")
-    lines.append("acks leader: not run (every broker runs --acks all; docs/chaos.md says why)")
+        lines.append(
+            f"{r.failover_missing} leader kills with no acknowledged produce to the group afterwards"
+        )
+    leader_groups = sorted(g for g, a in r.acks.items() if a == "leader")
+    if leader_groups:
+        lines.append(f"acks leader ({', '.join(leader_groups)}): {r.leader_acked} sends acknowledged, "
+                     f"{len(r.leader_lost)} of them lost (allowed, counted)"
+                     + (f": {', '.join(r.leader_lost[:5])}{' ...' if len(r.leader_lost) > 5 else ''}" if r.leader_lost else ""))  # fmt: skip
+    else:
+        lines.append("acks leader: not run (no group runs --acks leader)")
     for n in r.notes[:15]:
         lines.append(f"note: {n}")
     kinds = Counter(v.kind for v in r.violations)
@@ -365,7 +486,11 @@ def excerpt(run_dir: Path, v: Violation, around: int = 4, limit: int = 80) -> st
             mark = ">>" if op["i"] == v.line else "  "
             out.append(f"{mark} {json.dumps(op, separators=(',', ':'))[:300]}")
     if len(out) > limit:
-        out = [*out[: limit // 2], f"   ... {len(out) - limit} lines left out ...", *out[-limit // 2 :]]
+        out = [
+            *out[: limit // 2],
+            f"   ... {len(out) - limit} lines left out ...",
+            *out[-limit // 2 :],
+        ]
     return "\n".join(out)
 
 

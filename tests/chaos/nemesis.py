@@ -23,6 +23,15 @@ Kinds (docs/chaos.md, "The nemesis"):
 ``partition-leader-etcd``  "bridged": a group's leader cut from every etcd member only
 ``partition-follower``     "bridged": a follower cut from its leader only
 ``degrade``                slow, lossy link of one node (netem, or tbf + random loss)
+``etcd-proxy``             a broker's etcd proxy black-holes, delays, or drops etcd's answers
+                           after etcd applied the request (unknown outcomes)
+``disk-full``              a broker's tmpfs data directory filled to the last block
+``replica-add-remove``     a group's spare joins as a new replica, catches up, and leaves
+``stop-etcd``              every etcd member stopped (SIGTERM); started again
+``etcd-restore``           etcd backed up (``etcdctl snapshot save``), then, a little later,
+                           every member wiped and restored from that backup; after the
+                           duration the operator recovers the groups that need it
+                           (``equeue cluster recover --yes``); topic changes wait meanwhile
 =========================  =================================================================
 """
 
@@ -31,7 +40,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -39,13 +50,15 @@ import trio
 
 from equeue.errors import EQueueError
 from tests.chaos.cluster import Cluster
+from tests.chaos.etcdproxy import EtcdProxyError, set_mode
 from tests.chaos.history import History
 from tests.chaos.net import CLIENT, Network, NetworkUnavailable
 from tests.chaos.workload import Probe
+from tests.conftest import in_threads
 
 __all__ = ["KINDS", "Fault", "Nemesis", "schedule", "schedule_digest"]
 
-#: kind -> (weight, what it needs: "" always, "partition", "degrade")
+#: kind -> (weight, what it needs: "" always, "partition", "degrade", "tmpfs")
 KINDS: dict[str, tuple[int, str]] = {
     "kill-broker": (4, ""),
     "pause-broker": (2, ""),
@@ -59,7 +72,15 @@ KINDS: dict[str, tuple[int, str]] = {
     "partition-leader-etcd": (2, "partition"),
     "partition-follower": (1, "partition"),
     "degrade": (2, "degrade"),
+    "etcd-proxy": (3, ""),
+    "disk-full": (1, "tmpfs"),
+    "replica-add-remove": (1, ""),
+    "stop-etcd": (1, ""),
+    "etcd-restore": (1, "etcdctl"),
 }
+#: the etcd proxy's fault modes (tests.chaos.etcdproxy)
+PROXY_MODES = ("blackhole", "delay", "drop-answers")
+ROOT = str(Path(__file__).resolve().parents[2])
 #: the workload runs this long before the first fault, and at least this long after the last
 WARMUP, COOLDOWN = 3.0, 2.0
 
@@ -78,11 +99,18 @@ class Fault:
     params: dict[str, Any] = attrs.field(factory=dict)
 
 
-def schedule(seed: int, seconds: float, groups: list[str], partitions: bool, degrade: bool) -> list[list[Fault]]:
+def schedule(seed: int, seconds: float, groups: list[str], partitions: bool, degrade: bool,
+             tmpfs: bool = False, etcdctl: bool = False) -> list[list[Fault]]:  # fmt: skip
     """The episodes of a run of ``seconds`` (module docstring)."""
     rng = random.Random(seed)
-    kinds = [k for k, (_, need) in KINDS.items()
-             if need == "" or (need == "partition" and partitions) or (need == "degrade" and degrade)]  # fmt: skip
+    have = {
+        "": True,
+        "partition": partitions,
+        "degrade": degrade,
+        "tmpfs": tmpfs,
+        "etcdctl": etcdctl,
+    }
+    kinds = [k for k, (_, need) in KINDS.items() if have[need]]
     weights = [KINDS[k][0] for k in kinds]
     episodes: list[list[Fault]] = []
     t = WARMUP
@@ -122,6 +150,14 @@ def _draw(kind: str, t: float, rng: random.Random, groups: list[str]) -> Fault:
         role = "leader"
     elif kind == "partition-follower":
         role = "follower"
+    elif kind == "etcd-proxy":
+        params = {"mode": rng.choice(PROXY_MODES), "delay_ms": rng.randrange(200, 1500)}
+    elif kind == "replica-add-remove":
+        role = "spare"
+        duration = round(rng.uniform(5.0, 10.0), 2)
+    elif kind in ("stop-etcd", "etcd-restore"):
+        group, role = "", "all"
+        params = {"drift": round(rng.uniform(0.5, 3.0), 2)} if kind == "etcd-restore" else {}
     elif kind == "degrade":
         params = {"delay_ms": rng.randrange(20, 300), "jitter_ms": rng.randrange(0, 50),
                   "loss_pct": round(rng.uniform(1, 15), 1), "rate_kbit": rng.choice([256, 512, 1024, 2048]),
@@ -139,8 +175,11 @@ class Nemesis:
     """Runs a schedule against ``cluster`` (module docstring); every fault's start and
     end, and whom it hit, go to the history. :meth:`heal_all` undoes everything."""
 
-    def __init__(self, history: History, cluster: Cluster, net: Network, probe: Probe) -> None:
+    def __init__(self, history: History, cluster: Cluster, net: Network, probe: Probe,
+                 admin_lock: trio.Lock | None = None) -> None:  # fmt: skip
         self.h, self.cluster, self.net, self.probe = history, cluster, net, probe
+        #: the workload's topic changes wait while etcd is restored from a backup
+        self.admin_lock = admin_lock or trio.Lock()
         self.counts: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
         self.busy: set[str] = set()
@@ -161,7 +200,7 @@ class Nemesis:
     async def _one(self, episode: int, f: Fault) -> None:
         try:
             targets, undo = await self._apply(f)
-        except (EQueueError, NetworkUnavailable, OSError) as exc:
+        except (EQueueError, EtcdProxyError, NetworkUnavailable, OSError) as exc:
             self.h.nemesis("error", episode=episode, kind=f.kind, error=str(exc)[:300])
             return
         if not targets:
@@ -176,8 +215,10 @@ class Nemesis:
             with trio.CancelScope(shield=True):
                 try:
                     await undo()
-                except (EQueueError, NetworkUnavailable, OSError) as exc:
-                    self.h.nemesis("error", episode=episode, kind=f.kind, error=f"heal: {str(exc)[:300]}")
+                except (EQueueError, EtcdProxyError, NetworkUnavailable, OSError) as exc:
+                    self.h.nemesis(
+                        "error", episode=episode, kind=f.kind, error=f"heal: {str(exc)[:300]}"
+                    )
                 self.busy.difference_update(targets)
                 self.h.nemesis("stop", episode=episode, kind=f.kind, targets=targets)
 
@@ -222,13 +263,83 @@ class Nemesis:
                 await self._revive(node)
                 await self._wait_in_sync(f.group, node, 30.0)
             return members, nothing
+        if k == "etcd-proxy":
+            node, was_leader = self._broker(f, rng)
+            if node is None:
+                return [], nothing
+            mode = f.params["mode"] + (
+                f" {f.params['delay_ms']}" if f.params["mode"] == "delay" else ""
+            )
+            control = c.proxies[node].control_path
+            await set_mode(control, mode)
+            self._start(f, [node], was_leader=was_leader, group=c.group_of(node), mode=mode)
+            return [node], lambda: set_mode(control, "pass")
+        if k == "disk-full":
+            node, was_leader = self._broker(f, rng)
+            if node is None:
+                return [], nothing
+            self.busy.add(node)
+            filled = await run(c.fill_disk, node)
+            self._start(f, [node], was_leader=was_leader, group=c.group_of(node), filled=filled)
+            return [node], lambda: run(c.free_disk, node)
+        if k == "replica-add-remove":
+            spare = c.spare(f.group)
+            if spare in self.busy or spare in c.added:
+                return [], nothing
+            self.busy.add(spare)
+            self._start(f, [spare], group=f.group)
+            try:
+                await run(c.add_spare, f.group)
+            except BaseException:
+                self.busy.discard(spare)
+                raise
+            await self._wait_in_sync(f.group, spare, 30.0)
+            self.h.nemesis("note", node=spare, what="added", broker=c.brokers[spare].broker_id)
+            return [spare], lambda: run(c.remove_spare, f.group)
+        if k == "stop-etcd":
+            members = list(c.etcd)
+            if any(n in self.busy or not c.live(n) for n in members):
+                return [], nothing
+            self._start(f, members)
+            await run(in_threads, members, c.terminate)
+
+            async def start_all() -> None:
+                await run(in_threads, members, c.revive)
+
+            return members, start_all
+        if k == "etcd-restore":
+            members = list(c.etcd)
+            if any(n in self.busy or not c.live(n) for n in members):
+                return [], nothing
+            self.busy.update(members)
+            await self.admin_lock.acquire()
+            try:
+                backup = c.root / "etcd-backup.db"
+                source = await run(c.etcd_backup, backup)
+                await trio.sleep(f.params["drift"])  # the cluster moves on past the backup
+                self._start(f, members, backup=source, drift=f.params["drift"])
+                await run(c.etcd_restore, backup)
+            except BaseException:
+                self.admin_lock.release()
+                self.busy.difference_update(members)
+                raise
+
+            async def operator() -> None:
+                try:
+                    await self._recover_groups()
+                finally:
+                    self.admin_lock.release()
+
+            return members, operator
         if k == "degrade":
             node = await self._etcd(f, rng) if f.params.get("etcd") else self._broker(f, rng)[0]
             if node is None:
                 return [], nothing
             p = f.params
             self.busy.add(node)
-            applied = await run(self.net.degrade, node, p["delay_ms"], p["jitter_ms"], p["loss_pct"], p["rate_kbit"])
+            applied = await run(
+                self.net.degrade, node, p["delay_ms"], p["jitter_ms"], p["loss_pct"], p["rate_kbit"]
+            )
             self._start(f, [node], applied=applied)
             return [node], lambda: run(self.net.undegrade, node)
         # partitions
@@ -259,7 +370,9 @@ class Nemesis:
             out |= cuts
         return out
 
-    async def _cuts_for(self, f: Fault, rng: random.Random) -> tuple[set[tuple[str, str]], list[str], dict[str, Any]]:
+    async def _cuts_for(
+        self, f: Fault, rng: random.Random
+    ) -> tuple[set[tuple[str, str]], list[str], dict[str, Any]]:
         c = self.cluster
         nodes = c.nodes
         k = f.kind
@@ -290,7 +403,11 @@ class Nemesis:
             node = self.probe.leader_now(f.group)
             if node is None or node in self.busy:
                 return set(), [], {}
-            return {(node, e) for e in c.etcd} | {(e, node) for e in c.etcd}, [node], {"group": f.group}
+            return (
+                {(node, e) for e in c.etcd} | {(e, node) for e in c.etcd},
+                [node],
+                {"group": f.group},
+            )
         if k == "partition-follower":
             leader = self.probe.leader_now(f.group)
             if leader is None:
@@ -335,6 +452,30 @@ class Nemesis:
                 return ids[leader_id]
         return live[rng.randrange(len(live))]
 
+    async def _recover_groups(self, timeout: float = 45.0) -> None:
+        """The operator after etcd was restored (docs/cluster.md, "When etcd loses its
+        data: recovery"): every group without a serving leader is recovered with
+        ``equeue cluster recover --group G --yes``, again until it has one."""
+        c = self.cluster
+        with trio.move_on_after(timeout):
+            pending = list(c.group_names)
+            while pending:
+                for group in list(pending):
+                    if await self.probe.settled_leader(group) is not None:
+                        pending.remove(group)
+                        continue
+                    cmd = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", group,
+                           "--broker", ",".join(c.address(n) for n in c.members(group) if c.live(n)), "--yes"]  # fmt: skip
+                    r = await trio.run_process(
+                        cmd, capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT
+                    )
+                    out = (r.stdout + r.stderr).decode(errors="replace").strip()
+                    self.h.nemesis("recover", group=group, rc=r.returncode, output=out[-400:])
+                if pending:
+                    await trio.sleep(1.0)  # the groups take over after a recovery
+            return
+        self.h.nemesis("note", what=f"groups without a leader {timeout:g} s after the restore")
+
     # ------------------------------------------------------------------ healing
     async def _revive(self, node: str) -> None:
         for attempt in range(3):
@@ -352,7 +493,11 @@ class Nemesis:
             while True:
                 leader = self.probe.leader_now(group, fresh=1.5)
                 seen = self.probe.latest.get(leader) if leader else None
-                if seen is not None and bid in seen[1].isr and (leader == node or seen[1].role == "leader"):
+                if (
+                    seen is not None
+                    and bid in seen[1].isr
+                    and (leader == node or seen[1].role == "leader")
+                ):
                     return
                 await trio.sleep(0.1)
         self.h.nemesis("note", node=node, what=f"not back in sync within {timeout:g} s")

@@ -23,16 +23,32 @@ class Run:
 
     def send(self, mid: str, key: str | None, queue: int, offset: int, outcome: str = "ok") -> None:
         body = f"{mid}|x".encode()
-        op = self.h.invoke(mid.split("-")[0], "send", mid=mid, topic="t", key=key, crc=zlib.crc32(body), len=len(body))
-        ack = {"topic": "t", "queue": queue, "offset": offset, "duplicate": False} if outcome == "ok" else {"error": "x"}
+        op = self.h.invoke(
+            mid.split("-")[0],
+            "send",
+            mid=mid,
+            topic="t",
+            key=key,
+            crc=zlib.crc32(body),
+            len=len(body),
+        )
+        ack = (
+            {"topic": "t", "queue": queue, "offset": offset, "duplicate": False}
+            if outcome == "ok"
+            else {"error": "x"}
+        )
         self.h.complete(op, outcome, mid.split("-")[0], "send", mid=mid, **ack)
 
-    def store(self, mid: str, key: str | None, queue: int, offset: int, body: bytes | None = None) -> None:
+    def store(
+        self, mid: str, key: str | None, queue: int, offset: int, body: bytes | None = None
+    ) -> None:
         b = body if body is not None else f"{mid}|x".encode()
         self.final.append({"kind": "message", "topic": "t", "queue": queue, "offset": offset, "mid": mid,
                            "crc": zlib.crc32(b), "len": len(b), "key": key})  # fmt: skip
 
-    def read(self, member: str, group: str, mid: str, key: str | None, queue: int, offset: int) -> None:
+    def read(
+        self, member: str, group: str, mid: str, key: str | None, queue: int, offset: int
+    ) -> None:
         b = f"{mid}|x".encode()
         self.h.observe(member, "read", group=group, topic="t", queue=queue, offset=offset, mid=mid,
                        crc=zlib.crc32(b), len=len(b), key=key)  # fmt: skip
@@ -124,5 +140,75 @@ def test_epochs_going_back_and_two_leaders_of_one_epoch(tmp_path: Path) -> None:
     run = clean(Run(tmp_path))
     run.status("b1", "leader", 2)
     run.status("b0", "leader", 2)
-    run.status("b0", "follower", 1)
-    assert run.finish() == ["epoch-decreased", "two-leaders"]
+    run.status("b0", "follower", 1)  # a follower reports etcd's record: not judged
+    assert run.finish() == ["two-leaders"]
+    run = clean(Run(tmp_path))
+    run.status("b1", "leader", 3)
+    run.status("b0", "leader", 2)  # asked after b1 had led at 3
+    assert run.finish() == ["epoch-decreased"]
+    run = clean(Run(tmp_path))
+    run.status("b0", "leader", 3)
+    run.status("b0", "leader", 2)
+    assert run.finish() == ["epoch-decreased"]
+
+
+def test_a_leader_answer_overlapping_a_newer_one_is_not_judged(tmp_path: Path) -> None:
+    run = clean(Run(tmp_path))
+    sent = run.h.now()  # b0's request went out before b1 answered: its answer may be older
+    run.h.observe("status", "status", sent=run.h.now(), node="b1", group="g1", broker="b1", role="leader", epoch=3,
+                  leader="", position=0, hw=0, isr=[])  # fmt: skip
+    run.h.observe("status", "status", sent=sent, node="b0", group="g1", broker="b0", role="leader", epoch=2,
+                  leader="", position=0, hw=0, isr=[])  # fmt: skip
+    assert run.finish() == []
+
+
+def test_two_brokers_naming_different_holders_at_once(tmp_path: Path) -> None:
+    run = clean(Run(tmp_path))
+    # one after the other (a failover, then the new leader's lease): fine
+    run.h.observe("leases", "leases", node="b0", group="cg", sent=run.h.now(), held={"t/0": "m0"})
+    run.h.observe("leases", "leases", node="b1", group="cg", sent=run.h.now(), held={"t/0": "m1"})
+    assert run.finish() == []
+    run = clean(Run(tmp_path))
+    sent = run.h.now()  # b1's request went out before b0 answered: the windows overlap
+    run.h.observe("leases", "leases", node="b0", group="cg", sent=sent, held={"t/0": "m0"})
+    run.h.observe(
+        "leases", "leases", node="b1", group="cg", sent=sent, held={"t/0": "m1", "t/1": "m1"}
+    )
+    run.h.observe(
+        "leases", "leases", node="b2", group="cg", sent=sent, held={"t/1": "m1"}
+    )  # same holder: fine
+    assert run.finish() == ["two-holders"]
+
+
+def test_an_acks_leader_loss_is_counted_not_a_violation(tmp_path: Path) -> None:
+    run = clean(Run(tmp_path))
+    run.h.info("config", acks={"g1": "all", "g2": "leader"})
+    run.send("p0-3", None, 1, 1)  # queue 1 belongs to g2: acks leader
+    r_kinds = run.finish()
+    assert r_kinds == []
+    r = check(tmp_path)
+    assert (r.leader_acked, r.leader_lost) == (1, ["p0-3"])
+    run = clean(Run(tmp_path))
+    run.h.info("config", acks={"g1": "all", "g2": "leader"})
+    run.send("p0-3", None, 0, 3)  # queue 0 belongs to g1: acks all
+    assert run.finish() == ["lost"]
+
+
+def test_failovers_with_and_without_another_fault(tmp_path: Path) -> None:
+    run = clean(Run(tmp_path))
+    t = run.h.now()
+    run.h.nemesis("start", kind="kill-broker", targets=["b0"], was_leader=True, group="g1")
+    run.send("p2-0", None, 0, 3)
+    run.store("p2-0", None, 0, 3)
+    run.h.nemesis("stop", kind="kill-broker", targets=["b0"])
+    run.h.nemesis("start", kind="pause-etcd", targets=["e0"])
+    run.h.nemesis("start", kind="pause-broker", targets=["g2-1"])  # another group: does not count
+    run.h.nemesis("start", kind="kill-broker", targets=["b1"], was_leader=True, group="g1")
+    run.send("p2-1", None, 0, 4)
+    run.store("p2-1", None, 0, 4)
+    run.h.nemesis("stop", kind="kill-broker", targets=["b1"])
+    run.h.nemesis("stop", kind="pause-etcd", targets=["e0"])
+    assert run.finish() == []
+    r = check(tmp_path)
+    assert len(r.failovers) == 2 and len(r.failovers_alone) == 1
+    assert r.failovers_alone[0] < run.h.now() - t

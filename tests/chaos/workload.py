@@ -10,9 +10,10 @@
   the SDK makes is an operation (the member's ``RoutedCalls.commit_offset`` is wrapped);
 - **admin**: creates a topic or grows one now and then (``create`` / ``alter``), and
   records the route table after each (``routes``);
-- **samplers**: REPLICATION_STATUS of every running broker every 0.5 s ("status"), and
-  the committed offset of each group and queue of the main topic every second
-  ("query").
+- **samplers**: REPLICATION_STATUS of every running broker every 0.5 s ("status");
+  DESCRIBE_GROUP of both consumer groups at every running broker every 0.5 s
+  ("leases": which member holds each queue; only a serving leader answers); and the
+  committed offset of each group and queue of the main topic every second ("query").
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class Probe:
             await self._nursery.start(_hold, c)
         return c
 
-    async def ask(self, node: str, fn: Callable[[AsyncClient], Awaitable[Any]], timeout: float = 1.5) -> Any:
+    async def ask(
+        self, node: str, fn: Callable[[AsyncClient], Awaitable[Any]], timeout: float = 1.5
+    ) -> Any:
         """``fn(node's client)`` within ``timeout`` s (trio.TooSlowError past it)."""
         with trio.fail_after(timeout):
             return await fn(await self.client(node))
@@ -112,7 +115,9 @@ class Probe:
         if not self.cluster.live(node):
             return None
         try:
-            st: control.ReplicationStatus = await self.ask(node, lambda c: c.replication_status(), timeout)
+            st: control.ReplicationStatus = await self.ask(
+                node, lambda c: c.replication_status(), timeout
+            )
         except (EQueueError, OSError, trio.TooSlowError):
             return None
         self.latest[node] = (time.monotonic(), st)
@@ -153,9 +158,12 @@ class Probe:
         return node
 
 
-
 async def _queue_offsets(c: AsyncClient, q: int) -> control.QueueStats:
     return await c.queue_offsets(MAIN_TOPIC, q)
+
+
+async def _describe(c: AsyncClient, group: str) -> control.GroupDescription:
+    return await c.describe_group(group)
 
 
 async def _query_offset(c: AsyncClient, group: str, q: int) -> int:
@@ -188,6 +196,9 @@ class Workload:
         self.acked = 0
         self._done_producing = trio.Event()
         self._producers_left = producers
+        #: held around every topic change; the nemesis holds it while it restores etcd
+        #: from a backup (topic changes made after the backup would be lost with it)
+        self.admin_lock = trio.Lock()
 
     # ------------------------------------------------------------------ setup
     async def open(self, nursery: trio.Nursery) -> None:
@@ -209,6 +220,7 @@ class Workload:
         nursery.start_soon(self._admin)
         for node in self.cluster.brokers:
             nursery.start_soon(self._sample_status, node)
+            nursery.start_soon(self._sample_leases, node)
         nursery.start_soon(self._sample_offsets)
 
     async def stop_producing(self, timeout: float) -> None:
@@ -234,12 +246,20 @@ class Workload:
                             while self.producing:
                                 for _ in range(rng.randint(1, 8)):
                                     extra = [t for t in self.topics if t != MAIN_TOPIC]
-                                    topic = rng.choice(extra) if extra and rng.random() < 0.15 else MAIN_TOPIC
-                                    key = f"{name}k{rng.randrange(8)}" if rng.random() < 0.6 else None
+                                    topic = (
+                                        rng.choice(extra)
+                                        if extra and rng.random() < 0.15
+                                        else MAIN_TOPIC
+                                    )
+                                    key = (
+                                        f"{name}k{rng.randrange(8)}" if rng.random() < 0.6 else None
+                                    )
                                     mid = f"{name}-{seq}"
                                     seq += 1
                                     await limit.acquire()
-                                    sent = await self._send(prod, name, mid, topic, key, body_of(mid, rng), limit)
+                                    sent = await self._send(
+                                        prod, name, mid, topic, key, body_of(mid, rng), limit
+                                    )
                                     if sent is not None:
                                         waiters.start_soon(self._answer, *sent, name, mid, limit)
                                 await trio.sleep(rng.uniform(0, 2 * self.pace))  # pacing the load
@@ -257,7 +277,9 @@ class Workload:
         """Invoke one send: (its handle, the operation id), or None when it ended at
         once (recorded, and its slot of ``limit`` given back)."""
         data = body.encode()
-        op = self.h.invoke(name, "send", mid=mid, topic=topic, key=key, crc=zlib.crc32(data), len=len(data))
+        op = self.h.invoke(
+            name, "send", mid=mid, topic=topic, key=key, crc=zlib.crc32(data), len=len(data)
+        )
         try:
             handle = await prod.send_async(topic, body, key=key)
         except _NOT_SENT as exc:
@@ -270,7 +292,9 @@ class Workload:
         limit.release()
         return None
 
-    async def _answer(self, handle: Any, op: int, name: str, mid: str, limit: trio.Semaphore) -> None:
+    async def _answer(
+        self, handle: Any, op: int, name: str, mid: str, limit: trio.Semaphore
+    ) -> None:
         try:
             r = await handle.wait()
         except EQueueError as exc:
@@ -311,16 +335,24 @@ class Workload:
         calls = c.calls
         inner = calls.commit_offset
 
-        async def commit_offset(group: str, topic: str, queue_id: int, offset: int, consumer_id: str = "") -> None:
-            op = self.h.invoke(name, "commit", group=group, topic=topic, queue=queue_id, offset=offset)
+        async def commit_offset(
+            group: str, topic: str, queue_id: int, offset: int, consumer_id: str = ""
+        ) -> None:
+            op = self.h.invoke(
+                name, "commit", group=group, topic=topic, queue=queue_id, offset=offset
+            )
             try:
                 await inner(group, topic, queue_id, offset, consumer_id)
             except BaseException as exc:
-                outcome = "fail" if isinstance(exc, NotQueueOwner) else "unknown"  # NotQueueOwner: refused, unwritten
+                outcome = (
+                    "fail" if isinstance(exc, NotQueueOwner) else "unknown"
+                )  # NotQueueOwner: refused, unwritten
                 self.h.complete(op, outcome, name, "commit", group=group, topic=topic, queue=queue_id, offset=offset,
                                 error=_err(exc))  # fmt: skip
                 raise
-            self.h.complete(op, "ok", name, "commit", group=group, topic=topic, queue=queue_id, offset=offset)
+            self.h.complete(
+                op, "ok", name, "commit", group=group, topic=topic, queue=queue_id, offset=offset
+            )
 
         calls.commit_offset = commit_offset  # type: ignore[method-assign]
 
@@ -342,7 +374,9 @@ class Workload:
             for q in range(self.topics.get(MAIN_TOPIC, 0)):
                 stats = await router.call(MAIN_TOPIC, q, partial(_queue_offsets, q=q), policy)
                 for group in CONSUMER_GROUPS:
-                    got = await router.call(MAIN_TOPIC, q, partial(_query_offset, group=group, q=q), policy)
+                    got = await router.call(
+                        MAIN_TOPIC, q, partial(_query_offset, group=group, q=q), policy
+                    )
                     if got < stats.max_offset:
                         return False
         except EQueueError:
@@ -360,15 +394,20 @@ class Workload:
             group = rng.choice(self.cluster.group_names)
             extra = [t for t in self.topics if t != MAIN_TOPIC]
             roll = rng.random()
-            if roll < 0.4 and made < 3:
-                made += 1
-                await self.admin_op("create", f"{MAIN_TOPIC}-x{made}", rng.randint(1, 3), group=group)
-            elif roll < 0.8 and self.topics.get(MAIN_TOPIC, 8) < 8:
-                await self.admin_op("alter", MAIN_TOPIC, self.topics[MAIN_TOPIC] + 1, group=group)
-            elif extra:
-                t = rng.choice(extra)
-                if self.topics[t] < 4:
-                    await self.admin_op("alter", t, self.topics[t] + 1, group=group)
+            async with self.admin_lock:
+                if roll < 0.4 and made < 3:
+                    made += 1
+                    await self.admin_op(
+                        "create", f"{MAIN_TOPIC}-x{made}", rng.randint(1, 3), group=group
+                    )
+                elif roll < 0.8 and self.topics.get(MAIN_TOPIC, 8) < 8:
+                    await self.admin_op(
+                        "alter", MAIN_TOPIC, self.topics[MAIN_TOPIC] + 1, group=group
+                    )
+                elif extra:
+                    t = rng.choice(extra)
+                    if self.topics[t] < 4:
+                        await self.admin_op("alter", t, self.topics[t] + 1, group=group)
 
     async def admin_op(self, f: str, topic: str, queues: int, group: str) -> None:
         """Create or grow ``topic`` at ``group``'s leader, then record the routes."""
@@ -411,11 +450,30 @@ class Workload:
     # ------------------------------------------------------------------ samplers
     async def _sample_status(self, node: str) -> None:
         while self.running:
+            sent = self.h.now()
             st = await self.probe.status(node)
             if st is not None:
-                self.h.observe("status", "status", node=node, group=st.group, broker=st.broker_id, role=st.role,
+                self.h.observe("status", "status", sent=round(sent, 6), node=node, group=st.group, broker=st.broker_id, role=st.role,
                                epoch=st.epoch, leader=st.leader, position=st.position, hw=st.high_watermark,
                                isr=sorted(st.isr))  # fmt: skip
+            await trio.sleep(0.5)  # the sampling period
+
+    async def _sample_leases(self, node: str) -> None:
+        """Who holds each queue, as ``node`` says while it serves: an "ok" line per
+        answer, with the time the request went out (``sent``), so the checker can tell
+        whether two brokers' answers overlapped."""
+        while self.running:
+            if self.cluster.live(node):
+                for group in CONSUMER_GROUPS:
+                    sent = self.h.now()
+                    try:
+                        d: control.GroupDescription = await self.probe.ask(node, partial(_describe, group=group), 1.5)
+                    except (EQueueError, OSError, trio.TooSlowError):
+                        continue  # a follower (NOT_LEADER), fenced, or unreachable: no claim
+                    held = {f"{q.topic}/{q.queue_id}": q.owner for q in d.queues if q.owner}
+                    self.h.observe(
+                        "leases", "leases", node=node, group=group, sent=round(sent, 6), held=held
+                    )
             await trio.sleep(0.5)  # the sampling period
 
     async def _sample_offsets(self) -> None:
@@ -427,11 +485,15 @@ class Workload:
             op = self.h.invoke("offsets", "query", group=group, topic=MAIN_TOPIC, queue=q)
             try:
                 with trio.fail_after(3):
-                    got = await router.call(MAIN_TOPIC, q, partial(_query_offset, group=group, q=q), policy)
+                    got = await router.call(
+                        MAIN_TOPIC, q, partial(_query_offset, group=group, q=q), policy
+                    )
             except (EQueueError, trio.TooSlowError) as exc:
                 self.h.complete(op, "fail", "offsets", "query", error=_err(exc))
             else:
-                self.h.complete(op, "ok", "offsets", "query", group=group, topic=MAIN_TOPIC, queue=q, offset=got)
+                self.h.complete(
+                    op, "ok", "offsets", "query", group=group, topic=MAIN_TOPIC, queue=q, offset=got
+                )
 
         while self.running:
             async with trio.open_nursery() as n:
