@@ -58,6 +58,7 @@ from client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue import control
 from equeue.errors import (
     ClientClosed,
+    ClusterUnavailable,
     ConnectionBroken,
     EQueueError,
     NotLeader,
@@ -372,6 +373,16 @@ class Router:
         except EQueueError as exc:
             if not is_transient(exc):
                 raise
+            # a broker cut off from etcd refuses (its view may be stale): ask the next ones
+            for _ in range(min(len(self.bootstrap.brokers), 3) - 1 if isinstance(exc, ClusterUnavailable) else 0):
+                self.bootstrap.drop_connection(f"GET_ROUTES refused: {exc}")
+                try:
+                    return await self._ask(self.bootstrap, topics, auto_create)
+                except EQueueError as other:
+                    if not is_transient(other):
+                        raise
+                    if not isinstance(other, ClusterUnavailable):
+                        break
             for name in self.cache.live_groups():
                 gc = self._clients.get(name)
                 if name == BOOTSTRAP or gc is None:

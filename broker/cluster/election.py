@@ -241,6 +241,13 @@ class GroupElection:
         m = self._membership
         return self.is_leader() and self.replaceable() and m.clock() - m.last_renewal_sent > self._ttl * 2 / 3
 
+    def cut_off(self) -> bool:
+        """No lease renewal sent in the last ``ttl * 2/3`` s succeeded (leader or not):
+        this broker may not hear from etcd, so what its view says (the route tables it
+        would answer) may be stale."""
+        m = self._membership
+        return m.clock() - m.last_renewal_sent > self._ttl * 2 / 3
+
     def serving(self) -> bool:
         """Leading and not fenced: this broker may answer clients now."""
         return self.is_leader() and not self.fenced()

@@ -758,7 +758,14 @@ class ClusterNode:
         """GET_ROUTES' answer from the view: per group its leader's address (where
         requests go) and every registered replica's (where routes may be fetched),
         the placements of ``topics``, and the cluster's incarnation ("" while etcd's
-        record is missing or does not decode)."""
+        record is missing or does not decode). Raises ClusterUnavailable while this
+        broker is cut off from etcd (no lease renewal in the fence window): its view
+        may be stale (naming a dead leader), and the client asks another broker."""
+        election = self.election
+        if election is not None and election.cut_off():
+            raise ClusterUnavailable(
+                f"broker {self.broker_id} has not reached etcd lately: its routes may be stale; ask another broker"
+            )
         view = self._view
         groups = [
             control.GroupRoute(name, state.addresses, state.replica_addresses)

@@ -30,7 +30,8 @@ class ClusterHandlers:
         A topic that does not exist is created with ``auto_create`` (when the broker
         allows it and the user may; never a retry or DLQ topic), else listed in ``missing``. Raises InvalidName,
         NotAuthorized (an auto-create without the right), ClusterUnavailable (an
-        auto-create while etcd is unreachable), BadRequest past MAX_ROUTE_TOPICS names."""
+        auto-create while etcd is unreachable, or this broker cut off from etcd: its
+        view may be stale), BadRequest past MAX_ROUTE_TOPICS names."""
         if len(req.topics) > MAX_ROUTE_TOPICS:
             raise BadRequest(f"GET_ROUTES names {len(req.topics)} topics; at most {MAX_ROUTE_TOPICS} per request")
         infos: list[control.TopicInfo] = []

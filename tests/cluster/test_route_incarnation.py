@@ -23,8 +23,10 @@ from broker.cluster.etcdproc import EtcdProcess
 from client.retry import RetryPolicy
 from client.routing import Router
 from equeue import Message, wire
+from equeue.errors import ClusterUnavailable
 from equeue.placement import CLUSTER_KEY, decode_cluster
 from producer import AsyncClient
+from tests.chaos.etcdproxy import EtcdProxyProcess, set_mode
 from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until
 
@@ -186,3 +188,43 @@ async def test_a_client_takes_the_routes_of_an_etcd_restored_from_a_backup(
 
             await wait_until(routed, timeout=10, what="the client takes the restored etcd's routes")
             assert router.cache.incarnation == table.incarnation != first
+
+
+async def test_a_broker_cut_off_from_etcd_sends_clients_elsewhere_for_routes(
+    tmp_path: Path, etcd: EtcdProcess
+) -> None:
+    """g1's broker reaches etcd through a proxy that goes silent (a partition): once
+    no lease renewal got through for the fence window, its view may be stale (here:
+    a topic grown since), so GET_ROUTES answers CLUSTER_UNAVAILABLE instead of the
+    stale table, and a router asks g2's broker, which answers the current one."""
+    control = tmp_path / "proxy.sock"
+    proxy = EtcdProxyProcess(control, "127.0.0.1", [0], [etcd.endpoint.removeprefix("http://")])
+    await trio.to_thread.run_sync(proxy.start)
+    try:
+        with trio.fail_after(90):
+            async with AsyncExitStack() as stack:
+                b1 = await stack.enter_async_context(
+                    open_broker(make_config(tmp_path / "g1", cluster=proxy.urls, broker_group="g1")))  # fmt: skip
+                b2 = await stack.enter_async_context(open_broker(config(tmp_path, etcd, "g2")))
+                c = await stack.enter_async_context(AsyncClient(f"{b1.address},{b2.address}"))
+                router = await stack.enter_async_context(Router(c, refresh_interval=60))
+                await c.create_topic("t", 2)
+                await router.refresh(["t"])
+                assert set(router.group_addresses()) == {"g1", "g2"}
+                await set_mode(control, "blackhole")
+                async with AsyncClient(b2.address) as c2:
+                    await c2.alter_topic("t", queues=3)  # through g2's broker: etcd has it, g1 cannot see it
+
+                async def refused() -> bool:
+                    try:
+                        await c.get_routes(["t"])
+                    except ClusterUnavailable:
+                        return True
+                    return False
+
+                await wait_until(refused, timeout=20, what="g1's broker refuses to answer routes it cannot trust")
+                await router.refresh(["t"])
+                route = router.cached("t")
+                assert route is not None and route.info.queues == 3, route
+    finally:
+        proxy.stop()
