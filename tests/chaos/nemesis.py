@@ -28,6 +28,8 @@ Kinds (docs/chaos.md, "The nemesis"):
 ``disk-full``              a broker's tmpfs data directory filled to the last block
 ``replica-add-remove``     a group's spare joins as a new replica, catches up, and leaves
 ``stop-etcd``              every etcd member stopped (SIGTERM); started again
+``handover``               ``equeue cluster handover --group G``: the leader hands its group
+                           to its most advanced in-sync follower
 ``etcd-restore``           etcd backed up (``etcdctl snapshot save``), then, a little later,
                            every member wiped and restored from that backup; after the
                            duration the operator recovers the groups that need it
@@ -77,6 +79,7 @@ KINDS: dict[str, tuple[int, str]] = {
     "replica-add-remove": (1, ""),
     "stop-etcd": (1, ""),
     "etcd-restore": (1, "etcdctl"),
+    "handover": (1, ""),
 }
 #: the etcd proxy's fault modes (tests.chaos.etcdproxy)
 PROXY_MODES = ("blackhole", "delay", "drop-answers")
@@ -140,8 +143,8 @@ def _draw(kind: str, t: float, rng: random.Random, groups: list[str]) -> Fault:
         group, role = "", "leader" if rng.random() < 0.5 else "any"
     elif kind == "restart-broker":
         duration = round(rng.uniform(0.0, 3.0), 2)
-    elif kind == "rolling-restart":
-        duration, role = 0.0, "all"
+    elif kind in ("rolling-restart", "handover"):
+        duration, role = 0.0, "all" if kind == "rolling-restart" else "leader"
     elif kind == "partition-isolate":
         params["etcd"] = rng.random() < 0.3
     elif kind == "partition-oneway":
@@ -296,6 +299,18 @@ class Nemesis:
             await self._wait_in_sync(f.group, spare, 30.0)
             self.h.nemesis("note", node=spare, what="added", broker=c.brokers[spare].broker_id)
             return [spare], lambda: run(c.remove_spare, f.group)
+        if k == "handover":
+            leader = self.probe.leader_now(f.group)
+            if leader is None or leader in self.busy:
+                return [], nothing
+            self._start(f, [leader], group=f.group)
+            cmd = [sys.executable, "-m", "equeue", "cluster", "handover", "--group", f.group, "--broker",
+                   ",".join(c.address(n) for n in c.members(f.group) if c.live(n))]  # fmt: skip
+            with trio.move_on_after(30):
+                r = await trio.run_process(cmd, capture_stdout=True, capture_stderr=True, check=False, cwd=ROOT)
+                out = (r.stdout + r.stderr).decode(errors="replace").strip()
+                self.h.nemesis("handover", group=f.group, rc=r.returncode, output=out[-400:])
+            return [leader], nothing
         if k == "stop-etcd":
             members = list(c.etcd)
             if any(n in self.busy or not c.live(n) for n in members):

@@ -208,6 +208,55 @@ def _isr_record(endpoint: str, group: str) -> dict[str, object] | None:
     return json.loads(base64.b64decode(kvs[0]["value"])) if kvs else None
 
 
+def _produce(c: Client, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
+
+
+def _backup_then(rs: ReplicaGroup, own_etcd: EtcdProcess, backup: Path) -> tuple[int, int]:
+    """A group of replicas A, B leading A at epoch 1 with m0..m9 acknowledged, and a
+    backup of etcd (its data directory, copied while it was stopped) taken then;
+    returns (A, B) once A leads again."""
+    rs.start()
+    a = rs.leader()
+    c = rs.client(a)
+    c.create_topic("t", 1)
+    rs.wait_isr(2)
+    _produce(c, 0, 10)
+    own_etcd.stop()
+    shutil.copytree(own_etcd.data_dir, backup)
+    own_etcd.start()
+    wait_until_sync(lambda: rs.current_leader() == a, timeout=60, what="A leads again after the backup")
+    return a, 1 - a
+
+
+def _restore(own_etcd: EtcdProcess, backup: Path) -> None:
+    own_etcd.stop()
+    shutil.rmtree(own_etcd.data_dir)
+    shutil.copytree(backup, own_etcd.data_dir)
+    own_etcd.start()
+
+
+def _recovered_by_b(rs: ReplicaGroup, own_etcd: EtcdProcess, b: int) -> None:
+    """The record marked restored and nobody leading; then ``equeue cluster recover``
+    makes B lead at epoch 3 with m0..m19, and the replicas are equal."""
+
+    def marked_and_leaderless() -> bool:
+        marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
+        return marked and all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
+
+    wait_until_sync(marked_and_leaderless, timeout=30, what="the record marked restored, and no replica leading")
+    cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap, "--yes"]
+    done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rs.leader() == b
+    st = rs.status(b)
+    assert st is not None and st.epoch == 3
+    assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
+    rs.wait_isr(2)
+    rs.check_verify()
+
+
 def test_after_etcd_is_restored_from_a_backup_a_stale_replica_does_not_reuse_an_epoch(
     tmp_path: Path, own_etcd: EtcdProcess
 ) -> None:
@@ -220,30 +269,13 @@ def test_after_etcd_is_restored_from_a_backup_a_stale_replica_does_not_reuse_an_
     ``equeue cluster recover`` makes B lead at epoch 3 with every message."""
     rs = ReplicaGroup(tmp_path, own_etcd.endpoint, "w", 2, "--acks", "all")
     try:
-        rs.start()
-        a = rs.leader()
-        b = 1 - a
-        c = rs.client(a)
-        c.create_topic("t", 1)
-        rs.wait_isr(2)
-        for i in range(10):
-            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
-        own_etcd.stop()
-        backup = tmp_path / "etcd-backup"
-        shutil.copytree(own_etcd.data_dir, backup)
-        own_etcd.start()
-        wait_until_sync(lambda: rs.current_leader() == a, timeout=60, what="A leads again after the backup")
+        a, b = _backup_then(rs, own_etcd, tmp_path / "etcd-backup")
         rs.brokers[a].stop()  # a clean stop hands the group over to B
         assert rs.leader() == b
         st = rs.status(b)
         assert st is not None and st.epoch == 2
-        for i in range(10, 20):
-            rs.client(b).produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
-
-        own_etcd.stop()
-        shutil.rmtree(own_etcd.data_dir)
-        shutil.copytree(backup, own_etcd.data_dir)
-        own_etcd.start()
+        _produce(rs.client(b), 10, 10)
+        _restore(own_etcd, tmp_path / "etcd-backup")
         rs.restart(a)
 
         def a_refuses_or_leads() -> bool:
@@ -253,21 +285,7 @@ def test_after_etcd_is_restored_from_a_backup_a_stale_replica_does_not_reuse_an_
         wait_until_sync(a_refuses_or_leads, timeout=60, what="A refuses to take over, or leads")
         st = rs.status(a)
         assert st is not None and st.role != "leader", f"A took over from the restored record at epoch {st.epoch}"
-
-        def marked_and_leaderless() -> bool:
-            marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
-            return marked and all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
-
-        wait_until_sync(marked_and_leaderless, timeout=30, what="the record marked restored, and no replica leading")
-        cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap, "--yes"]
-        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert rs.leader() == b
-        st = rs.status(b)
-        assert st is not None and st.epoch == 3
-        assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
-        rs.wait_isr(2)
-        rs.check_verify()
+        _recovered_by_b(rs, own_etcd, b)
     finally:
         rs.close()
 
@@ -283,46 +301,15 @@ def test_after_etcd_is_restored_from_a_backup_a_leader_frozen_across_it_does_not
     message. (A lease TTL of 10 s keeps A's restored lease alive until A is thawed.)"""
     rs = ReplicaGroup(tmp_path, own_etcd.endpoint, "w", 2, "--acks", "all", "--cluster-lease-ttl", "10")
     try:
-        rs.start()
-        a = rs.leader()
-        b = 1 - a
-        c = rs.client(a)
-        c.create_topic("t", 1)
-        rs.wait_isr(2)
-        for i in range(10):
-            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
-        own_etcd.stop()
-        backup = tmp_path / "etcd-backup"
-        shutil.copytree(own_etcd.data_dir, backup)
-        own_etcd.start()
-        wait_until_sync(lambda: rs.current_leader() == a, timeout=60, what="A leads again after the backup")
+        a, b = _backup_then(rs, own_etcd, tmp_path / "etcd-backup")
         rs.freeze(a)
         wait_until_sync(lambda: rs.current_leader() == b, timeout=60, what="B takes over")
         st = rs.status(b)
         assert st is not None and st.epoch == 2
-        for i in range(10, 20):
-            rs.client(b).produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(b"m%d" % i))]))
-
-        own_etcd.stop()
-        shutil.rmtree(own_etcd.data_dir)
-        shutil.copytree(backup, own_etcd.data_dir)
-        own_etcd.start()
+        _produce(rs.client(b), 10, 10)
+        _restore(own_etcd, tmp_path / "etcd-backup")
         rs.thaw(a)
-
-        def marked_and_leaderless() -> bool:
-            marked = (_isr_record(own_etcd.endpoint, "w") or {}).get("restored") is True
-            return marked and all((st := rs.status(i)) is not None and st.role != "leader" for i in (0, 1))
-
-        wait_until_sync(marked_and_leaderless, timeout=30, what="the record marked restored, and no replica leading")
-        cli = [sys.executable, "-m", "equeue", "cluster", "recover", "--group", "w", "--broker", rs.bootstrap, "--yes"]
-        done = subprocess.run(cli, capture_output=True, text=True, timeout=60)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert rs.leader() == b
-        st = rs.status(b)
-        assert st is not None and st.epoch == 3
-        assert [m.body for m in rs.read_queue("t", 0)] == [b"m%d" % i for i in range(20)]
-        rs.wait_isr(2)
-        rs.check_verify()
+        _recovered_by_b(rs, own_etcd, b)
     finally:
         rs.close()
 
