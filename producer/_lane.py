@@ -44,7 +44,9 @@ window drain, then decides per batch in order:
   error (a replay under the same id then resends them all in order).
 
 Order across a retired id: while a batch of a retired id is in flight the lane
-writes nothing new, and a batch of that id that was refused with nothing written
+writes nothing new (checked before every batch it writes, so a batch resent under a
+retired id is never followed in the same breath by batches numbered under the new one,
+which the broker would take first), and a batch of that id that was refused with nothing written
 (NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE, or out of sequence) is numbered under the
 new id only at its next write, in its turn. So the batches behind a lost one keep
 their order (per-key order within the queue); a batch whose fate is unknown keeps
@@ -211,9 +213,9 @@ class _Lane:
         now = time.monotonic()
         wrote = False
         max_in_flight = self.options.max_in_flight
-        if self._stale_in_flight():
-            return False
         while sendq and len(window) < max_in_flight:
+            if self._stale_in_flight():
+                return False  # (checked per batch: one just written may be of a retired id)
             b = sendq[0]
             if b.finished:
                 sendq.popleft()
@@ -324,6 +326,8 @@ class _Lane:
             if not self.retry and self.sendq and len(self.window) < max_in_flight and not self._stale_in_flight():
                 client = self.client or await self._resolve()
                 while client is not None and len(self.window) < max_in_flight and self.sendq:
+                    if self._stale_in_flight():
+                        break  # a batch of a retired id just went out: nothing behind it until it is answered
                     b = self.sendq.popleft()  # deque: atomic; appends happen under the lock
                     if b.finished:
                         continue

@@ -227,8 +227,9 @@ class Meddler(AckDropper):
     answered: its send times out) and answers the next one NOT_LEADER itself (not
     forwarded either): what a producer sees when a leader is cut off mid-window."""
 
-    def __init__(self, upstream: str, nth: int = 1) -> None:
+    def __init__(self, upstream: str, nth: int = 1, refusal: ErrorCode = ErrorCode.NOT_LEADER) -> None:
         super().__init__(upstream, nth)
+        self.refusal = refusal
         self.swallowed = 0
         self.refused = 0
 
@@ -240,7 +241,7 @@ class Meddler(AckDropper):
                 return False
             if self.produces == self.nth + 1:
                 self.refused += 1
-                self.answers.append(b"".join(encode_response(ErrorCode.NOT_LEADER, rid, [b"cut off (the test)"])))
+                self.answers.append(b"".join(encode_response(self.refusal, rid, [b"refused (the test)"])))
                 return False
         return True
 
@@ -298,6 +299,48 @@ async def test_a_batch_behind_a_lost_one_keeps_its_place_when_the_id_is_retired(
                 assert proxy.swallowed == 1 and proxy.refused == 1
                 assert isinstance(outcomes[0], EQueueError)  # lost: never stored
                 stored = await read_all(c, "order", 1)
+                assert [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)] == [
+                    f"m{i}" for i in range(1, 6)
+                ]
+            n.cancel_scope.cancel()
+
+
+async def test_a_batch_resent_under_a_retired_id_keeps_its_place_before_new_numbers(broker: Broker) -> None:
+    """The fault campaign's second per-key order finding (seed 2611, 30 min, after a
+    15 s etcd stop): one batch is lost (its send times out: the lane retires its id),
+    the next was refused with a transient error that keeps its id and sequence (its
+    fate could be unknown), and the ones behind it wait unnumbered. When the lane
+    resends, the batch under the retired id goes first; the ones behind it must not be
+    numbered under the new id and written in the same breath (the broker took them at
+    once and refused the old-id batch as a gap, so it was stored after them)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = Meddler(broker.address, nth=1, refusal=ErrorCode.BROKER_BUSY)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic("order2", 1)
+                async with AsyncProducer(proxy.address, send_timeout=1.0, retry_backoff=0.01, linger=0,
+                                         max_batch_bytes=64, max_in_flight=2) as p:  # fmt: skip
+                    # sent apart, as in the campaign: the lost batch's deadline passes first
+                    handles = [await p.send_async("order2", "m0", key="k")]
+                    await wait_until(lambda: proxy.swallowed == 1)
+                    await trio.sleep(0.3)
+                    handles.append(await p.send_async("order2", "m1", key="k"))
+                    await wait_until(lambda: proxy.refused == 1)
+                    await trio.sleep(0.3)
+                    # the window (2) is full: these wait, with no producer id yet
+                    handles += [await p.send_async("order2", f"m{i}", key="k") for i in range(2, 6)]
+                    await p.flush()
+                    outcomes = []
+                    for h in handles:
+                        try:
+                            outcomes.append(await h)
+                        except EQueueError as exc:
+                            outcomes.append(exc)
+                assert proxy.swallowed == 1 and proxy.refused == 1
+                assert isinstance(outcomes[0], EQueueError)  # lost: never stored
+                assert isinstance(outcomes[0], EQueueError) and all(isinstance(o, SendResult) for o in outcomes[1:])
+                stored = await read_all(c, "order2", 1)
                 assert [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)] == [
                     f"m{i}" for i in range(1, 6)
                 ]
