@@ -34,13 +34,22 @@ test: install etcd-install net-tools-install
 test-fast: install etcd-install
 	$(PY) -m pytest -q -m "not slow and not spark" tests
 
+# mypy and import-linter read packages from folders, and do not follow setuptools' editable
+# mapping of broker/, client/, ... to equeue.broker, equeue.client, ...: they read a hard-linked
+# tree of the package as the wheel lays it out, made anew by every check (build/typecheck/equeue).
+TREE := build/typecheck
 check: install
 	$(VENV)/bin/ruff check equeue client broker producer consumer spark tests bench
-	$(VENV)/bin/mypy equeue client broker producer consumer spark
-	$(VENV)/bin/lint-imports
+	@rm -rf $(TREE) && mkdir -p $(TREE)
+	@$(PY) -c 'import tomllib, pathlib, shutil, os; \
+	  dirs = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]; \
+	  [shutil.copytree(src, "$(TREE)/" + pkg.replace(".", "/"), copy_function=os.link, dirs_exist_ok=True, \
+	     ignore=shutil.ignore_patterns("__pycache__")) for pkg, src in dirs.items()]'
+	cd $(TREE) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p equeue
+	cd $(TREE) && $(abspath $(VENV))/bin/lint-imports --config $(CURDIR)/.importlinter
 
 run: install
-	$(PY) -m spark.pipeline
+	$(PY) -m equeue.spark.pipeline
 
 broker: install
 	$(PY) -m equeue broker start --data-dir ./data
@@ -60,7 +69,7 @@ clean:
 # a local cluster (one etcd on free ports, broker groups g1, g2 of 3 replicas each on 5800..5805) until Ctrl-C
 .PHONY: cluster
 cluster: install etcd-install
-	$(PY) -m broker.cluster.local --groups 2 --replicas 3 --base-port 5800
+	$(PY) -m equeue.broker.cluster.local --groups 2 --replicas 3 --base-port 5800
 
 # the fault campaign (docs/chaos.md): a 3-member etcd and 3 broker groups of 3 replicas (one with
 # --acks leader) in network namespaces, a workload recording a history, a seeded nemesis, a checker.

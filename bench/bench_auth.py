@@ -32,13 +32,13 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.auth import make_user, update_users_file  # noqa: E402
-from broker.process import BrokerProcess  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from equeue.acl import Acl, UsersFile  # noqa: E402
+from equeue.broker.auth import make_user, update_users_file  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.producer import AsyncClient  # noqa: E402
 from equeue.protocol import RequestCode  # noqa: E402
 from equeue.security import ClientSecurity  # noqa: E402
-from producer import AsyncClient  # noqa: E402
 
 USER = ClientSecurity.from_values(username="bench", password="bench-password")
 
@@ -86,9 +86,9 @@ def micro(n: int = 200_000) -> dict[str, float]:
     """Nanoseconds per ACL check, in-process (median of 5 runs)."""
     import timeit
 
-    from broker.auth import Authorizer, UserStore
     from equeue import control
     from equeue.acl import Permissions
+    from equeue.broker.auth import Authorizer, UserStore
 
     store = UserStore(Path("unused"))
     user = make_user("bench", "pw", acls=[Acl("topic", "other", ["consume"]), Acl("topic", "bench*", ["produce"]),

@@ -29,10 +29,10 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.process import BrokerProcess  # noqa: E402
 from equeue import Message, wire  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.producer import AsyncClient  # noqa: E402
 from equeue.protocol import RequestCode  # noqa: E402
-from producer import AsyncClient  # noqa: E402
 
 
 def start_broker(data_dir: str, flush: str, extra: list[str]) -> tuple[subprocess.Popen[str], str]:

@@ -35,13 +35,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.cluster.etcdproc import EtcdProcess  # noqa: E402
-from broker.process import BrokerProcess  # noqa: E402
-from consumer import Consumer  # noqa: E402
 from equeue import Message  # noqa: E402
+from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.consumer import Consumer  # noqa: E402
 from equeue.control import TopicRoute  # noqa: E402
+from equeue.producer import Client, Producer  # noqa: E402
 from equeue.routing import queue_for_key  # noqa: E402
-from producer import Client, Producer  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=0.5, commit_interval=1.0)

@@ -30,17 +30,17 @@ sys.path.insert(0, str(ROOT))
 
 import trio  # noqa: E402
 
-from broker.process import BrokerProcess  # noqa: E402
-from consumer import AsyncConsumer, Consumer  # noqa: E402
 from equeue import Message, wire  # noqa: E402
-from producer import AsyncClient  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.consumer import AsyncConsumer, Consumer  # noqa: E402
+from equeue.producer import AsyncClient  # noqa: E402
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=0.5, commit_interval=1.0)
 
 MEMBER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
-from consumer import Consumer
+from equeue.consumer import Consumer
 addr, group, n, go, placement = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
 import os
 c = Consumer(addr, group, "bench", start_from="earliest", heartbeat_interval=0.5,
@@ -75,7 +75,7 @@ MEMBER_ASYNC = r"""
 import sys, time, os
 sys.path.insert(0, sys.argv[1])
 import trio
-from consumer import AsyncConsumer
+from equeue.consumer import AsyncConsumer
 addr, group, n, go = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 count = 0; first = 0.0; last = 0.0
 async def main():
@@ -111,7 +111,7 @@ PRODUCER = r"""
 import sys, time
 sys.path.insert(0, sys.argv[1])
 import trio
-from producer import AsyncProducer
+from equeue.producer import AsyncProducer
 addr, rate, secs = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 async def main():
     async with AsyncProducer(addr) as p:

@@ -38,9 +38,9 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.process import BrokerProcess  # noqa: E402
 from equeue import Message, PullStatus, wire  # noqa: E402
-from producer import AsyncClient  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.producer import AsyncClient  # noqa: E402
 
 QUEUES = 4
 

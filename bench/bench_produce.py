@@ -33,8 +33,8 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from broker.process import BrokerProcess  # noqa: E402
-from producer import AsyncProducer, Client, Message, Producer  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.producer import AsyncProducer, Client, Message, Producer  # noqa: E402
 
 
 class BrokerProc(BrokerProcess):

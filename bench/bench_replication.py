@@ -37,11 +37,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench_cluster import cpu_seconds, pct  # noqa: E402
 
-from broker.cluster.etcdproc import EtcdProcess  # noqa: E402
-from broker.process import BrokerProcess  # noqa: E402
+from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
 from equeue.control import ReplicationStatus, ReplicationStatusRequest  # noqa: E402
 from equeue.errors import EQueueError  # noqa: E402
-from producer import Client, Producer  # noqa: E402
+from equeue.producer import Client, Producer  # noqa: E402
 
 BODY = b"x" * 100
 

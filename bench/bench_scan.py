@@ -31,11 +31,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.process import BrokerProcess
-from broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue import Message, wire
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue.control import TopicInfo
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 
 KEY, COLLIDER = "plumless", "buckeroo"  # crc32("plumless") == crc32("buckeroo")
 

@@ -71,8 +71,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
 )
 
-from broker.process import BrokerProcess  # noqa: E402
-from producer import AsyncProducer, Client, Message  # noqa: E402
+from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.producer import AsyncProducer, Client, Message  # noqa: E402
 
 TOPIC = "orders"
 NQ = 4
@@ -466,7 +466,7 @@ def run_concurrent_redis(fsync: str, procs: int, n: int, size: int = 1024) -> Fi
 
 
 def run_durable(n: int, size: int = 100) -> Figures:
-    from broker.storage import CreateTopicOp, ProduceOp, Store
+    from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
     from equeue.wire.entries import pack_entry
 
     tmp = tempfile.mkdtemp(prefix="equeue-bench-durable-")

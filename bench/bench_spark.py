@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker import BrokerConfig, EmbeddedBroker
 from equeue import Message, wire
-from producer import Client
+from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.producer import Client
 
 
 def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
@@ -42,7 +42,7 @@ def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
 def raw_pull_rate(c: Client, topic: str, queues: int, n: int) -> float:
     """The broker's serving ceiling: pull the whole backlog raw (packed, no parsing), one connection."""
     from equeue.protocol import RequestCode
-    from spark.source import PULL_FLAGS
+    from equeue.spark.source import PULL_FLAGS
 
     t0 = time.perf_counter()
     got = 0
@@ -64,8 +64,8 @@ def parse_rate(c: Client, topic: str) -> float:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from equeue.protocol import RequestCode
-    from spark.columns import packed_batch
-    from spark.source import PULL_FLAGS, SCHEMA
+    from equeue.spark.columns import packed_batch
+    from equeue.spark.source import PULL_FLAGS, SCHEMA
 
     raw = c.request(RequestCode.PULL, wire.PullRequest(topic, 0, 0, 10_000, 8 << 20, flags=PULL_FLAGS).encode())
     schema = to_arrow_schema(SCHEMA, timezone="UTC")
@@ -85,8 +85,7 @@ def main() -> None:
     a = ap.parse_args()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    import spark
-
+    from equeue import spark
     with tempfile.TemporaryDirectory() as d, EmbeddedBroker(
         BrokerConfig(data_dir=Path(d) / "data", port=0, flush="async")
     ) as b:

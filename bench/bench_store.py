@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue import Message, wire
+from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
 
 
 def main() -> None:

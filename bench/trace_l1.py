@@ -33,10 +33,10 @@ STAGES = ["recv", "cstart", "cend", "read"]
 
 
 def broker_proc(q: Any, done: Any, flush: str) -> None:
-    import broker.handlers.produce as hd
-    import broker.server as srv
-    import broker.storage as st
-    from broker import BrokerConfig
+    import equeue.broker.handlers.produce as hd
+    import equeue.broker.server as srv
+    import equeue.broker.storage as st
+    from equeue.broker import BrokerConfig
 
     ev: list[tuple[str, int]] = []
     now = time.time_ns
@@ -79,8 +79,8 @@ def main() -> None:
     import bench_consume
 
     from equeue import wire
+    from equeue.producer import AsyncClient
     from equeue.protocol import RequestCode
-    from producer import AsyncClient
 
     q: Any = mp.Queue()
     done = mp.Event()

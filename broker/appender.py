@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 import outcome
 import trio
 
-from broker.storage import Store, WriteOp, WriteOutcome, settled
+from equeue.broker.storage import Store, WriteOp, WriteOutcome, settled
 from equeue.errors import BrokerShuttingDown, EQueueError, InternalBrokerError
 
 log = logging.getLogger("equeue.appender")

@@ -32,12 +32,12 @@ from typing import Any
 import attrs
 import trio
 
-from broker.handlers import Handlers, RequestContext
-from broker.handshake import Session, serve_handshake
-from broker.longpoll import PULL_SLOTS, PullSlots
-from broker.output import Output
-from broker.stats import Counters
 from equeue import control
+from equeue.broker.handlers import Handlers, RequestContext
+from equeue.broker.handshake import Session, serve_handshake
+from equeue.broker.longpoll import PULL_SLOTS, PullSlots
+from equeue.broker.output import Output
+from equeue.broker.stats import Counters
 from equeue.codec import (
     NEED_DATA,
     Connection,

@@ -12,7 +12,7 @@ from equeue.config import BrokerConfig
 from equeue.errors import EQueueError
 
 if TYPE_CHECKING:
-    from broker.server import Broker
+    from equeue.broker.server import Broker
 
 
 class EmbeddedBroker:
@@ -37,7 +37,7 @@ class EmbeddedBroker:
         return f"{self.config.host}:{self.port}"
 
     def start(self) -> EmbeddedBroker:
-        from broker.server import Broker
+        from equeue.broker.server import Broker
 
         broker = self._broker = Broker(self.config)
 

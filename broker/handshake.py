@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable
 import attrs
 import trio
 
-from broker.auth import Authenticator, ScramExchange
-from broker.output import Output
+from equeue.broker.auth import Authenticator, ScramExchange
+from equeue.broker.output import Output
 from equeue.codec import (
     NEED_DATA,
     PROTOCOL_VERSION,

@@ -29,8 +29,8 @@ from urllib.parse import parse_qs
 import attrs
 import trio
 
-from broker.storage import StoreReader, StoreView
 from equeue import control
+from equeue.broker.storage import StoreReader, StoreView
 
 log = logging.getLogger("equeue.http")
 

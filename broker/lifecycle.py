@@ -37,8 +37,8 @@ from typing import Any
 
 import trio
 
-from broker.groups import GroupRegistry
-from broker.storage import ExpireProducersOp, MoveDueOp, RetentionOp, StoreReader, WriteOp
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.storage import ExpireProducersOp, MoveDueOp, RetentionOp, StoreReader, WriteOp
 from equeue.config import BrokerConfig
 from equeue.errors import BrokerShuttingDown, EQueueError, NotLeader
 

@@ -44,7 +44,7 @@ import threading
 
 import trio
 
-from broker.stats import Counters
+from equeue.broker.stats import Counters
 from equeue.codec import encode_response
 from equeue.errors import ErrorCode
 

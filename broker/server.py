@@ -41,29 +41,29 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from broker.appender import Appender
-from broker.auth import BrokerSecurity
-from broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
-from broker.groups import GroupRegistry
-from broker.handlers import Closing, Handlers, Limits
-from broker.handlers.replica import ReplicaHandlers, no_handover, no_recovery, no_replicas
-from broker.http import serve_http
-from broker.lifecycle import Lifecycle, subscribed_groups
-from broker.longpoll import ParkedPulls
-from broker.output import Output, Staging
-from broker.stats import Counters, Statistics
-from broker.storage import ScanBudget, Store, WriteOutcome
-from broker.thread_answer import answer_parked_pulls
-from broker.tls import TlsAcceptor, server_context
 from equeue import control
+from equeue.broker.appender import Appender
+from equeue.broker.auth import BrokerSecurity
+from equeue.broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.handlers import Closing, Handlers, Limits
+from equeue.broker.handlers.replica import ReplicaHandlers, no_handover, no_recovery, no_replicas
+from equeue.broker.http import serve_http
+from equeue.broker.lifecycle import Lifecycle, subscribed_groups
+from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.output import Output, Staging
+from equeue.broker.stats import Counters, Statistics
+from equeue.broker.storage import ScanBudget, Store, WriteOutcome
+from equeue.broker.thread_answer import answer_parked_pulls
+from equeue.broker.tls import TlsAcceptor, server_context
 from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
 from equeue.errors import ConfigError, ErrorCode, NotLeader
 from equeue.logs import RateLimitedLog
 
 if TYPE_CHECKING:
-    from broker.cluster.node import ClusterNode
-    from broker.replication.role import ReplicaRole
+    from equeue.broker.cluster.node import ClusterNode
+    from equeue.broker.replication.role import ReplicaRole
 
 log = logging.getLogger("equeue.broker")
 
@@ -151,8 +151,8 @@ class Broker:
             self.stats, self.store, self.parked, self.appender, flush=cfg.flush
         )
         if replicated:  # imported only here: a standalone broker never loads httpx
-            from broker.cluster.node import ClusterNode
-            from broker.replication.role import eligible
+            from equeue.broker.cluster.node import ClusterNode
+            from equeue.broker.replication.role import eligible
 
             self.cluster = ClusterNode(
                 cfg, self.store, self.appender.submit, eligible=functools.partial(eligible, self.store),
@@ -291,8 +291,8 @@ class Broker:
         )  # fmt: skip
 
     def _replica_role(self, node: ClusterNode) -> ReplicaRole:
-        from broker.replication.follower import Follower, replica_connector
-        from broker.replication.role import ReplicaRole
+        from equeue.broker.replication.follower import Follower, replica_connector
+        from equeue.broker.replication.role import ReplicaRole
 
         cfg = self.config
         try:

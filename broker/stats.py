@@ -15,8 +15,8 @@ from typing import Protocol
 
 import attrs
 
-from broker.storage import StoreReader
 from equeue import __version__, control
+from equeue.broker.storage import StoreReader
 
 __all__ = ["Counters", "Statistics"]
 

@@ -45,9 +45,9 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from broker.longpoll import ParkedPulls
-from broker.storage import StoreReader
 from equeue import control
+from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.storage import StoreReader
 from equeue.errors import EQueueError
 from equeue.protocol import PullStatus
 

@@ -10,7 +10,11 @@ It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 - :mod:`client.syncfront`: the loop thread that every blocking front runs on.
 """
 
-from client.connection import AsyncClient, PendingReply, parse_brokers
-from client.sync import Client
+if __name__ != "equeue.client":  # this folder is mapped to equeue.client; a second name would load it twice
+    raise ImportError(f"import this package as equeue.client, not {__name__}")
+
+
+from equeue.client.connection import AsyncClient, PendingReply, parse_brokers
+from equeue.client.sync import Client
 
 __all__ = ["AsyncClient", "Client", "PendingReply", "parse_brokers"]

@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import trio
 
-from client.handshake import authenticate
-from client.link import PendingReply, _Link, _Slot, parse_brokers
-from client.tls import client_context, handshake_error
 from equeue import control, wire
+from equeue.client.handshake import authenticate
+from equeue.client.link import PendingReply, _Link, _Slot, parse_brokers
+from equeue.client.tls import client_context, handshake_error
 from equeue.codec import DEFAULT_MAX_FRAME, NEED_DATA, Hello, HelloAck, Push, Response
 from equeue.codec import Request as RequestEvent
 from equeue.errors import (

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from scramp import ScramClient, ScramException
 
-from client.link import _Link
+from equeue.client.link import _Link
 from equeue.codec import NEED_DATA, AuthReply, AuthRequest, HelloAck
 from equeue.errors import (
     AuthFailed,

@@ -53,9 +53,9 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from client.connection import AsyncClient, PushHandler
-from client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue import control
+from equeue.client.connection import AsyncClient, PushHandler
+from equeue.client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue.errors import (
     ClientClosed,
     ClusterUnavailable,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from client.connection import AsyncClient
-from client.syncfront import SyncFront
+from equeue.client.connection import AsyncClient
+from equeue.client.syncfront import SyncFront
 
 
 class Client(SyncFront[AsyncClient]):

@@ -15,11 +15,11 @@ from typing import Protocol
 
 import trio
 
-from consumer.commit import CommitStatus, Committer
-from consumer.dispatch import Dispatcher
-from consumer.options import ConsumerOptions
-from consumer.process import Lease, ProcessQueue, lease_name
-from consumer.pull import PullEnd, PullLoop
+from equeue.consumer.commit import CommitStatus, Committer
+from equeue.consumer.dispatch import Dispatcher
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.process import Lease, ProcessQueue, lease_name
+from equeue.consumer.pull import PullEnd, PullLoop
 from equeue.errors import EQueueError
 
 log = logging.getLogger("equeue.consumer")

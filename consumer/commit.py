@@ -19,10 +19,10 @@ from typing import Protocol
 
 import trio
 
-from consumer.broadcast_store import BroadcastOffsetStore
-from consumer.options import ConsumerOptions, StartFrom
-from consumer.process import ProcessQueue
 from equeue import control
+from equeue.consumer.broadcast_store import BroadcastOffsetStore
+from equeue.consumer.options import ConsumerOptions, StartFrom
+from equeue.consumer.process import ProcessQueue
 from equeue.errors import NotQueueOwner
 
 __all__ = ["CommitStatus", "Committer"]

@@ -36,21 +36,21 @@ from typing import Any
 
 import trio
 
-from client.connection import AsyncClient
-from client.retry import RetryPolicy
-from client.routing import Router
-from consumer.assignments import Assignments
-from consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
-from consumer.commit import Committer
-from consumer.dispatch import Dispatcher, Item
-from consumer.invoke import Handler, make_invoker
-from consumer.options import ConsumeMode, ConsumerOptions, StartFrom
-from consumer.pull import LOG_INTERVAL, PullLoop
-from consumer.rebalance import Coordinator
-from consumer.routed import RoutedCalls
-from consumer.sendback import SendBack
-from consumer.stats import ConsumerStatistics, Counters
-from consumer.workers import Workers
+from equeue.client.connection import AsyncClient
+from equeue.client.retry import RetryPolicy
+from equeue.client.routing import Router
+from equeue.consumer.assignments import Assignments
+from equeue.consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
+from equeue.consumer.commit import Committer
+from equeue.consumer.dispatch import Dispatcher, Item
+from equeue.consumer.invoke import Handler, make_invoker
+from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
+from equeue.consumer.pull import LOG_INTERVAL, PullLoop
+from equeue.consumer.rebalance import Coordinator
+from equeue.consumer.routed import RoutedCalls
+from equeue.consumer.sendback import SendBack
+from equeue.consumer.stats import ConsumerStatistics, Counters
+from equeue.consumer.workers import Workers
 from equeue.errors import ConfigError, EQueueError
 from equeue.logs import RateLimitedLog
 from equeue.models import Message

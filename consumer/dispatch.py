@@ -14,10 +14,10 @@ from typing import Any
 
 import trio
 
-from consumer.options import ConsumerOptions
-from consumer.process import ProcessQueue
-from consumer.retry import as_origin
-from consumer.stats import Counters
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.process import ProcessQueue
+from equeue.consumer.retry import as_origin
+from equeue.consumer.stats import Counters
 from equeue.models import Message
 
 __all__ = ["CHUNK_SECONDS", "MAX_CHUNK", "Dispatcher", "Item"]

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import trio
 
-from consumer.options import ConsumerOptions, HandlerThreads
-from consumer.process import ProcessQueue
+from equeue.consumer.options import ConsumerOptions, HandlerThreads
+from equeue.consumer.process import ProcessQueue
 from equeue.models import Message
 
 log = logging.getLogger("equeue.consumer")

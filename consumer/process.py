@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import trio
 
-from consumer.offsets import OffsetWindow
+from equeue.consumer.offsets import OffsetWindow
 
 __all__ = ["Lease", "ProcessQueue", "lease_name", "parse_lease"]
 

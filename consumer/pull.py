@@ -23,13 +23,13 @@ from typing import Protocol
 import attrs
 import trio
 
-from client.retry import DEFAULT_POLICY
-from client.routing import ROUTING_ERRORS, Endpoint
-from consumer.options import ConsumerOptions
-from consumer.process import ProcessQueue
-from consumer.sendback import SendBackResult
-from consumer.stats import Counters
 from equeue import wire
+from equeue.client.retry import DEFAULT_POLICY
+from equeue.client.routing import ROUTING_ERRORS, Endpoint
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.process import ProcessQueue
+from equeue.consumer.sendback import SendBackResult
+from equeue.consumer.stats import Counters
 from equeue.errors import (
     ConnectionBroken,
     CorruptRecord,

@@ -47,13 +47,13 @@ from typing import Protocol
 
 import trio
 
-from client.routing import ROUTING_ERRORS
-from consumer.assignments import Assignments
-from consumer.options import ConsumeMode, ConsumerOptions
-from consumer.process import Lease, lease_name, parse_lease
-from consumer.stats import Counters
 from equeue import control
 from equeue.allocation import allocate_for
+from equeue.client.routing import ROUTING_ERRORS
+from equeue.consumer.assignments import Assignments
+from equeue.consumer.options import ConsumeMode, ConsumerOptions
+from equeue.consumer.process import Lease, lease_name, parse_lease
+from equeue.consumer.stats import Counters
 from equeue.errors import ConnectionBroken, EQueueError, QueueUnavailable
 from equeue.logs import RateLimitedLog
 from equeue.names import retry_topic

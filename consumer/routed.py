@@ -19,11 +19,11 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from client.connection import AsyncClient
-from client.retry import RetryPolicy
-from client.routing import Router
-from consumer.process import parse_lease
 from equeue import control
+from equeue.client.connection import AsyncClient
+from equeue.client.retry import RetryPolicy
+from equeue.client.routing import Router
+from equeue.consumer.process import parse_lease
 from equeue.errors import EQueueError, QueueUnavailable
 
 log = logging.getLogger("equeue.consumer")

@@ -27,10 +27,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from client.retry import RetryPolicy, retry_async
-from consumer.options import ConsumerOptions
-from consumer.stats import Counters
 from equeue import control
+from equeue.client.retry import RetryPolicy, retry_async
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.stats import Counters
 from equeue.errors import (
     BadRequest,
     CorruptRecord,

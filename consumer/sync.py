@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 
-from client.syncfront import SyncFront
-from consumer.core import AsyncConsumer, ConsumerStatistics, log
-from consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
+from equeue.client.syncfront import SyncFront
+from equeue.consumer.core import AsyncConsumer, ConsumerStatistics, log
+from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
 from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
 

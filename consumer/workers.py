@@ -13,13 +13,13 @@ import time
 
 import trio
 
-from consumer.dispatch import Dispatcher
-from consumer.invoke import Invoke, SyncPlacement
-from consumer.options import ConsumerOptions
-from consumer.process import ProcessQueue
-from consumer.sendback import SendBack, SendBackResult
-from consumer.stats import Counters
 from equeue.config import retry_delay
+from equeue.consumer.dispatch import Dispatcher
+from equeue.consumer.invoke import Invoke, SyncPlacement
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.process import ProcessQueue
+from equeue.consumer.sendback import SendBack, SendBackResult
+from equeue.consumer.stats import Counters
 from equeue.models import Message
 
 log = logging.getLogger("equeue.consumer")

@@ -1,8 +1,20 @@
 """equeue: a partitioned-log message broker for Python.
 
-This package is the shared vocabulary with no I/O: message models, the wire codec,
-routing, allocation strategies, errors and configuration, plus the ``equeue`` CLI.
+One import package. The shared vocabulary (models, errors, routing, the wire codec) sits here
+with no I/O; the SDK, the broker and the Spark connector are its subpackages:
+
+    from equeue import Producer, Consumer, Message       # the blocking SDK
+    from equeue import AsyncProducer, AsyncConsumer      # the trio SDK
+    from equeue import Client, AsyncClient               # admin requests
+    from equeue.broker import EmbeddedBroker, BrokerConfig
+    from equeue import spark                             # needs the ``spark`` extra
+
+The SDK names are loaded on first use, so ``import equeue`` stays light (no trio, no sockets).
 """
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from equeue.errors import *  # noqa: F403
 from equeue.errors import __all__ as _errors_all
@@ -10,16 +22,71 @@ from equeue.models import Message, PullResult, SendResult
 from equeue.protocol import PullStatus, PushCode, RequestCode
 from equeue.routing import key_hash, queue_for_key
 
-__version__ = "0.1.0"
+DISTRIBUTION = "equeue-broker"
+"""The name this package is published under on PyPI (``equeue`` there is another project)."""
+
+try:
+    __version__ = version(DISTRIBUTION)
+except PackageNotFoundError:  # a source tree on sys.path without an install: no metadata to read
+    __version__ = "0+unknown"
+
+# Short names for the SDK, imported from their subpackage on first access (PEP 562).
+_LAZY = {
+    "Producer": "equeue.producer",
+    "AsyncProducer": "equeue.producer",
+    "ProducerOptions": "equeue.producer",
+    "SendHandle": "equeue.producer",
+    "Consumer": "equeue.consumer",
+    "AsyncConsumer": "equeue.consumer",
+    "ConsumerOptions": "equeue.consumer",
+    "StartFrom": "equeue.consumer",
+    "Client": "equeue.client",
+    "AsyncClient": "equeue.client",
+}
+
+if TYPE_CHECKING:
+    from equeue.client import AsyncClient, Client
+    from equeue.consumer import AsyncConsumer, Consumer, ConsumerOptions, StartFrom
+    from equeue.producer import AsyncProducer, Producer, ProducerOptions, SendHandle
+
+
+def __getattr__(name: str) -> Any:
+    """Load an SDK name from its subpackage the first time it is asked for.
+
+    Raises AttributeError for any other name, so ``from equeue import spark`` still imports the
+    subpackage.
+    """
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'equeue' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     *_errors_all,
+    "DISTRIBUTION",
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncProducer",
+    "Client",
+    "Consumer",
+    "ConsumerOptions",
     "Message",
+    "Producer",
+    "ProducerOptions",
     "PullResult",
     "PullStatus",
     "PushCode",
     "RequestCode",
+    "SendHandle",
     "SendResult",
+    "StartFrom",
     "__version__",
     "key_hash",
     "queue_for_key",

@@ -12,13 +12,17 @@
 ``AsyncClient`` and ``Client`` are re-exported from :mod:`client`.
 """
 
-from client import AsyncClient, Client
+if __name__ != "equeue.producer":  # this folder is mapped to equeue.producer; a second name would load it twice
+    raise ImportError(f"import this package as equeue.producer, not {__name__}")
+
+
+from equeue.client import AsyncClient, Client
 from equeue.models import Message, SendResult
-from producer._batch import SendHandle
-from producer.async_producer import AsyncProducer
-from producer.options import OnFull, ProducerOptions, QueueSelector
-from producer.stats import SendStats
-from producer.sync_producer import Producer
+from equeue.producer._batch import SendHandle
+from equeue.producer.async_producer import AsyncProducer
+from equeue.producer.options import OnFull, ProducerOptions, QueueSelector
+from equeue.producer.stats import SendStats
+from equeue.producer.sync_producer import Producer
 
 __all__ = [
     "AsyncClient",

@@ -70,9 +70,9 @@ from collections.abc import Callable
 
 import trio
 
-from client.connection import AsyncClient, PendingReply
-from client.routing import ROUTING_ERRORS, Router
 from equeue import wire
+from equeue.client.connection import AsyncClient, PendingReply
+from equeue.client.routing import ROUTING_ERRORS, Router
 from equeue.codec import Response
 from equeue.errors import (
     ClientClosed,
@@ -87,11 +87,11 @@ from equeue.errors import (
     QueueNotFound,
     QueueUnavailable,
 )
+from equeue.producer._batch import _Batch
+from equeue.producer.buffer import Buffer
+from equeue.producer.options import ProducerOptions, new_producer_id
+from equeue.producer.stats import SendStats
 from equeue.protocol import RequestCode
-from producer._batch import _Batch
-from producer.buffer import Buffer
-from producer.options import ProducerOptions, new_producer_id
-from producer.stats import SendStats
 
 log = logging.getLogger("equeue.producer")
 

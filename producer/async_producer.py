@@ -28,19 +28,19 @@ from typing import Any
 
 import trio
 
-from client.connection import AsyncClient
-from client.routing import Router
+from equeue.client.connection import AsyncClient
+from equeue.client.routing import Router
 from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
 from equeue.models import Message, SendResult
+from equeue.producer._batch import SendHandle, _Batch, deliver_at_ms
+from equeue.producer._lane import _Lane
+from equeue.producer.buffer import Buffer
+from equeue.producer.options import OnFull, ProducerOptions, new_producer_id
+from equeue.producer.routes import Route, Routes
+from equeue.producer.stats import SendStats
 from equeue.routing import key_bytes_hash
 from equeue.wire import pack_entry
 from equeue.wire.entries import ENTRY_HEADER
-from producer._batch import SendHandle, _Batch, deliver_at_ms
-from producer._lane import _Lane
-from producer.buffer import Buffer
-from producer.options import OnFull, ProducerOptions, new_producer_id
-from producer.routes import Route, Routes
-from producer.stats import SendStats
 
 __all__ = ["AsyncProducer", "Body", "Delay"]
 

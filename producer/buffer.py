@@ -17,7 +17,7 @@ import threading
 import trio
 
 from equeue.errors import BufferFull
-from producer.options import OnFull
+from equeue.producer.options import OnFull
 
 __all__ = ["Buffer"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from client.retry import RetryPolicy
+from equeue.client.retry import RetryPolicy
 from equeue.errors import ConfigError
 from equeue.models import Message
 from equeue.security import ClientSecurity

@@ -18,14 +18,14 @@ from typing import Any
 
 import trio
 
-from client.retry import retry_async
-from client.routing import Router
+from equeue.client.retry import retry_async
+from equeue.client.routing import Router
 from equeue.errors import ConfigError, OperationTimeout
 from equeue.models import Message
 from equeue.names import validate_topic
+from equeue.producer._lane import _Lane
+from equeue.producer.options import ProducerOptions
 from equeue.routing import RoundRobin, queue_for_key
-from producer._lane import _Lane
-from producer.options import ProducerOptions
 
 log = logging.getLogger("equeue.producer")
 

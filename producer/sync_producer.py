@@ -13,13 +13,13 @@ from typing import Any
 import attrs
 import trio
 
-from client.syncfront import SyncFront
+from equeue.client.syncfront import SyncFront
 from equeue.errors import ClientClosed, ConfigError, OperationTimeout
 from equeue.models import Message, SendResult
-from producer._batch import SendHandle, deliver_at_ms
-from producer.async_producer import AsyncProducer, Body, Delay
-from producer.options import ProducerOptions
-from producer.stats import SendStats
+from equeue.producer._batch import SendHandle, deliver_at_ms
+from equeue.producer.async_producer import AsyncProducer, Body, Delay
+from equeue.producer.options import ProducerOptions
+from equeue.producer.stats import SendStats
 
 __all__ = ["Producer"]
 

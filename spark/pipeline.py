@@ -10,7 +10,7 @@
 4. a consumer group reads ``revenue`` with the consumer SDK;
 5. prints a summary (rows in, windows out, lag 0, elapsed) and checks the totals.
 
-    python -m spark.pipeline [--orders 20000] [--data-dir ./data/pipeline]
+    python -m equeue.spark.pipeline [--orders 20000] [--data-dir ./data/pipeline]
 
 Exit status 0 when every order was counted once and every group has lag 0.
 """
@@ -30,9 +30,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from broker import BrokerConfig, EmbeddedBroker
-from consumer import Consumer
-from producer import Client, Producer
+from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.consumer import Consumer
+from equeue.producer import Client, Producer
 
 console = Console(stderr=False)
 
@@ -167,8 +167,7 @@ def run(n_orders: int, data_dir: Path) -> int:
         brokers = broker.address
         c.create_topic("orders", 4)
         c.create_topic("revenue", 2)
-        import spark
-
+        from equeue import spark
         s = spark.session("equeue-pipeline", "local[2]", shuffle_partitions=2)
         console.print(f"broker on [bold]{brokers}[/], data in {data_dir}, Spark {s.version} ready")
 

@@ -25,11 +25,11 @@ import threading
 from collections import deque
 from typing import Final
 
-from client.connection import parse_brokers
-from client.handshake import ClientScram
-from client.retry import RetryPolicy, retry_sync
-from client.tls import client_context, handshake_error
 from equeue import wire
+from equeue.client.connection import parse_brokers
+from equeue.client.handshake import ClientScram
+from equeue.client.retry import RetryPolicy, retry_sync
+from equeue.client.tls import client_context, handshake_error
 from equeue.codec import NEED_DATA, AuthReply, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.errors import (
     AuthenticationError,

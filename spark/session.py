@@ -2,7 +2,7 @@
 
 Three lines to start::
 
-    import spark
+    from equeue import spark
     s = spark.session()
     df = s.readStream.format("equeue").option("brokers", "127.0.0.1:5800").option("topic", "orders").load()
 """
@@ -18,25 +18,22 @@ from pyspark.sql import SparkSession
 
 __all__ = ["LOG4J2_FILE", "register", "session"]
 
-ROOT = Path(__file__).resolve().parent.parent
 LOG4J2_FILE = Path(__file__).resolve().parent / "log4j2.properties"
 
 
 def register(s: SparkSession) -> SparkSession:
     """Register the ``equeue`` format on an existing session (returns it)."""
-    from spark.source import EQueueDataSource
+    from equeue.spark.source import EQueueDataSource
 
     s.dataSource.register(EQueueDataSource)
     return s
 
 
 def _prepare_env() -> None:
-    """Workers must run this venv's Python and import this package."""
+    """Workers must run this interpreter, which imports this package as it is installed here
+    (a wheel or an editable install alike; no PYTHONPATH is needed or set)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if str(ROOT) not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
 
 
 def session(
@@ -64,7 +61,6 @@ def session(
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.streaming.metricsEnabled", "false")
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     )
     if quiet and LOG4J2_FILE.exists():
         opt = f"-Dlog4j2.configurationFile=file:{LOG4J2_FILE}"

@@ -46,10 +46,10 @@ from pyspark.sql.types import StructType
 
 from equeue.errors import ConfigError, EQueueError
 from equeue.models import Message
+from equeue.producer import Producer, ProducerOptions
 from equeue.routing import RoundRobin, queue_for_key
 from equeue.security import ClientSecurity
-from producer import Producer, ProducerOptions
-from spark.common import opt_str
+from equeue.spark.common import opt_str
 
 log = logging.getLogger("equeue.spark")
 

@@ -69,8 +69,8 @@ from equeue.errors import (
 )
 from equeue.protocol import PullStatus
 from equeue.security import ClientSecurity
-from spark.columns import packed_batch
-from spark.common import (
+from equeue.spark.columns import packed_batch
+from equeue.spark.common import (
     DEFAULT_FAILOVER_TIMEOUT,
     EARLIEST,
     FAILOVER_PAUSES,
@@ -88,7 +88,7 @@ from spark.common import (
     routes_for,
     topics_of,
 )
-from spark.puller import puller_for, release
+from equeue.spark.puller import puller_for, release
 
 log = logging.getLogger("equeue.spark")
 
@@ -579,11 +579,11 @@ class EQueueDataSource(DataSource):
         return EQueueStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from spark.sink import EQueueBatchWriter
+        from equeue.spark.sink import EQueueBatchWriter
 
         return EQueueBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from spark.sink import EQueueStreamWriter
+        from equeue.spark.sink import EQueueStreamWriter
 
         return EQueueStreamWriter(self.options, schema, overwrite)

@@ -40,8 +40,8 @@ import pytest
 import trio
 from hypothesis import settings
 
-from broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
-from broker.process import BrokerProcess
+from equeue.broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
+from equeue.broker.process import BrokerProcess
 
 settings.register_profile("equeue", deadline=None)
 settings.load_profile("equeue")

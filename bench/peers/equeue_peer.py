@@ -246,7 +246,7 @@ def role_setup(a: dict[str, Any]) -> dict[str, Any]:
     """Create topic ``orders`` with 4 queues (the group is created by its first member)."""
     import trio
 
-    from producer import AsyncClient
+    from equeue.producer import AsyncClient
 
     async def main() -> dict[str, Any]:
         async with AsyncClient(ADDR) as c:
@@ -271,7 +271,7 @@ def role_produce(a: dict[str, Any]) -> dict[str, Any]:
     payloads, _queues = C.make_messages(n, size, a.get("seed", 1))
     keys = _keys(n)
     mode = a.get("pub_mode", "gather")
-    from producer import AsyncProducer, Message, Producer
+    from equeue.producer import AsyncProducer, Message, Producer
 
     with RssSampler() as rss:
         if _api(a) == "sync":
@@ -327,7 +327,7 @@ def role_produce_sync(a: dict[str, Any]) -> dict[str, Any]:
     keys = _keys(n)
     lat = [0] * n
     pc = time.perf_counter_ns
-    from producer import AsyncProducer, Producer
+    from equeue.producer import AsyncProducer, Producer
 
     if _api(a) == "sync":
         with Producer(ADDR) as p:
@@ -408,7 +408,7 @@ def role_consume(a: dict[str, Any]) -> dict[str, Any]:
     alloc = _static_allocation(_owners(queues, name))
     got = 0
     nbytes = 0
-    from consumer import AsyncConsumer, Consumer
+    from equeue.consumer import AsyncConsumer, Consumer
 
     with RssSampler() as rss:
         if _api(a) == "sync":
@@ -471,7 +471,7 @@ def role_l1_consume(a: dict[str, Any]) -> dict[str, Any]:
     the batch was decoded and dispatched)."""
     import trio
 
-    from consumer import AsyncConsumer
+    from equeue.consumer import AsyncConsumer
 
     expected, ready = a["expected"], a["ready_file"]
     fb = int(a.get("fetch_batch", 100))
@@ -513,7 +513,7 @@ def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
     about 1.2 ms here), which alone held this producer to about 1,250 msg/s of the
     2,000 asked. Nothing of the producer has to run in the gap: its one send was
     answered before it."""
-    from producer import AsyncProducer, Producer
+    from equeue.producer import AsyncProducer, Producer
 
     rate, seconds = a["rate"], a["seconds"]
     n = rate * seconds
@@ -560,7 +560,7 @@ def role_check(a: dict[str, Any]) -> dict[str, Any]:
     """Per-queue max offsets, group commits, broker stats and RSS after the run."""
     import trio
 
-    from producer import AsyncClient
+    from equeue.producer import AsyncClient
 
     async def main() -> dict[str, Any]:
         async with AsyncClient(ADDR) as c:
@@ -592,8 +592,8 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
 
     import trio
 
-    from consumer import AsyncConsumer
-    from producer import AsyncProducer
+    from equeue.consumer import AsyncConsumer
+    from equeue.producer import AsyncProducer
 
     tmp = tempfile.mkdtemp(prefix="equeue-rss-")
     srv = make_server({"flush": flush}, tmp)

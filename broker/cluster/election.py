@@ -60,7 +60,7 @@ from typing import Any
 import attrs
 import trio
 
-from broker.cluster.etcd import (
+from equeue.broker.cluster.etcd import (
     EtcdClient,
     EtcdError,
     KeyValue,
@@ -70,7 +70,7 @@ from broker.cluster.etcd import (
     delete_op,
     put_op,
 )
-from broker.cluster.membership import Membership
+from equeue.broker.cluster.membership import Membership
 from equeue.errors import ClusterDataInvalid, ClusterUnavailable
 from equeue.logs import RateLimitedLog
 from equeue.placement import (

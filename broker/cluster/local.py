@@ -1,6 +1,6 @@
 """A whole cluster on this machine, for trying it out: ``make cluster``.
 
-    python -m broker.cluster.local [--groups 2] [--replicas 3] [--base-port 5800]
+    python -m equeue.broker.cluster.local [--groups 2] [--replicas 3] [--base-port 5800]
         [--data-dir DIR] [--etcd-port 0] [--log-level warning]
 
 Starts one etcd (:class:`broker.cluster.etcdproc.EtcdProcess`, on free loopback ports
@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-from broker.cluster.etcd import prefix_range_end
-from broker.cluster.etcdproc import EtcdProcess
-from broker.cluster.node import load_broker_id
-from broker.process import BrokerProcess
+from equeue.broker.cluster.etcd import prefix_range_end
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.node import load_broker_id
+from equeue.broker.process import BrokerProcess
 from equeue.errors import EQueueError
 from equeue.placement import LEADERS_PREFIX, decode_leader
 
@@ -145,7 +145,7 @@ class LocalCluster:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m broker.cluster.local",
+        prog="python -m equeue.broker.cluster.local",
         description="Start a local equeue cluster (one etcd, N broker groups of M replicas) until Ctrl-C.",
     )
     ap.add_argument("--groups", type=int, default=2, help="broker groups (default 2)")

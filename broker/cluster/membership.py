@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from broker.cluster.etcd import EtcdClient, compare_create, delete_op, put_op
+from equeue.broker.cluster.etcd import EtcdClient, compare_create, delete_op, put_op
 from equeue.errors import BrokerIdConflict, ClusterDataInvalid, ClusterUnavailable, ConfigError
 from equeue.placement import (
     BrokerRecord,

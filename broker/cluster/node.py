@@ -65,13 +65,13 @@ from typing import Any
 import attrs
 import trio
 
-from broker.cluster.election import GroupElection
-from broker.cluster.etcd import EtcdClient
-from broker.cluster.membership import Membership
-from broker.cluster.placements import Placements
-from broker.cluster.view import ClusterView
-from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader, WriteOp
 from equeue import __version__, control
+from equeue.broker.cluster.election import GroupElection
+from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.membership import Membership
+from equeue.broker.cluster.placements import Placements
+from equeue.broker.cluster.view import ClusterView
+from equeue.broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader, WriteOp
 from equeue.config import BrokerConfig
 from equeue.errors import (
     BadRequest,

@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 
 import attrs
 
-from broker.cluster.etcd import EtcdClient
-from broker.cluster.view import ClusterView
+from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.view import ClusterView
 from equeue.errors import BadRequest, ClusterUnavailable, TopicExists, TopicNotFound
 from equeue.placement import (
     TopicPlacement,

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import trio
 
-from broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
+from equeue.broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
 from equeue.errors import ClusterDataInvalid, ClusterUnavailable
 from equeue.logs import RateLimitedLog
 from equeue.placement import (

@@ -20,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from broker.auth import Authenticator, Authorizer, BrokerSecurity, audit
-from broker.groups import GroupRegistry
-from broker.handlers.base import (
+from equeue import control
+from equeue.acl import REQUEST_RULES, ResourceKind
+from equeue.broker.auth import Authenticator, Authorizer, BrokerSecurity, audit
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.handlers.base import (
     Closing,
     ClusterRole,
     Limits,
@@ -33,21 +35,19 @@ from broker.handlers.base import (
     Submit,
     TopicDirectory,
 )
-from broker.handlers.cluster import ClusterHandlers
-from broker.handlers.dlq import DeadLetterHandlers
-from broker.handlers.lookup import LookupHandlers
-from broker.handlers.membership import GroupHandlers
-from broker.handlers.offsets import OffsetHandlers
-from broker.handlers.produce import ProduceHandler
-from broker.handlers.pull import PullHandler
-from broker.handlers.replica import ReplicaHandlers
-from broker.handlers.skips import SkipHandlers
-from broker.handlers.topics import TopicHandlers
-from broker.longpoll import ParkedPulls
-from broker.stats import Counters
-from broker.storage import StoreReader
-from equeue import control
-from equeue.acl import REQUEST_RULES, ResourceKind
+from equeue.broker.handlers.cluster import ClusterHandlers
+from equeue.broker.handlers.dlq import DeadLetterHandlers
+from equeue.broker.handlers.lookup import LookupHandlers
+from equeue.broker.handlers.membership import GroupHandlers
+from equeue.broker.handlers.offsets import OffsetHandlers
+from equeue.broker.handlers.produce import ProduceHandler
+from equeue.broker.handlers.pull import PullHandler
+from equeue.broker.handlers.replica import ReplicaHandlers
+from equeue.broker.handlers.skips import SkipHandlers
+from equeue.broker.handlers.topics import TopicHandlers
+from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.stats import Counters
+from equeue.broker.storage import StoreReader
 from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
 from equeue.wire._prims import unpack_str

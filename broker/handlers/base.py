@@ -10,11 +10,11 @@ from typing import Any, Protocol
 
 import attrs
 
-from broker.groups import Notify
-from broker.handshake import Session
-from broker.storage import CreateTopicOp, StoreReader, WriteOp
-from broker.thread_answer import ThreadWritable
 from equeue import control
+from equeue.broker.groups import Notify
+from equeue.broker.handshake import Session
+from equeue.broker.storage import CreateTopicOp, StoreReader, WriteOp
+from equeue.broker.thread_answer import ThreadWritable
 from equeue.config import BrokerConfig
 from equeue.errors import BadRequest, QueueNotFound, TopicNotFound
 from equeue.names import is_internal, validate_topic

@@ -14,16 +14,16 @@ import time
 
 import attrs
 
-from broker.handlers.base import (
+from equeue import control, wire
+from equeue.broker.handlers.base import (
     Limits,
     RequestContext,
     Submit,
     TopicDirectory,
     check_offset,
 )
-from broker.storage import ProduceOp, StoreReader
-from broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
-from equeue import control, wire
+from equeue.broker.storage import ProduceOp, StoreReader
+from equeue.broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay
 from equeue.errors import BadRequest, CorruptRecord, DelayTooLong, MessageNotFound, TopicNotFound
 from equeue.models import (

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset
-from broker.storage import StoreReader
-from broker.storage.reader import corrupt_log
 from equeue import control, wire
+from equeue.broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset
+from equeue.broker.storage import StoreReader
+from equeue.broker.storage.reader import corrupt_log
 from equeue.errors import CorruptRecord, MessageNotFound
 from equeue.protocol import PullStatus
 

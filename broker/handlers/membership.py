@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import attrs
 
-from broker.groups import GroupRegistry
-from broker.handlers.base import ClusterRole, RequestContext
-from broker.storage import StoreReader
 from equeue import control
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.handlers.base import ClusterRole, RequestContext
+from equeue.broker.storage import StoreReader
 from equeue.names import validate_group
 
 __all__ = ["GroupHandlers"]

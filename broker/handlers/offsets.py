@@ -3,10 +3,10 @@ query, reset)."""
 
 from __future__ import annotations
 
-from broker.groups import GroupRegistry
-from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
-from broker.storage import CommitOffsetOp, StoreReader
 from equeue import control
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
+from equeue.broker.storage import CommitOffsetOp, StoreReader
 from equeue.errors import GroupHasMembers, NotQueueOwner, OffsetOutOfRange
 from equeue.names import validate_group
 

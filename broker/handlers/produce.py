@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from broker.auth import Authorizer
-from broker.handlers.base import (
+from equeue import wire
+from equeue.broker.auth import Authorizer
+from equeue.broker.handlers.base import (
     Closing,
     Limits,
     OpQueue,
@@ -15,9 +16,8 @@ from broker.handlers.base import (
     RequestContext,
     TopicDirectory,
 )
-from broker.stats import Counters
-from broker.storage import ProduceOp
-from equeue import wire
+from equeue.broker.stats import Counters
+from equeue.broker.storage import ProduceOp
 from equeue.errors import (
     BadRequest,
     BrokerShuttingDown,

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import trio
 
-from broker.groups import GroupRegistry
-from broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
-from broker.longpoll import ParkedPulls
-from broker.stats import Counters
-from broker.storage import StoreReader
-from broker.thread_answer import PullAnswer
 from equeue import wire
+from equeue.broker.groups import GroupRegistry
+from equeue.broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
+from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.stats import Counters
+from equeue.broker.storage import StoreReader
+from equeue.broker.thread_answer import PullAnswer
 from equeue.codec import HEADER
 from equeue.errors import CorruptRecord, NotQueueOwner
 from equeue.protocol import PullStatus

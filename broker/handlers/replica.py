@@ -18,9 +18,9 @@ from typing import Protocol
 
 import trio
 
-from broker.handlers.base import Parts, RequestContext
-from broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from equeue import control
+from equeue.broker.handlers.base import Parts, RequestContext
+from equeue.broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from equeue.errors import BadRequest, NotLeader, StaleEpoch
 from equeue.wire.replica import (
     REPLICA_MAX_FRAME,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
-from broker.storage import StoreReader
-from broker.storage.skips import SkipRecordOp
 from equeue import control
+from equeue.broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
+from equeue.broker.storage import StoreReader
+from equeue.broker.storage.skips import SkipRecordOp
 
 __all__ = ["SkipHandlers"]
 

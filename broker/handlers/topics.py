@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import attrs
 
-from broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory
-from broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader
 from equeue import control
+from equeue.broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory
+from equeue.broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader
 from equeue.errors import BadRequest
 from equeue.names import is_internal, validate_topic
 from equeue.retention import check_topic_settings

@@ -37,10 +37,10 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from broker.storage import Store
-from broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
-from broker.storage.replication import UNREACHABLE
-from client.connection import AsyncClient
+from equeue.broker.storage import Store
+from equeue.broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
+from equeue.broker.storage.replication import UNREACHABLE
+from equeue.client.connection import AsyncClient
 from equeue.config import BrokerConfig, TlsClientAuth
 from equeue.errors import (
     AuthenticationError,

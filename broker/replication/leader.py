@@ -54,8 +54,8 @@ from typing import Any, Protocol, TypeVar
 import outcome
 import trio
 
-from broker.storage import ProduceOp, WriteOutcome
 from equeue import control
+from equeue.broker.storage import ProduceOp, WriteOutcome
 from equeue.config import BrokerConfig
 from equeue.errors import ClusterUnavailable, LogTrimmed, NotEnoughReplicas, NotLeader, StaleEpoch
 from equeue.logs import RateLimitedLog

@@ -38,7 +38,8 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from broker.replication.leader import (
+from equeue import control
+from equeue.broker.replication.leader import (
     TRIM_INTERVAL,
     Answers,
     LeaderElection,
@@ -47,8 +48,7 @@ from broker.replication.leader import (
     LeaderStore,
     LogTrimmer,
 )
-from broker.storage import WriteOutcome
-from equeue import control
+from equeue.broker.storage import WriteOutcome
 from equeue.config import BrokerConfig
 from equeue.errors import (
     BadRequest,

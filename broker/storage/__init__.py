@@ -23,16 +23,16 @@ Where each concept lives:
 docs/storage.md describes the layout, the write path and the thread contract.
 """
 
-from broker.storage.offsets import CommitOffsetOp
-from broker.storage.produce import ProduceOp
-from broker.storage.producers import ExpireProducersOp
-from broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
-from broker.storage.retention import RetentionOp
-from broker.storage.schedule import MoveDueOp
-from broker.storage.store import Store
-from broker.storage.topics import AlterTopicOp, CreateTopicOp, DeleteTopicOp
-from broker.storage.view import QueueState, StoreView
-from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, settled
+from equeue.broker.storage.offsets import CommitOffsetOp
+from equeue.broker.storage.produce import ProduceOp
+from equeue.broker.storage.producers import ExpireProducersOp
+from equeue.broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
+from equeue.broker.storage.retention import RetentionOp
+from equeue.broker.storage.schedule import MoveDueOp
+from equeue.broker.storage.store import Store
+from equeue.broker.storage.topics import AlterTopicOp, CreateTopicOp, DeleteTopicOp
+from equeue.broker.storage.view import QueueState, StoreView
+from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, settled
 
 __all__ = [
     "AlterTopicOp",

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import attrs
 
-from broker.storage import layout
-from broker.storage.produce import ProduceOp
-from broker.storage.writes import WriteContext, WriteOp
+from equeue.broker.storage import layout
+from equeue.broker.storage.produce import ProduceOp
+from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import EQueueError
 
 __all__ = ["Letter", "ResendOp", "ResentMarksOp"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
-from broker.storage import layout
-from broker.storage.writes import WriteContext, WriteOp
+from equeue.broker.storage import layout
+from equeue.broker.storage.writes import WriteContext, WriteOp
 
 
 @attrs.define

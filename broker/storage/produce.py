@@ -16,9 +16,9 @@ from zlib import crc32
 
 import attrs
 
-from broker.storage import layout
-from broker.storage.writes import WriteContext, WriteOp
 from equeue import control, wire
+from equeue.broker.storage import layout
+from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import (
     DelayTooLong,
     OutOfOrderSequence,

@@ -19,9 +19,9 @@ from typing import Any
 import attrs
 import lmdb
 
-from broker.storage import layout
-from broker.storage.view import QueueState, StoreView
 from equeue import control
+from equeue.broker.storage import layout
+from equeue.broker.storage.view import QueueState, StoreView
 from equeue.config import DEFAULT_SCAN_RECORDS, DEFAULT_SCAN_TIME
 from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
 from equeue.logs import RateLimitedLog

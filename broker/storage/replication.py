@@ -22,7 +22,7 @@ from typing import Any, Final
 import attrs
 import lmdb
 
-from broker.storage import layout
+from equeue.broker.storage import layout
 from equeue.errors import CorruptRecord, LogTrimmed
 from equeue.wire.replog import PUT, EntryHeader, Run, decode_entry, encode_entry, entry_header
 

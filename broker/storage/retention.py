@@ -9,11 +9,11 @@ from collections.abc import Mapping
 
 import attrs
 
-from broker.storage import layout
-from broker.storage.topics import set_deleting
-from broker.storage.view import NO_QUEUES, QueueState, StoreView
-from broker.storage.writes import QueueDraft, WriteContext, WriteOp
 from equeue import control
+from equeue.broker.storage import layout
+from equeue.broker.storage.topics import set_deleting
+from equeue.broker.storage.view import NO_QUEUES, QueueState, StoreView
+from equeue.broker.storage.writes import QueueDraft, WriteContext, WriteOp
 from equeue.errors import EQueueError
 from equeue.retention import retention_limit
 from equeue.routing import key_hash

@@ -8,10 +8,10 @@ import logging
 
 import attrs
 
-from broker.storage import layout
-from broker.storage.produce import ProduceOp
-from broker.storage.writes import WriteContext, WriteOp
 from equeue import wire
+from equeue.broker.storage import layout
+from equeue.broker.storage.produce import ProduceOp
+from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import EQueueError
 
 log = logging.getLogger("equeue.store")

@@ -15,10 +15,10 @@ from typing import Any
 import attrs
 import lmdb
 
-from broker.storage import layout
-from broker.storage.recorder import RecordingTxn
-from broker.storage.writes import WriteContext, WriteOp
 from equeue import control
+from equeue.broker.storage import layout
+from equeue.broker.storage.recorder import RecordingTxn
+from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import EQueueError, MessageNotFound, QueueNotFound, TopicNotFound
 from equeue.wire.records import decode_record, record_header
 

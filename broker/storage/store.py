@@ -39,16 +39,16 @@ from typing import Any, Final
 import lmdb
 import outcome
 
-from broker.storage import layout
-from broker.storage.dirlock import DirLock
-from broker.storage.filecheck import RECOVERY_HINT, check_data_file
-from broker.storage.reader import StoreReader
-from broker.storage.recorder import Recorder, RecordingTxn
-from broker.storage.replication import LogState, ReplicationLog
-from broker.storage.topics import decode_topic_record
-from broker.storage.view import QueueState, StoreView, frozen_map
-from broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue import control
+from equeue.broker.storage import layout
+from equeue.broker.storage.dirlock import DirLock
+from equeue.broker.storage.filecheck import RECOVERY_HINT, check_data_file
+from equeue.broker.storage.reader import StoreReader
+from equeue.broker.storage.recorder import Recorder, RecordingTxn
+from equeue.broker.storage.replication import LogState, ReplicationLog
+from equeue.broker.storage.topics import decode_topic_record
+from equeue.broker.storage.view import QueueState, StoreView, frozen_map
+from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
 from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
 from equeue.logs import RateLimitedLog
 from equeue.wire.replog import EntryHeader

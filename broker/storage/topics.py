@@ -15,8 +15,8 @@ from typing import Any
 
 import attrs
 
-from broker.storage.writes import WriteContext, WriteOp
 from equeue import control
+from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import BadRequest, TopicExists, TopicNotFound
 from equeue.retention import SETTINGS, from_record, is_legacy_record, to_record
 

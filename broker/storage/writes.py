@@ -19,10 +19,10 @@ import attrs
 import lmdb
 import outcome
 
-from broker.storage import layout
-from broker.storage.recorder import RecordingCursor, RecordingTxn
-from broker.storage.view import NO_QUEUES, QueueState, StoreView, frozen_map
 from equeue import control
+from equeue.broker.storage import layout
+from equeue.broker.storage.recorder import RecordingCursor, RecordingTxn
+from equeue.broker.storage.view import NO_QUEUES, QueueState, StoreView, frozen_map
 
 
 def now_ms() -> int:

@@ -29,6 +29,25 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from equeue import DISTRIBUTION, __version__
+
+        typer.echo(f"equeue {__version__} ({DISTRIBUTION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", "-V", help="Print the version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    """equeue: a partitioned-log message broker. Start a broker, manage topics, produce and consume."""
+
+
 for module in (broker_cmd, cluster_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd):
     module.register(app)
 

@@ -72,7 +72,7 @@ def run_app(app: typer.Typer) -> None:
 def client(broker: str) -> Iterator[Any]:
     """A blocking :class:`producer.Client` (the client's own defaults); errors
     become one-line failures."""
-    from producer import Client
+    from equeue.producer import Client
 
     c = Client(broker)
     try:
@@ -161,7 +161,7 @@ def setup_audit_log(target: str) -> None:
 def warn_if_open(cfg: Any) -> None:
     """Redis's protected mode, as a warning: a broker without authentication that
     listens beyond loopback gets a loud banner on stderr (and a log line)."""
-    from broker.auth import NO_AUTH_WARNING, is_loopback
+    from equeue.broker.auth import NO_AUTH_WARNING, is_loopback
 
     if cfg.users_file is None and not is_loopback(cfg.host):
         bar = "!" * 78

@@ -23,9 +23,9 @@ from typing import TypeVar
 import attrs
 import trio
 
-from client.connection import AsyncClient
-from client.routing import Router
 from equeue import control
+from equeue.client.connection import AsyncClient
+from equeue.client.routing import Router
 from equeue.errors import ConfigError, EQueueError, NotLeader, QueueUnavailable
 from equeue.models import PullResult
 

@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Every ACL: user, resource, pattern, operations (admins may do everything)."""
-        from broker.auth import read_users_file
+        from equeue.broker.auth import read_users_file
         from equeue.errors import ConfigError
 
         try:

@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
 
         import trio
 
-        from broker import Broker
+        from equeue.broker import Broker
 
         setup_logging(log_level)
         # A fatal signal (a SIGBUS when data.mdb is cut short under a running broker)

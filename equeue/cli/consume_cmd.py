@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Print messages of TOPIC as a member of group G; Ctrl-C commits and leaves."""
-        from consumer import Consumer
+        from equeue.consumer import Consumer
         from equeue.errors import EQueueError
 
         count = 0

@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         )
 
         from equeue.errors import EQueueError
-        from producer import Producer, SendHandle
+        from equeue.producer import Producer, SendHandle
 
         setup_logging(log_level)
         if key and key_field:

@@ -48,7 +48,7 @@ def read_password(from_stdin: bool) -> str:
 
 def audit_change(action: str, name: str, users_file: Path) -> None:
     """An audit line for a change made here (the broker writes its own on reload)."""
-    from broker.auth import audit
+    from equeue.broker.auth import audit
 
     try:
         who = getpass.getuser()
@@ -60,7 +60,7 @@ def audit_change(action: str, name: str, users_file: Path) -> None:
 def apply_change(users_file: Path, change: Callable[[Any], Any], action: str, name: str, done: str) -> None:
     """Apply ``change`` to the users file (locked, atomic), write its audit line and
     say ``done``; a refused change (ConfigError) is one error line and exit 1."""
-    from broker.auth import update_users_file
+    from equeue.broker.auth import update_users_file
     from equeue.errors import ConfigError
 
     try:
@@ -85,8 +85,8 @@ def register(app: typer.Typer) -> None:
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
     ) -> None:
         """Add a user (the password is asked, never an argument)."""
-        from broker.auth import make_user
         from equeue.acl import UsersFile, validate_username
+        from equeue.broker.auth import make_user
         from equeue.errors import ConfigError
 
         try:
@@ -111,8 +111,8 @@ def register(app: typer.Typer) -> None:
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
     ) -> None:
         """Change a user's password (open connections keep their session)."""
-        from broker.auth import make_user
         from equeue.acl import UsersFile
+        from equeue.broker.auth import make_user
         from equeue.errors import ConfigError
 
         password = read_password(password_stdin)
@@ -186,7 +186,7 @@ def register(app: typer.Typer) -> None:
     @user_app.command("list")
     def list_(users_file: Path = USERS_FILE_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Users, their role and ACLs (never a password or a verifier)."""
-        from broker.auth import read_users_file
+        from equeue.broker.auth import read_users_file
         from equeue.errors import ConfigError
 
         try:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from broker.process import BrokerProcess
+from equeue.broker.process import BrokerProcess
 from equeue.errors import EQueueError
 from tests.chaos.etcdproxy import EtcdProxyError, EtcdProxyProcess
 from tests.chaos.net import Network

@@ -36,8 +36,8 @@ from pathlib import Path
 import attrs
 import trio
 
-from client.connection import AsyncClient
 from equeue import Message, PullResult, wire
+from equeue.client.connection import AsyncClient
 from equeue.errors import EQueueError
 from tests.chaos.checker import check, excerpt, render
 from tests.chaos.cluster import ETCDCTL, LEASE_TTL, Cluster

@@ -18,7 +18,7 @@ import pytest
 import trio
 import trio.testing
 
-from broker.cluster.etcdproc import ETCD_BINARY, EtcdProcess
+from equeue.broker.cluster.etcdproc import ETCD_BINARY, EtcdProcess
 from tests.chaos.etcdproxy import EtcdProxyError, EtcdProxyProcess, Proxy, set_mode
 from tests.conftest import wait_until
 

@@ -27,11 +27,11 @@ from typing import Any
 
 import trio
 
-from client.connection import AsyncClient
-from client.retry import RetryPolicy
-from client.routing import Router
-from consumer import AsyncConsumer
 from equeue import Message, control
+from equeue.client.connection import AsyncClient
+from equeue.client.retry import RetryPolicy
+from equeue.client.routing import Router
+from equeue.consumer import AsyncConsumer
 from equeue.errors import (
     BufferFull,
     ClusterUnavailable,
@@ -43,7 +43,7 @@ from equeue.errors import (
     NotQueueOwner,
     TopicExists,
 )
-from producer import AsyncProducer
+from equeue.producer import AsyncProducer
 from tests.chaos.cluster import Cluster
 from tests.chaos.history import History
 

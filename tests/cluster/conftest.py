@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.etcdproc import EtcdProcess
 
 
 def wipe(endpoint: str) -> None:

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker.cluster.etcd import prefix_range_end
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
 from equeue import Message, control, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker.cluster.etcd import prefix_range_end
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
 from equeue.errors import ClusterUnavailable, NotOwner, QueueUnavailable
 from equeue.names import retry_topic
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until, wait_until_sync
 
 

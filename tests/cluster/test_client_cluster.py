@@ -20,15 +20,15 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker, open_broker
-from broker.cluster.etcdproc import EtcdProcess
-from client.routing import Router
-from consumer import AsyncConsumer
 from equeue import control
+from equeue.broker import Broker, open_broker
+from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.cli import app
+from equeue.client.routing import Router
+from equeue.consumer import AsyncConsumer
 from equeue.errors import QueueUnavailable
+from equeue.producer import AsyncClient, AsyncProducer
 from equeue.routing import queue_for_key
-from producer import AsyncClient, AsyncProducer
 from tests.conftest import make_config, wait_until
 
 GROUPS = ("g1", "g2", "g3")

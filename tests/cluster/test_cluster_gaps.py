@@ -21,19 +21,19 @@ import attrs
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker.auth import make_user, update_users_file
-from broker.cluster.etcdproc import EtcdProcess
-from client.retry import RetryPolicy
-from consumer import AsyncConsumer
-from consumer.routed import RoutedCalls
 from equeue import Message, wire
 from equeue.acl import Acl, UsersFile
+from equeue.broker import Broker, open_broker
+from equeue.broker.auth import make_user, update_users_file
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client.retry import RetryPolicy
+from equeue.consumer import AsyncConsumer
+from equeue.consumer.routed import RoutedCalls
 from equeue.errors import NotAuthorized, QueueUnavailable, TopicNotFound
 from equeue.names import dlq_topic
 from equeue.placement import TopicPlacement, encode_topic, topic_key
+from equeue.producer import AsyncClient
 from equeue.security import ClientSecurity
-from producer import AsyncClient
 from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until
 

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker.cluster.election import GroupElection, Leadership
-from broker.cluster.etcd import EtcdClient, EtcdUnavailable, compare_create, put_op
-from broker.cluster.etcdproc import EtcdProcess
-from broker.cluster.membership import Membership
+from equeue.broker.cluster.election import GroupElection, Leadership
+from equeue.broker.cluster.etcd import EtcdClient, EtcdUnavailable, compare_create, put_op
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.membership import Membership
 from equeue.errors import ClusterUnavailable
 from equeue.placement import (
     BrokerRecord,

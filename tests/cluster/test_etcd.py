@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.cluster.etcd import EtcdClient, EtcdUnavailable, KeyValue, WatchCompacted, WatchEvent
-from broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.etcd import (
+    EtcdClient,
+    EtcdUnavailable,
+    KeyValue,
+    WatchCompacted,
+    WatchEvent,
+)
+from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.errors import ClusterUnavailable, ConfigError, EQueueError, ErrorCode
 from tests.conftest import wait_until
 

@@ -17,14 +17,15 @@ import pytest
 import trio
 import trustme
 
-from broker.auth import make_user, update_users_file
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
-from broker.storage import layout
-from broker.storage.layout import FORMAT_VERSION
 from equeue import Message, control, wire
 from equeue.acl import UsersFile
+from equeue.broker.auth import make_user, update_users_file
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage import layout
+from equeue.broker.storage.layout import FORMAT_VERSION
 from equeue.errors import BadRequest, NotAReplica
+from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity, Credentials, TlsSettings
 from equeue.wire.replica import (
@@ -35,7 +36,6 @@ from equeue.wire.replica import (
     encode_keys_request,
     encode_snapshot_request,
 )
-from producer import AsyncClient
 from tests.conftest import wait_until
 
 GROUP = "g"

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import trio
 
-from broker.cluster.etcdproc import EtcdProcess
-from consumer import AsyncConsumer
 from equeue import Message
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.consumer import AsyncConsumer
 from equeue.names import dlq_topic, retry_topic
+from equeue.producer import AsyncClient, AsyncProducer
 from equeue.routing import queue_for_key
-from producer import AsyncClient, AsyncProducer
 from tests.cluster.test_client_cluster import GROUPS, cli, cluster
 from tests.conftest import wait_until
 

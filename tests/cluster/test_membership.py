@@ -14,11 +14,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import pytest
 import trio
 
-from broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
-from broker.cluster.etcdproc import EtcdProcess
-from broker.cluster.membership import Membership
-from broker.cluster.placements import Placements
-from broker.cluster.view import ClusterView, TopicChange
+from equeue.broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.membership import Membership
+from equeue.broker.cluster.placements import Placements
+from equeue.broker.cluster.view import ClusterView, TopicChange
 from equeue.errors import BadRequest, ClusterDataInvalid, NoLiveGroups, TopicExists, TopicNotFound
 from equeue.placement import (
     BrokerRecord,

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import trio
 
-from broker.appender import Appender
-from broker.cluster.etcdproc import EtcdProcess
-from broker.cluster.node import ClusterNode, load_materialized
-from broker.cluster.view import GroupState
-from broker.storage import Store
 from equeue import control
+from equeue.broker.appender import Appender
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.cluster.node import ClusterNode, load_materialized
+from equeue.broker.cluster.view import GroupState
+from equeue.broker.storage import Store
 from equeue.placement import BrokerRecord, IsrRecord, LeaderRecord
 from tests.conftest import make_config, wait_until
 

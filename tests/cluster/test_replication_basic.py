@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
 from equeue import Message, control, wire
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
 from equeue.errors import EQueueError, NotEnoughReplicas, NotLeader
-from producer import Client, Producer
+from equeue.producer import Client, Producer
 from tests.conftest import wait_until_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

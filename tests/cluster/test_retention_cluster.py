@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker.cluster.etcd import EtcdClient
-from broker.cluster.etcdproc import EtcdProcess
 from equeue import Message, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.errors import BadRequest
 from equeue.placement import topic_key
+from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
-from producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 

@@ -17,15 +17,15 @@ from typing import Any
 
 import trio
 
-from broker import Broker, open_broker
-from broker.cluster.etcd import EtcdClient
-from broker.cluster.etcdproc import EtcdProcess
-from client.retry import RetryPolicy
-from client.routing import Router
 from equeue import Message, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client.retry import RetryPolicy
+from equeue.client.routing import Router
 from equeue.errors import ClusterUnavailable
 from equeue.placement import CLUSTER_KEY, decode_cluster
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.chaos.etcdproxy import EtcdProxyProcess, set_mode
 from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until

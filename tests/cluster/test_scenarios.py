@@ -35,14 +35,14 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
-from consumer import Consumer
 from equeue import Message, wire
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
+from equeue.consumer import Consumer
 from equeue.control import ClusterStatus, TopicRoute
 from equeue.errors import EQueueError, ErrorCode, QueueUnavailable
+from equeue.producer import Client, Producer
 from equeue.routing import queue_for_key
-from producer import Client, Producer
 from tests.conftest import ROOT, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order
 from tests.integration.test_consumer_cluster import member_script
@@ -565,7 +565,7 @@ def test_local_cluster_launcher_prints_addresses_and_stops_on_sigint(tmp_path: P
     err = tmp_path / "stderr.txt"
     with err.open("w") as err_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "broker.cluster.local", "--groups", "2", "--replicas", "2", "--base-port", "0",
+            [sys.executable, "-m", "equeue.broker.cluster.local", "--groups", "2", "--replicas", "2", "--base-port", "0",
              "--data-dir", str(tmp_path / "c")],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=err_file, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True,

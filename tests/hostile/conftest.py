@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 import trio
 
-from broker.process import BrokerProcess
 from equeue import Message, wire
+from equeue.broker.process import BrokerProcess
 
 __all__ = ["LatencyProbe"]
 
@@ -104,7 +104,7 @@ class LatencyProbe:
             self.errors.append(exc)
 
     async def __aenter__(self) -> LatencyProbe:
-        from client import AsyncClient
+        from equeue.client import AsyncClient
 
         # The client lives in the caller's task (as in tests/integration/test_bad_input.py's
         # ``served``); only the round-trip loop runs in the probe's nursery.

@@ -18,16 +18,16 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker
-from broker.process import BrokerProcess
-from broker.storage import CreateTopicOp, ProduceOp, Store, layout
-from broker.storage.filecheck import DATA_FILE, _free_pages
-from broker.storage.skips import SkipRecordOp
 from equeue import Message, control, wire
+from equeue.broker import Broker
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage import CreateTopicOp, ProduceOp, Store, layout
+from equeue.broker.storage.filecheck import DATA_FILE, _free_pages
+from equeue.broker.storage.skips import SkipRecordOp
 from equeue.cli import app
 from equeue.errors import CorruptRecord, MessageNotFound, StoreDamaged, StoreError, StoreTruncated
+from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus
-from producer import AsyncClient
 from tests.conftest import wait_until_sync
 
 MAP = 1 << 28
@@ -325,7 +325,7 @@ async def test_a_pull_moves_past_a_skipped_last_record(broker: Broker) -> None:
 
 
 def test_message_skip_cli(embedded_broker: object) -> None:
-    from producer import Client
+    from equeue.producer import Client
 
     address = embedded_broker.address  # type: ignore[attr-defined]
     with Client(address) as c:

@@ -33,9 +33,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker import Broker
-from broker.process import BrokerProcess
 from equeue import Message, control, wire
+from equeue.broker import Broker
+from equeue.broker.process import BrokerProcess
 from equeue.codec import HEADER, MAGIC, PROTOCOL_VERSION
 from equeue.errors import BadRequest, DelayTooLong, ErrorCode
 from equeue.protocol import RequestCode
@@ -251,7 +251,7 @@ def test_wire_fuzz(real_broker: Callable[..., BrokerProcess]) -> None:
     deadline = time.monotonic() + FUZZ_SECONDS
 
     async def setup() -> None:
-        from client import AsyncClient
+        from equeue.client import AsyncClient
 
         async with AsyncClient(b.address) as c:
             await c.create_topic("fz", 2)
@@ -361,7 +361,7 @@ async def test_what_the_fuzzer_found_is_answered_with_a_code(broker: Broker) -> 
     """Inputs the fuzzer found answered INTERNAL_ERROR (and logged a traceback): a retry
     delay that overflows the u64 due time (SEND_BACK), a lone surrogate in a JSON string
     (any control request; FIND_BY_KEY crashed encoding the key)."""
-    from client import AsyncClient
+    from equeue.client import AsyncClient
 
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:

@@ -22,17 +22,17 @@ import pytest
 import trio
 import trio.testing
 
-from broker import open_broker
-from broker.connection import MAX_REQUESTS_IN_PROGRESS
-from broker.http import render_broker
-from broker.process import BrokerProcess
-from broker.storage import Store, WriteOp, WriteOutcome
-from consumer import AsyncConsumer
 from equeue import Message, control, wire
+from equeue.broker import open_broker
+from equeue.broker.connection import MAX_REQUESTS_IN_PROGRESS
+from equeue.broker.http import render_broker
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage import Store, WriteOp, WriteOutcome
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
+from equeue.consumer import AsyncConsumer
 from equeue.errors import ConnectionBroken, ErrorCode, TooManyPulls
+from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
-from producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 #: a healthy client's worst produce + pull round trip during an attack (ms): generous,

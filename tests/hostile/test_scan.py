@@ -23,16 +23,16 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.process import BrokerProcess
-from broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store
-from consumer import AsyncConsumer
 from equeue import Message, wire
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store
+from equeue.consumer import AsyncConsumer
 from equeue.control import TopicInfo
 from equeue.errors import BadRequest
 from equeue.models import PullResult
+from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
-from producer import AsyncClient
 from tests.conftest import wait_until
 
 #: worst healthy round trip (s) accepted during an attack: generous for a loaded CI

@@ -9,14 +9,14 @@ import attrs
 import pytest
 import trio
 
-from broker import open_broker
-from broker.storage import CommitOffsetOp, ProduceOp, layout
-from broker.storage.writes import WriteContext, WriteOp
-from client import AsyncClient
-from consumer import AsyncConsumer
 from equeue import Message, control, wire
+from equeue.broker import open_broker
+from equeue.broker.storage import CommitOffsetOp, ProduceOp, layout
+from equeue.broker.storage.writes import WriteContext, WriteOp
+from equeue.client import AsyncClient
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.config import SERVE_OVERHEAD, BrokerConfig
+from equeue.consumer import AsyncConsumer
 from equeue.errors import (
     ConfigError,
     CorruptRecord,

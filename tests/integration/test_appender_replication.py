@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from broker import storage as st
-from broker.appender import Appender
 from equeue import Message, control, wire
+from equeue.broker import storage as st
+from equeue.broker.appender import Appender
 from equeue.errors import BrokerShuttingDown, NotLeader
 
 

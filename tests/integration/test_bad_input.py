@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import trio
 
-from broker import Broker
 from equeue import Message, wire
+from equeue.broker import Broker
 from equeue.codec import HEADER, MAGIC, PROTOCOL_VERSION
 from equeue.errors import (
     ErrorCode,
@@ -24,8 +24,8 @@ from equeue.errors import (
     ReservedTopic,
     UnknownRequest,
 )
+from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
-from producer import AsyncClient
 from tests.conftest import wait_until
 
 HELLO = struct.pack(">4sHH", MAGIC, PROTOCOL_VERSION, 0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from broker.process import BrokerProcess
+from equeue.broker.process import BrokerProcess
 from equeue.errors import EQueueError
-from producer import Client
+from equeue.producer import Client
 
 
 def fake_python(tmp_path: Path, body: str) -> str:

@@ -6,9 +6,9 @@ from typing import Any
 
 import trio
 
-from broker import Broker
 from equeue import Message, wire
-from producer import AsyncClient
+from equeue.broker import Broker
+from equeue.producer import AsyncClient
 from tests.conftest import wait_until
 
 

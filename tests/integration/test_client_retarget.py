@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker import Broker, open_broker
 from equeue import wire
+from equeue.broker import Broker, open_broker
 from equeue.errors import ConnectionBroken, TopicNotFound
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 

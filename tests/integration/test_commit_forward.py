@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import trio
 
-from broker import Broker
 from equeue import Message, control, wire
-from producer import AsyncClient
+from equeue.broker import Broker
+from equeue.producer import AsyncClient
 
 
 async def test_a_stale_holds_late_commit_does_not_move_the_group_back(broker: Broker) -> None:

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, EmbeddedBroker
-from consumer import AsyncConsumer, Consumer
-from consumer.offsets import OffsetWindow
 from equeue import Message, wire
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.consumer import AsyncConsumer, Consumer
+from equeue.consumer.offsets import OffsetWindow
 from equeue.models import PROP_ORIGIN_TOPIC
 from equeue.names import dlq_topic
-from producer import AsyncClient, Client
+from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until, wait_wall_clock_past
 
 FAST: dict[str, Any] = dict(

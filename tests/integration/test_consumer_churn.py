@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker
-from consumer import Consumer
 from equeue import Message, wire
-from producer import Client
+from equeue.broker import EmbeddedBroker
+from equeue.consumer import Consumer
+from equeue.producer import Client
 from tests.conftest import make_config
 
 TOTAL, QUEUES, MEMBERS, CHURN_EVERY = 16_000, 8, 4, 1_000

@@ -6,12 +6,12 @@ import json
 
 from typer.testing import CliRunner
 
-from broker import EmbeddedBroker
-from consumer import Consumer
 from equeue import Message, wire
+from equeue.broker import EmbeddedBroker
 from equeue.cli import app
+from equeue.consumer import Consumer
 from equeue.names import dlq_topic
-from producer import Client
+from equeue.producer import Client
 
 runner = CliRunner()
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from broker import EmbeddedBroker
 from equeue import Message, wire
-from producer import Client
+from equeue.broker import EmbeddedBroker
+from equeue.producer import Client
 from tests.conftest import ROOT, make_config, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order
 
 MEMBER = r"""
 import signal, sys, time
 sys.path.insert(0, sys.argv[1])
-from consumer import Consumer
+from equeue.consumer import Consumer
 addr, name, out = sys.argv[2], sys.argv[3], sys.argv[4]
 f = open(out, "a", buffering=1)
 c = Consumer(addr, %(group)r, %(topic)r, orderly=True, start_from="earliest", consumer_id=name,

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from consumer import AsyncConsumer
 from equeue import Message, wire
-from producer import AsyncClient
+from equeue.broker import Broker, open_broker
+from equeue.consumer import AsyncConsumer
+from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 FAST: dict[str, Any] = dict(heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.1, pull_hold=1.0)

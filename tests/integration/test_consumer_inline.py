@@ -18,11 +18,11 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import Broker, EmbeddedBroker
-from consumer import AsyncConsumer, Consumer
-from consumer.offsets import OffsetWindow
 from equeue import Message, wire
-from producer import AsyncClient, Client
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.consumer import AsyncConsumer, Consumer
+from equeue.consumer.offsets import OffsetWindow
+from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until_sync
 
 FAST: dict[str, Any] = dict(

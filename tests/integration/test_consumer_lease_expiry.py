@@ -14,10 +14,10 @@ from pathlib import Path
 
 import trio
 
-from broker.process import BrokerProcess
-from consumer import AsyncConsumer
+from equeue.broker.process import BrokerProcess
+from equeue.consumer import AsyncConsumer
 from equeue.models import Message
-from producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncClient, AsyncProducer
 from tests.conftest import wait_until
 
 N = 300

@@ -14,7 +14,7 @@ import trio
 from equeue import Message, PullStatus, wire
 from equeue.errors import EQueueError
 from equeue.models import PullResult
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import wait_until
 
 QUEUES = 4

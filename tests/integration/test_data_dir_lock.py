@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from broker.storage import Store
-from broker.storage.dirlock import LOCK_FILE
+from equeue.broker.storage import Store
+from equeue.broker.storage.dirlock import LOCK_FILE
 from equeue.errors import DataDirLocked, StoreError
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker import server as server_mod
-from broker.lifecycle import Lifecycle
-from broker.longpoll import ParkedPulls
 from equeue import Message, PullStatus, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker import server as server_mod
+from equeue.broker.lifecycle import Lifecycle
+from equeue.broker.longpoll import ParkedPulls
 from equeue.errors import DelayTooLong
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 
@@ -187,7 +187,14 @@ async def test_lifecycle_move_due_is_noop_when_nothing_due(broker: Broker) -> No
 
 def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
     """Store level: one bad schedule entry never blocks the others (and never half-commits)."""
-    from broker.storage import CreateTopicOp, DeleteTopicOp, MoveDueOp, ProduceOp, Store, layout
+    from equeue.broker.storage import (
+        CreateTopicOp,
+        DeleteTopicOp,
+        MoveDueOp,
+        ProduceOp,
+        Store,
+        layout,
+    )
 
     wall = [now_ms()]
     store = Store(tmp_path / "s", map_size=1 << 28, clock=lambda: wall[0])

@@ -16,13 +16,13 @@ import attrs
 import pytest
 import trio
 
-from broker.handlers import replica as replica_handlers
-from broker.handlers.replica import ReplicaHandlers
-from broker.replication import follower as follower_module
-from broker.replication.follower import Follower, replica_security
-from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp, layout
-from broker.storage.replication import UNREACHABLE
 from equeue import Message, control, wire
+from equeue.broker.handlers import replica as replica_handlers
+from equeue.broker.handlers.replica import ReplicaHandlers
+from equeue.broker.replication import follower as follower_module
+from equeue.broker.replication.follower import Follower, replica_security
+from equeue.broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, WriteOp, layout
+from equeue.broker.storage.replication import UNREACHABLE
 from equeue.errors import (
     BadRequest,
     ConfigError,

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker import storage as st
-from broker.appender import Appender
-from broker.http import render_broker
 from equeue import Message, PullStatus, control, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker import storage as st
+from equeue.broker.appender import Appender
+from equeue.broker.http import render_broker
 from equeue.errors import (
     BrokerShuttingDown,
     EQueueError,
@@ -36,7 +36,7 @@ from equeue.errors import (
     StoreFull,
     TopicNotFound,
 )
-from producer import AsyncClient, AsyncProducer, SendResult
+from equeue.producer import AsyncClient, AsyncProducer, SendResult
 from tests.conftest import make_config, wait_until, wait_until_sync
 from tests.integration.test_crash import QUEUES, produce_until_killed, read_all
 

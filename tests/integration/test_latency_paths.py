@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, EmbeddedBroker
-from broker import storage as st
-from broker.appender import Appender
 from equeue import Message, wire
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.broker import storage as st
+from equeue.broker.appender import Appender
 from equeue.codec import HEADER, NEED_DATA, Connection, Hello, Request, Response, Role
 from equeue.errors import BrokerShuttingDown, ErrorCode, OperationTimeout
+from equeue.producer import AsyncClient, AsyncProducer, Producer
 from equeue.protocol import RequestCode
-from producer import AsyncClient, AsyncProducer, Producer
 from tests.conftest import wait_until
 
 # ---------------------------------------------------------------------- appender
@@ -357,7 +357,7 @@ async def _park(broker: Broker, s: socket.socket, c: Connection, pulls: dict[int
 async def test_parked_pull_is_answered_once_from_the_writer_thread(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.output import Output
+    from equeue.broker.output import Output
 
     sent = _count_calls(monkeypatch, Output, "write_from_thread")
     async with AsyncClient(broker.address) as admin:
@@ -425,7 +425,7 @@ async def test_writer_thread_answer_bigger_than_the_socket_buffer(
     """The writer thread's write of a parked pull's answer only partly fits the
     socket: the writer task sends the rest, before the answer to a later request --
     also when the loop answers that request before the tail was handed over."""
-    from broker.output import Output
+    from equeue.broker.output import Output
 
     pushed = _count_calls(monkeypatch, Output, "_push_rest")
     bodies = [os.urandom(10_000) for _ in range(300)]
@@ -520,7 +520,7 @@ class _PausingStream:
 async def test_writer_thread_never_writes_into_a_busy_writer_task(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.output import Output
+    from equeue.broker.output import Output
 
     real_init = Output.__init__
     streams: list[_PausingStream] = []
@@ -558,8 +558,8 @@ async def test_writer_thread_never_writes_into_a_busy_writer_task(
 async def test_a_crowd_of_parked_pulls_past_the_writer_thread_cap_is_answered_once_each(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker.output import Output
-    from broker.thread_answer import MAX_THREAD_ANSWERS
+    from equeue.broker.output import Output
+    from equeue.broker.thread_answer import MAX_THREAD_ANSWERS
 
     sent = _count_calls(monkeypatch, Output, "write_from_thread")
     crowd = MAX_THREAD_ANSWERS + 6

@@ -8,11 +8,11 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker, EmbeddedBroker
 from equeue import Message, wire
+from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
 from equeue.errors import MessageNotFound, QueueNotFound, TopicNotFound
-from producer import AsyncClient, Client
+from equeue.producer import AsyncClient, Client
 
 
 async def test_get_by_queue_and_global_offset(broker: Broker) -> None:

@@ -16,7 +16,6 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker, EmbeddedBroker
 from equeue import (
     BufferFull,
     ClientClosed,
@@ -29,9 +28,10 @@ from equeue import (
     TopicNotFound,
     wire,
 )
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+from equeue.producer._batch import deliver_at_ms
 from equeue.routing import queue_for_key
-from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
-from producer._batch import deliver_at_ms
 from tests.conftest import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -362,7 +362,7 @@ def test_sync_producer_from_8_threads(embedded_broker: EmbeddedBroker) -> None:
 
 _KEYS_SCRIPT = """
 import json, sys
-from producer import Producer
+from equeue.producer import Producer
 with Producer(sys.argv[1]) as p:
     print(json.dumps({k: p.send("hashed", k, key=k).queue_id for k in sys.argv[2:]}))
 """

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from producer import AsyncClient, AsyncProducer, Message
+from equeue.producer import AsyncClient, AsyncProducer, Message
 
 BATCHES = 20
 

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker
 from equeue import EQueueError, Message, PullStatus, wire
+from equeue.broker import Broker
 from equeue.codec import HEADER, encode_response
 from equeue.errors import ConnectionBroken, ErrorCode
+from equeue.producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
 from equeue.protocol import RequestCode
-from producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
 from tests.conftest import wait_until, wait_until_sync
 
 

@@ -24,12 +24,12 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
-from consumer import AsyncConsumer
 from equeue import control, wire
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
 from equeue.cli import app
-from producer import AsyncClient, AsyncProducer, Client, Producer
+from equeue.consumer import AsyncConsumer
+from equeue.producer import AsyncClient, AsyncProducer, Client, Producer
 from tests.conftest import wait_until, wait_until_sync
 
 GROUP = "g1"
@@ -209,7 +209,7 @@ async def test_producer_consumer_and_cli_across_a_leader_kill(replicas: Replicas
 
 def test_a_spark_range_read_goes_on_at_the_new_leader(replicas: Replicas) -> None:
     pa = pytest.importorskip("pyarrow")
-    from spark.source import RangePartition, read_range
+    from equeue.spark.source import RangePartition, read_range
     from tests.unit.test_columns import SCHEMA
 
     n = 60_000

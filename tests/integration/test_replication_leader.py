@@ -18,11 +18,11 @@ import pytest
 import trio
 import trio.testing
 
-from broker import storage as st
-from broker.appender import Appender
-from broker.replication.leader import LeaderLog, LogTrimmer
-from broker.storage.layout import FORMAT_VERSION
 from equeue import Message, control, wire
+from equeue.broker import storage as st
+from equeue.broker.appender import Appender
+from equeue.broker.replication.leader import LeaderLog, LogTrimmer
+from equeue.broker.storage.layout import FORMAT_VERSION
 from equeue.config import BrokerConfig
 from equeue.errors import ClusterUnavailable, NotEnoughReplicas, NotLeader, StaleEpoch
 from equeue.wire.replica import FetchRequest, FetchStatus

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import trio
 
-from broker import Broker, open_broker
-from broker.storage import layout
 from equeue import Message, PullStatus, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker.storage import layout
 from equeue.errors import MessageNotFound
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 
@@ -218,7 +218,7 @@ async def test_deleted_topic_data_is_purged(tmp_path: Path) -> None:
 
 
 async def test_producer_state_expiry(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
-    import broker.lifecycle as lifecycle_mod
+    import equeue.broker.lifecycle as lifecycle_mod
 
     wall = step_clock(broker)
     with trio.fail_after(15):

@@ -16,13 +16,13 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker, open_broker
-from broker.storage import Store
 from equeue import Message, wire
+from equeue.broker import Broker, open_broker
+from equeue.broker.storage import Store
 from equeue.cli import app
 from equeue.errors import BadRequest, ConfigError, ErrorCode
+from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
-from producer import AsyncClient
 from tests.conftest import make_config
 
 

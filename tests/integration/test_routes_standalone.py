@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker import Broker, open_broker
 from equeue import control
+from equeue.broker import Broker, open_broker
 from equeue.errors import BadRequest, InvalidName
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 

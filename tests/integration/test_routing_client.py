@@ -10,13 +10,13 @@ import pytest
 import trio
 from typer.testing import CliRunner
 
-from broker import Broker, EmbeddedBroker
-from client.routing import BOOTSTRAP, Router
-from consumer import AsyncConsumer
+from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
+from equeue.client.routing import BOOTSTRAP, Router
+from equeue.consumer import AsyncConsumer
 from equeue.errors import QueueNotFound, TopicNotFound
+from equeue.producer import AsyncClient, AsyncProducer, Client
 from equeue.protocol import RequestCode
-from producer import AsyncClient, AsyncProducer, Client
 
 
 async def test_standalone_routes_every_queue_to_the_bootstrap(broker: Broker) -> None:

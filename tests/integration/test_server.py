@@ -9,10 +9,10 @@ from pathlib import Path
 
 import trio
 
-from broker import Broker, open_broker
 from equeue import Message, PullStatus, control, wire
+from equeue.broker import Broker, open_broker
 from equeue.models import PullResult
-from producer import AsyncClient
+from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import trio
 
-from broker import Broker
 from equeue import Message, PullStatus, wire
-from producer import AsyncClient
+from equeue.broker import Broker
+from equeue.producer import AsyncClient
 from tests.conftest import wait_until
 
 

@@ -13,10 +13,10 @@ pytest.importorskip("numpy")
 
 from equeue import Message, wire  # noqa: E402
 from equeue.errors import ConnectionBroken, TopicNotFound  # noqa: E402
-from producer import Client  # noqa: E402
-from spark import source  # noqa: E402
-from spark.puller import RETRIES, Puller  # noqa: E402
-from spark.source import RangePartition, read_range  # noqa: E402
+from equeue.producer import Client  # noqa: E402
+from equeue.spark import source  # noqa: E402
+from equeue.spark.puller import RETRIES, Puller  # noqa: E402
+from equeue.spark.source import RangePartition, read_range  # noqa: E402
 from tests.unit.test_columns import SCHEMA  # noqa: E402
 
 

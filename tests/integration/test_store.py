@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, layout
 from equeue import Message, wire
+from equeue.broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, layout
 from equeue.control import TopicInfo
 from equeue.errors import CorruptRecord, MessageTooLarge, QueueNotFound, StoreFull
 from equeue.protocol import PullStatus
@@ -331,7 +331,7 @@ def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
 def test_a_produce_built_before_a_delete_and_recreate_is_refused(tmp_path: Path) -> None:
     """A produce checked against topic ``t`` must not land in a new topic of the same
     name created meanwhile (the records would carry the old id: acknowledged, then lost)."""
-    from broker.storage import DeleteTopicOp
+    from equeue.broker.storage import DeleteTopicOp
     from equeue.errors import TopicNotFound
 
     store = Store(tmp_path)

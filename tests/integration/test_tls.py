@@ -25,15 +25,15 @@ import trio
 import trustme
 from typer.testing import CliRunner
 
-from broker import EmbeddedBroker, open_broker
-from client.retry import is_transient
-from consumer import AsyncConsumer
 from equeue import Message, wire
+from equeue.broker import EmbeddedBroker, open_broker
 from equeue.cli import app
+from equeue.client.retry import is_transient
 from equeue.config import BrokerConfig
+from equeue.consumer import AsyncConsumer
 from equeue.errors import ConfigError, ConnectionBroken, TlsError
+from equeue.producer import AsyncClient, AsyncProducer, Client
 from equeue.security import ClientSecurity, TlsSettings
-from producer import AsyncClient, AsyncProducer, Client
 from tests.conftest import make_config, wait_until
 from tests.integration.test_server import free_port
 
@@ -237,7 +237,7 @@ async def test_plain_client_on_a_tls_port_and_tls_client_on_a_plain_port(tmp_pat
 
 
 def test_unreadable_files_are_config_errors(tmp_path: Path, pki: Pki) -> None:
-    from broker.tls import server_context
+    from equeue.broker.tls import server_context
 
     with pytest.raises(ConfigError, match="cannot load the TLS certificate"):
         server_context(BrokerConfig(data_dir=tmp_path, tls_cert=tmp_path / "missing.pem"))
@@ -283,7 +283,7 @@ def test_https_metrics(tls_broker: EmbeddedBroker, pki: Pki) -> None:
 def test_spark_puller_over_tls(tls_broker: EmbeddedBroker, pki: Pki, tmp_path: Path) -> None:
     """The Spark reader's blocking puller speaks TLS (client certificate included);
     a certificate problem fails at once instead of being retried."""
-    from spark.puller import Puller
+    from equeue.spark.puller import Puller
 
     with Client(tls_broker.address, security=pki.tls(pki.client)) as c:
         c.create_topic("pull-tls", 1)
@@ -340,7 +340,7 @@ async def test_certificate_rotation_without_a_restart(tmp_path: Path, pki: Pki) 
 
 
 def test_sighup_reloads_the_certificate(tmp_path: Path, pki: Pki) -> None:
-    from broker.process import BrokerProcess
+    from equeue.broker.process import BrokerProcess
     from tests.conftest import wait_until_sync
 
     live = tmp_path / "live.pem"

@@ -18,8 +18,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import spark
-from spark.source import EQueueDataSource, EQueueStreamReader, RangePartition
+from equeue import spark
+from equeue.spark.source import EQueueDataSource, EQueueStreamReader, RangePartition
 
 
 class PausingReader(EQueueStreamReader):

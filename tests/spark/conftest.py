@@ -13,8 +13,7 @@ import pytest
 @pytest.fixture(scope="session")
 def ss() -> Iterator[Any]:
     pytest.importorskip("pyspark")
-    import spark
-
+    from equeue import spark
     s = spark.session("equeue-tests", "local[2]", shuffle_partitions=2)
     yield s
     s.stop()

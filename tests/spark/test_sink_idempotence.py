@@ -15,15 +15,15 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from broker import BrokerConfig, EmbeddedBroker
 from equeue import wire
+from equeue.broker import BrokerConfig, EmbeddedBroker
 from equeue.codec import HEADER
 from equeue.errors import ConnectionBroken
+from equeue.producer import Client
 from equeue.protocol import RequestCode
 from equeue.routing import queue_for_key
-from producer import Client
-from spark import sink
-from spark.source import allocate, split_ranges
+from equeue.spark import sink
+from equeue.spark.source import allocate, split_ranges
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(60)]
 

@@ -18,13 +18,13 @@ import pytest
 
 from equeue.control import GroupRoute, RouteTable, TopicInfo, TopicRoute
 from equeue.errors import QueueUnavailable
-from spark.common import Owner, Routes
+from equeue.spark.common import Owner, Routes
 
 pyspark = pytest.importorskip("pyspark")
 
-from broker.cluster.etcdproc import EtcdProcess  # noqa: E402
+from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
+from equeue.producer import Producer  # noqa: E402
 from equeue.routing import queue_for_key  # noqa: E402
-from producer import Producer  # noqa: E402
 from tests.cluster.test_scenarios import Cluster  # noqa: E402
 from tests.conftest import wait_until_sync  # noqa: E402
 
@@ -54,9 +54,9 @@ def test_sink_picks_queues_from_the_rows_alone_not_from_availability() -> None:
     """A replayed sink task must send each row to the queue the first attempt chose,
     even if a group went down or came back in between: the producer's keyless
     round-robin skips unavailable queues, the sink's does not."""
-    from producer import ProducerOptions
-    from producer.routes import Route
-    from spark.sink import sink_options
+    from equeue.producer import ProducerOptions
+    from equeue.producer.routes import Route
+    from equeue.spark.sink import sink_options
 
     route = Route("t", 4)
     route.available = [0, 2]  # the groups of queues 1 and 3 are down
@@ -97,7 +97,7 @@ def check_per_key_order(rows: list[Any]) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_source_and_sink_against_two_groups(ss: Any, cluster: Cluster, tmp_path: Path) -> None:
-    from spark.source import EQueueBatchReader, RangePartition
+    from equeue.spark.source import EQueueBatchReader, RangePartition
 
     g1, g2 = cluster.address("g1"), cluster.address("g2")
     cluster.client("g1").create_topic("sp", 6)

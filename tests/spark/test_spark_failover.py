@@ -14,8 +14,8 @@ import pytest
 
 pyspark = pytest.importorskip("pyspark")
 
-from broker.cluster.etcdproc import EtcdProcess  # noqa: E402
-from producer import Producer  # noqa: E402
+from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
+from equeue.producer import Producer  # noqa: E402
 from tests.cluster.replication.conftest import ReplicaGroup  # noqa: E402
 from tests.conftest import wait_until_sync  # noqa: E402
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, layout
-from broker.storage import store as store_module
 from equeue import Message, wire
+from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, layout
+from equeue.broker.storage import store as store_module
 from equeue.control import TopicInfo
 from equeue.routing import key_hash
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue import Message, wire
+from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
 from equeue.control import TopicInfo
 
 

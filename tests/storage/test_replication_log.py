@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.storage import (
+from equeue import Message, wire
+from equeue.broker.storage import (
     AlterTopicOp,
     CommitOffsetOp,
     CreateTopicOp,
@@ -28,13 +29,12 @@ from broker.storage import (
     WriteOp,
     layout,
 )
-from broker.storage import store as store_module
-from broker.storage.deadletters import Letter, ResendOp
-from broker.storage.recorder import RecordingCursor, RecordingTxn
-from broker.storage.replication import UNREACHABLE
-from broker.storage.skips import SkipRecordOp
-from broker.storage.writes import WriteContext
-from equeue import Message, wire
+from equeue.broker.storage import store as store_module
+from equeue.broker.storage.deadletters import Letter, ResendOp
+from equeue.broker.storage.recorder import RecordingCursor, RecordingTxn
+from equeue.broker.storage.replication import UNREACHABLE
+from equeue.broker.storage.skips import SkipRecordOp
+from equeue.broker.storage.writes import WriteContext
 from equeue.control import TopicInfo
 from equeue.errors import CorruptRecord, LogTrimmed, StoreError, StoreFull
 from equeue.wire.replog import DELETE, PUT, decode_entry

@@ -8,9 +8,9 @@ import json
 import attrs
 import pytest
 
-from broker.auth import Authorizer, UserStore, make_user
 from equeue import control
 from equeue.acl import REQUEST_RULES, Acl, Permissions, ResourceKind, UsersFile
+from equeue.broker.auth import Authorizer, UserStore, make_user
 from equeue.errors import ConfigError, NotAuthorized
 from equeue.protocol import RequestCode
 from equeue.wire import ProduceRequest, PullRequest

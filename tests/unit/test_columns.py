@@ -13,7 +13,7 @@ from hypothesis import strategies as st  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from equeue.errors import CorruptRecord  # noqa: E402
 from equeue.protocol import PullStatus  # noqa: E402
-from spark.columns import packed_batch  # noqa: E402
+from equeue.spark.columns import packed_batch  # noqa: E402
 
 SCHEMA = pa.schema(
     [

@@ -13,7 +13,6 @@ import click
 import pytest
 import typer
 
-from consumer.options import ConsumerOptions
 from equeue.cli import app
 from equeue.config import (
     DEFAULT_ADDRESS,
@@ -29,6 +28,7 @@ from equeue.config import (
     parse_retention_ms,
     parse_size,
 )
+from equeue.consumer.options import ConsumerOptions
 from equeue.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from consumer import ConsumeMode, ConsumerOptions, HandlerThreads, StartFrom
-from consumer.process import lease_name, parse_lease
+from equeue.consumer import ConsumeMode, ConsumerOptions, HandlerThreads, StartFrom
+from equeue.consumer.process import lease_name, parse_lease
 from equeue.errors import ConfigError
 
 

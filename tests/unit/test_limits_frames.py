@@ -7,7 +7,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.connection import FrameBudget
+from equeue.broker.connection import FrameBudget
 from equeue.codec import NEED_DATA, Connection, Hello, Request, Role
 
 

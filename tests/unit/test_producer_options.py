@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from equeue.errors import ConfigError
-from producer import AsyncProducer, OnFull, Producer, ProducerOptions
+from equeue.producer import AsyncProducer, OnFull, Producer, ProducerOptions
 
 
 def test_defaults_are_the_documented_figures() -> None:

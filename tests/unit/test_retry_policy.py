@@ -8,7 +8,7 @@ import pytest
 import stamina
 import trio
 
-from client.retry import RetryPolicy, is_transient, retry_async, retry_sync
+from equeue.client.retry import RetryPolicy, is_transient, retry_async, retry_sync
 from equeue.errors import ClientClosed, ConfigError, ConnectionBroken, MessageTooLarge
 
 FAST = RetryPolicy(attempts=4, timeout=None, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0)

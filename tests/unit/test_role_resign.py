@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from broker.replication.role import ReplicaRole
+from equeue.broker.replication.role import ReplicaRole
 from equeue.config import BrokerConfig
 
 T = TypeVar("T")

@@ -94,16 +94,16 @@ def test_queue_for_key_is_crc32_mod_n(key: str, n: int) -> None:
 def test_the_producers_routing_is_queue_for_key(key: bytes, n: int) -> None:
     """The producer's inline fast path and :meth:`producer.routes.Route.select` pick
     the queue :func:`queue_for_key` names."""
-    from producer.options import ProducerOptions
-    from producer.routes import Route
+    from equeue.producer.options import ProducerOptions
+    from equeue.producer.routes import Route
 
     assert key_bytes_hash(key) % n == queue_for_key(key, n)
     assert Route("t", n).select(key, ProducerOptions(), b"", None, None, 0) == queue_for_key(key, n)
 
 
 def test_route_select_round_robin_and_selector() -> None:
-    from producer.options import ProducerOptions
-    from producer.routes import Route
+    from equeue.producer.options import ProducerOptions
+    from equeue.producer.routes import Route
 
     r = Route("t", 3)
     assert [r.select(None, ProducerOptions(), b"", None, None, 0) for _ in range(4)] == [0, 1, 2, 0]

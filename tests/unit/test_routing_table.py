@@ -11,11 +11,11 @@ import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.connection import AsyncClient
-from client.routing import MAX_LEARNT, RouteCache, Router
 from equeue import control
-from producer.options import ProducerOptions
-from producer.routes import Route
+from equeue.client.connection import AsyncClient
+from equeue.client.routing import MAX_LEARNT, RouteCache, Router
+from equeue.producer.options import ProducerOptions
+from equeue.producer.routes import Route
 
 GROUPS = ["g1", "g2", "g3"]
 

@@ -10,11 +10,11 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from client.retry import RetryPolicy
-from consumer.options import ConsumerOptions
-from consumer.sendback import SendBack, SendBackResult
-from consumer.stats import Counters
 from equeue import control
+from equeue.client.retry import RetryPolicy
+from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.sendback import SendBack, SendBackResult
+from equeue.consumer.stats import Counters
 from equeue.errors import EQueueError, InternalBrokerError, MessageTooLarge, StoreFull
 from equeue.logs import RateLimitedLog
 from equeue.models import Message

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from equeue.errors import ConnectionBroken, NotLeader, QueueUnavailable, TlsError, TopicNotFound
-from spark.common import retry_routing
+from equeue.spark.common import retry_routing
 
 
 def failing(*errors: Exception) -> tuple[list[int], Callable[[], str]]:

@@ -15,7 +15,6 @@ import attrs
 import pytest
 from typer.testing import CliRunner
 
-from consumer.options import ConsumerOptions
 from equeue.cli import app
 from equeue.config import (
     BrokerConfig,
@@ -24,9 +23,10 @@ from equeue.config import (
     parse_retention_ms,
     parse_size,
 )
+from equeue.consumer.options import ConsumerOptions
 from equeue.errors import ConfigError
+from equeue.producer.options import ProducerOptions
 from equeue.retention import FOREVER, check_topic_settings, retention_limit
-from producer.options import ProducerOptions
 
 NUMBERS = ("int", "float", "int | None", "float | None")
 

@@ -8,8 +8,8 @@ import ssl
 import pytest
 import trio
 
-from client.retry import is_transient
-from client.tls import handshake_error
+from equeue.client.retry import is_transient
+from equeue.client.tls import handshake_error
 from equeue.errors import ConnectionBroken, TlsError
 
 

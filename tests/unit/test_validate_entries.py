@@ -18,7 +18,7 @@ from equeue.wire.entries import ENTRY_HEADER
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("numpy")
 
-from spark.columns import packed_batch  # noqa: E402
+from equeue.spark.columns import packed_batch  # noqa: E402
 
 SCHEMA = pa.schema(
     [

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import trio
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
 from equeue import Message, wire
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
 from equeue.control import (
     ClusterStatus,
     ClusterStatusRequest,
@@ -34,7 +34,7 @@ from equeue.control import (
     ReplicationStatusRequest,
 )
 from equeue.errors import EQueueError
-from producer import Client
+from equeue.producer import Client
 from tests.conftest import ROOT, in_threads, wait_until_sync
 
 #: the lease TTL every replica runs with (failover within a few seconds)
@@ -272,7 +272,7 @@ class Load:
         self._threads = [threading.Thread(target=self._run, args=(p,), daemon=True) for p in range(producers)]
 
     def _run(self, p: int) -> None:
-        from producer import Producer
+        from equeue.producer import Producer
 
         try:
             with Producer(self.bootstrap, **self.options) as prod:

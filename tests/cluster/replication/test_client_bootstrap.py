@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import pytest
 
-from consumer import Consumer
 from equeue import Message
-from producer import Producer
+from equeue.consumer import Consumer
+from equeue.producer import Producer
 from tests.cluster.replication.conftest import ReplicaGroup
 from tests.conftest import wait_until_sync
 

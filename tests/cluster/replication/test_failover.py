@@ -30,8 +30,8 @@ import attrs
 import pytest
 import trio
 
-from client.connection import AsyncClient
 from equeue import Message, wire
+from equeue.client.connection import AsyncClient
 from equeue.errors import EQueueError
 from tests.cluster.replication.conftest import LEASE_TTL, Load, ReplicaGroup, check_store
 from tests.conftest import ROOT, wait_until_sync
@@ -294,7 +294,7 @@ def test_consumer_group_across_a_failover(replicas: Replicas, tmp_path: Path) ->
     total, queues = 3000, 6
     rs.client(leader).create_topic("t5", queues)
     rs.wait_isr(3)
-    from producer import Producer
+    from equeue.producer import Producer
 
     with Producer(rs.bootstrap) as p:
         for i in range(total):

@@ -28,8 +28,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
 from tests.cluster.replication.conftest import LEASE_TTL, Load, ReplicaGroup, check_store
 from tests.conftest import ROOT, wait_until_sync
 
@@ -129,7 +129,7 @@ class Proxy:
 PINNED = r"""
 import sys, time, trio
 sys.path.insert(0, sys.argv[1])
-from client.connection import AsyncClient
+from equeue.client.connection import AsyncClient
 from equeue import Message, wire
 addr, topic, out = sys.argv[2], sys.argv[3], sys.argv[4]
 f = open(out, "a", buffering=1)

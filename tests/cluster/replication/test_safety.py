@@ -32,15 +32,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from broker.cluster.etcdproc import EtcdProcess
-from broker.process import BrokerProcess
-from broker.storage.layout import FORMAT_VERSION
-from client.connection import AsyncClient
 from equeue import Message, wire
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.broker.process import BrokerProcess
+from equeue.broker.storage.layout import FORMAT_VERSION
+from equeue.client.connection import AsyncClient
 from equeue.errors import EQueueError, NotAReplica
+from equeue.producer import Client
 from equeue.protocol import RequestCode
 from equeue.wire.replica import FetchRequest, encode_fetch_request
-from producer import Client
 from tests.cluster.replication.conftest import ReplicaGroup
 from tests.conftest import wait_until_sync
 
