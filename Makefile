@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	  (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless) >/dev/null; }
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	@# a venv made before the distribution was renamed still holds the old name's mapping
+	@$(PY) -m pip uninstall -q -y equeue >/dev/null 2>&1 || true
 	$(PY) -m pip install -q -e '.[dev,spark]'
 	@touch $(STAMP)
 
