@@ -30,11 +30,17 @@ net-tools-install:
 	@command -v iptables >/dev/null 2>&1 || { echo "installing iptables (the fault campaign's partitions)"; \
 	  (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null || echo "no iptables: the campaign runs without partitions"; }
 
+# The suite runs in parallel (pytest-xdist): most tests wait on timers and processes, so more
+# workers than cores pay. Tests that must not share a worker run in one xdist group
+# (tests/conftest.py, XDIST_GROUPS). WORKERS=1 runs it serially.
+WORKERS ?= 4
+XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: install etcd-install net-tools-install
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests
 
+# the inner loop: everything but the slow and Spark tests, in parallel
 test-fast: install etcd-install
-	$(PY) -m pytest -q -m "not slow and not spark" tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" tests
 
 # mypy and import-linter read packages from folders, and do not follow setuptools' editable
 # mapping of broker/, client/, ... to equeue.broker, equeue.client, ...: they read a hard-linked

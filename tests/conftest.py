@@ -10,6 +10,12 @@
 - Crash tests run the broker as a subprocess (``broker_process``) and SIGKILL it.
 - Slow tests carry ``@pytest.mark.slow``; CI still runs them.
 
+Parallel runs (pytest-xdist, ``make test``: ``-n 4 --dist loadgroup``): ports 0, temp dirs and a
+per-worker etcd keep tests apart. What cannot share a worker or the machine runs in one xdist
+group, so one worker runs it alone among its peers (:data:`XDIST_GROUPS`): the Spark tests share
+one SparkSession (a JVM per worker would cost more than it saves), and the fault campaign's smoke
+run owns network namespaces and loads the machine.
+
 Waiting:
 
 - **Wait on conditions, never on time.** A test that needs something to have happened
@@ -73,6 +79,22 @@ async def wait_until(
                 await trio.sleep(interval)
     except trio.TooSlowError:
         raise AssertionError(f"timed out after {timeout:g} s waiting until {what or predicate}") from None
+
+
+#: path prefix (relative to the repository) -> the xdist group its tests run in
+XDIST_GROUPS = {
+    "tests/spark/": "spark",
+    "tests/chaos/test_chaos_smoke.py": "chaos",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put the tests of :data:`XDIST_GROUPS` in their xdist group (used by ``--dist loadgroup``)."""
+    for item in items:
+        rel = item.path.relative_to(ROOT).as_posix()
+        group = next((g for prefix, g in XDIST_GROUPS.items() if rel.startswith(prefix)), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def wall_ms() -> int:
