@@ -27,9 +27,24 @@ class LogLevel(StrEnum):
     ERROR = "error"
 
 
-BROKER_OPTION = typer.Option(DEFAULT_ADDRESS, "--broker", "-b", help="Broker address host:port.")
+#: the environment variable ``--broker`` falls back to when the flag is absent
+BROKERS_ENV = "EQUEUE_BROKERS"
+
+BROKER_OPTION = typer.Option(
+    DEFAULT_ADDRESS, "--broker", "-b", envvar=BROKERS_ENV,
+    help="Broker address host:port, or several comma-separated (any one of them answers). "
+         "The flag wins over the environment variable.",
+)  # fmt: skip
 LOG_LEVEL_OPTION = typer.Option(LogLevel.WARNING, "--log-level", help="Log threshold (quiet by default).")
-JSON_OPTION = typer.Option(False, "--json", help="Print the answer as JSON.")
+
+
+def json_option(what: str = "the answer") -> Any:
+    """A ``--json`` flag: print ``what`` as one JSON document on stdout (docs/cli.md)."""
+    return typer.Option(False, "--json", help=f"Print {what} as one JSON document on stdout.")
+
+
+#: ``--json`` of every command that prints an answer (docs/cli.md, "--json")
+JSON_OPTION = json_option()
 console = Console()
 err_console = Console(stderr=True)
 
@@ -131,6 +146,8 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
 
 
 def print_json(obj: Any) -> None:
+    """``obj`` (attrs classes, dicts, lists, scalars) as one line of JSON on stdout:
+    the ``--json`` output (no markup, keys as the classes name their fields)."""
     from equeue.control import converter
 
     sys.stdout.write(json.dumps(converter.unstructure(obj), indent=None, default=str) + "\n")

@@ -9,11 +9,15 @@ and apply to open connections from the broker's next reload (within a second).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from equeue.cli._common import JSON_OPTION, fail, print_json, table
-from equeue.cli.user_cmd import USERS_FILE_OPTION, apply_change
+from equeue.cli.user_cmd import USER_JSON_OPTION, USERS_FILE_OPTION, apply_change
+
+#: ``acl list --json``: the resource of the row standing for the admin role (every operation)
+ADMIN_RESOURCE = "admin"
 
 _OP_HELP = (
     "Operation (repeat it): topic: produce, consume, describe, admin; group: join, commit, reset, "
@@ -34,7 +38,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(acl_app, name="acl")
 
     def edit(users_file: Path, user: str, topic: str | None, group: str | None, cluster: bool, ops: list[str],
-             add: bool) -> None:  # fmt: skip
+             add: bool, as_json: bool) -> None:  # fmt: skip
         import attrs
 
         from equeue.acl import ALL_OPS, Acl, ResourceKind, UsersFile
@@ -69,31 +73,33 @@ def register(app: typer.Typer) -> None:
 
         verb = "allowed" if add else "no longer allowed"
         done = f"{user}: {verb} {', '.join(sorted(probe.ops))} on {kind} {pattern}"
-        apply_change(users_file, change, "acl.add" if add else "acl.remove", user, done)
+        apply_change(users_file, change, "acl.add" if add else "acl.remove", user, done, as_json)
 
     @acl_app.command("add")
     def add(
         user: str = typer.Option(..., "--user", "-u", help="The user the ACL is for."),
-        topic: str | None = typer.Option(None, "--topic", help="Topic name or prefix pattern (orders.*)."),
-        group: str | None = typer.Option(None, "--group", help="Consumer group name or prefix pattern."),
+        topic: str | None = typer.Option(None, "--topic", "-t", help="Topic name or prefix pattern (orders.*)."),
+        group: str | None = typer.Option(None, "--group", "-g", help="Consumer group name or prefix pattern."),
         cluster: bool = typer.Option(False, "--cluster", help="The cluster (broker statistics)."),
-        op: list[str] = typer.Option(..., "--op", "-o", help=_OP_HELP),
+        op: list[str] = typer.Option(..., "--op", help=_OP_HELP),
         users_file: Path = USERS_FILE_OPTION,
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Allow a user operations on the topics, groups or cluster matching a pattern."""
-        edit(users_file, user, topic, group, cluster, op, True)
+        edit(users_file, user, topic, group, cluster, op, True, as_json)
 
     @acl_app.command("remove")
     def remove(
         user: str = typer.Option(..., "--user", "-u", help="The user the ACL is for."),
-        topic: str | None = typer.Option(None, "--topic", help="Topic name or prefix pattern, as added."),
-        group: str | None = typer.Option(None, "--group", help="Consumer group name or prefix pattern, as added."),
+        topic: str | None = typer.Option(None, "--topic", "-t", help="Topic name or prefix pattern, as added."),
+        group: str | None = typer.Option(None, "--group", "-g", help="Consumer group name or prefix pattern, as added."),
         cluster: bool = typer.Option(False, "--cluster", help="The cluster."),
-        op: list[str] = typer.Option(..., "--op", "-o", help=_OP_HELP),
+        op: list[str] = typer.Option(..., "--op", help=_OP_HELP),
         users_file: Path = USERS_FILE_OPTION,
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Take operations away (the ACL goes when none is left)."""
-        edit(users_file, user, topic, group, cluster, op, False)
+        edit(users_file, user, topic, group, cluster, op, False, as_json)
 
     @acl_app.command("list")
     def list_(
@@ -109,16 +115,19 @@ def register(app: typer.Typer) -> None:
             doc = read_users_file(users_file)
         except ConfigError as exc:
             fail(str(exc))
-        rows = []
+        entries: list[dict[str, Any]] = []
         for name in sorted(doc.users):
             u = doc.users[name]
             if user is not None and name != user:
                 continue
             if u.admin:
-                rows.append((name, "(admin role)", "*", "everything"))
-            for a in u.acls:
-                rows.append((name, str(a.kind), a.pattern, ", ".join(sorted(a.ops))))
+                entries.append({"user": name, "resource": ADMIN_RESOURCE, "pattern": "*", "ops": ["all"]})
+            entries += [{"user": name, **a.to_json()} for a in u.acls]
         if as_json:
-            print_json([{"user": r[0], "resource": r[1], "pattern": r[2], "ops": r[3]} for r in rows])
+            print_json(entries)
             return
-        table(None, ["user", "resource", "pattern", "operations"], rows)
+        table(None, ["user", "resource", "pattern", "operations"], [
+            (e["user"], "(admin role)", "*", "everything") if e["resource"] == ADMIN_RESOURCE
+            else (e["user"], e["resource"], e["pattern"], ", ".join(e["ops"]))
+            for e in entries
+        ])  # fmt: skip

@@ -119,9 +119,9 @@ def register(app: typer.Typer) -> None:
 
     @cluster_app.command("recover")
     def recover(
-        group: str = typer.Option(..., "--group", help="The broker group whose records etcd lost."),
+        group: str = typer.Option(..., "--group", "-g", help="The broker group whose records etcd lost."),
         leader: str = typer.Option("", "--leader", help="The replica (broker id) to lead; default: the most advanced."),
-        yes: bool = typer.Option(False, "--yes", help="Write it (without: show the plan only)."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Write it (without: show the plan only)."),
         broker: str = BROKER_OPTION,
         as_json: bool = JSON_OPTION,
     ) -> None:
@@ -164,7 +164,7 @@ def register(app: typer.Typer) -> None:
 
     @cluster_app.command("handover")
     def handover(
-        group: str = typer.Option(..., "--group", help="The broker group whose leadership moves."),
+        group: str = typer.Option(..., "--group", "-g", help="The broker group whose leadership moves."),
         to: str = typer.Option("", "--to", help="The in-sync follower (broker id) to lead; default: the one furthest ahead."),
         broker: str = BROKER_OPTION,
         as_json: bool = JSON_OPTION,

@@ -4,21 +4,22 @@ by key; move consumers past a corrupt record.
 ``get`` reads one message by (queue, queue offset) or by global offset; ``find``
 lists the messages of a topic with a key, newest first, through the broker's key
 index (no log scan). ``skip`` (admin) makes the broker stop serving one record, so
-consumers stuck on a corrupt record move past it; ``skipped`` lists those records. Both print the headers, properties and body: the body as text
-when it is valid UTF-8 without control characters, else as hex (``--hex`` forces
-hex); ``--json`` prints one JSON object (``get``) or a JSON list (``find``).
+consumers stuck on a corrupt record move past it; ``skipped`` lists those records.
+``get`` and ``find`` print the headers, properties and body: the body as text when
+it is valid UTF-8 without control characters, else as hex (``--hex`` forces hex).
+``--json`` prints one JSON document: an object (``get``, ``skip``, ``skipped``) or a
+list (``find``).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, fail, routed, table
+from equeue.cli._common import BROKER_OPTION, fail, json_option, print_json, routed, table
 
 if TYPE_CHECKING:
     from equeue.models import Message
@@ -103,9 +104,9 @@ def register(app: typer.Typer) -> None:
         topic: str,
         queue: int = typer.Option(-1, "--queue", "-q", help="Queue id (with --offset)."),
         offset: int = typer.Option(-1, "--offset", "-o", help="Queue offset (with --queue)."),
-        global_offset: int = typer.Option(-1, "--global-offset", "-g", help="Global offset (instead of --queue/--offset)."),
+        global_offset: int = typer.Option(-1, "--global-offset", help="Global offset (instead of --queue/--offset)."),
         force_hex: bool = typer.Option(False, "--hex", help="Print the body as hex even if it is text."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = json_option("the message (an object)"),
         broker_group: str = typer.Option(
             None, "--broker-group", help="Cluster: the broker group whose store the global offset is in."
         ),
@@ -130,7 +131,7 @@ def register(app: typer.Typer) -> None:
             fail("message not found")
         m = res.messages[0]
         if as_json:
-            sys.stdout.write(json.dumps(message_dict(m, force_hex)) + "\n")
+            print_json(message_dict(m, force_hex))
         else:
             _print_message(m, force_hex)
 
@@ -140,7 +141,7 @@ def register(app: typer.Typer) -> None:
         key: str = typer.Option(..., "--key", "-k", help="The message key to look up."),
         limit: int = typer.Option(32, "--limit", "-n", min=1, max=1000, help="Most messages to list."),
         force_hex: bool = typer.Option(False, "--hex", help="Print bodies as hex even if they are text."),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON list of full messages."),
+        as_json: bool = json_option("the full messages (an array, newest first)"),
         before: int = typer.Option(-1, "--before", help="Only messages below this global offset (go on "
                                    "after a search the broker cut short)."),
         broker: str = BROKER_OPTION,
@@ -158,7 +159,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"search cut short by the broker's scan budget (many keys share this key's hash); "
                        f"go on with --before {res.next_offset}", err=True)  # fmt: skip
         if as_json:
-            sys.stdout.write(json.dumps([message_dict(m, force_hex) for m in msgs]) + "\n")
+            print_json([message_dict(m, force_hex) for m in msgs])
             return
         if not msgs:
             typer.echo(f"no messages with key {key!r} in topic {topic}", err=True)
@@ -183,6 +184,7 @@ def register(app: typer.Typer) -> None:
         offset: int = typer.Option(..., "--offset", "-o", min=0, help="Queue offset of the record."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
         broker: str = BROKER_OPTION,
+        as_json: bool = json_option("the broker's answer (topic, queue_id, queue_offset, already_skipped, problem)"),
     ) -> None:
         """Admin: stop serving one record (a corrupt one consumers cannot get past).
 
@@ -191,10 +193,13 @@ def register(app: typer.Typer) -> None:
         Example: ``equeue message skip --topic orders --queue 1 --offset 42 --yes``.
         """
         if not yes and not typer.confirm(
-            f"Stop serving {topic}/{queue} offset {offset} to every consumer? (cannot be undone)"
+            f"Stop serving {topic}/{queue} offset {offset} to every consumer? (cannot be undone)", err=True
         ):
             fail("not skipped", code=1)
         ans = routed(broker, lambda r: r.call(topic, queue, lambda c: c.skip_message(topic, queue, offset)))
+        if as_json:
+            print_json(ans)
+            return
         where = f"{topic}/{queue} offset {offset}"
         if ans.already_skipped:
             typer.echo(f"{where} was already skipped")
@@ -206,7 +211,7 @@ def register(app: typer.Typer) -> None:
     @msg_app.command("skipped")
     def skipped(
         topic: str,
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON object {queue: [offsets]}."),
+        as_json: bool = json_option("the skipped offsets by queue (an object: queue id as a string → offsets)"),
         broker: str = BROKER_OPTION,
     ) -> None:
         """List the records of TOPIC an operator skipped (``message skip``), by queue."""
@@ -214,7 +219,7 @@ def register(app: typer.Typer) -> None:
 
         by_queue = routed(broker, lambda r: list_skipped(r, topic))
         if as_json:
-            sys.stdout.write(json.dumps({str(q): offs for q, offs in by_queue.items()}) + "\n")
+            print_json({str(q): offs for q, offs in by_queue.items()})
             return
         if not by_queue:
             typer.echo(f"no skipped records in topic {topic}", err=True)

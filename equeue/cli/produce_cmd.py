@@ -62,10 +62,13 @@ def register(app: typer.Typer) -> None:
         key_field: str | None = typer.Option(
             None, "--key-field", help="Take each message's key from this field of the JSON line."
         ),
-        tags: str | None = typer.Option(None, "--tags", "-t", help="Tag for every message."),
+        tags: str | None = typer.Option(None, "--tags", help="Tag for every message."),
         prop: list[str] = typer.Option([], "--property", "-p", help="k=v property (repeatable)."),
         delay: str | None = typer.Option(None, "--delay", help="Deliver later, e.g. 30s, 5m, 1h."),
-        as_json: bool = typer.Option(False, "--json", help="Print each SendResult as a JSON line."),
+        as_json: bool = typer.Option(
+            False, "--json", help="Print each message's send result as one JSON object per line (JSON Lines); "
+            "the summary goes to stderr."
+        ),
         broker: str = BROKER_OPTION,
         log_level: LogLevel = LOG_LEVEL_OPTION,
     ) -> None:

@@ -7,7 +7,16 @@ from typing import Any
 
 import typer
 
-from equeue.cli._common import BROKER_OPTION, JSON_OPTION, fail, leader, print_json, routed, table
+from equeue.cli._common import (
+    BROKER_OPTION,
+    JSON_OPTION,
+    fail,
+    json_option,
+    leader,
+    print_json,
+    routed,
+    table,
+)
 from equeue.config import (
     format_retention_bytes,
     format_retention_ms,
@@ -45,6 +54,14 @@ def _summary(info: Any) -> str:
     return f"{info.queues} queues, retention {rms} / {rbytes}"
 
 
+def _print_topic(info: Any, as_json: bool) -> None:
+    """A created or altered topic: its TopicInfo as JSON, or one summary line."""
+    if as_json:
+        print_json(info)
+    else:
+        typer.echo(f"topic {info.name}: {_summary(info)}")
+
+
 def register(app: typer.Typer) -> None:
     topic_app = typer.Typer(help="Create, inspect and delete topics.", no_args_is_help=True)
     app.add_typer(topic_app, name="topic")
@@ -52,11 +69,12 @@ def register(app: typer.Typer) -> None:
     @topic_app.command("create")
     def create(
         name: str,
-        queues: int = typer.Option(4, "--queues", "-q", help="Number of queues (partitions)."),
+        queues: int = typer.Option(4, "--queues", help="Number of queues (partitions)."),
         retention: str = typer.Option("", help=f"Override the broker's time retention (e.g. 24h; {_FOREVER_HELP})."),
         retention_bytes: str = typer.Option("", help=f"Override the broker's size retention (e.g. 1GiB; {_FOREVER_HELP})."),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Succeed if the topic exists."),
         broker: str = BROKER_OPTION,
+        as_json: bool = json_option("the topic (as topic list shows it)"),
     ) -> None:
         """Create a topic with N queues."""
         rms = _setting(retention, "--retention", parse_retention_ms)
@@ -64,15 +82,16 @@ def register(app: typer.Typer) -> None:
         info = leader(broker, lambda c: c.create_topic(
             name, queues, retention_ms=rms, retention_bytes=rbytes, exist_ok=exist_ok,
         ))  # fmt: skip
-        typer.echo(f"topic {info.name}: {_summary(info)}")
+        _print_topic(info, as_json)
 
     @topic_app.command("alter")
     def alter(
         name: str,
-        queues: int = typer.Option(None, "--queues", "-q", help="New queue count (grow only)."),
+        queues: int = typer.Option(None, "--queues", help="New queue count (grow only)."),
         retention: str = typer.Option("", help=f"Time retention override (e.g. 24h; {_FOREVER_HELP}; 'default': back to the broker's)."),
         retention_bytes: str = typer.Option("", help=f"Size retention override (e.g. 1GiB; {_FOREVER_HELP}; 'default': back to the broker's)."),
         broker: str = BROKER_OPTION,
+        as_json: bool = json_option("the topic after the change (as topic list shows it)"),
     ) -> None:
         """Grow a topic's queue count or change its retention overrides."""
         rms = _setting(retention, "--retention", parse_retention_ms)
@@ -85,7 +104,7 @@ def register(app: typer.Typer) -> None:
         info = leader(broker, lambda c: c.alter_topic(
             name, queues=queues, retention_ms=rms, retention_bytes=rbytes, reset=reset,
         ))  # fmt: skip
-        typer.echo(f"topic {info.name}: {_summary(info)}")
+        _print_topic(info, as_json)
 
     @topic_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
@@ -119,7 +138,12 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
 
     @topic_app.command("delete")
-    def delete(name: str, broker: str = BROKER_OPTION) -> None:
+    def delete(
+        name: str, broker: str = BROKER_OPTION, as_json: bool = json_option('{"topic": NAME, "deleted": true}')
+    ) -> None:
         """Delete a topic and (in the background) its messages."""
         leader(broker, lambda c: c.delete_topic(name))
-        typer.echo(f"deleted topic {name}")
+        if as_json:
+            print_json({"topic": name, "deleted": True})
+        else:
+            typer.echo(f"deleted topic {name}")

@@ -19,13 +19,15 @@ from typing import Any
 
 import typer
 
-from equeue.cli._common import JSON_OPTION, fail, print_json, table
+from equeue.cli._common import JSON_OPTION, fail, json_option, print_json, table
 
 #: the users file of every ``equeue user`` / ``equeue acl`` command
 USERS_FILE_OPTION = typer.Option(
     ..., "--users-file", envvar="EQUEUE_USERS_FILE", help="The broker's users file (created if missing)."
 )
 PASSWORD_ENV = "EQUEUE_NEW_PASSWORD"
+#: ``--json`` of the commands that change a user (``user add``, ``acl add``, ...)
+USER_JSON_OPTION = json_option("the user after the change (as user list shows it)")
 
 audit_log = logging.getLogger("equeue.audit")
 
@@ -57,18 +59,32 @@ def audit_change(action: str, name: str, users_file: Path) -> None:
     audit(action, user=f"os:{who}", peer="cli", resource=f"user:{name}", outcome="ok", file=str(users_file))
 
 
-def apply_change(users_file: Path, change: Callable[[Any], Any], action: str, name: str, done: str) -> None:
+def user_entry(user: Any) -> dict[str, Any]:
+    """A user as ``--json`` shows it: name, roles and ACLs (never a verifier)."""
+    return {"user": user.name, "admin": user.admin, "replica": user.replica, "acls": [a.to_json() for a in user.acls]}
+
+
+def apply_change(
+    users_file: Path, change: Callable[[Any], Any], action: str, name: str, done: str, as_json: bool = False
+) -> None:
     """Apply ``change`` to the users file (locked, atomic), write its audit line and
-    say ``done``; a refused change (ConfigError) is one error line and exit 1."""
+    say ``done`` on stderr, or (``as_json``) print user ``name`` as it is now
+    (:func:`user_entry`; ``{"user": name, "removed": true}`` once it is gone) on
+    stdout. A refused change (ConfigError) is one error line and exit 1."""
     from equeue.broker.auth import update_users_file
     from equeue.errors import ConfigError
 
     try:
-        update_users_file(users_file, change)
+        new = update_users_file(users_file, change)
     except ConfigError as exc:
         fail(str(exc))
     audit_change(action, name, users_file)
-    typer.echo(done, err=True)
+    if not as_json:
+        typer.echo(done, err=True)
+    elif name in new.users:
+        print_json(user_entry(new.users[name]))
+    else:
+        print_json({"user": name, "removed": True})
 
 
 def register(app: typer.Typer) -> None:
@@ -83,6 +99,7 @@ def register(app: typer.Typer) -> None:
         replica: bool = typer.Option(False, "--replica", help="Give the replica role: the user the brokers of a replicated group follow their leader with (EQUEUE_REPLICA_USER); admin does not imply it."),
         password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's first line."),
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Add a user (the password is asked, never an argument)."""
         from equeue.acl import UsersFile, validate_username
@@ -101,7 +118,8 @@ def register(app: typer.Typer) -> None:
             return doc.with_user(make_user(name, password, iterations=iterations, admin=admin, replica=replica))
 
         roles = ", ".join(r for r, on in (("admin", admin), ("replica", replica)) if on)
-        apply_change(users_file, change, "user.add", name, f"user {name} added{f' ({roles})' if roles else ''}")
+        apply_change(users_file, change, "user.add", name, f"user {name} added{f' ({roles})' if roles else ''}",
+                     as_json)  # fmt: skip
 
     @user_app.command("passwd")
     def passwd(
@@ -109,6 +127,7 @@ def register(app: typer.Typer) -> None:
         users_file: Path = USERS_FILE_OPTION,
         password_stdin: bool = typer.Option(False, "--password-stdin", help="Read the password from stdin's first line."),
         iterations: int = typer.Option(4096, help="PBKDF2 rounds of the SCRAM verifier (>= 4096)."),
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Change a user's password (open connections keep their session)."""
         from equeue.acl import UsersFile
@@ -124,13 +143,14 @@ def register(app: typer.Typer) -> None:
             return doc.with_user(make_user(name, password, iterations=iterations, admin=old.admin, acls=old.acls,
                                            replica=old.replica))
 
-        apply_change(users_file, change, "user.password", name, f"password of {name} changed")
+        apply_change(users_file, change, "user.password", name, f"password of {name} changed", as_json)
 
     @user_app.command("admin")
     def admin_(
         name: str,
         users_file: Path = USERS_FILE_OPTION,
         revoke: bool = typer.Option(False, "--revoke", help="Take the admin role away instead."),
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Give a user the admin role (or take it away with --revoke)."""
         import attrs
@@ -144,13 +164,15 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"no user {name!r}")
             return doc.with_user(attrs.evolve(old, admin=not revoke))
 
-        apply_change(users_file, change, "user.admin" if not revoke else "user.admin-revoke", name, f"{name}: admin role {'revoked' if revoke else 'granted'}")
+        apply_change(users_file, change, "user.admin" if not revoke else "user.admin-revoke", name,
+                     f"{name}: admin role {'revoked' if revoke else 'granted'}", as_json)  # fmt: skip
 
     @user_app.command("replica")
     def replica_(
         name: str,
         users_file: Path = USERS_FILE_OPTION,
         revoke: bool = typer.Option(False, "--revoke", help="Take the replica role away instead."),
+        as_json: bool = USER_JSON_OPTION,
     ) -> None:
         """Give a user the replica role (or take it away with --revoke): only such a
         user may send the requests a follower sends its leader. The admin role does
@@ -167,10 +189,12 @@ def register(app: typer.Typer) -> None:
             return doc.with_user(attrs.evolve(old, replica=not revoke))
 
         apply_change(users_file, change, "user.replica" if not revoke else "user.replica-revoke", name,
-                     f"{name}: replica role {'revoked' if revoke else 'granted'}")  # fmt: skip
+                     f"{name}: replica role {'revoked' if revoke else 'granted'}", as_json)  # fmt: skip
 
     @user_app.command("remove")
-    def remove(name: str, users_file: Path = USERS_FILE_OPTION) -> None:
+    def remove(
+        name: str, users_file: Path = USERS_FILE_OPTION, as_json: bool = json_option('{"user": NAME, "removed": true}')
+    ) -> None:
         """Remove a user and its ACLs. Its open connections stay open, but every
         request they make is refused (NOT_AUTHORIZED) from the broker's reload on."""
         from equeue.acl import UsersFile
@@ -181,7 +205,7 @@ def register(app: typer.Typer) -> None:
                 raise ConfigError(f"no user {name!r}")
             return doc.without(name)
 
-        apply_change(users_file, change, "user.remove", name, f"user {name} removed")
+        apply_change(users_file, change, "user.remove", name, f"user {name} removed", as_json)
 
     @user_app.command("list")
     def list_(users_file: Path = USERS_FILE_OPTION, as_json: bool = JSON_OPTION) -> None:
@@ -195,8 +219,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         users = [doc.users[n] for n in sorted(doc.users)]
         if as_json:
-            print_json([{"user": u.name, "admin": u.admin, "replica": u.replica, "acls": [a.to_json() for a in u.acls]}
-                        for u in users])
+            print_json([user_entry(u) for u in users])
             return
         rows = [(u.name, "+".join(r for r, on in (("admin", u.admin), ("replica", u.replica)) if on) or "user",
                  "; ".join(a.describe() for a in u.acls) or "-") for u in users]

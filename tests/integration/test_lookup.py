@@ -100,7 +100,7 @@ def test_cli_message_get_and_find(embedded_broker: EmbeddedBroker) -> None:
     assert code == 1 and "no message at orders/1 offset 9" in err
     code, _, err = _cli("message", "get", "orders", "-b", addr)
     assert code == 1 and "either --queue" in err
-    code, _, err = _cli("message", "get", "orders", "--queue", "1", "--offset", "0", "-g", "3", "-b", addr)
+    code, _, err = _cli("message", "get", "orders", "--queue", "1", "--offset", "0", "--global-offset", "3", "-b", addr)
     assert code == 1
 
 

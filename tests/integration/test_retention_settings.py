@@ -77,7 +77,7 @@ async def test_cli_retention_minus_one_is_forever_not_minus_one_second(tmp_path:
                 ("w", ["--retention", "forever", "--retention-bytes", "-1"]),
                 ("x", ["--retention-bytes=infinite"]),
             ):
-                code, out = await trio.to_thread.run_sync(cli, "topic", "create", topic, "-q", "1", *args, "-b", b.address)
+                code, out = await trio.to_thread.run_sync(cli, "topic", "create", topic, "--queues", "1", *args, "-b", b.address)
                 assert code == 0, out
                 assert "forever" in out, out
                 await produce(c, topic, 2)
