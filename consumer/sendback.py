@@ -161,6 +161,6 @@ class SendBack:
             )
 
         try:
-            return None, await retry_async(once, self.policy)
+            return None, await retry_async(once, self.policy, what=f"consumer.send_back:{self.group}")
         except EQueueError as exc:
             return exc, None

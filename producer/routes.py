@@ -100,7 +100,8 @@ class Routes:
         opts = self.options
         with trio.move_on_after(opts.send_timeout) as cs:
             t = await retry_async(
-                lambda: self.router.route(topic, auto_create=opts.auto_create), opts.retry_policy
+                lambda: self.router.route(topic, auto_create=opts.auto_create), opts.retry_policy,
+                what=f"producer.route:{topic}", where=",".join(self.router.seeds),
             )
         if cs.cancelled_caught:
             raise OperationTimeout(

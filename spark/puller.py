@@ -66,6 +66,7 @@ class Puller:
 
     def __init__(self, brokers: str, policy: RetryPolicy = POLICY, security: ClientSecurity | None = None) -> None:
         self.addresses = parse_brokers(brokers)
+        self._where = ",".join(f"{host}:{port}" for host, port in self.addresses)  # for the retry log
         self.policy = policy
         #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
         self.security = ClientSecurity.from_env() if security is None else security
@@ -189,7 +190,7 @@ class Puller:
                 raise
 
         try:
-            retry_sync(send, self.policy)
+            retry_sync(send, self.policy, what="spark.pull.send", where=self._where)
         except ConnectionBroken:
             self._queue.pop()
             raise
@@ -210,7 +211,7 @@ class Puller:
                 raise
 
         try:
-            res = retry_sync(receive, self.policy)
+            res = retry_sync(receive, self.policy, what="spark.pull.receive", where=self._where)
         except ConnectionBroken:
             self._queue.clear()
             raise

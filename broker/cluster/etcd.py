@@ -16,9 +16,9 @@ Failure handling, in one place:
   (failover), each attempt bounded by ``request_timeout`` through a trio cancel scope.
 * A round in which no endpoint answered is retried twice after a short jittered
   back-off; then :class:`EtcdUnavailable` (a ``ClusterUnavailable``). Not with
-  stamina: it logs a warning for every retry through a process-wide hook, which
-  would flood a broker's log while etcd is down; callers (membership, the view)
-  log their outages once instead.
+  stamina (``client/retry.py``): which writes may be retried depends on how the
+  attempt failed (next point), and a retry here logs nothing: the callers
+  (membership, the view) log an outage once instead of once per call.
 * A write that is not idempotent (``create``, ``replace``, ``delete_if``, ``grant``)
   is retried only when it surely never reached etcd (the connection was refused);
   when it may have been applied (a timeout after sending) :class:`EtcdUnavailable`
