@@ -7,11 +7,11 @@ hand-off between threads, and the next pull is already on the wire while the cur
 answer is being turned into Arrow columns (``depth`` pulls in flight).
 
 With TLS settings (``security.tls``, from the source's options) the socket is
-wrapped with the context of :mod:`client.tls`; a certificate problem is a
+wrapped with the context of :mod:`equeue.client.tls`; a certificate problem is a
 :class:`~equeue.errors.TlsError`, which the retry policy does not retry.
 
 Pulls are reads, so a broken connection is simply reopened and the pulls still
-outstanding are sent again, under the clients' one retry policy (:mod:`client.retry`:
+outstanding are sent again, under the clients' one retry policy (:mod:`equeue.client.retry`:
 backoff with jitter between attempts, bounded by :data:`POLICY`). Errors the broker
 answers are raised as the mapped :class:`~equeue.errors.EQueueError`.
 """
@@ -121,7 +121,7 @@ class Puller:
         raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
     def _authenticate(self, sock: socket.socket, codec: Connection, ack: HelloAck, address: str) -> None:
-        """The SCRAM exchange when the broker asks for one (client.handshake); an
+        """The SCRAM exchange when the broker asks for one (equeue.client.handshake); an
         AuthenticationError is not retried."""
         exchange = ClientScram(address, self.security.credentials)
         request = exchange.begin(ack)
