@@ -1,4 +1,4 @@
-"""Cluster benchmarks (issue 14): a 2-group cluster against one standalone broker, in
+"""Cluster benchmarks: a 2-group cluster against one standalone broker, in
 the same run, alternating; every broker (and etcd) is a process of its own.
 
 - P1: N x 100-byte keyed messages, streaming ``Producer.send_async`` + ``flush``

@@ -1,4 +1,4 @@
-"""Replication benchmarks (issue 15): every broker, and etcd, is a process of its own.
+"""Replication benchmarks: every broker, and etcd, is a process of its own.
 
 - P1 (replication cost): N x 100-byte keyed messages, streaming ``Producer.send_async``
   + ``flush`` (as ``bench_cluster.py``), to a topic of 4 queues, against, in the same

@@ -1,4 +1,4 @@
-"""Cheap requests that scan (issue 13, defect 4): a healthy client's latency while
+"""Cheap requests that scan: a healthy client's latency while
 one attacker repeats a scanning request back to back.
 
 Attacks, each against a broker in a child process (``--flush async``) whose data

@@ -1,4 +1,4 @@
-"""Issue 16's small-request workloads, side by side in one run.
+"""Small-request workloads, side by side in one run.
 
 Every server runs in its own process on a free loopback port and a fresh temporary
 directory (``$TMPDIR``), and is stopped when its workload ends. Server CPU is the
@@ -14,8 +14,8 @@ the notes: the client's share of a round trip.
   a broker process (``--flush async``: ``--p3-messages``; ``--flush sync``: a tenth of
   it); topic with 4 queues. msg/s, p50/p99 latency, broker CPU µs/msg, ratio to echo.
 - ``P1``: 200,000 x 100 B keyed messages, ``send_batch`` of 100 (about 25 per queue per
-  request), one batch in flight: msg/s and broker CPU µs/msg (issue 16's "broker CPU
-  per message for 25-message requests"; target <= 3 µs).
+  request), one batch in flight: msg/s and broker CPU µs/msg (the target: broker CPU
+  per message for 25-message requests <= 3 µs).
 - ``concurrent``: ``--procs`` (4) producer processes, each 25,000 x 1 KiB keyed messages
   in batches of 100, one batch in flight each, released together (each worker connects,
   says ready, then sleeps until a start time the parent sends it); total msg/s = all
@@ -24,7 +24,7 @@ the notes: the client's share of a round trip.
   ``redis-server --appendonly yes --appendfsync X --save ""``; redis-py + hiredis; per
   batch a non-transactional pipeline of 100 XADD to ``orders:<crc32(key) % 4>``, replies
   awaited before the next batch, as in the harness's P1). Ratios equeue / Redis everysec.
-- ``durable``: one durable LMDB commit: ``broker.storage.Store(dir, sync=True)`` in this
+- ``durable``: one durable LMDB commit: ``equeue.broker.storage.Store(dir, sync=True)`` in this
   process, ``--durable-commits`` single-message produce transactions, median ms; then the
   P3 sync floor 1 / (durable commit + echo round trip) and 50 % of it (the issue's P3
   sync target). The floor needs ``echo`` in the same run.

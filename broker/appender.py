@@ -1,7 +1,7 @@
 """The appender: the single writer. It drains every pending write op into one LMDB
 write transaction (group commit) run in one long-lived worker thread, then answers
 the ops and wakes parked pulls. A transaction never spans an ``await``: it opens
-and commits inside :meth:`broker.storage.Store.write`, in the worker thread.
+and commits inside :meth:`equeue.broker.storage.Store.write`, in the worker thread.
 
 Hand-off, for latency: the trio side appends to a list under a lock and notifies a
 condition (no loop iteration, no checkpoint); the writer thread, blocked on that
@@ -15,7 +15,7 @@ is being written, new ops pile up and form the next batch: many concurrent
 requests, one transaction, one fsync. A ``trio.to_thread`` call per batch would
 cost two extra thread hops and a loop iteration each time (~0.1 ms here).
 
-Two additions for replication (docs/cluster.md, part 2):
+Two additions for replication (docs/cluster.md, "Replicas, acks, failover"):
 
 * :meth:`Appender.call` runs a synchronous store function (``store.apply_log``,
   ``store.begin_epoch``, ``store.trim_log``, ``store.reload``...) in the writer

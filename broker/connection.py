@@ -7,12 +7,12 @@ so one connection's produces commit in arrival order; its answer is staged from 
 appender's commit callback. A produce to a topic that must be auto-created (or, in a
 cluster, learned from etcd) first holds the reader until it is enqueued, so the
 produces behind it keep that order too. Answers leave through the connection's
-:class:`~broker.output.Output`; every frame is built by :mod:`equeue.codec`.
+:class:`~equeue.broker.output.Output`; every frame is built by :mod:`equeue.codec`.
 
 Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
 reading while the output is above its soft limit, or while
 :data:`MAX_REQUESTS_IN_PROGRESS` requests are being handled; at most
-``max_pulls`` pulls are parked (:class:`broker.longpoll.PullSlots`; one more is
+``max_pulls`` pulls are parked (:class:`equeue.broker.longpoll.PullSlots`; one more is
 answered at once with TOO_MANY_PULLS); a frame must arrive
 whole within ``frame_timeout``, and one larger than :data:`FREE_PARTIAL_FRAME`
 reserves its size in the broker-wide :class:`FrameBudget` before more of it is

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class EmbeddedBroker:
-    """Run a :class:`~broker.server.Broker` on its own trio loop in a thread.
+    """Run a :class:`~equeue.broker.server.Broker` on its own trio loop in a thread.
 
     ``with EmbeddedBroker(BrokerConfig(data_dir=..., port=0)) as b: b.address``.
     :meth:`stop` shuts it down gracefully and joins the thread; errors raised by the

@@ -1,7 +1,7 @@
 """A tiny HTTP/1.1 endpoint for monitoring: ``GET /metrics`` (Prometheus text
 format 0.0.4) and ``GET /stats`` (JSON of the broker's statistics).
 
-Started by :meth:`broker.server.Broker.serve` when ``BrokerConfig.http_port`` is not
+Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_port`` is not
 0. One request per connection (``Connection: close``); requests are capped at 8 KiB
 and 5 s, so a slow or hostile scraper cannot hold resources.
 
@@ -280,7 +280,7 @@ async def serve_http(
 ) -> None:  # fmt: skip
     """Serve /metrics and /stats until cancelled; ``task_status.started(bound_port)``.
     ``queue_limit``: most queues with per-queue series in one scrape. With
-    ``ssl_context`` (the broker's, :mod:`broker.tls`) it serves HTTPS; the TLS
+    ``ssl_context`` (the broker's, :mod:`equeue.broker.tls`) it serves HTTPS; the TLS
     handshake happens within the request's time cap."""
     bound, listeners = await open_http_listeners(host, port, ssl_context)
     log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)

@@ -5,7 +5,7 @@ Delayed delivery: the scheduler sleeps until the earliest due time in the LMDB
 :data:`MAX_SLEEP` so a wall-clock step cannot strand a message) and is woken early
 when a commit schedules something (the broker's commit callback calls
 :meth:`schedule_changed`). It moves due messages with
-:class:`~broker.storage.MoveDueOp` -- remove from the schedule + append to the log
+:class:`~equeue.broker.storage.MoveDueOp` -- remove from the schedule + append to the log
 in ONE transaction, submitted through the appender so it never races other writes.
 A move either commits whole or not at all, so a crash at any point delivers each
 message exactly once (after restart, whatever is still in the schedule and due is
@@ -18,7 +18,7 @@ producers wait at most about one move transaction; pulls read MVCC snapshots and
 are never blocked by a write.
 
 Retention runs every ``retention_check_interval`` (and on demand through
-:meth:`enforce_retention`) as :class:`~broker.storage.RetentionOp` batches of at most
+:meth:`enforce_retention`) as :class:`~equeue.broker.storage.RetentionOp` batches of at most
 ``retention_batch`` deletions each, repeated until a batch comes back short.
 Producer idempotence state older than ``producer_state_ttl`` is expired in
 bounded batches too (:meth:`expire_producers`).

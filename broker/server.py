@@ -2,8 +2,8 @@
 
 :class:`Broker` opens the store, builds the parts and hands each one the
 collaborators it uses: the appender (the single writer), the group registry, the
-parked pulls, the counters, the request handlers (:mod:`broker.handlers`), one
-:class:`~broker.connection.ServerConnection` per client, and the HTTP endpoint.
+parked pulls, the counters, the request handlers (:mod:`equeue.broker.handlers`), one
+:class:`~equeue.broker.connection.ServerConnection` per client, and the HTTP endpoint.
 Background tasks (appender, member expiry, scheduler, retention, async flush) live
 in the broker's nursery.
 
@@ -13,12 +13,12 @@ fails for want of file descriptors (EMFILE, ENFILE, ...) the loop backs off (10 
 doubling to 1 s, cut short as soon as one of the broker's connections closes) and
 logs one line per 10 s, with no traceback.
 
-Replication (``--cluster``, docs/cluster.md part 2): the store is replicated (a log
+Replication (``--cluster``, docs/cluster.md, "Replicas, acks, failover"): the store is replicated (a log
 entry per transaction); the appender hands committed ops to the replica role
 (``hold``) instead of answering them; readers see only what is below the high
 watermark, so the writer thread's direct answer to parked pulls
-(:mod:`broker.thread_answer`) is off and parked pulls are woken as the high
-watermark passes their queues' writes; :class:`~broker.replication.role.ReplicaRole`
+(:mod:`equeue.broker.thread_answer`) is off and parked pulls are woken as the high
+watermark passes their queues' writes; :class:`~equeue.broker.replication.role.ReplicaRole`
 leads or follows, and runs the leader-only tasks (the lifecycle, the materializer).
 A standalone broker runs none of it.
 

@@ -5,7 +5,7 @@ and all of it is here: right after a commit, in the appender's writer thread,
 :func:`answer_parked_pulls` claims the pulls parked on the queues the commit
 touched, and each claimed pull's :class:`PullAnswer` reads the new records from the
 store (an LMDB read transaction of its own) and writes the answer to the consumer's
-socket through :meth:`broker.output.Output.write_from_thread` (the socket end; it
+socket through :meth:`equeue.broker.output.Output.write_from_thread` (the socket end; it
 holds the output's lock, the only reason that lock exists). What the writer thread
 may touch: the store's reads, the parked-pull table (under its lock), the output
 (under its lock), and the loop's token to wake the pull tasks. It never touches the
@@ -18,22 +18,22 @@ are answered per commit, so a crowd of long-pollers cannot delay the produce
 acknowledgements.
 
 **Inline commits.** With ``--flush async`` a small transaction may commit on the loop
-(:meth:`broker.appender.Appender.kick`); the same ``on_written`` hook then runs this
+(:meth:`equeue.broker.appender.Appender.kick`); the same ``on_written`` hook then runs this
 module on the loop, where writing the socket is no crossing at all.
 
 **Plain TCP only.** The crossing writes raw bytes to the socket's fd, which a TLS
 connection cannot take (its record layer belongs to the loop's ``trio.SSLStream``):
-a TLS connection's output is in *stream-only* mode (:mod:`broker.output`, "write
-modes"), its :meth:`~broker.output.Output.idle` is always false, so its parked pulls
+a TLS connection's output is in *stream-only* mode (:mod:`equeue.broker.output`, "write
+modes"), its :meth:`~equeue.broker.output.Output.idle` is always false, so its parked pulls
 are answered by the woken pull task on the loop, through the connection's writer
 task.
 
 **The measurement.** Without it a commit's new message reaches a long-polling
 consumer through two hops of the loop (the answer posted back to the loop, then the
 woken pull task reading it). Answering from the writer thread took the raw-loop
-send-to-handler total from 567-579 µs to 373-389 µs in one session (L1 p50;
-docs/benchmarks.md, "What changed"). When the crossing moved into this module
-(issue 12), the same path measured unchanged against the code before it, in
+send-to-handler total from 567-579 µs to 373-389 µs measured back to back (L1 p50;
+docs/benchmarks.md, "What changed"). When the crossing moved out of server.py into
+this module, the same path measured unchanged against the code before it, in
 alternated runs on a loaded shared host (load 5-10, where L1 at 2,000 msg/s
 saturated both): L1 at 300 msg/s p50 median 1.36 ms before, 1.31 ms after (6
 pairs); broker CPU per long-polled message 845 µs before, 790 µs after (5 pairs).
@@ -65,7 +65,7 @@ PullEncoder = Callable[..., list[bytes]]
 
 
 class ThreadWritable(Protocol):
-    """The socket end of the crossing (:class:`broker.output.Output`)."""
+    """The socket end of the crossing (:class:`equeue.broker.output.Output`)."""
 
     def idle(self) -> bool: ...
     def write_from_thread(self, request_id: int, parts: list[bytes]) -> int: ...

@@ -1,6 +1,6 @@
 """The broker side of TLS: the server's SSL context and the accept-time handshake.
 
-With ``BrokerConfig.tls_cert`` set, :meth:`broker.server.Broker.serve` builds one
+With ``BrokerConfig.tls_cert`` set, :meth:`equeue.broker.server.Broker.serve` builds one
 context (:func:`server_context`) at start -- a missing or unreadable file stops the
 start with one :class:`~equeue.errors.ConfigError` line -- and serves both ports
 with it: every accepted client connection is wrapped by :class:`TlsAcceptor`
@@ -11,7 +11,7 @@ renegotiation; with ``tls_client_auth`` ``optional`` or ``required`` the broker
 asks for a client certificate signed by a CA of ``tls_ca`` (mutual TLS).
 
 A TLS connection's output goes through the connection's writer task only (see
-:mod:`broker.output`, "write modes"); the plain-TCP fast paths stay as they are.
+:mod:`equeue.broker.output`, "write modes"); the plain-TCP fast paths stay as they are.
 
 A handshake that fails (a scanner, a plain-TCP client, an untrusted or expired
 client certificate) or does not finish within ``handshake_timeout`` closes the

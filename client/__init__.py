@@ -3,11 +3,11 @@
 It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 ``producer`` and ``consumer`` both use it without importing each other:
 
-- :mod:`client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
-- :mod:`client.link`: one live connection and its pending answers;
-- :mod:`client.retry`: the one retry policy;
-- :mod:`client.sync`: :class:`Client`, its blocking twin;
-- :mod:`client.syncfront`: the loop thread that every blocking front runs on.
+- :mod:`equeue.client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`equeue.client.link`: one live connection and its pending answers;
+- :mod:`equeue.client.retry`: the one retry policy;
+- :mod:`equeue.client.sync`: :class:`Client`, its blocking twin;
+- :mod:`equeue.client.syncfront`: the loop thread that every blocking front runs on.
 """
 
 if __name__ != "equeue.client":  # this folder is mapped to equeue.client; a second name would load it twice

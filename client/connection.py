@@ -5,10 +5,10 @@ let many requests share it; a parked pull never blocks a heartbeat), reconnects
 on demand (trying each configured broker in turn), maps error codes to exceptions
 through :func:`equeue.errors.error_for_code`, and exposes one typed method per
 request. Its lifetime is ``async with``: the reader task lives in its nursery.
-One live connection and its pending answers are a :class:`client.link._Link`.
+One live connection and its pending answers are a :class:`equeue.client.link._Link`.
 
 With ``security.tls`` set the connection is TLS (``trio.SSLStream``, the context
-from :mod:`client.tls`); every write then goes through ``send_all`` (the
+from :mod:`equeue.client.tls`); every write then goes through ``send_all`` (the
 non-blocking direct write of :meth:`AsyncClient.send_request_nowait` is for plain
 TCP only, :meth:`AsyncClient.can_send_now` says False).
 

@@ -1,7 +1,7 @@
 """One live connection of a client: the stream, the codec state, the pending answers
 (:class:`PendingReply`), and the broker address list parser.
 
-:class:`client.connection.AsyncClient` owns at most one :class:`_Link` at a time and
+:class:`equeue.client.connection.AsyncClient` owns at most one :class:`_Link` at a time and
 replaces it when it breaks; every pending answer of a broken link fails with the
 link's error.
 """

@@ -14,25 +14,55 @@ never :class:`~equeue.errors.ClientClosed`. The idempotent producer's in-order r
 (``producer/_lane.py``) keeps its own ordering logic and uses :meth:`RetryPolicy.delay`
 for its pause.
 
+Each scheduled retry logs one line on the ``equeue.client.retry`` logger (WARNING):
+what is retried (``what``, a label the caller passes, else the callable's name), where
+(``where``, the broker address(es), when the caller has them), the attempt that failed
+(``attempt=2/8``), the wait before the next one and the error. A client can make
+retries happen again and again, so :func:`log_retry` logs at most one line per
+``what`` and ``where`` every :data:`RETRY_LOG_INTERVAL` seconds; the next line says
+how many it suppressed. Importing this module makes :func:`log_retry` stamina's only
+retry hook, process-wide (stamina's own hook logs a bare ``stamina.retry_scheduled``);
+an application that wants other hooks (say stamina's Prometheus counter) sets them
+after importing equeue with :func:`stamina.instrumentation.set_on_retry_hooks`, and
+keeps :func:`log_retry` in the list to keep these lines.
+
 Raises: the last error once the attempts or the time budget run out; any
 non-transient error at once.
 """
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import attrs
 import stamina
+import stamina.instrumentation
 
 from equeue.config import non_negative
 from equeue.errors import ClientClosed, EQueueError
+from equeue.logs import RateLimitedLog
 
-__all__ = ["DEFAULT_POLICY", "RetryPolicy", "is_transient", "retry_async", "retry_sync"]
+__all__ = [
+    "DEFAULT_POLICY",
+    "RETRY_LOG_INTERVAL",
+    "RetryLog",
+    "RetryPolicy",
+    "is_transient",
+    "log_retry",
+    "retry_async",
+    "retry_sync",
+]
 
 T = TypeVar("T")
+
+log = logging.getLogger("equeue.client.retry")
+
+#: seconds between two retry lines of the same ``what`` and ``where``
+RETRY_LOG_INTERVAL = 10.0
 
 
 def is_transient(exc: Exception) -> bool:
@@ -73,18 +103,60 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-async def retry_async(fn: Callable[[], Awaitable[T]], policy: RetryPolicy = DEFAULT_POLICY) -> T:
-    """Await ``fn()`` until it succeeds, retrying transient errors under ``policy``."""
-    async for attempt in stamina.retry_context(on=is_transient, **policy._kwargs()):  # type: ignore[arg-type]
-        with attempt:
-            return await fn()
-    raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+class RetryLog:
+    """The stamina retry hook: one rate-limited line per scheduled retry (see the
+    module docstring). It reads ``what``, ``where`` and ``attempts`` from the keyword
+    arguments :func:`retry_async` and :func:`retry_sync` pass; a retry scheduled by
+    some other stamina user is logged under its callable's name."""
+
+    def __init__(self, logger: logging.Logger, interval: float, clock: Callable[[], float]) -> None:
+        self.lines = RateLimitedLog(logger, interval, clock)
+
+    def __call__(self, details: stamina.instrumentation.RetryDetails) -> None:
+        what = str(details.kwargs.get("what") or details.name)
+        where = str(details.kwargs.get("where") or "-")
+        attempts = details.kwargs.get("attempts")
+        attempt = f"{details.retry_num}/{attempts}" if attempts else str(details.retry_num)
+        exc = details.caused_by
+        self.lines.log(
+            logging.WARNING, f"{what} {where}", "retry what=%s where=%s attempt=%s wait=%.2fs error=%s: %s",
+            what, where, attempt, details.wait_for, type(exc).__name__, exc,
+        )  # fmt: skip
 
 
-def retry_sync(fn: Callable[[], T], policy: RetryPolicy = DEFAULT_POLICY) -> T:
+#: the hook this module installs (:func:`stamina.instrumentation.set_on_retry_hooks`)
+log_retry = RetryLog(log, RETRY_LOG_INTERVAL, time.monotonic)
+stamina.instrumentation.set_on_retry_hooks([log_retry])
+
+
+def _name(fn: Callable[..., object]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+async def retry_async(
+    fn: Callable[[], Awaitable[T]], policy: RetryPolicy = DEFAULT_POLICY, *, what: str | None = None,
+    where: str | None = None,
+) -> T:  # fmt: skip
+    """Await ``fn()`` until it succeeds, retrying transient errors under ``policy``.
+    ``what`` (default: ``fn``'s name) and ``where`` (an address) name it in the
+    retry log lines."""
+
+    @stamina.retry(on=is_transient, **policy._kwargs())  # type: ignore[arg-type]
+    async def attempt(*, what: str, where: str | None, attempts: int) -> T:
+        return await fn()
+
+    return await attempt(what=what or _name(fn), where=where, attempts=policy.attempts)
+
+
+def retry_sync(
+    fn: Callable[[], T], policy: RetryPolicy = DEFAULT_POLICY, *, what: str | None = None, where: str | None = None
+) -> T:
     """Call ``fn()`` until it succeeds, retrying transient errors under ``policy``
-    (blocking sleeps: for plain threads such as Spark's Python workers)."""
-    for attempt in stamina.retry_context(on=is_transient, **policy._kwargs()):  # type: ignore[arg-type]
-        with attempt:
-            return fn()
-    raise AssertionError("unreachable: stamina re-raises the last error")  # pragma: no cover
+    (blocking sleeps: for plain threads such as Spark's Python workers). ``what``
+    and ``where`` as for :func:`retry_async`."""
+
+    @stamina.retry(on=is_transient, **policy._kwargs())  # type: ignore[arg-type]
+    def attempt(*, what: str, where: str | None, attempts: int) -> T:
+        return fn()
+
+    return attempt(what=what or _name(fn), where=where, attempts=policy.attempts)

@@ -1,4 +1,4 @@
-"""``Client``: the blocking twin of :class:`client.connection.AsyncClient`."""
+"""``Client``: the blocking twin of :class:`equeue.client.connection.AsyncClient`."""
 
 from __future__ import annotations
 

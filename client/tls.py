@@ -1,7 +1,7 @@
 """The client side of TLS: the SSL context of a :class:`~equeue.security.TlsSettings`
 and the meaning of a failed handshake.
 
-Every client builds its context here: :class:`client.AsyncClient` (and so the
+Every client builds its context here: :class:`equeue.client.AsyncClient` (and so the
 producers, the consumers and the CLI) and the Spark reader's blocking puller
 (``spark/puller.py``). The context verifies the broker's certificate against
 ``ca_file`` (or the system's CA store) and its name against ``server_hostname``
@@ -11,7 +11,7 @@ offers ``cert_file``/``key_file`` to a broker that asks for a client certificate
 
 A handshake that fails over a certificate -- on either side -- is a
 :class:`~equeue.errors.TlsError`, not transient, so the retry policy
-(:mod:`client.retry`) does not spin on it; any other failure (the peer vanished
+(:mod:`equeue.client.retry`) does not spin on it; any other failure (the peer vanished
 mid-handshake) stays a transient :class:`~equeue.errors.ConnectionBroken`.
 """
 

@@ -1,6 +1,6 @@
 """Who holds which queue: the queues this member consumes, and handing them back.
 
-:class:`Assignments` is the member's table of :class:`~consumer.process.ProcessQueue`
+:class:`Assignments` is the member's table of :class:`~equeue.consumer.process.ProcessQueue`
 by lease, plus the leases being revoked. It starts a queue (its pull loop), revokes
 one (stop pulling, drop what waits, let the handlers of what was handed out finish,
 commit, and only then release the lease), drops one whose lease was lost (commit

@@ -3,8 +3,8 @@
 Clustering: offsets live on the broker, per group (a commit is refused with
 NOT_QUEUE_OWNER once this member no longer holds the queue: reported as
 :attr:`CommitStatus.LEASE_LOST`). Broadcast: in this member's
-:class:`~consumer.broadcast_store.BroadcastOffsetStore`. What is committed is the
-queue's :meth:`~consumer.offsets.OffsetWindow.committable` offset, only when it moved,
+:class:`~equeue.consumer.broadcast_store.BroadcastOffsetStore`. What is committed is the
+queue's :meth:`~equeue.consumer.offsets.OffsetWindow.committable` offset, only when it moved,
 and one commit of a queue at a time: the broker handles requests concurrently, so a
 periodic commit still on its way could otherwise land after (and undo) the final one
 of a revoke or a close.
@@ -55,7 +55,7 @@ class Committer:
     ) -> None:  # fmt: skip
         #: a heartbeat round, waited for: a commit refused with NOT_QUEUE_OWNER is made
         #: once more after it (the broker may be a new leader that has not seen this
-        #: member yet: :meth:`consumer.rebalance.Coordinator.heartbeat_now`)
+        #: member yet: :meth:`equeue.consumer.rebalance.Coordinator.heartbeat_now`)
         self.regain = regain
         self.client = client
         self.group = group

@@ -1,4 +1,4 @@
-"""``AsyncConsumer``: the consumer core (trio). :class:`consumer.Consumer` forwards to it.
+"""``AsyncConsumer``: the consumer core (trio). :class:`equeue.consumer.Consumer` forwards to it.
 
 This module is the member's lifetime (``async with``) and its public calls; the parts
 live in one module each and get only the collaborators they use::
@@ -10,17 +10,17 @@ live in one module each and get only the collaborators they use::
         ▲                                                              │
         └── flow control (process.ProcessQueue) ◀──── finish ──────────┘──▶ sendback.SendBack
 
-Membership and rebalance (:mod:`consumer.rebalance`), who holds which queue
-(:mod:`consumer.assignments`), one pull loop per owned queue (:mod:`consumer.pull`),
-the ready line (:mod:`consumer.dispatch`), the workers of :meth:`AsyncConsumer.run`
-(:mod:`consumer.workers`) running the handler inline or in threads
-(:mod:`consumer.invoke`), failed messages sent back (:mod:`consumer.sendback`),
-offsets (:mod:`consumer.commit`), counters (:mod:`consumer.stats`).
+Membership and rebalance (:mod:`equeue.consumer.rebalance`), who holds which queue
+(:mod:`equeue.consumer.assignments`), one pull loop per owned queue (:mod:`equeue.consumer.pull`),
+the ready line (:mod:`equeue.consumer.dispatch`), the workers of :meth:`AsyncConsumer.run`
+(:mod:`equeue.consumer.workers`) running the handler inline or in threads
+(:mod:`equeue.consumer.invoke`), failed messages sent back (:mod:`equeue.consumer.sendback`),
+offsets (:mod:`equeue.consumer.commit`), counters (:mod:`equeue.consumer.stats`).
 
-Routing (docs/cluster.md): the member's :class:`client.routing.Router` knows which
+Routing (docs/cluster.md): the member's :class:`equeue.client.routing.Router` knows which
 broker group owns each queue. Heartbeats fan out to every group of the subscribed
-topics (:mod:`consumer.rebalance`); pulls, commits, offset queries, releases and
-send-backs go to the queue's owner (:mod:`consumer.routed`); leaving is announced to
+topics (:mod:`equeue.consumer.rebalance`); pulls, commits, offset queries, releases and
+send-backs go to the queue's owner (:mod:`equeue.consumer.routed`); leaving is announced to
 every group. ``brokers`` may list any brokers of a cluster.
 """
 

@@ -81,7 +81,7 @@ def _reconsume_times(_inst: object, attr: attrs.Attribute[Any], value: object) -
 
 @attrs.frozen(kw_only=True)
 class ConsumerOptions:
-    """Tunables of a consumer (defaults: ARCHITECTURE §6). See docs/consumer.md."""
+    """Tunables of a consumer (defaults: :class:`equeue.config.ConsumerDefaults`). See docs/consumer.md, "Options"."""
 
     mode: ConsumeMode = attrs.field(default=ConsumeMode.CLUSTERING, converter=_mode)
     #: where a group with no committed offset starts: "earliest", "latest" or a datetime

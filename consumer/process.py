@@ -1,7 +1,7 @@
 """Per-queue state of a consumer (EQueue's ``ProcessQueue``) and flow control.
 
 One :class:`ProcessQueue` exists for every queue this member consumes: where its
-pull loop stands, what is outstanding (the :class:`~consumer.offsets.OffsetWindow`,
+pull loop stands, what is outstanding (the :class:`~equeue.consumer.offsets.OffsetWindow`,
 what may be committed), whether it is paused for flow control, and what is in the
 hands of handlers. Leases are ``(topic, queue id)`` tuples; the wire carries them as
 ``"topic/queue"`` strings, converted only at the edge (:func:`lease_name`,
@@ -46,7 +46,7 @@ class ProcessQueue:
         #: the start offset is known (committed offset or start_from resolved)
         self.started = False
         self.last_committed = -1
-        #: one commit of this queue at a time (see :mod:`consumer.commit`)
+        #: one commit of this queue at a time (see :mod:`equeue.consumer.commit`)
         self.commit_lock = trio.Lock()
         self.buffered_bytes = 0
         self.peak_buffered = 0

@@ -2,14 +2,14 @@
 pause while too much is outstanding (flow control), quarantine corrupt records.
 
 One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs for
-one :class:`~consumer.process.ProcessQueue` until the queue is stopped or its lease
+one :class:`~equeue.consumer.process.ProcessQueue` until the queue is stopped or its lease
 is lost (the returned :class:`PullEnd` says which).
 
 Each queue is pulled from the broker group that owns it (its leader): the loop
-resolves the owner's connection once (:meth:`client.routing.Router.client_for`) and
+resolves the owner's connection once (:meth:`equeue.client.routing.Router.client_for`) and
 keeps it until NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE or a broken connection, after
 which it waits for the routes to name another endpoint (a new owner or leader:
-:meth:`client.routing.Router.settle`, backoff at most) and resolves again. A queue
+:meth:`equeue.client.routing.Router.settle`, backoff at most) and resolves again. A queue
 whose group is down or failing over thus waits alone; the other queues' loops go on.
 """
 
@@ -52,7 +52,7 @@ LOG_INTERVAL = 10.0
 
 
 class Requester(Protocol):
-    """The client call a pull makes (:meth:`client.connection.AsyncClient.request`)."""
+    """The client call a pull makes (:meth:`equeue.client.connection.AsyncClient.request`)."""
 
     def request(self, code: int, payload: bytes) -> Awaitable[bytes]: ...
 
@@ -73,7 +73,7 @@ class PullLoop:
 
     client_for: Callable[[str, int], Awaitable[Requester]]
     #: the queue's current endpoint, and the wait after a routing error
-    #: (:meth:`client.routing.Router.endpoint`, :meth:`~client.routing.Router.settle`)
+    #: (:meth:`equeue.client.routing.Router.endpoint`, :meth:`~equeue.client.routing.Router.settle`)
     endpoint: Callable[[str, int], Endpoint]
     settle: Callable[[str, int, Endpoint, float], Awaitable[None]]
     options: ConsumerOptions
@@ -84,16 +84,16 @@ class PullLoop:
     deliver: Callable[[ProcessQueue, list[Message], int], None]
     logs: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(log, LOG_INTERVAL, trio.current_time))
     #: sends a poison record (topic, queue, queue offset) to the group's dead-letter
-    #: topic (:meth:`consumer.sendback.SendBack.dead_letter`); None (broadcast mode):
+    #: topic (:meth:`equeue.consumer.sendback.SendBack.dead_letter`); None (broadcast mode):
     #: a poison record is only skipped
     dead_letter: Callable[[tuple[str, int, int]], Awaitable[SendBackResult]] | None = None
-    #: a heartbeat round now, waited for (:meth:`consumer.rebalance.Coordinator.heartbeat_now`):
+    #: a heartbeat round now, waited for (:meth:`equeue.consumer.rebalance.Coordinator.heartbeat_now`):
     #: after NOT_QUEUE_OWNER the broker may be a group's new leader that has not seen
     #: this member yet; the pull is made once more before the queue counts as lost
     regain: Callable[[], Awaitable[None]] | None = None
     #: a pull answered after a routing error: the lease is confirmed at the queue's
     #: (new) leader, its buffered messages may be handed out again
-    #: (:meth:`consumer.dispatch.Dispatcher.resume`)
+    #: (:meth:`equeue.consumer.dispatch.Dispatcher.resume`)
     resume: Callable[[ProcessQueue], None] | None = None
 
     async def run(self, q: ProcessQueue) -> PullEnd:

@@ -73,7 +73,7 @@ class GroupClient(Protocol):
 
 
 class GroupRouter(Protocol):
-    """What membership needs of the routes (:class:`client.routing.Router`)."""
+    """What membership needs of the routes (:class:`equeue.client.routing.Router`)."""
 
     def refresh(self, topics: Iterable[str] | None = None) -> Awaitable[control.RouteTable]: ...
 
@@ -89,7 +89,7 @@ class GroupRouter(Protocol):
 
 
 class Coordinator:
-    """Keeps one member's queue set (its :class:`~consumer.assignments.Assignments`) in
+    """Keeps one member's queue set (its :class:`~equeue.consumer.assignments.Assignments`) in
     line with its group."""
 
     def __init__(

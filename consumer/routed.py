@@ -2,10 +2,10 @@
 
 :class:`RoutedCalls` has the client methods the consumer's parts use (offsets,
 releases, send-backs, leaving) with the signatures of
-:class:`~client.connection.AsyncClient`, so :class:`~consumer.commit.Committer`,
-:class:`~consumer.assignments.Assignments` and :class:`~consumer.sendback.SendBack`
+:class:`~equeue.client.connection.AsyncClient`, so :class:`~equeue.consumer.commit.Committer`,
+:class:`~equeue.consumer.assignments.Assignments` and :class:`~equeue.consumer.sendback.SendBack`
 take it where they took the client. Each call goes to the queue's owner through
-:meth:`client.routing.Router.call` (refresh and retry on NOT_OWNER,
+:meth:`equeue.client.routing.Router.call` (refresh and retry on NOT_OWNER,
 QUEUE_UNAVAILABLE, a broken connection); a release naming queues of several groups
 is split per group; leaving is announced to every live group. A call for a queue
 whose group the route table shows down fails at once with QueueUnavailable (the

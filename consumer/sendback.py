@@ -2,9 +2,9 @@
 its dead-letter topic (SEND_BACK).
 
 The consumer names where it read the message (topic, queue, queue offset); the
-broker reads it there and writes the copy itself (:mod:`consumer.retry` describes
+broker reads it there and writes the copy itself (:mod:`equeue.consumer.retry` describes
 the copy). The request goes under the clients' one retry policy
-(:mod:`client.retry`: transient errors only, backoff with jitter, bounded). A failing
+(:mod:`equeue.client.retry`: transient errors only, backoff with jitter, bounded). A failing
 message must never block its queue, so every outcome is a :class:`SendBackResult`
 the caller acts on:
 
@@ -161,6 +161,6 @@ class SendBack:
             )
 
         try:
-            return None, await retry_async(once, self.policy)
+            return None, await retry_async(once, self.policy, what=f"consumer.send_back:{self.group}")
         except EQueueError as exc:
             return exc, None

@@ -1,5 +1,5 @@
 """The consumer's counters: one mutable sink the parts write to, and the snapshot
-:meth:`consumer.AsyncConsumer.statistics` returns."""
+:meth:`equeue.consumer.AsyncConsumer.statistics` returns."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``Consumer``: the blocking front of :class:`consumer.core.AsyncConsumer`.
+"""``Consumer``: the blocking front of :class:`equeue.consumer.core.AsyncConsumer`.
 
 All logic lives in the async core, running on a private trio loop in a helper thread
-(:class:`client.syncfront.SyncFront`); this class only forwards. Sync handlers run
+(:class:`equeue.client.syncfront.SyncFront`); this class only forwards. Sync handlers run
 in worker threads of that loop, or inline on the loop thread once they prove fast
 (``handler_threads``, see docs/consumer.md). The iterator form takes messages from
 the loop a batch at a time (one hand-off per batch, sized to the loop body's speed).
@@ -26,7 +26,7 @@ __all__ = ["Consumer"]
 
 class Consumer(SyncFront[AsyncConsumer]):
     """A member of a consumer group (blocking). Same arguments as
-    :class:`~consumer.core.AsyncConsumer`; joins the group on the first
+    :class:`~equeue.consumer.core.AsyncConsumer`; joins the group on the first
     :meth:`run` or iteration. Raises ConfigError for invalid arguments."""
 
     def __init__(self, brokers: str | Sequence[str], group: str, topics: str | Sequence[str], **kwargs: Any) -> None:

@@ -1,7 +1,7 @@
-"""The workers of :meth:`consumer.AsyncConsumer.run`: take a chunk from the
-dispatcher, run the handler on it (:mod:`consumer.invoke`), mark what is done.
+"""The workers of :meth:`equeue.consumer.AsyncConsumer.run`: take a chunk from the
+dispatcher, run the handler on it (:mod:`equeue.consumer.invoke`), mark what is done.
 
-A handler that raises sends its message back (:mod:`consumer.sendback`; broadcast
+A handler that raises sends its message back (:mod:`equeue.consumer.sendback`; broadcast
 mode retries locally instead, orderly mode retries in place first) and the message
 counts as done, so it never blocks committing later offsets.
 """

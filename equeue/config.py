@@ -369,7 +369,7 @@ class BrokerConfig:
     #: dead leader is replaced after about this long (3: failover p99 <= 5 s with
     #: room for an etcd leader election; docs/operations.md, "Cluster")
     cluster_lease_ttl: int = attrs.field(default=3, validator=_lease_ttl)
-    #: replication (docs/cluster.md, part 2): ``all`` acknowledges a write once the
+    #: replication (docs/cluster.md, "Replicas, acks, failover"): ``all`` acknowledges a write once the
     #: leader and every in-sync replica committed it (flush policy applied on each);
     #: ``leader`` once the leader committed it (a leader crash can lose it)
     acks: str = attrs.field(default="all", validator=attrs.validators.in_(("all", "leader")))
@@ -432,7 +432,7 @@ class BrokerConfig:
 
 @attrs.frozen
 class ConsumerDefaults:
-    """ARCHITECTURE §6 defaults for consumers (``consumer.options.ConsumerOptions``
+    """The defaults of consumers (``equeue.consumer.options.ConsumerOptions``
     and the CLI's ``equeue consume`` read them from here)."""
 
     start_from: StartFrom = StartFrom.LATEST

@@ -436,7 +436,7 @@ class GroupStatus:
     topics: dict[str, list[int]]
     #: at least one live broker: its queues are served
     available: bool
-    #: part 2 (replication): the leader's broker id ("" while the group has none),
+    #: replication: the leader's broker id ("" while the group has none),
     #: its epoch, and the in-sync replicas (broker ids, leader included), as etcd has them
     leader: str = ""
     epoch: int = 0

@@ -10,9 +10,9 @@ Key layout (everything under one root, so one prefix watch sees it all)::
     /equeue/topics/<topic>                TopicPlacement  persistent; the one source of truth
                                                           for queue id -> owner group
 
-    /equeue/leaders/<group>               LeaderRecord    under the leader's lease (part 2);
+    /equeue/leaders/<group>               LeaderRecord    under the leader's lease (replicas);
                                                           created by the takeover txn
-    /equeue/isr/<group>                   IsrRecord       persistent (part 2); written by a
+    /equeue/isr/<group>                   IsrRecord       persistent (replicas); written by a
                                                           takeover and by the leader (CAS)
     /equeue/cluster                       ClusterRecord   persistent; created if absent by the
                                                           first broker that finds it missing:
@@ -87,7 +87,7 @@ ROOT = "/equeue/"
 GROUPS_PREFIX = ROOT + "groups/"
 BROKERS_PREFIX = ROOT + "brokers/"
 TOPICS_PREFIX = ROOT + "topics/"
-#: part 2: the leader of each group (under the leader's lease) and its in-sync set
+#: replication: the leader of each group (under the leader's lease) and its in-sync set
 LEADERS_PREFIX = ROOT + "leaders/"
 ISR_PREFIX = ROOT + "isr/"
 #: the cluster's incarnation (one key, not a prefix)
@@ -212,7 +212,7 @@ class BrokerRecord:
 
 @attrs.frozen
 class LeaderRecord:
-    """The leader of ``group`` (part 2), held under the leader's etcd lease: created
+    """The leader of ``group`` (replication), held under the leader's etcd lease: created
     only by create-if-absent, gone when the lease ends. ``epoch`` is bumped at each
     takeover and equals the ISR record's epoch written in the same transaction."""
 
@@ -236,7 +236,7 @@ def _members(
 
 @attrs.frozen
 class IsrRecord:
-    """The in-sync replicas of ``group`` (part 2), persistent (no lease): broker ids,
+    """The in-sync replicas of ``group`` (replication), persistent (no lease): broker ids,
     the leader included. Written by a takeover (epoch + 1) and by the leader of
     ``epoch`` only, in a transaction comparing the record's mod revision. Only a
     member may take over: each member holds every acknowledged write. ``handover``

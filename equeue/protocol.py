@@ -54,7 +54,7 @@ class RequestCode(enum.IntEnum):
     SEND_BACK = 80
     DLQ_LIST = 81
     DLQ_RESEND = 82
-    # replication inside a broker group (docs/cluster.md, part 2): broker to broker,
+    # replication inside a broker group (docs/cluster.md, "Replicas, acks, failover"): broker to broker,
     # except REPLICATION_STATUS and REPLICA_DIGEST, which the CLI sends too
     REPLICA_FETCH = 90
     REPLICA_KEYS = 91

@@ -2,7 +2,7 @@
 
 These are plain values (the core does no I/O: the SSL context is built in
 ``client/``, the SCRAM exchange runs in the client's handshake). Every client takes
-one :class:`ClientSecurity`: the SDK (``security=`` on :class:`client.AsyncClient`,
+one :class:`ClientSecurity`: the SDK (``security=`` on :class:`equeue.client.AsyncClient`,
 the producers and the consumers), the CLI (from the environment) and Spark (from
 its options, see :func:`ClientSecurity.from_options`).
 

@@ -1,15 +1,15 @@
 """equeue producer SDK.
 
-- :mod:`producer.async_producer`: :class:`AsyncProducer` (trio), the submit path;
-- :mod:`producer.sync_producer`: :class:`Producer`, its blocking twin;
-- :mod:`producer.options`: :class:`ProducerOptions` and :class:`OnFull`;
-- :mod:`producer.routes`: queue counts and queue selection;
-- :mod:`producer.buffer`: the bound on buffered bytes;
-- :mod:`producer.stats`: what the sends came to (:class:`SendStats`);
-- :mod:`producer._lane`: the ordered, pipelined, idempotent send path of one queue;
-- :mod:`producer._batch`: batches, due times and :class:`SendHandle`.
+- :mod:`equeue.producer.async_producer`: :class:`AsyncProducer` (trio), the submit path;
+- :mod:`equeue.producer.sync_producer`: :class:`Producer`, its blocking twin;
+- :mod:`equeue.producer.options`: :class:`ProducerOptions` and :class:`OnFull`;
+- :mod:`equeue.producer.routes`: queue counts and queue selection;
+- :mod:`equeue.producer.buffer`: the bound on buffered bytes;
+- :mod:`equeue.producer.stats`: what the sends came to (:class:`SendStats`);
+- :mod:`equeue.producer._lane`: the ordered, pipelined, idempotent send path of one queue;
+- :mod:`equeue.producer._batch`: batches, due times and :class:`SendHandle`.
 
-``AsyncClient`` and ``Client`` are re-exported from :mod:`client`.
+``AsyncClient`` and ``Client`` are re-exported from :mod:`equeue.client`.
 """
 
 if __name__ != "equeue.producer":  # this folder is mapped to equeue.producer; a second name would load it twice

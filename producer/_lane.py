@@ -19,14 +19,14 @@ window drain, then decides per batch in order:
 - other transient errors (connection lost, broker busy or restarting, an
   out-of-order answer that its position does not explain): resent with the same
   id and sequence after the pause of the producer's retry policy
-  (:meth:`client.retry.RetryPolicy.delay`), up to ``retries`` times within
+  (:meth:`equeue.client.retry.RetryPolicy.delay`), up to ``retries`` times within
   ``send_timeout``;
 - NOT_OWNER, NOT_LEADER, QUEUE_UNAVAILABLE (the queue's broker group moved, is
   failing over to another replica, or is down) and a lost connection: the routes are
   refreshed and the batch is resent, keeping its id and sequence, to the queue's owner
   (its group's leader) as the new table says, the moment the table names one
-  (:meth:`client.routing.Router.settle`: the routes are polled meanwhile, at most one
-  refresh per :data:`client.routing.MIN_REFRESH_INTERVAL`; the policy's backoff when
+  (:meth:`equeue.client.routing.Router.settle`: the routes are polled meanwhile, at most one
+  refresh per :data:`equeue.client.routing.MIN_REFRESH_INTERVAL`; the policy's backoff when
   they do not change). Idempotence holds: a queue is owned by one group, whose
   replicas share its producer state, and a refused batch was stored nowhere.
   NOT_OWNER, NOT_LEADER and QUEUE_UNAVAILABLE do not count against ``retries``: they
@@ -55,8 +55,8 @@ its old id and sequence (the broker answers it as a duplicate if it was stored).
 The lane takes only what it uses: the router (the owner's client is resolved per
 lane, not per message: kept until a routing error or an owner change), the options,
 its producer id, the
-:class:`~producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``),
-the :class:`~producer.stats.SendStats` it counts outcomes in, and a callback for a
+:class:`~equeue.producer.buffer.Buffer` (whose lock guards ``open``/``sendq``/``pending``),
+the :class:`~equeue.producer.stats.SendStats` it counts outcomes in, and a callback for a
 queue the broker does not know.
 """
 

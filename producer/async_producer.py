@@ -1,20 +1,20 @@
 """The trio producer, :class:`AsyncProducer`: the submit path and the lifetime.
 
-Routing (:mod:`producer.routes`): a keyed message goes to ``crc32(key) mod
+Routing (:mod:`equeue.producer.routes`): a keyed message goes to ``crc32(key) mod
 queue_count`` (:func:`equeue.routing.queue_for_key`), others round-robin over the
 queues whose broker group is available, or wherever the ``queue_selector`` option
 says. Each queue's batches go to the broker group that owns the queue
-(:class:`client.routing.Router`; standalone: the one broker), so ``brokers`` may
+(:class:`equeue.client.routing.Router`; standalone: the one broker), so ``brokers`` may
 list any brokers of a cluster (``"h1:5800,h2:5800"``).
 
 Batching: messages accumulate per queue for ``linger`` seconds or up to
 ``max_batch_bytes``, then go out as one idempotent produce request; up to
-``max_in_flight`` requests per queue are in flight at once (:mod:`producer._lane`).
+``max_in_flight`` requests per queue are in flight at once (:mod:`equeue.producer._lane`).
 ``send`` seals its batch at once and waits for the answer; ``send_async`` returns a
-:class:`~producer._batch.SendHandle`. At most ``max_buffered_bytes`` of
-unacknowledged entries are held (:mod:`producer.buffer`): beyond that
+:class:`~equeue.producer._batch.SendHandle`. At most ``max_buffered_bytes`` of
+unacknowledged entries are held (:mod:`equeue.producer.buffer`): beyond that
 ``send_async`` waits (or raises BufferFull with ``on_full="raise"``). Options:
-:class:`~producer.options.ProducerOptions`.
+:class:`~equeue.producer.options.ProducerOptions`.
 """
 
 from __future__ import annotations

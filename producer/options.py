@@ -1,7 +1,7 @@
 """Producer options: everything tunable, validated once at construction.
 
-:class:`ProducerOptions` is what :class:`~producer.AsyncProducer` and
-:class:`~producer.Producer` run with; their keyword arguments build one. Every
+:class:`ProducerOptions` is what :class:`~equeue.producer.AsyncProducer` and
+:class:`~equeue.producer.Producer` run with; their keyword arguments build one. Every
 invalid value raises :class:`~equeue.errors.ConfigError` here, before anything
 connects. The CLI takes its defaults from this class.
 """

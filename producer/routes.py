@@ -4,7 +4,7 @@ Selection (:meth:`Route.select`): a keyed message goes to
 :func:`equeue.routing.queue_for_key` (``crc32(key) mod queue_count``), others
 round-robin (:class:`equeue.routing.RoundRobin`) over the queues whose broker group
 is available (all of them standalone), unless a ``queue_selector`` option decides.
-Routes come from the producer's :class:`client.routing.Router`: fetched on first use
+Routes come from the producer's :class:`equeue.client.routing.Router`: fetched on first use
 (with the retry policy, within ``send_timeout``), refreshed with owners every
 ``route_refresh`` seconds by the router, and at once when a broker answers
 QueueNotFound (:meth:`Routes.invalidate`) or NOT_OWNER / QUEUE_UNAVAILABLE (the lanes).
@@ -100,7 +100,8 @@ class Routes:
         opts = self.options
         with trio.move_on_after(opts.send_timeout) as cs:
             t = await retry_async(
-                lambda: self.router.route(topic, auto_create=opts.auto_create), opts.retry_policy
+                lambda: self.router.route(topic, auto_create=opts.auto_create), opts.retry_policy,
+                what=f"producer.route:{topic}", where=",".join(self.router.seeds),
             )
         if cs.cancelled_caught:
             raise OperationTimeout(

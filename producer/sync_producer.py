@@ -1,6 +1,6 @@
 """The blocking producer, :class:`Producer`: forwards to an
-:class:`~producer.async_producer.AsyncProducer` running on a private trio loop in a
-helper thread (:mod:`client.syncfront`); the logic exists once, in the async class.
+:class:`~equeue.producer.async_producer.AsyncProducer` running on a private trio loop in a
+helper thread (:mod:`equeue.client.syncfront`); the logic exists once, in the async class.
 """
 
 from __future__ import annotations

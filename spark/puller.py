@@ -7,11 +7,11 @@ hand-off between threads, and the next pull is already on the wire while the cur
 answer is being turned into Arrow columns (``depth`` pulls in flight).
 
 With TLS settings (``security.tls``, from the source's options) the socket is
-wrapped with the context of :mod:`client.tls`; a certificate problem is a
+wrapped with the context of :mod:`equeue.client.tls`; a certificate problem is a
 :class:`~equeue.errors.TlsError`, which the retry policy does not retry.
 
 Pulls are reads, so a broken connection is simply reopened and the pulls still
-outstanding are sent again, under the clients' one retry policy (:mod:`client.retry`:
+outstanding are sent again, under the clients' one retry policy (:mod:`equeue.client.retry`:
 backoff with jitter between attempts, bounded by :data:`POLICY`). Errors the broker
 answers are raised as the mapped :class:`~equeue.errors.EQueueError`.
 """
@@ -66,6 +66,7 @@ class Puller:
 
     def __init__(self, brokers: str, policy: RetryPolicy = POLICY, security: ClientSecurity | None = None) -> None:
         self.addresses = parse_brokers(brokers)
+        self._where = ",".join(f"{host}:{port}" for host, port in self.addresses)  # for the retry log
         self.policy = policy
         #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment)
         self.security = ClientSecurity.from_env() if security is None else security
@@ -120,7 +121,7 @@ class Puller:
         raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
     def _authenticate(self, sock: socket.socket, codec: Connection, ack: HelloAck, address: str) -> None:
-        """The SCRAM exchange when the broker asks for one (client.handshake); an
+        """The SCRAM exchange when the broker asks for one (equeue.client.handshake); an
         AuthenticationError is not retried."""
         exchange = ClientScram(address, self.security.credentials)
         request = exchange.begin(ack)
@@ -189,7 +190,7 @@ class Puller:
                 raise
 
         try:
-            retry_sync(send, self.policy)
+            retry_sync(send, self.policy, what="spark.pull.send", where=self._where)
         except ConnectionBroken:
             self._queue.pop()
             raise
@@ -210,7 +211,7 @@ class Puller:
                 raise
 
         try:
-            res = retry_sync(receive, self.policy)
+            res = retry_sync(receive, self.policy, what="spark.pull.receive", where=self._where)
         except ConnectionBroken:
             self._queue.clear()
             raise

@@ -6,7 +6,7 @@ Exactly-once publishing without a broker transaction: every Spark task writes as
     producer_id = blake2b("<query id>/<batch id>/<partition id>", 16 bytes)   (streaming)
     producer_id = blake2b("<write id>/<partition id>", 16 bytes)              (batch write)
 
-Rows are published through the producer core (:class:`producer.Producer`: its
+Rows are published through the producer core (:class:`equeue.producer.Producer`: its
 routing, sequence numbers, idempotence and retry policy), configured by
 :func:`sink_options` so that a replay sends the very same requests: rows are
 handed to the producer in row order and the producer is flushed every

@@ -21,7 +21,7 @@ meets NOT_LEADER, NOT_OWNER, QUEUE_UNAVAILABLE or a broken connection reads the
 routes again from ``brokers`` and goes on at the group's new leader from the first
 offset it has not yielded yet (no row skipped or repeated), for at most
 ``failoverTimeout`` seconds; the driver's bound and route reads wait out a failover
-the same way (:func:`spark.common.retry_routing`).
+the same way (:func:`equeue.spark.common.retry_routing`).
 """
 
 from __future__ import annotations

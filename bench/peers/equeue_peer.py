@@ -1,4 +1,4 @@
-"""equeue adapter for the shared peer-broker harness (``../shared/bench-peers``).
+"""equeue adapter for the peer-broker harness that ``make bench-peers`` runs.
 
 The harness imports this file (``make_server``, ``server_settings``, versions) and runs
 its client roles as separate processes::

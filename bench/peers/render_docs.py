@@ -1,7 +1,7 @@
 """Render the peer-harness results into docs/benchmarks.md.
 
-Reads ``<results>/raw/*.jsonl`` (written by ``../shared/bench-peers/run_all.sh``, see
-``make bench-peers``) and replaces the section headed
+Reads ``<results>/raw/*.jsonl`` (written by the peer-broker harness that
+``make bench-peers`` runs) and replaces the section headed
 ``## Side by side with Redis Streams and NATS JetStream`` of docs/benchmarks.md (or
 appends it); every other section is left as is.
 

@@ -15,7 +15,7 @@ so exactly one contender wins, and only an ISR member can (no unclean election).
 campaign reacts to the watch's delete event at once (no polling): a leader's death
 costs its lease expiry plus one transaction.
 
-**Fencing.** The leader's lease is renewed by :class:`~broker.cluster.membership.Membership`;
+**Fencing.** The leader's lease is renewed by :class:`~equeue.broker.cluster.membership.Membership`;
 :meth:`GroupElection.fenced` is true once no renewal sent in the last ``ttl * 2/3``
 seconds succeeded (on the membership's clock, CLOCK_BOOTTIME: suspended time counts)
 and another broker might take over after the lease expires: a member of the ISR etcd

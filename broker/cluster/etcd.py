@@ -4,8 +4,8 @@ Why this and not a library: the gRPC clients do not fit (``etcd3`` fails to impo
 with protobuf >= 4, ``aetcd`` is asyncio-only); the gateway is served on every etcd
 client URL and needs nothing but HTTP/1.1 + JSON. Only brokers talk to etcd.
 
-What the gateway speaks (etcd 3.4, checked on this machine, see
-/work/shared/design/CLUSTER_NOTES.md): every call is a ``POST /v3/...`` with a JSON
+What the gateway speaks (etcd 3.4; tests/cluster/test_etcd.py runs it against a real etcd):
+every call is a ``POST /v3/...`` with a JSON
 body; keys and values are base64; 64-bit numbers come back as strings; a field at its
 zero value (0, false, empty) is left out of the answer. Errors come as a non-200
 answer ``{"error": ..., "code": <gRPC code>, "message": ...}``.
@@ -16,9 +16,9 @@ Failure handling, in one place:
   (failover), each attempt bounded by ``request_timeout`` through a trio cancel scope.
 * A round in which no endpoint answered is retried twice after a short jittered
   back-off; then :class:`EtcdUnavailable` (a ``ClusterUnavailable``). Not with
-  stamina: it logs a warning for every retry through a process-wide hook, which
-  would flood a broker's log while etcd is down; callers (membership, the view)
-  log their outages once instead.
+  stamina (``client/retry.py``): which writes may be retried depends on how the
+  attempt failed (next point), and a retry here logs nothing: the callers
+  (membership, the view) log an outage once instead of once per call.
 * A write that is not idempotent (``create``, ``replace``, ``delete_if``, ``grant``)
   is retried only when it surely never reached etcd (the connection was refused);
   when it may have been applied (a timeout after sending) :class:`EtcdUnavailable`

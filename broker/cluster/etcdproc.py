@@ -1,7 +1,7 @@
 """A single-member etcd in a child process, on free loopback ports.
 
 For tests, ``make cluster`` and benchmarks: never the system etcd service or its
-ports 2379/2380. Like :class:`broker.process.BrokerProcess`: ``with EtcdProcess() as
+ports 2379/2380. Like :class:`equeue.broker.process.BrokerProcess`: ``with EtcdProcess() as
 e: e.endpoint``; it can be stopped, killed, frozen (SIGSTOP) and started again on
 the same ports and data directory (restart tests).
 """

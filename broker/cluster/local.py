@@ -3,9 +3,9 @@
     python -m equeue.broker.cluster.local [--groups 2] [--replicas 3] [--base-port 5800]
         [--data-dir DIR] [--etcd-port 0] [--log-level warning]
 
-Starts one etcd (:class:`broker.cluster.etcdproc.EtcdProcess`, on free loopback ports
+Starts one etcd (:class:`equeue.broker.cluster.etcdproc.EtcdProcess`, on free loopback ports
 unless ``--etcd-port`` is given, never 2379/2380) and ``--groups`` broker groups
-``g1..gN`` of ``--replicas`` brokers each (:class:`broker.process.BrokerProcess`
+``g1..gN`` of ``--replicas`` brokers each (:class:`equeue.broker.process.BrokerProcess`
 started with ``--cluster <etcd> --broker-group gN``), on consecutive ports from
 ``base-port`` (g1's replicas first; ``--base-port 0``: any free ports). Each group's
 first replica starts first, so it leads (epoch 1); the others follow it. It prints

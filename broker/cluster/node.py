@@ -1,11 +1,11 @@
 """The broker's cluster role (docs/cluster.md): one object, one ``async with`` lifetime.
 
 :class:`ClusterNode` owns the broker's etcd client, its registration
-(:class:`~broker.cluster.membership.Membership`), the watched view
-(:class:`~broker.cluster.view.ClusterView`), the placement writes
-(:class:`~broker.cluster.placements.Placements`), the group's election
-(:class:`~broker.cluster.election.GroupElection`) and the materializer. The handlers
-see it through :class:`broker.handlers.base.ClusterRole`:
+(:class:`~equeue.broker.cluster.membership.Membership`), the watched view
+(:class:`~equeue.broker.cluster.view.ClusterView`), the placement writes
+(:class:`~equeue.broker.cluster.placements.Placements`), the group's election
+(:class:`~equeue.broker.cluster.election.GroupElection`) and the materializer. The handlers
+see it through :class:`equeue.broker.handlers.base.ClusterRole`:
 
 * **Ownership.** ``owned`` maps every topic the broker knows from etcd to the queue
   ids its group owns; the produce hot path reads it with one dict lookup. A request
@@ -27,8 +27,8 @@ see it through :class:`broker.handlers.base.ClusterRole`:
 * **Topic administration.** Create, alter, delete and auto-create write etcd
   (Placements), then wait until the local store follows, then answer; etcd
   unreachable is CLUSTER_UNAVAILABLE.
-* **Replicas and leadership (part 2).** Every broker of a group is a replica; the
-  group's :class:`~broker.cluster.election.GroupElection` (``node.election``, built
+* **Replicas and leadership.** Every broker of a group is a replica; the
+  group's :class:`~equeue.broker.cluster.election.GroupElection` (``node.election``, built
   in :meth:`ClusterNode.serving` with the caller's ``eligible``) says which one leads.
   Only the leader writes its store on its own: :meth:`ClusterNode.run_leader_duties`
   (the materializer) runs while it leads; every broker keeps the placements and

@@ -6,7 +6,7 @@ topic, a compare-and-swap on the record's mod_revision for a change (re-read and
 retried when another broker changed it first, a bounded number of times), so two
 brokers altering one topic at once never lose a queue. The rules (spread, grow)
 are :mod:`equeue.placement`'s; the live groups and the load come from the
-:class:`~broker.cluster.view.ClusterView`.
+:class:`~equeue.broker.cluster.view.ClusterView`.
 """
 
 from __future__ import annotations

@@ -70,8 +70,8 @@ class GroupState:
     def addresses(self) -> list[str]:
         """Where clients send this group's requests: ``[the leader's address]``, or
         ``[]`` while it has none. A group that never held an election (no leader
-        nor ISR record) with exactly one broker gives that broker (part 1's
-        single-broker groups; a group's first broker bootstraps its election)."""
+        nor ISR record) with exactly one broker gives that broker (a group of
+        one broker without replicas; a group's first broker bootstraps its election)."""
         if self.leader is not None:
             return [self.leader.address]
         if self.isr is None and len(self.brokers) == 1:

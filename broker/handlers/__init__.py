@@ -3,7 +3,7 @@ grouped by request family, one module each (produce, pull, topics, offsets,
 membership, lookup, dead letters).
 
 Each handler takes the request payload (control requests: the decoded model) and a
-:class:`~broker.handlers.base.RequestContext`, and returns the response payload as
+:class:`~equeue.broker.handlers.base.RequestContext`, and returns the response payload as
 a list of byte pieces; raising an :class:`~equeue.errors.EQueueError` answers with
 its code. Expected outcomes of a pull (no new message, offset too small...) are
 statuses. Each family receives the collaborators it uses and nothing else.
@@ -12,7 +12,7 @@ Authorization is central: with authentication on, :meth:`Handlers.dispatch` chec
 every request against :data:`equeue.acl.REQUEST_RULES` before its handler runs
 (the produce hot path, which the connection calls directly, checks in
 ``ProduceHandler.prepare``); listings are filtered to what the user may describe;
-admin actions are written to the audit log (:func:`broker.auth.audit`).
+admin actions are written to the audit log (:func:`equeue.broker.auth.audit`).
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ class RequestContext:
 
     ``notify`` pushes GROUP_CHANGED to the connection (heartbeats register it).
     ``output`` is where the writer thread may write this request's answer itself
-    (parked pulls, :mod:`broker.thread_answer`); None: answers go through the caller.
-    ``session`` says who sent it (:class:`broker.handshake.Session`: the user, the
+    (parked pulls, :mod:`equeue.broker.thread_answer`); None: answers go through the caller.
+    ``session`` says who sent it (:class:`equeue.broker.handshake.Session`: the user, the
     peer); None, or a session without a user: the broker does not authenticate.
     """
 
@@ -134,7 +134,7 @@ MayCreate = Callable[[str, str], None]
 
 
 class ClusterRole(Protocol):
-    """What handlers use of the broker's cluster role (:class:`broker.cluster.node.ClusterNode`);
+    """What handlers use of the broker's cluster role (:class:`equeue.broker.cluster.node.ClusterNode`);
     None in a standalone broker. Topic changes go through etcd; queue-level requests
     are checked against the placement (docs/cluster.md, "Routing")."""
 
@@ -172,7 +172,7 @@ class ClusterRole(Protocol):
 
 class ReplicaGate(Protocol):
     """What handlers use of the broker's replica role
-    (:class:`broker.replication.role.ReplicaRole`); None in a standalone broker."""
+    (:class:`equeue.broker.replication.role.ReplicaRole`); None in a standalone broker."""
 
     def check_serving(self) -> None:
         """Raises NotLeader unless this broker leads its group now (and is not fenced)."""

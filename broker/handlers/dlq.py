@@ -1,10 +1,10 @@
 """Retry and dead letters: SEND_BACK, DLQ_LIST, DLQ_RESEND.
 
 SEND_BACK moves a failed message's copy to the group's retry topic (delayed, the
-delay ladder of ARCHITECTURE §6) or, past the consumer's maximum, to its
+delay ladder of docs/consumer.md, "Retry and dead letters") or, past the consumer's maximum, to its
 dead-letter topic: the broker reads the message itself, so the consumer sends only
 where it read it. DLQ_LIST answers one page of dead letters; DLQ_RESEND resends
-letters at most once each (:mod:`broker.storage.deadletters`).
+letters at most once each (:mod:`equeue.broker.storage.deadletters`).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ class PullHandler:
 
         With a ``ctx.output`` (and a request id), the appender's writer thread may
         answer the parked pull itself right after the commit that fed it
-        (:mod:`broker.thread_answer`); then this returns None and the caller sends
+        (:mod:`equeue.broker.thread_answer`); then this returns None and the caller sends
         nothing.
         """
         req = wire.PullRequest.decode(payload)

@@ -1,4 +1,4 @@
-"""Replication requests (docs/cluster.md part 2; layouts in docs/protocol.md):
+"""Replication requests (docs/cluster.md, "Replicas, acks, failover"; layouts in docs/protocol.md):
 REPLICA_FETCH, REPLICA_KEYS and REPLICA_SNAPSHOT (binary, a follower asks its
 leader), REPLICA_DIGEST and REPLICATION_STATUS (JSON, any replica answers).
 
@@ -57,7 +57,7 @@ _REPLICATED = frozenset(REPLICATED_DATABASES)
 
 
 class ReplicaStore(Protocol):
-    """What the handlers read of the store (:class:`broker.storage.Store`)."""
+    """What the handlers read of the store (:class:`equeue.broker.storage.Store`)."""
 
     def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]: ...
     def snapshot_chunk(
@@ -69,7 +69,7 @@ class ReplicaStore(Protocol):
 
 
 class LeaderSide(Protocol):
-    """What the handlers use of the leader's log (:class:`broker.replication.leader.LeaderLog`)."""
+    """What the handlers use of the leader's log (:class:`equeue.broker.replication.leader.LeaderLog`)."""
 
     async def fetch(self, req: FetchRequest) -> FetchAnswer: ...
     def pin(self, broker_id: str, position: int) -> None: ...
@@ -78,7 +78,7 @@ class LeaderSide(Protocol):
 class Identify(Protocol):
     """``identify(broker_id, proof, peer)`` raises NotAReplica unless ``broker_id`` is
     a registered replica of this group whose registration ``proof`` matches
-    (:meth:`broker.cluster.node.ClusterNode.check_replica`)."""
+    (:meth:`equeue.broker.cluster.node.ClusterNode.check_replica`)."""
 
     def __call__(self, broker_id: str, proof: bytes, peer: str = "?", /) -> None: ...
 
@@ -90,14 +90,14 @@ def no_replicas(broker_id: str, proof: bytes, peer: str = "?") -> None:
 
 class Recover(Protocol):
     """``recover(req)``: write the group's ISR record as the operator asked
-    (:meth:`broker.cluster.node.ClusterNode.recover`); raises BadRequest when it may not."""
+    (:meth:`equeue.broker.cluster.node.ClusterNode.recover`); raises BadRequest when it may not."""
 
     async def __call__(self, req: control.ClusterRecover, /) -> None: ...
 
 
 class HandOver(Protocol):
     """``hand_over(to)``: hand this leader's group to the in-sync follower ``to``
-    (:meth:`broker.replication.role.ReplicaRole.hand_over`); returns the target."""
+    (:meth:`equeue.broker.replication.role.ReplicaRole.hand_over`); returns the target."""
 
     async def __call__(self, to: str = "", /) -> str: ...
 

@@ -1,2 +1,2 @@
-"""Replication inside a broker group (docs/cluster.md, part 2): the leader's log
+"""Replication inside a broker group (docs/cluster.md, "Replicas, acks, failover"): the leader's log
 service, the follower, and the role that switches between them."""

@@ -1,7 +1,7 @@
-"""The follower side of replication (docs/cluster.md, part 2, "Following").
+"""The follower side of replication (docs/cluster.md, "Following").
 
 A :class:`Follower` copies its group leader's replication log into the local store
-over one client connection (:class:`client.AsyncClient`, frames up to
+over one client connection (:class:`equeue.client.AsyncClient`, frames up to
 :data:`~equeue.wire.replica.REPLICA_MAX_FRAME`):
 
 - REPLICA_FETCH long-polls from the store's end; the entries are applied in one
@@ -17,7 +17,7 @@ over one client connection (:class:`client.AsyncClient`, frames up to
   and copied chunk by chunk (REPLICA_SNAPSHOT) over every replicated database, then
   followed from the first chunk's position.
 
-The role (:mod:`broker.replication.role`) runs :meth:`Follower.follow` while the
+The role (:mod:`equeue.broker.replication.role`) runs :meth:`Follower.follow` while the
 election names another broker leader, and cancels it when that changes.
 :meth:`~Follower.follow` raises NotLeader or StaleEpoch once the peer is not the
 leader of the epoch followed (the role then waits for the election); it keeps the

@@ -1,8 +1,8 @@
-"""The leader's side of replication (docs/cluster.md, part 2): followers, the in-sync
+"""The leader's side of replication (docs/cluster.md, "Replicas, acks, failover"): followers, the in-sync
 set, the high watermark, held acknowledgements, log trimming.
 
 :class:`LeaderLog` lives while this broker leads its group at one epoch (built by
-:class:`broker.replication.role.ReplicaRole` after the epoch marker is written).
+:class:`equeue.broker.replication.role.ReplicaRole` after the epoch marker is written).
 
 * **Followers.** Each REPLICA_FETCH (:meth:`LeaderLog.fetch`) names the follower's
   position: its acknowledgement (every entry below it is durable there). The leader
@@ -80,7 +80,7 @@ PIN_KEEP = 60.0
 
 
 class LeaderStore(Protocol):
-    """What the leader uses of :class:`broker.storage.Store` (replicated)."""
+    """What the leader uses of :class:`equeue.broker.storage.Store` (replicated)."""
 
     @property
     def position(self) -> int: ...
@@ -96,7 +96,7 @@ class LeaderStore(Protocol):
 
 
 class LeaderState(Protocol):
-    """The group's leadership as etcd has it (:class:`broker.cluster.election.Leadership`)."""
+    """The group's leadership as etcd has it (:class:`equeue.broker.cluster.election.Leadership`)."""
 
     @property
     def epoch(self) -> int: ...
@@ -105,7 +105,7 @@ class LeaderState(Protocol):
 
 
 class LeaderElection(Protocol):
-    """What the leader uses of :class:`broker.cluster.election.GroupElection`."""
+    """What the leader uses of :class:`equeue.broker.cluster.election.GroupElection`."""
 
     @property
     def state(self) -> LeaderState: ...
@@ -120,7 +120,7 @@ class WriterCall(Protocol):
 
 
 class Answers(Protocol):
-    """How held ops are answered (:class:`broker.appender.Appender`)."""
+    """How held ops are answered (:class:`equeue.broker.appender.Appender`)."""
 
     def release(self, batch: Sequence[Any], results: Sequence[outcome.Outcome[Any]]) -> None: ...
     def fail(self, batch: Sequence[Any], exc: BaseException) -> None: ...

@@ -1,7 +1,7 @@
-"""The replica's role state machine (docs/cluster.md, part 2): leader or follower,
+"""The replica's role state machine (docs/cluster.md, "Replicas, acks, failover"): leader or follower,
 driven by the group's election (``election.state`` / ``election.changed``).
 
-:class:`ReplicaRole` is owned by the :class:`~broker.server.Broker` of a cluster,
+:class:`ReplicaRole` is owned by the :class:`~equeue.broker.server.Broker` of a cluster,
 ``async with`` around the time it serves, inside the cluster node's lifetime.
 
 * **Becoming leader** (this broker holds the leader key at ``state.epoch`` and is not
@@ -22,7 +22,7 @@ driven by the group's election (``election.state`` / ``election.changed``).
   are answered NOT_LEADER, consumer leases are dropped; the leader duties are
   cancelled; then follow the new leader (a fenced leader that still holds its key
   waits: it serves again once its lease renews, without a new marker).
-* **Following**: ``follow(address, epoch)`` (:class:`broker.replication.follower.Follower`)
+* **Following**: ``follow(address, epoch)`` (:class:`equeue.broker.replication.follower.Follower`)
   until it returns (the peer no longer leads that epoch) or the state changes; while
   following, the election is nudged when the store becomes eligible
   (:func:`eligible`: it reached ``consistent_at``).
@@ -78,7 +78,7 @@ START_TIMEOUT = 10.0
 
 
 class RoleStore(LeaderStore, Protocol):
-    """What the role uses of :class:`broker.storage.Store` (replicated)."""
+    """What the role uses of :class:`equeue.broker.storage.Store` (replicated)."""
 
     @property
     def epoch(self) -> int: ...
@@ -100,7 +100,7 @@ class RoleState(LeaderState, Protocol):
 
 
 class RoleElection(LeaderElection, Protocol):
-    """What the role uses of :class:`broker.cluster.election.GroupElection`."""
+    """What the role uses of :class:`equeue.broker.cluster.election.GroupElection`."""
 
     @property
     def state(self) -> RoleState: ...
@@ -114,7 +114,7 @@ class RoleElection(LeaderElection, Protocol):
 
 
 class Following(Protocol):
-    """What the role uses of :class:`broker.replication.follower.Follower`."""
+    """What the role uses of :class:`equeue.broker.replication.follower.Follower`."""
 
     position: int
     high_watermark: int

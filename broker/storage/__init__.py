@@ -3,21 +3,21 @@ environment.
 
 Where each concept lives:
 
-- :mod:`~broker.storage.layout`: the named databases, their keys and values;
-- :mod:`~broker.storage.view`: the immutable committed state readers see;
-- :mod:`~broker.storage.store`: open, recover, write (one transaction), publish;
-- :mod:`~broker.storage.reader`: pulls, lookups, the committed state;
-- :mod:`~broker.storage.writes`: the frame of a write op (context, outcome);
-- one module per family of write op: :mod:`~broker.storage.produce` (append,
-  producer dedup), :mod:`~broker.storage.topics`, :mod:`~broker.storage.offsets`,
-  :mod:`~broker.storage.schedule` (delayed messages),
-  :mod:`~broker.storage.retention`, :mod:`~broker.storage.producers` (producer-state
-  expiry), :mod:`~broker.storage.deadletters` (resend each dead letter once),
-  :mod:`~broker.storage.skips` (an operator's skip past a corrupt record);
-- :mod:`~broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
-- the replication log of a replicated store: :mod:`~broker.storage.recorder` (each
+- :mod:`~equeue.broker.storage.layout`: the named databases, their keys and values;
+- :mod:`~equeue.broker.storage.view`: the immutable committed state readers see;
+- :mod:`~equeue.broker.storage.store`: open, recover, write (one transaction), publish;
+- :mod:`~equeue.broker.storage.reader`: pulls, lookups, the committed state;
+- :mod:`~equeue.broker.storage.writes`: the frame of a write op (context, outcome);
+- one module per family of write op: :mod:`~equeue.broker.storage.produce` (append,
+  producer dedup), :mod:`~equeue.broker.storage.topics`, :mod:`~equeue.broker.storage.offsets`,
+  :mod:`~equeue.broker.storage.schedule` (delayed messages),
+  :mod:`~equeue.broker.storage.retention`, :mod:`~equeue.broker.storage.producers` (producer-state
+  expiry), :mod:`~equeue.broker.storage.deadletters` (resend each dead letter once),
+  :mod:`~equeue.broker.storage.skips` (an operator's skip past a corrupt record);
+- :mod:`~equeue.broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
+- the replication log of a replicated store: :mod:`~equeue.broker.storage.recorder` (each
   transaction's physical changes, recorded as the ops make them) and
-  :mod:`~broker.storage.replication` (the log databases, their state, reading,
+  :mod:`~equeue.broker.storage.replication` (the log databases, their state, reading,
   applying, truncating, snapshots, digests).
 
 docs/storage.md describes the layout, the write path and the thread contract.

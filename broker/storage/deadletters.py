@@ -1,7 +1,7 @@
 """Write operations for dead letters: resend a group's letters exactly once.
 
 A resent letter is recorded in the store's ``meta`` database under
-:func:`~broker.storage.layout.dlq_resent_key` (value: u64 ms of the resend), written in
+:func:`~equeue.broker.storage.layout.dlq_resent_key` (value: u64 ms of the resend), written in
 the same transaction as the resend itself (:class:`ResendOp`), so a second resend
 of the same letter -- a rerun of ``equeue dlq resend --all``, or two running at
 once -- finds the record and writes nothing. Records of letters retention has removed

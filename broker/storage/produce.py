@@ -3,7 +3,7 @@ delayed entries to the schedule) and idempotent producers' dedup state.
 
 An idempotent producer (``producer_id`` set) numbers its batches per queue; the
 ``producers`` database keeps, per (producer, topic, queue), the last sequence seen
-and the answers of the last :data:`~broker.storage.layout.PRODUCER_RING` batches,
+and the answers of the last :data:`~equeue.broker.storage.layout.PRODUCER_RING` batches,
 so a resent batch gets its original answer instead of being stored twice.
 """
 

@@ -1,6 +1,6 @@
 """Recording a write transaction's physical changes, for the replication log.
 
-On a replicated store, :class:`~broker.storage.writes.WriteContext` hands its ops a
+On a replicated store, :class:`~equeue.broker.storage.writes.WriteContext` hands its ops a
 :class:`RecordingTxn` instead of the LMDB transaction (and :class:`RecordingCursor`
 instead of its cursors). Each wrapper forwards to LMDB and appends every change that
 took effect (put, putmulti, replace, delete, pop, a cursor's delete) to one
@@ -181,7 +181,7 @@ class RecordingTxn:
     """An LMDB write transaction whose writes are recorded (reads pass through).
 
     ``indexes`` maps each replicated database handle to its index in
-    :data:`~broker.storage.layout.DATABASES`; a write to any other database raises
+    :data:`~equeue.broker.storage.layout.DATABASES`; a write to any other database raises
     ValueError (the op fails, nothing of it commits)."""
 
     __slots__ = ("_idx", "_rec", "_txn")

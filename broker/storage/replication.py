@@ -7,7 +7,7 @@ from 0; :mod:`equeue.wire.replog` encodes it); ``repl_epochs`` the first positio
 of each leader epoch (KIP-101's leader-epoch cache); ``repl_state`` the first
 position still kept (``log_start``), ``consistent_at`` and the bytes of the entries
 kept (``log_bytes``, so a leader's trim by size never walks the log). Every writing method here
-takes the open LMDB transaction of its caller (:class:`~broker.storage.store.Store`,
+takes the open LMDB transaction of its caller (:class:`~equeue.broker.storage.store.Store`,
 which opens and commits it) and returns the :class:`LogState` to install once that
 transaction committed, so the state readers see never runs ahead of LMDB.
 """

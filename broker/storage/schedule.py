@@ -1,5 +1,5 @@
 """Delayed delivery, store side: :class:`MoveDueOp` moves due messages from the
-``schedule`` database into their queues (:class:`~broker.storage.produce.ProduceOp`
+``schedule`` database into their queues (:class:`~equeue.broker.storage.produce.ProduceOp`
 schedules them, through :meth:`WriteContext.schedule_put`)."""
 
 from __future__ import annotations

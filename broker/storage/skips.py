@@ -2,7 +2,7 @@
 (``equeue message skip``, the SKIP_MESSAGE request).
 
 The op writes a marker (``meta`` "skip/" topic | queue | offset, see
-:mod:`~broker.storage.layout`) and stages the offset in the view's ``skipped``
+:mod:`~equeue.broker.storage.layout`) and stages the offset in the view's ``skipped``
 map; pulls step over skipped offsets and lookups answer MESSAGE_NOT_FOUND for
 them. The record itself is kept (for ``mdb_dump`` / forensics); retention removes
 it with its neighbours. A skip is never undone by the broker.

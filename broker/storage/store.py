@@ -1,7 +1,7 @@
 """The store: open the LMDB environment, recover the committed state, run write
 transactions and publish what they changed.
 
-Writes: :meth:`Store.write` runs a list of :class:`~broker.storage.writes.WriteOp`
+Writes: :meth:`Store.write` runs a list of :class:`~equeue.broker.storage.writes.WriteOp`
 in ONE write transaction (group commit), opened and committed inside that one
 synchronous call, and must be called from one thread at a time (the appender's
 writer thread). Each op checks its preconditions before it writes anything and may
@@ -10,14 +10,14 @@ after writes began (map full, disk full, I/O) aborts the whole transaction and
 fails every op in it -- nothing is half-written.
 
 Publishing: after the commit, the writer builds a new immutable
-:class:`~broker.storage.view.StoreView` and swaps it in with one assignment
+:class:`~equeue.broker.storage.view.StoreView` and swaps it in with one assignment
 (``self.view = ...``); readers never see an uncommitted message or a half-applied
 transaction. The writer touches only LMDB and the view it publishes.
 
 Replicated (``Store(..., replicated=True)``): every committed transaction also
 writes one replication log entry, its physical changes, in the same LMDB
-transaction (:mod:`broker.storage.recorder` records them,
-:mod:`broker.storage.replication` keeps the log). The store then keeps two views:
+transaction (:mod:`equeue.broker.storage.recorder` records them,
+:mod:`equeue.broker.storage.replication` keeps the log). The store then keeps two views:
 :attr:`Store.head`, the last commit (what the next transaction starts from), and
 :attr:`Store.view`, what readers see, advanced only by :meth:`Store.publish_upto`
 (the high watermark). Not replicated, ``view is head`` always.
@@ -82,8 +82,8 @@ class Store(StoreReader):
         docstring); a store is opened replicated every time or never.
 
         Raises DataDirLocked when another store holds the directory (see
-        :mod:`broker.storage.dirlock`); StoreTruncated when ``data.mdb`` is shorter
-        than its pages (checked before LMDB maps it, :mod:`broker.storage.filecheck`);
+        :mod:`equeue.broker.storage.dirlock`); StoreTruncated when ``data.mdb`` is shorter
+        than its pages (checked before LMDB maps it, :mod:`equeue.broker.storage.filecheck`);
         StoreDamaged when a header, meta record or topic description is damaged;
         StoreError when LMDB cannot open it otherwise or its format is unknown. Each
         is one line naming the file and how to recover.
@@ -242,7 +242,7 @@ class Store(StoreReader):
     # ------------------------------------------------------------------ recovery
     def _warn_legacy_retention(self, topic: str, legacy: dict[str, int]) -> None:
         """Warn, once per store, about each stored retention value no current version
-        writes (:func:`~broker.storage.topics.decode_topic_record`): it reads as
+        writes (:func:`~equeue.broker.storage.topics.decode_topic_record`): it reads as
         keep forever, which may not be what was meant."""
         for name, value in legacy.items():
             if (topic, name, value) in self._warned_legacy:

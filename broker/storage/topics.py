@@ -1,7 +1,7 @@
 """Topic administration: create, alter and delete topics (the ``topics`` database
 and the ``deleting`` list in ``meta``). A deleted topic disappears at once; its
 stored data is removed afterwards in bounded steps by
-:class:`~broker.storage.retention.RetentionOp`.
+:class:`~equeue.broker.storage.retention.RetentionOp`.
 
 A topic record is its :class:`~equeue.control.TopicInfo` as JSON, written by
 :func:`encode_topic_record` and read by :func:`decode_topic_record` only: a

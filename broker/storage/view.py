@@ -1,7 +1,7 @@
 """What readers see of the store: an immutable snapshot of its committed state.
 
 The thread contract: the writer thread (the appender's, or whoever calls
-:meth:`~broker.storage.store.Store.write`) builds a new :class:`StoreView` after
+:meth:`~equeue.broker.storage.store.Store.write`) builds a new :class:`StoreView` after
 each commit and publishes it with ONE reference swap (``store.view = new``).
 Nothing in a published view ever changes, so a reader on the event loop (or in
 any thread) that takes ``store.view`` once sees one consistent, committed state:

@@ -53,7 +53,7 @@ class WriteOp:
     def inline_size(self) -> int | None:
         """About how many bytes this op writes, when it is small and bounded enough
         to be committed on the event loop (``--flush async``, see
-        :meth:`broker.appender.Appender.kick`); None: always in the writer thread."""
+        :meth:`equeue.broker.appender.Appender.kick`); None: always in the writer thread."""
         return None
 
 
@@ -98,7 +98,7 @@ class WriteOutcome:
 class WriteContext:
     """The open write transaction of :meth:`Store.write` and the state its ops staged.
 
-    On a replicated store ``txn`` is a :class:`~broker.storage.recorder.RecordingTxn`
+    On a replicated store ``txn`` is a :class:`~equeue.broker.storage.recorder.RecordingTxn`
     (and :meth:`cursor` hands out recording cursors): every change an op makes is
     recorded for the replication log; ops use ``txn`` and :meth:`cursor` alike either
     way and never reach LMDB otherwise."""
@@ -128,7 +128,7 @@ class WriteContext:
         self.touched: set[tuple[int, int]] = set()
         self.moved = 0
         self.move_transactions = 0
-        #: queue offsets skipped by this transaction (:mod:`broker.storage.skips`)
+        #: queue offsets skipped by this transaction (:mod:`equeue.broker.storage.skips`)
         self.skipped: dict[tuple[int, int], set[int]] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False

@@ -85,7 +85,7 @@ def run_app(app: typer.Typer) -> None:
 
 @contextmanager
 def client(broker: str) -> Iterator[Any]:
-    """A blocking :class:`producer.Client` (the client's own defaults); errors
+    """A blocking :class:`equeue.producer.Client` (the client's own defaults); errors
     become one-line failures."""
     from equeue.producer import Client
 
@@ -113,7 +113,7 @@ def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
 
 
 def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """``await fn(router)`` over a :class:`client.routing.Router` bootstrapped from
+    """``await fn(router)`` over a :class:`equeue.client.routing.Router` bootstrapped from
     ``broker`` (commands that ask every broker group and merge,
     :mod:`equeue.cli._routed`); errors become one-line failures."""
     from equeue.cli._routed import run_routed

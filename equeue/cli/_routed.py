@@ -2,8 +2,8 @@
 
 In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
 "Administration"), so commands that show or change per-queue state fan out through a
-:class:`client.routing.Router` and merge the answers here. Each request goes through
-:meth:`~client.routing.Router.call` or :meth:`~client.routing.Router.call_group`, so a
+:class:`equeue.client.routing.Router` and merge the answers here. Each request goes through
+:meth:`~equeue.client.routing.Router.call` or :meth:`~equeue.client.routing.Router.call_group`, so a
 group failing over to another replica (NOT_LEADER, a broken connection) is waited out
 and the request is made again at its new leader. Standalone there is one
 group (the broker given with ``--broker``) and each function makes one request, as
@@ -81,7 +81,7 @@ def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
 # ---------------------------------------------------------------------- any leader
 async def at_any_leader(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
     """``fn`` at the bootstrap broker; if it is a follower (NOT_LEADER: it serves no
-    client request, docs/cluster.md part 2), at the leader of each live group in turn
+    client request, docs/cluster.md, "Replicas, acks, failover"), at the leader of each live group in turn
     (the first that answers). For topic administration, which any leader serves (it
     writes etcd). A refused request wrote nothing, so asking again elsewhere is safe."""
     try:

@@ -132,7 +132,7 @@ def encode_pull_response_plain(
     records: Sequence[bytes],
 ) -> list[bytes]:
     """Encode a pull answer in the plain layout from parallel sequences of global
-    offsets and stored records (as :class:`broker.storage.ReadResult` holds them)."""
+    offsets and stored records (as :class:`equeue.broker.storage.ReadResult` holds them)."""
     parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
     if records:  # per-record work in C loops: this builds every pull answer
         parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, globals_, map(len, records)), records, strict=True)))
@@ -266,7 +266,7 @@ class PackedPull:
     ``global_offsets`` and ``lengths`` hold one entry per record (native byte order,
     ``array`` typecodes ``Q`` and ``I``); record ``i`` starts at ``records_at`` plus
     the lengths before it, inside ``buf``. Readers parse the records themselves from
-    there (:mod:`spark.columns` gathers their fields with array arithmetic), using the
+    there (:mod:`equeue.spark.columns` gathers their fields with array arithmetic), using the
     record layout of :mod:`equeue.wire.records`.
     """
 

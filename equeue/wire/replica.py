@@ -1,5 +1,5 @@
 """Replication requests between the replicas of a broker group (docs/cluster.md,
-part 2; docs/protocol.md draws every layout): REPLICA_FETCH (90), REPLICA_KEYS (91)
+"Following"; docs/protocol.md draws every layout): REPLICA_FETCH (90), REPLICA_KEYS (91)
 and REPLICA_SNAPSHOT (92), each request and its answer.
 
 Strings are u16-length UTF-8, byte strings u32-length; an absent byte string (a
@@ -97,7 +97,7 @@ class FetchRequest:
     is durable on the follower: the position is its acknowledgement). ``last_epoch``
     is the epoch of its entry ``position - 1`` (0: none). At most ``max_bytes``
     (always one whole entry); waits up to ``wait_ms`` when there is none.
-    ``store_format`` is the follower's store format (``broker.storage.layout``): log
+    ``store_format`` is the follower's store format (``equeue.broker.storage.layout``): log
     entries carry raw index keys, so replicas of different formats must not meet.
     ``proof`` is the follower's registration secret (its SHA-256 is in its broker
     record in etcd): the leader counts a fetch only from the broker it names (b"":

@@ -12,7 +12,7 @@ replication log"). Big-endian::
              | the keys, concatenated
              | the values, concatenated                              (PUT only)
 
-``db`` is an index into ``broker.storage.layout.DATABASES``; a run holds
+``db`` is an index into ``equeue.broker.storage.layout.DATABASES``; a run holds
 consecutive changes of one kind to one database, in the order they were made.
 Encoding works per run (one ``struct.pack`` of the lengths, one ``b"".join`` of
 the keys and one of the values), so a produce batch of 1,000 messages costs a few

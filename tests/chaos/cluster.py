@@ -2,8 +2,8 @@
 real child process in its own network namespace (or on loopback).
 
 :class:`EtcdMember` is one member of a multi-member etcd (``--initial-cluster`` of
-all three; :class:`broker.cluster.etcdproc.EtcdProcess` runs one member only).
-:class:`ChaosBroker` is a :class:`broker.process.BrokerProcess` that also appends
+all three; :class:`equeue.broker.cluster.etcdproc.EtcdProcess` runs one member only).
+:class:`ChaosBroker` is a :class:`equeue.broker.process.BrokerProcess` that also appends
 its stderr to a log file in the run directory. :class:`Cluster` starts them, knows
 which are running, frozen or stopped, and does to them what the nemesis asks
 (SIGKILL, SIGSTOP/SIGCONT, SIGTERM, start again). Everything here is blocking: the

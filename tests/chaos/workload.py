@@ -1,10 +1,10 @@
 """The workload: trio tasks of the harness, each writing what it does to the history.
 
-- **producers** (``p0..``): :class:`producer.AsyncProducer`, keyed (keys are per
+- **producers** (``p0..``): :class:`equeue.producer.AsyncProducer`, keyed (keys are per
   producer, ``p<n>k<j>``, so a key's order is its producer's send order) and keyless
   sends of bodies ``"<mid>|<filler>"`` (``mid`` = ``p<n>-<seq>``), to the main topic and
   now and then to a topic the admin created; every send is an operation;
-- **consumers**: two consumer groups of two members each (:class:`consumer.AsyncConsumer`,
+- **consumers**: two consumer groups of two members each (:class:`equeue.consumer.AsyncConsumer`,
   from the earliest offset): ``cg-plain`` (concurrent handlers) and ``cg-orderly``
   (``orderly=True``); every delivery is a "read" observation and every offset commit
   the SDK makes is an operation (the member's ``RoutedCalls.commit_offset`` is wrapped);

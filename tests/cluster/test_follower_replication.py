@@ -1,5 +1,5 @@
 """The follower side of replication with real etcd and real broker processes
-(docs/cluster.md part 2): a new replica catches up from empty, an old leader with
+(docs/cluster.md, "Replicas, acks, failover"): a new replica catches up from empty, an old leader with
 entries the new leader lacks truncates and converges, a replica behind the leader's
 log copies the store, and garbled replication requests get coded errors."""
 

@@ -1,5 +1,5 @@
-"""Delayed delivery, retry and dead letters across broker groups (issue 14: "work across
-groups exactly as on one broker"), on a REAL etcd and three broker groups.
+"""Delayed delivery, retry and dead letters across broker groups (they work across
+groups exactly as on one broker), on a REAL etcd and three broker groups.
 
 Each group keeps the schedule of its own queues and writes a failed message's copy into
 a queue of ``%RETRY%<group>`` / ``%DLQ%<group>`` that it owns (docs/cluster.md, "Retry and

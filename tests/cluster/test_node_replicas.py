@@ -84,5 +84,5 @@ def test_a_groups_route_is_its_leader() -> None:
     assert GroupState("g", (b1, b2), None, None, isr).addresses == []  # no leader: unavailable
     assert GroupState("g", (b1,), None, None, isr).addresses == []  # (even with one broker left)
     assert GroupState("g", (b1, b2)).addresses == []
-    assert GroupState("g", (b1,)).addresses == ["h:1"]  # never elected: part 1's single broker
+    assert GroupState("g", (b1,)).addresses == ["h:1"]  # never elected: a group's single broker without replicas
     assert GroupState("g").addresses == []

@@ -1,4 +1,4 @@
-"""Replication inside one broker group (docs/cluster.md, part 2): a real etcd and
+"""Replication inside one broker group (docs/cluster.md, "Replicas, acks, failover"): a real etcd and
 three real broker PROCESSES started with the same ``--broker-group``.
 
 1. acks all: every replica's REPLICA_DIGEST is equal once their positions match; a

@@ -1,4 +1,5 @@
-"""Issue 14's cluster scenarios: a real etcd and real broker PROCESSES (one per group,
+"""The cluster scenarios (docs/cluster.md, "What happens on each failure"): a real
+etcd and real broker PROCESSES (one per group,
 started with ``--cluster ... --broker-group gN``) on loopback.
 
 One etcd and one three-group cluster serve the whole module (starting processes is

@@ -1,8 +1,8 @@
-"""Shared helpers of the hostile-client suite (issue 13): a real broker in a child
+"""Shared helpers of the hostile-client suite: a real broker in a child
 process, and a healthy client that measures its own latency during an attack.
 
 - ``real_broker`` (fixture): factory ``real_broker(*args)`` -> a started
-  :class:`~broker.process.BrokerProcess` (port 0, a temp data dir unless
+  :class:`~equeue.broker.process.BrokerProcess` (port 0, a temp data dir unless
   ``data_dir=`` is given), killed at teardown. It exposes ``pid``, ``address``,
   ``rss_bytes()`` (``VmRSS`` of ``/proc/PID/status``) and ``error_lines`` (every
   stderr line logged at ERROR or above: assert it stays empty after client input).

@@ -1,4 +1,4 @@
-"""Issue 13, defect 7: corruption. A truncated data.mdb, damaged headers and records,
+"""Corruption. A truncated data.mdb, damaged headers and records,
 an index pointer gone wrong -- each is a clear, coded answer, never a silent crash,
 a traceback, or another message in place of the one asked for; and an operator can
 move consumers past a corrupt record (``equeue message skip``)."""

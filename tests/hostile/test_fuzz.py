@@ -1,4 +1,4 @@
-"""A wire-protocol fuzzer against a real broker (issue 13): random and mutated frames
+"""A wire-protocol fuzzer against a real broker: random and mutated frames
 for every request code, garbled headers, wrong lengths, truncated frames, broken
 handshakes, and well-framed requests with invalid payloads.
 

@@ -1,4 +1,4 @@
-"""Issue 13, defect 3: a connection's resources are limited (docs/operations.md, "Limits").
+"""A connection's resources are limited (docs/operations.md, "Limits").
 
 Each test attacks a real broker in a child process (its RSS is measured from
 /proc) and asserts that the broker lives, that its memory stays bounded (the

@@ -1,4 +1,4 @@
-"""Issue 13, defect 4: cheap requests must not block the event loop.
+"""Cheap requests must not block the event loop.
 
 Each probe runs against a real broker in a child process (``--flush async``, so disk
 noise stays out of the figures) while a healthy client produces and pulls on its own

@@ -1,4 +1,4 @@
-"""Issue 13, defects 2 and 5: every stored entry is servable, a message at the size
+"""Every stored entry is servable, a message at the size
 limit is served, one op's failure stays its own, commits past the end are refused."""
 
 from __future__ import annotations

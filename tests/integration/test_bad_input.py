@@ -287,7 +287,7 @@ async def test_connection_reset_by_peer(broker: Broker, served: Callable[[], Awa
 
 
 async def test_no_client_produces_into_an_internal_topic(broker: Broker, served: Callable[[], Awaitable[None]]) -> None:
-    """Issue 13, defect 6: forged entries into %RETRY%/%DLQ% topics are refused, and a
+    """Forged entries into %RETRY%/%DLQ% topics are refused, and a
     produce never auto-creates one (the broker writes them itself: SEND_BACK, DLQ_RESEND)."""
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:
@@ -307,7 +307,7 @@ async def test_no_client_produces_into_an_internal_topic(broker: Broker, served:
 async def test_internal_error_tracebacks_are_rate_limited(
     broker: Broker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Issue 13, defect 8: a request a client can repeat must not log a traceback each
+    """A request a client can repeat must not log a traceback each
     time. A broker bug (simulated: the statistics snapshot raises) is answered
     INTERNAL_ERROR every time, and logged with its traceback once per 10 s."""
     from equeue.errors import InternalBrokerError

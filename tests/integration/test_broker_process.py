@@ -37,7 +37,7 @@ def start_in_thread(bp: BrokerProcess, timeout: float) -> list[BaseException]:
 
 
 def test_start_times_out_when_the_ready_line_never_comes(tmp_path: Path) -> None:
-    """Regression (bug 5): ``start`` blocked in ``readline()`` before checking its
+    """``start`` used to block in ``readline()`` before checking its
     deadline, so a child that printed something but never its ready line hung it."""
     python = fake_python(tmp_path, "echo 'starting...' >&2\nexec sleep 600")
     bp = BrokerProcess(tmp_path / "data", python=python)

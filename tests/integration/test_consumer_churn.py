@@ -1,4 +1,4 @@
-"""Members leave gracefully and join while a backlog drains (issue 12, bug 7): a
+"""Members leave gracefully and join while a backlog drains: a
 graceful ``close()`` and a revoke commit everything already handled before the lease
 is released, so no message is handled twice and no queue has two holders at once."""
 

@@ -1,5 +1,5 @@
-"""Failures that must never stall a queue (issue 12): a failed message the broker
-refuses to take back for good (bug 2), and a corrupt stored record (bug 3)."""
+"""Failures that must never stall a queue: a failed message the broker refuses
+to take back for good, and a corrupt stored record."""
 
 from __future__ import annotations
 

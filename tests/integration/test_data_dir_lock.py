@@ -1,4 +1,4 @@
-"""One broker per data directory (issue 13, defect 1): two brokers on one directory
+"""One broker per data directory: two brokers on one directory
 used to both start and silently lose acknowledged data; the second is now refused."""
 
 from __future__ import annotations

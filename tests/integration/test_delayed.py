@@ -66,7 +66,7 @@ async def test_delayed_delivered_at_due_time(broker: Broker) -> None:
 async def test_move_is_counted_before_the_moved_message_is_visible(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Bug 6: the writer thread answers a parked pull right after the move's commit,
+    """The writer thread answers a parked pull right after the move's commit,
     before the loop hears of the commit. ``lifecycle.moved`` must already count the
     move then. The writer thread is held just after it answered, so the check runs
     while the loop has not yet received the move's outcome."""

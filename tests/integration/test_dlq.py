@@ -1,4 +1,4 @@
-"""SEND_BACK, DLQ_LIST and DLQ_RESEND against a real broker (issue 12, bug 8)."""
+"""SEND_BACK, DLQ_LIST and DLQ_RESEND against a real broker."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ async def test_standalone_routes_every_queue_to_the_bootstrap(broker: Broker) ->
 
 
 async def test_an_older_broker_without_get_routes_is_routed_as_standalone(broker: Broker) -> None:
-    del broker.handlers.table[RequestCode.GET_ROUTES]  # what a broker before issue 14 answers: UNKNOWN_REQUEST
+    del broker.handlers.table[RequestCode.GET_ROUTES]  # what a broker without cluster routing answers: UNKNOWN_REQUEST
     with trio.fail_after(30):
         async with AsyncClient(broker.address) as c, Router(c, refresh_interval=60) as router:
             await c.create_topic("a", 2)

@@ -236,7 +236,7 @@ async def test_http_is_off_by_default(broker: Broker) -> None:
 
 
 async def test_closed_connection_is_detached_from_its_group_members(broker: Broker) -> None:
-    """Issue 12 bug 1: ``forget_connection`` compared bound methods by identity (always
+    """``forget_connection`` used to compare bound methods by identity (always
     False), so a closed connection stayed referenced by its members until they expired."""
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:

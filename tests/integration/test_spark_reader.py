@@ -93,7 +93,7 @@ def test_puller_errors(broker_process: Callable[..., Any]) -> None:
 
 
 def test_puller_pauses_between_reconnects() -> None:
-    """Bug 4 (issue 12): the puller retried at once; now with backoff (client/retry.py)."""
+    """The puller pauses between reconnects (the backoff of client/retry.py), never retrying at once."""
     import socket
 
     import stamina.instrumentation as si

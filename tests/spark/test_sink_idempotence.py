@@ -148,7 +148,7 @@ class ProduceBreaker:
 
 
 def test_sink_pauses_between_resends(broker: EmbeddedBroker) -> None:
-    """Bug 4: the sink resent a failed request at once, 5 times in a row. It now
+    """The sink used to resend a failed request at once, 5 times in a row. It now
     resends through the producer's retry policy: a growing pause between attempts."""
     with Client(broker.address) as c:
         c.create_topic("out", 1)

@@ -1,9 +1,9 @@
-"""The Spark source and sink against a cluster (issue 14, test 5): a real etcd and two
+"""The Spark source and sink against a cluster: a real etcd and two
 broker groups in processes, a topic of 6 queues (3 per group).
 
 The source bootstraps from ONE broker, yet reads every queue of both groups, each
 from its owner; the sink writes through the routing producer. The route-table logic
-the driver uses (``spark.common.Routes``) is checked without Spark first.
+the driver uses (``equeue.spark.common.Routes``) is checked without Spark first.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15, test 6: a Spark availableNow query reads a topic of a 3-replica broker
+"""A Spark availableNow query reads a topic of a 3-replica broker
 group (real etcd, real broker processes, ``--cluster-lease-ttl 2``) into Parquet while
 the group's leader is SIGKILLed between its micro-batches; the Parquet output holds
 every row exactly once."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import logging
 
 import pytest
 import stamina
 import trio
+from stamina.instrumentation import RetryDetails
 
-from equeue.client.retry import RetryPolicy, is_transient, retry_async, retry_sync
+from equeue.client.retry import RetryLog, RetryPolicy, is_transient, retry_async, retry_sync
 from equeue.errors import ClientClosed, ConfigError, ConnectionBroken, MessageTooLarge
 
 FAST = RetryPolicy(attempts=4, timeout=None, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0)
@@ -84,3 +86,52 @@ def test_policy_validates() -> None:
         RetryPolicy(wait_initial=-1)
     with pytest.raises(ValueError):
         RetryPolicy(attempts=0)
+
+
+def details(what: str, where: str, n: int) -> RetryDetails:
+    kw: dict[str, object] = {"what": what, "where": where, "attempts": 8}
+    return RetryDetails("fn", (), kw, n, 0.25, 0.0, ConnectionBroken("down"))
+
+
+def test_retry_log_is_one_line_per_label_and_address_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    hook = RetryLog(logging.getLogger("test.retry"), 10.0, lambda: now[0])
+    caplog.set_level(logging.WARNING, "test.retry")
+    for n in range(1, 6):
+        hook(details("pull", "h:1", n))
+    hook(details("pull", "h:2", 1))  # another address: its own line
+    now[0] = 10.0
+    hook(details("pull", "h:1", 6))
+    assert [r.getMessage() for r in caplog.records] == [
+        "retry what=pull where=h:1 attempt=1/8 wait=0.25s error=ConnectionBroken: down",
+        "retry what=pull where=h:2 attempt=1/8 wait=0.25s error=ConnectionBroken: down",
+        "retry what=pull where=h:1 attempt=6/8 wait=0.25s error=ConnectionBroken: down (4 more like it in the last 10 s)",
+    ]
+
+
+def test_retry_sync_names_what_and_where_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "equeue.client.retry")
+
+    def flaky() -> None:
+        raise ConnectionBroken("down")
+
+    with pytest.raises(ConnectionBroken):
+        retry_sync(flaky, FAST, what="unit.sync", where="10.0.0.1:1")
+    with pytest.raises(ConnectionBroken):
+        retry_sync(flaky, FAST)  # no label: the callable's name
+    lines = [r.getMessage() for r in caplog.records if r.name == "equeue.client.retry"]
+    assert lines[0].startswith("retry what=unit.sync where=10.0.0.1:1 attempt=1/4 wait=")
+    assert lines[1].startswith("retry what=test_retry_sync_names_what_and_where_in_the_log.<locals>.flaky where=- ")
+    assert len(lines) == 2
+
+
+async def test_retry_async_names_what_and_where_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "equeue.client.retry")
+
+    async def flaky() -> None:
+        raise ConnectionBroken("down")
+
+    with pytest.raises(ConnectionBroken):
+        await retry_async(flaky, FAST, what="unit.async", where="10.0.0.2:1")
+    lines = [r.getMessage() for r in caplog.records if r.name == "equeue.client.retry"]
+    assert lines == ["retry what=unit.async where=10.0.0.2:1 attempt=1/4 wait=0.00s error=ConnectionBroken: down"]

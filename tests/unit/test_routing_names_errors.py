@@ -92,7 +92,7 @@ def test_queue_for_key_is_crc32_mod_n(key: str, n: int) -> None:
 @settings(max_examples=200)
 @given(key=st.binary(max_size=50), n=st.integers(1, 1024))
 def test_the_producers_routing_is_queue_for_key(key: bytes, n: int) -> None:
-    """The producer's inline fast path and :meth:`producer.routes.Route.select` pick
+    """The producer's inline fast path and :meth:`equeue.producer.routes.Route.select` pick
     the queue :func:`queue_for_key` names."""
     from equeue.producer.options import ProducerOptions
     from equeue.producer.routes import Route

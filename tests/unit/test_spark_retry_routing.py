@@ -1,4 +1,4 @@
-"""The Spark driver's wait through a failover (spark.common.retry_routing): routing
+"""The Spark driver's wait through a failover (equeue.spark.common.retry_routing): routing
 errors are retried within the timeout, anything else (a certificate problem too) is
 raised at once, and the last routing error is raised once the time is up."""
 

@@ -1,4 +1,4 @@
-"""client.tls: which failed handshakes are certificate problems (TlsError, not
+"""equeue.client.tls: which failed handshakes are certificate problems (TlsError, not
 retried) and which are network trouble (ConnectionBroken, retried)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15's harness: one broker group of R replicas, each a real ``equeue broker
+"""The replication harness: one broker group of R replicas, each a real ``equeue broker
 start --cluster URL --broker-group G --data-dir D --port 0 --cluster-lease-ttl 2``
 process, on the session etcd of ``tests/cluster/conftest.py`` (wiped per test).
 

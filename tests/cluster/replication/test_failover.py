@@ -1,4 +1,4 @@
-"""Issue 15's scenarios: a real etcd and one broker group of 3 replicas, each a real
+"""Failover scenarios: a real etcd and one broker group of 3 replicas, each a real
 broker process (``--cluster-lease-ttl 2``), on loopback; SIGKILL and SIGSTOP.
 
 1. the leader SIGKILLed under the load of 4 producers, 5 times in a row;

@@ -1,4 +1,4 @@
-"""Issue 15, the optional partition test: the leader runs in its own network
+"""The optional partition test: the leader runs in its own network
 namespace (``ip netns``), joined to the host by a veth pair; taking the host end of
 the pair down cuts it from etcd, from its followers and from every client outside,
 while a client INSIDE its namespace can still reach it.
