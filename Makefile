@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install etcd-install net-tools-install test test-fast check run broker bench bench-peers clean
+.PHONY: install etcd-install net-tools-install test test-fast check run broker bench bench-peers bench-peers-install clean
 
 install: $(STAMP)
 
@@ -65,11 +65,25 @@ broker: install
 bench: install
 	$(PY) bench/run_all.py
 
-bench-peers: install
-	EXTRA_PEERS="equeue=$(CURDIR)/bench/peers/equeue_peer.py" PARTS="redis nats" \
-	EXTRA_RUNS="equeue equeue-sync --set flush=sync --label 'equeue, flush sync'; equeue equeue-async --set flush=async --label 'equeue, flush async'; equeue equeue-stream --set flush=sync --set pub_mode=async --workloads P1,P2 --label 'equeue, flush sync, streaming send_async'" \
-	PYTHON=$(abspath $(PY)) bash ../shared/bench-peers/run_all.sh
+# the peer table of docs/benchmarks.md: Redis Streams, NATS JetStream and equeue (flush sync,
+# flush async, streaming), each server on a free loopback port (bench/peers/run.py), then
+# render_docs.py (peerbench-results/peers.md; docs/benchmarks.md only from a complete full run).
+# make bench-peers: 3 runs per workload, about 15 minutes on a quiet machine. REPS=1;
+# ONLY=redis-everysec,equeue-sync; WORKLOADS=P1,C1; QUICK=1 (5 % of the messages, L1 1 s,
+# one run: about 2 minutes, a check of the harness, never written into the docs)
+PEERS_ARGS = $(if $(QUICK),--quick) $(if $(REPS),--reps $(REPS)) $(if $(ONLY),--only $(ONLY)) $(if $(WORKLOADS),--workloads $(WORKLOADS))
+bench-peers: install bench-peers-install
+	$(PY) bench/peers/run.py $(strip $(PEERS_ARGS))
 	$(PY) bench/peers/render_docs.py peerbench-results
+
+# Debian's redis-server and nats-server (RUNLEVEL=1: their services are not started) and the
+# harness's Python clients (bench/peers/requirements.txt) into the venv, each only when missing
+bench-peers-install: install
+	@command -v redis-server >/dev/null 2>&1 && command -v nats-server >/dev/null 2>&1 || { \
+	  echo "installing redis-server and nats-server (the peer harness)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+	    apt-get install -y -qq redis-server nats-server) >/dev/null; }
+	@$(PY) -m pip install -q -r bench/peers/requirements.txt
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,14 +1,15 @@
-"""equeue adapter for the peer-broker harness that ``make bench-peers`` runs.
+"""equeue adapter of the peer harness (``bench/peers/run.py``).
 
-The harness imports this file (``make_server``, ``server_settings``, versions) and runs
+``run.py`` imports this file (``make_server``, ``server_settings``, versions) and runs
 its client roles as separate processes::
 
     <PYTHON> equeue_peer.py worker <role> '<json args>'
 
-Every role uses the public SDK the way a user would: ``AsyncProducer`` /
-``AsyncConsumer`` (trio) by default, or the blocking ``Producer`` / ``Consumer`` with
-``--set api=sync``. Model mapping: topic ``orders`` with 4 queues, key ``key-<i>``
-routed by ``crc32(key) % 4`` (the harness's queue), consumer group ``g``.
+on the broker's port in ``PEERBENCH_PORT``, with the column's settings (``run.PLAN``)
+in the args' ``variant``. Every role uses the public SDK the way a user would:
+``AsyncProducer`` / ``AsyncConsumer`` (trio) by default, or the blocking ``Producer`` /
+``Consumer`` with ``api=sync``. Model mapping: topic ``orders`` with 4 queues, key
+``key-<i>`` routed by ``crc32(key) % 4`` (the harness's queue), consumer group ``g``.
 
 What counts as acknowledged:
 
@@ -19,17 +20,17 @@ What counts as acknowledged:
   (awaited) before ``t_end``; ``C1``/``C2`` members own exactly the queues the harness
   gives them (a static allocation callable, leases granted by the broker).
 
-Variant keys (``--set k=v``): ``flush`` (sync|async, default sync), ``api``
-(async|sync, default async), ``max_pull_batch`` (default: the harness batch, 100),
-``fetch_batch`` (L1 pull batch, harness default 100).
+Variant keys: ``flush`` (sync|async, default sync), ``api`` (async|sync, default
+async), ``pub_mode`` (gather|async, P1/P2), ``max_pull_batch`` (default: the harness
+batch, 100), ``fetch_batch`` (L1 pull batch, default 100).
 
-Standalone (not part of the harness)::
+Standalone (``run.py`` runs it as its ``equeue-rss`` step)::
 
     .venv/bin/python bench/peers/equeue_peer.py rss [--messages 1000000] [--flush sync] \
         [--out peerbench-results/equeue-rss.json]
 
-starts a broker, produces and drains ``--messages`` 100-byte messages and prints the
-broker's RSS before, after producing and after draining.
+starts a broker on a free port, produces and drains ``--messages`` 100-byte messages
+and prints the broker's RSS before, after producing and after draining.
 """
 
 from __future__ import annotations
@@ -43,19 +44,14 @@ import time
 from typing import Any
 
 sys.dont_write_bytecode = True
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(os.path.dirname(_HERE))
+sys.path.insert(0, _HERE)
 if _ROOT not in sys.path:
     sys.path.insert(1, _ROOT)  # the project (also pip-installed -e into .venv)
+import peerlib as C  # noqa: E402
 
-try:
-    import common as C  # the harness's helpers (its dir is first on PYTHONPATH)
-except ImportError:  # standalone use: find the shared harness next to the project
-    sys.path.insert(0, os.path.join(os.path.dirname(_ROOT), "shared", "bench-peers"))
-    import common as C
-
-SCRIPT = os.path.abspath(__file__)
 LABEL = "equeue"
-PORT = 5899
 TOPIC = "orders"
 GROUP = "g"
 NQ = C.NUM_QUEUES
@@ -71,15 +67,8 @@ def _flush(variant: Variant) -> str:
     return flush
 
 
-def _export_variant(variant: Variant) -> None:
-    """The harness passes ``--set`` values only to this module, not to the workers; the
-    workers inherit the orchestrator's environment, so the variant travels there."""
-    os.environ["EQUEUE_PEER_VARIANT"] = json.dumps(variant)
-
-
 def server_settings(variant: Variant) -> dict[str, Any]:
     """Settings shown in the report, including what an acknowledgement means."""
-    _export_variant(variant)
     flush = _flush(variant)
     ack = (
         "produce ack after the batch is committed to LMDB and fsynced (group commit: one "
@@ -88,7 +77,7 @@ def server_settings(variant: Variant) -> dict[str, Any]:
         else "produce ack after the batch is committed to LMDB (OS page cache); fsync every 500 ms"
     )
     return {
-        "host": "127.0.0.1", "port": PORT,
+        "host": C.HOST, "port": "free port per run",
         "flush": flush + ("" if flush == "sync" else " (--flush-interval 0.5)"),
         "ack": ack,
         "consumer ack": "committed group offset (commit awaited before t_end in C1/C2; "
@@ -102,21 +91,20 @@ def server_settings(variant: Variant) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def make_server(variant: Variant, workdir: str) -> Any:
+def make_server(variant: Variant, workdir: str, port: int) -> C.Server:
     """The broker command (not started): fresh LMDB dir inside ``workdir``."""
-    _export_variant(variant)
     py = os.environ.get("PEERBENCH_PYTHON") or sys.executable
-    argv = [py, "-m", "equeue", "broker", "start", "--host", "127.0.0.1", "--port", str(PORT),
+    argv = [py, "-m", "equeue", "broker", "start", "--host", C.HOST, "--port", str(port),
             "--data-dir", os.path.join(workdir, "data"), "--flush", _flush(variant),
             "--log-level", "warning"]  # fmt: skip
-    return C.Server("equeue", argv, os.path.join(workdir, "server.log"), PORT)
+    return C.Server("equeue", argv, os.path.join(workdir, "server.log"), port)
 
 
 def server_version() -> str:
     import importlib.metadata as md
 
     try:
-        v = md.version("equeue")
+        v = md.version("equeue-broker")
     except md.PackageNotFoundError:
         v = "dev"
     rev = subprocess.run(["git", "-C", _ROOT, "rev-parse", "--short", "HEAD"],
@@ -139,17 +127,13 @@ def client_versions() -> dict[str, str]:
 
 
 # --------------------------------------------------------------------------- helpers
-ADDR = f"127.0.0.1:{PORT}"
+def _addr() -> str:
+    """This run's broker address (``PEERBENCH_PORT``)."""
+    return f"{C.HOST}:{C.port()}"
 
 
 def _api(a: dict[str, Any]) -> str:
     return str((a.get("variant") or {}).get("api") or "async")
-
-
-def _variant() -> Variant:
-    """This run's ``--set`` values (see :func:`_export_variant`)."""
-    raw = os.environ.get("EQUEUE_PEER_VARIANT")
-    return json.loads(raw) if raw else {}
 
 
 def _keys(n: int) -> list[str]:
@@ -178,7 +162,7 @@ def _rss_split_mb(pid: int) -> dict[str, float]:
     return out
 
 
-def _broker_pid(port: int = PORT) -> int | None:
+def _broker_pid(port: int) -> int | None:
     """PID of the process listening on 127.0.0.1:port (found via /proc, same user)."""
     want = f":{port:04X}"
     inodes = set()
@@ -210,7 +194,7 @@ class RssSampler:
     """Samples the broker's VmRSS every ``interval`` s in a daemon thread (max, last)."""
 
     def __init__(self, interval: float = 0.1) -> None:
-        self.pid = _broker_pid()
+        self.pid = _broker_pid(C.port())
         self.max_kb = 0
         self.samples = 0
         self._stop = threading.Event()
@@ -237,8 +221,11 @@ class RssSampler:
         if not self.pid:
             return {"broker_rss_max_mb": None}
         rss, hwm = _rss_kb(self.pid)
-        return {"broker_rss_max_mb": round(max(self.max_kb, rss) / 1024, 1),
-                "broker_rss_end_mb": round(rss / 1024, 1), "broker_hwm_mb": round(hwm / 1024, 1)}
+        return {
+            "broker_rss_max_mb": round(max(self.max_kb, rss) / 1024, 1),
+            "broker_rss_end_mb": round(rss / 1024, 1),
+            "broker_hwm_mb": round(hwm / 1024, 1),
+        }
 
 
 # --------------------------------------------------------------------------- roles
@@ -249,7 +236,7 @@ def role_setup(a: dict[str, Any]) -> dict[str, Any]:
     from equeue.producer import AsyncClient
 
     async def main() -> dict[str, Any]:
-        async with AsyncClient(ADDR) as c:
+        async with AsyncClient(_addr()) as c:
             await c.create_topic(TOPIC, NQ, exist_ok=True)
             info = await c.get_route(TOPIC, False)
         return {"topic": TOPIC, "queues": info.queues, "consumer_mode": a.get("consumer_mode")}
@@ -263,7 +250,7 @@ def role_produce(a: dict[str, Any]) -> dict[str, Any]:
     ``pub_mode=gather`` (the harness default): groups of ``batch``, ``send_batch`` per
     group, every ack of a group awaited before the next group is sent (one group in
     flight, as the Redis pipeline and the NATS gather do). ``pub_mode=async`` (the
-    prefill, or ``--set pub_mode=async``): the SDK's streaming path, ``send_async`` for
+    prefill, or ``pub_mode=async`` in the variant): the SDK's streaming path, ``send_async`` for
     every message then ``flush()``; the producer batches per queue (linger 5 ms) with
     up to 8 requests in flight per queue, and every handle's ack is checked.
     """
@@ -275,7 +262,7 @@ def role_produce(a: dict[str, Any]) -> dict[str, Any]:
 
     with RssSampler() as rss:
         if _api(a) == "sync":
-            with Producer(ADDR) as p:
+            with Producer(_addr()) as p:
                 p.queue_count(TOPIC)  # route lookup before the clock (like a connect)
                 c0, t0 = time.process_time(), time.perf_counter()
                 acks = 0
@@ -286,27 +273,34 @@ def role_produce(a: dict[str, Any]) -> dict[str, Any]:
                         p.flush()
                         acks = sum(1 for h in hs if h.result(60).queue_offset >= 0)
                         break
-                    res = p.send_batch(TOPIC, [Message(payloads[i], key=keys[i]) for i in range(s, e)])
+                    res = p.send_batch(
+                        TOPIC, [Message(payloads[i], key=keys[i]) for i in range(s, e)]
+                    )
                     acks += len(res)
                 t1, c1 = time.perf_counter(), time.process_time()
         else:
             import trio
 
             async def main() -> tuple[float, float, float, float, int]:
-                async with AsyncProducer(ADDR) as p:
+                async with AsyncProducer(_addr()) as p:
                     await p.queue_count(TOPIC)
                     c0, t0 = time.process_time(), time.perf_counter()
                     acks = 0
                     for s in range(0, n, batch):
                         e = min(s + batch, n)
                         if mode == "async":
-                            hs = [await p.send_async(TOPIC, payloads[i], key=keys[i]) for i in range(n)]
+                            hs = [
+                                await p.send_async(TOPIC, payloads[i], key=keys[i])
+                                for i in range(n)
+                            ]
                             await p.flush()
                             for h in hs:
                                 if (await h.wait()).queue_offset >= 0:
                                     acks += 1
                             break
-                        res = await p.send_batch(TOPIC, [Message(payloads[i], key=keys[i]) for i in range(s, e)])
+                        res = await p.send_batch(
+                            TOPIC, [Message(payloads[i], key=keys[i]) for i in range(s, e)]
+                        )
                         acks += len(res)
                     t1, c1 = time.perf_counter(), time.process_time()
                 return c0, t0, t1, c1, acks
@@ -330,7 +324,7 @@ def role_produce_sync(a: dict[str, Any]) -> dict[str, Any]:
     from equeue.producer import AsyncProducer, Producer
 
     if _api(a) == "sync":
-        with Producer(ADDR) as p:
+        with Producer(_addr()) as p:
             p.queue_count(TOPIC)
             c0, t0 = time.process_time(), time.perf_counter()
             for i in range(n):
@@ -342,7 +336,7 @@ def role_produce_sync(a: dict[str, Any]) -> dict[str, Any]:
         import trio
 
         async def main() -> tuple[float, float, float, float]:
-            async with AsyncProducer(ADDR) as p:
+            async with AsyncProducer(_addr()) as p:
                 await p.queue_count(TOPIC)
                 c0, t0 = time.process_time(), time.perf_counter()
                 for i in range(n):
@@ -367,7 +361,9 @@ def _static_allocation(owners: dict[int, str]) -> Any:
     therefore never grabs another member's queues while that member is joining.
     """
 
-    def allocate(queues: list[tuple[str, int]], members: list[str]) -> dict[str, list[tuple[str, int]]]:
+    def allocate(
+        queues: list[tuple[str, int]], members: list[str]
+    ) -> dict[str, list[tuple[str, int]]]:
         missing = set(owners.values()) - set(members)
         if missing:
             raise LookupError(f"waiting for members {sorted(missing)}")
@@ -388,21 +384,45 @@ def _owners(queues: list[int], name: str) -> dict[int, str]:
 
 
 def _consumer_options(a: dict[str, Any], batch: int) -> dict[str, Any]:
-    v = a.get("variant") or _variant()
+    v = a.get("variant") or {}
     mpb = int(v.get("max_pull_batch", batch))
     return dict(start_from="earliest", pull_batch=min(batch, mpb), max_pull_batch=mpb,
                 heartbeat_interval=1.0, rebalance_interval=1.0)  # fmt: skip
 
 
+def _mark_done(a: dict[str, Any]) -> None:
+    """Tell the other members of this run that this one has stopped its clock."""
+    if a.get("barrier_dir"):
+        open(os.path.join(a["barrier_dir"], f"consumer-{a['name']}.done"), "w").close()
+
+
+def _all_done(a: dict[str, Any]) -> bool:
+    """Whether every member of this run (``members``) has stopped its clock."""
+    d = a.get("barrier_dir")
+    if not d:
+        return True
+    done = [f for f in os.listdir(d) if f.startswith("consumer-") and f.endswith(".done")]
+    return len(done) >= int(a.get("members", 1))
+
+
 def role_consume(a: dict[str, Any]) -> dict[str, Any]:
     """C1/C2 member: joins group ``g`` at ``start_at`` owning exactly ``queues``, counts
     the messages with a no-op handler, stops at the expected count, commits (awaited;
-    our ack) and stops the clock. Join, lease acquisition and pulls are inside it."""
+    our ack) and stops the clock. Join, lease acquisition and pulls are inside it.
+
+    Then it stays in the group (heartbeating) until every member has stopped its clock
+    (files in ``barrier_dir``), at most 120 s: the static allocation gives a member its
+    queues only once it has seen every owner, so a member that finished and left before
+    the other one saw it would leave that one waiting for ever."""
     import logging
 
     logging.getLogger("equeue.consumer").setLevel(logging.CRITICAL)  # "waiting for m1" noise
     queues, counts, batch, name = a["queues"], a["counts"], a["batch"], a["name"]
-    cnt = {int(k): v for k, v in counts.items()} if isinstance(counts, dict) else dict(enumerate(counts))
+    cnt = (
+        {int(k): v for k, v in counts.items()}
+        if isinstance(counts, dict)
+        else dict(enumerate(counts))
+    )
     expected = sum(cnt[q] for q in queues)
     opts = _consumer_options(a, batch)
     alloc = _static_allocation(_owners(queues, name))
@@ -413,7 +433,7 @@ def role_consume(a: dict[str, Any]) -> dict[str, Any]:
     with RssSampler() as rss:
         if _api(a) == "sync":
             lock = threading.Lock()
-            c = Consumer(ADDR, GROUP, TOPIC, consumer_id=name, allocation=alloc, **opts)
+            c = Consumer(_addr(), GROUP, TOPIC, consumer_id=name, allocation=alloc, **opts)
 
             def handler(m: Any) -> None:
                 nonlocal got, nbytes
@@ -429,13 +449,17 @@ def role_consume(a: dict[str, Any]) -> dict[str, Any]:
             c.commit()
             t1, c1 = time.time(), time.process_time()
             stats = c.statistics()
+            _mark_done(a)
+            deadline = time.monotonic() + 120
+            while not _all_done(a) and time.monotonic() < deadline:
+                time.sleep(0.01)
             c.close()
         else:
             import trio
 
             async def main() -> tuple[float, float, float, float, Any, list[int]]:
                 nonlocal got, nbytes
-                c = AsyncConsumer(ADDR, GROUP, TOPIC, consumer_id=name, allocation=alloc, **opts)
+                c = AsyncConsumer(_addr(), GROUP, TOPIC, consumer_id=name, allocation=alloc, **opts)
 
                 async def handler(m: Any) -> None:
                     nonlocal got, nbytes
@@ -452,6 +476,10 @@ def role_consume(a: dict[str, Any]) -> dict[str, Any]:
                     t1, c1 = time.time(), time.process_time()
                     stats = c.statistics()
                     committed = [await c.client.query_offset(GROUP, TOPIC, q) for q in queues]
+                    _mark_done(a)
+                    with trio.move_on_after(120):
+                        while not _all_done(a):
+                            await trio.sleep(0.01)
                 return c0, t0, t1, c1, stats, committed
 
             c0, t0, t1, c1, stats, committed = trio.run(main)
@@ -479,7 +507,7 @@ def role_l1_consume(a: dict[str, Any]) -> dict[str, Any]:
     unpack = C.TS.unpack_from
 
     async def main() -> dict[str, Any]:
-        async with AsyncConsumer(ADDR, GROUP, TOPIC, consumer_id="l1", start_from="earliest",
+        async with AsyncConsumer(_addr(), GROUP, TOPIC, consumer_id="l1", start_from="earliest",
                                  pull_batch=min(32, fb), max_pull_batch=fb) as c:  # fmt: skip
 
             async def handler(m: Any) -> None:
@@ -488,7 +516,9 @@ def role_l1_consume(a: dict[str, Any]) -> dict[str, Any]:
                     c.stop()
 
             with trio.fail_after(20):
-                while len(c.statistics().queues) < NQ or not all(q.started for q in c.assignments.queues.values()):
+                while len(c.statistics().queues) < NQ or not all(
+                    q.started for q in c.assignments.queues.values()
+                ):
                     await trio.sleep(0.01)
             open(ready, "w").close()
             with trio.move_on_after(a["max_seconds"]):
@@ -522,7 +552,7 @@ def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
     pack = C.TS.pack
     if _api(a) == "sync":
         late = 0
-        with Producer(ADDR) as p:
+        with Producer(_addr()) as p:
             p.queue_count(TOPIC)
             t0 = time.time() + 0.05
             for i in range(n):
@@ -539,7 +569,7 @@ def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
 
         async def main() -> tuple[float, int]:
             late = 0
-            async with AsyncProducer(ADDR) as p:
+            async with AsyncProducer(_addr()) as p:
                 await p.queue_count(TOPIC)
                 t0 = time.time() + 0.05
                 for i in range(n):
@@ -563,7 +593,7 @@ def role_check(a: dict[str, Any]) -> dict[str, Any]:
     from equeue.producer import AsyncClient
 
     async def main() -> dict[str, Any]:
-        async with AsyncClient(ADDR) as c:
+        async with AsyncClient(_addr()) as c:
             qs = [await c.queue_offsets(TOPIC, q) for q in range(NQ)]
             committed = [await c.query_offset(GROUP, TOPIC, q) for q in range(NQ)]
             st = await c.stats()
@@ -573,7 +603,7 @@ def role_check(a: dict[str, Any]) -> dict[str, Any]:
 
     out = trio.run(main)
     out["loadavg"] = list(os.getloadavg())
-    pid = _broker_pid()
+    pid = _broker_pid(C.port())
     if pid:
         rss, hwm = _rss_kb(pid)
         out.update(broker_rss_mb=round(rss / 1024, 1), broker_hwm_mb=round(hwm / 1024, 1))
@@ -596,18 +626,24 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
     from equeue.producer import AsyncProducer
 
     tmp = tempfile.mkdtemp(prefix="equeue-rss-")
-    srv = make_server({"flush": flush}, tmp)
+    port = C.free_port()
+    os.environ["PEERBENCH_PORT"] = str(port)  # _addr() and _broker_pid() of this process
+    srv = make_server({"flush": flush}, tmp, port)
     srv.argv[0] = sys.executable
     srv.start()
     try:
         pid = srv.pid
         role_setup({})
-        fig: dict[str, Any] = {"messages": messages, "flush": flush, "idle_mb": _rss_kb(pid)[0] / 1024}
+        fig: dict[str, Any] = {
+            "messages": messages,
+            "flush": flush,
+            "idle_mb": _rss_kb(pid)[0] / 1024,
+        }
         print(f"broker pid {pid}; idle RSS {fig['idle_mb']:.1f} MiB", flush=True)
         body = b"x" * 100
 
         async def produce() -> None:
-            async with AsyncProducer(ADDR) as p:
+            async with AsyncProducer(_addr()) as p:
                 for s in range(0, messages, 10_000):
                     for i in range(s, min(messages, s + 10_000)):
                         await p.send_async(TOPIC, body, key=f"key-{i}")
@@ -624,7 +660,7 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
 
         async def drain() -> None:
             got = 0
-            async with AsyncConsumer(ADDR, "rss", TOPIC, start_from="earliest") as c:
+            async with AsyncConsumer(_addr(), "rss", TOPIC, start_from="earliest") as c:
 
                 async def handler(m: Any) -> None:
                     nonlocal got
@@ -657,7 +693,7 @@ def rss_drain(messages: int, flush: str, out: str | None) -> None:
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "worker":
         args = json.loads(sys.argv[3])
-        args.setdefault("variant", _variant())
+        args.setdefault("variant", {})
         C.emit(ROLES[sys.argv[2]](args))
     elif sys.argv[1:2] == ["rss"]:
         import argparse
