@@ -1,7 +1,7 @@
 """A broker's registration in etcd under a lease, kept alive for the broker's life.
 
 ``/equeue/brokers/<group>/<broker_id>`` exists exactly while the broker is alive:
-it is written under a lease of ``ttl`` seconds renewed every ``ttl/3``; a crashed
+it is written under a lease of ``ttl`` seconds renewed ``RENEWALS_PER_TTL`` times per ``ttl``; a crashed
 broker's key vanishes when the lease expires, a stopping broker revokes the lease
 so the key vanishes at once (clean step-down). The group's own record
 (``/equeue/groups/<group>``) is created by the first broker of the group and stays.
