@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import attrs
+import humanfriendly
 
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
@@ -249,6 +250,11 @@ def _advertise(_inst: object, attr: attrs.Attribute, value: object) -> None:  # 
         raise ConfigError(f"{attr.name} must be HOST:PORT that clients can reach, got {value!r}")
 
 
+def _acks(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if value not in ("all", "leader"):
+        raise ConfigError(f"{attr.name} must be one of 'all', 'leader', got {value!r}")
+
+
 def _lease_ttl(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     if not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= 600:
         raise ConfigError(f"{attr.name} must be a whole number of seconds, 2..600, got {value!r}")
@@ -372,7 +378,7 @@ class BrokerConfig:
     #: replication (docs/cluster.md, part 2): ``all`` acknowledges a write once the
     #: leader and every in-sync replica committed it (flush policy applied on each);
     #: ``leader`` once the leader committed it (a leader crash can lose it)
-    acks: str = attrs.field(default="all", validator=attrs.validators.in_(("all", "leader")))
+    acks: str = attrs.field(default="all", validator=_acks)
     #: with ``acks all``: fewer in-sync replicas (leader included) than this, and a
     #: produce is refused with NOT_ENOUGH_REPLICAS (56)
     min_insync: int = attrs.field(default=1, validator=positive)
@@ -454,27 +460,34 @@ DEFAULTS = ConsumerDefaults()
 
 # ---------------------------------------------------------------- sizes and durations (CLI text)
 
+#: a size: a number and an optional unit (humanfriendly reads the unit: ``KB``/``K`` are
+#: 10^3, ``KiB``/``Ki`` 2^10, up to peta); the form is checked here first, because
+#: humanfriendly matches a unit by its first letter (``8Gorilla`` would be 8 GB)
+_SIZE = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>(?:[kmgtp](?:i?b?))|b|bytes?)?", re.IGNORECASE)
+#: one term of a duration: a number and a unit (``1h30m`` is two terms)
+_SPAN_TERM = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+_SIZE_EXAMPLES = "e.g. 512MiB, 8GiB, 8GB or a byte count"
+_DURATION_EXAMPLES = "e.g. 500ms, 30s, 1h30m, 2d; a bare number is seconds"
+#: the binary units :func:`format_size` writes (exact, so a default round-trips)
 _SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
-_DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000))
 
 
 def parse_size(text: str) -> int:
-    """``'8GiB'``, ``'512MiB'``, ``'1G'``, ``'100000'`` → bytes (>= 0). Raises
-    ConfigError for anything else (a negative or non-finite size included)."""
-    t = text.strip().lower().replace("ib", "").replace("b", "")
-    n: float
+    """A size → bytes (>= 0): ``'8GiB'`` is 8·2^30, ``'8GB'`` and ``'8G'`` 8·10^9,
+    ``'512MiB'``, ``'1.5KB'``, ``'100000'`` (bytes). Units are read by humanfriendly
+    (``parse_size(binary=False)``). Raises ConfigError for anything else: a negative,
+    non-finite or unit-less-but-fractional size, an unknown unit, nonsense."""
+    t = text.strip() if isinstance(text, str) else ""
+    m = _SIZE.fullmatch(t)
+    if m is None or ("." in m["n"] and (m["unit"] or "b").lower().startswith("b")):  # a fraction of a byte
+        raise ConfigError(f"invalid size {text!r}: a size is a byte count >= 0 with an optional unit ({_SIZE_EXAMPLES})")
+    unit = m["unit"] or ""
+    if unit[-1:].lower() == "i":  # Ki, Mi, ... (as Kubernetes writes them): KiB, MiB, ...
+        unit += "B"
     try:
-        for suffix, mult in _SIZE_UNITS:
-            if t.endswith(suffix.lower()):
-                n = float(t[:-1]) * mult
-                break
-        else:
-            n = int(t)  # exact, however large
-    except ValueError:
-        raise ConfigError(f"invalid size {text!r} (use e.g. 512MiB, 8GiB or a byte count)") from None
-    if not math.isfinite(n) or n < 0:
-        raise ConfigError(f"invalid size {text!r}: a size is a byte count >= 0 (e.g. 512MiB, 8GiB)")
-    return int(n)
+        return int(humanfriendly.parse_size(f"{m['n']} {unit}".strip(), binary=False))
+    except humanfriendly.InvalidSize:
+        raise ConfigError(f"invalid size {text!r} ({_SIZE_EXAMPLES})") from None
 
 
 def format_size(n: int) -> str:
@@ -486,20 +499,27 @@ def format_size(n: int) -> str:
 
 
 def parse_duration_ms(text: str) -> int:
-    """``'72h'``, ``'30m'``, ``'45s'``, ``'7d'``, ``'1500ms'`` (a bare number: seconds)
-    → milliseconds (>= 0). Raises ConfigError for anything else (a negative or
-    non-finite duration included: ``'-1'`` is not -1000 ms)."""
-    t = text.strip().lower()
-    for suffix, mult in _DURATION_UNITS:
-        if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
-            return int(float(t[: -len(suffix)]) * mult)
-    try:
-        seconds = float(t)
-    except ValueError:
-        raise ConfigError(f"invalid duration {text!r} (use e.g. 30s, 5m, 72h, 7d)") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"invalid duration {text!r}: a duration is >= 0 (use e.g. 30s, 5m, 72h, 7d)")
-    return int(seconds * 1000)
+    """A duration → milliseconds (>= 0, rounded to the nearest ms): ``'500ms'``,
+    ``'30s'``, ``'1h30m'``, ``'2d'``, ``'1w'``, ``'90'`` (a bare number: seconds);
+    each term's unit is read by humanfriendly (``parse_timespan``: ``ms``, ``s``,
+    ``m``, ``h``, ``d``, ``w`` and their long names). Raises ConfigError for anything
+    else: a negative or non-finite duration (``'-1'`` is not -1000 ms), nonsense."""
+    t = text.strip() if isinstance(text, str) else ""
+    refused = ConfigError(f"invalid duration {text!r}: a duration is a finite time >= 0 ({_DURATION_EXAMPLES})")
+    if re.fullmatch(r"\d+(?:\.\d+)?", t):
+        return round(float(t) * 1000)
+    terms = _SPAN_TERM.findall(t)
+    if not terms or "".join(_SPAN_TERM.sub(" ", t).split()):  # something besides whole terms
+        raise refused
+    seconds = 0.0
+    for number, unit in terms:
+        try:
+            seconds += humanfriendly.parse_timespan(f"{number}{unit}")
+        except humanfriendly.InvalidTimespan:
+            raise refused from None
+    if not math.isfinite(seconds):
+        raise refused
+    return round(seconds * 1000)
 
 
 def format_duration_ms(ms: int) -> str:

@@ -34,13 +34,17 @@ from equeue.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {f.name: f for f in attrs.fields(BrokerConfig)}
 
+def seconds(text: str) -> float:
+    return parse_duration_ms(text) / 1000
+
+
 #: ``broker start`` option → (BrokerConfig field, the option's text → the field's value)
 START_OPTIONS: dict[str, tuple[str, Any]] = {
     "host": ("host", None),
     "port": ("port", None),
     "http_port": ("http_port", None),
     "flush": ("flush", None),
-    "flush_interval": ("flush_interval", None),
+    "flush_interval": ("flush_interval", seconds),
     "inline_commit": ("inline_commit_bytes", parse_size),
     "map_size": ("map_size", parse_size),
     "auto_create": ("auto_create_topics", None),
@@ -50,7 +54,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "delete_consumed": ("delete_consumed", None),
     "max_message": ("max_message_bytes", parse_size),
     "scan_records": ("scan_records", None),
-    "scan_time": ("scan_time", lambda t: parse_duration_ms(t) / 1000),
+    "scan_time": ("scan_time", seconds),
     "metrics_queue_limit": ("metrics_queue_limit", None),
     "tls_cert": ("tls_cert", None),
     "tls_key": ("tls_key", None),
@@ -60,19 +64,19 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "max_connections": ("max_connections", None),
     "output_buffer_soft": ("output_buffer_soft", parse_size),
     "output_buffer_hard": ("output_buffer_hard", parse_size),
-    "output_buffer_grace": ("output_buffer_grace", None),
-    "frame_timeout": ("frame_timeout", None),
+    "output_buffer_grace": ("output_buffer_grace", seconds),
+    "frame_timeout": ("frame_timeout", seconds),
     "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
-    "idle_timeout": ("idle_timeout", None),
+    "idle_timeout": ("idle_timeout", seconds),
     "max_pulls_per_connection": ("max_pulls_per_connection", None),
-    "member_expiry": ("member_expiry", None),
+    "member_expiry": ("member_expiry", seconds),
     "cluster": ("cluster", lambda t: tuple(u for u in t.split(",") if u)),
     "broker_group": ("broker_group", None),
     "advertise": ("advertise", None),
-    "cluster_lease_ttl": ("cluster_lease_ttl", None),
+    "cluster_lease_ttl": ("cluster_lease_ttl", lambda t: parse_duration_ms(t) // 1000),
     "acks": ("acks", None),
     "min_insync": ("min_insync", None),
-    "replica_lag_max": ("replica_lag_max", None),
+    "replica_lag_max": ("replica_lag_max", seconds),
     "replica_fetch_bytes": ("replica_fetch_bytes", parse_size),
     "replica_log_bytes": ("replica_log_bytes", parse_size),
 }
