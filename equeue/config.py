@@ -250,6 +250,18 @@ def _advertise(_inst: object, attr: attrs.Attribute, value: object) -> None:  # 
         raise ConfigError(f"{attr.name} must be HOST:PORT that clients can reach, got {value!r}")
 
 
+#: the smallest LMDB map a broker starts on: a fresh store's databases need a few pages,
+#: and LMDB refuses a smaller map only when it first writes (MDB_MAP_FULL, which would
+#: read as a damaged store)
+MIN_MAP_SIZE: Final = 1 << 20
+
+
+def _map_size(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    positive(inst, attr, value)
+    if value < MIN_MAP_SIZE:  # type: ignore[operator]  # a number: positive() checked it
+        raise ConfigError(f"{attr.name} must be at least {format_size(MIN_MAP_SIZE)}, got {value!r}")
+
+
 def _acks(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     if value not in ("all", "leader"):
         raise ConfigError(f"{attr.name} must be one of 'all', 'leader', got {value!r}")
@@ -292,7 +304,7 @@ class BrokerConfig:
     #: docs/storage.md, "Inline commits")
     inline_commit_bytes: int = attrs.field(default=256 << 10, validator=non_negative)
     #: LMDB map size: the most the store may hold
-    map_size: int = attrs.field(default=8 << 30, validator=positive)
+    map_size: int = attrs.field(default=8 << 30, validator=_map_size)
     #: largest frame either way; at most DEFAULT_MAX_FRAME, the cap every client
     #: (SDK, CLI, Spark) reads frames with, so no answer is ever too big for a client
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)

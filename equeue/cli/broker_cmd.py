@@ -224,7 +224,10 @@ def register(app: typer.Typer) -> None:
         # (on fd 2, the process's stderr: a test runner may have replaced sys.stderr).
         faulthandler.enable(file=2, all_threads=False)
         if audit_log:
-            setup_audit_log(audit_log)
+            try:
+                setup_audit_log(audit_log)
+            except OSError as exc:
+                fail(f"cannot open the audit log {audit_log}: {exc.strerror or exc}")
         values = {k: v for k, v in locals().items() if k in _FIELDS}
         cfg = _config_or_fail(data_dir, values, lambda option: _flag(option))
         broker = Broker(cfg)

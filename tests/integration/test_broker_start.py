@@ -1,0 +1,105 @@
+"""Starting a broker: every start-up failure of ``python -m equeue broker start`` is
+one ``error:`` line on stderr and exit status 1 (a port in use, the HTTP port in use,
+TLS files that cannot be read, a data directory that cannot be used or is in use, a
+map too small, a bad setting), never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker.process import BrokerProcess
+from equeue.errors import ConfigError, StartupError
+
+
+def start(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """``python -m equeue broker start ARGS`` to its end (each case here fails at
+    start; the timeout only bounds a broker that would wrongly start)."""
+    return subprocess.run(
+        [sys.executable, "-m", "equeue", "broker", "start", *map(str, args)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def assert_one_error_line(r: subprocess.CompletedProcess[str], *words: str) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for word in words:
+        assert word in lines[0], r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another socket listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_the_broker_port_in_use(tmp_path: Path, taken_port: int) -> None:
+    r = start("--data-dir", tmp_path / "d", "--port", str(taken_port))
+    assert_one_error_line(r, f"127.0.0.1:{taken_port}", "broker port", "Address already in use")
+
+
+def test_the_http_port_in_use(tmp_path: Path, taken_port: int) -> None:
+    r = start("--data-dir", tmp_path / "d", "--port", "0", "--http-port", str(taken_port))
+    assert_one_error_line(r, f"127.0.0.1:{taken_port}", "HTTP port", "Address already in use")
+
+
+def test_tls_files_that_cannot_be_read(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = tmp_path / "broker.pem"
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(cert))
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    d = tmp_path / "d"
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--tls-cert", tmp_path / "missing.pem"),
+                          "missing.pem", "No such file")  # fmt: skip
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--tls-cert", junk), "junk.pem")
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--tls-cert", cert, "--tls-key", junk), "junk.pem")
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--tls-cert", cert, "--tls-ca", junk,
+                                "--tls-client-auth", "required"), "TLS CA file", "junk.pem")  # fmt: skip
+
+
+def test_a_data_dir_that_cannot_be_used(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert_one_error_line(start("--data-dir", a_file, "--port", "0"), "data directory", str(a_file))
+    (tmp_path / "d" / "data.mdb").mkdir(parents=True)  # LMDB's data file is a directory
+    assert_one_error_line(start("--data-dir", tmp_path / "d", "--port", "0"), "data directory", str(tmp_path / "d"))
+
+
+def test_a_data_dir_in_use(tmp_path: Path) -> None:
+    with BrokerProcess(tmp_path / "d"):
+        assert_one_error_line(start("--data-dir", tmp_path / "d", "--port", "0"), "data directory")
+
+
+def test_a_map_too_small_and_bad_settings(tmp_path: Path) -> None:
+    d = tmp_path / "d"
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--map-size", "4KiB"), "--map-size", "at least 1MiB")
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--acks", "some"), "--acks")
+    assert_one_error_line(start("--data-dir", d, "--port", "0", "--output-buffer-soft", "1GiB",
+                                "--output-buffer-hard", "1MiB"), "output_buffer_soft")  # fmt: skip
+    assert not d.exists()  # nothing was started
+
+
+def test_the_audit_log_cannot_be_opened(tmp_path: Path) -> None:
+    r = start("--data-dir", tmp_path / "d", "--port", "0", "--audit-log", tmp_path / "no" / "such" / "audit.log")
+    assert_one_error_line(r, "audit log")
+
+
+def test_embedded_broker_raises_the_start_up_refusal_itself(tmp_path: Path, taken_port: int) -> None:
+    with pytest.raises(StartupError, match="Address already in use"):
+        EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "d", port=taken_port)).start()
+    with pytest.raises(ConfigError, match=r"missing\.pem"):
+        EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "d", port=0, tls_cert=tmp_path / "missing.pem")).start()
