@@ -49,6 +49,11 @@ class EmbeddedBroker:
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
+    @property
+    def http_port(self) -> int:
+        """The bound port of the /metrics and /stats endpoint (0: none, or not started)."""
+        return self._broker.http_port if self._broker is not None else 0
+
     def start(self) -> EmbeddedBroker:
         from equeue.broker.server import Broker
 

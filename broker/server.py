@@ -121,7 +121,7 @@ class Broker:
         self.stats = Counters()
         self._closing = Closing()
         self.port: int = 0
-        #: bound port of the /metrics + /stats endpoint (0 = off)
+        #: bound port of the /metrics + /stats endpoint (0: none, ``config.http_port`` None)
         self.http_port: int = 0
         self._stop = trio.Event()
         self._inflight = Inflight()
@@ -220,7 +220,7 @@ class Broker:
                     tasks.start_soon(self.security.watch)
                     if cfg.flush == "async":
                         tasks.start_soon(self._flusher)
-                    if cfg.http_port:
+                    if cfg.http_port is not None:  # 0: a free port
                         try:
                             self.http_port = await tasks.start(
                                 functools.partial(
@@ -234,9 +234,10 @@ class Broker:
                         except OSError as exc:
                             raise _cannot_listen(cfg.host, cfg.http_port, "the HTTP port", exc) from None
                     log.info(
-                        "broker listening on %s:%d (data %s, flush %s)",
+                        "broker listening on %s:%d%s (data %s, flush %s)",
                         cfg.host,
                         self.port,
+                        f", HTTP on {cfg.host}:{self.http_port}" if self.http_port else "",
                         cfg.data_dir,
                         cfg.flush,
                     )

@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SCAN_RECORDS",
     "DEFAULT_SCAN_TIME",
+    "HTTP_OFF",
     "BrokerConfig",
     "ConsumerDefaults",
     "FlushPolicy",
@@ -55,6 +56,7 @@ __all__ = [
     "optional_positive",
     "parse_address",
     "parse_duration_ms",
+    "parse_http_port",
     "parse_retention_bytes",
     "parse_retention_ms",
     "parse_size",
@@ -68,6 +70,9 @@ __all__ = [
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5800
 DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+#: ``http_port``'s "no HTTP endpoint" as a number, and the words for it (besides "-1")
+HTTP_OFF: Final = -1
+HTTP_OFF_WORDS: Final = frozenset({"off", "-1"})
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -150,6 +155,35 @@ def port_number(_inst: object, attr: attrs.Attribute, value: object) -> None:  #
     """attrs validator: a TCP port, 0 (pick a free one / off) to 65535. Raises ConfigError."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
         raise ConfigError(f"{attr.name} must be a port number 0..65535, got {value!r}")
+
+
+def _http_port(value: object) -> object:
+    """attrs converter of ``http_port``: -1 (off) → None; anything else unchanged."""
+    return None if isinstance(value, int) and not isinstance(value, bool) and value == HTTP_OFF else value
+
+
+def _optional_port(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: None (off) or a port number. Raises ConfigError naming -1 and off."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(
+            f"{attr.name} must be a port number 0..65535 (0: a free one), or -1 / off for none, got {value!r}"
+        )
+
+
+def parse_http_port(text: str) -> int | None:
+    """``--http-port`` as the CLI and the config file take it: a port (``0``: a free
+    one) → the port; ``'off'`` or ``'-1'`` → None (no HTTP endpoint). Raises
+    ConfigError for anything else."""
+    t = str(text).strip().lower()
+    if t in HTTP_OFF_WORDS:
+        return None
+    try:
+        port = int(t)
+    except ValueError:
+        raise ConfigError(f"invalid port {text!r}: give a port number (0: a free one) or off") from None
+    return _http_port(port)  # type: ignore[return-value]  # checked by BrokerConfig
 
 
 def boolean(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
@@ -295,8 +329,9 @@ class BrokerConfig:
     #: 0 = pick a free port (read it back from the started broker)
     port: int = attrs.field(default=DEFAULT_PORT, validator=port_number)
     flush: FlushPolicy = attrs.field(default=FlushPolicy.SYNC, converter=_flush_policy)
-    #: port for /metrics and /stats over HTTP (0 = off)
-    http_port: int = attrs.field(default=0, validator=port_number)
+    #: port for /metrics and /stats over HTTP: 0 picks a free one (read it back from
+    #: the started broker); None (or -1, turned into None) = no HTTP endpoint
+    http_port: int | None = attrs.field(default=None, converter=_http_port, validator=_optional_port)
     #: seconds between fsyncs with flush "async"
     flush_interval: float = attrs.field(default=0.5, validator=positive)
     #: flush "async": a transaction of small writes up to this many bytes commits on

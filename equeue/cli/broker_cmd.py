@@ -30,6 +30,7 @@ from equeue.config import (
     format_retention_ms,
     format_size,
     parse_duration_ms,
+    parse_http_port,
     parse_retention_bytes,
     parse_retention_ms,
     parse_size,
@@ -64,7 +65,7 @@ def _whole_seconds(text: str) -> int:
 _FIELDS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "host": ("host", None),
     "port": ("port", None),
-    "http_port": ("http_port", None),
+    "http_port": ("http_port", parse_http_port),
     "flush": ("flush", None),
     "flush_interval": ("flush_interval", _seconds),
     "inline_commit": ("inline_commit_bytes", parse_size),
@@ -169,7 +170,7 @@ def register(app: typer.Typer) -> None:
         data_dir: Path = typer.Option(..., "--data-dir", help="LMDB data directory (created if missing)."),
         host: str = typer.Option(_D.host, help="Interface to listen on."),
         port: int = typer.Option(_D.port, help="TCP port (0 = pick a free one)."),
-        http_port: int = typer.Option(_D.http_port, help="Port for /metrics and /stats over HTTP (0 = off)."),
+        http_port: str = typer.Option("off", help="Port for /metrics and /stats over HTTP (0 = pick a free one, printed on stderr; off or -1 = none)."),
         flush: FlushPolicy = typer.Option(_D.flush, help="sync: fsync before every ack; async: fsync every --flush-interval."),
         flush_interval: str = typer.Option(_secs(_D.flush_interval), help="Time between fsyncs with --flush async (a duration, e.g. 500ms)."),
         inline_commit: str = typer.Option(format_size(_D.inline_commit_bytes), help="--flush async: commit transactions up to this size on the event loop when the writer thread is idle (0 = never)."),
@@ -247,7 +248,11 @@ def register(app: typer.Typer) -> None:
                     gc.collect()
                     gc.freeze()
                     tls = ", TLS" if cfg.tls_cert is not None else ""
-                    typer.echo(f"equeue broker listening on {host}:{bound} (data {data_dir}, flush {flush}{tls})", err=True)
+                    http = f", HTTP on {cfg.host}:{broker.http_port}" if broker.http_port else ""
+                    typer.echo(
+                        f"equeue broker listening on {cfg.host}:{bound}{http} (data {cfg.data_dir}, flush {cfg.flush}{tls})",
+                        err=True,
+                    )
                     if cfg.cluster:
                         typer.echo(
                             f"cluster: broker group {cfg.broker_group}, etcd {','.join(cfg.cluster)}, "
@@ -265,7 +270,7 @@ def register(app: typer.Typer) -> None:
         try:
             trio.run(main)
         except OSError as exc:
-            fail(f"cannot start the broker on {host}:{port}: {exc.strerror or exc}")
+            fail(f"cannot start the broker on {cfg.host}:{cfg.port}: {exc.strerror or exc}")
         except BaseExceptionGroup as group:  # the broker's nursery wraps a start-up failure
             refused, _ = group.split(EQueueError)
             if refused is None:

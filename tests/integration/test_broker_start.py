@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,3 +104,36 @@ def test_embedded_broker_raises_the_start_up_refusal_itself(tmp_path: Path, take
         EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "d", port=taken_port)).start()
     with pytest.raises(ConfigError, match=r"missing\.pem"):
         EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "d", port=0, tls_cert=tmp_path / "missing.pem")).start()
+
+
+# ------------------------------------------------------------------------ --http-port 0
+
+def get(port: int, path: str) -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+        return answer.status, answer.read().decode()
+
+
+def test_http_port_0_picks_a_free_port_and_prints_it() -> None:
+    with BrokerProcess(None, "--http-port", "0") as b:
+        assert b.http_port > 0 and b.http_port != b.port
+        assert any(f"listening on {b.address}, HTTP on 127.0.0.1:{b.http_port}" in line for line in b.stderr_tail)
+        status, text = get(b.http_port, "/metrics")
+        assert status == 200 and "equeue_messages_in_total" in text
+
+
+@pytest.mark.parametrize("off", ["off", "-1"])
+def test_http_port_off_serves_no_http(off: str) -> None:
+    with BrokerProcess(None, "--http-port", off) as b:
+        assert b.http_port == 0
+        assert not any("HTTP on" in line for line in b.stderr_tail)
+    with BrokerProcess(None) as b:  # the default
+        assert b.http_port == 0
+
+
+def test_http_port_0_in_embedded_use(tmp_path: Path) -> None:
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "e", port=0, http_port=0)) as b:
+        assert b.http_port > 0 and b._broker is not None and b._broker.http_port == b.http_port
+        assert get(b.http_port, "/stats")[0] == 200
+    with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "f", port=0)) as b:
+        assert b.http_port == 0
+    assert BrokerConfig(data_dir="d", http_port=-1).http_port is None

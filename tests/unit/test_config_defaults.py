@@ -24,6 +24,7 @@ from equeue.config import (
     format_size,
     parse_address,
     parse_duration_ms,
+    parse_http_port,
     parse_retention_bytes,
     parse_retention_ms,
     parse_size,
@@ -42,7 +43,7 @@ def seconds(text: str) -> float:
 START_OPTIONS: dict[str, tuple[str, Any]] = {
     "host": ("host", None),
     "port": ("port", None),
-    "http_port": ("http_port", None),
+    "http_port": ("http_port", parse_http_port),
     "flush": ("flush", None),
     "flush_interval": ("flush_interval", seconds),
     "inline_commit": ("inline_commit_bytes", parse_size),
@@ -174,7 +175,7 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
     [
         ({"flush": "fast"}, "flush must be one of 'sync', 'async'"),
         ({"port": 70000}, "port must be a port number"),
-        ({"http_port": -1}, "http_port must be a port number"),
+        ({"http_port": -2}, "http_port must be a port number 0..65535 (0: a free one), or -1 / off for none"),
         ({"flush_interval": 0}, "flush_interval must be > 0"),
         ({"map_size": "8GiB"}, "map_size must be a number"),
         ({"retention_ms": 0}, "retention_ms must be > 0, or -1 to keep messages forever"),
