@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import tomllib
 from collections.abc import Callable
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,7 @@ from equeue.config import (
     parse_retention_bytes,
     parse_retention_ms,
     parse_size,
+    to_enum,
 )
 from equeue.errors import ConfigError, EQueueError
 
@@ -137,6 +141,83 @@ def _config_or_fail(data_dir: Path, values: dict[str, Any], origin: Callable[[st
         fail(str(exc))
 
 
+#: ``broker start`` options that take a path (a string in the config file)
+_PATHS = frozenset({"data_dir", "tls_cert", "tls_key", "tls_ca", "users_file"})
+
+
+def _file_value(name: str, default: object, value: object) -> object:
+    """A config-file value of option ``name`` as the command line would give it: TOML's
+    types are checked (a port is an integer, a flag true or false, a path a string;
+    a size or a duration a string or a number, read as on the command line), never
+    coerced. Raises ConfigError saying what was expected."""
+
+    def wrong(expected: str) -> ConfigError:
+        return ConfigError(f"expected {expected}, got {type(value).__name__} {value!r}")
+
+    if name in _PATHS:
+        if not isinstance(value, str) or not value:
+            raise wrong("a path (a string)")
+        return Path(value)
+    if name == "cluster":
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return ",".join(value)
+        raise wrong("etcd URLs (a string, or a list of strings)")
+    if isinstance(default, StrEnum):
+        if not isinstance(value, str):
+            raise wrong("a string")
+        return to_enum(type(default), "value", value)
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise wrong("true or false")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise wrong("a whole number")
+        return value
+    if name in _FIELDS and _FIELDS[name][1] is not None:  # a size, a duration, a port or off
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise wrong("a string or a number")
+        return str(value)
+    if not isinstance(value, str):
+        raise wrong("a string")
+    return value
+
+
+def read_config_file(path: Path, params: list[Any]) -> dict[str, tuple[object, str]]:
+    """The settings of a ``broker start --config`` TOML file: option name → (its value
+    as the command line would give it, the key as written). Keys are the options' long
+    names (``map-size``; ``map_size`` too). Raises ConfigError naming the file and the
+    key: an unreadable file or bad TOML, an unknown key, a key given twice, a value of
+    the wrong type."""
+    try:
+        with open(path, "rb") as f:
+            table = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not a TOML file: {exc}") from None
+    options = {p.opts[0].removeprefix("--"): p for p in params if p.name not in ("config", "ctx") and p.opts}
+    flag_of_field = {field.replace("_", "-"): option.replace("_", "-") for option, (field, _) in _FIELDS.items()}
+    out: dict[str, tuple[object, str]] = {}
+    for key, value in table.items():
+        param = options.get(key.replace("_", "-"))
+        if param is None:
+            near = flag_of_field.get(key.replace("_", "-")) or next(
+                iter(difflib.get_close_matches(key.replace("_", "-"), options, n=1)), None
+            )
+            hint = f" (did you mean {near!r}?)" if near else " (keys are the long options of equeue broker start)"
+            raise ConfigError(f"{path}: unknown key {key!r}{hint}")
+        if param.name in out:
+            raise ConfigError(f"{path}: {key!r} is given twice (as {out[param.name][1]!r} too)")
+        try:
+            out[param.name] = (_file_value(param.name, param.default, value), key)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {key}: {exc}") from None
+    return out
+
+
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
     """The first exception inside a (nested) exception group."""
     exc: BaseException = group
@@ -167,7 +248,9 @@ def register(app: typer.Typer) -> None:
 
     @broker_app.command("start")
     def start(
-        data_dir: Path = typer.Option(..., "--data-dir", help="LMDB data directory (created if missing)."),
+        ctx: typer.Context,
+        config: Path | None = typer.Option(None, "--config", help="A TOML file of settings, keyed by these options' long names (map-size = \"64GiB\"); options given here override it (docs/operations.md)."),
+        data_dir: Path | None = typer.Option(None, "--data-dir", help="LMDB data directory (created if missing). Required, here or in --config."),
         host: str = typer.Option(_D.host, help="Interface to listen on."),
         port: int = typer.Option(_D.port, help="TCP port (0 = pick a free one)."),
         http_port: str = typer.Option("off", help="Port for /metrics and /stats over HTTP (0 = pick a free one, printed on stderr; off or -1 = none)."),
@@ -219,6 +302,22 @@ def register(app: typer.Typer) -> None:
 
         from equeue.broker import Broker
 
+        values = dict(ctx.params)  # every option's value (converted by typer)
+        del values["config"]
+        origins = {name: _flag(name) for name in values}
+        if config is not None:
+            try:
+                settings = read_config_file(config, ctx.command.params)
+            except ConfigError as exc:
+                fail(str(exc))
+            for name, (value, key) in settings.items():
+                source = ctx.get_parameter_source(name)
+                if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT"):
+                    continue  # the command line overrides the file
+                values[name], origins[name] = value, f"{config}: {key}"
+        data_dir, log_level, audit_log = values["data_dir"], values["log_level"], values["audit_log"]
+        if data_dir is None:
+            fail("give the data directory: --data-dir DIR, or data-dir in the --config file")
         setup_logging(log_level)
         # A fatal signal (a SIGBUS when data.mdb is cut short under a running broker)
         # prints "Fatal Python error: Bus error" and where, instead of dying silently
@@ -229,8 +328,7 @@ def register(app: typer.Typer) -> None:
                 setup_audit_log(audit_log)
             except OSError as exc:
                 fail(f"cannot open the audit log {audit_log}: {exc.strerror or exc}")
-        values = {k: v for k, v in locals().items() if k in _FIELDS}
-        cfg = _config_or_fail(data_dir, values, lambda option: _flag(option))
+        cfg = _config_or_fail(data_dir, {k: v for k, v in values.items() if k in _FIELDS}, origins.__getitem__)
         broker = Broker(cfg)
         warn_if_open(cfg)
 

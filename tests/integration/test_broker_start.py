@@ -137,3 +137,48 @@ def test_http_port_0_in_embedded_use(tmp_path: Path) -> None:
     with EmbeddedBroker(BrokerConfig(data_dir=tmp_path / "f", port=0)) as b:
         assert b.http_port == 0
     assert BrokerConfig(data_dir="d", http_port=-1).http_port is None
+
+
+# ------------------------------------------------------------------------ --config FILE
+
+def test_a_config_file_sets_the_broker_and_the_command_line_overrides_it(tmp_path: Path) -> None:
+    from equeue.producer import Client
+
+    f = tmp_path / "broker.toml"
+    f.write_text(
+        f'data-dir = "{tmp_path / "from-file"}"\n'
+        'http-port = 0\nmap-size = "1GB"\nflush = "async"\nflush-interval = "250ms"\nretention = "1h30m"\n'
+    )
+    with BrokerProcess(tmp_path / "from-flag", "--config", str(f), "--flush", "sync") as b:
+        assert b.http_port > 0  # from the file
+        c = Client(b.address)
+        try:
+            stats = c.stats()
+        finally:
+            c.close()
+        assert stats.map_size == 10**9  # from the file, 1GB: decimal
+        assert stats.flush == "sync"  # the command line wins
+    assert (tmp_path / "from-flag" / "data.mdb").exists() and not (tmp_path / "from-file").exists()
+
+
+def test_the_data_dir_from_a_config_file(tmp_path: Path) -> None:
+    f = tmp_path / "broker.toml"
+    f.write_text(f'data-dir = "{tmp_path / "d"}"\nport = 0\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "equeue", "broker", "start", "--config", str(f)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the ready line (or the refusal, then EOF)
+        assert "listening on 127.0.0.1:" in first and f"data {tmp_path / 'd'}" in first, first
+        assert (tmp_path / "d" / "data.mdb").exists()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    f.write_text(f'data-dir = "{tmp_path / "d"}"\nport = 0\nmap-size = "4KiB"\n')
+    r = subprocess.run(
+        [sys.executable, "-m", "equeue", "broker", "start", "--config", str(f)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert_one_error_line(r, f"{f}: map-size: map_size must be at least 1MiB")
