@@ -24,6 +24,8 @@ from equeue.errors import EQueueError
 
 __all__ = ["BrokerProcess"]
 
+#: a log line at ERROR or above, logfmt (``level=error``) or JSON (``"level": "error"``)
+_ERROR_LEVEL = re.compile(r'^(?:ts=\S* level=|\{"ts": "[^"]*", "level": ")(?:error|critical)\b')
 #: the ready line: "listening on HOST:PORT[, HTTP on HOST:PORT] (...)"
 _LISTENING = re.compile(r"listening on ([\d.]+):(\d+)(?:, HTTP on \S+:(\d+))?")
 
@@ -115,7 +117,7 @@ class BrokerProcess:
         try:
             for line in stream:
                 self.stderr_tail.append(line)
-                if "level=ERROR" in line or "level=CRITICAL" in line or line.startswith("Fatal Python error"):
+                if _ERROR_LEVEL.search(line) or line.startswith("Fatal Python error"):
                     self.error_lines.append(line)
                 if not listening and (m := _LISTENING.search(line)):
                     listening.append((m.group(1), int(m.group(2)), int(m.group(3) or 0)))

@@ -20,7 +20,6 @@ from equeue.cli._common import (
     fail,
     query,
     setup_audit_log,
-    setup_logging,
     table,
     warn_if_open,
 )
@@ -40,6 +39,7 @@ from equeue.config import (
     to_enum,
 )
 from equeue.errors import ConfigError, EQueueError
+from equeue.logs import LogFormat, setup_logging
 
 #: every field at its default: ``broker start`` repeats none (tests/unit/test_cli_defaults.py)
 _D = BrokerConfig(data_dir=Path())
@@ -292,6 +292,7 @@ def register(app: typer.Typer) -> None:
         replica_fetch_bytes: str = typer.Option(format_size(_D.replica_fetch_bytes), "--replica-fetch-bytes", help="Replication log bytes per fetch answer (at least one whole entry)."),
         replica_log_bytes: str = typer.Option(format_size(_D.replica_log_bytes), "--replica-log-bytes", help="Replication log bytes a leader keeps for lagging followers (further behind: the store is copied first)."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
+        log_format: LogFormat = typer.Option(LogFormat.LOGFMT, "--log-format", help="Log lines as logfmt (key=value) or JSON objects (docs/operations.md, Logs)."),
     ) -> None:
         """Start a broker in the foreground; Ctrl-C / SIGTERM stop it gracefully."""
         import faulthandler
@@ -315,10 +316,11 @@ def register(app: typer.Typer) -> None:
                 if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT", "PROMPT"):
                     continue  # the command line overrides the file
                 values[name], origins[name] = value, f"{config}: {key}"
-        data_dir, log_level, audit_log = values["data_dir"], values["log_level"], values["audit_log"]
+        data_dir, audit_log = values["data_dir"], values["audit_log"]
         if data_dir is None:
             fail("give the data directory: --data-dir DIR, or data-dir in the --config file")
-        setup_logging(log_level)
+        cfg = _config_or_fail(data_dir, {k: v for k, v in values.items() if k in _FIELDS}, origins.__getitem__)
+        setup_logging(values["log_level"], values["log_format"])
         # A fatal signal (a SIGBUS when data.mdb is cut short under a running broker)
         # prints "Fatal Python error: Bus error" and where, instead of dying silently
         # (on fd 2, the process's stderr: a test runner may have replaced sys.stderr).
@@ -328,7 +330,6 @@ def register(app: typer.Typer) -> None:
                 setup_audit_log(audit_log)
             except OSError as exc:
                 fail(f"cannot open the audit log {audit_log}: {exc.strerror or exc}")
-        cfg = _config_or_fail(data_dir, {k: v for k, v in values.items() if k in _FIELDS}, origins.__getitem__)
         broker = Broker(cfg)
         warn_if_open(cfg)
 

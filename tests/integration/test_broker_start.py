@@ -5,6 +5,7 @@ map too small, a bad setting), never a traceback."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import trustme
 from equeue.broker import BrokerConfig, EmbeddedBroker
 from equeue.broker.process import BrokerProcess
 from equeue.errors import ConfigError, StartupError
+from tests.conftest import wait_until_sync
 
 
 def start(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -182,3 +184,20 @@ def test_the_data_dir_from_a_config_file(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert_one_error_line(r, f"{f}: map-size: map_size must be at least 1MiB")
+
+
+# ------------------------------------------------------------------------ structured logs
+
+@pytest.mark.parametrize("fmt", ["logfmt", "json"])
+def test_the_broker_logs_structured_lines(fmt: str) -> None:
+    from tests.unit.test_logs import TS, parse_logfmt
+
+    with BrokerProcess(None, "--log-format", fmt, log_level="info") as b:
+        pass  # started and stopped: its start and stop lines are logged
+    wait_until_sync(lambda: any("broker stopped" in line for line in b.stderr_tail), what="the last line read")
+    logged = [line for line in b.stderr_tail if line.startswith(("ts=", "{"))]
+    records = [json.loads(line) if fmt == "json" else parse_logfmt(line.rstrip("\n")) for line in logged]
+    assert records and all(list(r)[:4] == ["ts", "level", "logger", "msg"] and TS.fullmatch(r["ts"]) for r in records)
+    messages = [(r["level"], r["logger"], r["msg"]) for r in records]
+    assert ("info", "equeue.broker", f"broker listening on {b.address} (data {b.data_dir}, flush sync)") in messages
+    assert ("info", "equeue.broker", "broker stopped") in messages

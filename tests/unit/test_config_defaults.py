@@ -82,7 +82,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "replica_log_bytes": ("replica_log_bytes", parse_size),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
-NOT_CONFIG = {"config", "data_dir", "log_level", "audit_log"}
+NOT_CONFIG = {"config", "data_dir", "log_level", "log_format", "audit_log"}
 
 
 def command(*path: str) -> click.Command:
