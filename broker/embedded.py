@@ -15,12 +15,25 @@ if TYPE_CHECKING:
     from equeue.broker.server import Broker
 
 
+def _refusal(exc: BaseException) -> EQueueError | None:
+    """The EQueueError a start-up failure is (the first one inside the exception
+    groups of the broker's nurseries), or None for anything else."""
+    while isinstance(exc, BaseExceptionGroup):
+        refused, _ = exc.split(EQueueError)
+        if refused is None:
+            return None
+        exc = refused.exceptions[0]
+    return exc if isinstance(exc, EQueueError) else None
+
+
 class EmbeddedBroker:
     """Run a :class:`~equeue.broker.server.Broker` on its own trio loop in a thread.
 
     ``with EmbeddedBroker(BrokerConfig(data_dir=..., port=0)) as b: b.address``.
-    :meth:`stop` shuts it down gracefully and joins the thread; errors raised by the
-    broker (e.g. the port is taken) are re-raised from :meth:`start`/:meth:`stop`.
+    :meth:`stop` shuts it down gracefully and joins the thread. A start-up refusal is
+    raised from :meth:`start` as itself (``StartupError`` for a port that is taken,
+    ``ConfigError`` for a bad certificate, ``DataDirLocked``...); any other error
+    of the broker is re-raised from :meth:`start`/:meth:`stop` as an EQueueError.
     """
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -35,6 +48,11 @@ class EmbeddedBroker:
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
+
+    @property
+    def http_port(self) -> int:
+        """The bound port of the /metrics and /stats endpoint (0: none, or not started)."""
+        return self._broker.http_port if self._broker is not None else 0
 
     def start(self) -> EmbeddedBroker:
         from equeue.broker.server import Broker
@@ -59,6 +77,9 @@ class EmbeddedBroker:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
+            refusal = _refusal(self._error)
+            if refusal is not None:  # StartupError, ConfigError, DataDirLocked, StoreDamaged...
+                raise refusal
             raise EQueueError(f"broker failed to start: {self._error}") from self._error
         return self
 

@@ -2,7 +2,7 @@
 format 0.0.4) and ``GET /stats`` (JSON of the broker's statistics).
 
 Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_port`` is not
-0. One request per connection (``Connection: close``); requests are capped at 8 KiB
+None (0: on a free port, ``Broker.http_port`` says which). One request per connection (``Connection: close``); requests are capped at 8 KiB
 and 5 s, so a slow or hostile scraper cannot hold resources.
 
 ``/metrics`` is bounded whatever the broker holds: by default it has the broker's

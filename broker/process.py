@@ -2,7 +2,8 @@
 
 For crash tests (SIGKILL needs a real process), benchmarks (the broker must not share
 the client's interpreter) and scripts. The child listens on ``port`` (0 = any free
-port, read back from its "listening on host:port" line).
+port, read back from its "listening on host:port" line, as is the HTTP port of
+``--http-port``: ``http_port``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from equeue.errors import EQueueError
 
 __all__ = ["BrokerProcess"]
 
-_LISTENING = re.compile(r"listening on ([\d.]+):(\d+)")
+#: a log line at ERROR or above, logfmt (``level=error``) or JSON (``"level": "error"``)
+_ERROR_LEVEL = re.compile(r'^(?:ts=\S* level=|\{"ts": "[^"]*", "level": ")(?:error|critical)\b')
+#: the ready line: "listening on HOST:PORT[, HTTP on HOST:PORT] (...)"
+_LISTENING = re.compile(r"listening on ([\d.]+):(\d+)(?:, HTTP on \S+:(\d+))?")
 
 
 class BrokerProcess:
@@ -50,6 +54,8 @@ class BrokerProcess:
         self.args = args
         self.port = port
         self.host = "127.0.0.1"
+        #: the bound port of the /metrics and /stats endpoint (``--http-port``; 0: none)
+        self.http_port = 0
         self.log_level = log_level
         self.python = python
         #: a command the broker runs under, e.g. ``("ip", "netns", "exec", "ns1")``
@@ -91,7 +97,7 @@ class BrokerProcess:
         )  # fmt: skip
         assert self.proc.stderr is not None
         ready = threading.Event()  # the ready line was read, or the output ended
-        listening: list[tuple[str, int]] = []
+        listening: list[tuple[str, int, int]] = []
         threading.Thread(
             target=self._read_stderr, args=(self.proc.stderr, ready, listening),
             name=f"broker-{self.proc.pid}-stderr", daemon=True,
@@ -101,20 +107,20 @@ class BrokerProcess:
             raise EQueueError(f"broker did not report ready within {timeout:g} s (killed it): {self._tail()}")
         if not listening:
             raise EQueueError(f"broker exited early (rc={self.proc.wait()}): {self._tail()}")
-        self.host, self.port = listening[0]
+        self.host, self.port, self.http_port = listening[0]
         return self
 
-    def _read_stderr(self, stream: IO[str], ready: threading.Event, listening: list[tuple[str, int]]) -> None:
+    def _read_stderr(self, stream: IO[str], ready: threading.Event, listening: list[tuple[str, int, int]]) -> None:
         """Reader thread: keep the last lines in ``stderr_tail``; on the ready line
-        put (host, port) in ``listening`` and set ``ready``, as at the end of the
-        output (the child exited)."""
+        put (host, port, HTTP port or 0) in ``listening`` and set ``ready``, as at the
+        end of the output (the child exited)."""
         try:
             for line in stream:
                 self.stderr_tail.append(line)
-                if "level=ERROR" in line or "level=CRITICAL" in line or line.startswith("Fatal Python error"):
+                if _ERROR_LEVEL.search(line) or line.startswith("Fatal Python error"):
                     self.error_lines.append(line)
                 if not listening and (m := _LISTENING.search(line)):
-                    listening.append((m.group(1), int(m.group(2))))
+                    listening.append((m.group(1), int(m.group(2)), int(m.group(3) or 0)))
                     ready.set()
         finally:
             ready.set()

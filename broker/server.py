@@ -37,6 +37,7 @@ import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -58,7 +59,7 @@ from equeue.broker.thread_answer import answer_parked_pulls
 from equeue.broker.tls import TlsAcceptor, server_context
 from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
-from equeue.errors import ConfigError, ErrorCode, NotLeader
+from equeue.errors import ConfigError, ErrorCode, NotLeader, StartupError
 from equeue.logs import RateLimitedLog
 
 if TYPE_CHECKING:
@@ -74,6 +75,32 @@ _ACCEPT_CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, e
 #: the accept loop's back-off after such an error: first and longest pause (seconds)
 _ACCEPT_BACKOFF = (0.01, 1.0)
 _accept_logs = RateLimitedLog(log, 10.0, time.monotonic)
+
+
+def _cannot_listen(host: str, port: int, what: str, exc: OSError) -> StartupError:
+    """The one-line refusal of a port the broker cannot listen on."""
+    hint = " (another process listens there: pick another port, or 0 for a free one)" if exc.errno == errno.EADDRINUSE else ""
+    return StartupError(f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}{hint}")
+
+
+async def _listen(host: str, port: int, what: str) -> list[trio.SocketListener]:
+    """``trio.open_tcp_listeners``; an address in use, an address of no interface or
+    an unknown host raises StartupError naming ``what`` (the broker or HTTP port)."""
+    try:
+        return await trio.open_tcp_listeners(port, host=host)
+    except OSError as exc:
+        raise _cannot_listen(host, port, what, exc) from None
+
+
+def _open_store(path: Path, **kw: Any) -> Store:
+    """Open the store at ``path``; a data directory that cannot be created or used
+    (a file in its place, no permission, a read-only file system) raises StartupError
+    naming it (the store's own errors, DataDirLocked and StoreDamaged, go through)."""
+    try:
+        return Store(path, **kw)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
+        raise StartupError(f"cannot use the data directory {path}{where}: {exc.strerror or exc}") from None
 
 
 class Broker:
@@ -94,7 +121,7 @@ class Broker:
         self.stats = Counters()
         self._closing = Closing()
         self.port: int = 0
-        #: bound port of the /metrics + /stats endpoint (0 = off)
+        #: bound port of the /metrics + /stats endpoint (0: none, ``config.http_port`` None)
         self.http_port: int = 0
         self._stop = trio.Event()
         self._inflight = Inflight()
@@ -133,8 +160,9 @@ class Broker:
         self.security.start(cfg.host, cfg.port)
         replicated = bool(cfg.cluster)
         self.store = await trio.to_thread.run_sync(
-            lambda: Store(cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync", replicated=replicated)
-        )
+            functools.partial(_open_store, cfg.data_dir, map_size=cfg.map_size, sync=cfg.flush == "sync",
+                              replicated=replicated)
+        )  # fmt: skip
         self.store.scan_budget = ScanBudget(cfg.scan_records, cfg.scan_time)
         self.appender = Appender(
             self.store,
@@ -166,7 +194,7 @@ class Broker:
             async with trio.open_nursery() as core:
                 core.start_soon(self.appender.run)
                 async with trio.open_nursery() as tasks, AsyncExitStack() as cluster_role:
-                    listeners = await trio.open_tcp_listeners(cfg.port, host=cfg.host)
+                    listeners = await _listen(cfg.host, cfg.port, "the broker port")
                     self.port = listeners[0].socket.getsockname()[1]
                     if self.cluster is not None:  # register, load the view, take a role: then serve
                         try:
@@ -192,20 +220,24 @@ class Broker:
                     tasks.start_soon(self.security.watch)
                     if cfg.flush == "async":
                         tasks.start_soon(self._flusher)
-                    if cfg.http_port:
-                        self.http_port = await tasks.start(
-                            functools.partial(
-                                serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context
-                            ),
-                            self._statistics.snapshot,
-                            self.store,
-                            cfg.host,
-                            cfg.http_port,
-                        )
+                    if cfg.http_port is not None:  # 0: a free port
+                        try:
+                            self.http_port = await tasks.start(
+                                functools.partial(
+                                    serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context
+                                ),
+                                self._statistics.snapshot,
+                                self.store,
+                                cfg.host,
+                                cfg.http_port,
+                            )
+                        except OSError as exc:
+                            raise _cannot_listen(cfg.host, cfg.http_port, "the HTTP port", exc) from None
                     log.info(
-                        "broker listening on %s:%d (data %s, flush %s)",
+                        "broker listening on %s:%d%s (data %s, flush %s)",
                         cfg.host,
                         self.port,
+                        f", HTTP on {cfg.host}:{self.http_port}" if self.http_port else "",
                         cfg.data_dir,
                         cfg.flush,
                     )

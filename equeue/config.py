@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final, TypeVar
 
 import attrs
+import humanfriendly
 
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
@@ -38,6 +39,7 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SCAN_RECORDS",
     "DEFAULT_SCAN_TIME",
+    "HTTP_OFF",
     "BrokerConfig",
     "ConsumerDefaults",
     "FlushPolicy",
@@ -54,6 +56,7 @@ __all__ = [
     "optional_positive",
     "parse_address",
     "parse_duration_ms",
+    "parse_http_port",
     "parse_retention_bytes",
     "parse_retention_ms",
     "parse_size",
@@ -67,6 +70,9 @@ __all__ = [
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5800
 DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+#: ``http_port``'s "no HTTP endpoint" as a number, and the words for it (besides "-1")
+HTTP_OFF: Final = -1
+HTTP_OFF_WORDS: Final = frozenset({"off", "-1"})
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -149,6 +155,35 @@ def port_number(_inst: object, attr: attrs.Attribute, value: object) -> None:  #
     """attrs validator: a TCP port, 0 (pick a free one / off) to 65535. Raises ConfigError."""
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
         raise ConfigError(f"{attr.name} must be a port number 0..65535, got {value!r}")
+
+
+def _http_port(value: object) -> object:
+    """attrs converter of ``http_port``: -1 (off) → None; anything else unchanged."""
+    return None if isinstance(value, int) and not isinstance(value, bool) and value == HTTP_OFF else value
+
+
+def _optional_port(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: None (off) or a port number. Raises ConfigError naming -1 and off."""
+    if value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 65535:
+        raise ConfigError(
+            f"{attr.name} must be a port number 0..65535 (0: a free one), or -1 / off for none, got {value!r}"
+        )
+
+
+def parse_http_port(text: str) -> int | None:
+    """``--http-port`` as the CLI and the config file take it: a port (``0``: a free
+    one) → the port; ``'off'`` or ``'-1'`` → None (no HTTP endpoint). Raises
+    ConfigError for anything else."""
+    t = str(text).strip().lower()
+    if t in HTTP_OFF_WORDS:
+        return None
+    try:
+        port = int(t)
+    except ValueError:
+        raise ConfigError(f"invalid port {text!r}: give a port number (0: a free one) or off") from None
+    return _http_port(port)  # type: ignore[return-value]  # checked by BrokerConfig
 
 
 def boolean(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
@@ -249,6 +284,23 @@ def _advertise(_inst: object, attr: attrs.Attribute, value: object) -> None:  # 
         raise ConfigError(f"{attr.name} must be HOST:PORT that clients can reach, got {value!r}")
 
 
+#: the smallest LMDB map a broker starts on: a fresh store's databases need a few pages,
+#: and LMDB refuses a smaller map only when it first writes (MDB_MAP_FULL, which would
+#: read as a damaged store)
+MIN_MAP_SIZE: Final = 1 << 20
+
+
+def _map_size(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    positive(inst, attr, value)
+    if value < MIN_MAP_SIZE:  # type: ignore[operator]  # a number: positive() checked it
+        raise ConfigError(f"{attr.name} must be at least {format_size(MIN_MAP_SIZE)}, got {value!r}")
+
+
+def _acks(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if value not in ("all", "leader"):
+        raise ConfigError(f"{attr.name} must be one of 'all', 'leader', got {value!r}")
+
+
 def _lease_ttl(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     if not isinstance(value, int) or isinstance(value, bool) or not 2 <= value <= 600:
         raise ConfigError(f"{attr.name} must be a whole number of seconds, 2..600, got {value!r}")
@@ -277,8 +329,9 @@ class BrokerConfig:
     #: 0 = pick a free port (read it back from the started broker)
     port: int = attrs.field(default=DEFAULT_PORT, validator=port_number)
     flush: FlushPolicy = attrs.field(default=FlushPolicy.SYNC, converter=_flush_policy)
-    #: port for /metrics and /stats over HTTP (0 = off)
-    http_port: int = attrs.field(default=0, validator=port_number)
+    #: port for /metrics and /stats over HTTP: 0 picks a free one (read it back from
+    #: the started broker); None (or -1, turned into None) = no HTTP endpoint
+    http_port: int | None = attrs.field(default=None, converter=_http_port, validator=_optional_port)
     #: seconds between fsyncs with flush "async"
     flush_interval: float = attrs.field(default=0.5, validator=positive)
     #: flush "async": a transaction of small writes up to this many bytes commits on
@@ -286,7 +339,7 @@ class BrokerConfig:
     #: docs/storage.md, "Inline commits")
     inline_commit_bytes: int = attrs.field(default=256 << 10, validator=non_negative)
     #: LMDB map size: the most the store may hold
-    map_size: int = attrs.field(default=8 << 30, validator=positive)
+    map_size: int = attrs.field(default=8 << 30, validator=_map_size)
     #: largest frame either way; at most DEFAULT_MAX_FRAME, the cap every client
     #: (SDK, CLI, Spark) reads frames with, so no answer is ever too big for a client
     max_frame: int = attrs.field(default=DEFAULT_MAX_FRAME, validator=positive)
@@ -372,7 +425,7 @@ class BrokerConfig:
     #: replication (docs/cluster.md, "Replicas, acks, failover"): ``all`` acknowledges a write once the
     #: leader and every in-sync replica committed it (flush policy applied on each);
     #: ``leader`` once the leader committed it (a leader crash can lose it)
-    acks: str = attrs.field(default="all", validator=attrs.validators.in_(("all", "leader")))
+    acks: str = attrs.field(default="all", validator=_acks)
     #: with ``acks all``: fewer in-sync replicas (leader included) than this, and a
     #: produce is refused with NOT_ENOUGH_REPLICAS (56)
     min_insync: int = attrs.field(default=1, validator=positive)
@@ -454,27 +507,34 @@ DEFAULTS = ConsumerDefaults()
 
 # ---------------------------------------------------------------- sizes and durations (CLI text)
 
+#: a size: a number and an optional unit (humanfriendly reads the unit: ``KB``/``K`` are
+#: 10^3, ``KiB``/``Ki`` 2^10, up to peta); the form is checked here first, because
+#: humanfriendly matches a unit by its first letter (``8Gorilla`` would be 8 GB)
+_SIZE = re.compile(r"(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>(?:[kmgtp](?:i?b?))|b|bytes?)?", re.IGNORECASE)
+#: one term of a duration: a number and a unit (``1h30m`` is two terms)
+_SPAN_TERM = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)\s*", re.IGNORECASE)
+_SIZE_EXAMPLES = "e.g. 512MiB, 8GiB, 8GB or a byte count"
+_DURATION_EXAMPLES = "e.g. 500ms, 30s, 1h30m, 2d; a bare number is seconds"
+#: the binary units :func:`format_size` writes (exact, so a default round-trips)
 _SIZE_UNITS = (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
-_DURATION_UNITS = (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000))
 
 
 def parse_size(text: str) -> int:
-    """``'8GiB'``, ``'512MiB'``, ``'1G'``, ``'100000'`` → bytes (>= 0). Raises
-    ConfigError for anything else (a negative or non-finite size included)."""
-    t = text.strip().lower().replace("ib", "").replace("b", "")
-    n: float
+    """A size → bytes (>= 0): ``'8GiB'`` is 8·2^30, ``'8GB'`` and ``'8G'`` 8·10^9,
+    ``'512MiB'``, ``'1.5KB'``, ``'100000'`` (bytes). Units are read by humanfriendly
+    (``parse_size(binary=False)``). Raises ConfigError for anything else: a negative,
+    non-finite or unit-less-but-fractional size, an unknown unit, nonsense."""
+    t = text.strip() if isinstance(text, str) else ""
+    m = _SIZE.fullmatch(t)
+    if m is None or ("." in m["n"] and (m["unit"] or "b").lower().startswith("b")):  # a fraction of a byte
+        raise ConfigError(f"invalid size {text!r}: a size is a byte count >= 0 with an optional unit ({_SIZE_EXAMPLES})")
+    unit = m["unit"] or ""
+    if unit[-1:].lower() == "i":  # Ki, Mi, ... (as Kubernetes writes them): KiB, MiB, ...
+        unit += "B"
     try:
-        for suffix, mult in _SIZE_UNITS:
-            if t.endswith(suffix.lower()):
-                n = float(t[:-1]) * mult
-                break
-        else:
-            n = int(t)  # exact, however large
-    except ValueError:
-        raise ConfigError(f"invalid size {text!r} (use e.g. 512MiB, 8GiB or a byte count)") from None
-    if not math.isfinite(n) or n < 0:
-        raise ConfigError(f"invalid size {text!r}: a size is a byte count >= 0 (e.g. 512MiB, 8GiB)")
-    return int(n)
+        return int(humanfriendly.parse_size(f"{m['n']} {unit}".strip(), binary=False))
+    except humanfriendly.InvalidSize:
+        raise ConfigError(f"invalid size {text!r} ({_SIZE_EXAMPLES})") from None
 
 
 def format_size(n: int) -> str:
@@ -486,20 +546,27 @@ def format_size(n: int) -> str:
 
 
 def parse_duration_ms(text: str) -> int:
-    """``'72h'``, ``'30m'``, ``'45s'``, ``'7d'``, ``'1500ms'`` (a bare number: seconds)
-    → milliseconds (>= 0). Raises ConfigError for anything else (a negative or
-    non-finite duration included: ``'-1'`` is not -1000 ms)."""
-    t = text.strip().lower()
-    for suffix, mult in _DURATION_UNITS:
-        if t.endswith(suffix) and t[: -len(suffix)].replace(".", "", 1).isdigit():
-            return int(float(t[: -len(suffix)]) * mult)
-    try:
-        seconds = float(t)
-    except ValueError:
-        raise ConfigError(f"invalid duration {text!r} (use e.g. 30s, 5m, 72h, 7d)") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"invalid duration {text!r}: a duration is >= 0 (use e.g. 30s, 5m, 72h, 7d)")
-    return int(seconds * 1000)
+    """A duration → milliseconds (>= 0, rounded to the nearest ms): ``'500ms'``,
+    ``'30s'``, ``'1h30m'``, ``'2d'``, ``'1w'``, ``'90'`` (a bare number: seconds);
+    each term's unit is read by humanfriendly (``parse_timespan``: ``ms``, ``s``,
+    ``m``, ``h``, ``d``, ``w`` and their long names). Raises ConfigError for anything
+    else: a negative or non-finite duration (``'-1'`` is not -1000 ms), nonsense."""
+    t = text.strip() if isinstance(text, str) else ""
+    refused = ConfigError(f"invalid duration {text!r}: a duration is a finite time >= 0 ({_DURATION_EXAMPLES})")
+    if re.fullmatch(r"\d+(?:\.\d+)?", t):
+        return round(float(t) * 1000)
+    terms = _SPAN_TERM.findall(t)
+    if not terms or "".join(_SPAN_TERM.sub(" ", t).split()):  # something besides whole terms
+        raise refused
+    seconds = 0.0
+    for number, unit in terms:
+        try:
+            seconds += humanfriendly.parse_timespan(f"{number}{unit}")
+        except humanfriendly.InvalidTimespan:
+            raise refused from None
+    if not math.isfinite(seconds):
+        raise refused
+    return round(seconds * 1000)
 
 
 def format_duration_ms(ms: int) -> str:

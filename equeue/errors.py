@@ -50,6 +50,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── OperationTimeout              a send/request did not finish in its time budget
     ├── BufferFull                    a producer's send buffer is full (on_full="raise")
     ├── DataDirLocked                 another broker holds the data directory (at start)
+    ├── StartupError                  the broker cannot start: a port taken, a data directory it cannot use
     ├── LogTrimmed                    a replication log read below the log's start (a status, no wire code)
     ├── StoreDamaged                  the store cannot be opened safely (at start; code 28)
     │   └── StoreTruncated            data.mdb is shorter than its pages (code 29)
@@ -111,6 +112,7 @@ __all__ = [
     "RemoteProtocolError",
     "ReservedTopic",
     "StaleEpoch",
+    "StartupError",
     "StoreDamaged",
     "StoreError",
     "StoreFull",
@@ -192,6 +194,14 @@ class EQueueError(Exception):
 class DataDirLocked(EQueueError):
     """Another broker holds the data directory (its lock file names the pid). Raised
     when a store opens, never sent on the wire."""
+
+
+class StartupError(EQueueError):
+    """The broker cannot start: its port or HTTP port is taken or cannot be bound
+    (address in use, an address of no interface, an unknown host), or its data
+    directory cannot be created or used. Raised by ``Broker.serve`` before it
+    reports ready (one line naming the port or directory and why), never sent on
+    the wire."""
 
 
 class LogTrimmed(EQueueError):

@@ -232,7 +232,7 @@ async def test_http_metrics_and_stats(tmp_path: Path) -> None:
 
 
 async def test_http_is_off_by_default(broker: Broker) -> None:
-    assert broker.config.http_port == 0 and broker.http_port == 0
+    assert broker.config.http_port is None and broker.http_port == 0
 
 
 async def test_closed_connection_is_detached_from_its_group_members(broker: Broker) -> None:

@@ -24,6 +24,7 @@ from equeue.config import (
     format_size,
     parse_address,
     parse_duration_ms,
+    parse_http_port,
     parse_retention_bytes,
     parse_retention_ms,
     parse_size,
@@ -34,13 +35,17 @@ from equeue.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {f.name: f for f in attrs.fields(BrokerConfig)}
 
+def seconds(text: str) -> float:
+    return parse_duration_ms(text) / 1000
+
+
 #: ``broker start`` option → (BrokerConfig field, the option's text → the field's value)
 START_OPTIONS: dict[str, tuple[str, Any]] = {
     "host": ("host", None),
     "port": ("port", None),
-    "http_port": ("http_port", None),
+    "http_port": ("http_port", parse_http_port),
     "flush": ("flush", None),
-    "flush_interval": ("flush_interval", None),
+    "flush_interval": ("flush_interval", seconds),
     "inline_commit": ("inline_commit_bytes", parse_size),
     "map_size": ("map_size", parse_size),
     "auto_create": ("auto_create_topics", None),
@@ -50,7 +55,7 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "delete_consumed": ("delete_consumed", None),
     "max_message": ("max_message_bytes", parse_size),
     "scan_records": ("scan_records", None),
-    "scan_time": ("scan_time", lambda t: parse_duration_ms(t) / 1000),
+    "scan_time": ("scan_time", seconds),
     "metrics_queue_limit": ("metrics_queue_limit", None),
     "tls_cert": ("tls_cert", None),
     "tls_key": ("tls_key", None),
@@ -60,24 +65,24 @@ START_OPTIONS: dict[str, tuple[str, Any]] = {
     "max_connections": ("max_connections", None),
     "output_buffer_soft": ("output_buffer_soft", parse_size),
     "output_buffer_hard": ("output_buffer_hard", parse_size),
-    "output_buffer_grace": ("output_buffer_grace", None),
-    "frame_timeout": ("frame_timeout", None),
+    "output_buffer_grace": ("output_buffer_grace", seconds),
+    "frame_timeout": ("frame_timeout", seconds),
     "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
-    "idle_timeout": ("idle_timeout", None),
+    "idle_timeout": ("idle_timeout", seconds),
     "max_pulls_per_connection": ("max_pulls_per_connection", None),
-    "member_expiry": ("member_expiry", None),
+    "member_expiry": ("member_expiry", seconds),
     "cluster": ("cluster", lambda t: tuple(u for u in t.split(",") if u)),
     "broker_group": ("broker_group", None),
     "advertise": ("advertise", None),
-    "cluster_lease_ttl": ("cluster_lease_ttl", None),
+    "cluster_lease_ttl": ("cluster_lease_ttl", lambda t: parse_duration_ms(t) // 1000),
     "acks": ("acks", None),
     "min_insync": ("min_insync", None),
-    "replica_lag_max": ("replica_lag_max", None),
+    "replica_lag_max": ("replica_lag_max", seconds),
     "replica_fetch_bytes": ("replica_fetch_bytes", parse_size),
     "replica_log_bytes": ("replica_log_bytes", parse_size),
 }
 #: ``broker start`` options that are not BrokerConfig fields with a default
-NOT_CONFIG = {"data_dir", "log_level", "audit_log"}
+NOT_CONFIG = {"config", "data_dir", "log_level", "log_format", "audit_log"}
 
 
 def command(*path: str) -> click.Command:
@@ -170,7 +175,7 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
     [
         ({"flush": "fast"}, "flush must be one of 'sync', 'async'"),
         ({"port": 70000}, "port must be a port number"),
-        ({"http_port": -1}, "http_port must be a port number"),
+        ({"http_port": -2}, "http_port must be a port number 0..65535 (0: a free one), or -1 / off for none"),
         ({"flush_interval": 0}, "flush_interval must be > 0"),
         ({"map_size": "8GiB"}, "map_size must be a number"),
         ({"retention_ms": 0}, "retention_ms must be > 0, or -1 to keep messages forever"),

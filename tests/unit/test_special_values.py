@@ -41,8 +41,8 @@ ZERO_MEANS = {
     ProducerOptions: {"retries", "retry_backoff", "linger"},
     ConsumerOptions: {"max_reconsume_times"},
 }
-#: options whose -1 has a documented meaning (keep forever), and what it becomes
-MINUS_ONE_MEANS = {BrokerConfig: {"retention_ms": None, "retention_bytes": None}}
+#: options whose -1 has a documented meaning (keep forever, no HTTP port), and what it becomes
+MINUS_ONE_MEANS = {BrokerConfig: {"retention_ms": None, "retention_bytes": None, "http_port": None}}
 #: options where infinity is documented (a producer's linger: until full or asked)
 INFINITY_MEANS = {ProducerOptions: {"linger"}}
 
