@@ -154,12 +154,11 @@ def print_json(obj: Any) -> None:
 
 
 def setup_logging(level: LogLevel) -> None:
-    """Structured (key=value) logs on stderr; quiet (WARNING) by default."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=%(message)r",
-        stream=sys.stderr,
-    )
+    """Structured logs on stderr (logfmt, as the broker's; :func:`equeue.logs.setup_logging`),
+    quiet (WARNING) by default."""
+    from equeue.logs import setup_logging as setup
+
+    setup(level.value)
 
 
 def setup_audit_log(target: str) -> None:
