@@ -14,13 +14,14 @@ never :class:`~equeue.errors.ClientClosed`. The idempotent producer's in-order r
 (``producer/_lane.py``) keeps its own ordering logic and uses :meth:`RetryPolicy.delay`
 for its pause.
 
-Each scheduled retry logs one line on the ``equeue.client.retry`` logger (WARNING):
+Each scheduled retry logs one line, ``retry scheduled``, on the ``equeue.client.retry`` logger
+(WARNING), with these fields:
 what is retried (``what``, a label the caller passes, else the callable's name), where
 (``where``, the broker address(es), when the caller has them), the attempt that failed
 (``attempt=2/8``), the wait before the next one and the error. A client can make
 retries happen again and again, so :func:`log_retry` logs at most one line per
 ``what`` and ``where`` every :data:`RETRY_LOG_INTERVAL` seconds; the next line says
-how many it suppressed. Importing this module makes :func:`log_retry` stamina's only
+how many it suppressed (``suppressed=N``). Importing this module makes :func:`log_retry` stamina's only
 retry hook, process-wide (stamina's own hook logs a bare ``stamina.retry_scheduled``);
 an application that wants other hooks (say stamina's Prometheus counter) sets them
 after importing equeue with :func:`stamina.instrumentation.set_on_retry_hooks`, and
@@ -119,8 +120,9 @@ class RetryLog:
         attempt = f"{details.retry_num}/{attempts}" if attempts else str(details.retry_num)
         exc = details.caused_by
         self.lines.log(
-            logging.WARNING, f"{what} {where}", "retry what=%s where=%s attempt=%s wait=%.2fs error=%s: %s",
-            what, where, attempt, details.wait_for, type(exc).__name__, exc,
+            logging.WARNING, f"{what} {where}", "retry scheduled",
+            fields={"what": what, "where": where, "attempt": attempt, "wait": f"{details.wait_for:.2f}s",
+                    "error": f"{type(exc).__name__}: {exc}"},
         )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from enum import StrEnum
 from typing import Any, TextIO
 
@@ -170,10 +170,18 @@ class RateLimitedLog:
         self._suppressed: dict[str, int] = {}
 
     def log(
-        self, level: int, key: str, msg: str, *args: object, exc_info: BaseException | None = None
+        self,
+        level: int,
+        key: str,
+        msg: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+        fields: Mapping[str, object] | None = None,
     ) -> None:
-        """Log ``msg % args`` (with ``exc_info``'s traceback) unless ``key`` was logged
-        less than ``interval`` seconds ago; then only count it."""
+        """Log ``msg % args`` (with ``exc_info``'s traceback, and ``fields`` as the line's
+        structured fields) unless ``key`` was logged less than ``interval`` seconds ago;
+        then only count it. With ``fields``, the count of suppressed lines is a field
+        (``suppressed``, over ``suppressed_in``); without, a phrase appended to ``msg``."""
         now = self.clock()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:
@@ -183,7 +191,10 @@ class RateLimitedLog:
             self._last.clear()
         self._last[key] = now
         n = self._suppressed.pop(key, 0)
-        if n:
+        extra = dict(fields) if fields is not None else None
+        if n and extra is not None:
+            extra.update(suppressed=n, suppressed_in=f"{self.interval:g}s")
+        elif n:
             msg += " (%d more like it in the last %.0f s)"
             args = (*args, n, self.interval)
-        self.logger.log(level, msg, *args, exc_info=exc_info)
+        self.logger.log(level, msg, *args, exc_info=exc_info, extra=extra)

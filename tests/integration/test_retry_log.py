@@ -15,12 +15,13 @@ from equeue import Producer
 from equeue.client import Client
 from equeue.client.retry import log_retry
 from equeue.errors import EQueueError
+from equeue.logs import formatter
 from equeue.models import SendResult
 from tests.conftest import wait_until_sync
 
 
 def retry_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "equeue.client.retry"]
+    return [formatter().format(r) for r in caplog.records if r.name == "equeue.client.retry"]
 
 
 def test_a_burst_of_retries_logs_one_line_with_what_where_attempt_wait_and_error(
@@ -61,7 +62,8 @@ def test_a_burst_of_retries_logs_one_line_with_what_where_attempt_wait_and_error
     assert f"where=127.0.0.1:{port}" in line
     assert "attempt=1/1001" in line
     assert "wait=0.0" in line  # the first wait: 0.05 s plus jitter
-    assert "error=ConnectionBroken: " in line and f"127.0.0.1:{port}" in line.split("error=")[1]
+    assert 'msg="retry scheduled"' in line
+    assert 'error="ConnectionBroken: ' in line and f"127.0.0.1:{port}" in line.split("error=")[1]
     assert not any("stamina.retry_scheduled" in r.getMessage() for r in caplog.records)
 
 

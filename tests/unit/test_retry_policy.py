@@ -12,6 +12,7 @@ from stamina.instrumentation import RetryDetails
 
 from equeue.client.retry import RetryLog, RetryPolicy, is_transient, retry_async, retry_sync
 from equeue.errors import ClientClosed, ConfigError, ConnectionBroken, MessageTooLarge
+from equeue.logs import formatter
 
 FAST = RetryPolicy(attempts=4, timeout=None, wait_initial=0.0, wait_max=0.0, wait_jitter=0.0)
 
@@ -93,6 +94,13 @@ def details(what: str, where: str, n: int) -> RetryDetails:
     return RetryDetails("fn", (), kw, n, 0.25, 0.0, ConnectionBroken("down"))
 
 
+def _fields(record: logging.LogRecord) -> str:
+    """The record as the broker's logfmt line, from ``msg`` on (``ts``, ``level`` and
+    ``logger`` dropped)."""
+    line = formatter().format(record)
+    return line[line.index("msg="):]
+
+
 def test_retry_log_is_one_line_per_label_and_address_per_interval(caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     hook = RetryLog(logging.getLogger("test.retry"), 10.0, lambda: now[0])
@@ -102,10 +110,11 @@ def test_retry_log_is_one_line_per_label_and_address_per_interval(caplog: pytest
     hook(details("pull", "h:2", 1))  # another address: its own line
     now[0] = 10.0
     hook(details("pull", "h:1", 6))
-    assert [r.getMessage() for r in caplog.records] == [
-        "retry what=pull where=h:1 attempt=1/8 wait=0.25s error=ConnectionBroken: down",
-        "retry what=pull where=h:2 attempt=1/8 wait=0.25s error=ConnectionBroken: down",
-        "retry what=pull where=h:1 attempt=6/8 wait=0.25s error=ConnectionBroken: down (4 more like it in the last 10 s)",
+    assert [_fields(r) for r in caplog.records] == [
+        'msg="retry scheduled" what=pull where=h:1 attempt=1/8 wait=0.25s error="ConnectionBroken: down"',
+        'msg="retry scheduled" what=pull where=h:2 attempt=1/8 wait=0.25s error="ConnectionBroken: down"',
+        'msg="retry scheduled" what=pull where=h:1 attempt=6/8 wait=0.25s error="ConnectionBroken: down"'
+        " suppressed=4 suppressed_in=10s",
     ]
 
 
@@ -119,9 +128,11 @@ def test_retry_sync_names_what_and_where_in_the_log(caplog: pytest.LogCaptureFix
         retry_sync(flaky, FAST, what="unit.sync", where="10.0.0.1:1")
     with pytest.raises(ConnectionBroken):
         retry_sync(flaky, FAST)  # no label: the callable's name
-    lines = [r.getMessage() for r in caplog.records if r.name == "equeue.client.retry"]
-    assert lines[0].startswith("retry what=unit.sync where=10.0.0.1:1 attempt=1/4 wait=")
-    assert lines[1].startswith("retry what=test_retry_sync_names_what_and_where_in_the_log.<locals>.flaky where=- ")
+    lines = [_fields(r) for r in caplog.records if r.name == "equeue.client.retry"]
+    assert lines[0].startswith('msg="retry scheduled" what=unit.sync where=10.0.0.1:1 attempt=1/4 wait=')
+    assert lines[1].startswith(
+        'msg="retry scheduled" what=test_retry_sync_names_what_and_where_in_the_log.<locals>.flaky where=- '
+    )
     assert len(lines) == 2
 
 
@@ -133,5 +144,7 @@ async def test_retry_async_names_what_and_where_in_the_log(caplog: pytest.LogCap
 
     with pytest.raises(ConnectionBroken):
         await retry_async(flaky, FAST, what="unit.async", where="10.0.0.2:1")
-    lines = [r.getMessage() for r in caplog.records if r.name == "equeue.client.retry"]
-    assert lines == ["retry what=unit.async where=10.0.0.2:1 attempt=1/4 wait=0.00s error=ConnectionBroken: down"]
+    lines = [_fields(r) for r in caplog.records if r.name == "equeue.client.retry"]
+    assert lines == [
+        'msg="retry scheduled" what=unit.async where=10.0.0.2:1 attempt=1/4 wait=0.00s error="ConnectionBroken: down"'
+    ]
