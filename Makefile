@@ -38,9 +38,11 @@ XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: install etcd-install net-tools-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests
 
-# the inner loop: everything but the slow and Spark tests, in parallel
+# the inner loop (about a minute): everything but the slow, Spark, cluster and fault-campaign
+# tests, in parallel; `make test` runs them all
 test-fast: install etcd-install
-	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" tests
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" \
+	  --ignore=tests/cluster --ignore=tests/chaos tests
 
 # mypy and import-linter read packages from folders, and do not follow setuptools' editable
 # mapping of broker/, client/, ... to equeue.broker, equeue.client, ...: they read a hard-linked

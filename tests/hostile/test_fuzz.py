@@ -246,6 +246,7 @@ def _check_answer(kind: int, code: int, rid: int, payload: bytes, what: str) -> 
 
 
 # ----------------------------------------------------------------------------- the test
+@pytest.mark.slow  # tens of seconds of fuzzing: `make test` runs it, `make test-fast` does not
 def test_wire_fuzz(real_broker: Callable[..., BrokerProcess]) -> None:
     b = real_broker()
     deadline = time.monotonic() + FUZZ_SECONDS
