@@ -24,6 +24,7 @@ from equeue.consumer.broadcast_store import BroadcastOffsetStore
 from equeue.consumer.options import ConsumerOptions, StartFrom
 from equeue.consumer.process import ProcessQueue
 from equeue.errors import NotQueueOwner
+from equeue.times import epoch_ms
 
 __all__ = ["CommitStatus", "Committer"]
 
@@ -80,8 +81,8 @@ class Committer:
             off = (await self.client.queue_offsets(q.topic, q.queue_id)).max_offset
         else:
             assert isinstance(start, dt.datetime)
-            ms = int(start.timestamp() * 1000)
-            off = await self.client.offset_for_time(q.topic, q.queue_id, ms)
+            # a naive datetime is UTC (equeue.times: the one rule, as deliver_at's)
+            off = await self.client.offset_for_time(q.topic, q.queue_id, max(0, epoch_ms(start)))
         q.last_committed = -1  # commit the resolved start at the next commit
         return off
 

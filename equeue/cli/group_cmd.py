@@ -59,23 +59,24 @@ def register(app: typer.Typer) -> None:
     def reset_offsets(
         group: str,
         topic: str = typer.Option(..., "--topic", "-t"),
-        to: str = typer.Option(..., "--to", help="earliest | latest | an ISO time (2024-05-01T12:00:00Z)."),
+        to: str = typer.Option(
+            ..., "--to", help="earliest | latest | an ISO time (2024-05-01T12:00:00Z; no offset means UTC)."
+        ),
         force: bool = typer.Option(False, "--force", help="Reset even while the group has live members."),
         broker: str = BROKER_OPTION,
     ) -> None:
         """Set the group's committed offsets of TOPIC (refused while members are live)."""
         from equeue.control import ResetTarget
+        from equeue.errors import ConfigError
+        from equeue.times import parse_time_ms
 
         ts = 0
         target = ResetTarget.EARLIEST if to == "earliest" else ResetTarget.LATEST
         if to not in ("earliest", "latest"):
-            try:
-                when = dt.datetime.fromisoformat(to.replace("Z", "+00:00"))
-            except ValueError:
-                fail(f"--to must be earliest, latest or an ISO time, not {to!r}")
-            if when.tzinfo is None:
-                when = when.astimezone()
-            ts, target = int(when.timestamp() * 1000), ResetTarget.TIME
+            try:  # a time without an offset is UTC (equeue.times: the one rule)
+                ts, target = max(0, parse_time_ms(to)), ResetTarget.TIME
+            except ConfigError as exc:
+                fail(f"--to must be earliest, latest or an ISO time: {exc}")
         from equeue.cli._routed import reset_offsets as reset
 
         offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
