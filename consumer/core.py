@@ -186,7 +186,14 @@ class AsyncConsumer:
         self._nursery.start_soon(self.assignments.commit_loop)
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: Any) -> bool:
+        """Close (:meth:`aclose`), then end the background tasks and the connections.
+
+        The consumer's nursery was opened in the caller's task, so cancelling it (as
+        :meth:`aclose` does) cancels the rest of the ``async with`` body too, as for a
+        nursery's body: that Cancelled is handed to the nursery, which absorbs it here
+        (the ``async with`` ends quietly). Other exceptions pass through unchanged."""
+        suppressed = False
         try:
             await self.aclose()
         finally:
@@ -195,13 +202,15 @@ class AsyncConsumer:
             cm, self._nursery_cm = self._nursery_cm, None
             try:
                 if cm is not None:
-                    await cm.__aexit__(None, None, None)
+                    mine = exc if isinstance(exc[1], trio.Cancelled) else (None, None, None)
+                    suppressed = bool(await cm.__aexit__(*mine))
             finally:
                 try:
                     await self.router.aclose()
                     await self.router.__aexit__(None, None, None)
                 finally:
                     await self.client.__aexit__(None, None, None)
+        return suppressed
 
     @property
     def _stopping(self) -> bool:
@@ -231,7 +240,8 @@ class AsyncConsumer:
         queue's highest handed-out offset), so what is committed covers everything
         handled: the next owner handles nothing twice (docs/consumer.md)."""
         if self.closing:
-            await self._closed.wait()
+            if not self._closed.is_set():  # closed already: no checkpoint (a cancelled caller returns too)
+                await self._closed.wait()
             return
         self.closing = True
         self.assignments.closing = True
@@ -245,15 +255,19 @@ class AsyncConsumer:
                             "(their messages will be redelivered)", self.options.close_timeout)  # fmt: skip
             if self._run_scope is not None:
                 self._run_scope.cancel()
-            if self.client.connected or a.queues:
-                with trio.move_on_after(self.options.connect_timeout + 5):
-                    # a round still heartbeating (with this member's leases) would register
-                    # the member again after its leave: a ghost holding its queues until the
-                    # broker's member_expiry; it ends within this bound (its heartbeat's)
-                    await self.coordinator.wait_idle()
-                with trio.move_on_after(self.options.connect_timeout + 5):
-                    await self.commit()
-                    await self.calls.leave_group(self.group, self.consumer_id)
+            # shielded: a close made by a handler (inside the run scope cancelled just
+            # above) or by a task being cancelled still commits and leaves; each step
+            # is bounded
+            with trio.CancelScope(shield=True):
+                if self.client.connected or a.queues:
+                    with trio.move_on_after(self.options.connect_timeout + 5):
+                        # a round still heartbeating (with this member's leases) would register
+                        # the member again after its leave: a ghost holding its queues until the
+                        # broker's member_expiry; it ends within this bound (its heartbeat's)
+                        await self.coordinator.wait_idle()
+                    with trio.move_on_after(self.options.connect_timeout + 5):
+                        await self.commit()
+                        await self.calls.leave_group(self.group, self.consumer_id)
         except EQueueError as exc:
             log.warning("close: could not commit/leave cleanly: %s", exc)
         finally:
