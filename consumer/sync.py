@@ -33,6 +33,9 @@ __all__ = ["Consumer"]
 
 T = TypeVar("T")
 
+#: seconds between two looks at pending signals while a thread waits for the loop
+SIGNAL_CHECK = 0.2
+
 
 class _Cancelled(Exception):
     """The outcome of a :class:`_Pending` call cancelled by :meth:`_Pending.cancel`."""
@@ -59,11 +62,21 @@ class _Pending(Generic[T]):
         self._value, self._error, self._done = value, error, True
         self._wake.put(None)
 
+    def _sleep(self) -> None:
+        """Block until the outcome is in. In slices: a signal whose C handler ran in
+        another thread (any thread may take a process's signal) does not interrupt this
+        thread's wait, and Python runs its handler (KeyboardInterrupt) only once this
+        thread runs bytecode again."""
+        while not self._done:
+            try:
+                self._wake.get(timeout=SIGNAL_CHECK)
+            except queue.Empty:
+                pass
+
     def wait(self) -> T:
         """The call's result, or raises its error. A KeyboardInterrupt raised while
         waiting leaves the call running: wait again for its outcome."""
-        while not self._done:
-            self._wake.get()
+        self._sleep()
         if self._error is not None:
             raise self._error
         return self._value  # type: ignore[no-any-return]
@@ -74,8 +87,7 @@ class _Pending(Generic[T]):
         interrupted = False
         while True:
             try:
-                while not self._done:
-                    self._wake.get()
+                self._sleep()
                 return interrupted
             except KeyboardInterrupt:
                 interrupted = True
