@@ -43,6 +43,7 @@ from equeue.consumer.assignments import Assignments
 from equeue.consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from equeue.consumer.commit import Committer
 from equeue.consumer.dispatch import Dispatcher, Item
+from equeue.consumer.ending import EndWatch, watch_idle
 from equeue.consumer.invoke import Handler, make_invoker
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
 from equeue.consumer.pull import LOG_INTERVAL, PullLoop
@@ -140,12 +141,19 @@ class AsyncConsumer:
         self._send_back = SendBack(
             self.calls, self.group, o, self.counters, self._retry_sent, logs
         )
+        #: stop_at_end: stops the member once its queues are read to the end
+        self._end_watch = EndWatch(
+            lambda: self.coordinator.desired if clustering else set(self.assignments.queues),
+            lambda: self.assignments.queues, self.stop,
+        ) if o.stop_at_end else None  # fmt: skip
+        poke = self._end_watch.poke if self._end_watch is not None else None
+        self.dispatcher.on_progress = poke
         pull = PullLoop(
             self.router.client_for, self.router.endpoint, self.router.settle, o, self.group if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
-            resume=self.dispatcher.resume,
+            resume=self.dispatcher.resume, on_end=poke,
         )  # fmt: skip
         self.assignments = Assignments(
             self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
@@ -153,7 +161,7 @@ class AsyncConsumer:
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.router, self.group, self.consumer_id, self.topics, o, self.assignments,
-            counters=self.counters,
+            counters=self.counters, on_round=poke,
         )
         self._workers = Workers(self.dispatcher, o, self.counters, self._send_back, local_retry=store is not None)
 
@@ -184,6 +192,13 @@ class AsyncConsumer:
         self._nursery.start_soon(self.coordinator.run)
         self._nursery.start_soon(self.coordinator.expire_loop)
         self._nursery.start_soon(self.assignments.commit_loop)
+        if self._end_watch is not None:
+            self._nursery.start_soon(self._end_watch.run)
+        if self.options.idle_timeout is not None:
+            self.dispatcher.activity = trio.current_time()
+            self._nursery.start_soon(
+                watch_idle, self.dispatcher, self.assignments.queues, self.options.idle_timeout, self.stop
+            )
         return self
 
     async def __aexit__(self, *exc: Any) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from equeue.allocation import get_strategy
-from equeue.config import DEFAULTS, StartFrom, positive, to_enum
+from equeue.config import DEFAULTS, StartFrom, optional_positive, positive, to_enum
 from equeue.errors import ConfigError
 from equeue.security import ClientSecurity
 from equeue.times import as_utc, parse_time
@@ -131,6 +131,12 @@ class ConsumerOptions:
     #: failed deliveries before a message goes to the dead-letter topic (0: at once)
     max_reconsume_times: int = attrs.field(default=DEFAULTS.max_reconsume_times, validator=_reconsume_times)
     retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
+    #: stop by itself once every queue assigned to it is read to its end and handled
+    #: (kcat's -e; :mod:`consumer.ending`)
+    stop_at_end: bool = False
+    #: stop by itself after this many seconds with no message pulled or finished
+    #: (None: never; :mod:`consumer.ending`)
+    idle_timeout: float | None = attrs.field(default=None, validator=optional_positive)
     #: close(): how long to wait for running handlers before abandoning them
     close_timeout: float = attrs.field(default=30.0, validator=positive)
     #: rebalance: how long a revoked queue waits for its running handlers

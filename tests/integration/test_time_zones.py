@@ -10,8 +10,11 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -25,6 +28,7 @@ from equeue.producer._batch import deliver_at_ms
 from equeue.times import epoch_ms, parse_time, parse_time_ms
 from tests.conftest import wait_until_sync, wall_ms
 
+ROOT = Path(__file__).resolve().parents[2]
 NAIVE = dt.datetime(2030, 1, 1, 9, 0, 0, 123000)
 NAIVE_MS = calendar.timegm(NAIVE.timetuple()) * 1000 + 123
 
@@ -82,6 +86,16 @@ def test_start_from_reads_naive_times_as_utc(tokyo: None, embedded_broker: Embed
         with Consumer(b, f"g{i}", "tz", start_from=start, heartbeat_interval=0.2) as con:
             first = next(iter(con))
             assert first.text == "after", start
+
+
+def test_consume_from_reads_a_time_without_offset_as_utc(tokyo: None, embedded_broker: EmbeddedBroker) -> None:
+    b = embedded_broker.address
+    when = _two_messages(b, "tz")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))  # TZ=Asia/Tokyo too
+    r = subprocess.run([sys.executable, "-m", "equeue", "consume", "tz", "-g", "c", "--from", when.isoformat(), "-e",
+                        "-b", b], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[-1] for line in r.stdout.splitlines()] == ["after"]
 
 
 def test_reset_offsets_to_reads_a_time_without_offset_as_utc(tokyo: None, embedded_broker: EmbeddedBroker) -> None:

@@ -1,0 +1,93 @@
+"""``equeue consume`` ends by itself: ``--exit-at-end`` (``-e``, every queue assigned to
+it read to its end), ``--idle-timeout``, ``--max`` -- the first one met. Before, ``--max
+10`` with 2 messages never exited (as in README's quick start). The child runs as a
+process with a deadline: one that never exits fails the test instead of hanging it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from equeue import Message, wire
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.consumer import AsyncConsumer
+from equeue.producer import AsyncClient, Client
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def consume(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``python -m equeue consume ARGS``; fails the test if it does not exit in time."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    try:
+        return subprocess.run([sys.executable, "-m", "equeue", "consume", *args], capture_output=True, text=True,
+                              timeout=timeout, env=env)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"equeue consume {' '.join(args)} did not exit within {timeout:g} s") from exc
+
+
+def _produce(b: str, topic: str, counts: list[int]) -> None:
+    with Client(b) as c:
+        c.create_topic(topic, len(counts), exist_ok=True)
+        for q, n in enumerate(counts):
+            if n:
+                c.produce(wire.ProduceRequest(topic, q, [wire.encode_entry(Message(f"{q}-{i}")) for i in range(n)]))
+
+
+def test_max_with_exit_at_end_stops_at_the_end(embedded_broker: EmbeddedBroker) -> None:
+    b = embedded_broker.address
+    _produce(b, "orders", [2, 0, 0, 0])  # README's quick start: 2 messages, 4 queues
+    r = consume("orders", "--group", "billing", "--from", "earliest", "--max", "10", "--exit-at-end", "-b", b)
+    assert r.returncode == 0, r.stderr
+    assert sorted(line.split()[-1] for line in r.stdout.splitlines()) == ["0-0", "0-1"]
+    assert "consumed 2 message(s)" in r.stderr
+    with Client(b) as c:  # committed, left
+        d = c.describe_group("billing")
+        assert d.members == [] and [(q.queue_id, q.committed) for q in d.queues if q.queue_id == 0] == [(0, 2)]
+    # again: nothing new, it exits at once (-e, the short form)
+    r = consume("orders", "-g", "billing", "-e", "-b", b)
+    assert r.returncode == 0 and r.stdout == "" and "consumed 0 message(s)" in r.stderr, r.stderr
+    # --max still ends first when it comes first
+    _produce(b, "orders", [3, 3, 0, 0])
+    r = consume("orders", "-g", "billing", "-e", "--max", "2", "-b", b)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    r = consume("orders", "-g", "billing", "-e", "--format", "json", "-b", b)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 4, r.stderr
+    assert {json.loads(line)["queue_id"] for line in r.stdout.splitlines()} <= {0, 1}
+
+
+def test_idle_timeout(embedded_broker: EmbeddedBroker) -> None:
+    b = embedded_broker.address
+    _produce(b, "t", [2, 1])
+    r = consume("t", "-g", "g", "--from", "earliest", "--idle-timeout", "1s", "-b", b)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 3, r.stderr
+    r = consume("t", "-g", "g", "--idle-timeout", "0", "-b", b)
+    assert r.returncode == 1 and "--idle-timeout must be above 0" in r.stderr
+    r = consume("t", "-g", "g", "--idle-timeout", "soon", "-b", b)
+    assert r.returncode == 1 and "invalid duration 'soon'" in r.stderr
+
+
+async def test_stop_at_end_in_the_sdk(broker: Broker) -> None:
+    """``AsyncConsumer(stop_at_end=True)``: ``run`` returns once the queues are read to
+    their end and handled; a queue with nothing in it counts at once."""
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("t", 3)
+        for q in (0, 2):
+            await admin.produce(wire.ProduceRequest("t", q, [wire.encode_entry(Message(f"{q}-{i}")) for i in range(40)]))
+        seen: list[str] = []
+        with trio.fail_after(60):
+            async with AsyncConsumer(broker.address, "g", "t", start_from="earliest", stop_at_end=True,
+                                     pull_batch=8) as con:  # fmt: skip
+
+                async def handler(m: Message) -> None:
+                    seen.append(m.text)
+                    await trio.sleep(0)
+
+                await con.run(handler)
+        assert sorted(seen) == sorted(f"{q}-{i}" for q in (0, 2) for i in range(40))
+        assert [await admin.query_offset("g", "t", q) for q in range(3)] == [40, 0, 40]
