@@ -66,6 +66,7 @@ class GroupHandlers:
     async def describe_group(
         self, req: control.DescribeGroup, ctx: RequestContext
     ) -> control.GroupDescription:
+        validate_group(req.group)
         store, groups = self._store, self._groups
         members = groups.live_members(req.group)
         offsets = store.group_offsets(req.group)

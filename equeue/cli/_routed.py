@@ -26,8 +26,9 @@ import trio
 from equeue import control
 from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
-from equeue.errors import ConfigError, EQueueError, NotLeader, QueueUnavailable
+from equeue.errors import ConfigError, EQueueError, GroupNotFound, NotLeader, QueueUnavailable
 from equeue.models import PullResult
+from equeue.names import validate_group
 
 T = TypeVar("T")
 
@@ -163,8 +164,15 @@ async def list_groups(router: Router) -> list[control.GroupSummary]:
 
 async def describe_group(router: Router, group: str) -> control.GroupDescription:
     """DESCRIBE_GROUP at every broker group: members merged by consumer id, each
-    queue's row from its owner (``broker_group`` says which), generation summed."""
+    queue's row from its owner (``broker_group`` says which), generation summed.
+    Raises InvalidName for a name no group can have, GroupNotFound when no broker
+    group knows the group (no member, no committed offset: LIST_GROUPS does not name it)."""
+    validate_group(group)
     answers = await _each_group(router, lambda c: c.describe_group(group))
+    if not any(d.members or d.queues for d in answers.values()) and group not in {
+        g.group for g in await list_groups(router)
+    }:
+        raise GroupNotFound(f"no such group {group!r}: no broker group has a live member or a committed offset of it")
     members: dict[str, control.MemberInfo] = {}
     rows: dict[tuple[str, int], control.GroupQueue] = {}
     for name, d in answers.items():

@@ -55,6 +55,14 @@ def _idle_seconds(text: str | None) -> float | None:
     return ms / 1000
 
 
+def _topic_exists(broker: str, topic: str) -> bool:
+    """Whether the cluster (or broker) has ``topic`` (GET_ROUTES, never creating it)."""
+    from equeue.producer import Client
+
+    with Client(broker) as c:
+        return topic not in c.get_routes([topic]).missing
+
+
 def register(app: typer.Typer) -> None:
     @app.command("consume")
     def consume(
@@ -80,7 +88,7 @@ def register(app: typer.Typer) -> None:
         """Print messages of TOPIC as a member of group G until Ctrl-C or an end condition
         (--max, --exit-at-end, --idle-timeout: the first one met); then commit and leave."""
         from equeue.consumer import Consumer
-        from equeue.errors import EQueueError
+        from equeue.errors import EQueueError, TopicNotFound
 
         idle = _idle_seconds(idle_timeout)
         count = 0
@@ -92,6 +100,14 @@ def register(app: typer.Typer) -> None:
                 broker, group, [topic], start_from=start, tags=tags or None, concurrency=1, handler_threads="always",
                 stop_at_end=exit_at_end, idle_timeout=idle,
             )  # fmt: skip
+            if not _topic_exists(broker, topic):
+                if exit_at_end:
+                    raise TopicNotFound(f"no topic {topic!r}: nothing to read (--exit-at-end)")
+                typer.echo(
+                    f"topic {topic!r} does not exist (yet): waiting until it is created (equeue topic create, "
+                    "or a first produce when the broker auto-creates topics); Ctrl-C to stop",
+                    err=True,
+                )
             consumer = c
 
             def handler(msg: Any) -> None:

@@ -9,6 +9,17 @@ import typer
 from equeue.cli._common import BROKER_OPTION, JSON_OPTION, fail, print_json, routed, table
 
 
+def _group_name(group: str) -> str:
+    """``group`` if a group can have that name; else one ``error:`` line (InvalidName)."""
+    from equeue.errors import InvalidName
+    from equeue.names import validate_group
+
+    try:
+        return validate_group(group)
+    except InvalidName as exc:
+        fail(str(exc))
+
+
 def _ms(ts: int) -> str:
     return dt.datetime.fromtimestamp(ts / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
 
@@ -33,9 +44,11 @@ def register(app: typer.Typer) -> None:
     @group_app.command("describe")
     def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Members, and per queue: the broker group owning it, the member holding it,
-        committed offset, max offset and lag (each row from the queue's owner)."""
+        committed offset, max offset and lag (each row from the queue's owner). An
+        unknown group is an error (no such group)."""
         from equeue.cli._routed import describe_group
 
+        _group_name(group)
         d = routed(broker, lambda r: describe_group(r, group))
         if as_json:
             print_json(d)
@@ -70,6 +83,7 @@ def register(app: typer.Typer) -> None:
         from equeue.errors import ConfigError
         from equeue.times import parse_time_ms
 
+        _group_name(group)
         ts = 0
         target = ResetTarget.EARLIEST if to == "earliest" else ResetTarget.LATEST
         if to not in ("earliest", "latest"):

@@ -14,13 +14,7 @@ handler (``AsyncConsumer.aclose`` cancelled its own commit and leave)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,46 +25,7 @@ from equeue.broker import Broker, EmbeddedBroker
 from equeue.consumer import AsyncConsumer
 from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until_sync
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Child:
-    """A child process; its stdout and stderr lines collected as they come."""
-
-    def __init__(self, *args: str) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        )
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.proc.stdout, self.out), daemon=True),
-            threading.Thread(target=self._read, args=(self.proc.stderr, self.err), daemon=True),
-        ]
-        for t in self._readers:
-            t.start()
-
-    @staticmethod
-    def _read(stream: Any, into: list[str]) -> None:
-        for line in stream:
-            into.append(line.rstrip("\n"))
-
-    def interrupt(self) -> None:
-        self.proc.send_signal(signal.SIGINT)
-
-    def finish(self, timeout: float = 90.0) -> int:
-        """Wait for the exit (killing the child if it does not come); its status."""
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"the child did not exit within {timeout:g} s; stderr: {self.err}") from None
-        for t in self._readers:
-            t.join(10)
-        return rc
+from tests.integration.cli_child import Child
 
 
 def _check_clean_exit(b: str, group: str, printed: list[dict[str, Any]], err: list[str]) -> None:

@@ -6,10 +6,6 @@ process with a deadline: one that never exits fails the test instead of hanging 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import trio
 
@@ -17,18 +13,7 @@ from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.consumer import AsyncConsumer
 from equeue.producer import AsyncClient, Client
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def consume(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """``python -m equeue consume ARGS``; fails the test if it does not exit in time."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        return subprocess.run([sys.executable, "-m", "equeue", "consume", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env)  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"equeue consume {' '.join(args)} did not exit within {timeout:g} s") from exc
+from tests.integration.cli_child import consume
 
 
 def _produce(b: str, topic: str, counts: list[int]) -> None:

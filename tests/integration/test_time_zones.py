@@ -10,11 +10,8 @@ from __future__ import annotations
 import calendar
 import datetime as dt
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -27,8 +24,8 @@ from equeue.producer import Client
 from equeue.producer._batch import deliver_at_ms
 from equeue.times import epoch_ms, parse_time, parse_time_ms
 from tests.conftest import wait_until_sync, wall_ms
+from tests.integration.cli_child import consume
 
-ROOT = Path(__file__).resolve().parents[2]
 NAIVE = dt.datetime(2030, 1, 1, 9, 0, 0, 123000)
 NAIVE_MS = calendar.timegm(NAIVE.timetuple()) * 1000 + 123
 
@@ -91,9 +88,7 @@ def test_start_from_reads_naive_times_as_utc(tokyo: None, embedded_broker: Embed
 def test_consume_from_reads_a_time_without_offset_as_utc(tokyo: None, embedded_broker: EmbeddedBroker) -> None:
     b = embedded_broker.address
     when = _two_messages(b, "tz")
-    env = dict(os.environ, PYTHONPATH=str(ROOT))  # TZ=Asia/Tokyo too
-    r = subprocess.run([sys.executable, "-m", "equeue", "consume", "tz", "-g", "c", "--from", when.isoformat(), "-e",
-                        "-b", b], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    r = consume("tz", "-g", "c", "--from", when.isoformat(), "-e", "-b", b)  # the child's TZ is Asia/Tokyo too
     assert r.returncode == 0, r.stderr
     assert [line.split()[-1] for line in r.stdout.splitlines()] == ["after"]
 
