@@ -87,8 +87,9 @@ class Committer:
         return off
 
     async def commit(self, q: ProcessQueue) -> CommitStatus:
-        """Commit ``q``'s committable offset if it moved (clustering)."""
-        if not q.started or self.store is not None:
+        """Commit ``q``'s committable offset if it moved (clustering; never with
+        ``commit_offsets`` off)."""
+        if not q.started or self.store is not None or not self.options.commit_offsets:
             return CommitStatus.OK
         async with q.commit_lock:
             off = q.window.committable()
@@ -108,8 +109,11 @@ class Committer:
         return CommitStatus.OK
 
     async def save_local(self, queues: Iterable[ProcessQueue]) -> None:
-        """Broadcast: save the committable offsets that moved to the local store."""
+        """Broadcast: save the committable offsets that moved to the local store (never
+        with ``commit_offsets`` off)."""
         assert self.store is not None
+        if not self.options.commit_offsets:
+            return
         updates = {}
         for q in queues:
             if q.started:

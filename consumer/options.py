@@ -131,6 +131,9 @@ class ConsumerOptions:
     #: failed deliveries before a message goes to the dead-letter topic (0: at once)
     max_reconsume_times: int = attrs.field(default=DEFAULTS.max_reconsume_times, validator=_reconsume_times)
     retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
+    #: False: never commit an offset (a throwaway reader, such as ``equeue consume``
+    #: without ``--group``): every member starts at ``start_from``
+    commit_offsets: bool = True
     #: stop by itself once every queue assigned to it is read to its end and handled
     #: (kcat's -e; :mod:`consumer.ending`)
     stop_at_end: bool = False

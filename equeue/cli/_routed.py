@@ -26,7 +26,14 @@ import trio
 from equeue import control
 from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
-from equeue.errors import ConfigError, EQueueError, GroupNotFound, NotLeader, QueueUnavailable
+from equeue.errors import (
+    ConfigError,
+    EQueueError,
+    GroupHasMembers,
+    GroupNotFound,
+    NotLeader,
+    QueueUnavailable,
+)
 from equeue.models import PullResult
 from equeue.names import validate_group
 
@@ -45,6 +52,7 @@ __all__ = [
     "at_any_leader",
     "cluster_report",
     "compare_digests",
+    "delete_group",
     "describe_group",
     "describe_topic",
     "dlq_list",
@@ -188,6 +196,33 @@ async def describe_group(router: Router, group: str) -> control.GroupDescription
         group, sorted(members.values(), key=lambda m: m.consumer_id), [rows[k] for k in sorted(rows)],
         sum(d.generation for d in answers.values()),
     )  # fmt: skip
+
+
+async def _delete_here(c: AsyncClient, group: str, force: bool) -> control.DeleteGroupAnswer | None:
+    try:
+        return await c.call(control.DeleteGroup(group, force), control.DeleteGroupAnswer)
+    except GroupNotFound:
+        return None  # nothing of it at this broker group
+
+
+async def delete_group(router: Router, group: str, force: bool) -> dict[str, control.DeleteGroupAnswer]:
+    """DELETE_GROUP at every broker group (offsets live with each queue's owner, state
+    at every group its members heartbeat to); the answers of the groups that had
+    something of it. Without ``force`` the live members are looked for first, at every
+    group, so a refused delete deletes nothing anywhere. Raises InvalidName,
+    GroupHasMembers, GroupNotFound when no broker group knows the group."""
+    validate_group(group)
+    if not force:
+        live = (await describe_group(router, group)).members  # GroupNotFound: known nowhere
+        if live:
+            names = ", ".join(m.consumer_id for m in live)
+            raise GroupHasMembers(f"group {group!r} has {len(live)} live member(s) ({names}); stop them first "
+                                  "or pass --force")  # fmt: skip
+    answers = await _each_group(router, lambda c: _delete_here(c, group, force))
+    found = {name: a for name, a in answers.items() if a is not None}
+    if not found:
+        raise GroupNotFound(f"no such group {group!r}: no broker group has a live member or a committed offset of it")
+    return found
 
 
 async def reset_offsets(

@@ -1,13 +1,18 @@
-"""``equeue consume TOPIC --group G``: print messages as a member of a group.
+"""``equeue consume TOPIC [--group G]``: print messages as a member of a group.
 
 It runs until Ctrl-C, or until an end condition: ``--max N`` messages, ``--exit-at-end``
 (every queue assigned to it read to its end, kcat's ``-e``), ``--idle-timeout`` (no
 message for that long), whichever comes first. It then commits and leaves.
+
+Without ``--group`` it reads as the only member of a temporary group
+(``equeue-console-<random>``) that commits nothing, so it leaves nothing behind (as
+Kafka's console consumer without a group): every run starts at ``--from``.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 from enum import StrEnum
 from typing import Any
@@ -16,6 +21,9 @@ import typer
 
 from equeue.cli._common import BROKER_OPTION, fail
 from equeue.config import DEFAULTS
+
+#: the name of ``equeue consume``'s temporary group (no ``--group``) begins so
+TEMP_GROUP_PREFIX = "equeue-console-"
 
 
 class OutputFormat(StrEnum):
@@ -67,7 +75,10 @@ def register(app: typer.Typer) -> None:
     @app.command("consume")
     def consume(
         topic: str,
-        group: str = typer.Option(..., "--group", "-g", help="Consumer group."),
+        group: str = typer.Option(
+            None, "--group", "-g",
+            help=f"Consumer group (none: a temporary group, {TEMP_GROUP_PREFIX}<random>, that commits nothing).",
+        ),
         start: str = typer.Option(
             DEFAULTS.start_from.value, "--from",
             help="Where a group with no offset starts: earliest | latest | an ISO time "
@@ -86,11 +97,15 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """Print messages of TOPIC as a member of group G until Ctrl-C or an end condition
-        (--max, --exit-at-end, --idle-timeout: the first one met); then commit and leave."""
+        (--max, --exit-at-end, --idle-timeout: the first one met); then commit and leave.
+        Without --group: a temporary group that commits nothing and leaves nothing behind."""
         from equeue.consumer import Consumer
         from equeue.errors import EQueueError, TopicNotFound
 
         idle = _idle_seconds(idle_timeout)
+        temporary = group is None
+        if group is None:
+            group = TEMP_GROUP_PREFIX + secrets.token_hex(4)
         count = 0
         c: Consumer | None = None
         try:
@@ -98,7 +113,7 @@ def register(app: typer.Typer) -> None:
             # worker thread that never holds up heartbeats
             c = Consumer(
                 broker, group, [topic], start_from=start, tags=tags or None, concurrency=1, handler_threads="always",
-                stop_at_end=exit_at_end, idle_timeout=idle,
+                stop_at_end=exit_at_end, idle_timeout=idle, commit_offsets=not temporary,
             )  # fmt: skip
             if not _topic_exists(broker, topic):
                 if exit_at_end:

@@ -1,4 +1,4 @@
-"""``equeue group list|describe|reset-offsets`` and ``equeue dlq list|resend``."""
+"""``equeue group list|describe|reset-offsets|delete`` and ``equeue dlq list|resend``."""
 
 from __future__ import annotations
 
@@ -96,6 +96,28 @@ def register(app: typer.Typer) -> None:
         offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
+
+    @group_app.command("delete")
+    def delete(
+        group: str,
+        force: bool = typer.Option(
+            False, "--force", help="Delete the committed offsets even while the group has live members (they stay)."
+        ),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Delete GROUP: its committed offsets and its state, at every broker group
+        (refused while it has live members, unless --force). Its retry and dead-letter
+        topics stay."""
+        from equeue.cli._routed import delete_group
+
+        _group_name(group)
+        answers = routed(broker, lambda r: delete_group(r, group, force))
+        offsets = sum(a.offsets for a in answers.values())
+        members = max((a.members for a in answers.values()), default=0)
+        where = f" at {len(answers)} broker groups" if len(answers) > 1 else ""
+        typer.echo(f"deleted group {group}: {offsets} committed offset(s){where}")
+        if members:
+            typer.echo(f"{members} live member(s) stay in the group: their next commits write offsets again", err=True)
 
     @dlq_app.command("list")
     def dlq_list(
