@@ -12,6 +12,7 @@ Kafka's console consumer without a group): every run starts at ``--from``.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
 from enum import StrEnum
@@ -107,6 +108,7 @@ def register(app: typer.Typer) -> None:
         if group is None:
             group = TEMP_GROUP_PREFIX + secrets.token_hex(4)
         count = 0
+        reader_gone = False
         c: Consumer | None = None
         try:
             # handler_threads="always": writing to a pipe may block (a slow reader); in a
@@ -126,9 +128,17 @@ def register(app: typer.Typer) -> None:
             consumer = c
 
             def handler(msg: Any) -> None:
-                nonlocal count
-                sys.stdout.write(_format(msg, fmt) + "\n")
-                sys.stdout.flush()
+                nonlocal count, reader_gone
+                try:
+                    sys.stdout.write(_format(msg, fmt) + "\n")
+                    sys.stdout.flush()
+                except BrokenPipeError:
+                    # the reader is gone (| head): stop. This message counts as handled
+                    # (as those still in the pipe's buffer); the rest of the chunk stays
+                    # undone. Raising would send it, and every later one, to the retry topic.
+                    reader_gone = True
+                    consumer.stop()
+                    return
                 count += 1
                 if max_messages and count >= max_messages:
                     consumer.stop()
@@ -144,4 +154,6 @@ def register(app: typer.Typer) -> None:
                     c.close()
                 except KeyboardInterrupt:
                     pass  # Ctrl-C during the close: it ran to its end all the same
+        if reader_gone:  # no second BrokenPipeError when the interpreter flushes stdout at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         typer.echo(f"consumed {count} message(s)", err=True)

@@ -6,14 +6,17 @@ process with a deadline: one that never exits fails the test instead of hanging 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.consumer import AsyncConsumer
+from equeue.names import retry_topic
 from equeue.producer import AsyncClient, Client
-from tests.integration.cli_child import consume
+from tests.integration.cli_child import child_env, consume
 
 
 def _produce(b: str, topic: str, counts: list[int]) -> None:
@@ -76,3 +79,20 @@ async def test_stop_at_end_in_the_sdk(broker: Broker) -> None:
                 await con.run(handler)
         assert sorted(seen) == sorted(f"{q}-{i}" for q in (0, 2) for i in range(40))
         assert [await admin.query_offset("g", "t", q) for q in range(3)] == [40, 0, 40]
+
+
+def test_a_reader_that_goes_away_stops_it(embedded_broker: EmbeddedBroker) -> None:
+    """``equeue consume ... | head -3``: once the pipe is broken it stops, quietly.
+    Before, every later message failed in the handler and went to the group's retry
+    topic (to be delivered to the group again), and it went on until an end condition."""
+    b = embedded_broker.address
+    _produce(b, "t", [200])
+    cmd = f"{sys.executable} -m equeue consume t -g g --from earliest -b {b} | head -3; exit ${{PIPESTATUS[0]}}"
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 3
+    assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+    assert r.stderr.strip().startswith("consumed "), r.stderr
+    with Client(b) as c:
+        assert retry_topic("g") not in {t.name for t in c.list_topics()}
+        assert c.describe_group("g").members == []
