@@ -6,6 +6,8 @@ process with a deadline: one that never exits fails the test instead of hanging 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -88,7 +90,16 @@ def test_a_reader_that_goes_away_stops_it(embedded_broker: EmbeddedBroker) -> No
     b = embedded_broker.address
     _produce(b, "t", [200])
     cmd = f"{sys.executable} -m equeue consume t -g g --from earliest -b {b} | head -3; exit ${{PIPESTATUS[0]}}"
-    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60, env=child_env())
+    # its own session: a pipeline that does not end is killed whole, not left running
+    with subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=child_env(), start_new_session=True) as p:  # fmt: skip
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            raise AssertionError("equeue consume | head -3 did not exit within 60 s") from None
+    r = subprocess.CompletedProcess(cmd, p.returncode, out, err)
     assert r.returncode == 0, r.stderr
     assert len(r.stdout.splitlines()) == 3
     assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
