@@ -113,6 +113,14 @@ class GroupRegistry:
         g.generation += 1
         log.info("group %s: member %s left", group, consumer_id)
         self._notify(g)
+        if not g.members and not g.leases:  # as expire() does: an empty group is no state
+            del self.groups[group]
+
+    def forget(self, group: str) -> bool:
+        """Drop ``group``'s state (DELETE_GROUP of a group with no live member): its
+        leases; whether there was any. Its members, if any, register again with their
+        next heartbeat."""
+        return self.groups.pop(group, None) is not None
 
     def release(self, group: str, consumer_id: str, leases: list[str]) -> None:
         g = self.groups.get(group)

@@ -24,6 +24,7 @@ from equeue.consumer.broadcast_store import BroadcastOffsetStore
 from equeue.consumer.options import ConsumerOptions, StartFrom
 from equeue.consumer.process import ProcessQueue
 from equeue.errors import NotQueueOwner
+from equeue.times import epoch_ms
 
 __all__ = ["CommitStatus", "Committer"]
 
@@ -80,14 +81,15 @@ class Committer:
             off = (await self.client.queue_offsets(q.topic, q.queue_id)).max_offset
         else:
             assert isinstance(start, dt.datetime)
-            ms = int(start.timestamp() * 1000)
-            off = await self.client.offset_for_time(q.topic, q.queue_id, ms)
+            # a naive datetime is UTC (equeue.times: the one rule, as deliver_at's)
+            off = await self.client.offset_for_time(q.topic, q.queue_id, max(0, epoch_ms(start)))
         q.last_committed = -1  # commit the resolved start at the next commit
         return off
 
     async def commit(self, q: ProcessQueue) -> CommitStatus:
-        """Commit ``q``'s committable offset if it moved (clustering)."""
-        if not q.started or self.store is not None:
+        """Commit ``q``'s committable offset if it moved (clustering; never with
+        ``commit_offsets`` off)."""
+        if not q.started or self.store is not None or not self.options.commit_offsets:
             return CommitStatus.OK
         async with q.commit_lock:
             off = q.window.committable()
@@ -107,8 +109,11 @@ class Committer:
         return CommitStatus.OK
 
     async def save_local(self, queues: Iterable[ProcessQueue]) -> None:
-        """Broadcast: save the committable offsets that moved to the local store."""
+        """Broadcast: save the committable offsets that moved to the local store (never
+        with ``commit_offsets`` off)."""
         assert self.store is not None
+        if not self.options.commit_offsets:
+            return
         updates = {}
         for q in queues:
             if q.started:

@@ -43,6 +43,7 @@ from equeue.consumer.assignments import Assignments
 from equeue.consumer.broadcast_store import BroadcastOffsetStore, default_state_dir
 from equeue.consumer.commit import Committer
 from equeue.consumer.dispatch import Dispatcher, Item
+from equeue.consumer.ending import EndWatch, watch_idle
 from equeue.consumer.invoke import Handler, make_invoker
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
 from equeue.consumer.pull import LOG_INTERVAL, PullLoop
@@ -140,12 +141,19 @@ class AsyncConsumer:
         self._send_back = SendBack(
             self.calls, self.group, o, self.counters, self._retry_sent, logs
         )
+        #: stop_at_end: stops the member once its queues are read to the end
+        self._end_watch = EndWatch(
+            lambda: self.coordinator.desired if clustering else set(self.assignments.queues),
+            lambda: self.assignments.queues, self.stop,
+        ) if o.stop_at_end else None  # fmt: skip
+        poke = self._end_watch.poke if self._end_watch is not None else None
+        self.dispatcher.on_progress = poke
         pull = PullLoop(
             self.router.client_for, self.router.endpoint, self.router.settle, o, self.group if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
-            resume=self.dispatcher.resume,
+            resume=self.dispatcher.resume, on_end=poke,
         )  # fmt: skip
         self.assignments = Assignments(
             self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
@@ -153,7 +161,7 @@ class AsyncConsumer:
         )  # fmt: skip
         self.coordinator = Coordinator(
             self.router, self.group, self.consumer_id, self.topics, o, self.assignments,
-            counters=self.counters,
+            counters=self.counters, on_round=poke,
         )
         self._workers = Workers(self.dispatcher, o, self.counters, self._send_back, local_retry=store is not None)
 
@@ -184,9 +192,23 @@ class AsyncConsumer:
         self._nursery.start_soon(self.coordinator.run)
         self._nursery.start_soon(self.coordinator.expire_loop)
         self._nursery.start_soon(self.assignments.commit_loop)
+        if self._end_watch is not None:
+            self._nursery.start_soon(self._end_watch.run)
+        if self.options.idle_timeout is not None:
+            self.dispatcher.activity = trio.current_time()
+            self._nursery.start_soon(
+                watch_idle, self.dispatcher, self.assignments.queues, self.options.idle_timeout, self.stop
+            )
         return self
 
-    async def __aexit__(self, *exc: Any) -> None:
+    async def __aexit__(self, *exc: Any) -> bool:
+        """Close (:meth:`aclose`), then end the background tasks and the connections.
+
+        The consumer's nursery was opened in the caller's task, so cancelling it (as
+        :meth:`aclose` does) cancels the rest of the ``async with`` body too, as for a
+        nursery's body: that Cancelled is handed to the nursery, which absorbs it here
+        (the ``async with`` ends quietly). Other exceptions pass through unchanged."""
+        suppressed = False
         try:
             await self.aclose()
         finally:
@@ -195,13 +217,15 @@ class AsyncConsumer:
             cm, self._nursery_cm = self._nursery_cm, None
             try:
                 if cm is not None:
-                    await cm.__aexit__(None, None, None)
+                    mine = exc if isinstance(exc[1], trio.Cancelled) else (None, None, None)
+                    suppressed = bool(await cm.__aexit__(*mine))
             finally:
                 try:
                     await self.router.aclose()
                     await self.router.__aexit__(None, None, None)
                 finally:
                     await self.client.__aexit__(None, None, None)
+        return suppressed
 
     @property
     def _stopping(self) -> bool:
@@ -231,7 +255,8 @@ class AsyncConsumer:
         queue's highest handed-out offset), so what is committed covers everything
         handled: the next owner handles nothing twice (docs/consumer.md)."""
         if self.closing:
-            await self._closed.wait()
+            if not self._closed.is_set():  # closed already: no checkpoint (a cancelled caller returns too)
+                await self._closed.wait()
             return
         self.closing = True
         self.assignments.closing = True
@@ -245,15 +270,19 @@ class AsyncConsumer:
                             "(their messages will be redelivered)", self.options.close_timeout)  # fmt: skip
             if self._run_scope is not None:
                 self._run_scope.cancel()
-            if self.client.connected or a.queues:
-                with trio.move_on_after(self.options.connect_timeout + 5):
-                    # a round still heartbeating (with this member's leases) would register
-                    # the member again after its leave: a ghost holding its queues until the
-                    # broker's member_expiry; it ends within this bound (its heartbeat's)
-                    await self.coordinator.wait_idle()
-                with trio.move_on_after(self.options.connect_timeout + 5):
-                    await self.commit()
-                    await self.calls.leave_group(self.group, self.consumer_id)
+            # shielded: a close made by a handler (inside the run scope cancelled just
+            # above) or by a task being cancelled still commits and leaves; each step
+            # is bounded
+            with trio.CancelScope(shield=True):
+                if self.client.connected or a.queues:
+                    with trio.move_on_after(self.options.connect_timeout + 5):
+                        # a round still heartbeating (with this member's leases) would register
+                        # the member again after its leave: a ghost holding its queues until the
+                        # broker's member_expiry; it ends within this bound (its heartbeat's)
+                        await self.coordinator.wait_idle()
+                    with trio.move_on_after(self.options.connect_timeout + 5):
+                        await self.commit()
+                        await self.calls.leave_group(self.group, self.consumer_id)
         except EQueueError as exc:
             log.warning("close: could not commit/leave cleanly: %s", exc)
         finally:

@@ -10,6 +10,7 @@ back once handled; ``drop`` forgets what a stopped queue still had waiting. The
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -45,6 +46,12 @@ class Dispatcher:
         self.lot = trio.lowlevel.ParkingLot()
         #: moving average of one handler call, seconds
         self.handler_time = CHUNK_SECONDS
+        #: trio time of the last delivery or finished chunk (kept with ``idle_timeout``:
+        #: :func:`consumer.ending.watch_idle`)
+        self.activity = 0.0
+        self._track = options.idle_timeout is not None
+        #: called after every finished chunk (``stop_at_end``: :class:`consumer.ending.EndWatch`)
+        self.on_progress: Callable[[], None] | None = None
 
     def stop(self) -> None:
         """Hand out nothing more (loop thread); wake everyone waiting for messages."""
@@ -70,6 +77,8 @@ class Dispatcher:
         self._ready.append([q, msgs, offs, 0])
         self.ready_count += len(msgs)
         self.lot.unpark(count=-(-len(msgs) // self.chunk()))
+        if self._track:
+            self.activity = trio.current_time()
 
     def put_back(self, q: ProcessQueue, msgs: list[Message], offs: list[int]) -> None:
         """Messages handed out but not handled go back first in line."""
@@ -130,6 +139,10 @@ class Dispatcher:
         if q.busy:
             q.busy = False
             self.lot.unpark()
+        if self._track:
+            self.activity = trio.current_time()
+        if self.on_progress is not None:
+            self.on_progress()
 
     def drop(self, q: ProcessQueue) -> None:
         """Forget what a stopped queue still has waiting (it was never handed out)."""

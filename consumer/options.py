@@ -16,9 +16,10 @@ from typing import Any
 import attrs
 
 from equeue.allocation import get_strategy
-from equeue.config import DEFAULTS, StartFrom, positive, to_enum
+from equeue.config import DEFAULTS, StartFrom, optional_positive, positive, to_enum
 from equeue.errors import ConfigError
 from equeue.security import ClientSecurity
+from equeue.times import as_utc, parse_time
 
 __all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
 
@@ -50,12 +51,23 @@ def _handler_threads(value: Any) -> HandlerThreads:
 
 
 def _start_from(value: Any) -> StartFrom | dt.datetime:
+    """``earliest``, ``latest``, a datetime or an ISO 8601 time string; a datetime is
+    kept aware (naive, or a string without an offset: UTC, :mod:`equeue.times`)."""
     if isinstance(value, dt.datetime):
-        return value
+        return as_utc(value)
     try:
         return StartFrom(value)
     except ValueError:
-        raise ConfigError(f"start_from must be 'earliest', 'latest' or a datetime, got {value!r}") from None
+        pass
+    if isinstance(value, str):
+        try:
+            return parse_time(value)
+        except ConfigError:
+            pass
+    raise ConfigError(
+        f"start_from must be 'earliest', 'latest', a datetime or an ISO 8601 time "
+        f"(2024-05-01T12:00:00Z; no offset means UTC), got {value!r}"
+    )
 
 
 def _allocation(_inst: object, _attr: Any, value: object) -> None:
@@ -85,6 +97,7 @@ class ConsumerOptions:
 
     mode: ConsumeMode = attrs.field(default=ConsumeMode.CLUSTERING, converter=_mode)
     #: where a group with no committed offset starts: "earliest", "latest" or a datetime
+    #: (or an ISO 8601 string); a naive one means UTC (:mod:`equeue.times`)
     start_from: StartFrom | dt.datetime = attrs.field(default=StartFrom.LATEST, converter=_start_from)
     #: broker-side tag filter, e.g. "paid || refunded" (None: everything)
     tags: str | None = None
@@ -118,6 +131,15 @@ class ConsumerOptions:
     #: failed deliveries before a message goes to the dead-letter topic (0: at once)
     max_reconsume_times: int = attrs.field(default=DEFAULTS.max_reconsume_times, validator=_reconsume_times)
     retry_delays: tuple[float, ...] = attrs.field(default=DEFAULTS.retry_delays, converter=_delays)
+    #: False: never commit an offset (a throwaway reader, such as ``equeue consume``
+    #: without ``--group``): every member starts at ``start_from``
+    commit_offsets: bool = True
+    #: stop by itself once every queue assigned to it is read to its end and handled
+    #: (kcat's -e; :mod:`consumer.ending`)
+    stop_at_end: bool = False
+    #: stop by itself after this many seconds with no message pulled or finished
+    #: (None: never; :mod:`consumer.ending`)
+    idle_timeout: float | None = attrs.field(default=None, validator=optional_positive)
     #: close(): how long to wait for running handlers before abandoning them
     close_timeout: float = attrs.field(default=30.0, validator=positive)
     #: rebalance: how long a revoked queue waits for its running handlers

@@ -45,6 +45,9 @@ class ProcessQueue:
         self.window = OffsetWindow(0)
         #: the start offset is known (committed offset or start_from resolved)
         self.started = False
+        #: the last pull answer said nothing is left past what it returned (next offset
+        #: at the queue's end, or nothing new): :class:`consumer.ending.EndWatch`
+        self.at_end = False
         self.last_committed = -1
         #: one commit of this queue at a time (see :mod:`equeue.consumer.commit`)
         self.commit_lock = trio.Lock()

@@ -95,6 +95,8 @@ class PullLoop:
     #: (new) leader, its buffered messages may be handed out again
     #: (:meth:`equeue.consumer.dispatch.Dispatcher.resume`)
     resume: Callable[[ProcessQueue], None] | None = None
+    #: a queue was read to its end (``q.at_end`` became true): ``stop_at_end``'s check
+    on_end: Callable[[], None] | None = None
 
     async def run(self, q: ProcessQueue) -> PullEnd:
         """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
@@ -144,7 +146,10 @@ class PullLoop:
                 continue
             offset = q.window.end
             n = 1 if single else min(q.batch, max_messages - len(q.window))
-            req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold_ms, self.group,
+            # stop_at_end: no long-poll hold until the queue first reached its end (an
+            # empty queue answers at once)
+            hold = 0 if o.stop_at_end and not q.at_end else hold_ms
+            req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold, self.group,
                                    self.consumer_id, tags, flags)  # fmt: skip
             try:
                 if client is None:
@@ -237,6 +242,13 @@ class PullLoop:
                 q.window.jump(hi)
             if status is not PullStatus.OFFSET_OVERFLOW:
                 overflows = 0
+            at_end = status is PullStatus.NO_NEW_MESSAGE or (
+                (status is PullStatus.FOUND or status is PullStatus.NO_MATCHED_MSG) and nxt >= hi
+            )
+            if at_end is not q.at_end:
+                q.at_end = at_end
+                if at_end and self.on_end is not None:
+                    self.on_end()
         return PullEnd.STOPPED
 
     async def _quarantine(self, q: ProcessQueue, offset: int, exc: CorruptRecord) -> bool:

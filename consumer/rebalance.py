@@ -94,8 +94,10 @@ class Coordinator:
 
     def __init__(
         self, router: GroupRouter, group: str, consumer_id: str, topics: Sequence[str], options: ConsumerOptions,
-        assignments: Assignments, *, counters: Counters | None = None,
+        assignments: Assignments, *, counters: Counters | None = None, on_round: Callable[[], None] | None = None,
     ) -> None:  # fmt: skip
+        #: called after every round (the allocation may have changed)
+        self.on_round = on_round
         #: the member's counters: its heartbeat reports the poison records it skipped
         self.counters = counters
         self.router = router
@@ -218,6 +220,8 @@ class Coordinator:
             self._finished += 1
             self._round_done.set()
             self._round_done = trio.Event()
+            if self.on_round is not None:
+                self.on_round()
 
     async def _round(self) -> None:
         a = self.assignments

@@ -5,23 +5,151 @@ All logic lives in the async core, running on a private trio loop in a helper th
 in worker threads of that loop, or inline on the loop thread once they prove fast
 (``handler_threads``, see docs/consumer.md). The iterator form takes messages from
 the loop a batch at a time (one hand-off per batch, sized to the loop body's speed).
+
+Ctrl-C: the calling thread waits for the loop's work through :class:`_Pending`, whose
+outcome outlives a KeyboardInterrupt raised while waiting. So Ctrl-C never abandons
+work that is running on the loop: a join in progress finishes (then the member
+leaves), and the final close (commit, leave) always runs to its end before the loop
+is shut down. Shutting the loop down cancels everything on it, the connection's
+reader included: a close still running then could neither commit nor leave.
 """
 
 from __future__ import annotations
 
+import queue
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
 
 import trio
 
-from equeue.client.syncfront import SyncFront
+from equeue.client.syncfront import LoopThread, SyncFront
 from equeue.consumer.core import AsyncConsumer, ConsumerStatistics, log
 from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
 from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
 
 __all__ = ["Consumer"]
+
+T = TypeVar("T")
+
+#: seconds between two looks at pending signals while a thread waits for the loop
+SIGNAL_CHECK = 0.2
+
+
+class _Cancelled(Exception):
+    """The outcome of a :class:`_Pending` call cancelled by :meth:`_Pending.cancel`."""
+
+
+class _Pending(Generic[T]):
+    """A call running on a consumer's loop, waited for by another thread.
+
+    The loop stores the outcome *before* it wakes the waiter (a ``SimpleQueue``,
+    whose ``get`` a signal interrupts without losing anything), so a KeyboardInterrupt
+    raised in :meth:`wait` loses nothing: wait again for the same outcome."""
+
+    def __init__(self) -> None:
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._scope: trio.CancelScope | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._cancel = False
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        """Store the outcome, then wake the waiter (from the loop, or at once on failure)."""
+        self._value, self._error, self._done = value, error, True
+        self._wake.put(None)
+
+    def _sleep(self) -> None:
+        """Block until the outcome is in. In slices: a signal whose C handler ran in
+        another thread (any thread may take a process's signal) does not interrupt this
+        thread's wait, and Python runs its handler (KeyboardInterrupt) only once this
+        thread runs bytecode again."""
+        while not self._done:
+            try:
+                self._wake.get(timeout=SIGNAL_CHECK)
+            except queue.Empty:
+                pass
+
+    def wait(self) -> T:
+        """The call's result, or raises its error. A KeyboardInterrupt raised while
+        waiting leaves the call running: wait again for its outcome."""
+        self._sleep()
+        if self._error is not None:
+            raise self._error
+        return self._value  # type: ignore[no-any-return]
+
+    def wait_through_interrupts(self) -> bool:
+        """Wait until the call ended (whatever its outcome), through Ctrl-C; whether a
+        KeyboardInterrupt arrived meanwhile (the caller raises it once done)."""
+        interrupted = False
+        while True:
+            try:
+                self._sleep()
+                return interrupted
+            except KeyboardInterrupt:
+                interrupted = True
+
+    def cancel(self) -> None:
+        """Cancel the call (its outcome becomes :class:`_Cancelled` unless it ended first)."""
+        self._cancel = True  # before reading the scope: a call starting now sees the flag
+        token, scope = self._token, self._scope
+        if token is not None and scope is not None:
+            try:
+                token.run_sync_soon(scope.cancel)
+            except trio.RunFinishedError:
+                pass
+
+
+class _Loop(LoopThread):
+    """The consumer's loop thread: :meth:`submit` starts a call whose outcome a
+    thread waits for through Ctrl-C (:class:`_Pending`)."""
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        assert self._nursery is not None
+        return self._nursery
+
+    def submit(self, afn: Callable[..., Awaitable[T]], *args: Any) -> _Pending[T]:
+        """Start ``await afn(*args)`` on the loop (a system task: the loop's shutdown cancels
+        it last) and return its pending outcome. A closed loop: the outcome is
+        ClientClosed."""
+        pending: _Pending[T] = _Pending()
+        token = self._token
+
+        async def task() -> None:
+            value: Any = None
+            error: BaseException | None = None
+            try:
+                with trio.CancelScope() as scope:
+                    pending._scope, pending._token = scope, token
+                    if pending._cancel:
+                        scope.cancel()
+                    value = await afn(*args)
+                if scope.cancelled_caught:
+                    error = _Cancelled()
+            except trio.Cancelled:
+                pending.settle(error=ClientClosed("the consumer's event loop closed"))
+                raise
+            except BaseException as exc:  # handed to the waiting thread, raised there
+                error = exc
+            pending.settle(value, error)
+
+        def spawn() -> None:
+            try:
+                trio.lowlevel.spawn_system_task(task, name=getattr(afn, "__qualname__", "consumer call"))
+            except RuntimeError:  # the system nursery is closed: the loop is ending
+                pending.settle(error=ClientClosed("the consumer's event loop is not running"))
+
+        if not self.alive or token is None:
+            raise ClientClosed("the consumer's event loop is not running (closed or forked)")
+        try:
+            token.run_sync_soon(spawn)
+        except trio.RunFinishedError:
+            pending.settle(error=ClientClosed("the consumer's event loop is not running"))
+        return pending
 
 
 class Consumer(SyncFront[AsyncConsumer]):
@@ -40,10 +168,52 @@ class Consumer(SyncFront[AsyncConsumer]):
         self._kwargs = kwargs
         self._token: trio.lowlevel.TrioToken | None = None
         self._close_pending = False
+        #: the join in progress (or done): close() waits for it before leaving
+        self._joining: _Pending[AsyncConsumer] | None = None
+        #: stop() before the core existed: applied once joined
+        self._stop_requested = False
 
     def _make_core(self) -> AsyncConsumer:
         self._token = trio.lowlevel.current_trio_token()  # runs on the loop
         return AsyncConsumer(*self._args, **self._kwargs)
+
+    async def _keep_open(self, task_status: trio.TaskStatus[AsyncConsumer] = trio.TASK_STATUS_IGNORED) -> None:
+        """Build the core and keep it entered (joined) until the loop closes."""
+        core = self._make_core()
+        async with core:
+            task_status.started(core)
+            await trio.sleep_forever()
+
+    def _ensure(self) -> tuple[LoopThread, AsyncConsumer]:
+        """The loop and the joined core, joining now if needed. Ctrl-C during the join
+        lets the join finish (a member half-registered and then cut off would stay
+        in the group until the broker expires it) and is raised after it; the caller's
+        close then leaves. Raises the join's error (ConnectionBroken...)."""
+        if self._closed:
+            raise ClientClosed(f"{type(self).__name__} is closed")
+        loop, core = self._loop, self._core
+        if loop is not None and loop.alive and core is not None:
+            return loop, core
+        with self._lock:
+            if self._closed:
+                raise ClientClosed(f"{type(self).__name__} is closed")
+            if self._loop is None or not self._loop.alive or self._core is None:
+                new = _Loop(f"equeue-{type(self).__name__.lower()}")
+                self._loop = new
+                joining = self._joining = new.submit(new.nursery.start, self._keep_open)
+                interrupted = joining.wait_through_interrupts()
+                try:
+                    self._core = joining.wait()
+                except BaseException:
+                    self._loop = None
+                    self._joining = None
+                    new.close()
+                    raise
+                if self._stop_requested:
+                    self._core.stop()
+                if interrupted:
+                    raise KeyboardInterrupt
+            return self._loop, self._core
 
     def _on_loop(self) -> bool:
         """Called by a handler running inline on this consumer's loop thread?"""
@@ -58,9 +228,13 @@ class Consumer(SyncFront[AsyncConsumer]):
     def run(self, handler: Callable[[Message], Any]) -> None:
         """Call ``handler(msg)`` for every message until :meth:`stop` or :meth:`close`
         (from another thread, a signal handler or the handler). Ctrl-C closes cleanly
-        (commit, leave) and re-raises KeyboardInterrupt."""
+        (a join in progress finishes, then commit, leave: see :meth:`close`) and
+        re-raises KeyboardInterrupt."""
         try:
-            self._call(lambda core: core.run(handler))
+            loop, core = self._ensure()
+            if not isinstance(loop, _Loop):  # pragma: no cover - _ensure makes one
+                raise ClientClosed("the consumer's event loop is not running")
+            loop.submit(core.run, handler).wait()
         except KeyboardInterrupt:
             self.close()
             raise
@@ -77,8 +251,11 @@ class Consumer(SyncFront[AsyncConsumer]):
         Messages come from the consumer's loop in batches of one queue (one hand-off
         per batch; one message per batch while the loop body is slow, up to 512 while
         it is fast); the messages before the current one are marked done on the loop
-        at the next hand-off. Stop, or losing the queue, ends the batch early."""
+        at the next hand-off. Stop, or losing the queue, ends the batch early. Ctrl-C
+        while waiting for a batch cancels that wait (what it took goes back first in
+        line) before KeyboardInterrupt is raised."""
         loop, core = self._ensure()
+        assert isinstance(loop, _Loop)
         it = loop.run_sync(core._iter_begin)
         per_msg = CHUNK_SECONDS  # moving average of the loop body, seconds per message
         clock = time.perf_counter
@@ -89,9 +266,14 @@ class Consumer(SyncFront[AsyncConsumer]):
                 # once handed over, the loop owns the count (an interrupted hand-off may
                 # or may not have settled it: then those messages are redelivered)
                 settled, done = done, 0
+                pending = loop.submit(core._iter_next_batch, it, settled, limit)
                 try:
-                    batch = loop.run(core._iter_next_batch, it, settled, limit)
-                except (trio.Cancelled, trio.RunFinishedError, ClientClosed):
+                    batch = pending.wait()
+                except KeyboardInterrupt:
+                    pending.cancel()  # a batch it took anyway is settled (undone) below
+                    pending.wait_through_interrupts()
+                    raise
+                except (_Cancelled, trio.Cancelled, trio.RunFinishedError, ClientClosed):
                     if self._closed:
                         return
                     raise
@@ -114,14 +296,13 @@ class Consumer(SyncFront[AsyncConsumer]):
                     pass
 
     def stop(self) -> None:
-        """Stop handing out messages; :meth:`run` returns (safe from a handler)."""
-        loop, core = self._loop, self._core
-        if loop is None or not loop.alive or core is None:
-            return
-        if self._on_loop():
-            core.stop()
-        else:
-            loop.run_sync(core.stop)
+        """Stop handing out messages; :meth:`run` returns (safe from a handler, another
+        thread or a signal handler: it never blocks). Before the group is joined, it
+        takes effect once joined."""
+        self._stop_requested = True
+        core = self._core
+        if core is not None:
+            core.stop()  # thread-safe: from another thread its loop part is scheduled on the loop
 
     def commit(self) -> None:
         """Commit offsets that moved, now. From a handler running inline (on the
@@ -148,12 +329,44 @@ class Consumer(SyncFront[AsyncConsumer]):
         return loop.run_sync(core.statistics)
 
     def close(self) -> None:
-        """Stop, wait for running handlers (bounded), commit, leave the group. From a
-        handler running inline (on the consumer's loop) it stops, and :meth:`run`
-        closes before it returns."""
+        """Stop, wait for running handlers (bounded), commit, leave the group, then
+        end the loop. From a handler running inline (on the consumer's loop) it stops,
+        and :meth:`run` closes before it returns.
+
+        Ctrl-C does not cut it short: a join still in progress (from another thread)
+        is waited for, and the close runs to its end (it is bounded: ``close_timeout``
+        for the handlers, then the commit and the leave within ``connect_timeout`` +
+        5 s each) before a KeyboardInterrupt that arrived meanwhile is raised."""
         if self._on_loop():
             self._close_pending = True
             self.stop()
             return
-        self._close_core(lambda core: core.aclose())
-
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_requested = True
+        interrupted = False
+        loop, core, joining = self._loop, self._core, self._joining
+        if loop is None or not loop.alive:
+            return
+        try:
+            if core is None and joining is not None:  # joining in another thread: let it finish
+                interrupted = joining.wait_through_interrupts()
+                try:
+                    core = joining.wait()
+                except BaseException:
+                    core = None  # the join failed: nothing to leave
+            if core is not None and isinstance(loop, _Loop):
+                core.stop()
+                closing = loop.submit(core.aclose)
+                interrupted = closing.wait_through_interrupts() or interrupted
+                try:
+                    closing.wait()
+                except ClientClosed:
+                    pass
+        finally:
+            loop.close()
+            self._loop = None
+            self._core = None
+        if interrupted:
+            raise KeyboardInterrupt

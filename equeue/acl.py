@@ -348,6 +348,7 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.LIST_GROUPS: Rule(filters=_G),
     RequestCode.DESCRIBE_GROUP: Rule((Need(_G, "group", _O.DESCRIBE),)),
     RequestCode.RELEASE_QUEUES: Rule((Need(_G, "group", _O.JOIN),)),
+    RequestCode.DELETE_GROUP: Rule((Need(_G, "group", _O.RESET),), audit=True),
     RequestCode.STATS: Rule((Need(_C, "", _O.DESCRIBE),)),
     RequestCode.CLUSTER_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
     # by global offset the topic is "": only a pattern matching every name (*) allows it

@@ -305,6 +305,28 @@ class ResetAnswer:
 
 # ----------------------------------------------------------------------------- groups
 @attrs.frozen
+class DeleteGroup:
+    """Delete a consumer group at this broker: its committed offsets and its state
+    (membership, leases). Refused (GROUP_HAS_MEMBERS) while it has live members,
+    unless ``force`` (then only its offsets go: the members stay, and their next
+    commits write offsets again); GROUP_NOT_FOUND when this broker knows nothing of it."""
+
+    CODE: ClassVar = RequestCode.DELETE_GROUP
+    group: str
+    force: bool = False
+
+
+@attrs.frozen
+class DeleteGroupAnswer:
+    """What went: ``offsets`` committed offsets (one per queue); ``members`` live
+    members it still has (only with ``force``)."""
+
+    group: str
+    offsets: int
+    members: int = 0
+
+
+@attrs.frozen
 class Heartbeat:
     """Member liveness plus queue leases.
 
@@ -769,6 +791,7 @@ REQUEST_TYPES: dict[int, type] = {
         ReleaseQueues,
         ListGroups,
         DescribeGroup,
+        DeleteGroup,
         Stats,
         ReplicationStatusRequest,
         ReplicaDigestRequest,

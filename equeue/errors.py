@@ -24,6 +24,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── OffsetOutOfRange
     │   ├── NotQueueOwner
     │   ├── GroupHasMembers
+    │   ├── GroupNotFound             no live member and no committed offset (DELETE_GROUP, the CLI)
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
@@ -89,6 +90,7 @@ __all__ = [
     "EQueueError",
     "ErrorCode",
     "GroupHasMembers",
+    "GroupNotFound",
     "InternalBrokerError",
     "InvalidMessage",
     "InvalidName",
@@ -162,6 +164,7 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE = 34
     TOO_MANY_CONNECTIONS = 35
     TOO_MANY_PULLS = 36
+    GROUP_NOT_FOUND = 37
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
     STORE_TRUNCATED = 29
@@ -373,6 +376,13 @@ class GroupHasMembers(BrokerError):
     code = ErrorCode.GROUP_HAS_MEMBERS
 
 
+class GroupNotFound(BrokerError):
+    """No consumer group of that name: no live member and no committed offset (at
+    this broker: DELETE_GROUP; at any broker group: ``equeue group describe/delete``)."""
+
+    code = ErrorCode.GROUP_NOT_FOUND
+
+
 class OutOfOrderSequence(BrokerError):
     """An idempotent produce arrived before an earlier one of the same producer and
     queue was stored; the producer resends its in-flight requests in order."""
@@ -558,6 +568,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         OffsetOutOfRange,
         NotQueueOwner,
         GroupHasMembers,
+        GroupNotFound,
         OutOfOrderSequence,
         BrokerBusy,
         BrokerShuttingDown,

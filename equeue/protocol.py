@@ -37,6 +37,8 @@ class RequestCode(enum.IntEnum):
     LIST_GROUPS = 52
     DESCRIBE_GROUP = 53
     RELEASE_QUEUES = 54
+    #: delete a group's committed offsets and state (admin; refused while it has live members)
+    DELETE_GROUP = 55
     # admin
     STATS = 60
     CLUSTER_STATUS = 61

@@ -21,6 +21,7 @@ import trio
 from equeue import wire
 from equeue.errors import ConfigError, OperationTimeout
 from equeue.models import SendResult
+from equeue.times import epoch_ms
 
 __all__ = ["SendHandle", "deliver_at_ms"]
 
@@ -28,8 +29,8 @@ def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | 
     """The entry's due time in ms since the epoch (0 = deliver now).
 
     ``delay`` is seconds or a timedelta; ``deliver_at`` an aware datetime or a naive
-    one read as UTC. A due time in the past means now. Raises ConfigError when both
-    are given or a value has the wrong type.
+    one read as UTC (:func:`equeue.times.epoch_ms`, the one rule). A due time in the
+    past means now. Raises ConfigError when both are given or a value has the wrong type.
     """
     if delay is None and deliver_at is None:
         return 0
@@ -44,13 +45,11 @@ def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | 
         else:
             raise ConfigError(f"delay must be seconds or a timedelta, not {type(delay).__name__}")
         due = now + seconds
-    else:
-        if not isinstance(deliver_at, dt.datetime):
-            raise ConfigError(f"deliver_at must be a datetime, not {type(deliver_at).__name__}")
-        if deliver_at.tzinfo is None:
-            deliver_at = deliver_at.replace(tzinfo=dt.UTC)
-        due = deliver_at.timestamp()
-    return int(due * 1000) if due > now else 0
+        return int(due * 1000) if due > now else 0
+    if not isinstance(deliver_at, dt.datetime):
+        raise ConfigError(f"deliver_at must be a datetime, not {type(deliver_at).__name__}")
+    ms = epoch_ms(deliver_at)
+    return ms if ms > now * 1000 else 0
 
 
 #: guards the lazy creation of a batch's thread event

@@ -80,7 +80,7 @@ class Handlers:
         pull = PullHandler(topics, store, groups, parked, counters, closing, limits)
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
-        g = GroupHandlers(store, groups, cluster)
+        g = GroupHandlers(store, groups, cluster, submit)
         c = ClusterHandlers(topics, store)
         lookup = LookupHandlers(topics, store, limits.max_frame - 1024)  # as a pull answer's budget
         dlq = DeadLetterHandlers(topics, store, submit, limits)
@@ -114,6 +114,7 @@ class Handlers:
             control.ReleaseQueues: g.release_queues,
             control.ListGroups: self._listing(g.list_groups, ResourceKind.GROUP, "group"),
             control.DescribeGroup: g.describe_group,
+            control.DeleteGroup: g.delete_group,
             control.Stats: self.stats,
             control.GetMessage: lookup.get_message,
             control.FindByKey: lookup.find_by_key,

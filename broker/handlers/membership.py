@@ -1,4 +1,5 @@
-"""Group requests: heartbeat (membership and leases), leave, release, list, describe.
+"""Group requests: heartbeat (membership and leases), leave, release, list, describe,
+delete.
 
 Cluster mode (docs/cluster.md, "Consumer groups across broker groups"): a broker
 grants, and describes, only the leases of queues its group owns; members heartbeat
@@ -10,18 +11,23 @@ import attrs
 
 from equeue import control
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers.base import ClusterRole, RequestContext
-from equeue.broker.storage import StoreReader
+from equeue.broker.handlers.base import ClusterRole, RequestContext, Submit
+from equeue.broker.storage import DeleteGroupOffsetsOp, StoreReader
+from equeue.errors import GroupHasMembers, GroupNotFound
 from equeue.names import validate_group
 
 __all__ = ["GroupHandlers"]
 
 
 class GroupHandlers:
-    def __init__(self, store: StoreReader, groups: GroupRegistry, cluster: ClusterRole | None = None) -> None:
+    def __init__(
+        self, store: StoreReader, groups: GroupRegistry, cluster: ClusterRole | None = None,
+        submit: Submit | None = None,
+    ) -> None:  # fmt: skip
         self._store = store
         self._groups = groups
         self._cluster = cluster
+        self._submit = submit
 
     def _owns(self, key: str) -> bool:
         """Whether this broker's group owns the queue of lease ``key`` ("topic/queue")."""
@@ -66,6 +72,7 @@ class GroupHandlers:
     async def describe_group(
         self, req: control.DescribeGroup, ctx: RequestContext
     ) -> control.GroupDescription:
+        validate_group(req.group)
         store, groups = self._store, self._groups
         members = groups.live_members(req.group)
         offsets = store.group_offsets(req.group)
@@ -91,3 +98,26 @@ class GroupHandlers:
                 queues.append(gq)
         g = groups.groups.get(req.group)
         return control.GroupDescription(req.group, members, queues, g.generation if g else 0)
+
+    async def delete_group(self, req: control.DeleteGroup, ctx: RequestContext) -> control.DeleteGroupAnswer:
+        """Delete the group's committed offsets held here (in a cluster: of the queues
+        this broker group owns; the CLI asks every group) and its state. Raises
+        InvalidName, GroupHasMembers while it has live members (unless ``force``: its
+        offsets go, its members stay), GroupNotFound when nothing of it is here."""
+        validate_group(req.group)
+        live = self._groups.live_members(req.group)
+        if live and not req.force:
+            raise GroupHasMembers(
+                f"group {req.group!r} has {len(live)} live member(s); stop them first or pass --force"
+            )
+        held = self._store.group_offsets(req.group)
+        if not held and req.group not in self._groups.groups:
+            raise GroupNotFound(f"no such group {req.group!r}")
+        gone = 0
+        if held:
+            assert self._submit is not None
+            gone = await self._submit(DeleteGroupOffsetsOp(req.group))
+        if not live:
+            self._groups.forget(req.group)
+        return control.DeleteGroupAnswer(req.group, gone, len(live))
+

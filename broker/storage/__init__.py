@@ -23,7 +23,7 @@ Where each concept lives:
 docs/storage.md describes the layout, the write path and the thread contract.
 """
 
-from equeue.broker.storage.offsets import CommitOffsetOp
+from equeue.broker.storage.offsets import CommitOffsetOp, DeleteGroupOffsetsOp
 from equeue.broker.storage.produce import ProduceOp
 from equeue.broker.storage.producers import ExpireProducersOp
 from equeue.broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
@@ -38,6 +38,7 @@ __all__ = [
     "AlterTopicOp",
     "CommitOffsetOp",
     "CreateTopicOp",
+    "DeleteGroupOffsetsOp",
     "DeleteTopicOp",
     "ExpireProducersOp",
     "KeyHits",

@@ -1,4 +1,5 @@
-"""Consumer offsets: :class:`CommitOffsetOp` (the ``offsets`` database)."""
+"""Consumer offsets: :class:`CommitOffsetOp`, :class:`DeleteGroupOffsetsOp` (the
+``offsets`` database)."""
 
 from __future__ import annotations
 
@@ -38,4 +39,32 @@ class CommitOffsetOp(WriteOp):
                 return
         w.wrote = True
         w.txn.put(key, layout.pack_u64(self.offset), db=db)
-        w.offsets[(self.group, self.topic, self.queue_id)] = self.offset
+        where = (self.group, self.topic, self.queue_id)
+        w.offsets[where] = self.offset
+        w.offsets_removed.discard(where)
+
+
+@attrs.define
+class DeleteGroupOffsetsOp(WriteOp):
+    """Delete every committed offset of ``group`` (DELETE_GROUP); the number deleted
+    (never raises). The deletes are physical (a replica's log carries them)."""
+
+    group: str
+
+    def inline_size(self) -> int:
+        """A few small deletes."""
+        return 256
+
+    def apply(self, w: WriteContext) -> int:
+        db = w.db[b"offsets"]
+        staged = {k for k in w.offsets if k[0] == self.group}
+        held = {k for k in w.base.offsets if k[0] == self.group} - w.offsets_removed
+        gone = 0
+        for where in sorted(staged | held):
+            if w.txn.delete(layout.offset_key(*where), db=db):
+                gone += 1
+            w.offsets.pop(where, None)
+            w.offsets_removed.add(where)
+        if gone:
+            w.wrote = True
+        return gone

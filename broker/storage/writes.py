@@ -124,6 +124,8 @@ class WriteContext:
         self.topics: dict[str, control.TopicInfo | None] = {}
         self.deleting: list[int] | None = None
         self.offsets: dict[tuple[str, str, int], int] = {}
+        #: committed offsets deleted by this transaction (DELETE_GROUP)
+        self.offsets_removed: set[tuple[str, str, int]] = set()
         self.sched_delta: dict[int, int] = {}
         self.touched: set[tuple[int, int]] = set()
         self.moved = 0
@@ -235,9 +237,11 @@ class WriteContext:
                 for tid in deleting:
                     q.pop(tid, None)
             queues = frozen_map(q)
-        if self.offsets:
+        if self.offsets or self.offsets_removed:
             o = offsets.copy()
             o.update(self.offsets)
+            for where in self.offsets_removed:
+                o.pop(where, None)
             offsets = frozen_map(o)
         if self.sched_delta:
             p = pending.copy()

@@ -26,8 +26,16 @@ import trio
 from equeue import control
 from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
-from equeue.errors import ConfigError, EQueueError, NotLeader, QueueUnavailable
+from equeue.errors import (
+    ConfigError,
+    EQueueError,
+    GroupHasMembers,
+    GroupNotFound,
+    NotLeader,
+    QueueUnavailable,
+)
 from equeue.models import PullResult
+from equeue.names import validate_group
 
 T = TypeVar("T")
 
@@ -44,6 +52,7 @@ __all__ = [
     "at_any_leader",
     "cluster_report",
     "compare_digests",
+    "delete_group",
     "describe_group",
     "describe_topic",
     "dlq_list",
@@ -163,8 +172,15 @@ async def list_groups(router: Router) -> list[control.GroupSummary]:
 
 async def describe_group(router: Router, group: str) -> control.GroupDescription:
     """DESCRIBE_GROUP at every broker group: members merged by consumer id, each
-    queue's row from its owner (``broker_group`` says which), generation summed."""
+    queue's row from its owner (``broker_group`` says which), generation summed.
+    Raises InvalidName for a name no group can have, GroupNotFound when no broker
+    group knows the group (no member, no committed offset: LIST_GROUPS does not name it)."""
+    validate_group(group)
     answers = await _each_group(router, lambda c: c.describe_group(group))
+    if not any(d.members or d.queues for d in answers.values()) and group not in {
+        g.group for g in await list_groups(router)
+    }:
+        raise GroupNotFound(f"no such group {group!r}: no broker group has a live member or a committed offset of it")
     members: dict[str, control.MemberInfo] = {}
     rows: dict[tuple[str, int], control.GroupQueue] = {}
     for name, d in answers.items():
@@ -180,6 +196,33 @@ async def describe_group(router: Router, group: str) -> control.GroupDescription
         group, sorted(members.values(), key=lambda m: m.consumer_id), [rows[k] for k in sorted(rows)],
         sum(d.generation for d in answers.values()),
     )  # fmt: skip
+
+
+async def _delete_here(c: AsyncClient, group: str, force: bool) -> control.DeleteGroupAnswer | None:
+    try:
+        return await c.call(control.DeleteGroup(group, force), control.DeleteGroupAnswer)
+    except GroupNotFound:
+        return None  # nothing of it at this broker group
+
+
+async def delete_group(router: Router, group: str, force: bool) -> dict[str, control.DeleteGroupAnswer]:
+    """DELETE_GROUP at every broker group (offsets live with each queue's owner, state
+    at every group its members heartbeat to); the answers of the groups that had
+    something of it. Without ``force`` the live members are looked for first, at every
+    group, so a refused delete deletes nothing anywhere. Raises InvalidName,
+    GroupHasMembers, GroupNotFound when no broker group knows the group."""
+    validate_group(group)
+    if not force:
+        live = (await describe_group(router, group)).members  # GroupNotFound: known nowhere
+        if live:
+            names = ", ".join(m.consumer_id for m in live)
+            raise GroupHasMembers(f"group {group!r} has {len(live)} live member(s) ({names}); stop them first "
+                                  "or pass --force")  # fmt: skip
+    answers = await _each_group(router, lambda c: _delete_here(c, group, force))
+    found = {name: a for name, a in answers.items() if a is not None}
+    if not found:
+        raise GroupNotFound(f"no such group {group!r}: no broker group has a live member or a committed offset of it")
+    return found
 
 
 async def reset_offsets(

@@ -1,4 +1,4 @@
-"""``equeue group list|describe|reset-offsets`` and ``equeue dlq list|resend``."""
+"""``equeue group list|describe|reset-offsets|delete`` and ``equeue dlq list|resend``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,17 @@ import datetime as dt
 import typer
 
 from equeue.cli._common import BROKER_OPTION, JSON_OPTION, fail, print_json, routed, table
+
+
+def _group_name(group: str) -> str:
+    """``group`` if a group can have that name; else one ``error:`` line (InvalidName)."""
+    from equeue.errors import InvalidName
+    from equeue.names import validate_group
+
+    try:
+        return validate_group(group)
+    except InvalidName as exc:
+        fail(str(exc))
 
 
 def _ms(ts: int) -> str:
@@ -33,9 +44,11 @@ def register(app: typer.Typer) -> None:
     @group_app.command("describe")
     def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Members, and per queue: the broker group owning it, the member holding it,
-        committed offset, max offset and lag (each row from the queue's owner)."""
+        committed offset, max offset and lag (each row from the queue's owner). An
+        unknown group is an error (no such group)."""
         from equeue.cli._routed import describe_group
 
+        _group_name(group)
         d = routed(broker, lambda r: describe_group(r, group))
         if as_json:
             print_json(d)
@@ -59,28 +72,52 @@ def register(app: typer.Typer) -> None:
     def reset_offsets(
         group: str,
         topic: str = typer.Option(..., "--topic", "-t"),
-        to: str = typer.Option(..., "--to", help="earliest | latest | an ISO time (2024-05-01T12:00:00Z)."),
+        to: str = typer.Option(
+            ..., "--to", help="earliest | latest | an ISO time (2024-05-01T12:00:00Z; no offset means UTC)."
+        ),
         force: bool = typer.Option(False, "--force", help="Reset even while the group has live members."),
         broker: str = BROKER_OPTION,
     ) -> None:
         """Set the group's committed offsets of TOPIC (refused while members are live)."""
         from equeue.control import ResetTarget
+        from equeue.errors import ConfigError
+        from equeue.times import parse_time_ms
 
+        _group_name(group)
         ts = 0
         target = ResetTarget.EARLIEST if to == "earliest" else ResetTarget.LATEST
         if to not in ("earliest", "latest"):
-            try:
-                when = dt.datetime.fromisoformat(to.replace("Z", "+00:00"))
-            except ValueError:
-                fail(f"--to must be earliest, latest or an ISO time, not {to!r}")
-            if when.tzinfo is None:
-                when = when.astimezone()
-            ts, target = int(when.timestamp() * 1000), ResetTarget.TIME
+            try:  # a time without an offset is UTC (equeue.times: the one rule)
+                ts, target = max(0, parse_time_ms(to)), ResetTarget.TIME
+            except ConfigError as exc:
+                fail(f"--to must be earliest, latest or an ISO time: {exc}")
         from equeue.cli._routed import reset_offsets as reset
 
         offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
+
+    @group_app.command("delete")
+    def delete(
+        group: str,
+        force: bool = typer.Option(
+            False, "--force", help="Delete the committed offsets even while the group has live members (they stay)."
+        ),
+        broker: str = BROKER_OPTION,
+    ) -> None:
+        """Delete GROUP: its committed offsets and its state, at every broker group
+        (refused while it has live members, unless --force). Its retry and dead-letter
+        topics stay."""
+        from equeue.cli._routed import delete_group
+
+        _group_name(group)
+        answers = routed(broker, lambda r: delete_group(r, group, force))
+        offsets = sum(a.offsets for a in answers.values())
+        members = max((a.members for a in answers.values()), default=0)
+        where = f" at {len(answers)} broker groups" if len(answers) > 1 else ""
+        typer.echo(f"deleted group {group}: {offsets} committed offset(s){where}")
+        if members:
+            typer.echo(f"{members} live member(s) stay in the group: their next commits write offsets again", err=True)
 
     @dlq_app.command("list")
     def dlq_list(

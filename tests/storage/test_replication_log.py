@@ -19,6 +19,7 @@ from equeue.broker.storage import (
     AlterTopicOp,
     CommitOffsetOp,
     CreateTopicOp,
+    DeleteGroupOffsetsOp,
     DeleteTopicOp,
     ExpireProducersOp,
     MoveDueOp,
@@ -221,7 +222,7 @@ def test_ops_cannot_write_around_the_recorder(stores: Callable[..., Store]) -> N
 @pytest.mark.parametrize("case", [
     "keyed", "keyless", "delayed", "idempotent", "duplicate", "alter", "delete_purge", "commit", "reset_offset",
     "schedule_move", "retention_time", "retention_size", "retention_consumed", "producer_expiry", "skip",
-    "dlq_resend",
+    "dlq_resend", "delete_group",
 ])  # fmt: skip
 def test_every_write_op_replicates(case: str, stores: Callable[..., Store], clock: Clock) -> None:
     leader, follower = stores("leader"), stores("follower")
@@ -297,6 +298,15 @@ def test_every_write_op_replicates(case: str, stores: Callable[..., Store], cloc
         ship(leader, follower)
         (ans,) = write(leader, SkipRecordOp("t", 0, 1))
         assert not ans.already_skipped
+    elif case == "delete_group":
+        write(leader, CommitOffsetOp("g", "t", 1, 4), CommitOffsetOp("h", "t", 2, 3))
+        ship(leader, follower)
+        # a delete, a commit of the deleted group after it and a delete of a commit staged
+        # in the same transaction
+        assert write(leader, DeleteGroupOffsetsOp("g"), CommitOffsetOp("g", "t", 2, 1), CommitOffsetOp("k", "t", 0, 1),
+                     DeleteGroupOffsetsOp("k")) == [2, None, None, 1]  # fmt: skip
+        assert dict(leader.head.offsets) == {("g", "t", 2): 1, ("h", "t", 2): 3}
+        assert write(leader, DeleteGroupOffsetsOp("nobody")) == [0]
     elif case == "dlq_resend":
         write(leader, ProduceOp(info, 0, entries(3)))
         letters = [Letter(i, "t", i, e) for i, e in enumerate(entries(3, prefix="dead"))]

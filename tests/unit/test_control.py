@@ -27,6 +27,7 @@ ANSWER_TYPES: list[type] = [
     control.GroupSummary,
     control.GroupQueue,
     control.GroupDescription,
+    control.DeleteGroupAnswer,
     control.BrokerStats,
     control.SendBackAnswer,
     control.DeadLetter,
@@ -68,7 +69,7 @@ ALL_MODELS = sorted([*REQUEST_TYPES.values(), *ANSWER_TYPES], key=lambda c: c.__
 
 
 def test_request_types_are_keyed_by_their_code() -> None:
-    assert len(REQUEST_TYPES) == 30
+    assert len(REQUEST_TYPES) == 31
     for code, cls in REQUEST_TYPES.items():
         assert getattr(cls, "CODE") == code  # noqa: B009
         assert isinstance(code, RequestCode)

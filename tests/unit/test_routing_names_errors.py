@@ -371,6 +371,7 @@ def test_error_codes_are_stable() -> None:
         "UNSUPPORTED_MECHANISM": 43,
         "TOO_MANY_CONNECTIONS": 35,
         "TOO_MANY_PULLS": 36,
+        "GROUP_NOT_FOUND": 37,
         "NOT_OWNER": 50,
         "QUEUE_UNAVAILABLE": 51,
         "CLUSTER_UNAVAILABLE": 52,
