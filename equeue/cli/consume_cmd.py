@@ -85,7 +85,9 @@ def register(app: typer.Typer) -> None:
             help="Where a group with no offset starts: earliest | latest | an ISO time "
             "(2024-05-01T12:00:00Z; no offset means UTC).",
         ),
-        max_messages: int = typer.Option(0, "--max", "-n", min=0, help="Exit after N messages (0: no limit)."),
+        max_messages: int = typer.Option(
+            0, "--limit", "--max", "-n", min=0, help="Exit after N messages (0: no limit)."
+        ),
         exit_at_end: bool = typer.Option(
             False, "--exit-at-end", "-e",
             help="Exit once every queue assigned to this consumer is read to its end (as the pulls report it).",
@@ -93,17 +95,22 @@ def register(app: typer.Typer) -> None:
         idle_timeout: str = typer.Option(
             None, "--idle-timeout", metavar="DURATION", help="Exit after no message for this long (30s, 5m)."
         ),
-        fmt: OutputFormat = typer.Option(OutputFormat.TEXT, "--format", "-f", help="One line per message."),
+        fmt: OutputFormat = typer.Option(OutputFormat.TEXT, "--format", help="One line per message."),
+        as_json: bool = typer.Option(
+            False, "--json", help="Each message as one JSON object per line (JSON Lines): --format json."
+        ),
         tags: str = typer.Option("", "--tags", help='Tag filter, e.g. "paid || refunded".'),
         broker: str = BROKER_OPTION,
     ) -> None:
         """Print messages of TOPIC as a member of group G until Ctrl-C or an end condition
-        (--max, --exit-at-end, --idle-timeout: the first one met); then commit and leave.
+        (--limit, --exit-at-end, --idle-timeout: the first one met); then commit and leave.
         Without --group: a temporary group that commits nothing and leaves nothing behind."""
         from equeue.consumer import Consumer
         from equeue.errors import EQueueError, TopicNotFound
 
         idle = _idle_seconds(idle_timeout)
+        if as_json:
+            fmt = OutputFormat.JSON
         temporary = group is None
         if group is None:
             group = TEMP_GROUP_PREFIX + secrets.token_hex(4)

@@ -71,12 +71,13 @@ def register(app: typer.Typer) -> None:
     @group_app.command("reset-offsets")
     def reset_offsets(
         group: str,
-        topic: str = typer.Option(..., "--topic", "-t"),
+        topic: str = typer.Option(..., "--topic", "-t", help="The topic whose offsets are reset."),
         to: str = typer.Option(
             ..., "--to", help="earliest | latest | an ISO time (2024-05-01T12:00:00Z; no offset means UTC)."
         ),
         force: bool = typer.Option(False, "--force", help="Reset even while the group has live members."),
         broker: str = BROKER_OPTION,
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Set the group's committed offsets of TOPIC (refused while members are live)."""
         from equeue.control import ResetTarget
@@ -94,6 +95,9 @@ def register(app: typer.Typer) -> None:
         from equeue.cli._routed import reset_offsets as reset
 
         offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
+        if as_json:
+            print_json({"group": group, "topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}})
+            return
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
 
@@ -104,6 +108,7 @@ def register(app: typer.Typer) -> None:
             False, "--force", help="Delete the committed offsets even while the group has live members (they stay)."
         ),
         broker: str = BROKER_OPTION,
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Delete GROUP: its committed offsets and its state, at every broker group
         (refused while it has live members, unless --force). Its retry and dead-letter
@@ -115,6 +120,10 @@ def register(app: typer.Typer) -> None:
         offsets = sum(a.offsets for a in answers.values())
         members = max((a.members for a in answers.values()), default=0)
         where = f" at {len(answers)} broker groups" if len(answers) > 1 else ""
+        if as_json:
+            print_json({"group": group, "offsets_deleted": offsets, "live_members": members,
+                        "broker_groups": len(answers)})  # fmt: skip
+            return
         typer.echo(f"deleted group {group}: {offsets} committed offset(s){where}")
         if members:
             typer.echo(f"{members} live member(s) stay in the group: their next commits write offsets again", err=True)
@@ -122,11 +131,11 @@ def register(app: typer.Typer) -> None:
     @dlq_app.command("list")
     def dlq_list(
         group: str,
-        limit: int = typer.Option(100, "--limit", min=1, max=1000, help="At most this many letters (one page, up to 1000)."),
-        queue: int = typer.Option(0, "--queue", min=0, help="Start at this queue of %DLQ%GROUP (from a previous page)."),
-        offset: int = typer.Option(0, "--offset", min=0, help="Start at this offset of that queue (from a previous page)."),
+        limit: int = typer.Option(100, "--limit", "-n", min=1, max=1000, help="At most this many letters (one page, up to 1000)."),
+        queue: int = typer.Option(0, "--queue", "-q", min=0, help="Start at this queue of %DLQ%GROUP (from a previous page)."),
+        offset: int = typer.Option(0, "--offset", "-o", min=0, help="Start at this offset of that queue (from a previous page)."),
         broker: str = BROKER_OPTION,
-        as_json: bool = typer.Option(False, "--json"),
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """One page of %DLQ%GROUP from every broker group: id (global offset in the
         broker group shown), origin, attempts, time, body, resent."""
@@ -173,6 +182,7 @@ def register(app: typer.Typer) -> None:
             None, "--broker-group", help="The broker group holding the ids (cluster: as dlq list shows)."
         ),
         broker: str = BROKER_OPTION,
+        as_json: bool = JSON_OPTION,
     ) -> None:
         """Send dead letters back to their origin topic (fresh: 0 attempts), each at most
         once. ``--all`` resends at every broker group."""
@@ -183,6 +193,9 @@ def register(app: typer.Typer) -> None:
         if not ids and not all_:
             fail("pass --id ID (repeatable) or --all")
         ans = routed(broker, lambda r: resend(r, group, ids, all_, broker_group))
+        if as_json:
+            print_json(ans)
+            raise typer.Exit(1 if ans.failed else 0)
         typer.echo(f"resent {len(ans.resent)} message(s) from %DLQ%{group}; {len(ans.already_resent)} resent before")
         for i, reason in sorted(ans.failed.items()):
             typer.echo(f"not resent: {i}: {reason}", err=True)

@@ -14,15 +14,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import typer
 
 from equeue.cli import app
 from tests.conftest import ROOT
-
-#: commands whose modules are changed elsewhere to follow the rule (consume_cmd.py,
-#: group_cmd.py); the tests of the whole app are xfail until they are
-PENDING = ("consume", "group", "dlq")
 
 #: commands that print no answer: ``broker start`` runs a broker in the foreground
 NO_ANSWER = {("broker", "start")}
@@ -88,11 +83,6 @@ def _check_shorts(skip: tuple[str, ...]) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_a_short_flag_means_one_long_option_in_the_commands_following_the_rule() -> None:
-    _check_shorts(PENDING)
-
-
-@pytest.mark.xfail(strict=True, reason="consume --format/-f and --max/-n break the rule until consume_cmd.py follows it")
 def test_a_short_flag_means_one_long_option_everywhere() -> None:
     _check_shorts(())
 
@@ -110,11 +100,6 @@ def _missing_json(skip: tuple[str, ...]) -> list[str]:
     ]  # fmt: skip
 
 
-def test_every_command_that_answers_takes_json_among_those_following_the_rule() -> None:
-    assert _missing_json(PENDING) == []
-
-
-@pytest.mark.xfail(strict=True, reason="consume, group reset-offsets and dlq resend get --json in their own modules")
 def test_every_command_that_answers_takes_json() -> None:
     assert _missing_json(()) == []
 
