@@ -3,11 +3,14 @@
 # (each with a .venv from `make install`, or a link to one: PYTHONPATH is set to the
 # checkout, so its code runs, brokers included), so that both see the same machine.
 #   bash bench/ab.sh BEFORE_DIR AFTER_DIR [REPS] > ab.log
+#   ONLY="P1 C1 L1" bash bench/ab.sh ...   (a subset of: P1 P2 C1 C2 L1 Spark)
 # Prints each figure's line prefixed with the side; compare ratios within the run.
 set -u
 before=$1 after=$2 reps=${3:-2}
+only=" ${ONLY:-P1 P2 C1 C2 L1 Spark} "
 run() {  # side dir label cmd...
   local side=$1 dir=$2 label=$3; shift 3
+  [[ "$only" == *" ${label%% *} "* ]] || return 0
   echo "### $side $label"
   (cd "$dir" && PYTHONPATH="$dir" timeout 600 .venv/bin/python "$@" 2>&1 | grep -vE '^\s*$|WARN|log4j|Setting default log level|SparkContext|^\[Stage' | tail -12)
 }
