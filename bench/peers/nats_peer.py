@@ -283,18 +283,12 @@ async def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
     subj = [SUBJECTS[q] for q in queues]
     nc, js = await _connect()
     pack = C.TS.pack
-    late = 0
-    t0 = time.time() + 0.05
-    for i in range(n):
-        d = t0 + i / rate - time.time()
-        if d > 0:
-            time.sleep(d)  # not asyncio.sleep: see the docstring
-        elif d < -0.001:
-            late += 1
+    pacer = C.Pacer(n, rate)
+    for i in pacer:
         await js.publish(subj[i], pack(time.time_ns()) + fillers[i])
-    el = time.time() - t0
+    result = pacer.result()
     await nc.close()
-    return {"sent": n, "seconds": el, "achieved_rate": n / el, "late_gt_1ms": late}
+    return result
 
 
 async def role_check(a: dict[str, Any]) -> dict[str, Any]:

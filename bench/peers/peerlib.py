@@ -245,3 +245,28 @@ def wait_until(t_wall: float) -> None:
     d = t_wall - time.time()
     if d > 0:
         time.sleep(d)
+
+
+class Pacer:
+    """L1's fixed rate: ``for i in pacer: send(i)`` yields 0..n-1, the i-th at
+    ``start + i / rate``, paced by ``time.sleep`` (asyncio's timers wake on epoll's
+    millisecond grid, so the NATS peer paces the same way), counting sends more than
+    1 ms late. :meth:`result` is the L1 producer's report."""
+
+    def __init__(self, n: int, rate: int) -> None:
+        self.n, self.rate, self.late = n, rate, 0
+        self.t0 = 0.0
+
+    def __iter__(self) -> Any:
+        self.t0 = time.time() + 0.05
+        for i in range(self.n):
+            d = self.t0 + i / self.rate - time.time()
+            if d > 0:
+                time.sleep(d)
+            elif d < -0.001:
+                self.late += 1
+            yield i
+
+    def result(self) -> dict[str, Any]:
+        el = time.time() - self.t0
+        return {"sent": self.n, "seconds": el, "achieved_rate": self.n / el, "late_gt_1ms": self.late}

@@ -224,17 +224,10 @@ def role_l1_produce(a: dict[str, Any]) -> dict[str, Any]:
     streams = [STREAMS[q] for q in queues]
     r = _conn()
     pack = C.TS.pack
-    late = 0
-    t0 = time.time() + 0.05
-    for i in range(n):
-        d = t0 + i / rate - time.time()
-        if d > 0:
-            time.sleep(d)
-        elif d < -0.001:
-            late += 1
+    pacer = C.Pacer(n, rate)
+    for i in pacer:
         r.xadd(streams[i], {b"d": pack(time.time_ns()) + fillers[i]})
-    el = time.time() - t0
-    return {"sent": n, "seconds": el, "achieved_rate": n / el, "late_gt_1ms": late}
+    return pacer.result()
 
 
 def role_check(a: dict[str, Any]) -> dict[str, Any]:

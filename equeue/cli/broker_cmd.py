@@ -66,7 +66,7 @@ def _whole_seconds(text: str) -> int:
 #: ``broker start`` option → (its BrokerConfig field, the reading of its text; None: the
 #: value as the option gives it). Sizes and durations are read by the parsers of
 #: :mod:`equeue.config` (``8GB`` = 8·10^9 bytes, ``8GiB`` = 8·2^30, ``1h30m``).
-_FIELDS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
+OPTION_FIELDS: dict[str, tuple[str, Callable[[Any], Any] | None]] = {
     "host": ("host", None),
     "port": ("port", None),
     "http_port": ("http_port", parse_http_port),
@@ -122,7 +122,7 @@ def build_config(data_dir: Path, values: dict[str, Any], origin: Callable[[str],
     fields = attrs.fields_dict(BrokerConfig)
     kw: dict[str, Any] = {}
     for option, value in values.items():
-        name, parse = _FIELDS[option]
+        name, parse = OPTION_FIELDS[option]
         field = fields[name]
         try:
             kw[name] = parse(value) if parse is not None else value
@@ -176,7 +176,7 @@ def _file_value(name: str, default: object, value: object) -> object:
         if isinstance(value, bool) or not isinstance(value, int):
             raise wrong("a whole number")
         return value
-    if name in _FIELDS and _FIELDS[name][1] is not None:  # a size, a duration, a port or off
+    if name in OPTION_FIELDS and OPTION_FIELDS[name][1] is not None:  # a size, a duration, a port or off
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise wrong("a string or a number")
         return str(value)
@@ -199,7 +199,7 @@ def read_config_file(path: Path, params: list[Any]) -> dict[str, tuple[object, s
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not a TOML file: {exc}") from None
     options = {p.opts[0].removeprefix("--"): p for p in params if p.name not in ("config", "ctx") and p.opts}
-    flag_of_field = {field.replace("_", "-"): option.replace("_", "-") for option, (field, _) in _FIELDS.items()}
+    flag_of_field = {field.replace("_", "-"): option.replace("_", "-") for option, (field, _) in OPTION_FIELDS.items()}
     out: dict[str, tuple[object, str]] = {}
     for key, value in table.items():
         param = options.get(key.replace("_", "-"))
@@ -319,7 +319,7 @@ def register(app: typer.Typer) -> None:
         data_dir, audit_log = values["data_dir"], values["audit_log"]
         if data_dir is None:
             fail("give the data directory: --data-dir DIR, or data-dir in the --config file")
-        cfg = _config_or_fail(data_dir, {k: v for k, v in values.items() if k in _FIELDS}, origins.__getitem__)
+        cfg = _config_or_fail(data_dir, {k: v for k, v in values.items() if k in OPTION_FIELDS}, origins.__getitem__)
         setup_logging(values["log_level"], values["log_format"])
         # A fatal signal (a SIGBUS when data.mdb is cut short under a running broker)
         # prints "Fatal Python error: Bus error" and where, instead of dying silently

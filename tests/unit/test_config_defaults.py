@@ -14,19 +14,16 @@ import pytest
 import typer
 
 from equeue.cli import app
+from equeue.cli.broker_cmd import OPTION_FIELDS
 from equeue.config import (
     DEFAULT_ADDRESS,
     DEFAULTS,
     BrokerConfig,
     FlushPolicy,
-    broker_retention,
     format_duration_ms,
     format_size,
     parse_address,
     parse_duration_ms,
-    parse_http_port,
-    parse_retention_bytes,
-    parse_retention_ms,
     parse_size,
 )
 from equeue.consumer.options import ConsumerOptions
@@ -35,52 +32,9 @@ from equeue.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = {f.name: f for f in attrs.fields(BrokerConfig)}
 
-def seconds(text: str) -> float:
-    return parse_duration_ms(text) / 1000
-
-
-#: ``broker start`` option → (BrokerConfig field, the option's text → the field's value)
-START_OPTIONS: dict[str, tuple[str, Any]] = {
-    "host": ("host", None),
-    "port": ("port", None),
-    "http_port": ("http_port", parse_http_port),
-    "flush": ("flush", None),
-    "flush_interval": ("flush_interval", seconds),
-    "inline_commit": ("inline_commit_bytes", parse_size),
-    "map_size": ("map_size", parse_size),
-    "auto_create": ("auto_create_topics", None),
-    "default_queues": ("default_queues", None),
-    "retention": ("retention_ms", lambda t: broker_retention(parse_retention_ms(t))),
-    "retention_bytes": ("retention_bytes", lambda t: broker_retention(parse_retention_bytes(t))),
-    "delete_consumed": ("delete_consumed", None),
-    "max_message": ("max_message_bytes", parse_size),
-    "scan_records": ("scan_records", None),
-    "scan_time": ("scan_time", seconds),
-    "metrics_queue_limit": ("metrics_queue_limit", None),
-    "tls_cert": ("tls_cert", None),
-    "tls_key": ("tls_key", None),
-    "tls_ca": ("tls_ca", None),
-    "tls_client_auth": ("tls_client_auth", None),
-    "users_file": ("users_file", None),
-    "max_connections": ("max_connections", None),
-    "output_buffer_soft": ("output_buffer_soft", parse_size),
-    "output_buffer_hard": ("output_buffer_hard", parse_size),
-    "output_buffer_grace": ("output_buffer_grace", seconds),
-    "frame_timeout": ("frame_timeout", seconds),
-    "max_partial_frame_bytes": ("max_partial_frame_bytes", parse_size),
-    "idle_timeout": ("idle_timeout", seconds),
-    "max_pulls_per_connection": ("max_pulls_per_connection", None),
-    "member_expiry": ("member_expiry", seconds),
-    "cluster": ("cluster", lambda t: tuple(u for u in t.split(",") if u)),
-    "broker_group": ("broker_group", None),
-    "advertise": ("advertise", None),
-    "cluster_lease_ttl": ("cluster_lease_ttl", lambda t: parse_duration_ms(t) // 1000),
-    "acks": ("acks", None),
-    "min_insync": ("min_insync", None),
-    "replica_lag_max": ("replica_lag_max", seconds),
-    "replica_fetch_bytes": ("replica_fetch_bytes", parse_size),
-    "replica_log_bytes": ("replica_log_bytes", parse_size),
-}
+#: ``broker start`` option → (BrokerConfig field, the option's text → the field's value):
+#: the CLI's own table, so that these tests check the options the CLI really reads
+START_OPTIONS = OPTION_FIELDS
 #: ``broker start`` options that are not BrokerConfig fields with a default
 NOT_CONFIG = {"config", "data_dir", "log_level", "log_format", "audit_log"}
 
@@ -102,8 +56,9 @@ def test_broker_start_defaults_are_broker_config_defaults() -> None:
     for option, (field, parse) in START_OPTIONS.items():
         default = opts[option].default
         value = parse(default) if parse else default
-        assert value == FIELDS[field].default, f"--{option} default {default!r} != BrokerConfig.{field}"
-        assert type(value) is type(FIELDS[field].default), option
+        built = getattr(BrokerConfig(data_dir="d", **{field: value}), field)  # through the field's converter
+        assert built == FIELDS[field].default, f"--{option} default {default!r} != BrokerConfig.{field}"
+        assert type(built) is type(FIELDS[field].default), option
 
 
 def test_client_side_defaults_are_the_sdk_defaults() -> None:

@@ -89,7 +89,7 @@ def test_read_config_file_refuses_what_is_not_a_setting(tmp_path: Path) -> None:
 def test_the_documented_example_is_a_full_and_valid_file(tmp_path: Path) -> None:
     """docs/operations.md's example names every option (the commented ones too) and
     builds a BrokerConfig."""
-    from equeue.cli.broker_cmd import _FIELDS, build_config
+    from equeue.cli.broker_cmd import OPTION_FIELDS, build_config
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     example = doc.split("<!-- broker.toml example")[1].split("```toml\n")[1].split("```")[0]
@@ -100,6 +100,6 @@ def test_the_documented_example_is_a_full_and_valid_file(tmp_path: Path) -> None
     commented = {line[2:].split(" = ")[0] for line in example.splitlines() if line.startswith("# ") and " = " in line}
     every = {p.opts[0].removeprefix("--") for p in params if p.name != "config"}  # type: ignore[attr-defined]
     assert {key for _, key in settings.values()} | commented == every
-    values = {name: value for name, (value, _) in settings.items() if name in _FIELDS}
+    values = {name: value for name, (value, _) in settings.items() if name in OPTION_FIELDS}
     cfg = build_config(settings["data_dir"][0], values, str)  # type: ignore[arg-type]
     assert cfg.map_size == 64 << 30 and cfg.http_port == 5880 and cfg.retention_bytes is None
