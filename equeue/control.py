@@ -309,7 +309,7 @@ class DeleteGroup:
     """Delete a consumer group at this broker: its committed offsets and its state
     (membership, leases). Refused (GROUP_HAS_MEMBERS) while it has live members,
     unless ``force`` (then only its offsets go: the members stay, and their next
-    commits write offsets again); GROUP_NOT_FOUND when this broker knows nothing of it."""
+    commits of new positions write offsets again); GROUP_NOT_FOUND when this broker knows nothing of it."""
 
     CODE: ClassVar = RequestCode.DELETE_GROUP
     group: str

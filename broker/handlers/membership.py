@@ -110,14 +110,16 @@ class GroupHandlers:
             raise GroupHasMembers(
                 f"group {req.group!r} has {len(live)} live member(s); stop them first or pass --force"
             )
-        held = self._store.group_offsets(req.group)
-        if not held and req.group not in self._groups.groups:
-            raise GroupNotFound(f"no such group {req.group!r}")
-        gone = 0
-        if held:
-            assert self._submit is not None
-            gone = await self._submit(DeleteGroupOffsetsOp(req.group))
+        known = req.group in self._groups.groups
+        # the delete decides from the store's own transaction, not the published view (on a
+        # replicated leader, offsets committed but not yet replicated are not in the view)
+        assert self._submit is not None
+        gone = await self._submit(DeleteGroupOffsetsOp(req.group))
+        # a member may have joined while the delete was written: its state stays
+        live = self._groups.live_members(req.group)
         if not live:
             self._groups.forget(req.group)
+        if not gone and not known and not live:
+            raise GroupNotFound(f"no such group {req.group!r}")
         return control.DeleteGroupAnswer(req.group, gone, len(live))
 

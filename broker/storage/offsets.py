@@ -51,9 +51,9 @@ class DeleteGroupOffsetsOp(WriteOp):
 
     group: str
 
-    def inline_size(self) -> int:
-        """A few small deletes."""
-        return 256
+    def inline_size(self) -> None:
+        """Never on the event loop: it scans every committed offset of the store."""
+        return None
 
     def apply(self, w: WriteContext) -> int:
         db = w.db[b"offsets"]

@@ -209,7 +209,9 @@ async def delete_group(router: Router, group: str, force: bool) -> dict[str, con
     """DELETE_GROUP at every broker group (offsets live with each queue's owner, state
     at every group its members heartbeat to); the answers of the groups that had
     something of it. Without ``force`` the live members are looked for first, at every
-    group, so a refused delete deletes nothing anywhere. Raises InvalidName,
+    group, so a refused delete deletes nothing anywhere (but for a member that joins in the
+    moment between the look and the deletes: the delete is not one atomic step across
+    broker groups, and may then be done at some of them only). Raises InvalidName,
     GroupHasMembers, GroupNotFound when no broker group knows the group."""
     validate_group(group)
     if not force:

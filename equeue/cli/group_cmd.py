@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"deleted group {group}: {offsets} committed offset(s){where}")
         if members:
-            typer.echo(f"{members} live member(s) stay in the group: their next commits write offsets again", err=True)
+            typer.echo(f"{members} live member(s) stay in the group: a queue's offset comes back when one of them commits a new position on it", err=True)
 
     @dlq_app.command("list")
     def dlq_list(
