@@ -13,7 +13,6 @@ The SDK names are loaded on first use, so ``import equeue`` stays light (no trio
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from equeue.errors import *  # noqa: F403
@@ -24,11 +23,6 @@ from equeue.routing import key_hash, queue_for_key
 
 DISTRIBUTION = "equeue-broker"
 """The name this package is published under on PyPI (``equeue`` there is another project)."""
-
-try:
-    __version__ = version(DISTRIBUTION)
-except PackageNotFoundError:  # a source tree on sys.path without an install: no metadata to read
-    __version__ = "0+unknown"
 
 # Short names for the SDK, imported from their subpackage on first access (PEP 562).
 _LAZY = {
@@ -45,17 +39,32 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    __version__: str
     from equeue.client import AsyncClient, Client
     from equeue.consumer import AsyncConsumer, Consumer, ConsumerOptions, StartFrom
     from equeue.producer import AsyncProducer, Producer, ProducerOptions, SendHandle
 
 
+def _version() -> str:
+    """The installed distribution's version (``pyproject.toml`` is its one source)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:  # a source tree on sys.path without an install: no metadata
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    """Load an SDK name from its subpackage the first time it is asked for.
+    """Load an SDK name from its subpackage, or read ``__version__`` from the installed
+    metadata, the first time it is asked for (``importlib.metadata`` is a heavy import).
 
     Raises AttributeError for any other name, so ``from equeue import spark`` still imports the
     subpackage.
     """
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'equeue' has no attribute {name!r}")

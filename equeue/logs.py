@@ -15,14 +15,13 @@ requests keep failing inside the broker (the broker's internal-error tracebacks)
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from enum import StrEnum
 from typing import Any, TextIO
-
-import structlog
 
 __all__ = ["LogFormat", "RateLimitedLog", "setup_logging"]
 
@@ -46,17 +45,23 @@ def _timestamp(_logger: object, _name: str, event: MutableMapping[str, Any]) -> 
     return event
 
 
+@functools.cache
+def _extra_adder() -> Any:
+    """structlog's ``ExtraAdder``, made on first use (structlog loads with the formatter)."""
+    from structlog.stdlib import ExtraAdder
+
+    return ExtraAdder()
+
+
 def _extras(_logger: object, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """The record's fields (``extra=``): structlog's ``ExtraAdder``, less ``message``
     and ``asctime``, which another handler's formatter may have set on the record
     (``logging`` refuses them as ``extra`` keys)."""
-    event = _EXTRA(_logger, _name, event)  # type: ignore[arg-type]
+    event = _extra_adder()(_logger, _name, event)  # type: ignore[arg-type]
     event.pop("message", None)
     event.pop("asctime", None)
     return event
 
-
-_EXTRA = structlog.stdlib.ExtraAdder()
 
 
 def _first_keys(_logger: object, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -120,7 +125,11 @@ class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def formatter(fmt: LogFormat | str = LogFormat.LOGFMT) -> logging.Formatter:
-    """The formatter of :func:`setup_logging`: one logfmt or JSON line per record."""
+    """The formatter of :func:`setup_logging`: one logfmt or JSON line per record.
+    (structlog is imported here, not with the module: the SDK uses :class:`RateLimitedLog`
+    and must not pay for it.)"""
+    import structlog
+
     last: list[Any]
     if LogFormat(fmt) is LogFormat.JSON:
         last = [_first_keys, structlog.processors.JSONRenderer()]
