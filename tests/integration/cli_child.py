@@ -14,6 +14,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def default_sigint() -> None:
+    """In the child, before exec: Ctrl-C's default disposition. A test run started in the
+    background (``make test &``, a CI runner) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler: the child would never see the Ctrl-C sent."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def child_env() -> dict[str, str]:
     """This environment, with the worktree importable (as the tests see it)."""
     return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
@@ -24,7 +31,8 @@ class Child:
 
     def __init__(self, *args: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+            [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+            preexec_fn=default_sigint,
         )
         self.out: list[str] = []
         self.err: list[str] = []
@@ -60,6 +68,6 @@ def consume(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[st
     """``python -m equeue consume ARGS``; fails the test if it does not exit in time."""
     try:
         return subprocess.run([sys.executable, "-m", "equeue", "consume", *args], capture_output=True, text=True,
-                              timeout=timeout, env=child_env())  # fmt: skip
+                              timeout=timeout, env=child_env(), preexec_fn=default_sigint)  # fmt: skip
     except subprocess.TimeoutExpired as exc:
         raise AssertionError(f"equeue consume {' '.join(args)} did not exit within {timeout:g} s") from exc
