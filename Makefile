@@ -38,8 +38,8 @@ XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: install etcd-install net-tools-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests
 
-# the inner loop (about a minute): everything but the slow, Spark, cluster and fault-campaign
-# tests, in parallel; `make test` runs them all
+# the inner loop (about a minute): everything but the slow (the wire fuzz run among them), Spark,
+# cluster and fault-campaign tests, in parallel; `make test` runs them all
 test-fast: install etcd-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" \
 	  --ignore=tests/cluster --ignore=tests/chaos tests

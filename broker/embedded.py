@@ -9,21 +9,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from equeue.config import BrokerConfig
-from equeue.errors import EQueueError
+from equeue.errors import EQueueError, first_error
 
 if TYPE_CHECKING:
     from equeue.broker.server import Broker
-
-
-def _refusal(exc: BaseException) -> EQueueError | None:
-    """The EQueueError a start-up failure is (the first one inside the exception
-    groups of the broker's nurseries), or None for anything else."""
-    while isinstance(exc, BaseExceptionGroup):
-        refused, _ = exc.split(EQueueError)
-        if refused is None:
-            return None
-        exc = refused.exceptions[0]
-    return exc if isinstance(exc, EQueueError) else None
 
 
 class EmbeddedBroker:
@@ -77,7 +66,7 @@ class EmbeddedBroker:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
-            refusal = _refusal(self._error)
+            refusal = first_error(self._error)
             if refusal is not None:  # StartupError, ConfigError, DataDirLocked, StoreDamaged...
                 raise refusal
             raise EQueueError(f"broker failed to start: {self._error}") from self._error

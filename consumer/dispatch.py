@@ -47,10 +47,10 @@ class Dispatcher:
         #: moving average of one handler call, seconds
         self.handler_time = CHUNK_SECONDS
         #: trio time of the last delivery or finished chunk (kept with ``idle_timeout``:
-        #: :func:`consumer.ending.watch_idle`)
+        #: :func:`equeue.consumer.ending.watch_idle`)
         self.activity = 0.0
         self._track = options.idle_timeout is not None
-        #: called after every finished chunk (``stop_at_end``: :class:`consumer.ending.EndWatch`)
+        #: called after every finished chunk (``stop_at_end``: :class:`equeue.consumer.ending.EndWatch`)
         self.on_progress: Callable[[], None] | None = None
 
     def stop(self) -> None:

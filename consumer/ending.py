@@ -1,6 +1,6 @@
 """A consumer that stops by itself: at the end of its queues (``stop_at_end``) or after
 a quiet spell (``idle_timeout``). For batch jobs and ``equeue consume --exit-at-end`` /
-``--idle-timeout``; both end like :meth:`consumer.AsyncConsumer.stop` (``run()``
+``--idle-timeout``; both end like :meth:`equeue.consumer.AsyncConsumer.stop` (``run()``
 returns, iteration ends; the close then commits and leaves).
 
 **At the end** (kcat's ``-e``): every queue assigned to this member (its allocation;

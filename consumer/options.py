@@ -135,10 +135,10 @@ class ConsumerOptions:
     #: without ``--group``): every member starts at ``start_from``
     commit_offsets: bool = True
     #: stop by itself once every queue assigned to it is read to its end and handled
-    #: (kcat's -e; :mod:`consumer.ending`)
+    #: (kcat's -e; :mod:`equeue.consumer.ending`)
     stop_at_end: bool = False
     #: stop by itself after this many seconds with no message pulled or finished
-    #: (None: never; :mod:`consumer.ending`)
+    #: (None: never; :mod:`equeue.consumer.ending`)
     idle_timeout: float | None = attrs.field(default=None, validator=optional_positive)
     #: close(): how long to wait for running handlers before abandoning them
     close_timeout: float = attrs.field(default=30.0, validator=positive)

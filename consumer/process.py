@@ -46,7 +46,7 @@ class ProcessQueue:
         #: the start offset is known (committed offset or start_from resolved)
         self.started = False
         #: the last pull answer said nothing is left past what it returned (next offset
-        #: at the queue's end, or nothing new): :class:`consumer.ending.EndWatch`
+        #: at the queue's end, or nothing new): :class:`equeue.consumer.ending.EndWatch`
         self.at_end = False
         self.last_committed = -1
         #: one commit of this queue at a time (see :mod:`equeue.consumer.commit`)

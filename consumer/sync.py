@@ -199,8 +199,10 @@ class Consumer(SyncFront[AsyncConsumer]):
                 raise ClientClosed(f"{type(self).__name__} is closed")
             if self._loop is None or not self._loop.alive or self._core is None:
                 new = _Loop(f"equeue-{type(self).__name__.lower()}")
-                self._loop = new
+                # the join is published before the loop, so a close() that sees the loop
+                # sees the join too, and lets it finish rather than cancel it mid-flight
                 joining = self._joining = new.submit(new.nursery.start, self._keep_open)
+                self._loop = new
                 interrupted = joining.wait_through_interrupts()
                 try:
                     self._core = joining.wait()

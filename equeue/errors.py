@@ -127,6 +127,7 @@ __all__ = [
     "UnknownRequest",
     "UnsupportedMechanism",
     "error_for_code",
+    "first_error",
 ]
 
 
@@ -603,3 +604,18 @@ def error_for_code(code: int, message: str) -> EQueueError:
         return RemoteProtocolError(message, ec)
     cls = _BY_CODE.get(ec, InternalBrokerError)
     return cls(message, ec)
+
+
+def first_error(exc: BaseException) -> EQueueError | None:
+    """The first EQueueError in ``exc``: ``exc`` itself, or the first one inside its
+    (nested) exception groups, where a nursery puts what its tasks raised; None when
+    there is none."""
+    if isinstance(exc, BaseExceptionGroup):
+        refused, _ = exc.split(EQueueError)
+        if refused is None:
+            return None
+        found: BaseException = refused
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        exc = found
+    return exc if isinstance(exc, EQueueError) else None

@@ -207,8 +207,8 @@ class Handlers:
         return self._statistics()
 
 
-#: what a replica that does not lead its group still answers (docs/cluster.md, part
-#: 2): routes and status, and the replication requests (REPLICA_FETCH, KEYS and
+#: what a replica that does not lead its group still answers (docs/cluster.md,
+#: "Replicas, acks, failover"): routes and status, and the replication requests (REPLICA_FETCH, KEYS and
 #: SNAPSHOT answer NOT_LEADER themselves unless this broker leads)
 _OPEN_ON_FOLLOWER = frozenset({
     RequestCode.GET_ROUTES, RequestCode.GET_ROUTE, RequestCode.CLUSTER_STATUS, RequestCode.STATS,

@@ -38,7 +38,7 @@ from equeue.config import (
     parse_size,
     to_enum,
 )
-from equeue.errors import ConfigError, EQueueError
+from equeue.errors import ConfigError, EQueueError, first_error
 from equeue.logs import LogFormat, setup_logging
 
 #: every field at its default: ``broker start`` repeats none (tests/unit/test_cli_defaults.py)
@@ -218,14 +218,6 @@ def read_config_file(path: Path, params: list[Any]) -> dict[str, tuple[object, s
     return out
 
 
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:  # type: ignore[type-arg]
-    """The first exception inside a (nested) exception group."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
 async def _reload(broker: Any) -> None:
     """SIGHUP: re-read the users file (docs/security.md) and the TLS certificate
     (docs/tls.md, rotation); a bad file changes nothing and says why."""
@@ -371,10 +363,10 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             fail(f"cannot start the broker on {cfg.host}:{cfg.port}: {exc.strerror or exc}")
         except BaseExceptionGroup as group:  # the broker's nursery wraps a start-up failure
-            refused, _ = group.split(EQueueError)
+            refused = first_error(group)
             if refused is None:
                 raise
-            fail(str(_first_leaf(refused)))
+            fail(str(refused))
 
     @broker_app.command("stats")
     def stats(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:

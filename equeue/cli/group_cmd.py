@@ -121,8 +121,7 @@ def register(app: typer.Typer) -> None:
         members = max((a.members for a in answers.values()), default=0)
         where = f" at {len(answers)} broker groups" if len(answers) > 1 else ""
         if as_json:
-            print_json({"group": group, "offsets_deleted": offsets, "live_members": members,
-                        "broker_groups": len(answers)})  # fmt: skip
+            print_json({"group": group, "offsets": offsets, "members": members, "broker_groups": len(answers)})
             return
         typer.echo(f"deleted group {group}: {offsets} committed offset(s){where}")
         if members:
