@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import os
 import secrets
 import socket
@@ -259,6 +260,10 @@ class AsyncConsumer:
                 await self._closed.wait()
             return
         self.closing = True
+        # a task cancelled from outside (a deadline, a Ctrl-C under trio.run) closes without
+        # the shield below: the connection's reader lives in the caller's cancelled scope,
+        # so a shielded commit would only wait for answers that cannot come
+        cancelled = trio.current_effective_deadline() == -math.inf
         self.assignments.closing = True
         self.stop()
         a = self.assignments
@@ -271,9 +276,8 @@ class AsyncConsumer:
             if self._run_scope is not None:
                 self._run_scope.cancel()
             # shielded: a close made by a handler (inside the run scope cancelled just
-            # above) or by a task being cancelled still commits and leaves; each step
-            # is bounded
-            with trio.CancelScope(shield=True):
+            # above) still commits and leaves; each step is bounded
+            with trio.CancelScope(shield=not cancelled):
                 if self.client.connected or a.queues:
                     with trio.move_on_after(self.options.connect_timeout + 5):
                         # a round still heartbeating (with this member's leases) would register

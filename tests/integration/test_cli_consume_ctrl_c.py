@@ -186,3 +186,23 @@ async def test_aclose_from_a_handler_commits_and_leaves(broker: Broker) -> None:
         # the second message was in a handler's hands (its own) when the close gave up
         # waiting for it: committed up to the first at least
         assert await admin.query_offset("g", "t", 0) >= 1
+
+
+async def test_a_consumer_cancelled_from_outside_does_not_wait_for_answers_that_cannot_come(broker: Broker) -> None:
+    """A deadline around a running consumer: its close must not shield a commit and a
+    leave whose answers the cancelled connection can no longer read (each would wait its
+    whole bound: 2 x (connect_timeout + 5) s here). The broker expires the member."""
+    async with AsyncClient(broker.address) as admin:
+        await admin.create_topic("t", 1)
+        await admin.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message("m"))]))
+    seen: list[Any] = []
+    with trio.fail_after(40):  # well below the 2 x 65 s a shielded close would take
+        with trio.CancelScope() as outside:
+            async with AsyncConsumer(broker.address, "g", ["t"], start_from="earliest", connect_timeout=60) as c:
+
+                async def handler(msg: Any) -> None:
+                    seen.append(msg)
+                    outside.cancel()
+
+                await c.run(handler)
+    assert outside.cancelled_caught and len(seen) == 1
