@@ -69,7 +69,7 @@ def unauthenticated(port: int, frames: bytes) -> bytes:
         return out
 
 
-async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end(broker: Broker) -> None:
+async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end_nor_delete_a_group(broker: Broker) -> None:
     with trio.fail_after(30):
         async with AsyncClient(broker.address, security=ROOT) as root:
             await root.create_topic("jobs", 1)
@@ -79,6 +79,7 @@ async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end
             frame(RequestCode.DELETE_TOPIC, 1, control.DeleteTopic("jobs"))
             + frame(RequestCode.RESET_OFFSETS, 2, control.ResetOffsets("workers", "jobs", "earliest", force=True))
             + frame(RequestCode.COMMIT_OFFSET, 3, control.CommitOffset("workers", "jobs", 0, 123456))
+            + frame(RequestCode.DELETE_GROUP, 4, control.DeleteGroup("workers", force=True))
         )
         out = await trio.to_thread.run_sync(unauthenticated, broker.port, probes)
         assert out[:8] == b"EQMQ" + struct.pack(">HH", 1, ErrorCode.AUTH_REQUIRED)
@@ -91,6 +92,7 @@ async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end
                 (m.delete_topic("jobs"), "admin"),
                 (m.reset_offsets("workers", "jobs", "earliest", force=True), "reset"),
                 (m.commit_offset("workers", "jobs", 0, 123456), "commit"),
+                (m.call(control.DeleteGroup("workers", force=True), control.DeleteGroupAnswer), "reset"),
             ):
                 with pytest.raises(NotAuthorized, match=f"no '{op}' permission"):
                     await call
