@@ -13,10 +13,10 @@ Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_po
 is not None (0: on a free port, ``Broker.http_port`` says which): the port is bound
 here (so the broker learns it and a taken port fails the start) and handed to
 Hypercorn. Limits, so a slow or hostile client cannot hold resources: a request head
-of at most :data:`MAX_REQUEST_HEAD` bytes (more: 431; a head still incomplete past
-that many buffered bytes is answered 431 and closed); a connection
+of at most :data:`MAX_REQUEST_HEAD` bytes (more: 431 and closed); a connection
 without a complete request within :data:`REQUEST_TIMEOUT` seconds of its opening
-(or of its last answer) is closed, and so is a TLS handshake slower than that.
+(or of its last answer) is closed, and so is a TLS handshake slower than that; an
+answer left unread that long gets the connection dropped by the kernel.
 With the broker's TLS settings the port serves HTTPS only. It stops with the broker.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -73,6 +74,11 @@ __all__ = [
 MAX_REQUEST_HEAD = 8192
 #: seconds a connection may take to send a whole request (or a TLS handshake)
 REQUEST_TIMEOUT = 5.0
+#: ms an answer may stay unread (unacknowledged, or held by a zero window) before
+#: the kernel drops the connection (TCP_USER_TIMEOUT): Hypercorn's writes ignore
+#: cancellation, so a client that never reads would otherwise hold its connection,
+#: and the broker's stop, for ever
+_SEND_TIMEOUT_MS = int(REQUEST_TIMEOUT * 1000)
 
 
 @attrs.frozen
@@ -173,7 +179,11 @@ class HeadLimit:
             size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
             size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
             if size > self.limit:
-                answer = PlainTextResponse("request header fields too large\n", status_code=431)
+                answer = PlainTextResponse(
+                    "request header fields too large\n",
+                    status_code=431,
+                    headers={"connection": "close"},
+                )
                 await answer(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -223,6 +233,8 @@ async def serve_http(
     be bound."""
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound: int = listeners[0].socket.getsockname()[1]
+    for listener in listeners:  # accepted sockets inherit it: see _SEND_TIMEOUT_MS
+        listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
     fds = [listener.socket.detach() for listener in listeners]  # Hypercorn owns them from here
     config = _config(fds, ssl_context)
     app = http_app(

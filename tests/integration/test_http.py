@@ -4,6 +4,9 @@ size, slow clients) against a real broker."""
 
 from __future__ import annotations
 
+import fcntl
+import struct
+import termios
 from pathlib import Path
 
 import httpx
@@ -14,8 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from equeue import control, wire
 from equeue.broker import open_broker
 from equeue.broker.http import MAX_REQUEST_HEAD, REQUEST_TIMEOUT, Readiness, replica_readiness
+from equeue.broker.storage import CreateTopicOp, Store
 from equeue.producer import AsyncClient
-from tests.conftest import make_config
+from tests.conftest import make_config, wait_until
 from tests.integration.test_server import batch
 
 #: every metric docs/operations.md documents, as exposed (sample names)
@@ -263,3 +267,43 @@ async def test_an_open_keep_alive_connection_does_not_hold_the_stop(tmp_path: Pa
             stopping = trio.current_time()
         assert trio.current_time() - stopping < 3
         await http.aclose()
+
+
+async def test_a_client_that_never_reads_its_answer_holds_neither_scrapes_nor_the_stop(
+    tmp_path: Path,
+) -> None:
+    """An answer far larger than the socket buffers (the kernel holds at most ~4 MiB
+    sent plus 128 KiB received for a reader that never reads), never read: the
+    kernel drops that connection once data stayed unread for the cap (Hypercorn's
+    writes ignore cancellation: without it the broker's stop waited for ever).
+    Other scrapes are served meanwhile."""
+    data = tmp_path / "d"
+    store = Store(data, map_size=1 << 30, sync=False)
+    try:
+        store.write([CreateTopicOp(f"t{i:02}", 1024) for i in range(40)])
+    finally:
+        store.close()
+    with trio.fail_after(60):
+        async with open_broker(make_config(data, http_port=0, metrics_queue_limit=50_000)) as b:
+            s = await trio.open_tcp_stream("127.0.0.1", b.http_port)
+            await s.send_all(
+                b"GET /metrics?queues=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+            )  # ~9 MB of series
+
+            def unread() -> int:
+                return int(
+                    struct.unpack("i", fcntl.ioctl(s.socket.fileno(), termios.FIONREAD, b"\0" * 4))[
+                        0
+                    ]
+                )
+
+            # past the head: the broker is inside the body's write, which cannot finish
+            await wait_until(lambda: unread() > 4096, timeout=30, what="the body's write began")
+            async with httpx.AsyncClient() as http:
+                for _ in range(3):
+                    assert (
+                        await http.get(f"http://127.0.0.1:{b.http_port}/healthz")
+                    ).status_code == 200
+            stopping = trio.current_time()
+        assert trio.current_time() - stopping < REQUEST_TIMEOUT + 3
+        await trio.aclose_forcefully(s)
