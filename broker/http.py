@@ -54,6 +54,10 @@ from equeue.broker.metrics import (
 from equeue.broker.storage import StoreReader
 
 log = logging.getLogger("equeue.http")
+#: Hypercorn's own log: its start-up lines ("Running on ... CTRL + C to quit") left
+#: out, its errors (an exception in a request) kept
+_server_log = logging.getLogger("equeue.http.server")
+_server_log.setLevel(logging.WARNING)
 
 __all__ = [
     "MAX_REQUEST_HEAD",
@@ -216,7 +220,7 @@ def _config(fds: list[int], ssl_context: ssl.SSLContext | None) -> Config:
     config.graceful_timeout = 1.0
     config.include_server_header = False
     config.accesslog = None
-    config.errorlog = logging.getLogger("equeue.http.server")
+    config.errorlog = _server_log
     return config
 
 
