@@ -46,6 +46,7 @@ from equeue import control
 from equeue.broker.metrics import (
     Metrics,
     QueueSeries,
+    ReplicationSample,
     Snapshot,
     render_broker,
     render_metrics,
@@ -227,12 +228,14 @@ def _config(fds: list[int], ssl_context: ssl.SSLContext | None) -> Config:
 async def serve_http(
     statistics: Snapshot, store: StoreReader, host: str, port: int, *, queue_limit: int = 10_000,
     ssl_context: ssl.SSLContext | None = None, readiness: Callable[[], Readiness] | None = None,
-    shutdown: Callable[[], Awaitable[None]] | None = None, task_status: Any = trio.TASK_STATUS_IGNORED,
+    shutdown: Callable[[], Awaitable[None]] | None = None,
+    replication: Callable[[], ReplicationSample | None] = lambda: None, task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:  # fmt: skip
     """Serve the HTTP port until ``shutdown`` returns (then in-flight requests get a
     second) or until cancelled; ``task_status.started(bound_port)``. ``queue_limit``:
     most queues with per-queue series in one scrape. ``readiness``: ``/readyz``'s
-    answer (default: ready, standalone). With ``ssl_context`` (the broker's,
+    answer (default: ready, standalone); ``replication``: a cluster member's state
+    for the ``equeue_replication_*`` series (None: standalone). With ``ssl_context`` (the broker's,
     :mod:`equeue.broker.tls`) it serves HTTPS. Raises OSError when the port cannot
     be bound."""
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -241,10 +244,11 @@ async def serve_http(
         listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
     fds = [listener.socket.detach() for listener in listeners]  # Hypercorn owns them from here
     config = _config(fds, ssl_context)
-    app = http_app(
-        Metrics(statistics, store, queue_limit),
-        readiness or (lambda: Readiness(True, "standalone")),
+    ready = readiness or (lambda: Readiness(True, "standalone"))
+    metrics = Metrics(
+        statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication
     )
+    app = http_app(metrics, ready)
     log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
     task_status.started(bound)
     # Starlette types the ASGI interface loosely (MutableMapping scopes), Hypercorn strictly

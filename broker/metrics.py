@@ -86,6 +86,7 @@ PER_QUEUE: tuple[tuple[str, str], ...] = (
     ("equeue_queue_bytes", "Bytes of records retained in the queue."),
 )
 OMITTED = "equeue_metrics_queues_omitted"
+READY = "equeue_ready"
 
 #: the broker's statistics now
 Snapshot = Callable[[], control.BrokerStats]
@@ -193,6 +194,70 @@ class QueuesCollector:
             yield from queues
 
 
+@attrs.frozen
+class ReplicationSample:
+    """A cluster member's replication state for the metrics, taken on the loop:
+    its REPLICATION_STATUS, the promotions it won and whether it is fenced now."""
+
+    status: control.ReplicationStatus
+    promotions: int
+    fenced: bool
+
+
+@attrs.frozen(eq=False)  # registries key collectors by identity
+class ReplicationCollector:
+    """``equeue_ready`` always; the ``equeue_replication_*`` series in a cluster
+    (``sample`` not None), per follower on its group's leader."""
+
+    ready: bool
+    sample: ReplicationSample | None
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            READY, "1 when the broker serves clients (/readyz answers 200).", value=int(self.ready)
+        )
+        if self.sample is None:
+            return
+        st = self.sample.status
+        leading = st.role == "leader"
+        for name, text, value in (
+            ("equeue_replication_leader", "1 while this broker leads its group.", int(leading)),
+            ("equeue_replication_fenced", "1 while this broker leads but is fenced (no lease renewal reached etcd).", int(self.sample.fenced)),
+            ("equeue_replication_epoch", "The group's leader epoch this broker knows.", st.epoch),
+            ("equeue_replication_isr_size", "Members of the group's in-sync replicas.", len(st.isr)),
+            ("equeue_replication_position", "This replica's replication log position.", st.position),
+            ("equeue_replication_high_watermark", "Log position below which every in-sync replica holds every entry.", st.high_watermark),
+        ):  # fmt: skip
+            yield GaugeMetricFamily(name, text, value=value)
+        yield CounterMetricFamily(
+            "equeue_replication_promotions_total", "Times this broker became its group's leader.",
+            value=self.sample.promotions,
+        )  # fmt: skip
+        if not leading:
+            return
+        labels = ["follower"]
+        lag = GaugeMetricFamily(
+            "equeue_replication_follower_lag_messages",
+            "Messages a follower is behind.",
+            labels=labels,
+        )
+        lag_s = GaugeMetricFamily(
+            "equeue_replication_follower_lag_seconds",
+            "How far behind a follower is, in time.",
+            labels=labels,
+        )
+        in_sync = GaugeMetricFamily(
+            "equeue_replication_follower_in_sync",
+            "1 while the follower is in the in-sync replicas.",
+            labels=labels,
+        )
+        for r in st.replicas:
+            lag.add_metric([r.broker_id], r.lag_messages)
+            lag_s.add_metric([r.broker_id], r.lag_ms / 1000)
+            in_sync.add_metric([r.broker_id], int(r.in_sync))
+        yield from (lag, lag_s, in_sync)
+
+
 def _render(collector: Collector) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -202,6 +267,11 @@ def _render(collector: Collector) -> str:
 def render_broker(s: control.BrokerStats) -> str:
     """The broker-wide series in the Prometheus text format (version 0.0.4)."""
     return _render(BrokerCollector(s))
+
+
+def render_replication(ready: bool, sample: ReplicationSample | None) -> str:
+    """``equeue_ready`` and the replication series (see :class:`ReplicationCollector`)."""
+    return _render(ReplicationCollector(ready, sample))
 
 
 def render_queues(
@@ -232,8 +302,14 @@ class Metrics:
     one pass over the queues a second at most; the broker's series are always fresh.
     """
 
-    def __init__(self, statistics: Snapshot, store: StoreReader, queue_limit: int) -> None:
+    def __init__(
+        self, statistics: Snapshot, store: StoreReader, queue_limit: int, *,
+        ready: Callable[[], bool] = lambda: True,
+        replication: Callable[[], ReplicationSample | None] = lambda: None,
+    ) -> None:  # fmt: skip
         self._statistics = statistics
+        self._ready = ready
+        self._replication = replication
         self._store = store
         self._queue_limit = queue_limit
         self._limiter = trio.CapacityLimiter(1)
@@ -254,7 +330,11 @@ class Metrics:
                 self._recent[series] = hit = (now, queues)
                 while len(self._recent) > CACHED_QUERIES:
                     del self._recent[next(iter(self._recent))]
-            text = render_broker(self._statistics()) + hit[1]
+            text = (
+                render_broker(self._statistics())
+                + render_replication(self._ready(), self._replication())
+                + hit[1]
+            )
         return text.encode()
 
     def stats(self) -> control.BrokerStats:

@@ -52,6 +52,7 @@ from equeue.broker.handlers.replica import ReplicaHandlers, no_handover, no_reco
 from equeue.broker.http import Readiness, replica_readiness, serve_http
 from equeue.broker.lifecycle import Lifecycle, subscribed_groups
 from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.metrics import ReplicationSample
 from equeue.broker.output import Output, Staging
 from equeue.broker.stats import Counters, Statistics
 from equeue.broker.storage import ScanBudget, Store, WriteOutcome
@@ -151,6 +152,13 @@ class Broker:
     def closing(self) -> bool:
         return self._closing.closing
 
+    def _replication_sample(self) -> ReplicationSample | None:
+        """The replication series' state (None: standalone)."""
+        if self.role is None or self.cluster is None:
+            return None
+        election = self.cluster.election
+        return ReplicationSample(self.role.status(), self.role.promotions, election.fenced())
+
     def readiness(self) -> Readiness:
         """``/readyz``: whether this broker serves clients now (standalone; in a
         cluster, see :func:`equeue.broker.http.replica_readiness`)."""
@@ -239,6 +247,7 @@ class Broker:
                                 functools.partial(
                                     serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context,
                                     readiness=self.readiness, shutdown=self._stop.wait,
+                                    replication=self._replication_sample,
                                 ),
                                 self._statistics.snapshot,
                                 self.store,

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from equeue.broker import open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
@@ -54,6 +55,27 @@ async def test_readyz_of_a_leader_a_follower_and_brokers_cut_off_from_etcd(
             await wait_until(
                 both_ready, timeout=30, what="a ready leader and a ready (in-sync) follower"
             )
+            for b in brokers:  # the replication series, parsed by prometheus-client
+                text = (await http.get(f"http://127.0.0.1:{b.http_port}/metrics")).text
+                values = {
+                    (s.name, tuple(s.labels.values())): s.value
+                    for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                }
+                assert values[("equeue_ready", ())] == 1
+                assert values[("equeue_replication_isr_size", ())] == 2
+                assert values[("equeue_replication_fenced", ())] == 0
+                assert values[("equeue_replication_epoch", ())] >= 1
+                other = next(o for o in brokers if o is not b)
+                other_id = other.role.broker_id if other.role is not None else ""
+                if values[("equeue_replication_leader", ())] == 1:
+                    assert values[("equeue_replication_promotions_total", ())] >= 1
+                    assert values[("equeue_replication_follower_in_sync", (other_id,))] == 1
+                    assert ("equeue_replication_follower_lag_messages", (other_id,)) in values
+                else:
+                    assert not any(
+                        name.startswith("equeue_replication_follower_") for name, _ in values
+                    )
             etcd.freeze()
             try:
 
@@ -66,6 +88,8 @@ async def test_readyz_of_a_leader_a_follower_and_brokers_cut_off_from_etcd(
                 await wait_until(
                     both_cut_off, timeout=20, what="both brokers not ready, etcd unreachable"
                 )
+                text = (await http.get(f"http://127.0.0.1:{first.http_port}/metrics")).text
+                assert "\nequeue_ready 0.0\n" in text
                 for b in brokers:  # alive all the same
                     assert (
                         await http.get(f"http://127.0.0.1:{b.http_port}/healthz")

@@ -30,7 +30,7 @@ DOCUMENTED = {
     "equeue_store_bytes", "equeue_map_size_bytes", "equeue_next_global_offset", "equeue_pending_delayed",
     "equeue_uptime_seconds", "equeue_connections_refused_total", "equeue_connections_dropped_total", "equeue_info",
     "equeue_topic_queues", "equeue_topic_messages", "equeue_topic_bytes", "equeue_topic_appended_total",
-    "equeue_metrics_queues_omitted",
+    "equeue_metrics_queues_omitted", "equeue_ready",
 }  # fmt: skip
 PER_QUEUE = {
     "equeue_queue_min_offset",
@@ -83,6 +83,8 @@ async def test_metrics_parse_with_prometheus_client_and_keep_the_documented_name
                 values, types = samples(r.text)
                 names = {name for name, _ in values}
                 assert DOCUMENTED <= names and not names & PER_QUEUE
+                assert values[("equeue_ready", ())] == 1  # standalone: ready, no replication series
+                assert not any(n.startswith("equeue_replication_") for n in names)
                 assert (
                     "# TYPE equeue_messages_in_total counter" in r.text
                 )  # the documented name, _total included
