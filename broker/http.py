@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 import trio
-from hypercorn.config import Config
+from hypercorn.config import Config, Sockets
 from hypercorn.trio import serve
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.applications import Starlette
@@ -196,10 +196,12 @@ class HeadLimit:
 
 class _Config(Config):
     """Hypercorn's settings with the broker's TLS context (Hypercorn would build its
-    own from certificate files)."""
+    own from certificate files) and the sockets bound by :func:`serve_http`
+    (Hypercorn would bind its own)."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
+    def __init__(self, ssl_context: ssl.SSLContext | None, sockets: list[socket.socket]) -> None:
         self._ssl_context = ssl_context
+        self._sockets = sockets
 
     @property
     def ssl_enabled(self) -> bool:
@@ -208,10 +210,14 @@ class _Config(Config):
     def create_ssl_context(self) -> ssl.SSLContext | None:
         return self._ssl_context
 
+    def create_sockets(self) -> Sockets:
+        if self._ssl_context is not None:
+            return Sockets(list(self._sockets), [], [])
+        return Sockets([], list(self._sockets), [])
 
-def _config(fds: list[int], ssl_context: ssl.SSLContext | None) -> Config:
-    config = _Config(ssl_context)
-    config.bind = [f"fd://{fd}" for fd in fds]
+
+def _config(sockets: list[socket.socket], ssl_context: ssl.SSLContext | None) -> Config:
+    config = _Config(ssl_context, sockets)
     config.h11_max_incomplete_size = MAX_REQUEST_HEAD
     config.h2_max_header_list_size = MAX_REQUEST_HEAD
     config.h2_max_concurrent_streams = 8
@@ -242,14 +248,20 @@ async def serve_http(
     bound: int = listeners[0].socket.getsockname()[1]
     for listener in listeners:  # accepted sockets inherit it: see _SEND_TIMEOUT_MS
         listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
-    fds = [listener.socket.detach() for listener in listeners]  # Hypercorn owns them from here
-    config = _config(fds, ssl_context)
-    ready = readiness or (lambda: Readiness(True, "standalone"))
-    metrics = Metrics(
-        statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication
-    )
-    app = http_app(metrics, ready)
-    log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
-    task_status.started(bound)
-    # Starlette types the ASGI interface loosely (MutableMapping scopes), Hypercorn strictly
-    await serve(app, config, shutdown_trigger=shutdown, mode="asgi")  # type: ignore[arg-type]
+    # the same sockets as standard ones, for Hypercorn (which wraps them for trio again);
+    # closed here whatever happens (closing a closed socket does nothing)
+    sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
+    try:
+        config = _config(sockets, ssl_context)
+        ready = readiness or (lambda: Readiness(True, "standalone"))
+        metrics = Metrics(
+            statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication
+        )
+        app = http_app(metrics, ready)
+        log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
+        task_status.started(bound)
+        # Starlette types the ASGI interface loosely (MutableMapping scopes), Hypercorn strictly
+        await serve(app, config, shutdown_trigger=shutdown, mode="asgi")  # type: ignore[arg-type]
+    finally:
+        for sock in sockets:
+            sock.close()
