@@ -87,6 +87,8 @@ PER_QUEUE: tuple[tuple[str, str], ...] = (
 )
 OMITTED = "equeue_metrics_queues_omitted"
 READY = "equeue_ready"
+GROUP_LAG = "equeue_group_lag"
+GROUP_QUEUE_LAG = "equeue_group_queue_lag"
 
 #: the broker's statistics now
 Snapshot = Callable[[], control.BrokerStats]
@@ -140,9 +142,10 @@ class BrokerCollector:
 
 @attrs.frozen(eq=False)  # registries key collectors by identity
 class QueuesCollector:
-    """Per-topic totals, the omitted-queues gauge, and the per-queue series ``series``
-    asks for (at most ``queue_limit`` queues), from ``view``: one pass over its
-    queues. Any thread may run it (it lets the GIL go now and then)."""
+    """Per-topic totals, each consumer group's lag per topic, the omitted-queues
+    gauge, and the per-queue series ``series`` asks for (at most ``queue_limit``
+    queues, and as many group queues' lag), from ``view``: one pass over its queues
+    and one over its committed offsets. Any thread may run it (it lets the GIL go now and then)."""
 
     view: StoreView
     series: QueueSeries = QueueSeries()
@@ -184,7 +187,39 @@ class QueuesCollector:
                 values = (st.min_offset, st.next_offset, st.next_offset - st.min_offset, st.bytes)
                 for family, value in zip(queues, values, strict=True):
                     family.add_metric([info.name, str(q)], value)
+        # consumer groups' lag, from their committed offsets: per group and topic, and
+        # per queue for the topics asked for (within the same limit)
+        group_lag = GaugeMetricFamily(
+            GROUP_LAG,
+            "Messages a consumer group has not committed yet, per topic.",
+            labels=["group", "topic"],
+        )
+        queue_lag = GaugeMetricFamily(
+            GROUP_QUEUE_LAG,
+            "Messages a consumer group has not committed yet, per queue.",
+            labels=["group", "topic", "queue"],
+        )
+        lags: dict[tuple[str, str], int] = {}
+        lag_rows = 0
+        for i, ((group, topic, q), committed) in enumerate(view.offsets.items()):
+            if not i % _YIELD_EVERY:
+                time.sleep(0)
+            held = view.topics.get(topic)
+            if held is None or q >= held.queues:
+                continue
+            st = view.queue(held.topic_id, q)
+            lag = max(0, st.next_offset - max(committed, st.min_offset))
+            lags[(group, topic)] = lags.get((group, topic), 0) + lag
+            if series.wants(topic):
+                if lag_rows < self.queue_limit:
+                    queue_lag.add_metric([group, topic, str(q)], lag)
+                    lag_rows += 1
+                else:
+                    omitted += 1
+        for (group, topic), lag in lags.items():
+            group_lag.add_metric([group, topic], lag)
         yield from topics
+        yield group_lag
         yield GaugeMetricFamily(
             OMITTED,
             "Queues whose per-queue series this scrape left out (over the limit).",
@@ -192,6 +227,8 @@ class QueuesCollector:
         )
         if rows:
             yield from queues
+        if lag_rows:
+            yield queue_lag
 
 
 @attrs.frozen

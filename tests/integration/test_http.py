@@ -30,7 +30,7 @@ DOCUMENTED = {
     "equeue_store_bytes", "equeue_map_size_bytes", "equeue_next_global_offset", "equeue_pending_delayed",
     "equeue_uptime_seconds", "equeue_connections_refused_total", "equeue_connections_dropped_total", "equeue_info",
     "equeue_topic_queues", "equeue_topic_messages", "equeue_topic_bytes", "equeue_topic_appended_total",
-    "equeue_metrics_queues_omitted", "equeue_ready",
+    "equeue_metrics_queues_omitted", "equeue_ready", "equeue_group_lag",
 }  # fmt: skip
 PER_QUEUE = {
     "equeue_queue_min_offset",
@@ -76,6 +76,8 @@ async def test_metrics_parse_with_prometheus_client_and_keep_the_documented_name
                 await c.create_topic("other", 4)
                 await c.produce(wire.ProduceRequest("web", 1, batch("m", 3)))
                 await c.pull(wire.PullRequest("web", 1, 0, 10))
+                await c.commit_offset("readers", "web", 1, 1)  # 2 of 3 left
+                await c.commit_offset("readers", "web", 0, 0)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{b.http_port}") as http:
                 r = await http.get("/metrics")
                 assert r.status_code == 200
@@ -98,6 +100,10 @@ async def test_metrics_parse_with_prometheus_client_and_keep_the_documented_name
                 assert values[("equeue_topic_queues", (("topic", "other"),))] == 4
                 assert values[("equeue_topic_appended_total", (("topic", "web"),))] == 3
                 assert values[("equeue_metrics_queues_omitted", ())] == 0
+                assert values[("equeue_group_lag", (("group", "readers"), ("topic", "web")))] == 2
+                assert not any(
+                    n == "equeue_group_queue_lag" for n, _ in values
+                )  # per queue: on request
                 info = [labels for name, labels in values if name == "equeue_info"]
                 version = (await http.get("/stats")).json()["version"]
                 assert info == [(("flush", "sync"), ("version", version))]
@@ -115,6 +121,22 @@ async def test_metrics_parse_with_prometheus_client_and_keep_the_documented_name
                     assert got == want, query
                     assert values[("equeue_metrics_queues_omitted", ())] == omitted
                     if ("web", "1") in want:
+                        lag = values[
+                            (
+                                "equeue_group_queue_lag",
+                                (("group", "readers"), ("queue", "1"), ("topic", "web")),
+                            )
+                        ]
+                        assert lag == 2
+                        assert (
+                            values[
+                                (
+                                    "equeue_group_queue_lag",
+                                    (("group", "readers"), ("queue", "0"), ("topic", "web")),
+                                )
+                            ]
+                            == 0
+                        )
                         assert (
                             values[("equeue_queue_max_offset", (("queue", "1"), ("topic", "web")))]
                             == 3

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from equeue import control
 from equeue.broker.http import MAX_REQUEST_HEAD, Readiness, http_app
 from equeue.broker.metrics import Metrics, ReplicationSample
-from equeue.broker.storage import CreateTopicOp, Store
+from equeue.broker.storage import CommitOffsetOp, CreateTopicOp, Store
 
 with warnings.catch_warnings():  # Starlette 1.x asks for httpx2 instead of httpx; httpx serves
     warnings.simplefilter("ignore")
@@ -110,3 +110,20 @@ def test_methods_paths_and_head_size(store: Store) -> None:
         r = c.get("/stats", headers={"x-big": "a" * MAX_REQUEST_HEAD})
         assert r.status_code == 431
         assert c.get("/stats").json()["messages_in"] == 10
+
+
+def test_group_lag_per_queue_is_bounded_by_the_queue_limit(store: Store) -> None:
+    """The limit (2 here) caps the per-queue series and, separately, the group queues'
+    lag; what is left out is counted in the omitted gauge."""
+    store.write([CommitOffsetOp("g", "orders", q, 0) for q in range(3)])
+    with client(store, Readiness(True, "standalone")) as c:
+        text = c.get("/metrics", params={"topic": "orders"}).text
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert values[("equeue_group_lag", (("group", "g"), ("topic", "orders")))] == 0
+    assert len([n for n, _ in values if n == "equeue_group_queue_lag"]) == 2
+    assert len([n for n, _ in values if n == "equeue_queue_max_offset"]) == 2
+    assert values[("equeue_metrics_queues_omitted", ())] == 2
