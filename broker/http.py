@@ -150,7 +150,8 @@ def http_app(metrics: Metrics, readiness: Callable[[], Readiness]) -> Starlette:
         r = readiness()
         return JSONResponse(attrs.asdict(r), status_code=200 if r.ready else 503)
 
-    async def not_found(request: Request, exc: Exception) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        """404 names the endpoints; other HTTP errors (405) as Starlette words them."""
         if isinstance(exc, HTTPException) and exc.status_code != 404:
             return PlainTextResponse(
                 f"{exc.detail}\n", status_code=exc.status_code, headers=exc.headers
@@ -164,7 +165,7 @@ def http_app(metrics: Metrics, readiness: Callable[[], Readiness]) -> Starlette:
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
         ],
-        exception_handlers={HTTPException: not_found},
+        exception_handlers={HTTPException: http_error},
         middleware=[Middleware(HeadLimit)],
     )
 
