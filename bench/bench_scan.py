@@ -73,7 +73,7 @@ def free_port() -> int:
 
 async def http_get(port: int, path: str) -> int:
     s = await trio.open_tcp_stream("127.0.0.1", port)
-    await s.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    await s.send_all(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     n = 0
     while chunk := await s.receive_some(1 << 20):
         n += len(chunk)

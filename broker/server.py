@@ -49,9 +49,10 @@ from equeue.broker.connection import ConnectionLimits, FrameBudget, Inflight, Se
 from equeue.broker.groups import GroupRegistry
 from equeue.broker.handlers import Closing, Handlers, Limits
 from equeue.broker.handlers.replica import ReplicaHandlers, no_handover, no_recovery, no_replicas
-from equeue.broker.http import serve_http
+from equeue.broker.http import Readiness, replica_readiness, serve_http
 from equeue.broker.lifecycle import Lifecycle, subscribed_groups
 from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.metrics import ReplicationSample
 from equeue.broker.output import Output, Staging
 from equeue.broker.stats import Counters, Statistics
 from equeue.broker.storage import ScanBudget, Store, WriteOutcome
@@ -151,6 +152,26 @@ class Broker:
     def closing(self) -> bool:
         return self._closing.closing
 
+    def _replication_sample(self) -> ReplicationSample | None:
+        """The replication series' state (None: standalone)."""
+        if self.role is None or self.cluster is None:
+            return None
+        election = self.cluster.election
+        return ReplicationSample(self.role.status(), self.role.promotions, election.fenced())
+
+    def readiness(self) -> Readiness:
+        """``/readyz``: whether this broker serves clients now (standalone; in a
+        cluster, see :func:`equeue.broker.http.replica_readiness`)."""
+        if self._stop.is_set() or self.closing:
+            return Readiness(False, "stopping", "the broker is stopping")
+        if self.role is None or self.cluster is None:
+            return Readiness(True, "standalone")
+        election = self.cluster.election
+        return replica_readiness(
+            self.role.status(), serving=election.serving(), reads_held=self.role.reads_held,
+            cut_off=election.cut_off(),
+        )  # fmt: skip
+
     # ------------------------------------------------------------------ lifetime
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Open the store, listen, serve until :meth:`stop`; ``task_status.started(port)``."""
@@ -224,7 +245,9 @@ class Broker:
                         try:
                             self.http_port = await tasks.start(
                                 functools.partial(
-                                    serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context
+                                    serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context,
+                                    readiness=self.readiness, shutdown=self._stop.wait,
+                                    replication=self._replication_sample,
                                 ),
                                 self._statistics.snapshot,
                                 self.store,

@@ -486,7 +486,7 @@ async def test_refused_and_dropped_connections_are_counted(tmp_path: Path) -> No
             snap = broker._statistics.snapshot()
             assert (snap.connections_refused, snap.connections_dropped) == (1, 2)
             text = render_broker(snap)
-            assert "equeue_connections_refused_total 1" in text and "equeue_connections_dropped_total 2" in text
+            assert "equeue_connections_refused_total 1.0" in text and "equeue_connections_dropped_total 2.0" in text
 
 
 async def test_pipelined_produces_count_against_the_requests_in_progress(

@@ -553,7 +553,7 @@ async def test_a_flush_async_broker_commits_inline(tmp_path: Path, inline_commit
             stats = await c.stats()
             assert stats.transactions >= stats.inline_transactions
             text = render_broker(stats)
-            assert f"equeue_write_transactions_inline_total {stats.inline_transactions}\n" in text
+            assert f"equeue_write_transactions_inline_total {float(stats.inline_transactions)}\n" in text
             assert "equeue_write_inline_max_seconds " in text
             if inline_commit_bytes:  # nearly every produce (each sent with the writer idle)
                 assert stats.inline_transactions >= 60

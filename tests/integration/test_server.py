@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import random
 import socket
-from pathlib import Path
 
 import trio
 
 from equeue import Message, PullStatus, control, wire
-from equeue.broker import Broker, open_broker
+from equeue.broker import Broker
 from equeue.models import PullResult
 from equeue.producer import AsyncClient
-from tests.conftest import make_config, wait_until
+from tests.conftest import wait_until
 
 
 def batch(prefix: str, n: int) -> list[bytes]:
@@ -172,63 +170,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-async def http_get(port: int, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
-    s = await trio.open_tcp_stream("127.0.0.1", port)
-    await s.send_all(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    data = b""
-    while chunk := await s.receive_some(65536):
-        data += chunk
-    await s.aclose()
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:])
-    return int(lines[0].split()[1]), headers, body
-
-
-async def test_http_metrics_and_stats(tmp_path: Path) -> None:
-    with trio.fail_after(10):
-        async with open_broker(make_config(tmp_path / "d", http_port=free_port())) as b:
-            assert b.http_port
-            async with AsyncClient(b.address) as c:
-                await c.create_topic("web", 2)
-                await c.produce(wire.ProduceRequest("web", 1, batch("m", 3)))
-                await c.pull(wire.PullRequest("web", 1, 0, 10))
-            status, headers, body = await http_get(b.http_port, "/metrics")
-            assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
-            text = body.decode()
-            assert "# TYPE equeue_messages_in_total counter" in text
-            metrics = {
-                line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line and not line.startswith("#")
-            }
-            assert metrics["equeue_messages_in_total"] == 3
-            assert metrics["equeue_messages_out_total"] == 3
-            # per-topic totals by default; per-queue series only on request
-            assert metrics['equeue_topic_messages{topic="web"}'] == 3
-            assert metrics['equeue_topic_queues{topic="web"}'] == 2
-            assert metrics["equeue_metrics_queues_omitted"] == 0
-            assert not any(k.startswith("equeue_queue_") for k in metrics)
-            for query in ("?queues=1", "?topic=web"):
-                text = (await http_get(b.http_port, "/metrics" + query))[2].decode()
-                assert 'equeue_queue_max_offset{topic="web",queue="1"} 3' in text
-                assert 'equeue_queue_messages{topic="web",queue="0"} 0' in text
-            status, headers, body = await http_get(b.http_port, "/stats")
-            assert status == 200 and headers["Content-Type"] == "application/json"
-            stats = json.loads(body)
-            assert stats["messages_in"] == 3 and stats["flush"] == "sync" and stats["topics"] == 1
-            assert (await http_get(b.http_port, "/nope"))[0] == 404
-            assert (await http_get(b.http_port, "/metrics", "POST"))[0] == 405
-            status, headers, body = await http_get(b.http_port, "/stats", "HEAD")
-            assert status == 200 and body == b"" and int(headers["Content-Length"]) > 0
-            # garbage is answered 400 and the endpoint keeps serving
-            s = await trio.open_tcp_stream("127.0.0.1", b.http_port)
-            await s.send_all(b"\x00\x01garbage\r\n\r\n")
-            assert (await s.receive_some(100)).startswith(b"HTTP/1.1 400")
-            await s.aclose()
-            assert (await http_get(b.http_port, "/metrics"))[0] == 200
 
 
 async def test_http_is_off_by_default(broker: Broker) -> None:
