@@ -33,7 +33,7 @@ net-tools-install:
 # The suite runs in parallel (pytest-xdist): most tests wait on timers and processes, so more
 # workers than cores pay. Tests that must not share a worker run in one xdist group
 # (tests/conftest.py, XDIST_GROUPS). WORKERS=1 runs it serially.
-WORKERS ?= 4
+WORKERS ?= 3
 XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: install etcd-install net-tools-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests

@@ -10,7 +10,7 @@
 - Crash tests run the broker as a subprocess (``broker_process``) and SIGKILL it.
 - Slow tests carry ``@pytest.mark.slow``; CI still runs them.
 
-Parallel runs (pytest-xdist, ``make test``: ``-n 4 --dist loadgroup``): ports 0, temp dirs and a
+Parallel runs (pytest-xdist, ``make test``: ``-n 3 --dist loadgroup``): ports 0, temp dirs and a
 per-worker etcd keep tests apart. What cannot share a worker or the machine runs in one xdist
 group, so one worker runs it alone among its peers (:data:`XDIST_GROUPS`): the Spark tests share
 one SparkSession (a JVM per worker would cost more than it saves), and the fault campaign's smoke
