@@ -44,19 +44,12 @@ test-fast: install etcd-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" \
 	  --ignore=tests/cluster --ignore=tests/chaos tests
 
-# mypy and import-linter read packages from folders, and do not follow setuptools' editable
-# mapping of broker/, client/, ... to equeue.broker, equeue.client, ...: they read a hard-linked
-# tree of the package as the wheel lays it out, made anew by every check (build/typecheck/equeue).
-TREE := build/typecheck
+# equeue/broker, equeue/client, ... are symlinks to the top-level folders (the wheel maps them
+# with setuptools' package-dir), so mypy and import-linter read the package as it is installed
 check: install
 	$(VENV)/bin/ruff check equeue client broker producer consumer spark tests bench
-	@rm -rf $(TREE) && mkdir -p $(TREE)
-	@$(PY) -c 'import tomllib, pathlib, shutil, os; \
-	  dirs = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]; \
-	  [shutil.copytree(src, "$(TREE)/" + pkg.replace(".", "/"), copy_function=os.link, dirs_exist_ok=True, \
-	     ignore=shutil.ignore_patterns("__pycache__")) for pkg, src in dirs.items()]'
-	cd $(TREE) && $(abspath $(VENV))/bin/mypy --config-file $(CURDIR)/pyproject.toml -p equeue
-	cd $(TREE) && $(abspath $(VENV))/bin/lint-imports --config $(CURDIR)/.importlinter
+	$(VENV)/bin/mypy -p equeue
+	$(VENV)/bin/lint-imports
 
 run: install
 	$(PY) -m equeue.spark.pipeline

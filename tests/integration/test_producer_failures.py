@@ -267,81 +267,63 @@ class Meddler(AckDropper):
             await trio.sleep(0.005)
 
 
+async def _lose_one_then_refuse_one(
+    broker: Broker, topic: str, refusal: ErrorCode, max_in_flight: int, pause: float
+) -> tuple[Meddler, list[SendResult | EQueueError], list[str]]:
+    """Six keyed sends through a :class:`Meddler`, sent apart as in the fault campaign:
+    the first batch is lost (its deadline passes first), the second refused with
+    ``refusal``, four more follow ``pause`` seconds later. The outcomes, and the
+    bodies stored, in queue order."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            proxy = Meddler(broker.address, nth=1, refusal=refusal)
+            await n.start(proxy.serve)
+            async with AsyncClient(broker.address) as c:
+                await c.create_topic(topic, 1)
+                async with AsyncProducer(proxy.address, send_timeout=1.0, retry_backoff=0.01, linger=0,
+                                         max_batch_bytes=64, max_in_flight=max_in_flight) as p:  # fmt: skip
+                    handles = [await p.send_async(topic, "m0", key="k")]
+                    await wait_until(lambda: proxy.swallowed == 1)
+                    await trio.sleep(0.3)
+                    handles.append(await p.send_async(topic, "m1", key="k"))
+                    await wait_until(lambda: proxy.refused == 1)
+                    await trio.sleep(pause)
+                    handles += [await p.send_async(topic, f"m{i}", key="k") for i in range(2, 6)]
+                    await p.flush()
+                    outcomes: list[SendResult | EQueueError] = []
+                    for h in handles:
+                        try:
+                            outcomes.append(await h)
+                        except EQueueError as exc:
+                            outcomes.append(exc)
+                stored = await read_all(c, topic, 1)
+            n.cancel_scope.cancel()
+    return proxy, outcomes, [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)]
+
+
 async def test_a_batch_behind_a_lost_one_keeps_its_place_when_the_id_is_retired(broker: Broker) -> None:
     """The fault campaign's per-key order finding (seed 2611): one keyed batch is
     lost (its send times out), the next is refused NOT_LEADER (nothing written), the
     ones behind it reach the broker out of sequence. The lane retires its producer id
     and sends them all again under a new one: the refused batch must keep its place
     before the later ones (it was stored after them)."""
-    with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            proxy = Meddler(broker.address, nth=1)
-            await n.start(proxy.serve)
-            async with AsyncClient(broker.address) as c:
-                await c.create_topic("order", 1)
-                async with AsyncProducer(proxy.address, send_timeout=1.0, retry_backoff=0.01, linger=0,
-                                         max_batch_bytes=64, max_in_flight=8) as p:  # fmt: skip
-                    # sent apart, as in the campaign: the lost batch's deadline passes first
-                    handles = [await p.send_async("order", "m0", key="k")]
-                    await wait_until(lambda: proxy.swallowed == 1)
-                    await trio.sleep(0.3)
-                    handles.append(await p.send_async("order", "m1", key="k"))
-                    await wait_until(lambda: proxy.refused == 1)
-                    await trio.sleep(0.1)
-                    handles += [await p.send_async("order", f"m{i}", key="k") for i in range(2, 6)]
-                    await p.flush()
-                    outcomes = []
-                    for h in handles:
-                        try:
-                            outcomes.append(await h)
-                        except EQueueError as exc:
-                            outcomes.append(exc)
-                assert proxy.swallowed == 1 and proxy.refused == 1
-                assert isinstance(outcomes[0], EQueueError)  # lost: never stored
-                stored = await read_all(c, "order", 1)
-                assert [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)] == [
-                    f"m{i}" for i in range(1, 6)
-                ]
-            n.cancel_scope.cancel()
+    proxy, outcomes, stored = await _lose_one_then_refuse_one(broker, "order", ErrorCode.NOT_LEADER, 8, 0.1)
+    assert proxy.swallowed == 1 and proxy.refused == 1
+    assert isinstance(outcomes[0], EQueueError)  # lost: never stored
+    assert stored == [f"m{i}" for i in range(1, 6)]
 
 
 async def test_a_batch_resent_under_a_retired_id_keeps_its_place_before_new_numbers(broker: Broker) -> None:
     """The fault campaign's second per-key order finding (seed 2611, 30 min, after a
     15 s etcd stop): one batch is lost (its send times out: the lane retires its id),
     the next was refused with a transient error that keeps its id and sequence (its
-    fate could be unknown), and the ones behind it wait unnumbered. When the lane
-    resends, the batch under the retired id goes first; the ones behind it must not be
-    numbered under the new id and written in the same breath (the broker took them at
-    once and refused the old-id batch as a gap, so it was stored after them)."""
-    with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            proxy = Meddler(broker.address, nth=1, refusal=ErrorCode.BROKER_BUSY)
-            await n.start(proxy.serve)
-            async with AsyncClient(broker.address) as c:
-                await c.create_topic("order2", 1)
-                async with AsyncProducer(proxy.address, send_timeout=1.0, retry_backoff=0.01, linger=0,
-                                         max_batch_bytes=64, max_in_flight=2) as p:  # fmt: skip
-                    # sent apart, as in the campaign: the lost batch's deadline passes first
-                    handles = [await p.send_async("order2", "m0", key="k")]
-                    await wait_until(lambda: proxy.swallowed == 1)
-                    await trio.sleep(0.3)
-                    handles.append(await p.send_async("order2", "m1", key="k"))
-                    await wait_until(lambda: proxy.refused == 1)
-                    await trio.sleep(0.3)
-                    # the window (2) is full: these wait, with no producer id yet
-                    handles += [await p.send_async("order2", f"m{i}", key="k") for i in range(2, 6)]
-                    await p.flush()
-                    outcomes = []
-                    for h in handles:
-                        try:
-                            outcomes.append(await h)
-                        except EQueueError as exc:
-                            outcomes.append(exc)
-                assert proxy.swallowed == 1 and proxy.refused == 1
-                assert isinstance(outcomes[0], EQueueError)  # lost: never stored
-                assert isinstance(outcomes[0], EQueueError) and all(isinstance(o, SendResult) for o in outcomes[1:])
-                stored = await read_all(c, "order2", 1)
-                assert [m.text for m in sorted(stored.values(), key=lambda m: m.queue_offset)] == [
-                    f"m{i}" for i in range(1, 6)
-                ]
-            n.cancel_scope.cancel()
+    fate could be unknown), and the ones behind it wait unnumbered (the window of 2
+    is full). When the lane resends, the batch under the retired id goes first; the
+    ones behind it must not be numbered under the new id and written in the same
+    breath (the broker took them at once and refused the old-id batch as a gap, so it
+    was stored after them)."""
+    proxy, outcomes, stored = await _lose_one_then_refuse_one(broker, "order2", ErrorCode.BROKER_BUSY, 2, 0.3)
+    assert proxy.swallowed == 1 and proxy.refused == 1
+    assert isinstance(outcomes[0], EQueueError)  # lost: never stored
+    assert isinstance(outcomes[0], EQueueError) and all(isinstance(o, SendResult) for o in outcomes[1:])
+    assert stored == [f"m{i}" for i in range(1, 6)]

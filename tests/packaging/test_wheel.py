@@ -52,7 +52,7 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     for folder in set(_package_dir().values()):
-        shutil.copytree(ROOT / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(ROOT / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp / "dist"
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)], cwd=tmp)
     (wheel,) = dist.glob("*.whl")
@@ -68,6 +68,13 @@ def test_the_wheel_holds_one_top_level_package(wheel_venv: tuple[Path, Path]) ->
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"equeue"}
+    # each source module once: the wheel follows package-dir, not the symlinks in equeue/
+    sources = set()
+    for package, folder in _package_dir().items():
+        for dirpath, _dirs, files in os.walk(ROOT / folder):  # links to folders not followed
+            rel = Path(dirpath).relative_to(ROOT / folder)
+            sources |= {"/".join([*package.split("."), *rel.parts, f]) for f in files if f.endswith(".py")}
+    assert sorted(n for n in names if n.endswith(".py")) == sorted(sources)
     assert "equeue/py.typed" in names
     (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")] or [None]
     if top_level is not None:
