@@ -115,8 +115,8 @@ def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
 def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
     """``await fn(router)`` over a :class:`equeue.client.routing.Router` bootstrapped from
     ``broker`` (commands that ask every broker group and merge,
-    :mod:`equeue.cli._routed`); errors become one-line failures."""
-    from equeue.cli._routed import run_routed
+    :mod:`equeue.client.admin`); errors become one-line failures."""
+    from equeue.client.admin import run_routed
 
     try:
         return run_routed(broker, fn)
@@ -126,9 +126,9 @@ def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
 
 def leader(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
     """``await fn(client)`` at ``broker``, or, when it is a follower (NOT_LEADER), at
-    a group's leader (:func:`equeue.cli._routed.at_any_leader`): topic administration,
+    a group's leader (:func:`equeue.client.admin.at_any_leader`): topic administration,
     which any leader serves. Errors become one-line failures."""
-    from equeue.cli._routed import at_any_leader
+    from equeue.client.admin import at_any_leader
 
     return routed(broker, lambda router: at_any_leader(router, fn))
 

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
         answered, round trip), each follower's position and lag as its leader sees
         it (REPLICATION_STATUS), etcd, the revision. Any broker of the cluster
         answers; standalone it shows one group ""."""
-        from equeue.cli._routed import cluster_report
+        from equeue.client.admin import cluster_report
 
         report = routed(broker, cluster_report)
         if as_json:
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         differ (the parts are named); 2: could not compare (a replica unreachable, or
         no common position within --timeout). Needs an admin user when the brokers
         authenticate."""
-        from equeue.cli._routed import Verdict, verify_cluster
+        from equeue.client.admin import Verdict, verify_cluster
 
         report = routed(broker, lambda router: verify_cluster(router, timeout))
         if as_json:
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         Replicas that are down are not asked: start every replica you can first.
         Needs an admin user when the brokers authenticate."""
         from equeue.cli._common import fail
-        from equeue.cli._routed import plan_recovery, recover_group
+        from equeue.client.admin import plan_recovery, recover_group
 
         plan = routed(broker, lambda router: plan_recovery(router, group, leader))
         if as_json and not yes:
@@ -175,7 +175,7 @@ def register(app: typer.Typer) -> None:
         5 s, else it keeps leading and this fails), gives its leadership up to it and
         follows it. A leader stopped cleanly does the same on its own. Needs an admin
         user when the brokers authenticate."""
-        from equeue.cli._routed import hand_over_group
+        from equeue.client.admin import hand_over_group
 
         st = routed(broker, lambda router: hand_over_group(router, group, to))
         if as_json:

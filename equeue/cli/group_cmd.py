@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
     @group_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Groups known to any broker group (live members or committed offsets)."""
-        from equeue.cli._routed import list_groups
+        from equeue.client.admin import list_groups
 
         groups = routed(broker, list_groups)
         if as_json:
@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         """Members, and per queue: the broker group owning it, the member holding it,
         committed offset, max offset and lag (each row from the queue's owner). An
         unknown group is an error (no such group)."""
-        from equeue.cli._routed import describe_group
+        from equeue.client.admin import describe_group
 
         _group_name(group)
         d = routed(broker, lambda r: describe_group(r, group))
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
                 ts, target = max(0, parse_time_ms(to)), ResetTarget.TIME
             except ConfigError as exc:
                 fail(f"--to must be earliest, latest or an ISO time: {exc}")
-        from equeue.cli._routed import reset_offsets as reset
+        from equeue.client.admin import reset_offsets as reset
 
         offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
         if as_json:
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
         """Delete GROUP: its committed offsets and its state, at every broker group
         (refused while it has live members, unless --force). Its retry and dead-letter
         topics stay."""
-        from equeue.cli._routed import delete_group
+        from equeue.client.admin import delete_group
 
         _group_name(group)
         answers = routed(broker, lambda r: delete_group(r, group, force))
@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
         broker group shown), origin, attempts, time, body, resent."""
         import base64
 
-        from equeue.cli._routed import dlq_list as merged_list
+        from equeue.client.admin import dlq_list as merged_list
         from equeue.names import validate_group
 
         validate_group(group)
@@ -185,7 +185,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Send dead letters back to their origin topic (fresh: 0 attempts), each at most
         once. ``--all`` resends at every broker group."""
-        from equeue.cli._routed import dlq_resend as resend
+        from equeue.client.admin import dlq_resend as resend
         from equeue.names import validate_group
 
         validate_group(group)

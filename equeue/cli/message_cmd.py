@@ -123,7 +123,7 @@ def register(app: typer.Typer) -> None:
             fail("give either --queue Q --offset O, or --global-offset G")
         if by_queue and (queue < 0 or offset < 0):
             fail("--queue and --offset go together (both >= 0)")
-        from equeue.cli._routed import get_message
+        from equeue.client.admin import get_message
 
         res = routed(broker, lambda r: get_message(r, topic, queue if by_queue else -1, offset, global_offset,
                                                    broker_group))  # fmt: skip
@@ -151,7 +151,7 @@ def register(app: typer.Typer) -> None:
 
         Example: ``equeue message find orders --key user-42 --limit 10``.
         """
-        from equeue.cli._routed import find_by_key
+        from equeue.client.admin import find_by_key
 
         res = routed(broker, lambda r: find_by_key(r, topic, key, limit, before))
         msgs = res.messages
@@ -215,7 +215,7 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """List the records of TOPIC an operator skipped (``message skip``), by queue."""
-        from equeue.cli._routed import list_skipped
+        from equeue.client.admin import list_skipped
 
         by_queue = routed(broker, lambda r: list_skipped(r, topic))
         if as_json:

@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
     def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Per queue: owner broker group, retained range, message count and bytes;
         pending delayed messages. Each queue's row comes from the group owning it."""
-        from equeue.cli._routed import describe_topic
+        from equeue.client.admin import describe_topic
 
         d = routed(broker, lambda r: describe_topic(r, name))
         if as_json:

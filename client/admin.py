@@ -1,4 +1,7 @@
-"""The CLI's cluster-wide reads and writes: ask each broker group and merge.
+"""The admin requests that span a cluster: ask each broker group and merge.
+
+The CLI and the web console share these functions (they were the CLI's private
+helpers), so both show and change the same state the same way.
 
 In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
 "Administration"), so commands that show or change per-queue state fan out through a
