@@ -6,6 +6,10 @@ queue's lease (group, topic, queue): the broker grants a lease to one live membe
 a time, renews it with each heartbeat, and the pull/commit handlers reject members
 that do not hold it. Membership changes bump the group's ``generation`` and push
 GROUP_CHANGED to every live member so they rebalance at once.
+
+An ephemeral group (``<name>#ephemeral``, docs/consumer.md "Ephemeral groups") also
+keeps its committed offsets here, in memory only (never in the store): they go, with
+the group and its leases, when its last member leaves or expires.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import attrs
 import trio
 
 from equeue import control
+from equeue.errors import GroupNotFound
+from equeue.names import is_ephemeral
 
 log = logging.getLogger("equeue.groups")
 
@@ -52,6 +58,14 @@ class Group:
     members: dict[str, Member] = attrs.Factory(dict)
     leases: dict[str, str] = attrs.Factory(dict)  # "topic/queue" -> consumer id
     generation: int = 0
+    #: an ephemeral group: ``offsets`` holds its committed offsets (nothing in the store)
+    ephemeral: bool = False
+    offsets: dict[tuple[str, int], int] = attrs.Factory(dict)  # (topic, queue) -> offset
+
+    def gone(self) -> bool:
+        """No state left worth keeping: no member and no lease; an ephemeral group
+        goes with its last member (its leases and offsets with it)."""
+        return not self.members and (self.ephemeral or not self.leases)
 
 
 def lease_key(topic: str, queue_id: int) -> str:
@@ -67,7 +81,9 @@ class GroupRegistry:
     def heartbeat(
         self, hb: control.Heartbeat, notify: Notify | None, queue_counts: dict[str, int]
     ) -> control.HeartbeatAnswer:
-        g = self.groups.setdefault(hb.group, Group(hb.group))
+        g = self.groups.get(hb.group)
+        if g is None:
+            g = self.groups[hb.group] = Group(hb.group, ephemeral=is_ephemeral(hb.group))
         now = trio.current_time()
         wall = time.time_ns() // 1_000_000
         m = g.members.get(hb.consumer_id)
@@ -113,8 +129,8 @@ class GroupRegistry:
         g.generation += 1
         log.info("group %s: member %s left", group, consumer_id)
         self._notify(g)
-        if not g.members and not g.leases:  # as expire() does: an empty group is no state
-            del self.groups[group]
+        if g.gone():  # as expire() does: an empty group is no state
+            self._delete(g, "its last member left")
 
     def forget(self, group: str) -> bool:
         """Drop ``group``'s state (DELETE_GROUP of a group with no live member): its
@@ -161,8 +177,43 @@ class GroupRegistry:
             if dead:
                 g.generation += 1
                 self._notify(g)
-            if not g.members and not g.leases:
-                del self.groups[g.name]
+            if g.gone():
+                self._delete(g, "its last member expired")
+
+    def _delete(self, g: Group, why: str) -> None:
+        del self.groups[g.name]
+        if g.ephemeral:
+            log.info("ephemeral group %s deleted with %d committed offset(s): %s", g.name, len(g.offsets), why)
+
+    # ---------------------------------------------------------- ephemeral groups
+    def ephemeral(self, group: str) -> Group:
+        """The live ephemeral ``group`` (its offsets are held here). Raises
+        GroupNotFound when it has no state here (no live member: it does not exist)."""
+        g = self.groups.get(group)
+        if g is None or not g.members:
+            raise GroupNotFound(
+                f"no such group {group!r}: an ephemeral group exists only while it has a live member"
+            )
+        return g
+
+    def commit_ephemeral(self, group: str, topic: str, queue_id: int, offset: int, forward_only: bool) -> None:
+        """Record an ephemeral group's committed offset, in memory (``forward_only``:
+        a member's commit never moves it back, as ``CommitOffsetOp``). Raises
+        GroupNotFound when the group has no live member here."""
+        offsets = self.ephemeral(group).offsets
+        if forward_only and offsets.get((topic, queue_id), -1) > offset:
+            return
+        offsets[(topic, queue_id)] = offset
+
+    def ephemeral_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """(topic, queue) -> committed offset of ephemeral ``group`` (empty when it is gone)."""
+        g = self.groups.get(group)
+        return dict(g.offsets) if g is not None else {}
+
+    def all_ephemeral_offsets(self) -> dict[tuple[str, str, int], int]:
+        """(group, topic, queue) -> committed offset of every live ephemeral group: a
+        copy, taken on the loop for ``/metrics`` (the shape of ``StoreView.offsets``)."""
+        return {(g.name, t, q): off for g in self.groups.values() for (t, q), off in g.offsets.items()}
 
     def forget_connection(self, notify: Notify) -> None:
         """A connection closed: stop pushing to it (members expire by heartbeat).

@@ -11,7 +11,8 @@ Per-queue series come only on request, ``?queues=1`` (every topic) or
 ``equeue_metrics_queues_omitted`` gauge counts the queues left out. The topic and
 queue series are rendered in a worker thread, one scrape at a time, from the store's
 published view (immutable: nothing the writer thread does changes it); only the
-statistics snapshot (the loop's counters) is taken on the loop.
+statistics snapshot (the loop's counters) is taken on the loop, and so is the copy of
+the ephemeral groups' offsets (held in the group registry's memory, not in the view).
 
 prometheus-client names a counter family without its ``_total`` suffix and appends
 it to the sample; the names below are the exposed ones (``equeue_messages_in_total``).
@@ -19,6 +20,7 @@ it to the sample; the names below are the exposed ones (``equeue_messages_in_tot
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -150,6 +152,8 @@ class QueuesCollector:
     view: StoreView
     series: QueueSeries = QueueSeries()
     queue_limit: int = 10_000
+    #: (group, topic, queue) -> committed offset of the live ephemeral groups (a copy)
+    ephemeral: Mapping[tuple[str, str, int], int] = attrs.Factory(dict)
 
     def collect(self) -> Iterable[Metric]:
         view, series = self.view, self.series
@@ -201,7 +205,8 @@ class QueuesCollector:
         )
         lags: dict[tuple[str, str], int] = {}
         lag_rows = 0
-        for i, ((group, topic, q), committed) in enumerate(view.offsets.items()):
+        offsets = itertools.chain(view.offsets.items(), self.ephemeral.items())
+        for i, ((group, topic, q), committed) in enumerate(offsets):
             if not i % _YIELD_EVERY:
                 time.sleep(0)
             held = view.topics.get(topic)
@@ -312,11 +317,12 @@ def render_replication(ready: bool, sample: ReplicationSample | None) -> str:
 
 
 def render_queues(
-    view: StoreView, series: QueueSeries | None = None, queue_limit: int = 10_000
-) -> str:
+    view: StoreView, series: QueueSeries | None = None, queue_limit: int = 10_000,
+    ephemeral: Mapping[tuple[str, str, int], int] | None = None,
+) -> str:  # fmt: skip
     """The topic and queue series (see :class:`QueuesCollector`) as text; pure: any
     thread may run it."""
-    return _render(QueuesCollector(view, series or QueueSeries(), queue_limit))
+    return _render(QueuesCollector(view, series or QueueSeries(), queue_limit, ephemeral or {}))
 
 
 def render_metrics(
@@ -343,8 +349,11 @@ class Metrics:
         self, statistics: Snapshot, store: StoreReader, queue_limit: int, *,
         ready: Callable[[], bool] = lambda: True,
         replication: Callable[[], ReplicationSample | None] = lambda: None,
+        ephemeral: Callable[[], Mapping[tuple[str, str, int], int]] = dict,
     ) -> None:  # fmt: skip
         self._statistics = statistics
+        #: a copy of the live ephemeral groups' offsets, taken on the loop
+        self._ephemeral = ephemeral
         self._ready = ready
         self._replication = replication
         self._store = store
@@ -361,7 +370,7 @@ class Metrics:
             if hit is None or now - hit[0] >= RENDER_INTERVAL:
                 view = self._store.view
                 queues = await trio.to_thread.run_sync(
-                    render_queues, view, series, self._queue_limit
+                    render_queues, view, series, self._queue_limit, self._ephemeral()
                 )
                 self._recent.pop(series, None)
                 self._recent[series] = hit = (now, queues)

@@ -248,6 +248,7 @@ class Broker:
                                     serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context,
                                     readiness=self.readiness, shutdown=self._stop.wait,
                                     replication=self._replication_sample,
+                                    ephemeral=self.groups.all_ephemeral_offsets,
                                 ),
                                 self._statistics.snapshot,
                                 self.store,

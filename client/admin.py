@@ -38,7 +38,7 @@ from equeue.errors import (
     QueueUnavailable,
 )
 from equeue.models import PullResult
-from equeue.names import validate_group
+from equeue.names import is_ephemeral, validate_group
 
 T = TypeVar("T")
 
@@ -169,7 +169,7 @@ async def list_groups(router: Router) -> list[control.GroupSummary]:
                 merged[g.group] = g
             else:
                 topics = sorted(set(old.topics) | set(g.topics))
-                merged[g.group] = control.GroupSummary(g.group, max(old.members, g.members), topics)
+                merged[g.group] = attrs.evolve(old, members=max(old.members, g.members), topics=topics)
     return [merged[name] for name in sorted(merged)]
 
 
@@ -197,7 +197,7 @@ async def describe_group(router: Router, group: str) -> control.GroupDescription
                 rows[(q.topic, q.queue_id)] = attrs.evolve(q, broker_group=q.broker_group or name)
     return control.GroupDescription(
         group, sorted(members.values(), key=lambda m: m.consumer_id), [rows[k] for k in sorted(rows)],
-        sum(d.generation for d in answers.values()),
+        sum(d.generation for d in answers.values()), ephemeral=is_ephemeral(group),
     )  # fmt: skip
 
 

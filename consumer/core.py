@@ -56,7 +56,7 @@ from equeue.consumer.workers import Workers
 from equeue.errors import ConfigError, EQueueError
 from equeue.logs import RateLimitedLog
 from equeue.models import Message
-from equeue.names import validate_group, validate_topic
+from equeue.names import is_ephemeral, validate_group, validate_topic
 from equeue.protocol import PushCode
 
 log = logging.getLogger("equeue.consumer")
@@ -132,6 +132,12 @@ class AsyncConsumer:
         #: the loop this consumer runs on (set on entry): stop() from another thread goes through it
         self._token: trio.lowlevel.TrioToken | None = None
         clustering = o.mode == ConsumeMode.CLUSTERING
+        ephemeral = is_ephemeral(self.group)
+        if ephemeral and not clustering:
+            raise ConfigError(
+                f"group {self.group!r} is ephemeral (its offsets live in the brokers' memory): broadcast mode "
+                "keeps a member's offsets on its own disk; use clustering mode or a group without '#ephemeral'"
+            )
         store = None if clustering else BroadcastOffsetStore(o.state_dir or default_state_dir(), self.group)
         self._store = store
         self.counters = Counters()
@@ -164,7 +170,8 @@ class AsyncConsumer:
             self.router, self.group, self.consumer_id, self.topics, o, self.assignments,
             counters=self.counters, on_round=poke,
         )
-        self._workers = Workers(self.dispatcher, o, self.counters, self._send_back, local_retry=store is not None)
+        self._workers = Workers(self.dispatcher, o, self.counters, self._send_back,
+                                local_retry=store is not None or ephemeral)  # fmt: skip
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> AsyncConsumer:

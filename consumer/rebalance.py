@@ -56,7 +56,7 @@ from equeue.consumer.process import Lease, lease_name, parse_lease
 from equeue.consumer.stats import Counters
 from equeue.errors import ConnectionBroken, EQueueError, QueueUnavailable
 from equeue.logs import RateLimitedLog
-from equeue.names import retry_topic
+from equeue.names import is_ephemeral, retry_topic
 
 log = logging.getLogger("equeue.consumer")
 
@@ -108,7 +108,9 @@ class Coordinator:
         self.host = socket.gethostname()
         self.retry_topic = retry_topic(group)
         clustering = options.mode == ConsumeMode.CLUSTERING
-        self.topics = [*topics, self.retry_topic] if clustering else list(topics)
+        # an ephemeral group has no retry topic (its failed messages are retried in place)
+        retry = clustering and not is_ephemeral(group)
+        self.topics = [*topics, self.retry_topic] if retry else list(topics)
         self.desired: set[Lease] = set()
         self.generation = -1
         #: the broker groups that answered the last heartbeat round

@@ -18,6 +18,12 @@ the caller acts on:
   broker failed for a reason of its own (a full store, an internal error, a broker
   without SEND_BACK). The message is not done; the caller retries it locally (the
   handler runs again later), so nothing is lost to the broker's trouble.
+
+An ephemeral group (``<name>#ephemeral``) has no retry or dead-letter topic: its
+members retry a failed message in place (:class:`~equeue.consumer.workers.Workers`,
+``local_retry``), and past ``max_reconsume_times`` :meth:`SendBack.send` drops it
+(``DROPPED``, logged and counted) without asking the broker, which would refuse
+(EPHEMERAL_GROUP); a poison record is dropped the same way.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from equeue.errors import (
     BadRequest,
     CorruptRecord,
     DelayTooLong,
+    EphemeralGroup,
     EQueueError,
     MessageNotFound,
     MessageTooLarge,
@@ -43,6 +50,7 @@ from equeue.errors import (
 )
 from equeue.logs import RateLimitedLog
 from equeue.models import Message
+from equeue.names import is_ephemeral
 
 log = logging.getLogger("equeue.consumer")
 
@@ -58,6 +66,7 @@ SEND_BACK_POLICY = RetryPolicy(attempts=6, timeout=10.0)
 #: the broker's, and the message is kept (UNSENT) rather than dropped
 _MESSAGE_REFUSALS = (
     MessageTooLarge, DelayTooLong, MessageNotFound, CorruptRecord, BadRequest, TopicNotFound, QueueNotFound,
+    EphemeralGroup,
 )  # fmt: skip
 
 
@@ -97,11 +106,24 @@ class SendBack:
         self.logs = logs
         self.policy = policy
         self._delays_ms = [int(d * 1000) for d in options.retry_delays]
+        #: an ephemeral group: nothing goes to the broker, a message given up on is dropped
+        self.ephemeral = is_ephemeral(group)
+
+    def _drop_ephemeral(self, where: tuple[str, int, int], what: str, detail: str = "") -> SendBackResult:
+        self.counters.dropped += 1
+        self.logs.log(
+            logging.ERROR, f"dropped {where[0]}",
+            "%s %s/%d@%d%s: group %s is ephemeral (no retry or dead-letter topic); dropping it",
+            what, *where, detail, self.group,
+        )  # fmt: skip
+        return SendBackResult.DROPPED
 
     async def send(self, m: Message, where: tuple[str, int, int]) -> SendBackResult:
         """Send ``m`` back; ``where`` is (topic, queue, queue offset) as it was read (the
         retry topic for a retried message). See the module docs for the results."""
         o = self.options
+        if self.ephemeral:
+            return self._drop_ephemeral(where, "message", f" failed {m.reconsume_times + 1} time(s)")
         err, ans = await self._send(where, m.reconsume_times, o.max_reconsume_times)
         if _permanent(err) and m.reconsume_times < o.max_reconsume_times:
             # refused for good on the way to the retry topic (a delay past the broker's
@@ -138,6 +160,8 @@ class SendBack:
         (docs/consumer.md, "When a message cannot be handled"). ``SENT``: it is in the
         dead-letter topic; ``DROPPED``: the broker refused it for good (logged);
         ``UNSENT``: the broker's own trouble, try again later."""
+        if self.ephemeral:
+            return self._drop_ephemeral(where, "poison record")
         err, ans = await self._send(where, 0, 0)  # 0 attempts >= a maximum of 0: dead letter
         if ans is not None:
             return SendBackResult.SENT

@@ -34,8 +34,9 @@ PARALLEL_SECONDS = 0.00002
 class Workers:
     """Hands chunks to the handler, ``options.concurrency`` workers at most.
 
-    ``local_retry``: failed messages are retried here (broadcast mode: a member's
-    retries must not reach the other members) instead of sent back.
+    ``local_retry``: failed messages are retried here instead of sent back (broadcast
+    mode: a member's retries must not reach the other members; an ephemeral group: it
+    has no retry topic, and past ``max_reconsume_times`` the message is dropped).
     """
 
     def __init__(
@@ -151,9 +152,10 @@ class Workers:
         return not self.dispatcher.stopping
 
     async def _retry_here(self, q: ProcessQueue, m: Message, off: int) -> None:
-        """Run the handler on ``m`` again after its retry delay (broadcast mode, or a
-        send-back that could not get through); past ``max_reconsume_times`` send it to
-        the dead-letter topic."""
+        """Run the handler on ``m`` again after its retry delay (broadcast mode, an
+        ephemeral group, or a send-back that could not get through); past
+        ``max_reconsume_times`` send it to the dead-letter topic (an ephemeral group:
+        drop it)."""
         o = self.options
         if self.local_retry and m.reconsume_times >= o.max_reconsume_times:
             if await self.send_back.send(m, (q.topic, q.queue_id, off)) is not SendBackResult.UNSENT:

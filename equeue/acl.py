@@ -89,7 +89,8 @@ IMPLIED_DESCRIBE = frozenset(
 )
 
 _USER = re.compile(r"[A-Za-z0-9_.@\-]{1,64}")
-_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{0,128}\*?")
+#: an exact name (a group's may end with ``#ephemeral``), or a prefix ending in ``*``
+_PATTERN = re.compile(r"[A-Za-z0-9_.\-]{0,128}(\*|#ephemeral)?")
 
 
 def validate_username(name: str) -> str:

@@ -396,6 +396,8 @@ class GroupSummary:
     group: str
     members: int
     topics: list[str]
+    #: an ephemeral group (``<name>#ephemeral``): offsets in memory, gone with its last member
+    ephemeral: bool = False
 
 
 @attrs.frozen
@@ -422,6 +424,8 @@ class GroupDescription:
     members: list[MemberInfo]
     queues: list[GroupQueue]
     generation: int = 0
+    #: an ephemeral group (``<name>#ephemeral``): offsets in memory, gone with its last member
+    ephemeral: bool = False
 
 
 # ----------------------------------------------------------------------------- admin

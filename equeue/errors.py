@@ -25,6 +25,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── NotQueueOwner
     │   ├── GroupHasMembers
     │   ├── GroupNotFound             no live member and no committed offset (DELETE_GROUP, the CLI)
+    │   ├── EphemeralGroup            an ephemeral group has no retry or dead-letter topic (SEND_BACK)
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
@@ -88,6 +89,7 @@ __all__ = [
     "DataDirLocked",
     "DelayTooLong",
     "EQueueError",
+    "EphemeralGroup",
     "ErrorCode",
     "GroupHasMembers",
     "GroupNotFound",
@@ -166,6 +168,7 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_CONNECTIONS = 35
     TOO_MANY_PULLS = 36
     GROUP_NOT_FOUND = 37
+    EPHEMERAL_GROUP = 39
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
     STORE_TRUNCATED = 29
@@ -384,6 +387,15 @@ class GroupNotFound(BrokerError):
     code = ErrorCode.GROUP_NOT_FOUND
 
 
+class EphemeralGroup(BrokerError):
+    """A request that needs durable state of the group, refused for an ephemeral group
+    (``<name>#ephemeral``, docs/consumer.md "Ephemeral groups"): SEND_BACK, whose
+    ``%RETRY%``/``%DLQ%`` topics would outlive the group. Not transient: the consumer
+    retries such a message in place, then drops it."""
+
+    code = ErrorCode.EPHEMERAL_GROUP
+
+
 class OutOfOrderSequence(BrokerError):
     """An idempotent produce arrived before an earlier one of the same producer and
     queue was stored; the producer resends its in-flight requests in order."""
@@ -570,6 +582,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         NotQueueOwner,
         GroupHasMembers,
         GroupNotFound,
+        EphemeralGroup,
         OutOfOrderSequence,
         BrokerBusy,
         BrokerShuttingDown,

@@ -5,6 +5,10 @@ delay ladder of docs/consumer.md, "Retry and dead letters") or, past the consume
 dead-letter topic: the broker reads the message itself, so the consumer sends only
 where it read it. DLQ_LIST answers one page of dead letters; DLQ_RESEND resends
 letters at most once each (:mod:`equeue.broker.storage.deadletters`).
+
+An ephemeral group (``<name>#ephemeral``) has no retry or dead-letter topic (a
+persistent topic would outlive it): its SEND_BACK is refused with EPHEMERAL_GROUP,
+and it has no dead letters to list.
 """
 
 from __future__ import annotations
@@ -25,7 +29,14 @@ from equeue.broker.handlers.base import (
 from equeue.broker.storage import ProduceOp, StoreReader
 from equeue.broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay
-from equeue.errors import BadRequest, CorruptRecord, DelayTooLong, MessageNotFound, TopicNotFound
+from equeue.errors import (
+    BadRequest,
+    CorruptRecord,
+    DelayTooLong,
+    EphemeralGroup,
+    MessageNotFound,
+    TopicNotFound,
+)
 from equeue.models import (
     PROP_ORIGIN_GLOBAL,
     PROP_ORIGIN_OFFSET,
@@ -35,7 +46,7 @@ from equeue.models import (
     SYSTEM_PROPERTY_PREFIX,
     Message,
 )
-from equeue.names import dlq_topic, retry_topic, validate_group
+from equeue.names import dlq_topic, is_ephemeral, retry_topic, validate_group
 from equeue.protocol import PullStatus
 
 __all__ = ["DeadLetterHandlers"]
@@ -88,6 +99,11 @@ class DeadLetterHandlers:
     # ------------------------------------------------------------------ SEND_BACK
     async def send_back(self, req: control.SendBack, ctx: RequestContext) -> control.SendBackAnswer:
         validate_group(req.group)
+        if is_ephemeral(req.group):
+            raise EphemeralGroup(
+                f"group {req.group!r} is ephemeral: it has no retry or dead-letter topic "
+                "(its consumers retry a failed message in place, then drop it)"
+            )
         if req.reconsume_times < 0 or req.max_reconsume_times < 0 or any(d < 0 for d in req.retry_delays_ms):
             raise BadRequest("reconsume_times, max_reconsume_times and retry delays must be >= 0")
         if any(d > self._max_delay_ms for d in req.retry_delays_ms):  # (a u64 due time overflowed)

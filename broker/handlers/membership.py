@@ -3,7 +3,10 @@ delete.
 
 Cluster mode (docs/cluster.md, "Consumer groups across broker groups"): a broker
 grants, and describes, only the leases of queues its group owns; members heartbeat
-to every group and merge."""
+to every group and merge.
+
+An ephemeral group (``<name>#ephemeral``) is described from the registry alone (its
+offsets are in memory there) and exists only while it has a live member."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from equeue.broker.groups import GroupRegistry
 from equeue.broker.handlers.base import ClusterRole, RequestContext, Submit
 from equeue.broker.storage import DeleteGroupOffsetsOp, StoreReader
 from equeue.errors import GroupHasMembers, GroupNotFound
-from equeue.names import validate_group
+from equeue.names import is_ephemeral, validate_group
 
 __all__ = ["GroupHandlers"]
 
@@ -54,6 +57,13 @@ class GroupHandlers:
     async def release_queues(self, req: control.ReleaseQueues, ctx: RequestContext) -> None:
         self._groups.release(req.group, req.consumer_id, req.leases)
 
+    def _offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """(topic, queue) -> ``group``'s committed offset held here (an ephemeral
+        group's: in the registry's memory)."""
+        if is_ephemeral(group):
+            return self._groups.ephemeral_offsets(group)
+        return self._store.group_offsets(group)
+
     async def list_groups(
         self, req: control.ListGroups, ctx: RequestContext
     ) -> list[control.GroupSummary]:
@@ -64,9 +74,9 @@ class GroupHandlers:
             members = groups.live_members(name)
             topics = sorted(
                 {t for m in members for t in m.topics}
-                | {t for (t, _q) in store.group_offsets(name)}
+                | {t for (t, _q) in self._offsets(name)}
             )
-            out.append(control.GroupSummary(name, len(members), topics))
+            out.append(control.GroupSummary(name, len(members), topics, ephemeral=is_ephemeral(name)))
         return out
 
     async def describe_group(
@@ -75,7 +85,7 @@ class GroupHandlers:
         validate_group(req.group)
         store, groups = self._store, self._groups
         members = groups.live_members(req.group)
-        offsets = store.group_offsets(req.group)
+        offsets = self._offsets(req.group)
         topics = {t for m in members for t in m.topics} | {t for (t, _q) in offsets}
         cluster = self._cluster
         me = cluster.group if cluster is not None else ""
@@ -97,7 +107,9 @@ class GroupHandlers:
                 )  # fmt: skip
                 queues.append(gq)
         g = groups.groups.get(req.group)
-        return control.GroupDescription(req.group, members, queues, g.generation if g else 0)
+        return control.GroupDescription(
+            req.group, members, queues, g.generation if g else 0, ephemeral=is_ephemeral(req.group)
+        )
 
     async def delete_group(self, req: control.DeleteGroup, ctx: RequestContext) -> control.DeleteGroupAnswer:
         """Delete the group's committed offsets held here (in a cluster: of the queues
@@ -110,6 +122,11 @@ class GroupHandlers:
             raise GroupHasMembers(
                 f"group {req.group!r} has {len(live)} live member(s); stop them first or pass --force"
             )
+        if is_ephemeral(req.group):  # its offsets are in memory; no member: it does not exist
+            g = self._groups.ephemeral(req.group)
+            gone = len(g.offsets)
+            g.offsets.clear()
+            return control.DeleteGroupAnswer(req.group, gone, len(live))
         known = req.group in self._groups.groups
         # the delete decides from the store's own transaction, not the published view (on a
         # replicated leader, offsets committed but not yet replicated are not in the view)

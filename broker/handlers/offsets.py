@@ -1,5 +1,9 @@
 """Offset requests: a queue's range, offset for a time, consumer offsets (commit,
-query, reset)."""
+query, reset).
+
+An ephemeral group's offsets (``<name>#ephemeral``) are the group registry's, in
+memory, never the store's: a commit or reset of one is answered at once, nothing is
+written or replicated (docs/consumer.md, "Ephemeral groups")."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from equeue.broker.groups import GroupRegistry
 from equeue.broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
 from equeue.broker.storage import CommitOffsetOp, StoreReader
 from equeue.errors import GroupHasMembers, NotQueueOwner, OffsetOutOfRange
-from equeue.names import validate_group
+from equeue.names import is_ephemeral, validate_group
 
 __all__ = ["OffsetHandlers"]
 
@@ -58,6 +62,9 @@ class OffsetHandlers:
                 "(commit at most the end)"
             )
         # a member's commit never moves the group back (a stale hold's late commit)
+        if is_ephemeral(req.group):  # in memory only; GroupNotFound once it has no member
+            self._groups.commit_ephemeral(req.group, req.topic, req.queue_id, req.offset, bool(req.consumer_id))
+            return
         await self._submit(CommitOffsetOp(req.group, req.topic, req.queue_id, req.offset, bool(req.consumer_id)))
 
     async def query_offset(
@@ -65,6 +72,8 @@ class OffsetHandlers:
     ) -> control.OffsetAnswer:
         if self._topics.cluster is not None:  # offsets live with the queue's owner
             await self._topics.require_queue(req.topic, req.queue_id)
+        if is_ephemeral(req.group):
+            return control.OffsetAnswer(self._groups.ephemeral_offsets(req.group).get((req.topic, req.queue_id), -1))
         return control.OffsetAnswer(self._store.committed(req.group, req.topic, req.queue_id))
 
     async def reset_offsets(
@@ -72,6 +81,9 @@ class OffsetHandlers:
     ) -> control.ResetAnswer:
         validate_group(req.group)
         info = await self._topics.require(req.topic)
+        ephemeral = is_ephemeral(req.group)
+        if ephemeral:  # it exists only while it has members: GroupNotFound, else --force needed
+            self._groups.ephemeral(req.group)
         if self._groups.live_members(req.group) and not req.force:
             raise GroupHasMembers(
                 f"group {req.group!r} has live members; stop them first or pass --force"
@@ -91,5 +103,8 @@ class OffsetHandlers:
                 off = self._store.offset_for_time(info, q, req.timestamp_ms)
             out[q] = off
         for q, off in out.items():
-            await self._submit(CommitOffsetOp(req.group, req.topic, q, off))
+            if ephemeral:
+                self._groups.commit_ephemeral(req.group, req.topic, q, off, forward_only=False)
+            else:
+                await self._submit(CommitOffsetOp(req.group, req.topic, q, off))
         return control.ResetAnswer(out)

@@ -32,14 +32,17 @@ def register(app: typer.Typer) -> None:
 
     @group_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
-        """Groups known to any broker group (live members or committed offsets)."""
+        """Groups known to any broker group (live members or committed offsets); an
+        ephemeral group (NAME#ephemeral) is listed while it has a live member."""
         from equeue.client.admin import list_groups
 
         groups = routed(broker, list_groups)
         if as_json:
             print_json(groups)
             return
-        table(None, ["group", "members", "topics"], [(g.group, g.members, ", ".join(g.topics)) for g in groups], right=["members"])
+        table(None, ["group", "members", "topics", "ephemeral"],
+              [(g.group, g.members, ", ".join(g.topics), "yes" if g.ephemeral else "-") for g in groups],
+              right=["members"])  # fmt: skip
 
     @group_app.command("describe")
     def describe(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
@@ -53,8 +56,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(d)
             return
+        kind = " (ephemeral: offsets in memory, gone with its last member)" if d.ephemeral else ""
         table(
-            f"group {d.group}: {len(d.members)} live member(s), generation {d.generation}",
+            f"group {d.group}{kind}: {len(d.members)} live member(s), generation {d.generation}",
             ["member", "host", "mode", "since", "poison skipped"],
             [(m.consumer_id, m.host, m.mode, _ms(m.since_ms), m.quarantined) for m in d.members],
             right=["poison skipped"],

@@ -53,6 +53,15 @@ def test_exact_and_prefix_patterns() -> None:
     assert everything.allows(T, "", "consume")  # type: ignore[arg-type]  # GET_MESSAGE by global offset
 
 
+def test_ephemeral_group_patterns() -> None:
+    exact = perms(Acl("group", "tap#ephemeral", ["join"]))
+    assert exact.allows(G, "tap#ephemeral", "join") and not exact.allows(G, "tap", "join")  # type: ignore[arg-type]
+    assert perms(Acl("group", "tap*", ["join"])).allows(G, "tap#ephemeral", "join")  # type: ignore[arg-type]
+    for bad in ("tap#", "#ephemeral*", "tap#ephemeral*", "a#b"):
+        with pytest.raises(ConfigError, match="invalid ACL pattern"):
+            Acl("group", bad, ["join"])
+
+
 def test_describe_is_implied_and_admin_may_do_everything() -> None:
     p = perms(Acl("topic", "a", ["produce"]), Acl("group", "g", ["commit"]))
     assert p.allows(T, "a", "describe") and p.allows(G, "g", "describe")  # type: ignore[arg-type]

@@ -34,6 +34,7 @@ from equeue.errors import (
 from equeue.names import (
     MAX_NAME,
     dlq_topic,
+    is_ephemeral,
     is_internal,
     retry_topic,
     validate_group,
@@ -227,6 +228,26 @@ def test_internal_topic_helpers() -> None:
         validate_group("%RETRY%g")
 
 
+@pytest.mark.parametrize("name", ["g#ephemeral", "a.b-c_1#ephemeral", "x" * 118 + "#ephemeral"])
+def test_ephemeral_group_names(name: str) -> None:
+    assert validate_group(name) == name and is_ephemeral(name)
+    assert not is_ephemeral("g") and not is_ephemeral("ephemeral")
+    with pytest.raises(InvalidName):  # never a topic name, nor its retry/dead-letter topics
+        validate_topic(name)
+    with pytest.raises(InvalidName):
+        validate_topic(retry_topic(name), allow_internal=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["#ephemeral", "g#Ephemeral", "g#ephemeral#ephemeral", "g#ephemeralx", "g#x", "#g", "a#b#ephemeral",
+     "bad name#ephemeral", "g #ephemeral", "x" * 119 + "#ephemeral", "g#ephemeral\n"],
+)  # fmt: skip
+def test_hash_only_as_the_ephemeral_suffix(name: str) -> None:
+    with pytest.raises(InvalidName):
+        validate_group(name)
+
+
 def test_name_errors_have_wire_codes() -> None:
     assert InvalidName("x").code == ErrorCode.INVALID_NAME
     assert ReservedTopic("x").code == ErrorCode.RESERVED_TOPIC
@@ -283,7 +304,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 55
+    assert len(_exception_classes()) == 56
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -372,6 +393,7 @@ def test_error_codes_are_stable() -> None:
         "TOO_MANY_CONNECTIONS": 35,
         "TOO_MANY_PULLS": 36,
         "GROUP_NOT_FOUND": 37,
+        "EPHEMERAL_GROUP": 39,
         "NOT_OWNER": 50,
         "QUEUE_UNAVAILABLE": 51,
         "CLUSTER_UNAVAILABLE": 52,
