@@ -226,7 +226,9 @@ class AsyncConsumer:
             try:
                 if cm is not None:
                     mine = exc if isinstance(exc[1], trio.Cancelled) else (None, None, None)
-                    suppressed = bool(await cm.__aexit__(*mine))
+                    # a nursery's __aexit__ answers True whenever it has nothing to raise: only
+                    # the body's own Cancelled, handed to it, may be absorbed (never another error)
+                    suppressed = bool(await cm.__aexit__(*mine)) and mine[1] is not None
             finally:
                 try:
                     await self.router.aclose()

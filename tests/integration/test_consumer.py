@@ -337,3 +337,23 @@ def test_invalid_options(bad: dict[str, Any]) -> None:
 
     with pytest.raises(ConfigError):
         AsyncConsumer("127.0.0.1:1", "g", "t", **bad)
+
+
+async def test_an_error_in_the_body_of_async_with_a_consumer_is_raised(broker: Broker) -> None:
+    """The consumer's nursery wraps the ``async with`` body; its exit absorbed every
+    exception of the body (a nursery's exit answers True when it has nothing to raise),
+    so an assertion failing in there passed silently. Only the body's Cancelled that
+    the consumer's own close caused is absorbed."""
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("t", 1)
+        with pytest.raises(ValueError, match="boom"):
+            async with AsyncConsumer(broker.address, "g", "t"):
+                raise ValueError("boom")
+        with pytest.RaisesGroup(pytest.RaisesExc(ValueError, match="boom")):
+            async with AsyncConsumer(broker.address, "g", "t") as con, trio.open_nursery() as n:
+                n.start_soon(con.run, lambda m: None)
+                raise ValueError("boom")
+        async with AsyncConsumer(broker.address, "g", "t") as con:
+            await con.aclose()  # cancels the body: absorbed, the block ends quietly
+            await trio.sleep_forever()
