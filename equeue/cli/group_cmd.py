@@ -116,7 +116,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Delete GROUP: its committed offsets and its state, at every broker group
         (refused while it has live members, unless --force). Its retry and dead-letter
-        topics stay."""
+        topics stay. An ephemeral group (NAME#ephemeral) exists only while it has live
+        members: --force drops its in-memory offsets (it goes by itself with its last member)."""
         from equeue.client.admin import delete_group
 
         _group_name(group)

@@ -87,6 +87,12 @@ async def test_an_ephemeral_group_lives_in_memory_and_goes_with_its_last_member(
             assert code == 1 and f"no such group {G!r}" in err, err
             await wait_until(lambda: _no(lag_series(http, G)), what="the group's lag series gone")
             await http.aclose()
+            # equeue consume --group NAME#ephemeral: a new group, from --from, gone after
+            code, out, err = await trio.to_thread.run_sync(
+                cli, "consume", "t", "--group", G, "--from", "earliest", "-e", "-b", b.address
+            )
+            assert code == 0 and len(out.splitlines()) == 6, (out, err)
+            assert await c.list_groups() == []
 
 
 async def _no(series: object) -> bool:
