@@ -141,7 +141,8 @@ async def test_expiry_admin_requests_and_restart(tmp_path: Path) -> None:
             assert await c.list_groups() == [] and await c.query_offset(G, "t", 0) == -1
 
 
-async def test_a_failed_message_is_retried_in_place_then_dropped(broker: Broker) -> None:
+@pytest.mark.parametrize("orderly", [False, True])
+async def test_a_failed_message_is_retried_in_place_then_dropped(broker: Broker, orderly: bool) -> None:
     with trio.fail_after(60):
         async with AsyncClient(broker.address) as c:
             await fill(c, "t", 1, 3)
@@ -154,6 +155,7 @@ async def test_a_failed_message_is_retried_in_place_then_dropped(broker: Broker)
 
             async with AsyncConsumer(
                 broker.address, G, "t", start_from="earliest", max_reconsume_times=2, retry_delays=[0.01],
+                orderly=orderly,
             ) as con:  # fmt: skip
                 async with trio.open_nursery() as n:
                     n.start_soon(con.run, handler)
