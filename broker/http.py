@@ -237,12 +237,14 @@ async def serve_http(
     ssl_context: ssl.SSLContext | None = None, readiness: Callable[[], Readiness] | None = None,
     shutdown: Callable[[], Awaitable[None]] | None = None,
     replication: Callable[[], ReplicationSample | None] = lambda: None, task_status: Any = trio.TASK_STATUS_IGNORED,
+    paused: Callable[[], tuple[frozenset[str], frozenset[str]]] | None = None,
 ) -> None:  # fmt: skip
     """Serve the HTTP port until ``shutdown`` returns (then in-flight requests get a
     second) or until cancelled; ``task_status.started(bound_port)``. ``queue_limit``:
     most queues with per-queue series in one scrape. ``readiness``: ``/readyz``'s
     answer (default: ready, standalone); ``replication``: a cluster member's state
-    for the ``equeue_replication_*`` series (None: standalone). With ``ssl_context`` (the broker's,
+    for the ``equeue_replication_*`` series (None: standalone); ``paused``: the paused
+    topics and groups (None: the store's). With ``ssl_context`` (the broker's,
     :mod:`equeue.broker.tls`) it serves HTTPS. Raises OSError when the port cannot
     be bound."""
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -256,7 +258,7 @@ async def serve_http(
         config = _config(sockets, ssl_context)
         ready = readiness or (lambda: Readiness(True, "standalone"))
         metrics = Metrics(
-            statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication
+            statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication, paused=paused
         )
         app = http_app(metrics, ready)
         log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)

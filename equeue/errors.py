@@ -25,6 +25,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── NotQueueOwner
     │   ├── GroupHasMembers
     │   ├── GroupNotFound             no live member and no committed offset (DELETE_GROUP, the CLI)
+    │   ├── TopicPaused               (transient) an operator paused the topic's produce
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
     │   ├── BrokerShuttingDown        (transient)
@@ -124,6 +125,7 @@ __all__ = [
     "TooManyPulls",
     "TopicExists",
     "TopicNotFound",
+    "TopicPaused",
     "UnknownRequest",
     "UnsupportedMechanism",
     "error_for_code",
@@ -166,6 +168,7 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_CONNECTIONS = 35
     TOO_MANY_PULLS = 36
     GROUP_NOT_FOUND = 37
+    TOPIC_PAUSED = 38
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
     STORE_TRUNCATED = 29
@@ -384,6 +387,15 @@ class GroupNotFound(BrokerError):
     code = ErrorCode.GROUP_NOT_FOUND
 
 
+class TopicPaused(BrokerError):
+    """An operator paused the topic (``equeue topic pause``): its PRODUCE requests are
+    refused, nothing is written. Transient: the producer resends the batch (same id and
+    sequence) until ``send_timeout``, and it goes through once the topic is resumed."""
+
+    code = ErrorCode.TOPIC_PAUSED
+    transient = True
+
+
 class OutOfOrderSequence(BrokerError):
     """An idempotent produce arrived before an earlier one of the same producer and
     queue was stored; the producer resends its in-flight requests in order."""
@@ -570,6 +582,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         NotQueueOwner,
         GroupHasMembers,
         GroupNotFound,
+        TopicPaused,
         OutOfOrderSequence,
         BrokerBusy,
         BrokerShuttingDown,

@@ -283,7 +283,7 @@ def test_every_exception_derives_from_eqeue_error_and_is_in_the_tree() -> None:
     for obj in vars(errors).values():
         if inspect.isclass(obj) and issubclass(obj, BaseException):
             assert obj.__module__ != errors.__name__ or issubclass(obj, EQueueError), obj
-    assert len(_exception_classes()) == 55
+    assert len(_exception_classes()) == 56
     for cls in _exception_classes():
         assert cls.__name__ in doc, f"{cls.__name__} missing from the tree diagram"
 
@@ -372,6 +372,7 @@ def test_error_codes_are_stable() -> None:
         "TOO_MANY_CONNECTIONS": 35,
         "TOO_MANY_PULLS": 36,
         "GROUP_NOT_FOUND": 37,
+        "TOPIC_PAUSED": 38,
         "NOT_OWNER": 50,
         "QUEUE_UNAVAILABLE": 51,
         "CLUSTER_UNAVAILABLE": 52,
@@ -406,6 +407,7 @@ def test_transient_errors() -> None:
         "NotEnoughReplicas",
         "StaleEpoch",
         "NotAReplica",
+        "TopicPaused",
     }
 
 
