@@ -44,6 +44,8 @@ class Pauses:
         self._submit = submit
         self._cluster = cluster
         self._changed = trio.Event()
+        #: called (loop thread) after each change of the paused names
+        self.listeners: list[Callable[[], None]] = []
         #: set at shutdown: held pulls are answered at once
         self.closed = False
         if cluster is not None:
@@ -77,9 +79,11 @@ class Pauses:
         return bool(changed)
 
     def notify(self) -> None:
-        """The paused names changed: wake :meth:`wait_for` (loop thread)."""
+        """The paused names changed: wake :meth:`wait_for`, call the listeners (loop thread)."""
         self._changed.set()
         self._changed = trio.Event()
+        for listener in self.listeners:
+            listener()
 
     def close(self) -> None:
         """Shutdown: end every :meth:`wait_for` now."""

@@ -75,6 +75,8 @@ class Handlers:
         self._authorizer: Authorizer | None = security.authorizer
         #: the paused topics and groups (the store's, or etcd's in a cluster)
         self.pauses = Pauses(store, submit, cluster)
+        # pulls parked before a group's pause read again, and find it paused
+        self.pauses.listeners.append(parked.wake_all)
         may_create = self._authorizer.check_create if self._authorizer is not None else None
         topics = TopicDirectory(store, submit, limits, may_create, cluster)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)

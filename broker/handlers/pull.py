@@ -108,6 +108,10 @@ class PullHandler:
                         counters.messages_out += sent[0]
                         counters.bytes_out += sent[1]
                         return None
+                    if pauses is not None and req.group and pauses.group_paused(req.group):
+                        # the group was paused while this pull was parked: it is held now
+                        if not await self._held(pauses, req.group, req.max_wait_ms):
+                            break
                     info = await self._topics.require(req.topic)
                     r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)
                     if r.status is PullStatus.NO_NEW_MESSAGE:

@@ -204,3 +204,23 @@ async def test_pauses_survive_a_restart_and_the_cli_shows_them(tmp_path: Path) -
             async with AsyncClient(b) as c:
                 await c.produce(wire.ProduceRequest("r", 0, entries("x")))
                 assert not any(g.paused for g in await c.list_groups())
+
+
+async def test_a_pull_parked_before_the_pause_is_not_answered_with_messages_after_it(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c, AsyncClient(broker.address) as puller:
+            await c.create_topic("p", 1)
+            got: list[int] = []
+            async with trio.open_nursery() as nursery:
+
+                async def parked() -> None:
+                    r = await puller.pull(wire.PullRequest("p", 0, 0, max_wait_ms=1500, group="cg"))
+                    got.append(len(r.messages))
+
+                nursery.start_soon(parked)
+                await wait_until(lambda: broker.parked.parked == 1, what="the pull parked")
+                await c.pause_group("cg")
+                await c.produce(wire.ProduceRequest("p", 0, entries("new")))  # would wake and feed it
+            assert got == [0]
+            await c.resume_group("cg")
+            assert len((await c.pull(wire.PullRequest("p", 0, 0, group="cg"))).messages) == 1
