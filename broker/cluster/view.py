@@ -342,6 +342,14 @@ class ClusterView:
         kind, names = parsed
         if kind == "cluster":
             self._incarnation = ""  # (a record that does not decode still exists)
+        if kind == "paused":  # the key is the pause: honoured even when its value does not decode
+            try:
+                record = decode_pause(kv.value)
+            except ClusterDataInvalid as exc:
+                self._bad.log(logging.WARNING, kv.key, "%s: %s (the pause holds)", kv.key, exc)
+                record = PauseRecord(names[0], names[1], 0)
+            self._pauses[(names[0], names[1])] = record
+            return True
         try:
             if kind == "cluster":
                 self._incarnation = decode_cluster(kv.value).id
@@ -353,8 +361,6 @@ class ClusterView:
                 self._leaders[names[0]] = decode_leader(kv.value)
             elif kind == "isr":
                 self._isrs[names[0]] = decode_isr(kv.value)
-            elif kind == "paused":
-                self._pauses[(names[0], names[1])] = decode_pause(kv.value)
             else:
                 if kv.mod_revision <= self._topic_revs.get(names[0], 0):
                     return False  # lookup() cached this or a newer version already

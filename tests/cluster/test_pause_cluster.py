@@ -67,6 +67,10 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
             assert (await pause_topic(router, "t")).changed
             async with EtcdClient([etcd.endpoint]) as e:
                 assert await e.get(pause_key("topic", "t")) is not None
+                # a record that does not decode still pauses (the key is the pause), logged
+                await e.put(pause_key("group", "odd"), b"not json")
+            for b in brokers.values():
+                await wait_until(lambda b=b: b.handlers.pauses.group_paused("odd"), what="the odd pause honoured")
             for q, c in at.items():
                 await wait_until(lambda c=c, q=q: refused(c, "t", q), what=f"queue {q}'s owner refuses")
             assert (await describe_topic(router, "t")).info.paused
