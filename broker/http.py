@@ -238,13 +238,15 @@ async def serve_http(
     shutdown: Callable[[], Awaitable[None]] | None = None,
     replication: Callable[[], ReplicationSample | None] = lambda: None, task_status: Any = trio.TASK_STATUS_IGNORED,
     ephemeral: Callable[[], Mapping[tuple[str, str, int], int]] = dict,
+    paused: Callable[[], tuple[frozenset[str], frozenset[str]]] | None = None,
 ) -> None:  # fmt: skip
     """Serve the HTTP port until ``shutdown`` returns (then in-flight requests get a
     second) or until cancelled; ``task_status.started(bound_port)``. ``queue_limit``:
     most queues with per-queue series in one scrape. ``readiness``: ``/readyz``'s
     answer (default: ready, standalone); ``replication``: a cluster member's state
     for the ``equeue_replication_*`` series (None: standalone); ``ephemeral``: a copy
-    of the live ephemeral groups' offsets, for their lag series. With ``ssl_context`` (the broker's,
+    of the live ephemeral groups' offsets, for their lag series; ``paused``: the paused
+    topics and groups (None: the store's). With ``ssl_context`` (the broker's,
     :mod:`equeue.broker.tls`) it serves HTTPS. Raises OSError when the port cannot
     be bound."""
     listeners = await trio.open_tcp_listeners(port, host=host)
@@ -259,7 +261,7 @@ async def serve_http(
         ready = readiness or (lambda: Readiness(True, "standalone"))
         metrics = Metrics(
             statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication,
-            ephemeral=ephemeral,
+            ephemeral=ephemeral, paused=paused,
         )
         app = http_app(metrics, ready)
         log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)

@@ -176,6 +176,14 @@ class ParkedPulls:
         for p in self.claim(queues):
             p.event.set()
 
+    def wake_all(self) -> None:
+        """Loop thread: wake every parked pull; each reads again (and parks again when
+        nothing changed for it). A consumer group's pause does this, so that no pull
+        parked before the pause is answered with messages after it."""
+        with self._lock:
+            queues = list(self._queues)
+        self.wake(queues)
+
     def fail_all(self, exc: BaseException) -> None:
         """Loop thread: every pull parked now raises ``exc`` (a leader that stopped
         serving answers them NOT_LEADER, never with data); later pulls park as usual."""

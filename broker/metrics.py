@@ -36,6 +36,7 @@ from equeue.broker.storage import StoreReader, StoreView
 __all__ = [
     "BrokerCollector",
     "Metrics",
+    "PausedCollector",
     "QueueSeries",
     "QueuesCollector",
     "render_broker",
@@ -91,6 +92,8 @@ OMITTED = "equeue_metrics_queues_omitted"
 READY = "equeue_ready"
 GROUP_LAG = "equeue_group_lag"
 GROUP_QUEUE_LAG = "equeue_group_queue_lag"
+TOPIC_PAUSED = "equeue_topic_paused"
+GROUP_PAUSED = "equeue_group_paused"
 
 #: the broker's statistics now
 Snapshot = Callable[[], control.BrokerStats]
@@ -300,6 +303,26 @@ class ReplicationCollector:
         yield from (lag, lag_s, in_sync)
 
 
+@attrs.frozen(eq=False)  # registries key collectors by identity
+class PausedCollector:
+    """``equeue_topic_paused{topic}`` and ``equeue_group_paused{group}``: 1 for each
+    paused topic and consumer group (no series: not paused), so the series are as
+    many as the operator's pauses."""
+
+    topics: frozenset[str]
+    groups: frozenset[str]
+
+    def collect(self) -> Iterable[Metric]:
+        for name, label, text, names in (
+            (TOPIC_PAUSED, "topic", "1 while the topic's produce is paused (equeue topic pause).", self.topics),
+            (GROUP_PAUSED, "group", "1 while the consumer group's pulls are held (equeue group pause).", self.groups),
+        ):
+            family = GaugeMetricFamily(name, text, labels=[label])
+            for value in sorted(names):
+                family.add_metric([value], 1)
+            yield family
+
+
 def _render(collector: Collector) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -350,10 +373,13 @@ class Metrics:
         ready: Callable[[], bool] = lambda: True,
         replication: Callable[[], ReplicationSample | None] = lambda: None,
         ephemeral: Callable[[], Mapping[tuple[str, str, int], int]] = dict,
+        paused: Callable[[], tuple[frozenset[str], frozenset[str]]] | None = None,
     ) -> None:  # fmt: skip
         self._statistics = statistics
         #: a copy of the live ephemeral groups' offsets, taken on the loop
         self._ephemeral = ephemeral
+        #: the paused topics and groups now (None: the store's view has them)
+        self._paused = paused
         self._ready = ready
         self._replication = replication
         self._store = store
@@ -376,9 +402,13 @@ class Metrics:
                 self._recent[series] = hit = (now, queues)
                 while len(self._recent) > CACHED_QUERIES:
                     del self._recent[next(iter(self._recent))]
+            paused = self._paused() if self._paused is not None else (
+                self._store.view.paused_topics, self._store.view.paused_groups
+            )
             text = (
                 render_broker(self._statistics())
                 + render_replication(self._ready(), self._replication())
+                + _render(PausedCollector(*paused))
                 + hit[1]
             )
         return text.encode()

@@ -248,7 +248,7 @@ class Broker:
                                     serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context,
                                     readiness=self.readiness, shutdown=self._stop.wait,
                                     replication=self._replication_sample,
-                                    ephemeral=self.groups.all_ephemeral_offsets,
+                                    ephemeral=self.groups.all_ephemeral_offsets, paused=self._paused,
                                 ),
                                 self._statistics.snapshot,
                                 self.store,
@@ -279,6 +279,7 @@ class Broker:
                     await cluster_role.aclose()  # leave the cluster at once (lease revoked)
                     self._closing.closing = True
                     self.parked.close()
+                    self.handlers.pauses.close()  # pulls of paused groups answer now
                     with trio.move_on_after(cfg.shutdown_grace):
                         await self._inflight.wait_none()
                         # every answer is queued: stop reading, let writers flush, close
@@ -365,6 +366,11 @@ class Broker:
             leases=self.groups, lifecycle=self.lifecycle, leader_duties=node.run_leader_duties, config=cfg,
             broker_id=node.broker_id, replicas=node.replicas,
         )  # fmt: skip
+
+    def _paused(self) -> tuple[frozenset[str], frozenset[str]]:
+        """The paused topics and consumer groups (the metrics' ``equeue_*_paused``)."""
+        pauses = self.handlers.pauses
+        return pauses.topics(), pauses.groups()
 
     def _standalone_status(self) -> control.ReplicationStatus:
         cfg, store = self.config, self.store

@@ -65,7 +65,11 @@ __all__ = [
     "judge",
     "list_groups",
     "list_skipped",
+    "pause_group",
+    "pause_topic",
     "reset_offsets",
+    "resume_group",
+    "resume_topic",
     "run_routed",
     "verify_cluster",
 ]
@@ -128,6 +132,7 @@ async def describe_topic(router: Router, name: str) -> MergedTopic:
     route = await router.route(name)
     stats: dict[int, control.QueueStats] = {}
     delayed = store_bytes = 0
+    paused = False
     for owner in sorted(set(route.owners)):
         first = route.owners.index(owner)
         if not router.available(name, first):
@@ -139,8 +144,10 @@ async def describe_topic(router: Router, name: str) -> MergedTopic:
         delayed += d.pending_delayed
         store_bytes += d.store_bytes
         stats.update({s.queue_id: s for s in d.queues if route.owners[s.queue_id] == owner})
+        paused = paused or d.info.paused
     queues = [stats.get(q) for q in range(len(route.owners))]
-    return MergedTopic(route.info, queues, list(route.owners), delayed, store_bytes)
+    info = attrs.evolve(route.info, paused=paused)
+    return MergedTopic(info, queues, list(route.owners), delayed, store_bytes)
 
 
 # ---------------------------------------------------------------------- groups
@@ -169,7 +176,9 @@ async def list_groups(router: Router) -> list[control.GroupSummary]:
                 merged[g.group] = g
             else:
                 topics = sorted(set(old.topics) | set(g.topics))
-                merged[g.group] = attrs.evolve(old, members=max(old.members, g.members), topics=topics)
+                merged[g.group] = attrs.evolve(
+                    g, members=max(old.members, g.members), topics=topics, paused=old.paused or g.paused
+                )
     return [merged[name] for name in sorted(merged)]
 
 
@@ -198,6 +207,7 @@ async def describe_group(router: Router, group: str) -> control.GroupDescription
     return control.GroupDescription(
         group, sorted(members.values(), key=lambda m: m.consumer_id), [rows[k] for k in sorted(rows)],
         sum(d.generation for d in answers.values()), ephemeral=is_ephemeral(group),
+        paused=any(d.paused for d in answers.values()),
     )  # fmt: skip
 
 
@@ -242,6 +252,32 @@ async def reset_offsets(
         )
         out.update({q: off for q, off in answer.items() if route.owners[q] == owner})
     return dict(sorted(out.items()))
+
+
+# ---------------------------------------------------------------------- pause and resume
+async def pause_topic(router: Router, topic: str) -> control.PauseAnswer:
+    """Refuse ``topic``'s produce (TOPIC_PAUSED) everywhere. Standalone, the broker
+    keeps it in its store; in a cluster any group's leader writes it to etcd, which
+    every broker group watches. Raises TopicNotFound, ReservedTopic, NotAuthorized."""
+    return await at_any_leader(router, lambda c: c.pause_topic(topic))
+
+
+async def resume_topic(router: Router, topic: str) -> control.PauseAnswer:
+    """Accept ``topic``'s produce again (``changed`` False: it was not paused)."""
+    return await at_any_leader(router, lambda c: c.resume_topic(topic))
+
+
+async def pause_group(router: Router, group: str) -> control.PauseAnswer:
+    """Hold consumer group ``group``'s pulls at every broker group (nothing delivered;
+    offsets, members and leases kept). Raises InvalidName, NotAuthorized."""
+    validate_group(group)
+    return await at_any_leader(router, lambda c: c.pause_group(group))
+
+
+async def resume_group(router: Router, group: str) -> control.PauseAnswer:
+    """Deliver to ``group`` again: its held pulls read at once."""
+    validate_group(group)
+    return await at_any_leader(router, lambda c: c.resume_group(group))
 
 
 # ---------------------------------------------------------------------- dead letters

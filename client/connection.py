@@ -555,6 +555,26 @@ class AsyncClient:
     async def stats(self) -> control.BrokerStats:
         return await self.call(control.Stats(), control.BrokerStats)
 
+    async def pause_topic(self, name: str) -> control.PauseAnswer:
+        """Refuse ``name``'s PRODUCE requests (TOPIC_PAUSED) until :meth:`resume_topic`
+        (docs/operations.md, "Pause and resume"). Raises TopicNotFound, ReservedTopic,
+        NotAuthorized (``admin`` on the topic)."""
+        return await self.call(control.PauseTopic(name), control.PauseAnswer)
+
+    async def resume_topic(self, name: str) -> control.PauseAnswer:
+        """Accept ``name``'s produce again (``changed`` False: it was not paused)."""
+        return await self.call(control.ResumeTopic(name), control.PauseAnswer)
+
+    async def pause_group(self, group: str) -> control.PauseAnswer:
+        """Hold consumer group ``group``'s pulls (nothing delivered, offsets and members
+        kept) until :meth:`resume_group`. Raises InvalidName, NotAuthorized (``reset``
+        on the group)."""
+        return await self.call(control.PauseGroup(group), control.PauseAnswer)
+
+    async def resume_group(self, group: str) -> control.PauseAnswer:
+        """Deliver to ``group`` again; its held pulls read at once."""
+        return await self.call(control.ResumeGroup(group), control.PauseAnswer)
+
     async def cluster_status(self) -> control.ClusterStatus:
         """The answering broker's view of the cluster (CLUSTER_STATUS)."""
         return await self.call(control.ClusterStatusRequest(), control.ClusterStatus)

@@ -118,10 +118,15 @@ class RetryLog:
         where = str(details.kwargs.get("where") or "-")
         attempts = details.kwargs.get("attempts")
         attempt = f"{details.retry_num}/{attempts}" if attempts else str(details.retry_num)
-        exc = details.caused_by
+        self.note(what, where, attempt, details.wait_for, details.caused_by)
+
+    def note(self, what: str, where: str | None, attempt: str, wait: float, exc: BaseException) -> None:
+        """Log one ``retry scheduled`` line (rate-limited per ``what`` and ``where``) for
+        a retry loop of its own, such as the producer's in-order resend."""
+        where = where or "-"
         self.lines.log(
             logging.WARNING, f"{what} {where}", "retry scheduled",
-            fields={"what": what, "where": where, "attempt": attempt, "wait": f"{details.wait_for:.2f}s",
+            fields={"what": what, "where": where, "attempt": attempt, "wait": f"{wait:.2f}s",
                     "error": f"{type(exc).__name__}: {exc}"},
         )  # fmt: skip
 

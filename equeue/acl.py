@@ -12,9 +12,9 @@ code is missing).
 Resources and operations:
 
 - ``topic``: ``produce``, ``consume`` (pull, lookups), ``describe`` (routes, offsets,
-  descriptions; implied by the three others), ``admin`` (create, alter, delete);
+  descriptions; implied by the three others), ``admin`` (create, alter, delete, pause, resume);
 - ``group``: ``join`` (heartbeat, leave, send back, its dead letters), ``commit``,
-  ``reset`` (offsets), ``describe`` (implied by the three others);
+  ``reset`` (offsets, delete, pause, resume), ``describe`` (implied by the three others);
 - ``cluster``: ``describe`` (broker statistics).
 
 A pattern is an exact name or a prefix ending in ``*`` (``orders.*``; ``*`` alone is
@@ -350,6 +350,10 @@ REQUEST_RULES: dict[RequestCode, Rule] = {
     RequestCode.DESCRIBE_GROUP: Rule((Need(_G, "group", _O.DESCRIBE),)),
     RequestCode.RELEASE_QUEUES: Rule((Need(_G, "group", _O.JOIN),)),
     RequestCode.DELETE_GROUP: Rule((Need(_G, "group", _O.RESET),), audit=True),
+    RequestCode.PAUSE_TOPIC: Rule((Need(_T, "name", _O.ADMIN),), audit=True),
+    RequestCode.RESUME_TOPIC: Rule((Need(_T, "name", _O.ADMIN),), audit=True),
+    RequestCode.PAUSE_GROUP: Rule((Need(_G, "group", _O.RESET),), audit=True),
+    RequestCode.RESUME_GROUP: Rule((Need(_G, "group", _O.RESET),), audit=True),
     RequestCode.STATS: Rule((Need(_C, "", _O.DESCRIBE),)),
     RequestCode.CLUSTER_STATUS: Rule((Need(_C, "", _O.DESCRIBE),)),
     # by global offset the topic is "": only a pattern matching every name (*) allows it

@@ -204,6 +204,8 @@ class TopicInfo:
     created_ms: int = 0
     retention_ms: int | None = None
     retention_bytes: int | None = None
+    #: an operator paused its produce (PAUSE_TOPIC); in answers only, never stored with the topic
+    paused: bool = False
 
 
 @attrs.frozen
@@ -398,6 +400,8 @@ class GroupSummary:
     topics: list[str]
     #: an ephemeral group (``<name>#ephemeral``): offsets in memory, gone with its last member
     ephemeral: bool = False
+    #: an operator paused its consumption (PAUSE_GROUP)
+    paused: bool = False
 
 
 @attrs.frozen
@@ -426,6 +430,51 @@ class GroupDescription:
     generation: int = 0
     #: an ephemeral group (``<name>#ephemeral``): offsets in memory, gone with its last member
     ephemeral: bool = False
+    #: an operator paused its consumption (PAUSE_GROUP)
+    paused: bool = False
+
+
+# ----------------------------------------------------------------------------- pause
+@attrs.frozen
+class PauseTopic:
+    """Refuse the topic's PRODUCE requests (TOPIC_PAUSED) until RESUME_TOPIC;
+    answered with a :class:`PauseAnswer`. TOPIC_NOT_FOUND for an unknown topic."""
+
+    CODE: ClassVar = RequestCode.PAUSE_TOPIC
+    name: str
+
+
+@attrs.frozen
+class ResumeTopic:
+    CODE: ClassVar = RequestCode.RESUME_TOPIC
+    name: str
+
+
+@attrs.frozen
+class PauseGroup:
+    """Hold the group's pulls (answered as a long poll that found nothing) until
+    RESUME_GROUP; answered with a :class:`PauseAnswer`. Any valid group name may be
+    paused, one that has not consumed yet too."""
+
+    CODE: ClassVar = RequestCode.PAUSE_GROUP
+    group: str
+
+
+@attrs.frozen
+class ResumeGroup:
+    CODE: ClassVar = RequestCode.RESUME_GROUP
+    group: str
+
+
+@attrs.frozen
+class PauseAnswer:
+    """The state after a pause or resume: ``kind`` ("topic" or "group"), the name,
+    whether it is paused now, and whether this request changed it (False: it was so already)."""
+
+    kind: str
+    name: str
+    paused: bool
+    changed: bool
 
 
 # ----------------------------------------------------------------------------- admin
@@ -809,5 +858,9 @@ REQUEST_TYPES: dict[int, type] = {
         DlqResend,
         SkipMessage,
         ListSkipped,
+        PauseTopic,
+        ResumeTopic,
+        PauseGroup,
+        ResumeGroup,
     )
 }

@@ -25,6 +25,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     │   ├── NotQueueOwner
     │   ├── GroupHasMembers
     │   ├── GroupNotFound             no live member and no committed offset (DELETE_GROUP, the CLI)
+    │   ├── TopicPaused               (transient) an operator paused the topic's produce
     │   ├── EphemeralGroup            an ephemeral group has no retry or dead-letter topic (SEND_BACK)
     │   ├── OutOfOrderSequence        (transient)
     │   ├── BrokerBusy                (transient)
@@ -126,6 +127,7 @@ __all__ = [
     "TooManyPulls",
     "TopicExists",
     "TopicNotFound",
+    "TopicPaused",
     "UnknownRequest",
     "UnsupportedMechanism",
     "error_for_code",
@@ -168,6 +170,7 @@ class ErrorCode(enum.IntEnum):
     TOO_MANY_CONNECTIONS = 35
     TOO_MANY_PULLS = 36
     GROUP_NOT_FOUND = 37
+    TOPIC_PAUSED = 38
     EPHEMERAL_GROUP = 39
     # local start-up refusals (never sent on the wire): a damaged store
     STORE_DAMAGED = 28
@@ -387,6 +390,13 @@ class GroupNotFound(BrokerError):
     code = ErrorCode.GROUP_NOT_FOUND
 
 
+class TopicPaused(BrokerError):
+    """An operator paused the topic (``equeue topic pause``): its PRODUCE requests are
+    refused, nothing is written. Transient: the producer resends the batch (same id and
+    sequence) until ``send_timeout``, and it goes through once the topic is resumed."""
+
+    code = ErrorCode.TOPIC_PAUSED
+    transient = True
 class EphemeralGroup(BrokerError):
     """A request that needs durable state of the group, refused for an ephemeral group
     (``<name>#ephemeral``, docs/consumer.md "Ephemeral groups"): SEND_BACK, whose
@@ -582,6 +592,7 @@ _BY_CODE: dict[ErrorCode, type[BrokerError]] = {
         NotQueueOwner,
         GroupHasMembers,
         GroupNotFound,
+        TopicPaused,
         EphemeralGroup,
         OutOfOrderSequence,
         BrokerBusy,

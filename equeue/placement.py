@@ -51,6 +51,7 @@ __all__ = [
     "GROUPS_PREFIX",
     "ISR_PREFIX",
     "LEADERS_PREFIX",
+    "PAUSED_PREFIX",
     "ROOT",
     "TOPICS_PREFIX",
     "BrokerRecord",
@@ -59,6 +60,7 @@ __all__ = [
     "IsrRecord",
     "KeyKind",
     "LeaderRecord",
+    "PauseRecord",
     "TopicPlacement",
     "broker_key",
     "decode_broker",
@@ -66,12 +68,14 @@ __all__ = [
     "decode_group",
     "decode_isr",
     "decode_leader",
+    "decode_pause",
     "decode_topic",
     "encode_broker",
     "encode_cluster",
     "encode_group",
     "encode_isr",
     "encode_leader",
+    "encode_pause",
     "encode_topic",
     "group_key",
     "grow",
@@ -79,6 +83,7 @@ __all__ = [
     "leader_key",
     "load",
     "parse_key",
+    "pause_key",
     "spread",
     "topic_key",
 ]
@@ -90,6 +95,10 @@ TOPICS_PREFIX = ROOT + "topics/"
 #: replication: the leader of each group (under the leader's lease) and its in-sync set
 LEADERS_PREFIX = ROOT + "leaders/"
 ISR_PREFIX = ROOT + "isr/"
+#: paused topics and consumer groups: ``paused/topic/<name>``, ``paused/group/<name>``
+PAUSED_PREFIX = ROOT + "paused/"
+#: what can be paused (the second segment of a pause key)
+PAUSE_KINDS = ("topic", "group")
 #: the cluster's incarnation (one key, not a prefix)
 CLUSTER_KEY = ROOT + "cluster"
 
@@ -132,13 +141,23 @@ def isr_key(group: str) -> str:
     return ISR_PREFIX + _segment(group, "broker group name")
 
 
-KeyKind = Literal["group", "broker", "topic", "leader", "isr", "cluster"]
+def pause_key(kind: str, name: str) -> str:
+    """The key of the pause of topic or consumer group ``name`` (``kind``: one of
+    :data:`PAUSE_KINDS`). Raises InvalidName for a name no key can hold, BadRequest
+    for another kind."""
+    if kind not in PAUSE_KINDS:
+        raise BadRequest(f"cannot pause a {kind!r}: topics and groups only")
+    return f"{PAUSED_PREFIX}{kind}/{_segment(name, kind + ' name')}"
+
+
+KeyKind = Literal["group", "broker", "topic", "leader", "isr", "cluster", "paused"]
 
 
 def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]] | None:
     """What a key under :data:`ROOT` names: ("group", (g,)), ("broker", (g, id)),
-    ("topic", (t,)), ("leader", (g,)), ("isr", (g,)), ("cluster", ()) for
-    :data:`CLUSTER_KEY`; None for any other key (a newer layout's, or garbage)."""
+    ("topic", (t,)), ("leader", (g,)), ("isr", (g,)), ("paused", (kind, name)),
+    ("cluster", ()) for :data:`CLUSTER_KEY`; None for any other key (a newer
+    layout's, or garbage)."""
     if key == CLUSTER_KEY:
         return "cluster", ()
     for kind, prefix, parts in (
@@ -147,10 +166,11 @@ def parse_key(key: str) -> tuple[KeyKind, tuple[str, ...]] | None:
         ("topic", TOPICS_PREFIX, 1),
         ("leader", LEADERS_PREFIX, 1),
         ("isr", ISR_PREFIX, 1),
+        ("paused", PAUSED_PREFIX, 2),
     ):
         if key.startswith(prefix):
             names = tuple(key[len(prefix) :].split("/"))
-            if len(names) == parts and all(names):
+            if len(names) == parts and all(names) and (kind != "paused" or names[0] in PAUSE_KINDS):
                 return kind, names  # type: ignore[return-value]
             return None
     return None
@@ -252,6 +272,22 @@ class IsrRecord:
     members: tuple[str, ...] = attrs.field(converter=_as_tuple, validator=_members)
     handover: str = ""
     restored: bool = False
+
+
+def _pause_kind(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+    if value not in PAUSE_KINDS:
+        raise ValueError(f"{attribute.name} must be one of {', '.join(PAUSE_KINDS)}, not {value!r}")
+
+
+@attrs.frozen
+class PauseRecord:
+    """An operator's pause of a topic's produce (``kind`` "topic") or of a consumer
+    group's pulls ("group"), since ``since_ms``. Persistent (no lease): it holds until
+    the operator resumes (the key is deleted), across restarts and failovers."""
+
+    kind: str = attrs.field(validator=_pause_kind)
+    name: str = attrs.field(validator=_non_empty)
+    since_ms: int = attrs.field(validator=_non_negative)
 
 
 def _owners_match(
@@ -371,6 +407,15 @@ def decode_isr(data: bytes) -> IsrRecord:
     """Raises ClusterDataInvalid when ``data`` is not an IsrRecord (members empty or
     repeated included)."""
     return _decode(data, IsrRecord)
+
+
+def encode_pause(record: PauseRecord) -> bytes:
+    return _encode(record)
+
+
+def decode_pause(data: bytes) -> PauseRecord:
+    """Raises ClusterDataInvalid when ``data`` is not a PauseRecord."""
+    return _decode(data, PauseRecord)
 
 
 # ----------------------------------------------------------------------------- rules

@@ -24,6 +24,9 @@ class RequestCode(enum.IntEnum):
     ALTER_TOPIC = 24
     GET_ROUTE = 25
     GET_ROUTES = 26
+    #: refuse (TOPIC_PAUSED) and allow again a topic's produce (admin; docs/operations.md)
+    PAUSE_TOPIC = 27
+    RESUME_TOPIC = 28
     # queue offsets
     QUEUE_OFFSETS = 30
     OFFSET_FOR_TIME = 31
@@ -39,6 +42,9 @@ class RequestCode(enum.IntEnum):
     RELEASE_QUEUES = 54
     #: delete a group's committed offsets and state (admin; refused while it has live members)
     DELETE_GROUP = 55
+    #: hold and deliver again a consumer group's pulls (docs/operations.md)
+    PAUSE_GROUP = 56
+    RESUME_GROUP = 57
     # admin
     STATS = 60
     CLUSTER_STATUS = 61

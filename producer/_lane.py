@@ -34,9 +34,12 @@ window drain, then decides per batch in order:
 - a lost connection to a group of a cluster counts like NOT_LEADER (its leader died:
   the group fails over), retried until ``send_timeout``; standalone it counts against
   ``retries`` as below;
-- NOT_ENOUGH_REPLICAS (the group's in-sync set is below ``--min-insync``): resent
-  with the same id and sequence after the policy's backoff, until ``send_timeout``
-  (not counted against ``retries``), then raised as is;
+- NOT_ENOUGH_REPLICAS (the group's in-sync set is below ``--min-insync``) and
+  TOPIC_PAUSED (an operator paused the topic): resent with the same id and sequence
+  after the policy's backoff, until ``send_timeout`` (not counted against
+  ``retries``), then raised as is. A pause logs a ``retry scheduled`` line naming the
+  topic (:meth:`equeue.client.retry.RetryLog.note`, rate-limited); the batches behind
+  the refused one were refused too (or, resumed meanwhile, as a gap), so the order holds;
 - anything else, or retries/time exhausted: the batch fails with that error.
   When a written batch fails, the lane switches to a fresh producer id (its fate
   may be unknown, and the broker would refuse what follows it as a gap). With
@@ -72,6 +75,7 @@ import trio
 
 from equeue import wire
 from equeue.client.connection import AsyncClient, PendingReply
+from equeue.client.retry import log_retry
 from equeue.client.routing import ROUTING_ERRORS, Router
 from equeue.codec import Response
 from equeue.errors import (
@@ -86,6 +90,7 @@ from equeue.errors import (
     OutOfOrderSequence,
     QueueNotFound,
     QueueUnavailable,
+    TopicPaused,
 )
 from equeue.producer._batch import _Batch
 from equeue.producer.buffer import Buffer
@@ -127,7 +132,7 @@ class _Lane:
         #: the queue's endpoint (owner group, its leader) when the client was resolved:
         #: after a routing error the lane waits for the routes to name another one
         self.endpoint = router.endpoint(topic, queue_id)
-        #: consecutive NOT_ENOUGH_REPLICAS rounds (their backoff)
+        #: consecutive NOT_ENOUGH_REPLICAS or TOPIC_PAUSED rounds (their backoff)
         self.replica_waits = 0
         #: consecutive routing failures (the backoff of NOT_OWNER/QUEUE_UNAVAILABLE)
         self.route_failures = 0
@@ -370,6 +375,7 @@ class _Lane:
         options = self.options
         resend: list[_Batch] = []
         backoff_attempts = 0
+        paused: TopicPaused | None = None
         reroute = False
         explained = False  # an earlier batch of this round failed: an out-of-order answer is expected
         for b in self.retry:
@@ -389,11 +395,12 @@ class _Lane:
                 reroute = True
             # until send_timeout; in a cluster also a broken connection (the group's
             # leader died: a failover, not a broker to give up on after `retries`)
-            if isinstance(e, NotOwner | NotLeader | QueueUnavailable | NotEnoughReplicas) or (
+            if isinstance(e, NotOwner | NotLeader | QueueUnavailable | NotEnoughReplicas | TopicPaused) or (
                 isinstance(e, ConnectionBroken) and self.router.cluster
             ):
                 if time.monotonic() >= b.deadline:
-                    self.fail(b, e if isinstance(e, QueueUnavailable | NotEnoughReplicas) else OperationTimeout(
+                    kept = isinstance(e, QueueUnavailable | NotEnoughReplicas | TopicPaused)
+                    self.fail(b, e if kept else OperationTimeout(
                         f"send_timeout ({options.send_timeout:g} s) passed; last error: {e}"))  # fmt: skip
                     continue
                 if b.pid in self.failed_pids and isinstance(e, NotOwner | NotLeader | QueueUnavailable):
@@ -401,9 +408,11 @@ class _Lane:
                     # for good): numbered again at its next write, in its turn, so it keeps
                     # its place before the batches behind it
                     b.pid = None
-                if isinstance(e, NotEnoughReplicas):
+                if isinstance(e, NotEnoughReplicas | TopicPaused):
                     self.replica_waits += 1
                     backoff_attempts = max(backoff_attempts, self.replica_waits)
+                    if isinstance(e, TopicPaused):
+                        paused = e
                 resend.append(b)
                 explained = True
                 continue
@@ -437,7 +446,16 @@ class _Lane:
         else:
             self.route_failures = 0
             if backoff_attempts and resend:
-                await trio.sleep(min(self.policy.delay(backoff_attempts), left))
+                wait = min(self.policy.delay(backoff_attempts), left)
+                if paused is not None:  # say why the sends wait (an operator's pause)
+                    where = ",".join(f"{h}:{p}" for h, p in self.client.brokers) if self.client is not None else None
+                    log_retry.note(f"producer.send:{self.topic}", where, str(self.replica_waits), wait, paused)
+                await trio.sleep(wait)
+                if paused is not None:  # still paused at the deadline: fail as such, not as a timeout
+                    now = time.monotonic()
+                    for b in [b for b in resend if now >= b.deadline]:
+                        resend.remove(b)
+                        self.fail(b, paused)
         with self.lock:
             self.sendq.extendleft(reversed(resend))
 

@@ -27,6 +27,11 @@ see it through :class:`equeue.broker.handlers.base.ClusterRole`:
 * **Topic administration.** Create, alter, delete and auto-create write etcd
   (Placements), then wait until the local store follows, then answer; etcd
   unreachable is CLUSTER_UNAVAILABLE.
+* **Pauses.** A paused topic or consumer group is a ``paused/`` record in etcd
+  (:meth:`ClusterNode.set_paused`), never in the store: every broker group reads
+  it from its view (:meth:`ClusterNode.paused`), so all of them honour it at once,
+  and a new leader after a failover or a restart finds it there. Deleting a topic
+  deletes its pause.
 * **Replicas and leadership.** Every broker of a group is a replica; the
   group's :class:`~equeue.broker.cluster.election.GroupElection` (``node.election``, built
   in :meth:`ClusterNode.serving` with the caller's ``eligible``) says which one leads.
@@ -90,9 +95,12 @@ from equeue.placement import (
     CLUSTER_KEY,
     BrokerRecord,
     ClusterRecord,
+    PauseRecord,
     TopicPlacement,
     decode_cluster,
     encode_cluster,
+    encode_pause,
+    pause_key,
 )
 
 __all__ = ["ClusterNode", "load_broker_id"]
@@ -732,6 +740,7 @@ class ClusterNode:
                 await self._submit(DeleteTopicOp(name))  # a stray local copy: the one way to drop it
                 return
             raise TopicNotFound(f"no topic {name!r}")
+        await self._etcd.delete(pause_key("topic", name))  # a topic created again starts unpaused
         self._ahead.pop(name, None)
         await self._follow(lambda: self._view.topic(name) is None)  # the view saw the delete
         async with self._lock:
@@ -779,6 +788,37 @@ class ClusterNode:
                 continue
             routes.append(control.TopicRoute(attrs.evolve(info, queues=p.queues), list(p.owners)))
         return control.RouteTable(True, view.revision, groups, routes, missing, view.incarnation or "")
+
+    # ------------------------------------------------------------------ pauses
+    def paused(self, kind: str) -> frozenset[str]:
+        """The names of ``kind`` ("topic", "group") paused in etcd, as the view has them."""
+        snap = self._view.snapshot
+        return snap.paused_topics if kind == "topic" else snap.paused_groups
+
+    def on_pauses(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` after each change of the paused names (the view's)."""
+        return self._view.on_pauses(callback)
+
+    async def set_paused(self, kind: str, name: str, paused: bool) -> bool:
+        """Write (pause) or delete (resume) the ``paused/`` record of ``name``; return
+        once this broker's view shows it (other broker groups' views follow within a
+        watch round trip). True when it changed something. Raises TopicNotFound
+        (pausing a topic etcd does not have), ClusterUnavailable."""
+        key = pause_key(kind, name)
+        if paused:
+            if kind == "topic" and name not in self._placements and await self._view.lookup(name) is None:
+                raise TopicNotFound(f"no topic {name!r}")
+            record = PauseRecord(kind, name, int(time.time() * 1000))
+            changed = await self._etcd.create(key, encode_pause(record))
+        else:
+            changed = await self._etcd.delete(key)
+        with trio.move_on_after(FOLLOW_TIMEOUT):
+            await self._view.wait_for(lambda: (name in self.paused(kind)) == paused)
+            return changed
+        raise ClusterUnavailable(
+            f"etcd has the {'pause' if paused else 'resume'} but this broker's view has not shown it "
+            f"within {FOLLOW_TIMEOUT:g} s; retry"
+        )
 
     async def status(self) -> control.ClusterStatus:
         etcd_ok = False

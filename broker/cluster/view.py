@@ -27,12 +27,14 @@ from equeue.placement import (
     GroupRecord,
     IsrRecord,
     LeaderRecord,
+    PauseRecord,
     TopicPlacement,
     decode_broker,
     decode_cluster,
     decode_group,
     decode_isr,
     decode_leader,
+    decode_pause,
     decode_topic,
     load,
     parse_key,
@@ -106,6 +108,9 @@ class Snapshot:
     groups: Mapping[str, GroupState] = MappingProxyType({})
     topics: Mapping[str, TopicPlacement] = MappingProxyType({})
     incarnation: str | None = None
+    #: the topics and consumer groups an operator paused (``paused/`` records)
+    paused_topics: frozenset[str] = frozenset()
+    paused_groups: frozenset[str] = frozenset()
 
 
 class ClusterView:
@@ -136,6 +141,9 @@ class ClusterView:
         self._topics: dict[str, TopicPlacement] = {}
         self._topic_revs: dict[str, int] = {}  # mod_revision of each topic's record
         self._listeners: list[Callable[[TopicChange], None]] = []
+        #: (kind, name) -> the pause record
+        self._pauses: dict[tuple[str, str], PauseRecord] = {}
+        self._pause_listeners: list[Callable[[], None]] = []
         self._changed = trio.Event()  # set and replaced on every snapshot swap
         self._bad = RateLimitedLog(log, 30.0, trio.current_time)
         self._outage_since: float | None = None
@@ -237,6 +245,12 @@ class ClusterView:
         self._listeners.append(callback)
         return lambda: self._listeners.remove(callback) if callback in self._listeners else None
 
+    def on_pauses(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (synchronously, on the loop, after the swap) each time the
+        paused topics or groups change; returns a function that unregisters it."""
+        self._pause_listeners.append(callback)
+        return lambda: self._pause_listeners.remove(callback) if callback in self._pause_listeners else None
+
     # ------------------------------------------------------------------ the task
     async def _run(self) -> None:
         retry = _RETRY_MIN
@@ -263,6 +277,7 @@ class ClusterView:
         self._incarnation = None
         self._topics.clear()
         self._topic_revs.clear()
+        self._pauses.clear()
         for kv in kvs:
             self._put(kv)
         changed = tuple(p for name, p in self._topics.items() if old.get(name) != p)
@@ -306,6 +321,8 @@ class ClusterView:
                     self._isrs.pop(names[0], None)
                 elif kind == "cluster":
                     self._incarnation = None
+                elif kind == "paused":
+                    self._pauses.pop((names[0], names[1]), None)
                 else:
                     self._brokers.pop((names[0], names[1]), None)
             else:
@@ -325,6 +342,14 @@ class ClusterView:
         kind, names = parsed
         if kind == "cluster":
             self._incarnation = ""  # (a record that does not decode still exists)
+        if kind == "paused":  # the key is the pause: honoured even when its value does not decode
+            try:
+                record = decode_pause(kv.value)
+            except ClusterDataInvalid as exc:
+                self._bad.log(logging.WARNING, kv.key, "%s: %s (the pause holds)", kv.key, exc)
+                record = PauseRecord(names[0], names[1], 0)
+            self._pauses[(names[0], names[1])] = record
+            return True
         try:
             if kind == "cluster":
                 self._incarnation = decode_cluster(kv.value).id
@@ -363,9 +388,20 @@ class ClusterView:
             for name in sorted(members)
         }
         topics = MappingProxyType(dict(self._topics)) if topics_changed else self.snapshot.topics
-        self.snapshot = Snapshot(revision, MappingProxyType(groups), topics, self._incarnation)
+        old = self.snapshot
+        paused_topics = frozenset(name for kind, name in self._pauses if kind == "topic")
+        paused_groups = frozenset(name for kind, name in self._pauses if kind == "group")
+        self.snapshot = Snapshot(
+            revision, MappingProxyType(groups), topics, self._incarnation, paused_topics, paused_groups
+        )
         self._changed.set()
         self._changed = trio.Event()
+        if (old.paused_topics, old.paused_groups) != (paused_topics, paused_groups):
+            for listener in list(self._pause_listeners):
+                try:
+                    listener()
+                except Exception:
+                    log.exception("a pause listener failed (the view goes on)")
         if change.changed or change.deleted:
             for callback in list(self._listeners):
                 try:

@@ -40,12 +40,14 @@ from equeue.broker.handlers.dlq import DeadLetterHandlers
 from equeue.broker.handlers.lookup import LookupHandlers
 from equeue.broker.handlers.membership import GroupHandlers
 from equeue.broker.handlers.offsets import OffsetHandlers
+from equeue.broker.handlers.pauses import PauseHandlers
 from equeue.broker.handlers.produce import ProduceHandler
 from equeue.broker.handlers.pull import PullHandler
 from equeue.broker.handlers.replica import ReplicaHandlers
 from equeue.broker.handlers.skips import SkipHandlers
 from equeue.broker.handlers.topics import TopicHandlers
 from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
 from equeue.errors import BrokerError, UnknownRequest
@@ -71,13 +73,19 @@ class Handlers:
         #: the SCRAM server of the handshake (None: the broker does not authenticate)
         self.authenticator: Authenticator | None = security.authenticator
         self._authorizer: Authorizer | None = security.authorizer
+        #: the paused topics and groups (the store's, or etcd's in a cluster)
+        self.pauses = Pauses(store, submit, cluster)
+        # pulls parked before a group's pause read again, and find it paused
+        self.pauses.listeners.append(parked.wake_all)
         may_create = self._authorizer.check_create if self._authorizer is not None else None
         topics = TopicDirectory(store, submit, limits, may_create, cluster)
         #: the produce hot path (the connection calls ``prepare``/``answer`` directly)
-        self.produce = ProduceHandler(topics, appender, counters, closing, limits, self._authorizer, replica)
+        self.produce = ProduceHandler(
+            topics, appender, counters, closing, limits, self._authorizer, replica, self.pauses.topics
+        )
         #: the replica role (None: standalone): a follower refuses data requests
         self._replica = replica
-        pull = PullHandler(topics, store, groups, parked, counters, closing, limits)
+        pull = PullHandler(topics, store, groups, parked, counters, closing, limits, self.pauses)
         t = TopicHandlers(topics, store, submit, limits)
         o = OffsetHandlers(topics, store, submit, groups)
         g = GroupHandlers(store, groups, cluster, submit)
@@ -85,6 +93,7 @@ class Handlers:
         lookup = LookupHandlers(topics, store, limits.max_frame - 1024)  # as a pull answer's budget
         dlq = DeadLetterHandlers(topics, store, submit, limits)
         skips = SkipHandlers(topics, store, submit)
+        p = PauseHandlers(topics, self.pauses)
         self._statistics = statistics
         self.table: dict[int, Handler] = {
             RequestCode.PRODUCE: self.produce.handle,
@@ -97,13 +106,13 @@ class Handlers:
             control.CreateTopic: t.create_topic,
             control.DeleteTopic: t.delete_topic,
             control.AlterTopic: t.alter_topic,
-            control.ListTopics: self._listing(t.list_topics, ResourceKind.TOPIC, "name"),
+            control.ListTopics: self._listing(p.list_topics(t.list_topics), ResourceKind.TOPIC, "name"),
             control.GetRoute: t.get_route,
             control.GetRoutes: c.get_routes,
             control.ClusterStatusRequest: c.cluster_status,
             control.ClusterRecover: replication.recover,
             control.ClusterHandover: replication.hand_over,
-            control.DescribeTopic: t.describe_topic,
+            control.DescribeTopic: p.describe_topic(t.describe_topic),
             control.QueueOffsets: o.queue_offsets,
             control.OffsetForTime: o.offset_for_time,
             control.CommitOffset: o.commit_offset,
@@ -112,8 +121,8 @@ class Handlers:
             control.Heartbeat: g.heartbeat,
             control.LeaveGroup: g.leave_group,
             control.ReleaseQueues: g.release_queues,
-            control.ListGroups: self._listing(g.list_groups, ResourceKind.GROUP, "group"),
-            control.DescribeGroup: g.describe_group,
+            control.ListGroups: self._listing(p.list_groups(g.list_groups), ResourceKind.GROUP, "group"),
+            control.DescribeGroup: p.describe_group(g.describe_group),
             control.DeleteGroup: g.delete_group,
             control.Stats: self.stats,
             control.GetMessage: lookup.get_message,
@@ -123,6 +132,10 @@ class Handlers:
             control.DlqResend: dlq.resend,
             control.SkipMessage: skips.skip_message,
             control.ListSkipped: skips.list_skipped,
+            control.PauseTopic: p.pause_topic,
+            control.ResumeTopic: p.resume_topic,
+            control.PauseGroup: p.pause_group,
+            control.ResumeGroup: p.resume_group,
             control.ReplicaDigestRequest: replication.digest,
             control.ReplicationStatusRequest: replication.replication_status,
         }

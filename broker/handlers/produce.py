@@ -3,6 +3,7 @@ committed."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from equeue import wire
@@ -24,6 +25,7 @@ from equeue.errors import (
     QueueNotFound,
     ReservedTopic,
     TopicNotFound,
+    TopicPaused,
 )
 from equeue.protocol import RequestCode
 
@@ -45,8 +47,11 @@ class ProduceHandler:
         limits: Limits,
         authorizer: Authorizer | None = None,
         replica: ReplicaGate | None = None,
+        paused_topics: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._topics = topics
+        #: the topics an operator paused (:class:`equeue.broker.pauses.Pauses`)
+        self._paused_topics = paused_topics
         #: the replica role's produce check (None: standalone, one ``is None`` here)
         self._replica_check = None if replica is None else replica.check_produce
         #: the cluster role (None: standalone, which costs one ``is None`` here)
@@ -67,8 +72,9 @@ class ProduceHandler:
         Returns the appender's pending op, or None when the topic does not exist
         yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
         requests, NotAuthorized when ``principal`` (None: no authentication) may not
-        produce to the topic; on a replica, NotLeader when it does not lead its group
-        and NotEnoughReplicas when its ISR is below --min-insync (nothing written).
+        produce to the topic, TopicPaused when an operator paused it; on a replica,
+        NotLeader when it does not lead its group and NotEnoughReplicas when its ISR is
+        below --min-insync (nothing written).
         """
         req = wire.ProduceRequest.decode(payload)
         if principal is not None:
@@ -81,6 +87,11 @@ class ProduceHandler:
             raise ReservedTopic(
                 f"{req.topic!r} is an internal topic: only the broker writes it "
                 "(retries go through SEND_BACK, resends through DLQ_RESEND)"
+            )
+        if req.topic in self._paused_topics():
+            raise TopicPaused(
+                f"topic {req.topic!r} is paused: its produce is refused until an operator resumes it "
+                f"(equeue topic resume {req.topic})"
             )
         info = self._topics.get(req.topic)
         if info is None:

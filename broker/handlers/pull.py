@@ -1,4 +1,6 @@
-"""PULL: read a queue; park the pull (long-poll) while there is nothing to return."""
+"""PULL: read a queue; park the pull (long-poll) while there is nothing to return.
+A pull of a paused consumer group is held the same way, and answered NO_NEW_MESSAGE
+at the offset it asked for when its hold ends before the group is resumed."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from equeue import wire
 from equeue.broker.groups import GroupRegistry
 from equeue.broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
 from equeue.broker.longpoll import ParkedPulls
+from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
 from equeue.broker.thread_answer import PullAnswer
@@ -21,9 +24,10 @@ __all__ = ["PullHandler"]
 class PullHandler:
     def __init__(
         self, topics: TopicDirectory, store: StoreReader, groups: GroupRegistry, parked: ParkedPulls,
-        counters: Counters, closing: Closing, limits: Limits,
+        counters: Counters, closing: Closing, limits: Limits, pauses: Pauses | None = None,
     ) -> None:  # fmt: skip
         self._topics = topics
+        self._pauses = pauses
         self._store = store
         self._groups = groups
         self._parked = parked
@@ -65,6 +69,15 @@ class PullHandler:
             if req.flags & wire.PULL_PACKED
             else wire.encode_pull_response_plain
         )
+        pauses = self._pauses
+        if req.group and pauses is not None and pauses.group_paused(req.group):
+            if not await self._held(pauses, req.group, req.max_wait_ms):
+                # still paused: nothing is delivered and the offset stays where it was asked
+                st = self._store.queue_state(info.topic_id, qid)
+                return encode(
+                    PullStatus.NO_NEW_MESSAGE, st.min_offset, st.next_offset, req.offset, [], []
+                )
+            info = await self._topics.require_queue(req.topic, qid)
         store = self._store
         counters = self._counters
         r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify)
@@ -95,6 +108,10 @@ class PullHandler:
                         counters.messages_out += sent[0]
                         counters.bytes_out += sent[1]
                         return None
+                    if pauses is not None and req.group and pauses.group_paused(req.group):
+                        # the group was paused while this pull was parked: it is held now
+                        if not await self._held(pauses, req.group, req.max_wait_ms):
+                            break
                     info = await self._topics.require(req.topic)
                     r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)
                     if r.status is PullStatus.NO_NEW_MESSAGE:
@@ -111,3 +128,11 @@ class PullHandler:
             )
         counters.messages_out += len(r.recs)
         return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)
+
+    async def _held(self, pauses: Pauses, group: str, max_wait_ms: int) -> bool:
+        """Hold a pull of paused ``group`` for its long-poll time at most (the broker's
+        cap included); True when the group was resumed meanwhile (then it reads now)."""
+        if max_wait_ms > 0 and not self._closing.closing:
+            with trio.move_on_after(min(max_wait_ms / 1000, self._max_wait)):
+                await pauses.wait_for(lambda: not pauses.group_paused(group) or self._closing.closing)
+        return not pauses.group_paused(group)

@@ -13,7 +13,8 @@ Where each concept lives:
   :mod:`~equeue.broker.storage.schedule` (delayed messages),
   :mod:`~equeue.broker.storage.retention`, :mod:`~equeue.broker.storage.producers` (producer-state
   expiry), :mod:`~equeue.broker.storage.deadletters` (resend each dead letter once),
-  :mod:`~equeue.broker.storage.skips` (an operator's skip past a corrupt record);
+  :mod:`~equeue.broker.storage.skips` (an operator's skip past a corrupt record),
+  :mod:`~equeue.broker.storage.pauses` (paused topics and consumer groups);
 - :mod:`~equeue.broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
 - the replication log of a replicated store: :mod:`~equeue.broker.storage.recorder` (each
   transaction's physical changes, recorded as the ops make them) and
@@ -24,6 +25,7 @@ docs/storage.md describes the layout, the write path and the thread contract.
 """
 
 from equeue.broker.storage.offsets import CommitOffsetOp, DeleteGroupOffsetsOp
+from equeue.broker.storage.pauses import SetPausedOp
 from equeue.broker.storage.produce import ProduceOp
 from equeue.broker.storage.producers import ExpireProducersOp
 from equeue.broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
@@ -48,6 +50,7 @@ __all__ = [
     "ReadResult",
     "RetentionOp",
     "ScanBudget",
+    "SetPausedOp",
     "Store",
     "StoreReader",
     "StoreView",

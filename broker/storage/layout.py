@@ -13,6 +13,8 @@ topic id, a topic and queue) selects one contiguous key range::
                  "dlq-resent/" group "/" u64 letter id -> u64 ms of its resend
                  "skip/" u32 topic | u32 queue | u64 queue offset -> u64 ms of the skip
                                    (an operator's ``equeue message skip``: never served)
+                 "pause/topic/" topic name -> u64 ms of the pause (``equeue topic pause``)
+                 "pause/group/" group name -> u64 ms of the pause (``equeue group pause``)
     topics       topic name        -> JSON TopicInfo
     messages     u64 global        -> stored record (equeue.wire.records)
     qindex       u32 topic | u32 queue | u64 queue offset -> u64 global
@@ -241,6 +243,25 @@ def unpack_skip_key(key: Buf) -> tuple[int, int, int]:
     """The (topic id, queue id, queue offset) of a key made by :func:`skip_key`."""
     t, q, o = _QKEY.unpack_from(key, len(SKIP_PREFIX))
     return int(t), int(q), int(o)
+
+
+# ---------------------------------------------------------------- pauses
+#: prefix (in ``meta``) of the pause markers of topics and consumer groups
+PAUSE_PREFIX: Final = b"pause/"
+#: what can be paused
+PAUSE_KINDS: Final = ("topic", "group")
+
+
+def pause_key(kind: str, name: str) -> bytes:
+    """Key (in ``meta``) marking topic or group ``name`` paused (``kind``: one of
+    :data:`PAUSE_KINDS`). Names hold no ``/``, so the kinds never collide."""
+    return PAUSE_PREFIX + kind.encode() + b"/" + name.encode()
+
+
+def unpack_pause_key(key: Buf) -> tuple[str, str]:
+    """The (kind, name) of a key made by :func:`pause_key`."""
+    kind, _, name = bytes(key)[len(PAUSE_PREFIX) :].partition(b"/")
+    return kind.decode(), name.decode()
 
 
 # ---------------------------------------------------------------- schedule

@@ -314,11 +314,27 @@ class Store(StoreReader):
                     offsets[layout.unpack_offset_key(k)] = layout.unpack_u64(v)
             with reading("skip markers"):
                 skipped = self._recover_skips(txn, topics, queues)
+            with reading("pause markers"):
+                paused = self._recover_pauses(txn)
         return StoreView(
             frozen_map(topics), frozen_map({t: frozen_map(qs) for t, qs in queues.items()}),
             frozen_map(offsets), frozen_map(pending),
             deleting, next_global, next_topic_id, skipped=frozen_map(skipped),
+            paused_topics=frozenset(paused["topic"]), paused_groups=frozenset(paused["group"]),
         )  # fmt: skip
+
+    def _recover_pauses(self, txn: lmdb.Transaction) -> dict[str, set[str]]:
+        """The paused topics and groups, by kind (:mod:`equeue.broker.storage.pauses`)."""
+        found: dict[str, set[str]] = {kind: set() for kind in layout.PAUSE_KINDS}
+        cur = txn.cursor(db=self.db[b"meta"])
+        if cur.set_range(layout.PAUSE_PREFIX):
+            for k in cur.iternext(values=False):
+                if not bytes(k).startswith(layout.PAUSE_PREFIX):
+                    break
+                kind, name = layout.unpack_pause_key(k)
+                if kind in found:
+                    found[kind].add(name)
+        return found
 
     def _recover_skips(
         self, txn: lmdb.Transaction, topics: dict[str, control.TopicInfo], queues: dict[int, dict[int, QueueState]]

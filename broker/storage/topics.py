@@ -16,16 +16,20 @@ from typing import Any
 import attrs
 
 from equeue import control
+from equeue.broker.storage.pauses import stage_pause
 from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import BadRequest, TopicExists, TopicNotFound
 from equeue.retention import SETTINGS, from_record, is_legacy_record, to_record
 
 
 def encode_topic_record(info: control.TopicInfo) -> bytes:
-    """The stored form of ``info`` (the one encoder of the ``topics`` database)."""
-    return control.encode(
+    """The stored form of ``info`` (the one encoder of the ``topics`` database). A
+    pause is not part of it (it has its own marker, :mod:`equeue.broker.storage.pauses`)."""
+    obj = control.converter.unstructure(
         attrs.evolve(info, retention_ms=to_record(info.retention_ms), retention_bytes=to_record(info.retention_bytes))
     )
+    obj.pop("paused", None)
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def decode_topic_record(raw: bytes) -> tuple[control.TopicInfo, dict[str, int]]:
@@ -133,6 +137,8 @@ class DeleteTopicOp(WriteOp):
         w.wrote = True
         w.txn.delete(self.name.encode(), db=w.db[b"topics"])
         w.topics[self.name] = None
+        if w.is_paused("topic", self.name):  # a topic created again under the name starts unpaused
+            stage_pause(w, "topic", self.name, False)
         deleting = w.deleting_now()
         deleting.append(info.topic_id)
         set_deleting(w, deleting)

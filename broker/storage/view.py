@@ -75,6 +75,10 @@ class StoreView:
     move_transactions: int = 0
     #: (topic id, queue id) -> queue offsets an operator skipped (never served)
     skipped: MappingProxyType[tuple[int, int], frozenset[int]] = NO_SKIPS
+    #: topics whose produce an operator paused, and consumer groups whose pulls are held
+    #: (:mod:`equeue.broker.storage.pauses`)
+    paused_topics: frozenset[str] = frozenset()
+    paused_groups: frozenset[str] = frozenset()
 
     def queue(self, topic_id: int, queue_id: int) -> QueueState:
         """A queue's committed range (empty for a queue the view does not know)."""

@@ -132,6 +132,8 @@ class WriteContext:
         self.move_transactions = 0
         #: queue offsets skipped by this transaction (:mod:`equeue.broker.storage.skips`)
         self.skipped: dict[tuple[int, int], set[int]] = {}
+        #: (kind, name) -> paused, as staged by this transaction (:mod:`equeue.broker.storage.pauses`)
+        self.paused: dict[tuple[str, str], bool] = {}
         #: something was written (else the transaction is aborted, not committed)
         self.wrote = False
         #: record bytes appended by this transaction's ops
@@ -254,9 +256,29 @@ class WriteContext:
             for key, offs in self.skipped.items():
                 s[key] = s.get(key, frozenset()) | offs
             skipped = frozen_map(s)
+        paused_topics, paused_groups = b.paused_topics, b.paused_groups
+        if self.paused:
+            paused_topics = _staged(paused_topics, self.paused, "topic")
+            paused_groups = _staged(paused_groups, self.paused, "group")
         return StoreView(
             topics, queues, offsets, pending, deleting, self.next_global,
             b.next_topic_id if self.next_topic_id is None else self.next_topic_id,
             b.transactions + 1, b.moved + self.moved, b.move_transactions + self.move_transactions,
-            skipped,
+            skipped, paused_topics, paused_groups,
         )  # fmt: skip
+
+    def is_paused(self, kind: str, name: str) -> bool:
+        """Whether topic or group ``name`` is paused, as this transaction sees it."""
+        staged = self.paused.get((kind, name))
+        if staged is not None:
+            return staged
+        return name in (self.base.paused_topics if kind == "topic" else self.base.paused_groups)
+
+
+def _staged(base: frozenset[str], staged: dict[tuple[str, str], bool], kind: str) -> frozenset[str]:
+    """``base`` with the pauses and resumes of ``kind`` a transaction staged."""
+    names = set(base)
+    for (k, name), paused in staged.items():
+        if k == kind:
+            (names.add if paused else names.discard)(name)
+    return frozenset(names)

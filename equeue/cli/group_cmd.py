@@ -1,4 +1,4 @@
-"""``equeue group list|describe|reset-offsets|delete`` and ``equeue dlq list|resend``."""
+"""``equeue group list|describe|reset-offsets|delete|pause|resume`` and ``equeue dlq list|resend``."""
 
 from __future__ import annotations
 
@@ -40,8 +40,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(groups)
             return
-        table(None, ["group", "members", "topics", "ephemeral"],
-              [(g.group, g.members, ", ".join(g.topics), "yes" if g.ephemeral else "-") for g in groups],
+        table(None, ["group", "members", "topics", "ephemeral", "paused"],
+              [(g.group, g.members, ", ".join(g.topics), "yes" if g.ephemeral else "-", "paused" if g.paused else "")
+               for g in groups],
               right=["members"])  # fmt: skip
 
     @group_app.command("describe")
@@ -58,7 +59,8 @@ def register(app: typer.Typer) -> None:
             return
         kind = " (ephemeral: offsets in memory, gone with its last member)" if d.ephemeral else ""
         table(
-            f"group {d.group}{kind}: {len(d.members)} live member(s), generation {d.generation}",
+            f"group {d.group}{kind}: {len(d.members)} live member(s), generation {d.generation}"
+            + (", PAUSED (pulls held)" if d.paused else ""),
             ["member", "host", "mode", "since", "poison skipped"],
             [(m.consumer_id, m.host, m.mode, _ms(m.since_ms), m.quarantined) for m in d.members],
             right=["poison skipped"],
@@ -104,6 +106,29 @@ def register(app: typer.Typer) -> None:
             return
         table(f"group {group}: offsets of {topic} reset to {to}", ["queue", "offset"],
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
+
+    def _pause(group: str, paused: bool, broker: str, as_json: bool) -> None:
+        from equeue.client.admin import pause_group, resume_group
+
+        _group_name(group)
+        fn = pause_group if paused else resume_group
+        answer = routed(broker, lambda r: fn(r, group))
+        if as_json:
+            print_json(answer)
+            return
+        state = "paused" if paused else "resumed"
+        typer.echo(f"group {group} {state}" if answer.changed else f"group {group} was already {state}")
+
+    @group_app.command("pause")
+    def pause(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
+        """Hold the group's pulls: nothing is delivered, its offsets stay, its members
+        stay members, until it is resumed."""
+        _pause(group, True, broker, as_json)
+
+    @group_app.command("resume")
+    def resume(group: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
+        """Deliver to the group again (held pulls read at once)."""
+        _pause(group, False, broker, as_json)
 
     @group_app.command("delete")
     def delete(

@@ -1,4 +1,4 @@
-"""``equeue topic create|alter|list|describe|delete``."""
+"""``equeue topic create|alter|list|describe|delete|pause|resume``."""
 
 from __future__ import annotations
 
@@ -113,7 +113,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(topics)
             return
-        table(None, ["topic", "queues", "id"], [(t.name, t.queues, t.topic_id) for t in topics], right=["queues", "id"])
+        table(None, ["topic", "queues", "id", "paused"],
+              [(t.name, t.queues, t.topic_id, "paused" if t.paused else "") for t in topics],
+              right=["queues", "id"])  # fmt: skip
 
     @topic_app.command("describe")
     def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
@@ -132,10 +134,33 @@ def register(app: typer.Typer) -> None:
         ]  # fmt: skip
         rows.append(("all", "", "", "", sum(s.count for s in d.queues if s is not None), f"{d.store_bytes:,}"))
         table(
-            f"topic {d.info.name}: {_summary(d.info)}, {d.pending_delayed} delayed pending",
+            f"topic {d.info.name}: {_summary(d.info)}, {d.pending_delayed} delayed pending"
+            + (", PAUSED (produce refused)" if d.info.paused else ""),
             ["queue", "broker group", "min offset", "max offset", "messages", "bytes"], rows,
             right=["queue", "min offset", "max offset", "messages", "bytes"],
         )  # fmt: skip
+
+    def _pause(name: str, paused: bool, broker: str, as_json: bool) -> None:
+        from equeue.client.admin import pause_topic, resume_topic
+
+        fn = pause_topic if paused else resume_topic
+        answer = routed(broker, lambda r: fn(r, name))
+        if as_json:
+            print_json(answer)
+            return
+        state = "paused" if paused else "resumed"
+        typer.echo(f"topic {name} {state}" if answer.changed else f"topic {name} was already {state}")
+
+    @topic_app.command("pause")
+    def pause(name: str, broker: str = BROKER_OPTION, as_json: bool = json_option('{"kind", "name", "paused", "changed"}')) -> None:
+        """Refuse the topic's produce (TOPIC_PAUSED; producers wait and retry within
+        their send timeout) until it is resumed. Consumers still read what it holds."""
+        _pause(name, True, broker, as_json)
+
+    @topic_app.command("resume")
+    def resume(name: str, broker: str = BROKER_OPTION, as_json: bool = json_option('{"kind", "name", "paused", "changed"}')) -> None:
+        """Accept the topic's produce again."""
+        _pause(name, False, broker, as_json)
 
     @topic_app.command("delete")
     def delete(

@@ -10,6 +10,7 @@ real consumer (checked by hand when this file was written)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -99,6 +100,49 @@ async def test_unauthenticated_client_cannot_delete_reset_or_commit_past_the_end
         async with AsyncClient(broker.address, security=ROOT) as root:
             assert [t.name for t in await root.list_topics()] == ["jobs"]
             assert await root.query_offset("workers", "jobs", 0) == 2
+
+
+async def test_pause_and_resume_need_admin_on_the_topic_and_reset_on_the_group(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """PAUSE_TOPIC / RESUME_TOPIC need ``admin`` on the topic, PAUSE_GROUP / RESUME_GROUP
+    ``reset`` on the group: refused without authentication, refused to users with
+    other rights (produce, consume, join, commit), allowed to the admin role; each
+    attempt is an audit line."""
+    caplog.set_level(logging.INFO, "equeue.audit")
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            await root.create_topic("jobs", 1)
+        probes = (
+            frame(RequestCode.PAUSE_TOPIC, 1, control.PauseTopic("jobs"))
+            + frame(RequestCode.PAUSE_GROUP, 2, control.PauseGroup("workers"))
+        )
+        out = await trio.to_thread.run_sync(unauthenticated, broker.port, probes)
+        _, kind, code, rid = struct.unpack_from(">IBHI", out, 8)
+        assert (kind, code, rid) == (1, ErrorCode.AUTH_REQUIRED, 1)
+        for who in (MALLORY, ALICE):
+            async with AsyncClient(broker.address, security=who) as m:
+                for call, op in (
+                    (m.pause_topic("jobs"), "admin"),
+                    (m.resume_topic("jobs"), "admin"),
+                    (m.pause_group("workers"), "reset"),
+                    (m.resume_group("workers"), "reset"),
+                ):
+                    with pytest.raises(NotAuthorized, match=f"no '{op}' permission"):
+                        await call
+        ops = ClientSecurity.from_values(username="ops", password="ops-pw")
+        async with AsyncClient(broker.address, security=ops) as o:  # admin on every topic, no group right
+            assert (await o.pause_topic("jobs")).changed
+            with pytest.raises(NotAuthorized, match="no 'reset' permission"):
+                await o.pause_group("workers")
+        async with AsyncClient(broker.address, security=ROOT) as root:
+            assert (await root.pause_group("workers")).changed
+            assert [t.paused for t in await root.list_topics()] == [True]
+            assert (await root.describe_group("workers")).paused
+    audits = [r.getMessage() for r in caplog.records if r.name == "equeue.audit"]
+    assert any("action=pause_topic" in a and "user=ops" in a and "outcome=ok" in a for a in audits), audits
+    assert any("action=PAUSE_GROUP" in a and "user=mallory" in a and "outcome=denied" in a for a in audits), audits
+    assert any("action=pause_group" in a and "user=root" in a and "resource=group:workers" in a for a in audits)
 
 
 async def consume_all(address: str, got: list[str]) -> None:

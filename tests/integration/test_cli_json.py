@@ -37,12 +37,15 @@ def test_topic_commands_print_one_json_document(embedded_broker: EmbeddedBroker)
     assert {k: created[k] for k in ("name", "queues", "retention_ms", "retention_bytes")} == {
         "name": "jt", "queues": 2, "retention_ms": 24 * 3600 * 1000, "retention_bytes": None,
     }  # fmt: skip
-    assert set(created) == {"name", "topic_id", "queues", "created_ms", "retention_ms", "retention_bytes"}
+    assert set(created) == {"name", "topic_id", "queues", "created_ms", "retention_ms", "retention_bytes", "paused"}
     altered = answer("topic", "alter", "jt", "--queues", "3", "--retention", "default", *b)
     assert (altered["name"], altered["queues"], altered["retention_ms"]) == ("jt", 3, None)
     assert [t["name"] for t in answer("topic", "list", *b)] == ["jt"]
     described = answer("topic", "describe", "jt", *b)
     assert described["info"]["queues"] == 3 and len(described["queues"]) == 3
+    assert answer("topic", "pause", "jt", *b) == {"kind": "topic", "name": "jt", "paused": True, "changed": True}
+    assert answer("topic", "describe", "jt", *b)["info"]["paused"] is True
+    assert answer("topic", "resume", "jt", *b) == {"kind": "topic", "name": "jt", "paused": False, "changed": True}
     assert answer("topic", "delete", "jt", *b) == {"topic": "jt", "deleted": True}
     # without --json: the human line, as before
     res = run("topic", "create", "jt2", *b)

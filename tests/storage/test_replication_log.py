@@ -25,6 +25,7 @@ from equeue.broker.storage import (
     MoveDueOp,
     ProduceOp,
     RetentionOp,
+    SetPausedOp,
     Store,
     StoreView,
     WriteOp,
@@ -112,7 +113,7 @@ def state_of(v: StoreView) -> tuple[Any, ...]:
     """What a view says about the data (not its counters since open)."""
     return (
         dict(v.topics), {t: dict(q) for t, q in v.queues.items()}, dict(v.offsets), dict(v.sched_pending),
-        tuple(v.deleting), v.next_global, v.next_topic_id, dict(v.skipped),
+        tuple(v.deleting), v.next_global, v.next_topic_id, v.paused_topics, v.paused_groups, dict(v.skipped),
     )  # fmt: skip
 
 
@@ -222,7 +223,7 @@ def test_ops_cannot_write_around_the_recorder(stores: Callable[..., Store]) -> N
 @pytest.mark.parametrize("case", [
     "keyed", "keyless", "delayed", "idempotent", "duplicate", "alter", "delete_purge", "commit", "reset_offset",
     "schedule_move", "retention_time", "retention_size", "retention_consumed", "producer_expiry", "skip",
-    "dlq_resend", "delete_group",
+    "dlq_resend", "delete_group", "pause",
 ])  # fmt: skip
 def test_every_write_op_replicates(case: str, stores: Callable[..., Store], clock: Clock) -> None:
     leader, follower = stores("leader"), stores("follower")
@@ -315,8 +316,16 @@ def test_every_write_op_replicates(case: str, stores: Callable[..., Store], cloc
         ship(leader, follower)
         (res,) = write(leader, ResendOp("g", letters, prune_below=2))
         assert res[1] == [0, 1, 2] or res[1] == [2]
+    elif case == "pause":
+        assert write(leader, SetPausedOp("topic", "t", True), SetPausedOp("group", "g", True),
+                     SetPausedOp("group", "h", True), SetPausedOp("topic", "t", True)) == [True, True, True, False]  # fmt: skip
+        ship(leader, follower)
+        assert write(leader, SetPausedOp("group", "h", False), SetPausedOp("group", "nobody", False)) == [True, False]
+        assert (leader.head.paused_topics, leader.head.paused_groups) == ({"t"}, {"g"})
     ship(leader, follower)
     assert_same(leader, follower)
+    if case == "pause":  # the follower's rebuilt view has them (it leads with them after a failover)
+        assert (follower.view.paused_topics, follower.view.paused_groups) == ({"t"}, {"g"})
 
 
 def test_follower_fetching_in_small_pieces(stores: Callable[..., Store]) -> None:

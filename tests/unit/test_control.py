@@ -69,7 +69,7 @@ ALL_MODELS = sorted([*REQUEST_TYPES.values(), *ANSWER_TYPES], key=lambda c: c.__
 
 
 def test_request_types_are_keyed_by_their_code() -> None:
-    assert len(REQUEST_TYPES) == 31
+    assert len(REQUEST_TYPES) == 35
     for code, cls in REQUEST_TYPES.items():
         assert getattr(cls, "CODE") == code  # noqa: B009
         assert isinstance(code, RequestCode)
@@ -236,3 +236,17 @@ def test_reset_target_is_an_enum_on_the_wire_as_its_string() -> None:
     )
     with pytest.raises(RemoteProtocolError):  # answered as a coded error, never a crash
         decode(b'{"group": "g", "topic": "t", "to": "yesterday"}', control.ResetOffsets)
+
+
+@given(
+    kind=st.sampled_from(["topic", "group"]),
+    name=st.text(min_size=1, max_size=20),
+    paused=st.booleans(),
+    changed=st.booleans(),
+)
+def test_pause_answers_round_trip(kind: str, name: str, paused: bool, changed: bool) -> None:
+    answer = control.PauseAnswer(kind, name, paused, changed)
+    assert control.decode(control.encode(answer), control.PauseAnswer) == answer
+    for req in (control.PauseTopic(name), control.ResumeTopic(name), control.PauseGroup(name), control.ResumeGroup(name)):
+        assert control.decode(control.encode(req), type(req)) == req
+        assert control.REQUEST_TYPES[req.CODE] is type(req)

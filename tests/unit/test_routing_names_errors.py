@@ -393,6 +393,7 @@ def test_error_codes_are_stable() -> None:
         "TOO_MANY_CONNECTIONS": 35,
         "TOO_MANY_PULLS": 36,
         "GROUP_NOT_FOUND": 37,
+        "TOPIC_PAUSED": 38,
         "EPHEMERAL_GROUP": 39,
         "NOT_OWNER": 50,
         "QUEUE_UNAVAILABLE": 51,
@@ -428,6 +429,7 @@ def test_transient_errors() -> None:
         "NotEnoughReplicas",
         "StaleEpoch",
         "NotAReplica",
+        "TopicPaused",
     }
 
 

@@ -1,0 +1,108 @@
+"""Pause and resume in a cluster: a REAL etcd (the ``etcd`` fixture) and two broker
+groups (one broker each, in this test's trio loop, over TCP). A pause is a ``paused/``
+record in etcd that every broker group watches: a topic with queues on both groups is
+refused at both, a consumer group is held at both, whichever broker was asked."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import trio
+
+from equeue import Message, wire
+from equeue.broker import open_broker
+from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client.admin import (
+    describe_group,
+    describe_topic,
+    list_groups,
+    pause_group,
+    pause_topic,
+    resume_group,
+    resume_topic,
+)
+from equeue.client.routing import Router
+from equeue.errors import TopicPaused
+from equeue.placement import pause_key
+from equeue.producer import AsyncClient, AsyncProducer
+from equeue.protocol import PullStatus
+from tests.conftest import make_config, wait_until
+
+GROUPS = ("g1", "g2")
+
+
+async def refused(c: AsyncClient, topic: str, queue: int) -> bool:
+    try:
+        await c.produce(wire.ProduceRequest(topic, queue, [wire.encode_entry(Message("x"))]))
+    except TopicPaused:
+        return True
+    return False
+
+
+async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdProcess) -> None:
+    with trio.fail_after(90):
+        async with AsyncExitStack() as stack:
+            brokers = {
+                g: await stack.enter_async_context(open_broker(make_config(
+                    tmp_path / g, cluster=etcd.endpoint, broker_group=g)))
+                for g in GROUPS
+            }  # fmt: skip
+            for b in brokers.values():
+                await wait_until(lambda b=b: set(b.cluster.view.live_groups()) == set(GROUPS), what="both groups live")
+            boot = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
+            router = await stack.enter_async_context(Router(boot, refresh_interval=60.0))
+            router2 = await stack.enter_async_context(  # bootstrapped at the other group
+                Router(await stack.enter_async_context(AsyncClient(brokers["g2"].address)), refresh_interval=60.0)
+            )
+            await boot.create_topic("t", 2)
+            owners = (await boot.get_routes(["t"])).topics[0].owners
+            assert sorted(owners) == ["g1", "g2"]
+            at = {q: await stack.enter_async_context(AsyncClient(brokers[o].address)) for q, o in enumerate(owners)}
+            for q, c in at.items():
+                await c.produce(wire.ProduceRequest("t", q, [wire.encode_entry(Message(f"{q}"))]))
+
+            # asked at g1, the pause is in etcd, and both groups refuse their queue's produce
+            assert (await pause_topic(router, "t")).changed
+            async with EtcdClient([etcd.endpoint]) as e:
+                assert await e.get(pause_key("topic", "t")) is not None
+                # a record that does not decode still pauses (the key is the pause), logged
+                await e.put(pause_key("group", "odd"), b"not json")
+            for b in brokers.values():
+                await wait_until(lambda b=b: b.handlers.pauses.group_paused("odd"), what="the odd pause honoured")
+            for q, c in at.items():
+                await wait_until(lambda c=c, q=q: refused(c, "t", q), what=f"queue {q}'s owner refuses")
+            assert (await describe_topic(router, "t")).info.paused
+            # a producer waits; resumed (asked at g2), its sends to both groups go through
+            async with AsyncProducer(brokers["g2"].address, send_timeout=30, retry_backoff=0.05, linger=0) as p:
+                handles = [await p.send_async("t", f"m{i}") for i in range(4)]  # round-robin: both queues
+                assert (await resume_topic(router2, "t")).changed
+                results = [await h for h in handles]
+            assert {r.queue_id for r in results} == {0, 1}
+
+            # a paused consumer group: pulls at both groups find nothing, and a held one wakes on resume
+            assert (await pause_group(router, "cg")).changed
+            for q, c in at.items():
+
+                async def empty(c: AsyncClient = c, q: int = q) -> bool:
+                    r = await c.pull(wire.PullRequest("t", q, 0, group="cg"))
+                    return r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset == 0
+
+                await wait_until(empty, what=f"queue {q}'s owner holds the group")
+            assert next(g for g in await list_groups(router) if g.group == "cg").paused
+            assert (await describe_group(router, "cg")).paused
+            got: dict[int, int] = {}
+            async with trio.open_nursery() as nursery:
+                for q, c in at.items():
+
+                    async def held(c: AsyncClient = c, q: int = q) -> None:
+                        r = await c.pull(wire.PullRequest("t", q, 0, max_wait_ms=60_000, group="cg"))
+                        got[q] = len(r.messages)
+
+                    nursery.start_soon(held)
+                await wait_until(lambda: all(b.handlers.pauses.group_paused("cg") for b in brokers.values()))
+                assert (await resume_group(router2, "cg")).changed
+            assert got == {0: 3, 1: 3}
+            assert "cg" not in {g.group for g in await list_groups(router)}  # nothing else of it: gone
+
