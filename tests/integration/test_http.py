@@ -31,6 +31,9 @@ DOCUMENTED = {
     "equeue_uptime_seconds", "equeue_connections_refused_total", "equeue_connections_dropped_total", "equeue_info",
     "equeue_topic_queues", "equeue_topic_messages", "equeue_topic_bytes", "equeue_topic_appended_total",
     "equeue_metrics_queues_omitted", "equeue_ready", "equeue_group_lag",
+    "equeue_produce_latency_seconds_bucket", "equeue_produce_latency_seconds_count", "equeue_produce_latency_seconds_sum",
+    "equeue_pull_wait_seconds_bucket", "equeue_pull_wait_seconds_count", "equeue_pull_wait_seconds_sum",
+    "equeue_http_connections", "equeue_http_connections_refused_total",
 }  # fmt: skip
 PER_QUEUE = {
     "equeue_queue_min_offset",
@@ -145,6 +148,59 @@ async def test_metrics_parse_with_prometheus_client_and_keep_the_documented_name
                             values[("equeue_queue_messages", (("queue", "0"), ("topic", "web")))]
                             == 0
                         )
+
+
+def histogram(values: Samples, name: str, **labels: str) -> tuple[list[tuple[float, float]], float, float]:
+    """A histogram's (le, cumulative count) buckets in order, its count and its sum."""
+    key = tuple(sorted(labels.items()))
+    buckets = sorted(
+        (float(dict(lb)["le"]), v)
+        for (n, lb), v in values.items()
+        if n == f"{name}_bucket" and tuple(kv for kv in lb if kv[0] != "le") == key
+    )
+    return buckets, values[(f"{name}_count", key)], values[(f"{name}_sum", key)]
+
+
+async def test_latency_histograms_and_http_connections_after_real_traffic(tmp_path: Path) -> None:
+    """Produce latency counts every produce request answered; a parked pull's wait is
+    counted by outcome: woken by a produce (answered with messages), and run out
+    (empty); the HTTP port counts its own connections."""
+    with trio.fail_after(30):
+        async with open_broker(make_config(tmp_path / "d", http_port=0)) as b:
+            async with AsyncClient(b.address) as c, AsyncClient(b.address) as waiter:
+                await c.create_topic("lat", 1)
+                for i in range(5):
+                    await c.produce(wire.ProduceRequest("lat", 0, batch(f"m{i}-", 3)))
+                woken: list[int] = []
+
+                async def parked_pull() -> None:
+                    r = await waiter.pull(wire.PullRequest("lat", 0, 15, 10, max_wait_ms=20_000))
+                    woken.append(len(r.messages))
+
+                async with trio.open_nursery() as n:
+                    n.start_soon(parked_pull)
+                    await wait_until(lambda: b.parked.parked == 1, what="the pull parked")
+                    await c.produce(wire.ProduceRequest("lat", 0, batch("late", 1)))
+                assert woken == [1]
+                # nothing at the end: the pull waits its 50 ms out and is answered empty
+                r = await c.pull(wire.PullRequest("lat", 0, 16, 10, max_wait_ms=50))
+                assert not r.messages
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{b.http_port}") as http:
+                values, types = samples((await http.get("/metrics")).text)
+        assert types["equeue_produce_latency_seconds"] == "histogram"
+        assert types["equeue_pull_wait_seconds"] == "histogram"
+        buckets, count, total = histogram(values, "equeue_produce_latency_seconds")
+        assert count == 6 and 0 < total < 30
+        assert buckets[-1] == (float("inf"), 6)
+        assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
+        buckets, count, total = histogram(values, "equeue_pull_wait_seconds", outcome="messages")
+        assert count == 1 and 0 < total < 20 and buckets[-1][1] == 1
+        buckets, count, total = histogram(values, "equeue_pull_wait_seconds", outcome="empty")
+        # it waited its 50 ms: counted in no bucket below 0.05 s (le 0.01 holds nothing)
+        assert count == 1 and 0.045 < total < 20
+        assert dict(buckets)[0.01] == 0 and buckets[-1][1] == 1
+        assert values[("equeue_http_connections", ())] == 1  # this scrape's
+        assert values[("equeue_http_connections_refused_total", ())] == 0
 
 
 async def test_stats_methods_and_errors(tmp_path: Path) -> None:
