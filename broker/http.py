@@ -246,6 +246,16 @@ class ConnectionCap:
             await trio.aclose_forcefully(stream)
 
 
+class _Connection(TCPServer):
+    """Hypercorn's per-connection server, which ends with its peer: Hypercorn's own
+    keeps the connection's task (and so its place under the cap) until the idle
+    timer it started runs out, seconds after the peer left."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()  # the peer left or the connection closed: no timer to wait for
+
+
 async def _serve_listeners(
     app: ASGIApp, config: Config, listeners: list[trio.abc.Listener[Any]], cap: ConnectionCap,
     shutdown: Callable[[], Awaitable[None]] | None,
@@ -258,7 +268,7 @@ async def _serve_listeners(
     wrapped = ASGIWrapper(app)  # type: ignore[arg-type]  # Starlette types ASGI loosely
 
     async def connection(stream: trio.abc.Stream) -> None:
-        server = TCPServer(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+        server = _Connection(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
         await server.run()
 
     async def handle(stream: trio.abc.Stream) -> None:
