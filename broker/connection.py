@@ -8,6 +8,8 @@ appender's commit callback. A produce to a topic that must be auto-created (or, 
 cluster, learned from etcd) first holds the reader until it is enqueued, so the
 produces behind it keep that order too. Answers leave through the connection's
 :class:`~equeue.broker.output.Output`; every frame is built by :mod:`equeue.codec`.
+A produce's latency (``Counters.produce_latency``) runs from its chunk's arrival (one
+clock read per chunk received) to its answer staged by the commit callback.
 
 Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
 reading while the output is above its soft limit, or while
