@@ -304,6 +304,29 @@ async def test_an_oversized_request_head_is_refused_and_scrapes_go_on(tmp_path: 
                 ).status_code == 200
 
 
+async def test_connections_past_the_cap_are_refused_503_at_once(tmp_path: Path) -> None:
+    """``http_max_connections`` connections held open (sending nothing): one more is
+    answered 503 and closed without being read; once one goes, the port serves again."""
+    with trio.fail_after(20):
+        async with open_broker(make_config(tmp_path / "d", http_port=0, http_max_connections=2)) as b:
+            held = [await trio.open_tcp_stream("127.0.0.1", b.http_port) for _ in range(2)]
+            answer = await raw_exchange(b.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(b"too many connections to the HTTP port\n")
+            await held.pop().aclose()
+
+            async def served() -> bool:
+                answer = await raw_exchange(b.http_port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\nHost: x\r\n\r\n")
+                return answer.startswith(b"HTTP/1.1 200")
+
+            await wait_until(served, what="a connection served again")
+            values, _ = samples((await raw_exchange(
+                b.http_port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\nHost: x\r\n\r\n"
+            )).split(b"\r\n\r\n", 1)[1].decode())  # fmt: skip
+            assert values[("equeue_http_connections_refused_total", ())] >= 1
+            assert values[("equeue_http_connections", ())] == 2  # the one held, this scrape
+            await held.pop().aclose()
+
+
 async def test_an_open_keep_alive_connection_does_not_hold_the_stop(tmp_path: Path) -> None:
     with trio.fail_after(20):
         async with open_broker(make_config(tmp_path / "d", http_port=0)) as b:
