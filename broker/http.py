@@ -93,11 +93,11 @@ REQUEST_TIMEOUT = 5.0
 #: cancellation, so a client that never reads would otherwise hold its connection,
 #: and the broker's stop, for ever
 _SEND_TIMEOUT_MS = int(REQUEST_TIMEOUT * 1000)
+_BUSY_BODY = b"too many connections to the HTTP port\n"
 #: what a connection past the cap gets over plain HTTP before it is closed
 BUSY_ANSWER = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-    b"content-length: 37\r\nconnection: close\r\nretry-after: 1\r\n\r\n"
-    b"too many connections to the HTTP port\n"
+    b"content-length: %d\r\nconnection: close\r\nretry-after: 1\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
 )
 #: seconds a refused connection may take to take BUSY_ANSWER (a fresh socket's
 #: buffer takes it at once: this only bounds a pathological peer)

@@ -311,7 +311,9 @@ async def test_connections_past_the_cap_are_refused_503_at_once(tmp_path: Path) 
         async with open_broker(make_config(tmp_path / "d", http_port=0, http_max_connections=2)) as b:
             held = [await trio.open_tcp_stream("127.0.0.1", b.http_port) for _ in range(2)]
             answer = await raw_exchange(b.http_port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert answer.startswith(b"HTTP/1.1 503") and answer.endswith(b"too many connections to the HTTP port\n")
+            head, body = answer.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 503") and body == b"too many connections to the HTTP port\n"
+            assert f"content-length: {len(body)}".encode() in head
             await held.pop().aclose()
 
             async def served() -> bool:
