@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable
@@ -215,9 +216,9 @@ class HeadLimit:
 
 class ConnectionCap:
     """The HTTP port's connection cap (Hypercorn has none): at most ``limit``
-    connections are served at once; one more is refused at once, without reading
-    it (:data:`BUSY_ANSWER` over plain HTTP, closed over HTTPS, where an answer
-    would need a handshake first). ``open`` and ``refused`` are the
+    connections are served at once; one more is refused at once, what it sent
+    discarded (:data:`BUSY_ANSWER` and a FIN over plain HTTP; closed over HTTPS,
+    where an answer would need a handshake first). ``open`` and ``refused`` are the
     ``equeue_http_connections`` and ``equeue_http_connections_refused_total``
     series (loop thread only)."""
 
@@ -234,7 +235,9 @@ class ConnectionCap:
                 with trio.move_on_after(_REFUSE_TIMEOUT):
                     try:
                         await stream.send_all(BUSY_ANSWER)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        stream.socket.shutdown(socket.SHUT_WR)  # the answer, then a FIN
+                        _discard_received(stream.socket.fileno())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                         pass
             await trio.aclose_forcefully(stream)
             return
@@ -244,6 +247,18 @@ class ConnectionCap:
         finally:
             self.open -= 1
             await trio.aclose_forcefully(stream)
+
+
+def _discard_received(fd: int) -> None:
+    """Read and drop what a refused client sent already (non-blocking, a few reads at
+    most): a socket closed with unread data is reset at once, which may drop the
+    answer still on its way and show the client a reset instead of the 503."""
+    for _ in range(4):
+        try:
+            if not os.read(fd, 65536):
+                return
+        except (BlockingIOError, OSError):
+            return
 
 
 class _Connection(TCPServer):
