@@ -8,6 +8,8 @@ appender's commit callback. A produce to a topic that must be auto-created (or, 
 cluster, learned from etcd) first holds the reader until it is enqueued, so the
 produces behind it keep that order too. Answers leave through the connection's
 :class:`~equeue.broker.output.Output`; every frame is built by :mod:`equeue.codec`.
+A produce's latency (``Counters.produce_latency``) runs from its chunk's arrival (one
+clock read per chunk received) to its answer staged by the commit callback.
 
 Limits (:class:`ConnectionLimits`, docs/operations.md "Limits"): the reader stops
 reading while the output is above its soft limit, or while
@@ -278,6 +280,9 @@ class ServerConnection:
         self._idle_since = trio.current_time()
         #: produces of this chunk were queued with ``defer``: kick before receiving more
         queued = False
+        #: when the chunk being read arrived (perf_counter): the produce latency's start,
+        #: one clock read per received chunk (Counters.produce_latency)
+        arrived = time.perf_counter()
         while True:
             got = 0
             while True:
@@ -324,7 +329,9 @@ class ServerConnection:
                         # answered straight from the commit callback: no task
                         self._producing += 1
                         inflight.enter()
-                        prepared.callback = functools.partial(self._produce_done, ev.request_id, len(ev.payload))
+                        prepared.callback = functools.partial(
+                            self._produce_done, ev.request_id, len(ev.payload), arrived
+                        )
                         continue
                 self._requests += 1
                 nursery.start_soon(self._handle, ev, prepared, _TASK)
@@ -357,6 +364,7 @@ class ServerConnection:
             with trio.CancelScope(deadline=deadline) as scope:
                 self._recv_scope = scope
                 data = await stream.receive_some(_RECV)
+            arrived = time.perf_counter()
             self._recv_scope = None
             if scope.cancelled_caught:
                 self._counters.connections_dropped += 1
@@ -413,9 +421,10 @@ class ServerConnection:
             self._inflight.exit()
             self._done(kind)
 
-    def _produce_done(self, request_id: int, nbytes: int, pending: Any) -> None:
+    def _produce_done(self, request_id: int, nbytes: int, arrived: float, pending: Any) -> None:
         """A prepared produce was answered by the appender (loop thread, no task):
-        the same answer as ``ProduceHandler.handle``, staged for the output."""
+        the same answer as ``ProduceHandler.handle``, staged for the output; its
+        latency since ``arrived`` (its chunk's arrival) goes to the histogram."""
         try:
             result = pending.result
             try:
@@ -426,6 +435,7 @@ class ServerConnection:
             except Exception as exc:
                 code, parts = _error_answer(exc, request_id, RequestCode.PRODUCE)
             self.output.stage(encode_response(code, request_id, parts))
+            self._counters.produce_latency.observe(time.perf_counter() - arrived)
         finally:
             self._inflight.exit()
             self._done(_PRODUCE)

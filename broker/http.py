@@ -1,5 +1,5 @@
 """The broker's HTTP port: an ASGI application (Starlette) served by Hypercorn's trio
-worker in the broker's own trio loop.
+per-connection server in the broker's own trio loop, behind a connection cap.
 
 - ``GET /metrics``: Prometheus text format 0.0.4, through prometheus-client
   (:mod:`equeue.broker.metrics`: bounded, rendered off the loop);
@@ -11,8 +11,10 @@ worker in the broker's own trio loop.
 
 Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_port``
 is not None (0: on a free port, ``Broker.http_port`` says which): the port is bound
-here (so the broker learns it and a taken port fails the start) and handed to
-Hypercorn. Limits, so a slow or hostile client cannot hold resources: a request head
+here (so the broker learns it and a taken port fails the start); the accept loop
+is ours (:func:`_serve_listeners`), each connection is Hypercorn's. Limits, so a
+slow or hostile client cannot hold resources: at most ``max_connections``
+connections at once (:class:`ConnectionCap`: one more is refused at once); a request head
 of at most :data:`MAX_REQUEST_HEAD` bytes (more: 431 and closed); a connection
 without a complete request within :data:`REQUEST_TIMEOUT` seconds of its opening
 (or of its last answer) is closed, and so is a TLS handshake slower than that; an
@@ -22,8 +24,10 @@ With the broker's TLS settings the port serves HTTPS only. It stops with the bro
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,8 +35,11 @@ from typing import Any
 
 import attrs
 import trio
-from hypercorn.config import Config, Sockets
-from hypercorn.trio import serve
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.config import Config
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -52,6 +59,7 @@ from equeue.broker.metrics import (
     render_metrics,
     render_queues,
 )
+from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
 
 log = logging.getLogger("equeue.http")
@@ -61,8 +69,10 @@ _server_log = logging.getLogger("equeue.http.server")
 _server_log.setLevel(logging.WARNING)
 
 __all__ = [
+    "BUSY_ANSWER",
     "MAX_REQUEST_HEAD",
     "REQUEST_TIMEOUT",
+    "ConnectionCap",
     "HeadLimit",
     "Metrics",
     "QueueSeries",
@@ -84,6 +94,15 @@ REQUEST_TIMEOUT = 5.0
 #: cancellation, so a client that never reads would otherwise hold its connection,
 #: and the broker's stop, for ever
 _SEND_TIMEOUT_MS = int(REQUEST_TIMEOUT * 1000)
+_BUSY_BODY = b"too many connections to the HTTP port\n"
+#: what a connection past the cap gets over plain HTTP before it is closed
+BUSY_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\nretry-after: 1\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
+)
+#: seconds a refused connection may take to take BUSY_ANSWER (a fresh socket's
+#: buffer takes it at once: this only bounds a pathological peer)
+_REFUSE_TIMEOUT = 1.0
 
 
 @attrs.frozen
@@ -195,30 +214,98 @@ class HeadLimit:
         await self.app(scope, receive, send)
 
 
-class _Config(Config):
-    """Hypercorn's settings with the broker's TLS context (Hypercorn would build its
-    own from certificate files) and the sockets bound by :func:`serve_http`
-    (Hypercorn would bind its own)."""
+class ConnectionCap:
+    """The HTTP port's connection cap (Hypercorn has none): at most ``limit``
+    connections are served at once; one more is refused at once, what it sent
+    discarded (:data:`BUSY_ANSWER` and a FIN over plain HTTP; closed over HTTPS,
+    where an answer would need a handshake first). ``open`` and ``refused`` are the
+    ``equeue_http_connections`` and ``equeue_http_connections_refused_total``
+    series (loop thread only)."""
 
-    def __init__(self, ssl_context: ssl.SSLContext | None, sockets: list[socket.socket]) -> None:
-        self._ssl_context = ssl_context
-        self._sockets = sockets
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+        self.refused = 0
 
-    @property
-    def ssl_enabled(self) -> bool:
-        return self._ssl_context is not None
+    async def serve(self, stream: trio.abc.Stream, serve: Callable[[trio.abc.Stream], Awaitable[None]]) -> None:
+        """``await serve(stream)`` when under the cap, else refuse ``stream``; closes it either way."""
+        if self.open >= self.limit:
+            self.refused += 1
+            if isinstance(stream, trio.SocketStream):
+                with trio.move_on_after(_REFUSE_TIMEOUT):
+                    try:
+                        await stream.send_all(BUSY_ANSWER)
+                        stream.socket.shutdown(socket.SHUT_WR)  # the answer, then a FIN
+                        _discard_received(stream.socket.fileno())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass
+            await trio.aclose_forcefully(stream)
+            return
+        self.open += 1
+        try:
+            await serve(stream)
+        finally:
+            self.open -= 1
+            await trio.aclose_forcefully(stream)
 
-    def create_ssl_context(self) -> ssl.SSLContext | None:
-        return self._ssl_context
 
-    def create_sockets(self) -> Sockets:
-        if self._ssl_context is not None:
-            return Sockets(list(self._sockets), [], [])
-        return Sockets([], list(self._sockets), [])
+def _discard_received(fd: int) -> None:
+    """Read and drop what a refused client sent already (non-blocking, a few reads at
+    most): a socket closed with unread data is reset at once, which may drop the
+    answer still on its way and show the client a reset instead of the 503."""
+    for _ in range(4):
+        try:
+            if not os.read(fd, 65536):
+                return
+        except (BlockingIOError, OSError):
+            return
 
 
-def _config(sockets: list[socket.socket], ssl_context: ssl.SSLContext | None) -> Config:
-    config = _Config(ssl_context, sockets)
+class _Connection(TCPServer):
+    """Hypercorn's per-connection server, which ends with its peer: Hypercorn's own
+    keeps the connection's task (and so its place under the cap) until the idle
+    timer it started runs out, seconds after the peer left."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()  # the peer left or the connection closed: no timer to wait for
+
+
+async def _serve_listeners(
+    app: ASGIApp, config: Config, listeners: list[trio.abc.Listener[Any]], cap: ConnectionCap,
+    shutdown: Callable[[], Awaitable[None]] | None,
+) -> None:  # fmt: skip
+    """Hypercorn's trio worker, less what the broker does not use (lifespan events,
+    QUIC, several workers), with the connection cap in front of its per-connection
+    server: accept until ``shutdown`` returns (or cancelled), then give the
+    connections in flight ``config.graceful_timeout`` seconds."""
+    context = WorkerContext(None)
+    wrapped = ASGIWrapper(app)  # type: ignore[arg-type]  # Starlette types ASGI loosely
+
+    async def connection(stream: trio.abc.Stream) -> None:
+        server = _Connection(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
+        await server.run()
+
+    async def handle(stream: trio.abc.Stream) -> None:
+        await cap.serve(stream, connection)
+
+    async with trio.open_nursery() as connections:
+        try:
+            async with trio.open_nursery() as accepting:
+                accepting.start_soon(functools.partial(trio.serve_listeners, handle, listeners, handler_nursery=connections))
+                if shutdown is None:
+                    await trio.sleep_forever()
+                await shutdown()
+                accepting.cancel_scope.cancel()
+        finally:
+            # keep-alive connections close after their answer in flight; the rest is cut
+            await context.terminated.set()
+            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+
+
+def _config() -> Config:
+    """Hypercorn's settings for the broker's HTTP port (the limits of the module docstring)."""
+    config = Config()
     config.h11_max_incomplete_size = MAX_REQUEST_HEAD
     config.h2_max_header_list_size = MAX_REQUEST_HEAD
     config.h2_max_concurrent_streams = 8
@@ -234,40 +321,42 @@ def _config(sockets: list[socket.socket], ssl_context: ssl.SSLContext | None) ->
 
 async def serve_http(
     statistics: Snapshot, store: StoreReader, host: str, port: int, *, queue_limit: int = 10_000,
-    ssl_context: ssl.SSLContext | None = None, readiness: Callable[[], Readiness] | None = None,
-    shutdown: Callable[[], Awaitable[None]] | None = None,
-    replication: Callable[[], ReplicationSample | None] = lambda: None, task_status: Any = trio.TASK_STATUS_IGNORED,
+    max_connections: int = 256, ssl_context: ssl.SSLContext | None = None,
+    readiness: Callable[[], Readiness] | None = None, shutdown: Callable[[], Awaitable[None]] | None = None,
+    replication: Callable[[], ReplicationSample | None] = lambda: None, counters: Counters | None = None,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
     ephemeral: Callable[[], Mapping[tuple[str, str, int], int]] = dict,
     paused: Callable[[], tuple[frozenset[str], frozenset[str]]] | None = None,
 ) -> None:  # fmt: skip
     """Serve the HTTP port until ``shutdown`` returns (then in-flight requests get a
     second) or until cancelled; ``task_status.started(bound_port)``. ``queue_limit``:
-    most queues with per-queue series in one scrape. ``readiness``: ``/readyz``'s
+    most queues with per-queue series in one scrape; ``max_connections``: connections
+    served at once (:class:`ConnectionCap`). ``readiness``: ``/readyz``'s
     answer (default: ready, standalone); ``replication``: a cluster member's state
-    for the ``equeue_replication_*`` series (None: standalone); ``ephemeral``: a copy
+    for the ``equeue_replication_*`` series (None: standalone); ``counters``: the
+    broker's, for the latency histograms (None: none); ``ephemeral``: a copy
     of the live ephemeral groups' offsets, for their lag series; ``paused``: the paused
     topics and groups (None: the store's). With ``ssl_context`` (the broker's,
     :mod:`equeue.broker.tls`) it serves HTTPS. Raises OSError when the port cannot
     be bound."""
     listeners = await trio.open_tcp_listeners(port, host=host)
-    bound: int = listeners[0].socket.getsockname()[1]
-    for listener in listeners:  # accepted sockets inherit it: see _SEND_TIMEOUT_MS
-        listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
-    # the same sockets as standard ones, for Hypercorn (which wraps them for trio again);
-    # closed here whatever happens (closing a closed socket does nothing)
-    sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
     try:
-        config = _config(sockets, ssl_context)
+        bound: int = listeners[0].socket.getsockname()[1]
+        for listener in listeners:  # accepted sockets inherit it: see _SEND_TIMEOUT_MS
+            listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
+        served: list[trio.abc.Listener[Any]] = list(listeners)
+        if ssl_context is not None:
+            served = [trio.SSLListener(listener, ssl_context, https_compatible=True) for listener in listeners]
         ready = readiness or (lambda: Readiness(True, "standalone"))
+        cap = ConnectionCap(max_connections)
         metrics = Metrics(
             statistics, store, queue_limit, ready=lambda: ready().ready, replication=replication,
-            ephemeral=ephemeral, paused=paused,
-        )
+            counters=counters, http=lambda: (cap.open, cap.refused), ephemeral=ephemeral, paused=paused,
+        )  # fmt: skip
         app = http_app(metrics, ready)
         log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
         task_status.started(bound)
-        # Starlette types the ASGI interface loosely (MutableMapping scopes), Hypercorn strictly
-        await serve(app, config, shutdown_trigger=shutdown, mode="asgi")  # type: ignore[arg-type]
+        await _serve_listeners(app, _config(), served, cap, shutdown)
     finally:
-        for sock in sockets:
-            sock.close()
+        for listener in listeners:
+            listener.socket.close()

@@ -26,20 +26,30 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 import trio
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from equeue import control
+from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader, StoreView
 
 __all__ = [
     "BrokerCollector",
+    "HttpCollector",
+    "LatencyCollector",
     "Metrics",
     "PausedCollector",
     "QueueSeries",
     "QueuesCollector",
     "render_broker",
+    "render_http",
+    "render_latency",
     "render_metrics",
     "render_queues",
 ]
@@ -247,6 +257,12 @@ class ReplicationSample:
     status: control.ReplicationStatus
     promotions: int
     fenced: bool
+    #: takeover transactions tried and won (the group's election), times fenced,
+    #: times it stopped serving as the leader (fenced or lost its leadership)
+    elections_attempted: int = 0
+    elections_won: int = 0
+    fences: int = 0
+    step_downs: int = 0
 
 
 @attrs.frozen(eq=False)  # registries key collectors by identity
@@ -278,6 +294,13 @@ class ReplicationCollector:
             "equeue_replication_promotions_total", "Times this broker became its group's leader.",
             value=self.sample.promotions,
         )  # fmt: skip
+        for name, text, value in (
+            ("equeue_replication_elections_attempted_total", "Takeovers of its group's leadership this broker tried in etcd.", self.sample.elections_attempted),
+            ("equeue_replication_elections_won_total", "Takeovers of its group's leadership this broker won.", self.sample.elections_won),
+            ("equeue_replication_fences_total", "Times this broker was fenced (no lease renewal reached etcd in time).", self.sample.fences),
+            ("equeue_replication_step_downs_total", "Times this broker stopped serving as its group's leader (fenced, or leadership lost).", self.sample.step_downs),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, text, value=value)
         if not leading:
             return
         labels = ["follower"]
@@ -321,6 +344,74 @@ class PausedCollector:
             for value in sorted(names):
                 family.add_metric([value], 1)
             yield family
+
+
+PRODUCE_LATENCY = "equeue_produce_latency_seconds"
+PULL_WAIT = "equeue_pull_wait_seconds"
+
+
+@attrs.frozen(eq=False)  # registries key collectors by identity
+class LatencyCollector:
+    """The latency histograms of :class:`~equeue.broker.stats.Counters`: produce
+    latency, and the wait of parked pulls by ``outcome`` ("messages": answered with
+    messages, "empty": answered with none when its wait ended). Built on the loop
+    (the buckets are copied then)."""
+
+    produce: tuple[list[tuple[str, float]], float]
+    pull_messages: tuple[list[tuple[str, float]], float]
+    pull_empty: tuple[list[tuple[str, float]], float]
+
+    @classmethod
+    def of(cls, counters: Counters) -> LatencyCollector:
+        """A copy of ``counters``' histograms (loop thread)."""
+        return cls(
+            counters.produce_latency.cumulative(),
+            counters.pull_wait_messages.cumulative(),
+            counters.pull_wait_empty.cumulative(),
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        produce = HistogramMetricFamily(
+            PRODUCE_LATENCY,
+            "Seconds from a produce request's arrival to its answer (after the commit, "
+            "or the high watermark with --acks all).",
+        )
+        produce.add_metric([], *self.produce)
+        yield produce
+        pull = HistogramMetricFamily(
+            PULL_WAIT, "Seconds a parked pull waited before it was answered.", labels=["outcome"]
+        )
+        pull.add_metric(["messages"], *self.pull_messages)
+        pull.add_metric(["empty"], *self.pull_empty)
+        yield pull
+
+
+def render_latency(counters: Counters) -> str:
+    """The latency histograms (see :class:`LatencyCollector`; loop thread)."""
+    return _render(LatencyCollector.of(counters))
+
+
+@attrs.frozen(eq=False)  # registries key collectors by identity
+class HttpCollector:
+    """The HTTP port's own connections: open now, and refused past its cap."""
+
+    open: int
+    refused: int
+
+    def collect(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily(
+            "equeue_http_connections", "Open connections to the HTTP port.", value=self.open
+        )
+        yield CounterMetricFamily(
+            "equeue_http_connections_refused",
+            "Connections to the HTTP port refused past --http-max-connections.",
+            value=self.refused,
+        )
+
+
+def render_http(open_connections: int, refused: int) -> str:
+    """The HTTP port's connection series (see :class:`HttpCollector`)."""
+    return _render(HttpCollector(open_connections, refused))
 
 
 def _render(collector: Collector) -> str:
@@ -372,10 +463,14 @@ class Metrics:
         self, statistics: Snapshot, store: StoreReader, queue_limit: int, *,
         ready: Callable[[], bool] = lambda: True,
         replication: Callable[[], ReplicationSample | None] = lambda: None,
+        counters: Counters | None = None, http: Callable[[], tuple[int, int]] | None = None,
         ephemeral: Callable[[], Mapping[tuple[str, str, int], int]] = dict,
         paused: Callable[[], tuple[frozenset[str], frozenset[str]]] | None = None,
     ) -> None:  # fmt: skip
         self._statistics = statistics
+        self._counters = counters
+        #: the HTTP port's (open, refused) connections (None: no such series)
+        self._http = http
         #: a copy of the live ephemeral groups' offsets, taken on the loop
         self._ephemeral = ephemeral
         #: the paused topics and groups now (None: the store's view has them)
@@ -409,6 +504,8 @@ class Metrics:
                 render_broker(self._statistics())
                 + render_replication(self._ready(), self._replication())
                 + _render(PausedCollector(*paused))
+                + (render_latency(self._counters) if self._counters is not None else "")
+                + (render_http(*self._http()) if self._http is not None else "")
                 + hit[1]
             )
         return text.encode()

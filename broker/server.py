@@ -157,7 +157,11 @@ class Broker:
         if self.role is None or self.cluster is None:
             return None
         election = self.cluster.election
-        return ReplicationSample(self.role.status(), self.role.promotions, election.fenced())
+        return ReplicationSample(
+            self.role.status(), self.role.promotions, election.fenced(),
+            elections_attempted=election.campaigns, elections_won=election.takeovers,
+            fences=election.fences, step_downs=self.role.step_downs,
+        )  # fmt: skip
 
     def readiness(self) -> Readiness:
         """``/readyz``: whether this broker serves clients now (standalone; in a
@@ -246,8 +250,9 @@ class Broker:
                             self.http_port = await tasks.start(
                                 functools.partial(
                                     serve_http, queue_limit=cfg.metrics_queue_limit, ssl_context=tls_context,
+                                    max_connections=cfg.http_max_connections,
                                     readiness=self.readiness, shutdown=self._stop.wait,
-                                    replication=self._replication_sample,
+                                    replication=self._replication_sample, counters=self.stats,
                                     ephemeral=self.groups.all_ephemeral_offsets, paused=self._paused,
                                 ),
                                 self._statistics.snapshot,

@@ -11,6 +11,8 @@ plus a few gauges read from the store, the parked pulls and the appender, into t
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Protocol
 
 import attrs
@@ -18,7 +20,45 @@ import attrs
 from equeue import __version__, control
 from equeue.broker.storage import StoreReader
 
-__all__ = ["Counters", "Statistics"]
+__all__ = ["PRODUCE_LATENCY_BUCKETS", "PULL_WAIT_BUCKETS", "Counters", "Histogram", "Statistics"]
+
+#: upper bounds (seconds) of the produce latency histogram's buckets
+PRODUCE_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+#: upper bounds (seconds) of the pull wait histogram's buckets (a pull waits 60 s at most)
+PULL_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    """A latency histogram for the loop's hot paths: fixed bucket bounds, one count
+    per bucket (not cumulative), their sum; :meth:`observe` is a bisect and two
+    additions, no lock (loop thread only, like :class:`Counters`). prometheus-client's
+    own Histogram takes a lock per observation; the metrics module exposes this one
+    through a custom collector (:mod:`equeue.broker.metrics`)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        #: observations per bucket: counts[i] for bounds[i-1] < v <= bounds[i], the last for v > bounds[-1]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float) -> None:
+        """Count one observation."""
+        self.counts[bisect_left(self.bounds, seconds)] += 1
+        self.sum += seconds
+
+    def cumulative(self) -> tuple[list[tuple[str, float]], float]:
+        """Prometheus buckets (``le`` bound as text -> observations at most it, ``+Inf``
+        last) and the sum: a copy, taken on the loop."""
+        counts, total, running = list(self.counts), self.sum, 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), counts, strict=True):
+            running += n
+            buckets.append((bound, running))
+        return buckets, total
 
 
 @attrs.define
@@ -39,6 +79,12 @@ class Counters:
     last_out: int = 0
     produce_rate: float = 0.0
     pull_rate: float = 0.0
+    #: seconds from a produce request's arrival to its answer handed to the output
+    #: (after the commit, or the high watermark with --acks all)
+    produce_latency: Histogram = attrs.field(factory=lambda: Histogram(PRODUCE_LATENCY_BUCKETS))
+    #: seconds a parked pull waited, answered with messages / with none (its wait ended)
+    pull_wait_messages: Histogram = attrs.field(factory=lambda: Histogram(PULL_WAIT_BUCKETS))
+    pull_wait_empty: Histogram = attrs.field(factory=lambda: Histogram(PULL_WAIT_BUCKETS))
 
 
 class _Parked(Protocol):

@@ -382,6 +382,9 @@ class BrokerConfig:
     #: most queues whose per-queue series one /metrics scrape renders (asked for with
     #: ``?queues=1`` or ``?topic=``); per-topic totals are always there
     metrics_queue_limit: int = attrs.field(default=10_000, validator=positive)
+    #: connections the HTTP port serves at once; one more is refused at once (a 503
+    #: over plain HTTP, closed over HTTPS)
+    http_max_connections: int = attrs.field(default=256, validator=positive)
     #: PEM certificate chain of the broker: TLS on the broker and HTTP ports (None = plain TCP)
     tls_cert: Path | None = attrs.field(default=None, converter=_optional_path)
     #: PEM private key of ``tls_cert`` (None = the key is in ``tls_cert``)

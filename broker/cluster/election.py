@@ -170,8 +170,11 @@ class GroupElection:
         self.changed = trio.Event()
         #: set after the first read of the group's records
         self.loaded = trio.Event()
-        #: takeovers this broker won
+        #: takeover transactions this broker tried, and those it won
+        self.campaigns = 0
         self.takeovers = 0
+        #: times this broker was fenced (no lease renewal within ttl * 2/3)
+        self.fences = 0
         self._leader: _Leader | None = None
         self._isr: IsrRecord | None = None
         self._isr_revision = 0
@@ -631,6 +634,7 @@ class GroupElection:
         leader = LeaderRecord(self.group, self.broker_id, self.address, epoch, _wall_ms())
         record = IsrRecord(self.group, epoch, self.broker_id, members)
         started = trio.current_time()
+        self.campaigns += 1
         ok, revision = await self._etcd.txn(
             [compare_create(self._leader_key, 0), compare_mod(self._isr_key, self._isr_revision)],
             [put_op(self._leader_key, encode_leader(leader), lease=lease), put_op(self._isr_key, encode_isr(record))],
@@ -671,6 +675,7 @@ class GroupElection:
             if fenced != self._was_fenced:
                 self._was_fenced = fenced
                 if fenced:
+                    self.fences += 1
                     log.warning(
                         "group %s: fenced: no lease renewal for %.1f s (stops serving until one succeeds)",
                         self.group, self._membership.clock() - self._membership.last_renewal_sent,

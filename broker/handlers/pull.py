@@ -4,6 +4,8 @@ at the offset it asked for when its hold ends before the group is resumed."""
 
 from __future__ import annotations
 
+import time
+
 import trio
 
 from equeue import wire
@@ -45,6 +47,9 @@ class PullHandler:
         with no match the answer is NO_MATCHED_MSG at once (never parked), with the
         offset the scan reached, and the consumer pulls again from there. A parked
         pull woken by a commit reads with the same budget.
+
+        A parked pull's wait goes to ``counters.pull_wait_messages`` or
+        ``counters.pull_wait_empty`` once it is answered (not when it fails).
 
         With a ``ctx.output`` (and a request id), the appender's writer thread may
         answer the parked pull itself right after the commit that fed it
@@ -101,12 +106,14 @@ class PullHandler:
                     verify,
                     encode,
                 )
+            parked_at = time.perf_counter()
             with trio.move_on_after(min(req.max_wait_ms / 1000, self._max_wait)):
                 while r.status is PullStatus.NO_NEW_MESSAGE and not closing.closing:
                     sent = await self._parked.wait(info.topic_id, qid, answer)
                     if sent is not None:
                         counters.messages_out += sent[0]
                         counters.bytes_out += sent[1]
+                        counters.pull_wait_messages.observe(time.perf_counter() - parked_at)
                         return None
                     if pauses is not None and req.group and pauses.group_paused(req.group):
                         # the group was paused while this pull was parked: it is held now
@@ -118,6 +125,8 @@ class PullHandler:
                         offset = max(offset, r.next_offset)
                         if answer is not None:
                             answer.info, answer.offset = info, offset
+            waited = counters.pull_wait_messages if r.recs else counters.pull_wait_empty
+            waited.observe(time.perf_counter() - parked_at)
         if r.recs and len(r.recs[0]) > self._max_record:
             # stored under a larger limit (an older broker): no answer could carry it,
             # so it is reported like a corrupt record, which consumers skip to their DLQ

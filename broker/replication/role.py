@@ -182,6 +182,8 @@ class ReplicaRole:
         self._ready = trio.Event()
         #: leadership taken (epochs led), for tests and statistics
         self.promotions = 0
+        #: times it stopped serving as the leader (fenced, or lost its leadership)
+        self.step_downs = 0
         #: (epoch, ISR members of a write with an unknown outcome) of the last epoch led
         self._unsettled: tuple[int, set[str]] = (0, set())
         #: the follower's log bound (a replica keeps at most --replica-log-bytes of log)
@@ -276,6 +278,7 @@ class ReplicaRole:
                 await self._lead(st.epoch)
             return
         if self.leader_log is not None:
+            self.step_downs += 1
             reason = "fenced (no lease renewal reached etcd)" if e.is_leader() else "lost its leadership"
             log.warning("group %s: this broker %s at epoch %d: it stops serving", self.group, reason,
                         self.leader_log.epoch)  # fmt: skip

@@ -1,6 +1,8 @@
 """``/readyz`` in a cluster (docs/operations.md, "HTTP port"): a real etcd and two
 real brokers of one group. The leader and its in-sync follower are ready; cut off
-from etcd (frozen), neither is, and says why; etcd back, the group serves again."""
+from etcd (frozen), neither is, and says why; etcd back, the group serves again.
+The replication series along the way: elections, produce latency with ``--acks all``,
+and the leader's fence and step-down counted."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from equeue import wire
 from equeue.broker import open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until
+from tests.integration.test_server import batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -55,21 +60,35 @@ async def test_readyz_of_a_leader_a_follower_and_brokers_cut_off_from_etcd(
             await wait_until(
                 both_ready, timeout=30, what="a ready leader and a ready (in-sync) follower"
             )
-            for b in brokers:  # the replication series, parsed by prometheus-client
-                text = (await http.get(f"http://127.0.0.1:{b.http_port}/metrics")).text
-                values = {
+            leader = next(b for b in brokers if b.role is not None and b.role.leader_log is not None)
+            async with AsyncClient(leader.address) as c:  # acknowledged once the follower has it
+                await c.create_topic("acked", 1)
+                await c.produce(wire.ProduceRequest("acked", 0, batch("m", 2)))
+
+            async def metric_values(port: int) -> dict[tuple[str, tuple[str, ...]], float]:
+                text = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+                return {
                     (s.name, tuple(s.labels.values())): s.value
                     for family in text_string_to_metric_families(text)
                     for s in family.samples
                 }
+
+            for b in brokers:  # the replication series, parsed by prometheus-client
+                values = await metric_values(b.http_port)
                 assert values[("equeue_ready", ())] == 1
                 assert values[("equeue_replication_isr_size", ())] == 2
                 assert values[("equeue_replication_fenced", ())] == 0
                 assert values[("equeue_replication_epoch", ())] >= 1
                 other = next(o for o in brokers if o is not b)
                 other_id = other.role.broker_id if other.role is not None else ""
+                assert values[("equeue_replication_fences_total", ())] == 0
+                assert values[("equeue_replication_step_downs_total", ())] == 0
+                won = values[("equeue_replication_elections_won_total", ())]
+                assert values[("equeue_replication_elections_attempted_total", ())] >= won
                 if values[("equeue_replication_leader", ())] == 1:
+                    assert b is leader and won >= 1
                     assert values[("equeue_replication_promotions_total", ())] >= 1
+                    assert values[("equeue_produce_latency_seconds_count", ())] == 1
                     assert values[("equeue_replication_follower_in_sync", (other_id,))] == 1
                     assert ("equeue_replication_follower_lag_messages", (other_id,)) in values
                 else:
@@ -105,3 +124,7 @@ async def test_readyz_of_a_leader_a_follower_and_brokers_cut_off_from_etcd(
                 return False
 
             await wait_until(a_leader_ready, timeout=40, what="a ready leader once etcd is back")
+            # the leader cut off from etcd was fenced and stopped serving, once each at least
+            values = await metric_values(leader.http_port)
+            assert values[("equeue_replication_fences_total", ())] >= 1
+            assert values[("equeue_replication_step_downs_total", ())] >= 1

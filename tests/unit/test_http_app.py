@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from equeue import control
 from equeue.broker.http import MAX_REQUEST_HEAD, Readiness, http_app
 from equeue.broker.metrics import Metrics, ReplicationSample
+from equeue.broker.stats import Histogram
 from equeue.broker.storage import CommitOffsetOp, CreateTopicOp, Store
 
 with warnings.catch_warnings():  # Starlette 1.x asks for httpx2 instead of httpx; httpx serves
@@ -127,3 +128,12 @@ def test_group_lag_per_queue_is_bounded_by_the_queue_limit(store: Store) -> None
     assert len([n for n, _ in values if n == "equeue_group_queue_lag"]) == 2
     assert len([n for n, _ in values if n == "equeue_queue_max_offset"]) == 2
     assert values[("equeue_metrics_queues_omitted", ())] == 2
+
+
+def test_a_latency_histogram_counts_each_observation_in_its_inclusive_bucket() -> None:
+    h = Histogram((0.1, 1.0))
+    for seconds in (0.1, 0.5, 1.0, 2.0):
+        h.observe(seconds)
+    buckets, total = h.cumulative()
+    assert buckets == [("0.1", 1), ("1.0", 3), ("+Inf", 4)]
+    assert total == pytest.approx(3.6)
