@@ -22,6 +22,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import trio
 from hypercorn.config import Config, Sockets
 from hypercorn.trio import serve
@@ -103,6 +104,8 @@ async def serve_console(
         listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
     sockets = [socket.socket(fileno=listener.socket.detach()) for listener in listeners]
     try:
+        if ssl_context is not None:  # its cookie then goes over HTTPS only
+            config = attrs.evolve(config, https=True)
         console = Console(config)
         app = console.app()
         shown = f"[{host}]" if ":" in host else host

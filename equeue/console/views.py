@@ -55,7 +55,11 @@ def render_body(body: bytes, limit: int = BODY_LIMIT) -> Body:
     limit, else UTF-8 text when printable, else hex; at most ``limit`` bytes shown."""
     shown = body[:limit]
     cut = len(body) - len(shown)
-    text = _is_text(shown) if cut == 0 else _is_text(shown[: len(shown) - 3]) or _is_text(shown)
+    text = None
+    for trim in range(4 if cut else 1):  # a cut may split a character of up to 4 bytes
+        text = _is_text(shown[: len(shown) - trim])
+        if text is not None:
+            break
     if text is not None and cut == 0 and text.lstrip()[:1] in ("{", "["):
         try:
             return Body("json", json.dumps(json.loads(text), indent=2, ensure_ascii=False), len(body), 0)
