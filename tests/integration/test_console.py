@@ -188,6 +188,16 @@ def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(open_broke
         assert "forged" not in {t.name for t in c.list_topics()}
 
 
+def test_a_big_body_or_a_file_upload_is_refused_without_a_traceback(open_broker: EmbeddedBroker) -> None:
+    with console(open_broker.address) as (client, _):
+        token = csrf(client)
+        r = client.post("/topics/create", data={"name": "x" * 70_000, "queues": "1", "csrf": token})
+        assert r.status_code == 413
+        r = client.post("/topics/create", data={"csrf": token}, files={"name": ("a.txt", b"data")})
+        assert r.status_code == 303
+        assert "the form could not be read" in texts(client.get("/topics").text, "flash")[0]
+
+
 def test_reset_offsets_and_dead_letter_resend_change_the_broker(open_broker: EmbeddedBroker) -> None:
     with Client(open_broker.address) as c:
         c.create_topic("resets", 1, exist_ok=True)
