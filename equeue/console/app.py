@@ -209,6 +209,7 @@ class Console:
         #: "open" (the brokers need no sign-in), "auth", or None (not known yet: no
         #: broker answered)
         self.mode: str | None = None
+        self._detecting = trio.Lock()
         self.sessions: SessionTable | None = None
         self.service: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
@@ -254,18 +255,19 @@ class Console:
     async def detect_mode(self) -> None:
         """Learn whether the brokers authenticate: connect without credentials. Left
         unknown (None) when no broker answers; asked again by the next request."""
-        if self.mode is not None:
-            return
-        anonymous = ClientSecurity(tls=self.config.security.tls)
-        async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
-            try:
-                with trio.fail_after(CONNECT_TIMEOUT * 2):
-                    await _probe(c)
-                self.mode = "open"
-            except AuthenticationError:
-                self.mode = "auth"
-            except (EQueueError, trio.TooSlowError) as exc:
-                log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
+        async with self._detecting:  # one probe at a time: concurrent requests wait for its answer
+            if self.mode is not None:
+                return
+            anonymous = ClientSecurity(tls=self.config.security.tls)
+            async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
+                try:
+                    with trio.fail_after(CONNECT_TIMEOUT * 2):
+                        await _probe(c)
+                    self.mode = "open"
+                except AuthenticationError:
+                    self.mode = "auth"
+                except (EQueueError, trio.TooSlowError) as exc:
+                    log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
 
     # ------------------------------------------------------------------ rendering
     def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
