@@ -228,12 +228,15 @@ def test_a_reset_is_refused_while_members_are_live_unless_forced(open_broker: Em
         c.create_topic("live", 1, exist_ok=True)
         c.produce(wire.ProduceRequest("live", 0, [wire.encode_entry(Message("m"))] * 3))
         c.commit_offset("lg", "live", 0, 3)
-        c.heartbeat(control.Heartbeat("lg", "member-1", ["live"], host="host-a"))  # a live member
+        c.create_topic("live2", 1, exist_ok=True)
+        c.heartbeat(control.Heartbeat("lg", "member-1", ["live", "live2"], host="host-a"))  # a live member
         with console(open_broker.address) as (client, _):
             token = csrf(client)
             page = client.get("/groups/lg")
             assert re.findall(r'data-member="([^"]+)"', page.text) == ["member-1"]
             assert texts(page.text, "group-member-count") == ["1"]
+            # the reset form offers the committed topics and the members' (live2: nothing committed yet)
+            assert re.findall(r"<option>([^<]+)</option>", page.text) == ["live", "live2"]
             client.post("/groups/lg/reset", data={"topic": "live", "to": "earliest", "csrf": token})
             assert "GROUP_HAS_MEMBERS" in texts(client.get("/groups/lg").text, "flash")[0]
             assert c.query_offset("lg", "live", 0) == 3  # unchanged
