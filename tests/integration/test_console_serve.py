@@ -1,0 +1,127 @@
+"""Serving the web console for real: Hypercorn's trio worker on a port bound here,
+in-process (:func:`equeue.console.open_console`) and as ``equeue console`` in a child
+process, over plain HTTP and HTTPS, against a real broker."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+import trustme
+
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.console import ConsoleConfig, open_console, server_context
+from equeue.security import ClientSecurity
+from tests.conftest import ROOT
+
+
+async def test_in_process_console_serves_pages_and_caps_the_request_head(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with open_console(ConsoleConfig(broker.address, security=ClientSecurity())) as url:
+            assert url.startswith("http://127.0.0.1:")
+            async with httpx.AsyncClient(base_url=url) as http:
+                assert (await http.get("/healthz")).text == "ok\n"
+                home = await http.get("/")
+                assert home.status_code == 200 and 'data-testid="open-mode-banner"' in home.text
+                assert "script-src 'self'" in home.headers["content-security-policy"]
+                assert home.headers["x-frame-options"] == "DENY"
+                vendor = await http.get("/static/vendor/htmx-2.0.11.min.js")
+                assert vendor.status_code == 200 and vendor.text.startswith("var htmx=")
+                big = await http.get("/", headers={"x-filler": "a" * 9000})
+                assert big.status_code == 431
+
+
+async def test_https_console_sets_a_secure_cookie(broker: Broker, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    pem = tmp_path / "console.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    with trio.fail_after(30):
+        config = ConsoleConfig(broker.address, security=ClientSecurity())
+        async with open_console(config, ssl_context=server_context(pem)) as url:
+            assert url.startswith("https://")
+            async with httpx.AsyncClient(base_url=url, verify=client_ctx) as http:
+                home = await http.get("/")
+                assert home.status_code == 200
+                cookie = home.headers["set-cookie"].lower()
+                assert "secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+
+
+def test_equeue_console_runs_as_a_child_process(embedded_broker: EmbeddedBroker) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "equeue", "console", "--brokers", embedded_broker.address, "--port", "0", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the port is bound
+        url = json.loads(line)["url"]
+        r = httpx.get(url + "/topics", timeout=10)
+        assert r.status_code == 200 and 'data-testid="topics-table"' in r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_taken_port_is_one_error_line(embedded_broker: EmbeddedBroker) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "equeue", "console", "--brokers", embedded_broker.address, "--port", str(port)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot listen on") and "Traceback" not in r.stderr
+
+
+def test_sign_in_to_brokers_over_tls(tmp_path: Path) -> None:
+    """The console's TLS settings to the brokers (as the CLI's) carry every user's
+    connection: sign-in runs SCRAM inside TLS."""
+    from starlette.testclient import TestClient
+
+    from equeue.acl import UsersFile
+    from equeue.broker.auth import make_user
+    from equeue.broker.auth import update_users_file as update
+    from equeue.console import Console
+    from equeue.security import TlsSettings
+    from tests.conftest import make_config
+    from tests.integration.test_console import sign_in, texts
+
+    ca = trustme.CA()
+    ca_file, server = tmp_path / "ca.pem", tmp_path / "server.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(server))
+    users = tmp_path / "users.json"
+    update(users, lambda _: UsersFile().with_user(make_user("root", "root-pw", admin=True)))
+    with EmbeddedBroker(make_config(tmp_path / "data", tls_cert=server, users_file=users)) as b:
+        plain = Console(ConsoleConfig(b.address, security=ClientSecurity()))
+        with TestClient(plain.app(), backend="trio", follow_redirects=False) as client:
+            r = sign_in(client, "root", "root-pw")  # without TLS the broker cannot be reached
+            assert r.status_code == 400 and "closed during the handshake" in texts(r.text, "login-error")[0]
+        tls = Console(ConsoleConfig(b.address, security=ClientSecurity(tls=TlsSettings(ca_file=ca_file))))
+        with TestClient(tls.app(), backend="trio", follow_redirects=False) as client:
+            assert sign_in(client, "root", "root-pw").status_code == 303
+            assert texts(client.get("/topics").text, "signed-in-user") == ["root"]
+
+
+def test_bad_console_flags_are_one_error_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from equeue.cli import app
+
+    for args, message in (
+        (["--keyfile", "k.pem"], "--keyfile needs --certfile"),
+        (["--certfile", str(tmp_path / "missing.pem")], "cannot load the console's certificate"),
+        (["--session-idle", "0"], "must be above 0"),
+    ):
+        res = CliRunner().invoke(app, ["console", "--port", "0", *args])
+        assert res.exit_code == 1 and message in res.stderr, (args, res.stderr)
