@@ -45,6 +45,7 @@ T = TypeVar("T")
 __all__ = [
     "VERIFY_POLL",
     "BrokerHealth",
+    "BrokerStatsRow",
     "ClusterReport",
     "GroupReplication",
     "GroupVerdict",
@@ -53,6 +54,7 @@ __all__ = [
     "Verdict",
     "VerifyReport",
     "at_any_leader",
+    "broker_stats",
     "cluster_report",
     "compare_digests",
     "delete_group",
@@ -65,6 +67,7 @@ __all__ = [
     "judge",
     "list_groups",
     "list_skipped",
+    "offset_for_time",
     "reset_offsets",
     "run_routed",
     "verify_cluster",
@@ -327,6 +330,12 @@ async def find_by_key(router: Router, topic: str, key: str, limit: int, before: 
     return attrs.evolve(results[0], messages=msgs, next_offset=0)
 
 
+async def offset_for_time(router: Router, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """OFFSET_FOR_TIME at the queue's owner: the first queue offset stored at or after
+    ``timestamp_ms`` (the queue's end when none is)."""
+    return await router.call(topic, queue_id, lambda c: c.offset_for_time(topic, queue_id, timestamp_ms))
+
+
 async def list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
     """The skipped offsets of ``topic`` from each queue's owner."""
     route = await router.route(topic)
@@ -421,6 +430,51 @@ async def cluster_report(router: Router, connect_timeout: float = 3.0) -> Cluste
     health.sort(key=lambda h: (h.group, h.address))
     replication.sort(key=lambda r: r.group)
     return ClusterReport(status, health, replication)
+
+
+@attrs.frozen
+class BrokerStatsRow:
+    """One broker's STATS (None: it did not answer, ``error`` says why)."""
+
+    group: str
+    broker_id: str
+    address: str
+    stats: control.BrokerStats | None
+    error: str = ""
+
+
+async def _stats(client: AsyncClient, group: str, broker_id: str, address: str, bound: float) -> BrokerStatsRow:
+    try:
+        with trio.fail_after(bound):
+            return BrokerStatsRow(group, broker_id, address, await client.stats())
+    except (EQueueError, trio.TooSlowError) as exc:
+        return BrokerStatsRow(group, broker_id, address, None, str(exc) or type(exc).__name__)
+
+
+async def broker_stats(router: Router, connect_timeout: float = 3.0) -> list[BrokerStatsRow]:
+    """STATS of every registered broker as CLUSTER_STATUS lists them, each over its own
+    connection, concurrently (standalone: the bootstrap broker's). Raises what
+    CLUSTER_STATUS raises at the bootstrap (NotAuthorized, ConnectionBroken)."""
+    boot = router.bootstrap
+    status = await boot.cluster_status()
+    bound = connect_timeout + 5
+    if not status.cluster:
+        address = ",".join(f"{h}:{p}" for h, p in boot.brokers)
+        return [await _stats(boot, "", status.broker_id, address, bound)]
+    rows: list[BrokerStatsRow] = []
+
+    async def one(group: str, b: control.BrokerStatus) -> None:
+        if not b.alive or not b.address:
+            rows.append(BrokerStatsRow(group, b.broker_id, b.address, None, "not registered"))
+            return
+        async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+            rows.append(await _stats(c, group, b.broker_id, b.address, bound))
+
+    async with trio.open_nursery() as nursery:
+        for g in status.groups:
+            for b in g.brokers:
+                nursery.start_soon(one, g.name, b)
+    return sorted(rows, key=lambda r: (r.group, r.broker_id))
 
 
 # ---------------------------------------------------------------------- cluster verify

@@ -13,6 +13,7 @@ from equeue.cli import (
     acl_cmd,
     broker_cmd,
     cluster_cmd,
+    console_cmd,
     consume_cmd,
     group_cmd,
     message_cmd,
@@ -48,7 +49,8 @@ def _root(
     """equeue: a partitioned-log message broker. Start a broker, manage topics, produce and consume."""
 
 
-for module in (broker_cmd, cluster_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd):
+for module in (broker_cmd, cluster_cmd, topic_cmd, produce_cmd, consume_cmd, group_cmd, message_cmd, user_cmd, acl_cmd,
+               console_cmd):
     module.register(app)
 
 

@@ -118,3 +118,15 @@ def test_a_round_trip_works_without_pyspark(wheel_venv: tuple[Path, Path], tmp_p
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYSPARK_PYTHON")}
     out = _run([python, str(Path(__file__).with_name("roundtrip.py"))], cwd=tmp_path, env=env).stdout
     assert "ROUNDTRIP OK" in out
+
+
+def test_the_wheel_ships_the_consoles_templates_and_scripts(wheel_venv: tuple[Path, Path]) -> None:
+    """The console's pages need their templates and the vendored scripts with their
+    licences (package data, not modules: a missing pattern would leave them out)."""
+    wheel, _ = wheel_venv
+    names = set(zipfile.ZipFile(wheel).namelist())
+    console = ROOT / "equeue" / "console"
+    data = {f"equeue/console/{p.relative_to(console).as_posix()}" for folder in ("templates", "static")
+            for p in (console / folder).rglob("*") if p.is_file()}  # fmt: skip
+    assert {"equeue/console/static/vendor/htmx-LICENSE", "equeue/console/templates/base.html"} <= data
+    assert data <= names, sorted(data - names)

@@ -112,6 +112,10 @@ def test_every_broker_option_falls_back_to_equeue_brokers() -> None:
     for path, opt in with_broker:
         assert opt.opts == ["--broker", "-b"], path
         assert opt.envvar == "EQUEUE_BROKERS", path
-    # the commands without --broker are those that talk to no broker
+    # the commands without --broker are those that talk to no broker, and the console,
+    # whose --brokers (a list it keeps) falls back to the same variable
     without = {path for path, cmd in leaves() if not any("--broker" in o.opts for o in options(cmd))}
-    assert without == {("broker", "start")} | {p for p, _ in leaves() if p[0] in ("user", "acl")}
+    assert without == {("broker", "start"), ("console",)} | {p for p, _ in leaves() if p[0] in ("user", "acl")}
+    (console,) = [cmd for path, cmd in leaves() if path == ("console",)]
+    (brokers,) = [o for o in options(console) if "--brokers" in o.opts]
+    assert brokers.envvar == "EQUEUE_BROKERS"

@@ -1,0 +1,438 @@
+"""The console's ASGI application (Starlette, Jinja2 templates, htmx and uPlot).
+
+:class:`Console` owns the state: the console's own connection to the brokers, the
+sign-in sessions, the sampler; :meth:`Console.lifespan` opens them in one trio
+nursery (the application's lifespan) and closes them at its end. :meth:`Console.app`
+is the Starlette application.
+
+Requests:
+
+- every page is a GET that renders a whole page; htmx refreshes the part of it with
+  id ``live`` every few seconds by asking the same URL again (``hx-select``);
+- every action is a POST of a form carrying the CSRF token (field ``csrf`` or
+  header ``X-CSRF-Token``), answered by a redirect to the page with a one-line
+  result (a "flash" in the signed cookie);
+- a refused or failed request to the brokers, a broker that does not answer and a
+  bad form value are shown on the page as one line (the broker's own message, e.g.
+  NOT_AUTHORIZED naming the user and the right it lacks), never as a traceback.
+
+Sign-in (docs/console.md): when the brokers authenticate connections, a user signs in
+with a SCRAM user of the cluster (:mod:`equeue.console.sessions`); when they do not,
+the console is open and says so on every page.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import attrs
+import jinja2
+import trio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.sessions import SessionMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from equeue.client.connection import AsyncClient
+from equeue.client.routing import Router
+from equeue.console import pages, views
+from equeue.console.failures import BadInput, describe, equeue_errors
+from equeue.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
+from equeue.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
+from equeue.errors import (
+    AuthenticationError,
+    ConfigError,
+    EQueueError,
+    GroupHasMembers,
+    GroupNotFound,
+    MessageNotFound,
+    NotAuthorized,
+    TopicNotFound,
+)
+from equeue.security import ClientSecurity
+
+log = logging.getLogger("equeue.console")
+
+__all__ = ["MAX_REQUEST_HEAD", "Console", "ConsoleConfig", "HeadLimit"]
+
+#: bytes of a request line and headers
+MAX_REQUEST_HEAD = 8192
+#: seconds a page may spend asking the brokers
+PAGE_BUDGET = 10.0
+#: the session cookie's name
+COOKIE = "equeue_console"
+#: characters of a one-line result kept in the cookie
+_FLASH_CHARS = 600
+
+_PACKAGE = "equeue.console"
+
+
+@attrs.frozen
+class ConsoleConfig:
+    """What the console serves: the brokers to ask (``host:port``, comma-separated:
+    any one of them bootstraps), the TLS settings to them and the console's own
+    credentials (``security``: the ``EQUEUE_*`` environment, as the CLI's; used by
+    the sampler, and by every page when the brokers need no sign-in), how long an
+    idle session lives, the sampler's period and window, the pages' refresh period,
+    and whether the console itself serves HTTPS (then its cookie is Secure)."""
+
+    brokers: str
+    security: ClientSecurity = attrs.Factory(ClientSecurity)
+    session_idle: float = 1800.0
+    sample_interval: float = DEFAULT_INTERVAL
+    window: float = DEFAULT_WINDOW
+    refresh_s: float = 5.0
+    https: bool = False
+
+
+class HeadLimit:
+    """ASGI middleware: 431 for a request whose line and headers exceed ``limit``
+    bytes (Hypercorn caps an incomplete head, not a whole one read at once)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_HEAD) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
+            size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
+            if size > self.limit:
+                answer = PlainTextResponse("request header fields too large\n", status_code=431,
+                                           headers={"connection": "close"})  # fmt: skip
+                await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class SecurityHeaders:
+    """ASGI middleware: every answer forbids framing, inline scripts and sniffing."""
+
+    HEADERS = [
+        (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; "
+         b"img-src 'self' data:; frame-ancestors 'none'; form-action 'self'; base-uri 'none'"),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"same-origin"),
+        (b"x-frame-options", b"DENY"),
+    ]  # fmt: skip
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], *self.HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with)
+
+
+@attrs.frozen
+class Viewer:
+    """Who asks, and through which connection: ``user`` None in open mode."""
+
+    router: Router
+    user: str | None
+    csrf: str
+
+
+class _Redirect(Exception):
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+
+def _status_for(errors: list[EQueueError]) -> int:
+    first = errors[0]
+    if isinstance(first, BadInput | ConfigError):
+        return 400
+    if isinstance(first, NotAuthorized | AuthenticationError):
+        return 403
+    if isinstance(first, TopicNotFound | GroupNotFound | MessageNotFound):
+        return 404
+    if isinstance(first, GroupHasMembers):
+        return 409
+    return 502
+
+
+class Console:
+    """The console's state and its ASGI application (module docstring)."""
+
+    def __init__(self, config: ConsoleConfig, *, clock: Callable[[], float] = trio.current_time) -> None:
+        self.config = config
+        #: the sessions' idle clock (tests step it)
+        self.clock = clock
+        self.secret = secrets.token_urlsafe(32)
+        #: "open" (the brokers need no sign-in), "auth", or None (not known yet: no
+        #: broker answered)
+        self.mode: str | None = None
+        self.sessions: SessionTable | None = None
+        self.service: Link | None = None
+        self.sampler = Sampler(lambda: self.service.router if self.service else None,
+                               interval=config.sample_interval, window=config.window)  # fmt: skip
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader(_PACKAGE, "templates"),
+            autoescape=jinja2.select_autoescape(default=True, default_for_string=True),
+            undefined=jinja2.StrictUndefined,
+        )
+        self.env.filters.update(size=views.size, iso=views.iso, duration=views.duration)
+        self.env.globals.update(retention=views.retention, quote=quote)
+
+    # ------------------------------------------------------------------ lifetime
+    @asynccontextmanager
+    async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
+        """Open the console's connection, session table, sampler and reaper; close
+        every session and connection at the end."""
+        async with trio.open_nursery() as nursery:
+            self.service = await open_link(nursery, self.config.brokers, self.config.security, probe=False)
+            self.sessions = SessionTable(nursery, self.config.brokers, self.config.security,
+                                         idle=self.config.session_idle, clock=self.clock)  # fmt: skip
+            await self.detect_mode()
+            nursery.start_soon(self.sampler.run)
+            nursery.start_soon(self._reaper)
+            try:
+                yield
+            finally:
+                self.sessions.close_all()
+                self.service.close()
+                nursery.cancel_scope.cancel()
+
+    async def _reaper(self) -> None:
+        assert self.sessions is not None
+        while True:
+            await trio.sleep(max(1.0, min(60.0, self.sessions.idle / 10)))
+            self.sessions.expire()
+
+    async def detect_mode(self) -> None:
+        """Learn whether the brokers authenticate: connect without credentials. Left
+        unknown (None) when no broker answers; asked again by the next request."""
+        if self.mode is not None:
+            return
+        anonymous = ClientSecurity(tls=self.config.security.tls)
+        async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
+            try:
+                with trio.fail_after(CONNECT_TIMEOUT * 2):
+                    await _probe(c)
+                self.mode = "open"
+            except AuthenticationError:
+                self.mode = "auth"
+            except (EQueueError, trio.TooSlowError) as exc:
+                log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
+
+    # ------------------------------------------------------------------ rendering
+    def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        """``template`` with the layout's values (the user, the open-mode banner, the
+        CSRF token, the one-line result of the last action)."""
+        flash = request.session.pop("flash", None)
+        base = {
+            "request": request,
+            "path": request.url.path,
+            "self_url": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            "mode": self.mode,
+            "user": ctx.pop("user", None),
+            "csrf": self._csrf(request),
+            "flash": flash,
+            "refresh_s": self.config.refresh_s,
+            "brokers": self.config.brokers,
+            "error": None,
+        }
+        base.update(ctx)
+        html = self.env.get_template(template).render(base)
+        if request.headers.get("hx-request") and status >= 400:
+            status = 200  # htmx swaps 2xx answers only: the refreshed part shows the error
+        return HTMLResponse(html, status_code=status, headers={"cache-control": "no-store"})
+
+    def _csrf(self, request: Request) -> str:
+        token = request.session.get("csrf")
+        if not isinstance(token, str):
+            token = secrets.token_urlsafe(32)
+            request.session["csrf"] = token
+        return token
+
+    async def check_csrf(self, request: Request) -> Any:
+        """The POSTed form, after its CSRF token (field or header) matched the
+        session's. Raises _Redirect with a 403 page when it does not."""
+        form = await request.form(max_files=0, max_fields=1000)
+        sent = str(form.get("csrf") or request.headers.get("x-csrf-token") or "")
+        token = request.session.get("csrf")
+        if not isinstance(token, str) or not secrets.compare_digest(sent.encode(), token.encode()):
+            raise _Redirect(PlainTextResponse("refused: missing or wrong CSRF token (reload the page)\n", 403))
+        return form
+
+    @staticmethod
+    def flash(request: Request, text: str, ok: bool = True) -> None:
+        request.session["flash"] = {"ok": ok, "text": text[:_FLASH_CHARS]}
+
+    # ------------------------------------------------------------------ who asks
+    async def viewer(self, request: Request) -> Viewer:
+        """The connection a request uses: the console's own (open mode) or the
+        signed-in user's. Raises _Redirect to the sign-in page, or with an error page
+        when no broker answered yet."""
+        if self.mode is None:
+            with trio.move_on_after(PAGE_BUDGET):
+                await self.detect_mode()
+        if self.mode == "open" and self.service is not None:
+            return Viewer(self.service.router, None, self._csrf(request))
+        if self.mode == "auth" and self.sessions is not None:
+            session = self.sessions.get(request.session.get("sid"))
+            if session is None:
+                target = "/login?" + urlencode({"next": request.url.path})
+                if request.headers.get("hx-request"):  # a refresh after expiry: the whole page goes
+                    raise _Redirect(Response(status_code=200, headers={"hx-redirect": target}))
+                raise _Redirect(RedirectResponse(target, 303))
+            return Viewer(session.link.router, session.username, self._csrf(request))
+        raise _Redirect(self.render(request, "error.html", 503, error=f"no broker answered at {self.config.brokers}: "
+                                    "the console retries on the next request"))  # fmt: skip
+
+    def page(self, handler: Callable[[Request, Viewer], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+        """Wrap a page or action: sign-in, a time budget, and every failure as a page
+        with one line (never a traceback)."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                v = await self.viewer(request)
+                with trio.fail_after(PAGE_BUDGET):
+                    return await handler(request, v)
+            except _Redirect as r:
+                return r.response
+            except trio.TooSlowError:
+                return self.render(request, "error.html", 504, user=self._user(request),
+                                   error=f"the brokers did not answer within {PAGE_BUDGET:g} s")  # fmt: skip
+            except Exception as exc:
+                errors = equeue_errors(exc)
+                if errors is None:
+                    log.exception("console: %s %s failed", request.method, request.url.path)
+                    return self.render(request, "error.html", 500, user=self._user(request),
+                                       error="the console failed on this request (see its log)")  # fmt: skip
+                if request.method == "POST":
+                    self.flash(request, describe(errors), ok=False)
+                    return RedirectResponse(_back(request), 303)
+                return self.render(request, "error.html", _status_for(errors), user=self._user(request),
+                                   error=describe(errors))  # fmt: skip
+
+        return endpoint
+
+    def _user(self, request: Request) -> str | None:
+        if self.sessions is None:
+            return None
+        s = self.sessions.get(request.session.get("sid"))
+        return s.username if s else None
+
+    # ------------------------------------------------------------------ the app
+    def app(self) -> Starlette:
+        """The Starlette application (its lifespan is :meth:`lifespan`)."""
+        routes = [
+            Route("/login", self.login_page, methods=["GET"]),
+            Route("/login", self.login, methods=["POST"]),
+            Route("/logout", self.logout, methods=["POST"]),
+            Route("/healthz", lambda r: PlainTextResponse("ok\n"), methods=["GET"]),
+            *pages.routes(self),
+            Mount("/static", StaticFiles(packages=[(_PACKAGE, "static")]), name="static"),
+        ]
+        return Starlette(
+            routes=routes,
+            lifespan=self.lifespan,
+            middleware=[
+                Middleware(HeadLimit),
+                Middleware(SecurityHeaders),
+                Middleware(SessionMiddleware, secret_key=self.secret, session_cookie=COOKIE, max_age=None,
+                           same_site="strict", https_only=self.config.https),
+            ],
+            exception_handlers={404: self._not_found, 405: self._not_allowed},
+        )
+
+    async def _not_found(self, request: Request, exc: Exception) -> Response:
+        return self.render(request, "error.html", 404, user=self._user(request), error="no such page")
+
+    async def _not_allowed(self, request: Request, exc: Exception) -> Response:
+        return PlainTextResponse("method not allowed\n", 405)
+
+    # ------------------------------------------------------------------ sign-in
+    async def login_page(self, request: Request) -> Response:
+        if self.mode is None:
+            with trio.move_on_after(PAGE_BUDGET):
+                await self.detect_mode()
+        if self.mode == "open":
+            return RedirectResponse("/", 303)
+        return self.render(request, "login.html", next=_safe_next(request.query_params.get("next")),
+                           username="", login_error=None)  # fmt: skip
+
+    async def login(self, request: Request) -> Response:
+        try:
+            form = await self.check_csrf(request)
+        except _Redirect as r:
+            return r.response
+        username = str(form.get("username") or "").strip()
+        password = str(form.get("password") or "")
+        nxt = _safe_next(str(form.get("next") or ""))
+        if self.mode is None:
+            with trio.move_on_after(PAGE_BUDGET):
+                await self.detect_mode()
+        if self.mode == "open":
+            return RedirectResponse("/", 303)
+        assert self.sessions is not None
+        try:
+            if not username or not password:
+                raise BadInput("give a user name and a password")
+            with trio.fail_after(PAGE_BUDGET):
+                session = await self.sessions.open(username, password)
+        except (EQueueError, trio.TooSlowError) as exc:
+            if isinstance(exc, AuthenticationError):
+                message = "sign-in refused: wrong user name or password"
+            elif isinstance(exc, trio.TooSlowError):
+                message = f"no broker answered within {PAGE_BUDGET:g} s"
+            else:
+                message = describe([exc])
+            return self.render(request, "login.html", 403 if isinstance(exc, AuthenticationError) else 400,
+                               next=nxt, username=username, login_error=message)  # fmt: skip
+        old = request.session.get("sid")
+        if isinstance(old, str):
+            self.sessions.close(old)
+        request.session.clear()
+        request.session["sid"] = session.sid
+        request.session["csrf"] = session.csrf
+        return RedirectResponse(nxt, 303)
+
+    async def logout(self, request: Request) -> Response:
+        try:
+            await self.check_csrf(request)
+        except _Redirect as r:
+            return r.response
+        sid = request.session.get("sid")
+        if isinstance(sid, str) and self.sessions is not None:
+            self.sessions.close(sid)
+        request.session.clear()
+        return RedirectResponse("/login" if self.mode == "auth" else "/", 303)
+
+
+def _safe_next(target: str | None) -> str:
+    """A local path to go to after sign-in (anything else: the overview)."""
+    if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"
+
+
+def _back(request: Request) -> str:
+    """Where an action's result is shown: the form's ``back`` field's page, else the
+    page the action belongs to."""
+    path = request.url.path
+    for suffix in ("/alter", "/delete", "/reset", "/resend", "/create"):
+        if path.endswith(suffix):
+            path = path[: -len(suffix)] or "/"
+            break
+    return path
+

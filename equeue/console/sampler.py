@@ -1,0 +1,214 @@
+"""The console's memory of the last minutes: what its charts and rates show.
+
+A :class:`Sampler` runs as a task of the console's nursery. Every ``interval``
+seconds it asks the cluster, over the console's own connection (the credentials of
+the ``EQUEUE_*`` environment, docs/console.md), for each broker's counters, each
+topic's queue ends, each consumer group's lag and the cluster's leaders, and keeps
+``window`` seconds of them (15 minutes by default) in bounded deques. Pages read
+them with the user's own rights checked first: a page shows a chart only beside
+numbers the user's own request just read.
+
+One round is bounded: at most :data:`MAX_TOPICS` topics and :data:`MAX_GROUPS`
+groups are sampled, and a round that takes longer than ``interval`` is cut off.
+A failed round (a broker down, the console's credentials refused) is logged at most
+once a minute and noted in :attr:`Sampler.last_error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import trio
+
+from equeue.client import admin
+from equeue.client.routing import Router
+from equeue.console.failures import describe, equeue_errors
+from equeue.errors import EQueueError
+
+log = logging.getLogger("equeue.console")
+
+__all__ = ["DEFAULT_INTERVAL", "DEFAULT_WINDOW", "MAX_GROUPS", "MAX_TOPICS", "Election", "Sampler"]
+
+#: seconds between two samples
+DEFAULT_INTERVAL = 5.0
+#: seconds of history kept
+DEFAULT_WINDOW = 900.0
+#: most topics and consumer groups sampled per round (the first by name)
+MAX_TOPICS = 200
+MAX_GROUPS = 100
+#: most leader changes remembered
+MAX_ELECTIONS = 50
+#: seconds between two log lines of failing rounds
+_LOG_EVERY = 60.0
+
+
+@attrs.frozen
+class Election:
+    """A broker group's leader or epoch as the sampler saw it change."""
+
+    at_ms: int
+    group: str
+    leader: str
+    epoch: int
+
+
+class Sampler:
+    """Samples the cluster every ``interval`` s through ``router()`` (None: no
+    connection yet) and keeps ``window`` s of history."""
+
+    def __init__(
+        self, router: Callable[[], Router | None], *, interval: float = DEFAULT_INTERVAL,
+        window: float = DEFAULT_WINDOW, wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:  # fmt: skip
+        self._router = router
+        self.interval = interval
+        self._size = max(2, int(window / interval) + 1)
+        self._wall_ms = wall_ms
+        #: sample times (ms), shared by the broker series
+        self.broker_times: dict[str, deque[int]] = {}
+        #: broker address -> deques of messages in and out per second
+        self.broker_in: dict[str, deque[float]] = {}
+        self.broker_out: dict[str, deque[float]] = {}
+        self._broker_last: dict[str, tuple[int, int, int]] = {}
+        #: topic -> (time ms, end offset of each queue)
+        self.topics: dict[str, deque[tuple[int, list[int]]]] = {}
+        #: consumer group -> (time ms, total lag)
+        self.lags: dict[str, deque[tuple[int, int]]] = {}
+        self.elections: deque[Election] = deque(maxlen=MAX_ELECTIONS)
+        self._leaders: dict[str, tuple[str, int]] = {}
+        #: samples taken, and why the last round failed ("" when it did not)
+        self.rounds = 0
+        self.last_error = ""
+        self._logged = -_LOG_EVERY
+
+    # ------------------------------------------------------------------ the task
+    async def run(self) -> None:
+        """Sample until cancelled."""
+        while True:
+            with trio.move_on_after(self.interval * 2):
+                await self.sample()
+            await trio.sleep(self.interval)
+
+    async def sample(self) -> None:
+        """One round; a failing part is noted in :attr:`last_error`, never raised."""
+        router = self._router()
+        if router is None:
+            return
+        errors: list[str] = []
+        for part in (self._brokers, self._topics, self._groups, self._cluster):
+            try:
+                await part(router)
+            except Exception as exc:
+                found = equeue_errors(exc)
+                if found is None:
+                    raise
+                errors.append(describe(found))
+        self.rounds += 1
+        self.last_error = "; ".join(dict.fromkeys(errors))
+        if errors and trio.current_time() - self._logged >= _LOG_EVERY:
+            self._logged = trio.current_time()
+            log.warning("console sampler: %s", self.last_error)
+
+    def _deque(self, table: dict[str, Any], key: str) -> Any:
+        if key not in table:
+            table[key] = deque(maxlen=self._size)
+        return table[key]
+
+    async def _brokers(self, router: Router) -> None:
+        rows = await admin.broker_stats(router)
+        for r in rows:
+            if r.stats is None:
+                continue
+            now = self._wall_ms()
+            key = r.address
+            last = self._broker_last.get(key)
+            self._broker_last[key] = (now, r.stats.messages_in, r.stats.messages_out)
+            if last is None or now <= last[0]:
+                continue
+            dt = (now - last[0]) / 1000
+            self._deque(self.broker_times, key).append(now)
+            self._deque(self.broker_in, key).append(max(0.0, (r.stats.messages_in - last[1]) / dt))
+            self._deque(self.broker_out, key).append(max(0.0, (r.stats.messages_out - last[2]) / dt))
+
+    async def _topics(self, router: Router) -> None:
+        topics = await admin.at_any_leader(router, lambda c: c.list_topics(include_internal=False))
+        names = sorted(t.name for t in topics)[:MAX_TOPICS]
+        for name in set(self.topics) - set(names):
+            del self.topics[name]
+        for name in names:
+            try:
+                merged = await admin.describe_topic(router, name)
+            except EQueueError:
+                continue
+            ends = [q.max_offset if q is not None else -1 for q in merged.queues]
+            self._deque(self.topics, name).append((self._wall_ms(), ends))
+
+    async def _groups(self, router: Router) -> None:
+        groups = (await admin.list_groups(router))[:MAX_GROUPS]
+        names = {g.group for g in groups}
+        for name in set(self.lags) - names:
+            del self.lags[name]
+        for g in groups:
+            try:
+                d = await admin.describe_group(router, g.group)
+            except EQueueError:
+                continue
+            self._deque(self.lags, g.group).append((self._wall_ms(), sum(max(0, q.lag) for q in d.queues)))
+
+    async def _cluster(self, router: Router) -> None:
+        status = await router.bootstrap.cluster_status()
+        if not status.cluster:
+            return
+        for g in status.groups:
+            seen = (g.leader, g.epoch)
+            if self._leaders.get(g.name) != seen:
+                if g.name in self._leaders or g.leader:
+                    self.elections.appendleft(Election(self._wall_ms(), g.name, g.leader, g.epoch))
+                self._leaders[g.name] = seen
+
+    # ------------------------------------------------------------------ reads
+    def broker_chart(self, addresses: Iterable[str]) -> dict[str, Any]:
+        """uPlot data of messages in/out per second of each broker of ``addresses``:
+        ``{"series": [names], "data": [[times s], [values]...]}`` on the union of
+        their sample times (a missing value is null)."""
+        keys = [a for a in addresses if a in self.broker_times]
+        times = sorted({t for k in keys for t in self.broker_times[k]})
+        names: list[str] = []
+        data: list[list[Any]] = [[t / 1000 for t in times]]
+        for k in keys:
+            for label, values in (("in", self.broker_in[k]), ("out", self.broker_out[k])):
+                at = dict(zip(self.broker_times[k], values, strict=False))
+                names.append(f"{k} {label}")
+                data.append([None if at.get(t) is None else round(at[t], 2) for t in times])
+        return {"series": names, "data": data}
+
+    def lag_chart(self, group: str) -> dict[str, Any]:
+        """uPlot data of ``group``'s total lag."""
+        points = list(self.lags.get(group, ()))
+        return {"series": ["lag"], "data": [[t / 1000 for t, _ in points], [v for _, v in points]]}
+
+    def topic_rates(self, topic: str, span_ms: int = 60_000) -> list[float] | None:
+        """Messages per second written to each queue of ``topic`` over the last
+        ``span_ms`` of samples (None: fewer than two samples)."""
+        points = self.topics.get(topic)
+        if not points or len(points) < 2:
+            return None
+        t1, ends1 = points[-1]
+        t0, ends0 = next(((t, e) for t, e in points if t1 - t <= span_ms and t < t1), points[-2])
+        dt = (t1 - t0) / 1000
+        if dt <= 0:
+            return None
+        return [
+            max(0.0, (b - a) / dt) if a >= 0 and b >= 0 else 0.0
+            for a, b in zip(ends0 + [0] * (len(ends1) - len(ends0)), ends1, strict=False)
+        ]
+
+    def topic_rate(self, topic: str) -> float | None:
+        """Messages per second written to ``topic`` lately (None: not sampled yet)."""
+        rates = self.topic_rates(topic)
+        return None if rates is None else sum(rates)

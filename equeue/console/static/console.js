@@ -1,0 +1,49 @@
+// The console's own script: draws the uPlot charts from the JSON their page embeds
+// (again after every htmx refresh), sends the CSRF token with htmx requests, and
+// ticks "select all" boxes. No inline scripts: the pages' CSP forbids them.
+(function () {
+  "use strict";
+  var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
+  var charts = {};
+
+  function draw() {
+    if (typeof uPlot === "undefined") return;
+    document.querySelectorAll("[data-chart]").forEach(function (el) {
+      var src = document.getElementById(el.dataset.chart);
+      if (!src) return;
+      var spec;
+      try { spec = JSON.parse(src.textContent); } catch (e) { return; }
+      var names = spec.series.join("|");
+      var c = charts[el.id];
+      if (c && (c.names !== names || !document.body.contains(c.el))) {
+        c.plot.destroy();
+        c = null;
+      }
+      if (!c) {
+        var series = [{}].concat(spec.series.map(function (n, i) {
+          return { label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true };
+        }));
+        el.textContent = "";
+        var opts = { width: Math.max(300, el.clientWidth || 600), height: 220, series: series, scales: { x: { time: true } } };
+        c = { plot: new uPlot(opts, spec.data, el), names: names, el: el };
+        charts[el.id] = c;
+      } else {
+        c.plot.setData(spec.data);
+      }
+      el.dataset.points = String(spec.data[0].length);
+    });
+  }
+
+  document.addEventListener("DOMContentLoaded", draw);
+  document.addEventListener("htmx:afterSettle", draw);
+  document.addEventListener("htmx:configRequest", function (e) {
+    var meta = document.querySelector('meta[name="csrf-token"]');
+    if (meta) e.detail.headers["X-CSRF-Token"] = meta.content;
+  });
+  document.addEventListener("change", function (e) {
+    var t = e.target;
+    if (t && t.matches && t.matches("[data-select-all]")) {
+      document.querySelectorAll(t.dataset.selectAll).forEach(function (cb) { cb.checked = t.checked; });
+    }
+  });
+})();

@@ -1,0 +1,83 @@
+"""Serving the web console for real: Hypercorn's trio worker on a port bound here,
+in-process (:func:`equeue.console.open_console`) and as ``equeue console`` in a child
+process, over plain HTTP and HTTPS, against a real broker."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import trio
+import trustme
+
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.console import ConsoleConfig, open_console, server_context
+from equeue.security import ClientSecurity
+from tests.conftest import ROOT
+
+
+async def test_in_process_console_serves_pages_and_caps_the_request_head(broker: Broker) -> None:
+    with trio.fail_after(30):
+        async with open_console(ConsoleConfig(broker.address, security=ClientSecurity())) as url:
+            assert url.startswith("http://127.0.0.1:")
+            async with httpx.AsyncClient(base_url=url) as http:
+                assert (await http.get("/healthz")).text == "ok\n"
+                home = await http.get("/")
+                assert home.status_code == 200 and 'data-testid="open-mode-banner"' in home.text
+                assert "script-src 'self'" in home.headers["content-security-policy"]
+                assert home.headers["x-frame-options"] == "DENY"
+                vendor = await http.get("/static/vendor/htmx-2.0.11.min.js")
+                assert vendor.status_code == 200 and vendor.text.startswith("var htmx=")
+                big = await http.get("/", headers={"x-filler": "a" * 9000})
+                assert big.status_code == 431
+
+
+async def test_https_console_sets_a_secure_cookie(broker: Broker, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    pem = tmp_path / "console.pem"
+    cert.private_key_and_cert_chain_pem.write_to_path(str(pem))
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    with trio.fail_after(30):
+        config = ConsoleConfig(broker.address, security=ClientSecurity())
+        async with open_console(config, ssl_context=server_context(pem)) as url:
+            assert url.startswith("https://")
+            async with httpx.AsyncClient(base_url=url, verify=client_ctx) as http:
+                home = await http.get("/")
+                assert home.status_code == 200
+                cookie = home.headers["set-cookie"].lower()
+                assert "secure" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+
+
+def test_equeue_console_runs_as_a_child_process(embedded_broker: EmbeddedBroker) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "equeue", "console", "--brokers", embedded_broker.address, "--port", "0", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the port is bound
+        url = json.loads(line)["url"]
+        r = httpx.get(url + "/topics", timeout=10)
+        assert r.status_code == 200 and 'data-testid="topics-table"' in r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_a_taken_port_is_one_error_line(embedded_broker: EmbeddedBroker) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "equeue", "console", "--brokers", embedded_broker.address, "--port", str(port)],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot listen on") and "Traceback" not in r.stderr

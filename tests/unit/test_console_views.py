@@ -1,0 +1,64 @@
+"""How the console shows bodies and reads form values, and the sampler's rates
+(pure: no broker, no I/O)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from equeue.console.failures import BadInput, describe, equeue_errors
+from equeue.console.sampler import Sampler
+from equeue.console.views import form_int, form_time_ms, render_body
+from equeue.errors import ConnectionBroken, NotAuthorized
+
+
+def test_a_body_is_json_text_or_hex_and_a_cut_is_counted() -> None:
+    b = render_body(b'{"a": [1, 2]}')
+    assert (b.kind, b.size, b.cut) == ("json", 13, 0) and b.text == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+    assert render_body(b"{not json").kind == "text"
+    assert render_body("héllo".encode()).text == "héllo"
+    h = render_body(bytes([0, 1, 255]))
+    assert (h.kind, h.text) == ("hex", "00 01 ff")
+    cut = render_body(b"x" * 100, limit=10)
+    assert (cut.kind, cut.text, cut.size, cut.cut) == ("text", "x" * 10, 100, 90)
+    # a cut through a multi-byte character still shows text
+    assert render_body("é".encode() * 10, limit=5).kind == "text"
+    # JSON too big to show whole is shown as text, cut
+    assert render_body(b'{"a": "' + b"y" * 50 + b'"}', limit=20).kind == "text"
+
+
+def test_form_values_are_checked_with_the_field_named() -> None:
+    assert form_int({"q": " 7 "}, "q") == 7
+    assert form_int({}, "q", default=3) == 3
+    with pytest.raises(BadInput, match="q: 'x' is not a whole number"):
+        form_int({"q": "x"}, "q")
+    with pytest.raises(BadInput, match="q: must be at least 1"):
+        form_int({"q": "0"}, "q", low=1)
+    with pytest.raises(BadInput, match="q: a number is required"):
+        form_int({"q": ""}, "q")
+    assert form_time_ms({"t": "1000"}, "t") == 1000
+    assert form_time_ms({"t": "1970-01-01T00:00:01Z"}, "t") == 1000
+    assert form_time_ms({"t": "1970-01-01T00:00:02"}, "t") == 2000  # a browser's datetime-local: UTC
+    with pytest.raises(BadInput, match="t: invalid time"):
+        form_time_ms({"t": "soon"}, "t")
+
+
+def test_errors_in_groups_are_one_line_with_the_brokers_code() -> None:
+    group = ExceptionGroup("x", [NotAuthorized("user 'bob' may not describe the cluster"),
+                                 ExceptionGroup("y", [ConnectionBroken("gone")])])  # fmt: skip
+    found = equeue_errors(group)
+    assert found is not None
+    assert describe(found) == "NOT_AUTHORIZED: user 'bob' may not describe the cluster; gone"
+    assert equeue_errors(ExceptionGroup("z", [ValueError("bug")])) is None
+
+
+def test_topic_rates_come_from_the_samples_within_a_minute() -> None:
+    s = Sampler(lambda: None, interval=5.0)
+    s.topics["t"] = deque([(0, [0, 0]), (30_000, [100, 10]), (70_000, [200, 20])])
+    assert s.topic_rates("t") == [2.5, 0.25]  # over the last minute of samples: 30 s → 70 s
+    assert s.topic_rate("t") == 2.75
+    s.topics["u"] = deque([(0, [5])])
+    assert s.topic_rates("u") is None and s.topic_rate("missing") is None
+    s.topics["v"] = deque([(0, [0]), (10_000, [10, 4])])  # a queue added between two samples
+    assert s.topic_rates("v") == [1.0, 0.4]
