@@ -50,6 +50,7 @@ from equeue.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
 from equeue.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
 from equeue.errors import (
     AuthenticationError,
+    AuthRequired,
     ConfigError,
     EQueueError,
     GroupHasMembers,
@@ -318,6 +319,8 @@ class Console:
                     log.exception("console: %s %s failed", request.method, request.url.path)
                     return self.render(request, "error.html", 500, user=self._user(request),
                                        error="the console failed on this request (see its log)")  # fmt: skip
+                if self.mode == "open" and isinstance(errors[0], AuthRequired):
+                    self.mode = None  # the brokers authenticate now: ask again, then sign in
                 if request.method == "POST":
                     self.flash(request, describe(errors), ok=False)
                     return RedirectResponse(_back(request), 303)

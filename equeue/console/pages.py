@@ -121,8 +121,10 @@ def routes(console: Console) -> list[Route]:
     async def cluster(request: Request, v: Viewer) -> Response:
         report = await admin.cluster_report(v.router)
         replication = {r.group: r for r in report.replication}
+        followers = {(r.group, f.broker_id): f for r in report.replication if r.status for f in r.status.replicas}
+        health = {(h.group, h.broker_id): h for h in report.health}
         return render(request, "cluster.html", user=v.user, report=report, replication=replication,
-                      elections=list(sampler.elections))  # fmt: skip
+                      followers=followers, health=health, elections=list(sampler.elections))  # fmt: skip
 
     # ------------------------------------------------------------------ topics
     async def topics(request: Request, v: Viewer) -> Response:

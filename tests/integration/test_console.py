@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from equeue import Message, __version__, wire
+from equeue import Message, __version__, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import EmbeddedBroker
 from equeue.broker.auth import make_user, update_users_file
@@ -148,6 +148,15 @@ def test_a_dead_broker_is_a_message(tmp_path: Path) -> None:
         assert r.status_code == 503 and "no broker answered" in r.text and "Traceback" not in r.text
 
 
+def test_a_broker_that_stops_under_the_console_is_a_message(tmp_path: Path) -> None:
+    with EmbeddedBroker(make_config(tmp_path / "data")) as b, console(b.address) as (client, _):
+        assert client.get("/topics").status_code == 200
+        b.stop()
+        r = client.get("/topics")
+        assert r.status_code == 502 and "cannot connect" in texts(r.text, "page-error")[0]
+        assert "Traceback" not in r.text
+
+
 # ---------------------------------------------------------------------- open mode: actions
 def test_topic_actions_change_the_broker(open_broker: EmbeddedBroker) -> None:
     with console(open_broker.address) as (client, _), Client(open_broker.address) as c:
@@ -202,6 +211,24 @@ def test_reset_offsets_and_dead_letter_resend_change_the_broker(open_broker: Emb
         client.post("/dlq/rg/resend", data={"what": "all", "csrf": token})
         assert [d.resent for d in c.dlq_list("rg").letters] == [True, True]
         assert "resent 1 dead letter(s), 1 resent before" in client.get("/dlq/rg").text
+
+
+def test_a_reset_is_refused_while_members_are_live_unless_forced(open_broker: EmbeddedBroker) -> None:
+    with Client(open_broker.address) as c:
+        c.create_topic("live", 1, exist_ok=True)
+        c.produce(wire.ProduceRequest("live", 0, [wire.encode_entry(Message("m"))] * 3))
+        c.commit_offset("lg", "live", 0, 3)
+        c.heartbeat(control.Heartbeat("lg", "member-1", ["live"], host="host-a"))  # a live member
+        with console(open_broker.address) as (client, _):
+            token = csrf(client)
+            page = client.get("/groups/lg")
+            assert re.findall(r'data-member="([^"]+)"', page.text) == ["member-1"]
+            assert texts(page.text, "group-member-count") == ["1"]
+            client.post("/groups/lg/reset", data={"topic": "live", "to": "earliest", "csrf": token})
+            assert "GROUP_HAS_MEMBERS" in texts(client.get("/groups/lg").text, "flash")[0]
+            assert c.query_offset("lg", "live", 0) == 3  # unchanged
+            client.post("/groups/lg/reset", data={"topic": "live", "to": "earliest", "force": "1", "csrf": token})
+            assert c.query_offset("lg", "live", 0) == 0
 
 
 def test_the_sampler_fills_the_overview_chart(open_broker: EmbeddedBroker) -> None:

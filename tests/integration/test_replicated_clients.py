@@ -113,6 +113,34 @@ def cli(*args: str) -> tuple[int, str]:
     return res.exit_code, res.stdout + res.stderr
 
 
+def test_the_web_console_shows_the_group_its_leader_and_each_replica(replicas: Replicas) -> None:
+    """The console's cluster and overview pages (docs/console.md) on a real replicated
+    group: its leader, epoch and ISR as etcd has them, a row per replica, each
+    broker's statistics, and the leader the sampler saw."""
+    from starlette.testclient import TestClient
+
+    from equeue.console import Console, ConsoleConfig
+    from equeue.security import ClientSecurity
+    from tests.integration.test_console import texts
+
+    group = replicas.group()
+    assert group is not None
+    con = Console(ConsoleConfig(replicas.bootstrap, security=ClientSecurity(), sample_interval=0.2))
+    with TestClient(con.app(), backend="trio") as client:
+        page = client.get("/cluster")
+        assert page.status_code == 200
+        assert texts(page.text, "group-leader") == [group.leader]
+        assert texts(page.text, "group-epoch") == [str(group.epoch)]
+        assert texts(page.text, "group-isr") == [", ".join(group.isr)]
+        assert texts(page.text, "etcd-health") == ["reachable"]
+        assert page.text.count('data-testid="replica-row"') == 2
+        home = client.get("/")
+        assert home.text.count('data-testid="broker-version"') == 2  # both replicas answered STATS
+        wait_until_sync(lambda: len(con.sampler.elections) > 0, what="the sampler saw the leader")
+        assert 'data-testid="election-row"' in client.get("/cluster").text
+        assert con.sampler.elections[0].leader == group.leader
+
+
 async def test_producer_consumer_and_cli_across_a_leader_kill(replicas: Replicas) -> None:
     _, leader = await trio.to_thread.run_sync(replicas.leader)
     group = await trio.to_thread.run_sync(replicas.group)
