@@ -16,6 +16,7 @@ console, each a child process (the shared pieces are in ``tests/browser/harness.
   ``tmp_path`` and, when ``EQUEUE_SCREENSHOTS=<dir>`` is set, under a stable name in that
   directory (the pictures of docs/console.md: ``EQUEUE_SCREENSHOTS=docs/console``).
 """
+
 from __future__ import annotations
 
 import os
