@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import sync_playwright
+from playwright.sync_api import expect, sync_playwright
 
 from equeue.broker.process import BrokerProcess
 from equeue.client.sync import Client
@@ -35,6 +35,7 @@ from tests.browser.harness import (
     CHROMIUM_ARGS,
     CONSOLE,
     CONSOLE_PW,
+    TIMEOUT_MS,
     ConsoleProcess,
     Seeded,
     creds,
@@ -42,6 +43,21 @@ from tests.browser.harness import (
     seed,
     write_users,
 )
+
+# the page assertions wait as long as the pages may take (Playwright's default is 5 s)
+expect.set_options(timeout=TIMEOUT_MS)
+
+
+@pytest.fixture(autouse=True)
+def _grouped_by_xdist(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` every browser test is in its module's xdist group (its
+    node id carries ``@group``): else xdist spreads a module over the workers and each
+    starts its own broker, console and Chromium. (pytest 9.2 changed node ids so that
+    pytest-xdist 3.8 no longer marks them: pyproject.toml keeps pytest below 9.2.)"""
+    if request.config.getoption("loadgroup", False):
+        assert "@" in request.node.nodeid, (
+            f"{request.node.nodeid}: --dist loadgroup did not group it"
+        )
 
 
 @pytest.fixture(scope="module")

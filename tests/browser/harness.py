@@ -232,6 +232,14 @@ def shoot(page: Any, name: str, tmp_path: Path) -> Path:
     return path
 
 
+def follow(target: Any) -> None:
+    """Click ``target`` (a link or a submit button) and wait until the page it leads
+    to has loaded: a locator does not wait for a navigation, so reading the page right
+    after a bare click could read the page before it."""
+    with target.page.expect_navigation(wait_until="load"):
+        target.click()
+
+
 def sign_in(context: Any, url: str, user: str, password: str) -> Any:
     """A page of ``context`` signed in to the console at ``url`` as ``user`` (through
     the sign-in form), on the overview."""
@@ -239,7 +247,7 @@ def sign_in(context: Any, url: str, user: str, password: str) -> Any:
     page.goto(url + "/login")
     page.get_by_test_id("username").fill(user)
     page.get_by_test_id("password").fill(password)
-    page.get_by_test_id("sign-in").click()
+    follow(page.get_by_test_id("sign-in"))
     expect(page.get_by_test_id("signed-in-user")).to_have_text(user)
     return page
 

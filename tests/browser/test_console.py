@@ -31,6 +31,7 @@ from tests.browser.harness import (
     ConsoleProcess,
     Seeded,
     creds,
+    follow,
     key,
     new_context,
     number,
@@ -84,15 +85,15 @@ def test_sign_in_refuses_a_wrong_password_then_signs_in(
     expect(page).to_have_url(console_url + "/login?next=%2Ftopics")  # a page asks for sign-in first
     page.get_by_test_id("username").fill(ADMIN)
     page.get_by_test_id("password").fill("not-the-password")
-    page.get_by_test_id("sign-in").click()
+    follow(page.get_by_test_id("sign-in"))
     expect(page.get_by_test_id("login-error")).to_contain_text("wrong user name or password")
     expect(page.get_by_test_id("signed-in-user")).to_have_count(0)
     shoot(page, "sign-in", tmp_path)
     page.get_by_test_id("password").fill(ADMIN_PW)
-    page.get_by_test_id("sign-in").click()
+    follow(page.get_by_test_id("sign-in"))
     expect(page).to_have_url(console_url + "/topics")  # back where it was going
     expect(page.get_by_test_id("signed-in-user")).to_have_text(ADMIN)
-    page.get_by_test_id("sign-out").click()
+    follow(page.get_by_test_id("sign-out"))
     expect(page).to_have_url(console_url + "/login")
     page.goto(console_url + "/groups")
     expect(page.get_by_test_id("login-form")).to_be_visible()  # signed out: the session is gone
@@ -103,7 +104,7 @@ def test_overview_shows_the_brokers_stats(
     admin_page: Any, admin_client: Client, seeded: Seeded, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-overview").click()
+    follow(page.get_by_test_id("nav-overview"))
     stats = admin_client.stats()
     brokers = page.get_by_test_id("broker-row")
     expect(brokers).to_have_count(1)
@@ -120,7 +121,7 @@ def test_cluster_page_of_a_standalone_broker(
     admin_page: Any, admin_client: Client, seeded: Seeded
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-cluster").click()
+    follow(page.get_by_test_id("nav-cluster"))
     expect(page.get_by_test_id("standalone")).to_contain_text(
         admin_client.cluster_status().broker_id
     )
@@ -134,7 +135,7 @@ def test_topics_page_matches_the_broker(
     admin_page: Any, admin_client: Client, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-topics").click()
+    follow(page.get_by_test_id("nav-topics"))
     expect(page.get_by_test_id("topics-table")).to_be_visible()
     shown = rows(page, "topic-row", "data-topic")
     assert set(shown) == {t.name for t in admin_client.list_topics(include_internal=False)}
@@ -153,8 +154,8 @@ def test_topic_page_matches_the_broker(
     admin_page: Any, admin_client: Client, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-topics").click()
-    page.get_by_test_id("topic-row").filter(has_text=ORDERS).get_by_test_id("topic-link").click()
+    follow(page.get_by_test_id("nav-topics"))
+    follow(page.get_by_test_id("topic-row").filter(has_text=ORDERS).get_by_test_id("topic-link"))
     expect(page.get_by_test_id("topic-name")).to_have_text(ORDERS)
     d = admin_client.describe_topic(ORDERS)
     queues = rows(page, "queue-row", "data-queue")
@@ -174,7 +175,7 @@ def test_groups_and_group_pages_match_the_broker(
     admin_page: Any, admin_client: Client, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-groups").click()
+    follow(page.get_by_test_id("nav-groups"))
     shown = rows(page, "group-row", "data-group")
     assert set(shown) == {g.group for g in admin_client.list_groups()}
     d = admin_client.describe_group(GROUP)
@@ -183,7 +184,7 @@ def test_groups_and_group_pages_match_the_broker(
     assert number(shown[GROUP], "group-lag") == total
     shoot(page, "groups", tmp_path)
 
-    shown[GROUP].get_by_test_id("group-link").click()
+    follow(shown[GROUP].get_by_test_id("group-link"))
     expect(page.get_by_test_id("group-name")).to_have_text(GROUP)
     assert number(page, "group-total-lag") == total
     queues = page.get_by_test_id("group-queue-row")
@@ -200,12 +201,12 @@ def test_messages_lookups_show_the_brokers_message(
     admin_page: Any, admin_client: Client, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-messages").click()
+    follow(page.get_by_test_id("nav-messages"))
     # by queue offset
     page.get_by_test_id("lookup-queue-topic").fill(ORDERS)
     page.get_by_test_id("lookup-queue-queue").fill("0")
     page.get_by_test_id("lookup-queue-offset").fill("2")
-    page.get_by_test_id("lookup-queue-submit").click()
+    follow(page.get_by_test_id("lookup-queue-submit"))
     [want] = admin_client.get_message(ORDERS, 0, 2).messages
     found = page.get_by_test_id("message")
     expect(found).to_have_count(1)
@@ -215,7 +216,7 @@ def test_messages_lookups_show_the_brokers_message(
     assert text(found, "message-position") == "0 / 2"
     # by global offset (the same message)
     page.get_by_test_id("lookup-global-offset").fill(str(want.global_offset))
-    page.get_by_test_id("lookup-global-submit").click()
+    follow(page.get_by_test_id("lookup-global-submit"))
     expect(page.get_by_test_id("message")).to_have_attribute(
         "data-global-offset", str(want.global_offset)
     )
@@ -224,7 +225,7 @@ def test_messages_lookups_show_the_brokers_message(
     wanted = key(ORDERS, 1, 2)
     page.get_by_test_id("lookup-key-topic").fill(ORDERS)
     page.get_by_test_id("lookup-key-key").fill(wanted)
-    page.get_by_test_id("lookup-key-submit").click()
+    follow(page.get_by_test_id("lookup-key-submit"))
     [by_key] = admin_client.find_by_key(ORDERS, wanted).messages
     expect(page.get_by_test_id("message")).to_have_count(1)
     assert text(page, "message-body") == by_key.text
@@ -236,8 +237,8 @@ def test_dead_letters_page_matches_the_broker(
     admin_page: Any, admin_client: Client, tmp_path: Path
 ) -> None:
     page = admin_page
-    page.get_by_test_id("nav-dlq").click()
-    page.get_by_test_id("dlq-group-link").filter(has_text=GROUP).click()
+    follow(page.get_by_test_id("nav-dlq"))
+    follow(page.get_by_test_id("dlq-group-link").filter(has_text=GROUP))
     expect(page.get_by_test_id("dlq-group-name")).to_have_text(GROUP)
     letters = admin_client.dlq_list(GROUP).letters
     shown = rows(page, "dlq-row", "data-id")
@@ -255,13 +256,13 @@ def test_a_limited_user_sees_what_the_broker_shows_it(
     alice_page: Any, alice_client: Client, console_url: str
 ) -> None:
     page = alice_page
-    page.get_by_test_id("nav-overview").click()
+    follow(page.get_by_test_id("nav-overview"))
     # the overview needs the cluster's describe right, which alice lacks: the refusal is shown
     expect(page.get_by_test_id("page-error")).to_contain_text("NOT_AUTHORIZED")
-    page.get_by_test_id("nav-topics").click()
+    follow(page.get_by_test_id("nav-topics"))
     shown = set(rows(page, "topic-row", "data-topic"))
     assert shown == {t.name for t in alice_client.list_topics(include_internal=False)} == {ORDERS}
-    page.get_by_test_id("nav-groups").click()
+    follow(page.get_by_test_id("nav-groups"))
     assert (
         set(rows(page, "group-row", "data-group"))
         == {g.group for g in alice_client.list_groups()}
@@ -279,7 +280,7 @@ def test_a_limited_user_is_refused_and_nothing_changes(
     page.goto(console_url + "/topics")
     page.get_by_test_id("create-topic").locator("summary").click()
     page.get_by_test_id("create-topic-name").fill("orders.alice")
-    page.get_by_test_id("create-topic-submit").click()
+    follow(page.get_by_test_id("create-topic-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
     assert "orders.alice" not in {t.name for t in admin_client.list_topics()}
 
@@ -288,22 +289,22 @@ def test_a_limited_user_is_refused_and_nothing_changes(
     page.goto(f"{console_url}/groups/{GROUP}")
     page.get_by_test_id("reset-topic").select_option(ORDERS)
     page.get_by_test_id("reset-to").select_option("latest")
-    page.get_by_test_id("reset-submit").click()
+    follow(page.get_by_test_id("reset-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
     assert admin_client.describe_group(GROUP).queues == before
 
     # resend the dead letters: the admin role's
     letters = admin_client.dlq_list(GROUP).letters
     page.goto(f"{console_url}/dlq/{GROUP}")
-    page.get_by_test_id("dlq-resend-all").click()
+    follow(page.get_by_test_id("dlq-resend-all"))
     expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
     assert admin_client.dlq_list(GROUP).letters == letters
 
     # delete a topic she may see and consume
     page.goto(f"{console_url}/topics/{ORDERS}")
-    page.get_by_test_id("delete-topic").click()
+    follow(page.get_by_test_id("delete-topic"))
     page.get_by_test_id("delete-topic-confirm").fill(ORDERS)
-    page.get_by_test_id("delete-topic-submit").click()
+    follow(page.get_by_test_id("delete-topic-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
     assert ORDERS in {t.name for t in admin_client.list_topics()}
 
@@ -311,11 +312,11 @@ def test_a_limited_user_is_refused_and_nothing_changes(
 # ----------------------------------------------------------------------------- actions (admin)
 def test_create_a_topic(admin_page: Any, admin_client: Client, console_url: str) -> None:
     page = admin_page
-    page.get_by_test_id("nav-topics").click()
+    follow(page.get_by_test_id("nav-topics"))
     page.get_by_test_id("create-topic").locator("summary").click()
     page.get_by_test_id("create-topic-name").fill("orders.created")
     page.get_by_test_id("create-topic-queues").fill("3")
-    page.get_by_test_id("create-topic-submit").click()
+    follow(page.get_by_test_id("create-topic-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text(
         "topic orders.created created with 3 queues"
     )
@@ -333,7 +334,7 @@ def test_reset_a_groups_offsets(admin_page: Any, admin_client: Client, console_u
     page.goto(f"{console_url}/groups/{RESET_GROUP}")
     page.get_by_test_id("reset-topic").select_option(PAYMENTS)
     page.get_by_test_id("reset-to").select_option("earliest")
-    page.get_by_test_id("reset-submit").click()
+    follow(page.get_by_test_id("reset-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text(
         f"group {RESET_GROUP}: offsets of {PAYMENTS} reset to earliest"
     )
@@ -352,9 +353,11 @@ def test_resend_a_dead_letter(admin_page: Any, admin_client: Client, console_url
     assert not first.resent
     origin_end = admin_client.queue_offsets(first.origin_topic, first.origin_queue).max_offset
     page.goto(f"{console_url}/dlq/{GROUP}")
-    page.locator(f'[data-testid="dlq-row"][data-id="{first.id}"]').get_by_test_id(
-        "dlq-resend-one"
-    ).click()
+    follow(
+        page.locator(f'[data-testid="dlq-row"][data-id="{first.id}"]').get_by_test_id(
+            "dlq-resend-one"
+        )
+    )
     expect(page.get_by_test_id("flash")).to_contain_text("resent 1 dead letter(s)")
     # the broker: that letter is marked resent, the others are not, and it is back in its origin queue
     letters = {d.id: d for d in admin_client.dlq_list(GROUP).letters}
@@ -369,7 +372,7 @@ def test_resend_a_dead_letter(admin_page: Any, admin_client: Client, console_url
             page.locator(f'[data-testid="dlq-row"][data-id="{d.id}"]').get_by_test_id("dlq-state")
         ).to_have_text("dead")
     # resending it again sends nothing
-    row.get_by_test_id("dlq-resend-one").click()
+    follow(row.get_by_test_id("dlq-resend-one"))
     expect(page.get_by_test_id("flash")).to_contain_text("resent 0 dead letter(s), 1 resent before")
     assert (
         admin_client.queue_offsets(first.origin_topic, first.origin_queue).max_offset
@@ -382,15 +385,15 @@ def test_delete_a_topic_after_confirmation(
 ) -> None:
     page = admin_page
     page.goto(f"{console_url}/topics/{SCRATCH}")
-    page.get_by_test_id("delete-topic").click()
+    follow(page.get_by_test_id("delete-topic"))
     # a wrong name deletes nothing
     page.get_by_test_id("delete-topic-confirm").fill(SCRATCH + "x")
-    page.get_by_test_id("delete-topic-submit").click()
+    follow(page.get_by_test_id("delete-topic-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text("not deleted")
     assert SCRATCH in {t.name for t in admin_client.list_topics()}
     # the name deletes it
     page.get_by_test_id("delete-topic-confirm").fill(SCRATCH)
-    page.get_by_test_id("delete-topic-submit").click()
+    follow(page.get_by_test_id("delete-topic-submit"))
     expect(page.get_by_test_id("flash")).to_contain_text(f"topic {SCRATCH} deleted")
     expect(page).to_have_url(console_url + "/topics")
     assert SCRATCH not in {t.name for t in admin_client.list_topics()}

@@ -17,7 +17,7 @@ from equeue.broker.cluster.local import LocalCluster
 from equeue.client import admin
 from equeue.client.sync import Client
 from equeue.producer import Producer
-from tests.browser.harness import ConsoleProcess, new_context, number, shoot, text
+from tests.browser.harness import ConsoleProcess, follow, new_context, number, shoot, text
 from tests.conftest import wait_until_sync
 
 pytestmark = pytest.mark.xdist_group("browser-console-cluster")
@@ -88,7 +88,7 @@ def page(browser: Any, console: ConsoleProcess) -> Iterator[Any]:
 def test_cluster_page_shows_each_groups_leader_and_replicas(
     page: Any, cluster: LocalCluster, tmp_path: Path
 ) -> None:
-    page.get_by_test_id("nav-cluster").click()
+    follow(page.get_by_test_id("nav-cluster"))
     expect(page.get_by_test_id("etcd-health")).to_have_text("reachable")
     now = report(cluster)
     groups = {g.name: g for g in now.status.groups}
@@ -111,7 +111,7 @@ def test_cluster_page_shows_each_groups_leader_and_replicas(
 
 
 def test_overview_lists_every_broker(page: Any, cluster: LocalCluster) -> None:
-    page.get_by_test_id("nav-overview").click()
+    follow(page.get_by_test_id("nav-overview"))
     rows = page.get_by_test_id("broker-row")
     expect(rows).to_have_count(4)
     addresses = {b.address for b in cluster.brokers.values()}
@@ -126,10 +126,12 @@ def test_overview_lists_every_broker(page: Any, cluster: LocalCluster) -> None:
 def test_topic_page_shows_each_queues_owner_group(page: Any, cluster: LocalCluster) -> None:
     merged = admin.run_routed(cluster.bootstrap, lambda r: admin.describe_topic(r, TOPIC))
     assert set(merged.owners) == {"g1", "g2"}  # placed over both groups
-    page.get_by_test_id("nav-topics").click()
-    page.locator(f'[data-testid="topic-row"][data-topic="{TOPIC}"]').get_by_test_id(
-        "topic-link"
-    ).click()
+    follow(page.get_by_test_id("nav-topics"))
+    follow(
+        page.locator(f'[data-testid="topic-row"][data-topic="{TOPIC}"]').get_by_test_id(
+            "topic-link"
+        )
+    )
     expect(page.get_by_test_id("topic-name")).to_have_text(TOPIC)
     rows = page.get_by_test_id("queue-row")
     expect(rows).to_have_count(QUEUES)
