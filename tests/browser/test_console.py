@@ -10,6 +10,7 @@ what the screenshots show."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,15 @@ def rows(page: Any, testid: str, attr: str) -> dict[str, Any]:
     return {found.nth(i).get_attribute(attr): found.nth(i) for i in range(found.count())}
 
 
+def refused(page: Any, what: str) -> None:
+    """The page shows the broker's refusal of alice's action: NOT_AUTHORIZED, naming her
+    and ``what`` she lacks, as a failed action's one line."""
+    flash = page.get_by_test_id("flash")
+    expect(flash).to_contain_text(f"NOT_AUTHORIZED: user '{ALICE}'")
+    expect(flash).to_contain_text(what)
+    expect(flash).to_have_class(re.compile(r"\bfail\b"))
+
+
 # ----------------------------------------------------------------------------- sign-in
 def test_sign_in_refuses_a_wrong_password_then_signs_in(
     context: Any, console_url: str, tmp_path: Path
@@ -83,12 +93,12 @@ def test_sign_in_refuses_a_wrong_password_then_signs_in(
     page = context.new_page()
     page.goto(console_url + "/topics")
     expect(page).to_have_url(console_url + "/login?next=%2Ftopics")  # a page asks for sign-in first
+    shoot(page, "sign-in", tmp_path)
     page.get_by_test_id("username").fill(ADMIN)
     page.get_by_test_id("password").fill("not-the-password")
     follow(page.get_by_test_id("sign-in"))
     expect(page.get_by_test_id("login-error")).to_contain_text("wrong user name or password")
     expect(page.get_by_test_id("signed-in-user")).to_have_count(0)
-    shoot(page, "sign-in", tmp_path)
     page.get_by_test_id("password").fill(ADMIN_PW)
     follow(page.get_by_test_id("sign-in"))
     expect(page).to_have_url(console_url + "/topics")  # back where it was going
@@ -281,7 +291,7 @@ def test_a_limited_user_is_refused_and_nothing_changes(
     page.get_by_test_id("create-topic").locator("summary").click()
     page.get_by_test_id("create-topic-name").fill("orders.alice")
     follow(page.get_by_test_id("create-topic-submit"))
-    expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
+    refused(page, "'admin' permission on topic 'orders.alice'")
     assert "orders.alice" not in {t.name for t in admin_client.list_topics()}
 
     # reset the group's offsets: alice has describe and join on it, not reset
@@ -290,14 +300,14 @@ def test_a_limited_user_is_refused_and_nothing_changes(
     page.get_by_test_id("reset-topic").select_option(ORDERS)
     page.get_by_test_id("reset-to").select_option("latest")
     follow(page.get_by_test_id("reset-submit"))
-    expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
+    refused(page, f"'reset' permission on group '{GROUP}'")
     assert admin_client.describe_group(GROUP).queues == before
 
     # resend the dead letters: the admin role's
     letters = admin_client.dlq_list(GROUP).letters
     page.goto(f"{console_url}/dlq/{GROUP}")
     follow(page.get_by_test_id("dlq-resend-all"))
-    expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
+    refused(page, "DLQ_RESEND")
     assert admin_client.dlq_list(GROUP).letters == letters
 
     # delete a topic she may see and consume
@@ -305,7 +315,7 @@ def test_a_limited_user_is_refused_and_nothing_changes(
     follow(page.get_by_test_id("delete-topic"))
     page.get_by_test_id("delete-topic-confirm").fill(ORDERS)
     follow(page.get_by_test_id("delete-topic-submit"))
-    expect(page.get_by_test_id("flash")).to_contain_text("NOT_AUTHORIZED")
+    refused(page, f"'admin' permission on topic '{ORDERS}'")
     assert ORDERS in {t.name for t in admin_client.list_topics()}
 
 
