@@ -59,6 +59,7 @@ from equeue.errors import (
     NotAuthorized,
     TopicNotFound,
 )
+from equeue.logs import RateLimitedLog
 from equeue.security import ClientSecurity
 
 log = logging.getLogger("equeue.console")
@@ -183,6 +184,7 @@ class Console:
         self.mode: str | None = None
         self.sessions: SessionTable | None = None
         self.service: Link | None = None
+        self.logs = RateLimitedLog(log, 10.0, trio.current_time)
         self.sampler = Sampler(lambda: self.service.router if self.service else None,
                                interval=config.sample_interval, window=config.window)  # fmt: skip
         self.env = jinja2.Environment(
@@ -197,7 +199,10 @@ class Console:
     @asynccontextmanager
     async def lifespan(self, app: Any = None) -> AsyncIterator[None]:
         """Open the console's connection, session table, sampler and reaper; close
-        every session and connection at the end."""
+        every session and connection at the end. One lifespan at a time: the state
+        belongs to the trio loop that runs it."""
+        if self.service is not None:
+            raise RuntimeError("this console already runs: one application (lifespan) at a time")
         async with trio.open_nursery() as nursery:
             self.service = await open_link(nursery, self.config.brokers, self.config.security, probe=False)
             self.sessions = SessionTable(nursery, self.config.brokers, self.config.security,
@@ -210,6 +215,7 @@ class Console:
             finally:
                 self.sessions.close_all()
                 self.service.close()
+                self.service = self.sessions = None
                 nursery.cancel_scope.cancel()
 
     async def _reaper(self) -> None:
@@ -315,8 +321,9 @@ class Console:
                                    error=f"the brokers did not answer within {PAGE_BUDGET:g} s")  # fmt: skip
             except Exception as exc:
                 errors = equeue_errors(exc)
-                if errors is None:
-                    log.exception("console: %s %s failed", request.method, request.url.path)
+                if errors is None:  # a bug: logged (a client may repeat it: rate-limited), not shown
+                    self.logs.log(logging.ERROR, request.url.path, "console: %s %s failed", request.method,
+                                  request.url.path, exc_info=exc)  # fmt: skip
                     return self.render(request, "error.html", 500, user=self._user(request),
                                        error="the console failed on this request (see its log)")  # fmt: skip
                 if self.mode == "open" and isinstance(errors[0], AuthRequired):

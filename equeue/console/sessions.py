@@ -34,7 +34,7 @@ from equeue.security import ClientSecurity, Credentials
 
 log = logging.getLogger("equeue.console")
 
-__all__ = ["CONSOLE_POLICY", "Link", "Session", "SessionTable", "open_link"]
+__all__ = ["CONSOLE_POLICY", "MAX_SESSIONS", "Link", "Session", "SessionTable", "open_link"]
 
 #: how the console retries a request: briefly, so a dead broker shows as an error on
 #: the page within seconds instead of holding the request for a failover's length
@@ -43,6 +43,9 @@ CONSOLE_POLICY = RetryPolicy(attempts=2, timeout=4.0)
 CONNECT_TIMEOUT = 3.0
 #: seconds between two route refreshes of a held router
 REFRESH_INTERVAL = 30.0
+#: most sessions held at once (each holds connections): past it, the least recently
+#: used one is signed out
+MAX_SESSIONS = 1000
 
 
 @attrs.define
@@ -129,9 +132,10 @@ class SessionTable:
 
     def __init__(
         self, nursery: trio.Nursery, brokers: str, security: ClientSecurity, *, idle: float,
-        clock: Callable[[], float] = trio.current_time,
+        clock: Callable[[], float] = trio.current_time, max_sessions: int = MAX_SESSIONS,
     ) -> None:  # fmt: skip
         self._nursery = nursery
+        self.max_sessions = max_sessions
         self._brokers = brokers
         #: the console's TLS settings to the brokers (credentials: each user's)
         self._tls = security.tls
@@ -149,6 +153,10 @@ class SessionTable:
         creds = Credentials(username, password)
         link = await open_link(self._nursery, self._brokers, ClientSecurity(tls=self._tls, credentials=creds), probe=True)
         session = Session(secrets.token_urlsafe(32), username, link, secrets.token_urlsafe(32), self._clock())
+        if len(self._sessions) >= self.max_sessions:
+            self.expire()
+        while len(self._sessions) >= self.max_sessions:
+            self.close(min(self._sessions.values(), key=lambda s: s.last_used).sid)
         self._sessions[session.sid] = session
         log.info("console sign-in", extra={"user": username})
         return session

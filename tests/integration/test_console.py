@@ -282,6 +282,24 @@ def test_an_idle_session_expires(secured: EmbeddedBroker) -> None:
         assert con.sessions is not None and len(con.sessions) == 0
 
 
+def test_the_least_recently_used_session_goes_past_the_limit(secured: EmbeddedBroker) -> None:
+    with console(secured.address) as (client, con):
+        assert con.sessions is not None
+        con.sessions.max_sessions = 1
+        assert sign_in(client, "root", "root-pw").status_code == 303
+        first = dict(client.cookies)
+        client.cookies.clear()  # another browser
+        assert sign_in(client, "alice", "alice-pw").status_code == 303
+        second = dict(client.cookies)
+        assert len(con.sessions) == 1
+        client.cookies.clear()
+        client.cookies.update(first)
+        assert client.get("/topics").status_code == 303  # signed out
+        client.cookies.clear()
+        client.cookies.update(second)
+        assert client.get("/topics").status_code == 200
+
+
 def test_an_acl_limited_user_sees_and_does_what_the_broker_allows(secured: EmbeddedBroker) -> None:
     with console(secured.address) as (client, _), Client(secured.address, security=ROOT) as root:
         assert sign_in(client, "alice", "alice-pw").status_code == 303

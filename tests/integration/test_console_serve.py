@@ -81,3 +81,33 @@ def test_a_taken_port_is_one_error_line(embedded_broker: EmbeddedBroker) -> None
             capture_output=True, text=True, cwd=ROOT, timeout=60,
         )  # fmt: skip
     assert r.returncode == 1 and r.stderr.startswith("error: cannot listen on") and "Traceback" not in r.stderr
+
+
+def test_sign_in_to_brokers_over_tls(tmp_path: Path) -> None:
+    """The console's TLS settings to the brokers (as the CLI's) carry every user's
+    connection: sign-in runs SCRAM inside TLS."""
+    from starlette.testclient import TestClient
+
+    from equeue.acl import UsersFile
+    from equeue.broker.auth import make_user
+    from equeue.broker.auth import update_users_file as update
+    from equeue.console import Console
+    from equeue.security import TlsSettings
+    from tests.conftest import make_config
+    from tests.integration.test_console import sign_in, texts
+
+    ca = trustme.CA()
+    ca_file, server = tmp_path / "ca.pem", tmp_path / "server.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(str(server))
+    users = tmp_path / "users.json"
+    update(users, lambda _: UsersFile().with_user(make_user("root", "root-pw", admin=True)))
+    with EmbeddedBroker(make_config(tmp_path / "data", tls_cert=server, users_file=users)) as b:
+        plain = Console(ConsoleConfig(b.address, security=ClientSecurity()))
+        with TestClient(plain.app(), backend="trio", follow_redirects=False) as client:
+            r = sign_in(client, "root", "root-pw")  # without TLS the broker cannot be reached
+            assert r.status_code == 400 and "closed during the handshake" in texts(r.text, "login-error")[0]
+        tls = Console(ConsoleConfig(b.address, security=ClientSecurity(tls=TlsSettings(ca_file=ca_file))))
+        with TestClient(tls.app(), backend="trio", follow_redirects=False) as client:
+            assert sign_in(client, "root", "root-pw").status_code == 303
+            assert texts(client.get("/topics").text, "signed-in-user") == ["root"]
