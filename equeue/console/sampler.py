@@ -10,8 +10,9 @@ numbers the user's own request just read.
 
 One round is bounded: at most :data:`MAX_TOPICS` topics and :data:`MAX_GROUPS`
 groups are sampled, and a round that takes longer than ``interval`` is cut off.
-A failed round (a broker down, the console's credentials refused) is logged at most
-once a minute and noted in :attr:`Sampler.last_error`.
+A failed round (a broker down, the console's credentials refused) is noted in
+:attr:`Sampler.last_error` and logged when the failure starts or changes (and every
+10 minutes while it lasts).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ MAX_TOPICS = 200
 MAX_GROUPS = 100
 #: most leader changes remembered
 MAX_ELECTIONS = 50
-#: seconds between two log lines of failing rounds
-_LOG_EVERY = 60.0
+#: seconds between two log lines of the same failure
+_LOG_EVERY = 600.0
 
 
 @attrs.frozen
@@ -85,6 +86,7 @@ class Sampler:
         self.rounds = 0
         self.last_error = ""
         self._logged = -_LOG_EVERY
+        self._logged_error = ""
 
     # ------------------------------------------------------------------ the task
     async def run(self) -> None:
@@ -110,9 +112,13 @@ class Sampler:
                 errors.append(describe(found))
         self.rounds += 1
         self.last_error = "; ".join(dict.fromkeys(errors))
-        if errors and trio.current_time() - self._logged >= _LOG_EVERY:
+        # a lasting failure (no credentials of its own, a broker down) is logged when it
+        # starts or changes, and again every _LOG_EVERY s
+        changed = self.last_error != self._logged_error
+        if errors and (changed or trio.current_time() - self._logged >= _LOG_EVERY):
             self._logged = trio.current_time()
             log.warning("console sampler: %s", self.last_error)
+        self._logged_error = self.last_error
 
     def _deque(self, table: dict[str, Any], key: str) -> Any:
         if key not in table:

@@ -9,8 +9,9 @@ import json
 from typing import Any
 
 import attrs
+import humanfriendly
 
-from equeue.config import format_retention_bytes, format_retention_ms, format_size
+from equeue.config import format_retention_bytes, format_retention_ms
 from equeue.console.failures import BadInput
 from equeue.errors import ConfigError
 from equeue.times import parse_time_ms
@@ -78,7 +79,8 @@ def iso(ms: int | None) -> str:
 
 
 def size(n: int | None) -> str:
-    return "" if n is None else format_size(n)
+    """Bytes for reading: ``512 bytes``, ``11.41 KiB``, ``8 GiB``."""
+    return "" if n is None else humanfriendly.format_size(n, binary=True)
 
 
 def retention(ms: int | None, nbytes: int | None) -> str:

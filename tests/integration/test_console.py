@@ -311,3 +311,24 @@ def test_an_acl_limited_user_sees_and_does_what_the_broker_allows(secured: Embed
         assert r.status_code == 303
         assert "NOT_AUTHORIZED" in texts(client.get("/topics").text, "flash")[0]
         assert "hers" not in {t.name for t in root.list_topics()}
+
+
+async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens at the address: every round fails the same way; the log says so
+    once, not every minute (the overview page shows ``last_error``)."""
+    import logging
+
+    import trio
+
+    from equeue.console.sampler import Sampler
+    from equeue.console.sessions import open_link
+
+    link = await open_link(nursery, "127.0.0.1:1", ClientSecurity(), probe=False)
+    sampler = Sampler(lambda: link.router, interval=0.1)
+    with caplog.at_level(logging.WARNING, logger="equeue.console"), trio.fail_after(30):
+        for _ in range(3):
+            await sampler.sample()
+            sampler._logged -= 120  # as if two minutes went by between rounds
+    link.close()
+    assert sampler.rounds == 3 and "cannot connect" in sampler.last_error
+    assert len([r for r in caplog.records if r.getMessage().startswith("console sampler:")]) == 1

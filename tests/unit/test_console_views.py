@@ -9,7 +9,7 @@ import pytest
 
 from equeue.console.failures import BadInput, describe, equeue_errors
 from equeue.console.sampler import Sampler
-from equeue.console.views import form_int, form_time_ms, render_body
+from equeue.console.views import duration, form_int, form_time_ms, render_body, size
 from equeue.errors import ConnectionBroken, NotAuthorized
 
 
@@ -62,3 +62,8 @@ def test_topic_rates_come_from_the_samples_within_a_minute() -> None:
     assert s.topic_rates("u") is None and s.topic_rate("missing") is None
     s.topics["v"] = deque([(0, [0]), (10_000, [10, 4])])  # a queue added between two samples
     assert s.topic_rates("v") == [1.0, 0.4]
+
+
+def test_sizes_and_durations_read_as_a_person_would() -> None:
+    assert [size(60), size(11679), size(8 << 30), size(None)] == ["60 bytes", "11.41 KiB", "8 GiB", ""]
+    assert [duration(12), duration(423), duration(7380), duration(3 * 86400 + 4 * 3600)] == ["12s", "7m 3s", "2h 3m", "3d 4h"]
