@@ -297,7 +297,22 @@ def test_a_limited_user_sees_what_the_broker_shows_it(
         == {GROUP}
     )
     page.goto(f"{console_url}/topics/{PAYMENTS}")
-    expect(page.get_by_test_id("page-error")).to_contain_text("NOT_AUTHORIZED")
+    expect(page.get_by_test_id("page-error")).to_contain_text(
+        f"NOT_AUTHORIZED: user '{ALICE}' has no 'describe' permission on topic '{PAYMENTS}'"
+    )
+    # she may read orders.* messages, not payments'
+    [mine] = alice_client.get_message(ORDERS, 1, 1).messages
+    page.goto(f"{console_url}/messages?by=queue&topic={ORDERS}&queue=1&offset=1")
+    expect(page.get_by_test_id("message-body")).to_have_text(mine.text)
+    page.goto(f"{console_url}/messages?by=queue&topic={PAYMENTS}&queue=0&offset=0")
+    expect(page.get_by_test_id("page-error")).to_contain_text(  # its route first: describe
+        f"NOT_AUTHORIZED: user '{ALICE}' has no 'describe' permission on topic '{PAYMENTS}'"
+    )
+    # the group's dead letters: she may list them (join), as the broker lists them to her
+    page.goto(f"{console_url}/dlq/{GROUP}")
+    assert list(rows(page, "dlq-row", "data-id")) == [
+        str(d.id) for d in alice_client.dlq_list(GROUP).letters
+    ]
 
 
 def test_a_limited_user_is_refused_and_nothing_changes(
