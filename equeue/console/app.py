@@ -34,6 +34,8 @@ import attrs
 import jinja2
 import trio
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
@@ -64,10 +66,12 @@ from equeue.security import ClientSecurity
 
 log = logging.getLogger("equeue.console")
 
-__all__ = ["MAX_REQUEST_HEAD", "Console", "ConsoleConfig", "HeadLimit"]
+__all__ = ["MAX_REQUEST_BODY", "MAX_REQUEST_HEAD", "BodyLimit", "Console", "ConsoleConfig", "HeadLimit"]
 
 #: bytes of a request line and headers
 MAX_REQUEST_HEAD = 8192
+#: bytes of a request body (a form)
+MAX_REQUEST_BODY = 64 * 1024
 #: seconds a page may spend asking the brokers
 PAGE_BUDGET = 10.0
 #: the session cookie's name
@@ -112,6 +116,29 @@ class HeadLimit:
                 answer = PlainTextResponse("request header fields too large\n", status_code=431,
                                            headers={"connection": "close"})  # fmt: skip
                 await answer(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body must say its length (411) and be at most
+    ``limit`` bytes (413): forms are small, and a body is read whole before it is parsed."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
+            headers = dict(scope["headers"])
+            length = headers.get(b"content-length")
+            status, text = 0, ""
+            if length is None:
+                status, text = (411, "a request body needs a Content-Length\n") if b"transfer-encoding" in headers else (0, "")
+            elif not length.isdigit() or int(length) > self.limit:
+                status, text = 413, f"a request body is at most {self.limit} bytes\n"
+            if status:
+                await PlainTextResponse(text, status_code=status, headers={"connection": "close"})(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -182,6 +209,7 @@ class Console:
         #: "open" (the brokers need no sign-in), "auth", or None (not known yet: no
         #: broker answered)
         self.mode: str | None = None
+        self._detecting = trio.Lock()
         self.sessions: SessionTable | None = None
         self.service: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
@@ -227,18 +255,19 @@ class Console:
     async def detect_mode(self) -> None:
         """Learn whether the brokers authenticate: connect without credentials. Left
         unknown (None) when no broker answers; asked again by the next request."""
-        if self.mode is not None:
-            return
-        anonymous = ClientSecurity(tls=self.config.security.tls)
-        async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
-            try:
-                with trio.fail_after(CONNECT_TIMEOUT * 2):
-                    await _probe(c)
-                self.mode = "open"
-            except AuthenticationError:
-                self.mode = "auth"
-            except (EQueueError, trio.TooSlowError) as exc:
-                log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
+        async with self._detecting:  # one probe at a time: concurrent requests wait for its answer
+            if self.mode is not None:
+                return
+            anonymous = ClientSecurity(tls=self.config.security.tls)
+            async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
+                try:
+                    with trio.fail_after(CONNECT_TIMEOUT * 2):
+                        await _probe(c)
+                    self.mode = "open"
+                except AuthenticationError:
+                    self.mode = "auth"
+                except (EQueueError, trio.TooSlowError) as exc:
+                    log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
 
     # ------------------------------------------------------------------ rendering
     def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -273,7 +302,10 @@ class Console:
     async def check_csrf(self, request: Request) -> Any:
         """The POSTed form, after its CSRF token (field or header) matched the
         session's. Raises _Redirect with a 403 page when it does not."""
-        form = await request.form(max_files=0, max_fields=1000)
+        try:
+            form = await request.form(max_files=0, max_fields=1000)
+        except (HTTPException, MultiPartException) as exc:
+            raise BadInput(f"the form could not be read: {getattr(exc, 'detail', None) or exc}") from None
         sent = str(form.get("csrf") or request.headers.get("x-csrf-token") or "")
         token = request.session.get("csrf")
         if not isinstance(token, str) or not secrets.compare_digest(sent.encode(), token.encode()):
@@ -358,6 +390,7 @@ class Console:
             lifespan=self.lifespan,
             middleware=[
                 Middleware(HeadLimit),
+                Middleware(BodyLimit),
                 Middleware(SecurityHeaders),
                 Middleware(SessionMiddleware, secret_key=self.secret, session_cookie=COOKIE, max_age=None,
                            same_site="strict", https_only=self.config.https),

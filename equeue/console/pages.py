@@ -235,7 +235,7 @@ def routes(console: Console) -> list[Route]:
     async def group(request: Request, v: Viewer) -> Response:
         name = request.path_params["name"]
         d = await admin.describe_group(v.router, name)
-        topics = sorted({q.topic for q in d.queues})
+        topics = sorted({q.topic for q in d.queues} | {t for m in d.members for t in m.topics})
         return render(request, "group.html", user=v.user, name=name, d=d, topics=topics,
                       chart=sampler.lag_chart(name))  # fmt: skip
 

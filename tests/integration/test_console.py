@@ -188,6 +188,16 @@ def test_a_post_without_the_csrf_token_is_refused_and_changes_nothing(open_broke
         assert "forged" not in {t.name for t in c.list_topics()}
 
 
+def test_a_big_body_or_a_file_upload_is_refused_without_a_traceback(open_broker: EmbeddedBroker) -> None:
+    with console(open_broker.address) as (client, _):
+        token = csrf(client)
+        r = client.post("/topics/create", data={"name": "x" * 70_000, "queues": "1", "csrf": token})
+        assert r.status_code == 413
+        r = client.post("/topics/create", data={"csrf": token}, files={"name": ("a.txt", b"data")})
+        assert r.status_code == 303
+        assert "the form could not be read" in texts(client.get("/topics").text, "flash")[0]
+
+
 def test_reset_offsets_and_dead_letter_resend_change_the_broker(open_broker: EmbeddedBroker) -> None:
     with Client(open_broker.address) as c:
         c.create_topic("resets", 1, exist_ok=True)
@@ -218,12 +228,15 @@ def test_a_reset_is_refused_while_members_are_live_unless_forced(open_broker: Em
         c.create_topic("live", 1, exist_ok=True)
         c.produce(wire.ProduceRequest("live", 0, [wire.encode_entry(Message("m"))] * 3))
         c.commit_offset("lg", "live", 0, 3)
-        c.heartbeat(control.Heartbeat("lg", "member-1", ["live"], host="host-a"))  # a live member
+        c.create_topic("live2", 1, exist_ok=True)
+        c.heartbeat(control.Heartbeat("lg", "member-1", ["live", "live2"], host="host-a"))  # a live member
         with console(open_broker.address) as (client, _):
             token = csrf(client)
             page = client.get("/groups/lg")
             assert re.findall(r'data-member="([^"]+)"', page.text) == ["member-1"]
             assert texts(page.text, "group-member-count") == ["1"]
+            # the reset form offers the committed topics and the members' (live2: nothing committed yet)
+            assert re.findall(r"<option>([^<]+)</option>", page.text) == ["live", "live2"]
             client.post("/groups/lg/reset", data={"topic": "live", "to": "earliest", "csrf": token})
             assert "GROUP_HAS_MEMBERS" in texts(client.get("/groups/lg").text, "flash")[0]
             assert c.query_offset("lg", "live", 0) == 3  # unchanged

@@ -111,3 +111,17 @@ def test_sign_in_to_brokers_over_tls(tmp_path: Path) -> None:
         with TestClient(tls.app(), backend="trio", follow_redirects=False) as client:
             assert sign_in(client, "root", "root-pw").status_code == 303
             assert texts(client.get("/topics").text, "signed-in-user") == ["root"]
+
+
+def test_bad_console_flags_are_one_error_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from equeue.cli import app
+
+    for args, message in (
+        (["--keyfile", "k.pem"], "--keyfile needs --certfile"),
+        (["--certfile", str(tmp_path / "missing.pem")], "cannot load the console's certificate"),
+        (["--session-idle", "0"], "must be above 0"),
+    ):
+        res = CliRunner().invoke(app, ["console", "--port", "0", *args])
+        assert res.exit_code == 1 and message in res.stderr, (args, res.stderr)
