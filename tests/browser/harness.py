@@ -105,7 +105,7 @@ def write_users(path: Path) -> None:
 def seed(client: Client) -> None:
     """Topics with messages, committed offsets and dead letters, all through the SDK."""
     client.create_topic(ORDERS, len(ORDERS_COUNTS))
-    client.create_topic(PAYMENTS, 2)
+    client.create_topic(PAYMENTS, len(PAYMENTS_COUNTS))
     client.create_topic(SCRATCH, 1)
     for topic, counts in ((ORDERS, ORDERS_COUNTS), (PAYMENTS, PAYMENTS_COUNTS)):
         for q, n in counts.items():
