@@ -157,6 +157,21 @@ def test_a_broker_that_stops_under_the_console_is_a_message(tmp_path: Path) -> N
         assert "Traceback" not in r.text
 
 
+def test_an_open_console_asks_for_sign_in_once_the_brokers_authenticate(tmp_path: Path) -> None:
+    users = tmp_path / "users.json"
+    update_users_file(users, lambda _: UsersFile().with_user(make_user("root", "root-pw", admin=True)))
+    with EmbeddedBroker(make_config(tmp_path / "data")) as b:
+        port = b.port
+        with console(b.address) as (client, con):
+            assert client.get("/topics").status_code == 200 and con.mode == "open"
+            b.stop()  # restarted with a users file, on the same port
+            with EmbeddedBroker(make_config(tmp_path / "data", port=port, users_file=users)):
+                r = client.get("/topics")
+                assert r.status_code == 403 and "AUTH_REQUIRED" in r.text
+                assert client.get("/topics").status_code == 303 and con.mode == "auth"  # to the sign-in page
+                assert sign_in(client, "root", "root-pw").status_code == 303
+
+
 # ---------------------------------------------------------------------- open mode: actions
 def test_topic_actions_change_the_broker(open_broker: EmbeddedBroker) -> None:
     with console(open_broker.address) as (client, _), Client(open_broker.address) as c:
