@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export SPARK_LOCAL_IP := 127.0.0.1
 
-.PHONY: install etcd-install net-tools-install test test-fast check run broker bench bench-peers bench-peers-install clean
+.PHONY: install etcd-install net-tools-install chromium-install test test-fast check run broker bench bench-peers bench-peers-install clean
 
 install: $(STAMP)
 
@@ -30,17 +30,23 @@ net-tools-install:
 	@command -v iptables >/dev/null 2>&1 || { echo "installing iptables (the fault campaign's partitions)"; \
 	  (apt-get update -qq && apt-get install -y -qq iptables) >/dev/null || echo "no iptables: the campaign runs without partitions"; }
 
+# the browser tests (tests/browser) drive Debian's Chromium through Playwright's Python package
+# (never `playwright install`: its own browser download is not used)
+chromium-install:
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (the web console's browser tests)"; \
+	  (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null; }
+
 # The suite runs in parallel (pytest-xdist): most tests wait on timers and processes, so more
 # workers than cores pay. Tests that must not share a worker run in one xdist group
 # (tests/conftest.py, XDIST_GROUPS). WORKERS=1 runs it serially.
 WORKERS ?= 3
 XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
-test: install etcd-install net-tools-install
+test: install etcd-install net-tools-install chromium-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests
 
 # the inner loop (about a minute): everything but the slow (the wire fuzz run among them), Spark,
 # cluster and fault-campaign tests, in parallel; `make test` runs them all
-test-fast: install etcd-install
+test-fast: install etcd-install chromium-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" \
 	  --ignore=tests/cluster --ignore=tests/chaos tests
 
