@@ -131,8 +131,20 @@ class MergedTopic:
 
 async def describe_topic(router: Router, name: str) -> MergedTopic:
     """DESCRIBE_TOPIC at every owner group of ``name``; each queue's row from its owner.
-    Raises TopicNotFound."""
-    route = await router.route(name)
+    Raises TopicNotFound.
+
+    A topic that grew since the router last read its route is answered with queue ids
+    the held route does not have: the route is read again and the topic asked again
+    (once; a topic still growing under the second read shows the new queues as unknown)."""
+    merged = await _describe_topic(router, name, await router.route(name))
+    if merged.info.queues > len(merged.owners):
+        await router.refresh([name])
+        merged = await _describe_topic(router, name, await router.route(name))
+    return merged
+
+
+async def _describe_topic(router: Router, name: str, route: control.TopicRoute) -> MergedTopic:
+    grown = 0
     stats: dict[int, control.QueueStats] = {}
     delayed = store_bytes = 0
     paused = False
@@ -146,10 +158,13 @@ async def describe_topic(router: Router, name: str) -> MergedTopic:
             continue
         delayed += d.pending_delayed
         store_bytes += d.store_bytes
-        stats.update({s.queue_id: s for s in d.queues if route.owners[s.queue_id] == owner})
+        grown = max(grown, d.info.queues)
+        stats.update(
+            {s.queue_id: s for s in d.queues if s.queue_id < len(route.owners) and route.owners[s.queue_id] == owner}
+        )
         paused = paused or d.info.paused
     queues = [stats.get(q) for q in range(len(route.owners))]
-    info = attrs.evolve(route.info, paused=paused)
+    info = attrs.evolve(route.info, paused=paused, queues=max(len(route.owners), grown))
     return MergedTopic(info, queues, list(route.owners), delayed, store_bytes)
 
 

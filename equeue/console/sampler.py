@@ -107,8 +107,12 @@ class Sampler:
                 await part(router)
             except Exception as exc:
                 found = equeue_errors(exc)
-                if found is None:
-                    raise
+                if found is None:  # a defect: logged with its traceback (once while it lasts), and the console goes on
+                    what = f"unexpected {type(exc).__name__} in {part.__name__.lstrip('_')}"
+                    if what not in self._logged_error:
+                        log.exception("console sampler: %s", what)
+                    errors.append(what)
+                    continue
                 errors.append(describe(found))
         self.rounds += 1
         self.last_error = "; ".join(dict.fromkeys(errors))

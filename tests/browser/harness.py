@@ -186,12 +186,11 @@ class ConsoleProcess:
         finally:
             ready.set()
 
-    def check(self, expected: bool = False) -> None:
+    def check(self) -> None:
         """Fail (AssertionError) when the console logged an error since the last check:
-        a page that failed inside the console, whatever the page showed (``expected``:
-        the errors are dropped, for a test that expects the console to fail)."""
+        a page that failed inside the console, whatever the page showed."""
         new, self._checked = self.error_lines[self._checked :], len(self.error_lines)
-        assert expected or not new, "the console logged errors:\n" + "".join(new)[-4000:]
+        assert not new, "the console logged errors:\n" + "".join(new)[-4000:]
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -67,3 +67,30 @@ def test_topic_rates_come_from_the_samples_within_a_minute() -> None:
 def test_sizes_and_durations_read_as_a_person_would() -> None:
     assert [size(60), size(11679), size(8 << 30), size(None)] == ["60 bytes", "11.41 KiB", "8 GiB", ""]
     assert [duration(12), duration(423), duration(7380), duration(3 * 86400 + 4 * 3600)] == ["12s", "7m 3s", "2h 3m", "3d 4h"]
+
+
+class _Defective(Sampler):
+    """A sampler whose broker part has a defect (an IndexError) and whose other parts
+    read nothing: the round must go on, and the defect be logged once while it lasts."""
+
+    async def _brokers(self, router: object) -> None:
+        raise IndexError("list index out of range")
+
+    async def _topics(self, router: object) -> None:
+        pass
+
+    async def _groups(self, router: object) -> None:
+        pass
+
+    async def _cluster(self, router: object) -> None:
+        pass
+
+
+async def test_a_defect_in_one_part_is_logged_once_and_the_sampler_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    s = _Defective(lambda: object(), interval=5.0)  # type: ignore[arg-type, return-value]
+    with caplog.at_level("WARNING", logger="equeue.console"):
+        for _ in range(3):
+            await s.sample()
+    assert s.rounds == 3 and s.last_error == "unexpected IndexError in brokers"
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert len(tracebacks) == 1 and "unexpected IndexError in brokers" in tracebacks[0].getMessage()
