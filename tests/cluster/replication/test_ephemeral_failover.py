@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 EPHEMERAL, PERSISTENT = "tap#ephemeral", "keep"
 
 
-def test_an_ephemeral_groups_offsets_do_not_survive_a_failover(replicas: Callable[..., ReplicaGroup]) -> None:
+def test_an_ephemeral_groups_offsets_do_not_survive_a_failover(
+    replicas: Callable[..., ReplicaGroup],
+) -> None:
     rs = replicas("e", 2)
     leader = rs.leader()
     c = rs.client(leader)
