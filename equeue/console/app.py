@@ -473,7 +473,7 @@ def _back(request: Request) -> str:
     """Where an action's result is shown: the form's ``back`` field's page, else the
     page the action belongs to."""
     path = request.url.path
-    for suffix in ("/alter", "/delete", "/reset", "/resend", "/create"):
+    for suffix in ("/alter", "/delete", "/reset", "/resend", "/create", "/pause", "/resume"):
         if path.endswith(suffix):
             path = path[: -len(suffix)] or "/"
             break
