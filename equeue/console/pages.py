@@ -221,8 +221,10 @@ def routes(console: Console) -> list[Route]:
             answer = await call(v.router, name)
             if answer.changed:
                 text = f"{kind} {name} {'paused' if answer.paused else 'resumed'}"
-            else:  # it was so already: the broker changed nothing
-                text = f"{kind} {name} was {'paused' if answer.paused else 'not paused'} already"
+            elif answer.paused:  # it was so already: the broker changed nothing
+                text = f"{kind} {name} was paused already"
+            else:
+                text = f"{kind} {name} was not paused: nothing to resume"
             console.flash(request, text)
             return RedirectResponse(f"/{kind}s/{quote(name, safe='')}", 303)
 

@@ -288,6 +288,11 @@ def test_pausing_a_topic_from_the_console_refuses_its_produce(open_broker: Embed
         assert not c.describe_topic("held").info.paused
         c.produce(batch)  # served again
         assert texts(client.get("/topics/held").text, "topic-paused") == ["no"]
+        client.post("/topics/held/resume", data={"csrf": token})
+        assert texts(client.get("/topics/held").text, "flash") == ["topic held was not paused: nothing to resume"]
+        r = client.post("/topics/%25RETRY%25pg/pause", data={"csrf": token})  # internal: refused
+        assert r.headers["location"] == "/topics/%25RETRY%25pg"  # the refusal is shown on its page
+        assert texts(client.get(r.headers["location"]).text, "flash")[0].startswith("RESERVED_TOPIC")
 
 
 def test_pausing_a_group_from_the_console_holds_it_at_the_broker(open_broker: EmbeddedBroker) -> None:
