@@ -471,11 +471,11 @@ def _safe_next(target: str | None) -> str:
 
 def _back(request: Request) -> str:
     """Where an action's result is shown: the form's ``back`` field's page, else the
-    page the action belongs to."""
+    page the action belongs to (its path percent-encoded again: a name may hold ``%``)."""
     path = request.url.path
-    for suffix in ("/alter", "/delete", "/reset", "/resend", "/create"):
+    for suffix in ("/alter", "/delete", "/reset", "/resend", "/create", "/pause", "/resume"):
         if path.endswith(suffix):
             path = path[: -len(suffix)] or "/"
             break
-    return path
+    return quote(path, safe="/")
 

@@ -3,7 +3,8 @@
 
 Pages: overview (``/``), cluster, topics and a topic, consumer groups and a group,
 messages (lookups), dead letters of a group. Actions (POST, CSRF-checked): create,
-alter and delete a topic; reset a group's offsets; resend dead letters. Every list
+alter, pause, resume and delete a topic; pause, resume and reset the offsets of a
+group; resend dead letters. Every list
 is bounded (:data:`PAGE_SIZE` rows a page, at most
 :data:`MAX_LISTED_TOPICS` topics described for a sort).
 """
@@ -42,7 +43,7 @@ MAX_LISTED_TOPICS = 200
 #: most messages a lookup by key shows
 MAX_FOUND = 50
 #: columns the topic list sorts by
-TOPIC_SORTS = ("name", "queues", "messages", "bytes", "rate", "retention")
+TOPIC_SORTS = ("name", "queues", "messages", "bytes", "rate", "retention", "paused")
 #: most concurrent requests of one page
 _FAN_OUT = 8
 #: most queues a topic may be given from the console
@@ -58,6 +59,7 @@ class TopicRow:
     rate: float | None
     retention_ms: int | None
     retention_bytes: int | None
+    paused: bool = False
     error: str = ""
 
 
@@ -68,6 +70,8 @@ class GroupRow:
     topics: list[str]
     lag: int | None
     state: str
+    paused: bool = False
+    ephemeral: bool = False
     error: str = ""
 
 
@@ -142,10 +146,11 @@ def routes(console: Console) -> list[Route]:
                 merged = await admin.describe_topic(v.router, info.name)
             except EQueueError as exc:
                 return TopicRow(info.name, info.queues, None, None, None, info.retention_ms, info.retention_bytes,
-                                str(exc))  # fmt: skip
+                                info.paused, str(exc))  # fmt: skip
             known = [q for q in merged.queues if q is not None]
             return TopicRow(info.name, len(merged.queues), sum(q.count for q in known), sum(q.bytes for q in known),
                             sampler.topic_rate(info.name), info.retention_ms, info.retention_bytes,
+                            info.paused or merged.info.paused,
                             "" if len(known) == len(merged.queues) else "some queues' owners are down")  # fmt: skip
 
         rows: list[TopicRow] = await _bounded(infos, row)
@@ -156,6 +161,7 @@ def routes(console: Console) -> list[Route]:
             "bytes": lambda r: r.bytes or 0,
             "rate": lambda r: r.rate or 0.0,
             "retention": lambda r: (r.retention_ms is None, r.retention_ms or 0),
+            "paused": lambda r: r.paused,
         }
         rows.sort(key=keys[sort], reverse=desc)
         n, pages = _page_of(request, len(rows), PAGE_SIZE)
@@ -198,6 +204,32 @@ def routes(console: Console) -> list[Route]:
         console.flash(request, f"topic {info.name} now has {info.queues} queues")
         return RedirectResponse(f"/topics/{quote(name, safe='')}", 303)
 
+    def pause_action(kind: str, pause: bool) -> Callable[[Request, Viewer], Awaitable[Response]]:
+        """The POST that pauses or resumes a topic or a group (``kind``), answered by
+        the page of it with the broker's answer, or its refusal, as the one-line result."""
+        calls = {
+            ("topic", True): admin.pause_topic,
+            ("topic", False): admin.resume_topic,
+            ("group", True): admin.pause_group,
+            ("group", False): admin.resume_group,
+        }
+        call = calls[(kind, pause)]
+
+        async def action(request: Request, v: Viewer) -> Response:
+            await console.check_csrf(request)
+            name = request.path_params["name"]
+            answer = await call(v.router, name)
+            if answer.changed:
+                text = f"{kind} {name} {'paused' if answer.paused else 'resumed'}"
+            elif answer.paused:  # it was so already: the broker changed nothing
+                text = f"{kind} {name} was paused already"
+            else:
+                text = f"{kind} {name} was not paused: nothing to resume"
+            console.flash(request, text)
+            return RedirectResponse(f"/{kind}s/{quote(name, safe='')}", 303)
+
+        return action
+
     async def confirm_delete(request: Request, v: Viewer) -> Response:
         name = request.path_params["name"]
         infos = await admin.at_any_leader(v.router, lambda c: c.list_topics(include_internal=False))
@@ -225,9 +257,10 @@ def routes(console: Console) -> list[Route]:
             try:
                 d = await admin.describe_group(v.router, g.group)
             except EQueueError as exc:
-                return GroupRow(g.group, g.members, g.topics, None, "unknown", str(exc))
+                return GroupRow(g.group, g.members, g.topics, None, "unknown", g.paused, g.ephemeral, str(exc))
             lag = sum(max(0, q.lag) for q in d.queues)
-            return GroupRow(g.group, len(d.members), g.topics, lag, "active" if d.members else "empty")
+            return GroupRow(g.group, len(d.members), g.topics, lag, "active" if d.members else "empty",
+                            g.paused or d.paused, g.ephemeral or d.ephemeral)  # fmt: skip
 
         rows = await _bounded(shown, row)
         return render(request, "groups.html", user=v.user, rows=rows, page=n, pages=pages, total=len(summaries))
@@ -366,11 +399,15 @@ def routes(console: Console) -> list[Route]:
         Route("/topics/create", page(create_topic), methods=["POST"]),
         Route("/topics/{name}", page(topic), methods=["GET"]),
         Route("/topics/{name}/alter", page(alter_topic), methods=["POST"]),
+        Route("/topics/{name}/pause", page(pause_action("topic", True)), methods=["POST"]),
+        Route("/topics/{name}/resume", page(pause_action("topic", False)), methods=["POST"]),
         Route("/topics/{name}/delete", page(confirm_delete), methods=["GET"]),
         Route("/topics/{name}/delete", page(delete_topic), methods=["POST"]),
         Route("/groups", page(groups), methods=["GET"]),
         Route("/groups/{name}", page(group), methods=["GET"]),
         Route("/groups/{name}/reset", page(reset_group), methods=["POST"]),
+        Route("/groups/{name}/pause", page(pause_action("group", True)), methods=["POST"]),
+        Route("/groups/{name}/resume", page(pause_action("group", False)), methods=["POST"]),
         Route("/messages", page(messages), methods=["GET"]),
         Route("/dlq", page(dlq), methods=["GET"]),
         Route("/dlq/{group}", page(dlq_group), methods=["GET"]),

@@ -22,6 +22,7 @@ from equeue.acl import Acl, UsersFile
 from equeue.broker import EmbeddedBroker
 from equeue.broker.auth import make_user, update_users_file
 from equeue.console import Console, ConsoleConfig
+from equeue.errors import TopicPaused
 from equeue.producer import Client
 from equeue.security import ClientSecurity
 from tests.conftest import make_config, wait_until_sync
@@ -259,6 +260,71 @@ def test_a_reset_is_refused_while_members_are_live_unless_forced(open_broker: Em
             assert c.query_offset("lg", "live", 0) == 0
 
 
+def row_of(html: str, attr: str, name: str) -> str:
+    """The table row with ``data-<attr>="name"`` of a list page."""
+    m = re.search(rf'data-{attr}="{re.escape(name)}".*?</tr>', html, re.S)
+    assert m, html
+    return m.group(0)
+
+
+def test_pausing_a_topic_from_the_console_refuses_its_produce(open_broker: EmbeddedBroker) -> None:
+    batch = wire.ProduceRequest("held", 0, [wire.encode_entry(Message("m"))])
+    with console(open_broker.address) as (client, _), Client(open_broker.address) as c:
+        c.create_topic("held", 1, exist_ok=True)
+        token = csrf(client)
+        r = client.post("/topics/held/pause", data={"csrf": token})
+        assert r.status_code == 303 and r.headers["location"] == "/topics/held"
+        assert c.describe_topic("held").info.paused
+        with pytest.raises(TopicPaused):
+            c.produce(batch)
+        page = client.get("/topics/held")
+        assert texts(page.text, "flash") == ["topic held paused"] and texts(page.text, "topic-paused") == ["yes"]
+        listed = client.get("/topics", params={"sort": "paused", "desc": "1"})
+        assert texts(row_of(listed.text, "topic", "held"), "topic-paused") == ["yes"]
+        assert texts(listed.text, "topic-link")[0] == "held"  # sorted by the paused column, paused first
+        client.post("/topics/held/pause", data={"csrf": token})
+        assert texts(client.get("/topics/held").text, "flash") == ["topic held was paused already"]
+        client.post("/topics/held/resume", data={"csrf": token})
+        assert not c.describe_topic("held").info.paused
+        c.produce(batch)  # served again
+        assert texts(client.get("/topics/held").text, "topic-paused") == ["no"]
+        client.post("/topics/held/resume", data={"csrf": token})
+        assert texts(client.get("/topics/held").text, "flash") == ["topic held was not paused: nothing to resume"]
+        r = client.post("/topics/%25RETRY%25pg/pause", data={"csrf": token})  # internal: refused
+        assert r.headers["location"] == "/topics/%25RETRY%25pg"  # the refusal is shown on its page
+        assert texts(client.get(r.headers["location"]).text, "flash")[0].startswith("RESERVED_TOPIC")
+
+
+def test_pausing_a_group_from_the_console_holds_it_at_the_broker(open_broker: EmbeddedBroker) -> None:
+    with console(open_broker.address) as (client, _), Client(open_broker.address) as c:
+        c.create_topic("paused-reads", 1, exist_ok=True)
+        c.commit_offset("pg", "paused-reads", 0, 0)
+        token = csrf(client)
+        r = client.post("/groups/pg/pause", data={"csrf": token})
+        assert r.status_code == 303 and r.headers["location"] == "/groups/pg"
+        assert c.describe_group("pg").paused
+        page = client.get("/groups/pg")
+        assert texts(page.text, "flash") == ["group pg paused"] and texts(page.text, "group-paused") == ["yes"]
+        assert texts(row_of(client.get("/groups").text, "group", "pg"), "group-paused") == ["yes"]
+        client.post("/groups/pg/resume", data={"csrf": token})
+        assert not c.describe_group("pg").paused
+        assert texts(client.get("/groups/pg").text, "group-paused") == ["no"]
+
+
+def test_an_ephemeral_group_with_a_live_member_shows_as_ephemeral(open_broker: EmbeddedBroker) -> None:
+    with Client(open_broker.address) as c:
+        c.create_topic("tapped", 1, exist_ok=True)
+        c.heartbeat(control.Heartbeat("tap#ephemeral", "member-1", ["tapped"], host="host-a"))
+        with console(open_broker.address) as (client, _):
+            listed = client.get("/groups")
+            assert texts(row_of(listed.text, "group", "tap#ephemeral"), "group-ephemeral") == ["yes"]
+            assert texts(row_of(listed.text, "group", "tap#ephemeral"), "group-paused") == ["no"]
+            page = client.get("/groups/tap%23ephemeral")
+            assert texts(page.text, "group-ephemeral") == ["yes"] and texts(page.text, "group-member-count") == ["1"]
+            assert "offsets are kept in the brokers' memory only, and go with its last member" in texts(
+                page.text, "group-ephemeral-note")[0]  # fmt: skip
+
+
 def test_the_sampler_fills_the_overview_chart(open_broker: EmbeddedBroker) -> None:
     with console(open_broker.address) as (client, con):
         wait_until_sync(lambda: len(con.sampler.broker_times.get(open_broker.address, ())) >= 2,
@@ -339,6 +405,27 @@ def test_an_acl_limited_user_sees_and_does_what_the_broker_allows(secured: Embed
         assert r.status_code == 303
         assert "NOT_AUTHORIZED" in texts(client.get("/topics").text, "flash")[0]
         assert "hers" not in {t.name for t in root.list_topics()}
+
+
+
+def test_an_acl_limited_users_pause_is_refused_and_changes_nothing(secured: EmbeddedBroker) -> None:
+    with console(secured.address) as (client, _), Client(secured.address, security=ROOT) as root:
+        root.commit_offset("workers", "jobs", 0, 0)
+        assert sign_in(client, "alice", "alice-pw").status_code == 303
+        token = csrf(client, "/topics")
+        r = client.post("/topics/jobs/pause", data={"csrf": token})  # needs admin on the topic
+        assert r.status_code == 303 and r.headers["location"] == "/topics/jobs"
+        flash = texts(client.get("/topics/jobs").text, "flash")[0]
+        assert flash.startswith("NOT_AUTHORIZED") and "alice" in flash
+        assert not root.describe_topic("jobs").info.paused
+        client.post("/groups/workers/pause", data={"csrf": token})  # needs reset on the group
+        assert texts(client.get("/groups/workers").text, "flash")[0].startswith("NOT_AUTHORIZED")
+        assert not root.describe_group("workers").paused
+        root.pause_topic("jobs")
+        try:  # what she may see she sees paused
+            assert texts(client.get("/topics/jobs").text, "topic-paused") == ["yes"]
+        finally:
+            root.resume_topic("jobs")
 
 
 async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery: Any, caplog: pytest.LogCaptureFixture) -> None:
