@@ -19,6 +19,8 @@ import pytest
 from playwright.sync_api import expect
 
 from equeue.client.sync import Client
+from equeue.errors import TopicPaused
+from equeue.producer import Producer
 from tests.browser.harness import (
     ADMIN,
     ADMIN_PW,
@@ -441,3 +443,39 @@ def test_delete_a_topic_after_confirmation(
     expect(page).to_have_url(console_url + "/topics")
     assert SCRATCH not in {t.name for t in admin_client.list_topics()}
     expect(page.locator(f'[data-testid="topic-row"][data-topic="{SCRATCH}"]')).to_have_count(0)
+
+
+def test_pause_and_resume_a_topic_and_a_group(
+    admin_page: Any, admin_client: Client, console_url: str, seeded: Seeded, tmp_path: Path
+) -> None:
+    topic = "orders.paused"
+    admin_client.create_topic(topic, 1)
+    page = admin_page
+    page.goto(f"{console_url}/topics/{topic}")
+    expect(page.get_by_test_id("topic-paused")).to_have_text("no")
+    follow(page.get_by_test_id("pause-topic"))
+    expect(page.get_by_test_id("flash")).to_contain_text(f"topic {topic} paused")
+    expect(page.get_by_test_id("topic-paused")).to_have_text("yes")
+    assert admin_client.describe_topic(topic).info.paused
+    # a producer is refused while the topic is paused: its send waits, then fails past its timeout
+    with Producer(seeded.address, security=creds(ADMIN, ADMIN_PW), send_timeout=0.5, linger=0) as p:
+        with pytest.raises(TopicPaused):
+            p.send(topic, b"refused")
+    shoot(page, "topic-paused", tmp_path)
+    follow(page.get_by_test_id("resume-topic"))
+    expect(page.get_by_test_id("flash")).to_contain_text(f"topic {topic} resumed")
+    expect(page.get_by_test_id("topic-paused")).to_have_text("no")
+    with Producer(seeded.address, security=creds(ADMIN, ADMIN_PW), linger=0) as p:
+        served = p.send(topic, b"served")
+    assert [m.body for m in admin_client.get_message(topic, 0, served.queue_offset).messages] == [
+        b"served"
+    ]
+    # a group: its pulls are held while paused (the broker says so), and served after
+    page.goto(f"{console_url}/groups/{GROUP}")
+    follow(page.get_by_test_id("pause-group"))
+    expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} paused")
+    expect(page.get_by_test_id("group-paused")).to_have_text("yes")
+    assert admin_client.describe_group(GROUP).paused
+    follow(page.get_by_test_id("resume-group"))
+    expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} resumed")
+    assert not admin_client.describe_group(GROUP).paused
