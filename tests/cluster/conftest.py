@@ -62,6 +62,31 @@ async def recover_alone(client: Any, broker: Any) -> None:
 
     assert broker.cluster is not None
     group, me = broker.config.broker_group, broker.cluster.broker_id
-    await client.call(control.ClusterRecover(group, broker.store.last_epoch, [me]), control.ReplicationStatus)
+    await client.call(
+        control.ClusterRecover(group, broker.store.last_epoch, [me]), control.ReplicationStatus
+    )
     await wait_until(lambda: broker.role is not None and broker.role.leader_log is not None, timeout=20,
                      what=f"{me} leads group {group} again")  # fmt: skip
+
+
+async def open_groups(
+    stack: Any, root: Any, etcd: EtcdProcess, groups: tuple[str, ...], **config: Any
+) -> dict[str, Any]:
+    """One in-process broker per broker group of ``groups`` (``root/<group>`` each, on
+    ``etcd``), entered on ``stack`` (an AsyncExitStack); returns them by group once each
+    one's view sees every group live. ``config``: more :func:`tests.conftest.make_config`
+    settings."""
+    from equeue.broker import open_broker
+    from tests.conftest import make_config, wait_until
+
+    brokers = {
+        g: await stack.enter_async_context(
+            open_broker(make_config(root / g, cluster=etcd.endpoint, broker_group=g, **config))
+        )
+        for g in groups
+    }
+    for b in brokers.values():
+        await wait_until(
+            lambda b=b: set(b.cluster.view.live_groups()) == set(groups), what="every group live"
+        )
+    return brokers

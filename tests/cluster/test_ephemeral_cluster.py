@@ -12,11 +12,11 @@ from pathlib import Path
 import trio
 
 from equeue import Message, wire
-from equeue.broker import open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.consumer import AsyncConsumer
 from equeue.producer import AsyncClient
-from tests.conftest import make_config, wait_until
+from tests.cluster.conftest import open_groups
+from tests.conftest import wait_until
 
 GROUPS = ("g1", "g2")
 G = "tap#ephemeral"
@@ -25,13 +25,7 @@ G = "tap#ephemeral"
 async def test_an_ephemeral_group_spans_broker_groups_and_goes_from_each(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
-            brokers = {
-                g: await stack.enter_async_context(open_broker(make_config(
-                    tmp_path / g, cluster=etcd.endpoint, broker_group=g, member_expiry=6.0)))
-                for g in GROUPS
-            }  # fmt: skip
-            for b in brokers.values():
-                await wait_until(lambda b=b: set(b.cluster.view.live_groups()) == set(GROUPS), what="every group live")
+            brokers = await open_groups(stack, tmp_path, etcd, GROUPS, member_expiry=6.0)
             admin = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
             await admin.create_topic("t", 4)
             owners = (await admin.get_routes(["t"])).topics[0].owners

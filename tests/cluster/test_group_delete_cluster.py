@@ -14,12 +14,12 @@ import trio
 from typer.testing import CliRunner
 
 from equeue import Message, wire
-from equeue.broker import Broker, open_broker
+from equeue.broker import Broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.cli import app
 from equeue.consumer import AsyncConsumer
 from equeue.producer import AsyncClient
-from tests.conftest import make_config, wait_until
+from tests.cluster.conftest import open_groups
 
 GROUPS = ("g1", "g2", "g3")
 
@@ -37,13 +37,7 @@ def offsets_of(b: Broker, group: str) -> dict[tuple[str, int], int]:
 async def test_group_delete_reaches_every_broker_group(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(120):
         async with AsyncExitStack() as stack:
-            brokers = {
-                g: await stack.enter_async_context(open_broker(make_config(
-                    tmp_path / g, cluster=etcd.endpoint, broker_group=g, member_expiry=6.0)))
-                for g in GROUPS
-            }  # fmt: skip
-            for b in brokers.values():
-                await wait_until(lambda b=b: set(b.cluster.view.live_groups()) == set(GROUPS), what="every group live")
+            brokers = await open_groups(stack, tmp_path, etcd, GROUPS, member_expiry=6.0)
             addresses = ",".join(b.address for b in brokers.values())
             admin = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
             await admin.create_topic("t", 6)

@@ -11,7 +11,6 @@ from pathlib import Path
 import trio
 
 from equeue import Message, wire
-from equeue.broker import open_broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.client.admin import (
@@ -28,7 +27,8 @@ from equeue.errors import TopicPaused
 from equeue.placement import pause_key
 from equeue.producer import AsyncClient, AsyncProducer
 from equeue.protocol import PullStatus
-from tests.conftest import make_config, wait_until
+from tests.cluster.conftest import open_groups
+from tests.conftest import wait_until
 
 GROUPS = ("g1", "g2")
 
@@ -44,13 +44,7 @@ async def refused(c: AsyncClient, topic: str, queue: int) -> bool:
 async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdProcess) -> None:
     with trio.fail_after(90):
         async with AsyncExitStack() as stack:
-            brokers = {
-                g: await stack.enter_async_context(open_broker(make_config(
-                    tmp_path / g, cluster=etcd.endpoint, broker_group=g)))
-                for g in GROUPS
-            }  # fmt: skip
-            for b in brokers.values():
-                await wait_until(lambda b=b: set(b.cluster.view.live_groups()) == set(GROUPS), what="both groups live")
+            brokers = await open_groups(stack, tmp_path, etcd, GROUPS)
             boot = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
             router = await stack.enter_async_context(Router(boot, refresh_interval=60.0))
             router2 = await stack.enter_async_context(  # bootstrapped at the other group
