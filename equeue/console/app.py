@@ -50,6 +50,7 @@ from equeue.console import pages, views
 from equeue.console.failures import BadInput, describe, equeue_errors
 from equeue.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
 from equeue.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
+from equeue.console.throttle import SignInThrottle
 from equeue.errors import (
     AuthenticationError,
     AuthRequired,
@@ -211,6 +212,8 @@ class Console:
         self.mode: str | None = None
         self._detecting = trio.Lock()
         self.sessions: SessionTable | None = None
+        #: failed sign-ins per user name and client address (equeue.console.throttle)
+        self.throttle = SignInThrottle(clock)
         self.service: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
         self.sampler = Sampler(lambda: self.service.router if self.service else None,
@@ -428,6 +431,13 @@ class Console:
         if self.mode == "open":
             return RedirectResponse("/", 303)
         assert self.sessions is not None
+        keys = (f"user:{username}", f"addr:{request.client.host if request.client else '-'}")
+        wait = self.throttle.wait(*keys)
+        if wait > 0:
+            self.logs.log(logging.WARNING, "sign-in throttled", "console: sign-ins refused for a while after failures",
+                          fields={"user": username, "client": keys[1][5:], "wait_s": round(wait)})  # fmt: skip
+            message = f"too many failed sign-ins: try again in {max(1, round(wait))} s"
+            return self.render(request, "login.html", 429, next=nxt, username=username, login_error=message)
         try:
             if not username or not password:
                 raise BadInput("give a user name and a password")
@@ -435,6 +445,7 @@ class Console:
                 session = await self.sessions.open(username, password)
         except (EQueueError, trio.TooSlowError) as exc:
             if isinstance(exc, AuthenticationError):
+                self.throttle.failed(*keys)
                 message = "sign-in refused: wrong user name or password"
             elif isinstance(exc, trio.TooSlowError):
                 message = f"no broker answered within {PAGE_BUDGET:g} s"
@@ -442,6 +453,7 @@ class Console:
                 message = describe([exc])
             return self.render(request, "login.html", 403 if isinstance(exc, AuthenticationError) else 400,
                                next=nxt, username=username, login_error=message)  # fmt: skip
+        self.throttle.succeeded(keys[0])
         old = request.session.get("sid")
         if isinstance(old, str):
             self.sessions.close(old)

@@ -376,6 +376,21 @@ def test_an_idle_session_expires(secured: EmbeddedBroker) -> None:
         assert con.sessions is not None and len(con.sessions) == 0
 
 
+def test_failed_sign_ins_are_throttled_per_user_and_address(secured: EmbeddedBroker) -> None:
+    now = [0.0]
+    con = Console(ConsoleConfig(secured.address), clock=lambda: now[0])
+    with TestClient(con.app(), backend="trio", follow_redirects=False) as client:
+        for _ in range(con.throttle.limit):
+            assert sign_in(client, "root", "wrong").status_code == 403
+        now[0] = 10.0
+        for user, password in (("root", "root-pw"), ("alice", "alice-pw")):  # the user and the address are held
+            r = sign_in(client, user, password)
+            assert r.status_code == 429 and texts(r.text, "login-error") == ["too many failed sign-ins: try again in 290 s"]
+        assert con.sessions is not None and len(con.sessions) == 0
+        now[0] = con.throttle.window + 1.0  # the failures are older than the window
+        assert sign_in(client, "root", "root-pw").status_code == 303
+
+
 def test_the_least_recently_used_session_goes_past_the_limit(secured: EmbeddedBroker) -> None:
     with console(secured.address) as (client, con):
         assert con.sessions is not None
