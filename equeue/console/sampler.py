@@ -33,7 +33,7 @@ from equeue.errors import EQueueError
 
 log = logging.getLogger("equeue.console")
 
-__all__ = ["DEFAULT_INTERVAL", "DEFAULT_WINDOW", "MAX_GROUPS", "MAX_TOPICS", "Election", "Sampler"]
+__all__ = ["DEFAULT_INTERVAL", "DEFAULT_WINDOW", "MAX_GROUPS", "MAX_QUEUE_SERIES", "MAX_TOPICS", "Election", "Sampler"]
 
 #: seconds between two samples
 DEFAULT_INTERVAL = 5.0
@@ -42,10 +42,18 @@ DEFAULT_WINDOW = 900.0
 #: most topics and consumer groups sampled per round (the first by name)
 MAX_TOPICS = 200
 MAX_GROUPS = 100
+#: most queues of a group charted one by one (a bigger group's chart has its total only)
+MAX_QUEUE_SERIES = 16
 #: most leader changes remembered
 MAX_ELECTIONS = 50
 #: seconds between two log lines of the same failure
 _LOG_EVERY = 600.0
+
+
+def _queue_order(key: str) -> tuple[str, int]:
+    """``topic/queue`` keys by topic, then queue number (2 before 10)."""
+    topic, _, queue = key.rpartition("/")
+    return topic, int(queue)
 
 
 @attrs.frozen
@@ -78,8 +86,9 @@ class Sampler:
         self._broker_last: dict[str, tuple[int, int, int]] = {}
         #: topic -> (time ms, end offset of each queue)
         self.topics: dict[str, deque[tuple[int, list[int]]]] = {}
-        #: consumer group -> (time ms, total lag)
-        self.lags: dict[str, deque[tuple[int, int]]] = {}
+        #: consumer group -> (time ms, total lag, lag per "topic/queue": empty past
+        #: MAX_QUEUE_SERIES queues)
+        self.lags: dict[str, deque[tuple[int, int, dict[str, int]]]] = {}
         self.elections: deque[Election] = deque(maxlen=MAX_ELECTIONS)
         self._leaders: dict[str, tuple[str, int]] = {}
         #: samples taken, and why the last round failed ("" when it did not)
@@ -168,7 +177,9 @@ class Sampler:
                 d = await admin.describe_group(router, g.group)
             except EQueueError:
                 continue
-            self._deque(self.lags, g.group).append((self._wall_ms(), sum(max(0, q.lag) for q in d.queues)))
+            lags = {f"{q.topic}/{q.queue_id}": max(0, q.lag) for q in d.queues}
+            per_queue = lags if len(lags) <= MAX_QUEUE_SERIES else {}
+            self._deque(self.lags, g.group).append((self._wall_ms(), sum(lags.values()), per_queue))
 
     async def _cluster(self, router: Router) -> None:
         status = await router.bootstrap.cluster_status()
@@ -198,9 +209,14 @@ class Sampler:
         return {"series": names, "data": data}
 
     def lag_chart(self, group: str) -> dict[str, Any]:
-        """uPlot data of ``group``'s total lag."""
+        """uPlot data of ``group``'s total lag and each of its queues' (``topic/queue``;
+        a queue not sampled at a time is null), queues only for a group of at most
+        :data:`MAX_QUEUE_SERIES` queues."""
         points = list(self.lags.get(group, ()))
-        return {"series": ["lag"], "data": [[t / 1000 for t, _ in points], [v for _, v in points]]}
+        queues = sorted({k for _, _, per in points for k in per}, key=_queue_order)
+        data: list[list[Any]] = [[t / 1000 for t, _, _ in points], [total for _, total, _ in points]]
+        data += [[per.get(k) for _, _, per in points] for k in queues]
+        return {"series": ["total", *queues], "data": data}
 
     def topic_rates(self, topic: str, span_ms: int = 60_000) -> list[float] | None:
         """Messages per second written to each queue of ``topic`` over the last

@@ -94,3 +94,10 @@ async def test_a_defect_in_one_part_is_logged_once_and_the_sampler_goes_on(caplo
     assert s.rounds == 3 and s.last_error == "unexpected IndexError in brokers"
     tracebacks = [r for r in caplog.records if r.exc_info is not None]
     assert len(tracebacks) == 1 and "unexpected IndexError in brokers" in tracebacks[0].getMessage()
+
+
+def test_the_lag_chart_has_the_total_and_each_queue_in_queue_order() -> None:
+    s = Sampler(lambda: None, interval=5.0)
+    s.lags["g"] = deque([(1000, 5, {"t/10": 1, "t/2": 4}), (2000, 3, {"t/2": 3})])
+    assert s.lag_chart("g") == {"series": ["total", "t/2", "t/10"], "data": [[1.0, 2.0], [5, 3], [4, 3], [1, None]]}
+    assert s.lag_chart("none") == {"series": ["total"], "data": [[], []]}
