@@ -13,8 +13,9 @@
 Parallel runs (pytest-xdist, ``make test``: ``-n 3 --dist loadgroup``): ports 0, temp dirs and a
 per-worker etcd keep tests apart. What cannot share a worker or the machine runs in one xdist
 group, so one worker runs it alone among its peers (:data:`XDIST_GROUPS`): the Spark tests share
-one SparkSession (a JVM per worker would cost more than it saves), and the fault campaign's smoke
-run owns network namespaces and loads the machine.
+one SparkSession (a JVM per worker would cost more than it saves), the fault campaign's smoke
+run owns network namespaces and loads the machine, and the packaging tests share one wheel
+built and installed once (a module fixture, built again by every worker that runs one of them).
 
 Waiting:
 
@@ -85,6 +86,7 @@ async def wait_until(
 XDIST_GROUPS = {
     "tests/spark/": "spark",
     "tests/chaos/test_chaos_smoke.py": "chaos",
+    "tests/packaging/": "packaging",
 }
 
 
