@@ -14,9 +14,10 @@ every attack at once (:mod:`tests.hostile.http_attacks`):
 The attacks run in a process of their own (the healthy client's loop does only its
 own work). It prints the healthy client's round trip (p50, p99, worst) in both
 phases, and what each attack got. ``--http-target HOST:PORT`` attacks that HTTP port instead of
-the broker's (e.g. a web console's), the healthy client staying on the broker.
+the broker's (e.g. a web console's), the healthy client staying on the broker;
+``--console`` starts ``equeue console`` on the broker (its own process) and attacks it.
 
-    .venv/bin/python bench/bench_http_hostile.py [--seconds 10] [--http-target HOST:PORT]
+    .venv/bin/python bench/bench_http_hostile.py [--seconds 10] [--http-target HOST:PORT | --console]
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import attrs
 import trio
@@ -162,13 +166,28 @@ async def attack_for(host: str, port: int, args: argparse.Namespace) -> None:
     print(json.dumps(attrs.asdict(tally)), flush=True)
 
 
+@contextmanager
+def console(address: str) -> Iterator[str]:
+    """``equeue console`` on the broker at ``address``, in a process of its own: its
+    ``HOST:PORT``; stopped at the block's end."""
+    cmd = [sys.executable, "-m", "equeue", "console", "--brokers", address, "--port", "0", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        url = urlsplit(json.loads(proc.stdout.readline())["url"])  # printed once the port is bound
+        yield f"{url.hostname}:{url.port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 async def run(args: argparse.Namespace) -> None:
     print(f"RLIMIT_NOFILE soft limit {raise_fd_limit()}")
     broker_args = ["--flush", "async", "--http-port", "0", *args.broker_args.split()]
-    with BrokerProcess(None, *broker_args) as b:
+    with BrokerProcess(None, *broker_args) as b, console(b.address) if args.console else nullcontext("") as web:
         async with AsyncClient(b.address) as c:
             await c.create_topic("ok", 1)
-        target = args.http_target or f"{b.host}:{b.http_port}"
+        target = web or args.http_target or f"{b.host}:{b.http_port}"
         print(f"broker {b.address}, attacked HTTP port {target}")
         quiet = await healthy(b.address, args.seconds)
         print(" quiet:")
@@ -207,6 +226,7 @@ def main() -> None:
     ap.add_argument("--slowloris", type=int, default=20, help="slowloris connections at once")
     ap.add_argument("--floods", type=int, default=2, help="clients sending oversized heads back to back")
     ap.add_argument("--http-target", default="", help="HOST:PORT of the HTTP port to attack (default: the broker's)")
+    ap.add_argument("--console", action="store_true", help="start a web console on the broker and attack it")
     ap.add_argument("--broker-args", default="", help="extra `broker start` flags, e.g. '--http-max-connections 64'")
     ap.add_argument("--attack", default="", help=argparse.SUPPRESS)  # HOST:PORT: be the attacker process
     args = ap.parse_args()

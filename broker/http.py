@@ -11,8 +11,9 @@ per-connection server in the broker's own trio loop, behind a connection cap.
 
 Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_port``
 is not None (0: on a free port, ``Broker.http_port`` says which): the port is bound
-here (so the broker learns it and a taken port fails the start); the accept loop
-is ours (:func:`_serve_listeners`), each connection is Hypercorn's. Limits, so a
+here (so the broker learns it and a taken port fails the start); the serving, its
+accept loop and its limits are :mod:`equeue.httpserve`'s (shared with the web
+console), each connection is Hypercorn's. Limits, so a
 slow or hostile client cannot hold resources: at most ``max_connections``
 connections at once (:class:`ConnectionCap`: one more is refused at once); a request head
 of at most :data:`MAX_REQUEST_HEAD` bytes (more: 431 and closed); a connection
@@ -24,22 +25,14 @@ With the broker's TLS settings the port serves HTTPS only. It stops with the bro
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
-import os
-import socket
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
-from hypercorn.app_wrappers import ASGIWrapper
-from hypercorn.config import Config
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ConnectionState
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -47,7 +40,6 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from equeue import control
 from equeue.broker.metrics import (
@@ -61,6 +53,16 @@ from equeue.broker.metrics import (
 )
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
+from equeue.httpserve import (
+    BUSY_ANSWER,
+    MAX_REQUEST_HEAD,
+    REQUEST_TIMEOUT,
+    ConnectionCap,
+    HeadLimit,
+    bind_listeners,
+    hypercorn_config,
+    serve_listeners,
+)
 
 log = logging.getLogger("equeue.http")
 #: Hypercorn's own log: its start-up lines ("Running on ... CTRL + C to quit") left
@@ -84,25 +86,6 @@ __all__ = [
     "replica_readiness",
     "serve_http",
 ]
-
-#: bytes of a request line and headers
-MAX_REQUEST_HEAD = 8192
-#: seconds a connection may take to send a whole request (or a TLS handshake)
-REQUEST_TIMEOUT = 5.0
-#: ms an answer may stay unread (unacknowledged, or held by a zero window) before
-#: the kernel drops the connection (TCP_USER_TIMEOUT): Hypercorn's writes ignore
-#: cancellation, so a client that never reads would otherwise hold its connection,
-#: and the broker's stop, for ever
-_SEND_TIMEOUT_MS = int(REQUEST_TIMEOUT * 1000)
-_BUSY_BODY = b"too many connections to the HTTP port\n"
-#: what a connection past the cap gets over plain HTTP before it is closed
-BUSY_ANSWER = (
-    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n"
-    b"content-length: %d\r\nconnection: close\r\nretry-after: 1\r\n\r\n%s" % (len(_BUSY_BODY), _BUSY_BODY)
-)
-#: seconds a refused connection may take to take BUSY_ANSWER (a fresh socket's
-#: buffer takes it at once: this only bounds a pathological peer)
-_REFUSE_TIMEOUT = 1.0
 
 
 @attrs.frozen
@@ -189,136 +172,6 @@ def http_app(metrics: Metrics, readiness: Callable[[], Readiness]) -> Starlette:
     )
 
 
-class HeadLimit:
-    """ASGI middleware: 431 for a request whose line and headers exceed ``limit``
-    bytes. Hypercorn caps what it buffers of an incomplete head
-    (``h11_max_incomplete_size``), but a whole head that arrives in one read (up to
-    64 KiB) passes that cap: this checks the parsed head."""
-
-    def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_HEAD) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-            size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-            if size > self.limit:
-                answer = PlainTextResponse(
-                    "request header fields too large\n",
-                    status_code=431,
-                    headers={"connection": "close"},
-                )
-                await answer(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class ConnectionCap:
-    """The HTTP port's connection cap (Hypercorn has none): at most ``limit``
-    connections are served at once; one more is refused at once, what it sent
-    discarded (:data:`BUSY_ANSWER` and a FIN over plain HTTP; closed over HTTPS,
-    where an answer would need a handshake first). ``open`` and ``refused`` are the
-    ``equeue_http_connections`` and ``equeue_http_connections_refused_total``
-    series (loop thread only)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-        self.refused = 0
-
-    async def serve(self, stream: trio.abc.Stream, serve: Callable[[trio.abc.Stream], Awaitable[None]]) -> None:
-        """``await serve(stream)`` when under the cap, else refuse ``stream``; closes it either way."""
-        if self.open >= self.limit:
-            self.refused += 1
-            if isinstance(stream, trio.SocketStream):
-                with trio.move_on_after(_REFUSE_TIMEOUT):
-                    try:
-                        await stream.send_all(BUSY_ANSWER)
-                        stream.socket.shutdown(socket.SHUT_WR)  # the answer, then a FIN
-                        _discard_received(stream.socket.fileno())
-                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                        pass
-            await trio.aclose_forcefully(stream)
-            return
-        self.open += 1
-        try:
-            await serve(stream)
-        finally:
-            self.open -= 1
-            await trio.aclose_forcefully(stream)
-
-
-def _discard_received(fd: int) -> None:
-    """Read and drop what a refused client sent already (non-blocking, a few reads at
-    most): a socket closed with unread data is reset at once, which may drop the
-    answer still on its way and show the client a reset instead of the 503."""
-    for _ in range(4):
-        try:
-            if not os.read(fd, 65536):
-                return
-        except (BlockingIOError, OSError):
-            return
-
-
-class _Connection(TCPServer):
-    """Hypercorn's per-connection server, which ends with its peer: Hypercorn's own
-    keeps the connection's task (and so its place under the cap) until the idle
-    timer it started runs out, seconds after the peer left."""
-
-    async def _read_data(self) -> None:
-        await super()._read_data()
-        await self.idle_task.stop()  # the peer left or the connection closed: no timer to wait for
-
-
-async def _serve_listeners(
-    app: ASGIApp, config: Config, listeners: list[trio.abc.Listener[Any]], cap: ConnectionCap,
-    shutdown: Callable[[], Awaitable[None]] | None,
-) -> None:  # fmt: skip
-    """Hypercorn's trio worker, less what the broker does not use (lifespan events,
-    QUIC, several workers), with the connection cap in front of its per-connection
-    server: accept until ``shutdown`` returns (or cancelled), then give the
-    connections in flight ``config.graceful_timeout`` seconds."""
-    context = WorkerContext(None)
-    wrapped = ASGIWrapper(app)  # type: ignore[arg-type]  # Starlette types ASGI loosely
-
-    async def connection(stream: trio.abc.Stream) -> None:
-        server = _Connection(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
-        await server.run()
-
-    async def handle(stream: trio.abc.Stream) -> None:
-        await cap.serve(stream, connection)
-
-    async with trio.open_nursery() as connections:
-        try:
-            async with trio.open_nursery() as accepting:
-                accepting.start_soon(functools.partial(trio.serve_listeners, handle, listeners, handler_nursery=connections))
-                if shutdown is None:
-                    await trio.sleep_forever()
-                await shutdown()
-                accepting.cancel_scope.cancel()
-        finally:
-            # keep-alive connections close after their answer in flight; the rest is cut
-            await context.terminated.set()
-            connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
-
-
-def _config() -> Config:
-    """Hypercorn's settings for the broker's HTTP port (the limits of the module docstring)."""
-    config = Config()
-    config.h11_max_incomplete_size = MAX_REQUEST_HEAD
-    config.h2_max_header_list_size = MAX_REQUEST_HEAD
-    config.h2_max_concurrent_streams = 8
-    config.keep_alive_timeout = REQUEST_TIMEOUT
-    config.read_timeout = int(REQUEST_TIMEOUT)
-    config.ssl_handshake_timeout = REQUEST_TIMEOUT
-    config.graceful_timeout = 1.0
-    config.include_server_header = False
-    config.accesslog = None
-    config.errorlog = _server_log
-    return config
-
-
 async def serve_http(
     statistics: Snapshot, store: StoreReader, host: str, port: int, *, queue_limit: int = 10_000,
     max_connections: int = 256, ssl_context: ssl.SSLContext | None = None,
@@ -339,14 +192,7 @@ async def serve_http(
     topics and groups (None: the store's). With ``ssl_context`` (the broker's,
     :mod:`equeue.broker.tls`) it serves HTTPS. Raises OSError when the port cannot
     be bound."""
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    try:
-        bound: int = listeners[0].socket.getsockname()[1]
-        for listener in listeners:  # accepted sockets inherit it: see _SEND_TIMEOUT_MS
-            listener.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, _SEND_TIMEOUT_MS)
-        served: list[trio.abc.Listener[Any]] = list(listeners)
-        if ssl_context is not None:
-            served = [trio.SSLListener(listener, ssl_context, https_compatible=True) for listener in listeners]
+    async with bind_listeners(host, port, ssl_context) as bound:
         ready = readiness or (lambda: Readiness(True, "standalone"))
         cap = ConnectionCap(max_connections)
         metrics = Metrics(
@@ -354,9 +200,6 @@ async def serve_http(
             counters=counters, http=lambda: (cap.open, cap.refused), ephemeral=ephemeral, paused=paused,
         )  # fmt: skip
         app = http_app(metrics, ready)
-        log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound)
-        task_status.started(bound)
-        await _serve_listeners(app, _config(), served, cap, shutdown)
-    finally:
-        for listener in listeners:
-            listener.socket.close()
+        log.info("metrics on %s://%s:%d/metrics", "https" if ssl_context else "http", host, bound.port)
+        task_status.started(bound.port)
+        await serve_listeners(app, hypercorn_config(_server_log), bound.listeners, cap, shutdown)

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         keyfile: Path | None = typer.Option(None, "--keyfile", help="PEM key of --certfile (default: in --certfile)."),
         session_idle: float = typer.Option(1800.0, "--session-idle", help="Seconds without a request after which a sign-in ends."),
         sample_interval: float = typer.Option(5.0, "--sample-interval", help="Seconds between two samples of the charts (15 minutes kept)."),
+        max_connections: int = typer.Option(256, "--max-connections", help="Most connections served at once: one more is answered 503 and closed."),
         log_level: LogLevel = LOG_LEVEL_OPTION,
         as_json: bool = typer.Option(False, "--json", help='Print the listening line as JSON ({"url": ...}).'),
     ) -> None:
@@ -55,6 +56,8 @@ def register(app: typer.Typer) -> None:
             fail("--keyfile needs --certfile")
         if session_idle <= 0 or sample_interval <= 0:
             fail("--session-idle and --sample-interval must be above 0")
+        if max_connections < 1:
+            fail("--max-connections must be at least 1")
         try:
             security = ClientSecurity.from_env()
             ssl_context = server_context(certfile, keyfile) if certfile is not None else None
@@ -64,7 +67,8 @@ def register(app: typer.Typer) -> None:
             err_console.print(f"[bold red]warning:[/] the console listens on {host} without TLS: passwords "
                               "cross the network in the clear (give --certfile)", highlight=False)  # fmt: skip
         config = ConsoleConfig(brokers, security=security, session_idle=session_idle,
-                               sample_interval=sample_interval, https=ssl_context is not None)  # fmt: skip
+                               sample_interval=sample_interval, https=ssl_context is not None,
+                               max_connections=max_connections)  # fmt: skip
 
         refused: list[OSError] = []
 

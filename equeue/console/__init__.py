@@ -3,8 +3,9 @@ a cluster (or a standalone broker) in a browser, through the SDK's admin layer
 (:mod:`equeue.client.admin`), as nsqadmin or RocketMQ Dashboard do.
 
 A Starlette application (:mod:`equeue.console.app`, the pages in
-:mod:`equeue.console.pages`) served by Hypercorn's trio worker
-(:mod:`equeue.console.server`), with Jinja2 templates and two vendored scripts (htmx,
+:mod:`equeue.console.pages`) served by Hypercorn's trio connection server behind the
+accept loop and limits it shares with the broker's HTTP port
+(:mod:`equeue.console.server` on :mod:`equeue.httpserve`), with Jinja2 templates and two vendored scripts (htmx,
 uPlot; ``static/vendor/README.md``). Users sign in with the cluster's SCRAM users and
 the brokers' ACLs decide what each sees and may do (:mod:`equeue.console.sessions`);
 the charts come from the console's memory of the last 15 minutes

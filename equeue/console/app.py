@@ -62,6 +62,7 @@ from equeue.errors import (
     NotAuthorized,
     TopicNotFound,
 )
+from equeue.httpserve import MAX_REQUEST_HEAD, HeadLimit
 from equeue.logs import RateLimitedLog
 from equeue.security import ClientSecurity
 
@@ -69,8 +70,6 @@ log = logging.getLogger("equeue.console")
 
 __all__ = ["MAX_REQUEST_BODY", "MAX_REQUEST_HEAD", "BodyLimit", "Console", "ConsoleConfig", "HeadLimit"]
 
-#: bytes of a request line and headers
-MAX_REQUEST_HEAD = 8192
 #: bytes of a request body (a form)
 MAX_REQUEST_BODY = 64 * 1024
 #: seconds a page may spend asking the brokers
@@ -90,7 +89,8 @@ class ConsoleConfig:
     credentials (``security``: the ``EQUEUE_*`` environment, as the CLI's; used by
     the sampler, and by every page when the brokers need no sign-in), how long an
     idle session lives, the sampler's period and window, the pages' refresh period,
-    and whether the console itself serves HTTPS (then its cookie is Secure)."""
+    whether the console itself serves HTTPS (then its cookie is Secure) and the most
+    connections it serves at once (more are refused: :mod:`equeue.httpserve`)."""
 
     brokers: str
     security: ClientSecurity = attrs.Factory(ClientSecurity)
@@ -99,26 +99,7 @@ class ConsoleConfig:
     window: float = DEFAULT_WINDOW
     refresh_s: float = 5.0
     https: bool = False
-
-
-class HeadLimit:
-    """ASGI middleware: 431 for a request whose line and headers exceed ``limit``
-    bytes (Hypercorn caps an incomplete head, not a whole one read at once)."""
-
-    def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_HEAD) -> None:
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"")
-            size += sum(len(k) + len(v) + 4 for k, v in scope["headers"])
-            if size > self.limit:
-                answer = PlainTextResponse("request header fields too large\n", status_code=431,
-                                           headers={"connection": "close"})  # fmt: skip
-                await answer(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
+    max_connections: int = 256
 
 
 class BodyLimit:

@@ -125,3 +125,24 @@ def test_bad_console_flags_are_one_error_line(tmp_path: Path) -> None:
     ):
         res = CliRunner().invoke(app, ["console", "--port", "0", *args])
         assert res.exit_code == 1 and message in res.stderr, (args, res.stderr)
+
+
+def test_max_connections_caps_the_console(embedded_broker: EmbeddedBroker) -> None:
+    """``--max-connections 1``: with one connection open, the next is answered 503 and
+    closed at once; 0 is one error line."""
+    args = [sys.executable, "-m", "equeue", "console", "--brokers", embedded_broker.address, "--port", "0"]
+    r = subprocess.run([*args, "--max-connections", "0"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 1 and r.stderr == "error: --max-connections must be at least 1\n"
+    proc = subprocess.Popen([*args, "--json", "--max-connections", "1"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        url = json.loads(proc.stdout.readline())["url"]
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as held:
+            held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # the first; kept alive after its answer
+            assert held.recv(4096).startswith(b"HTTP/1.1 200")
+            refused = httpx.get(url + "/healthz", timeout=10)
+            assert refused.status_code == 503 and refused.text == "too many connections to the HTTP port\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
