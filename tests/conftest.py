@@ -90,6 +90,7 @@ XDIST_GROUPS = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the marks (its hook names each group)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put the tests of :data:`XDIST_GROUPS` in their xdist group (used by ``--dist
     loadgroup``), and order the run longest first: the groups (run whole by one worker),
@@ -102,9 +103,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
             rank[item.nodeid] = list(XDIST_GROUPS.values()).index(group)
+        elif item.get_closest_marker("xdist_group"):  # a module's own group (the browser tests)
+            rank[item.nodeid] = len(XDIST_GROUPS)
         else:
-            rank[item.nodeid] = len(XDIST_GROUPS) + (0 if item.get_closest_marker("slow") else 1)
+            rank[item.nodeid] = len(XDIST_GROUPS) + (1 if item.get_closest_marker("slow") else 2)
     items.sort(key=lambda item: rank[item.nodeid])  # stable: each file keeps its order
+
+
+@pytest.fixture(autouse=True)
+def _grouped_by_xdist(request: pytest.FixtureRequest) -> None:
+    """Under ``--dist loadgroup`` a test of an xdist group runs with its group (pytest-xdist
+    marks its node id ``@group``): else xdist spreads the group over the workers, and each
+    starts its own SparkSession, wheel, browser or cluster. (pytest 9.2 changed node ids so
+    that pytest-xdist 3.8 no longer marks them: pyproject.toml keeps pytest below 9.2.)"""
+    if request.config.getoption("loadgroup", False) and request.node.get_closest_marker("xdist_group"):
+        assert "@" in request.node.nodeid, f"{request.node.nodeid}: --dist loadgroup did not group it"
 
 
 def wall_ms() -> int:

@@ -48,18 +48,6 @@ from tests.browser.harness import (
 expect.set_options(timeout=TIMEOUT_MS)
 
 
-@pytest.fixture(autouse=True)
-def _grouped_by_xdist(request: pytest.FixtureRequest) -> None:
-    """Under ``--dist loadgroup`` every browser test is in its module's xdist group (its
-    node id carries ``@group``): else xdist spreads a module over the workers and each
-    starts its own broker, console and Chromium. (pytest 9.2 changed node ids so that
-    pytest-xdist 3.8 no longer marks them: pyproject.toml keeps pytest below 9.2.)"""
-    if request.config.getoption("loadgroup", False):
-        assert "@" in request.node.nodeid, (
-            f"{request.node.nodeid}: --dist loadgroup did not group it"
-        )
-
-
 @pytest.fixture(scope="module")
 def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seeded]:
     """A broker child with a users file, seeded by :func:`seed` (as root)."""
