@@ -44,11 +44,12 @@ XDIST = $(if $(filter 1,$(WORKERS)),,-n $(WORKERS) --dist loadgroup)
 test: install etcd-install net-tools-install chromium-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --durations=10 tests
 
-# the inner loop (about a minute): everything but the slow (the wire fuzz run among them), Spark,
-# cluster and fault-campaign tests, in parallel; `make test` runs them all
-test-fast: install etcd-install chromium-install
+# the inner loop (about 90 s): everything but the slow (the wire fuzz run and the HTTP
+# attacks among them), Spark, browser, cluster and fault-campaign tests, in parallel; `make test`
+# runs them all
+test-fast: install etcd-install
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) -m "not slow and not spark" \
-	  --ignore=tests/cluster --ignore=tests/chaos tests
+	  --ignore=tests/cluster --ignore=tests/chaos --ignore=tests/browser tests
 
 # equeue/broker, equeue/client, ... are symlinks to the top-level folders (the wheel maps them
 # with setuptools' package-dir), so mypy and import-linter read the package as it is installed

@@ -27,7 +27,8 @@ from tests.hostile.http_attacks import (
     slowloris,
 )
 
-pytestmark = pytest.mark.timeout(120)
+# thousands of connections: `make test` runs them, `make test-fast` does not
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 IDLE = 1000
 CAP = BrokerConfig(Path(".")).http_max_connections
