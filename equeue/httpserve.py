@@ -12,7 +12,9 @@ that a slow or hostile client cannot hold resources.
   fails at once), ``TCP_USER_TIMEOUT`` on it (an answer left unread that long gets
   the connection dropped by the kernel), wrapped in TLS when given a context;
 - :class:`ConnectionCap` and :func:`serve_listeners`: at most ``limit``
-  connections served at once, one more refused at once (503 then closed).
+  connections served at once, one more refused at once (503 then closed); a
+  connection that fails inside Hypercorn is closed and logged (rate-limited), and
+  the server goes on.
 
 It imports neither the broker nor the console (``.importlinter``).
 """
@@ -38,6 +40,8 @@ from hypercorn.typing import ConnectionState
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from equeue.logs import RateLimitedLog
+
 __all__ = [
     "BUSY_ANSWER",
     "MAX_REQUEST_HEAD",
@@ -49,6 +53,8 @@ __all__ = [
     "hypercorn_config",
     "serve_listeners",
 ]
+
+_log = logging.getLogger("equeue.http")
 
 #: bytes of a request line and headers
 MAX_REQUEST_HEAD = 8192
@@ -210,11 +216,21 @@ async def serve_listeners(
     until cancelled), then give the connections in flight ``config.graceful_timeout``
     seconds."""
     context = WorkerContext(None)
+    errorlog = config.errorlog if isinstance(config.errorlog, logging.Logger) else _log
+    failures = RateLimitedLog(errorlog, 10.0, trio.current_time)
     wrapped = ASGIWrapper(app)  # type: ignore[arg-type]  # Starlette types ASGI loosely
 
     async def connection(stream: trio.abc.Stream) -> None:
         server = _Connection(wrapped, config, context, ConnectionState({}), stream)  # type: ignore[arg-type]
-        await server.run()
+        try:
+            await server.run()
+        except Exception as exc:
+            # a fault inside Hypercorn ends this connection, never the server (an HTTP/2
+            # client can reach states it does not handle: a body still arriving after
+            # its answer raises KeyError in its h2 protocol)
+            failures.log(logging.WARNING, "connection", "an HTTP connection failed inside the server: closed",
+                         fields={"error": f"{type(exc).__name__}: {exc}"})  # fmt: skip
+            await trio.aclose_forcefully(stream)
 
     async def handle(stream: trio.abc.Stream) -> None:
         await cap.serve(stream, connection)

@@ -8,9 +8,10 @@ default, 256). The attacks are :mod:`tests.hostile.http_attacks` (reused by
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -122,3 +123,25 @@ async def test_idle_connections_past_the_cap_are_refused_and_the_port_recovers(
         assert not probe.errors, str(probe)
         refused = await metric(port, "equeue_http_connections_refused_total") - refused_before
         assert refused >= idle.refused >= IDLE - CAP  # (polling /healthz may have added some)
+
+
+async def test_an_http2_request_whose_body_outlives_its_answer_ends_only_its_connection(broker: BrokerProcess) -> None:
+    """Hypercorn speaks HTTP/2 to a client that starts with it; a body still arriving
+    after the answer (405 for a POST to /healthz) fails inside Hypercorn. That ends
+    the connection, never the HTTP port or the broker."""
+    host, port = broker.host, broker.http_port
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            yield b"x" * 1024
+
+    with trio.fail_after(30):
+        for _ in range(3):
+            async with httpx.AsyncClient(http1=False, http2=True) as c:
+                try:
+                    await c.post(f"http://{host}:{port}/healthz", content=body())
+                except httpx.HTTPError:
+                    pass  # the connection ended under the request: all it may cost
+        assert await http_status(host, port, "/healthz") == 200
+        async with LatencyProbe(broker.address) as probe:
+            await wait_until(lambda: probe.rounds >= 3, timeout=20, what="the broker's clients served")
