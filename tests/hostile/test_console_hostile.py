@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlsplit
 
 import attrs
+import httpx
 import pytest
 import trio
 
@@ -131,3 +132,22 @@ async def test_idle_connections_past_the_cap_are_refused_and_the_console_recover
 
             await wait_until(serves_again, timeout=30, what="the overview answered again")
         assert not probe.errors, str(probe)
+
+
+async def test_http2_requests_with_bodies_end_only_their_connections(served: Served) -> None:
+    """An HTTP/2 client (prior knowledge) posting a streamed body, to a page that
+    answers before reading it (405) and to the sign-in form: the console goes on."""
+    host, port = served.host, served.port
+
+    async def body() -> AsyncIterator[bytes]:
+        for _ in range(64):
+            yield b"x" * 1024
+
+    with trio.fail_after(30):
+        for path in ("/healthz", "/login", "/topics"):
+            async with httpx.AsyncClient(http1=False, http2=True) as c:
+                try:
+                    await c.post(f"http://{host}:{port}{path}", content=body())
+                except httpx.HTTPError:
+                    pass  # the connection ended under the request: all it may cost
+        assert await http_status(host, port, "/healthz") == 200
