@@ -195,7 +195,11 @@ class Console:
         self.sessions: SessionTable | None = None
         #: failed sign-ins per user name and client address (equeue.console.throttle)
         self.throttle = SignInThrottle(clock)
+        #: the console's own connection (its credentials): the sampler's alone
         self.service: Link | None = None
+        #: the connection of open mode's pages: the TLS settings, no credentials, so
+        #: that brokers which start authenticating answer AuthRequired (then: sign-in)
+        self.anonymous: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
         self.sampler = Sampler(lambda: self.service.router if self.service else None,
                                interval=config.sample_interval, window=config.window)  # fmt: skip
@@ -217,6 +221,7 @@ class Console:
             raise RuntimeError("this console already runs: one application (lifespan) at a time")
         async with trio.open_nursery() as nursery:
             self.service = await open_link(nursery, self.config.brokers, self.config.security, probe=False)
+            self.anonymous = await open_link(nursery, self.config.brokers, self._anonymous_security(), probe=False)
             self.sessions = SessionTable(nursery, self.config.brokers, self.config.security,
                                          idle=self.config.session_idle, clock=self.clock)  # fmt: skip
             await self.detect_mode()
@@ -227,7 +232,8 @@ class Console:
             finally:
                 self.sessions.close_all()
                 self.service.close()
-                self.service = self.sessions = None
+                self.anonymous.close()
+                self.service = self.anonymous = self.sessions = None
                 nursery.cancel_scope.cancel()
 
     async def _reaper(self) -> None:
@@ -236,22 +242,30 @@ class Console:
             await trio.sleep(max(1.0, min(60.0, self.sessions.idle / 10)))
             self.sessions.expire()
 
+    def _anonymous_security(self) -> ClientSecurity:
+        """The console's TLS settings to the brokers, without its credentials."""
+        return ClientSecurity(tls=self.config.security.tls)
+
     async def detect_mode(self) -> None:
-        """Learn whether the brokers authenticate: connect without credentials. Left
-        unknown (None) when no broker answers; asked again by the next request."""
+        """Learn whether the brokers authenticate: ask over the credential-less link
+        (the one open mode's pages use). Left unknown (None) when no broker answers;
+        asked again by the next request."""
         async with self._detecting:  # one probe at a time: concurrent requests wait for its answer
             if self.mode is not None:
                 return
-            anonymous = ClientSecurity(tls=self.config.security.tls)
-            async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
-                try:
-                    with trio.fail_after(CONNECT_TIMEOUT * 2):
-                        await _probe(c)
-                    self.mode = "open"
-                except AuthenticationError:
-                    self.mode = "auth"
-                except (EQueueError, trio.TooSlowError) as exc:
-                    log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
+            try:
+                with trio.fail_after(CONNECT_TIMEOUT * 2):
+                    if self.anonymous is not None:
+                        await _probe(self.anonymous.client)
+                    else:
+                        async with AsyncClient(self.config.brokers, security=self._anonymous_security(),
+                                               connect_timeout=CONNECT_TIMEOUT) as c:  # fmt: skip
+                            await _probe(c)
+                self.mode = "open"
+            except AuthenticationError:
+                self.mode = "auth"
+            except (EQueueError, trio.TooSlowError) as exc:
+                log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
 
     # ------------------------------------------------------------------ rendering
     def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -308,8 +322,8 @@ class Console:
         if self.mode is None:
             with trio.move_on_after(PAGE_BUDGET):
                 await self.detect_mode()
-        if self.mode == "open" and self.service is not None:
-            return Viewer(self.service.router, None, self._csrf(request))
+        if self.mode == "open" and self.anonymous is not None:  # never the console's own credentials
+            return Viewer(self.anonymous.router, None, self._csrf(request))
         if self.mode == "auth" and self.sessions is not None:
             session = self.sessions.get(request.session.get("sid"))
             if session is None:

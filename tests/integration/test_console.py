@@ -158,12 +158,15 @@ def test_a_broker_that_stops_under_the_console_is_a_message(tmp_path: Path) -> N
         assert "Traceback" not in r.text
 
 
-def test_an_open_console_asks_for_sign_in_once_the_brokers_authenticate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own", [None, ROOT], ids=["without-credentials", "with-credentials"])
+def test_an_open_console_asks_for_sign_in_once_the_brokers_authenticate(tmp_path: Path, own: ClientSecurity | None) -> None:
+    """With credentials of its own (which the restarted broker accepts), the console
+    still serves anonymous visitors without them: they are asked to sign in."""
     users = tmp_path / "users.json"
     update_users_file(users, lambda _: UsersFile().with_user(make_user("root", "root-pw", admin=True)))
     with EmbeddedBroker(make_config(tmp_path / "data")) as b:
         port = b.port
-        with console(b.address) as (client, con):
+        with console(b.address, own) as (client, con):
             assert client.get("/topics").status_code == 200 and con.mode == "open"
             b.stop()  # restarted with a users file, on the same port
             with EmbeddedBroker(make_config(tmp_path / "data", port=port, users_file=users)):
