@@ -427,20 +427,24 @@ class Console:
             return RedirectResponse("/", 303)
         assert self.sessions is not None
         keys = (f"user:{username}", f"addr:{request.client.host if request.client else '-'}")
-        wait = self.throttle.wait(*keys)
+        wait = self.throttle.begin(*keys)  # counted from now: parallel guesses wait for none of the answers
         if wait > 0:
             self.logs.log(logging.WARNING, "sign-in throttled", "console: sign-ins refused for a while after failures",
                           fields={"user": username, "client": keys[1][5:], "wait_s": round(wait)})  # fmt: skip
             message = f"too many failed sign-ins: try again in {max(1, round(wait))} s"
             return self.render(request, "login.html", 429, next=nxt, username=username, login_error=message)
+        settled = False
         try:
             if not username or not password:
                 raise BadInput("give a user name and a password")
             with trio.fail_after(PAGE_BUDGET):
                 session = await self.sessions.open(username, password)
+            self.throttle.succeeded(*keys)
+            settled = True
         except (EQueueError, trio.TooSlowError) as exc:
             if isinstance(exc, AuthenticationError):
                 self.throttle.failed(*keys)
+                settled = True
                 message = "sign-in refused: wrong user name or password"
             elif isinstance(exc, trio.TooSlowError):
                 message = f"no broker answered within {PAGE_BUDGET:g} s"
@@ -448,7 +452,9 @@ class Console:
                 message = describe([exc])
             return self.render(request, "login.html", 403 if isinstance(exc, AuthenticationError) else 400,
                                next=nxt, username=username, login_error=message)  # fmt: skip
-        self.throttle.succeeded(keys[0])
+        finally:
+            if not settled:  # no answer on the password (or cancelled): the slot is freed
+                self.throttle.released(*keys)
         old = request.session.get("sid")
         if isinstance(old, str):
             self.sessions.close(old)
