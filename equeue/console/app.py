@@ -417,6 +417,8 @@ class Console:
             form = await self.check_csrf(request)
         except _Redirect as r:
             return r.response
+        except BadInput as exc:  # a file part, too many fields: the sign-in page says so
+            return self.render(request, "login.html", 400, next="/", username="", login_error=describe([exc]))
         username = str(form.get("username") or "").strip()
         password = str(form.get("password") or "")
         nxt = _safe_next(str(form.get("next") or ""))
@@ -468,6 +470,9 @@ class Console:
             await self.check_csrf(request)
         except _Redirect as r:
             return r.response
+        except BadInput as exc:  # an unreadable form signs nobody out: back to where the user was
+            self.flash(request, describe([exc]), ok=False)
+            return RedirectResponse("/login" if self.mode == "auth" and self._user(request) is None else "/", 303)
         sid = request.session.get("sid")
         if isinstance(sid, str) and self.sessions is not None:
             self.sessions.close(sid)

@@ -366,6 +366,22 @@ def test_sign_in_needs_the_csrf_token(secured: EmbeddedBroker) -> None:
         assert r.status_code == 403 and con.sessions is not None and len(con.sessions) == 0
 
 
+def test_an_unreadable_sign_in_or_out_form_is_a_400_or_a_redirect_not_a_traceback(
+    secured: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    with console(secured.address) as (client, con), caplog.at_level(logging.ERROR, logger="equeue.console"):
+        token = csrf(client, "/login")
+        r = client.post("/login", data={"username": "root", "password": "root-pw", "csrf": token},
+                        files={"file": ("a.txt", b"data")})  # fmt: skip
+        assert r.status_code == 400 and "the form could not be read" in texts(r.text, "login-error")[0]
+        r = client.post("/logout", data={"csrf": token}, files={"file": ("a.txt", b"data")})
+        assert r.status_code == 303 and r.headers["location"] == "/login"
+        assert con.sessions is not None and len(con.sessions) == 0
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
 def test_an_idle_session_expires(secured: EmbeddedBroker) -> None:
     now = [0.0]
     config = ConsoleConfig(secured.address, session_idle=60.0)
