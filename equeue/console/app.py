@@ -87,7 +87,7 @@ class ConsoleConfig:
     """What the console serves: the brokers to ask (``host:port``, comma-separated:
     any one of them bootstraps), the TLS settings to them and the console's own
     credentials (``security``: the ``EQUEUE_*`` environment, as the CLI's; used by
-    the sampler, and by every page when the brokers need no sign-in), how long an
+    the sampler alone: open mode's pages use its TLS settings only), how long an
     idle session lives, the sampler's period and window, the pages' refresh period,
     whether the console itself serves HTTPS (then its cookie is Secure) and the most
     connections it serves at once (more are refused: :mod:`equeue.httpserve`)."""

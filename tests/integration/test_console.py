@@ -481,3 +481,20 @@ async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery:
     link.close()
     assert sampler.rounds == 3 and "cannot connect" in sampler.last_error
     assert len([r for r in caplog.records if r.getMessage().startswith("console sampler:")]) == 1
+
+
+async def test_a_link_whose_opener_is_cancelled_is_not_left_open(open_broker: EmbeddedBroker) -> None:
+    """A sign-in past its time cancels the opening: no task of the console's nursery
+    goes on holding a connection (outside the session table's limit)."""
+    import trio
+
+    from equeue.console.sessions import open_link
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await open_link(nursery, open_broker.address, ClientSecurity(), probe=True)
+        assert not nursery.child_tasks
+        link = await open_link(nursery, open_broker.address, ClientSecurity(), probe=True)  # not cancelled: held
+        assert len(nursery.child_tasks) == 1
+        link.close()
