@@ -87,7 +87,7 @@ class ConsoleConfig:
     """What the console serves: the brokers to ask (``host:port``, comma-separated:
     any one of them bootstraps), the TLS settings to them and the console's own
     credentials (``security``: the ``EQUEUE_*`` environment, as the CLI's; used by
-    the sampler, and by every page when the brokers need no sign-in), how long an
+    the sampler alone: open mode's pages use its TLS settings only), how long an
     idle session lives, the sampler's period and window, the pages' refresh period,
     whether the console itself serves HTTPS (then its cookie is Secure) and the most
     connections it serves at once (more are refused: :mod:`equeue.httpserve`)."""
@@ -195,7 +195,11 @@ class Console:
         self.sessions: SessionTable | None = None
         #: failed sign-ins per user name and client address (equeue.console.throttle)
         self.throttle = SignInThrottle(clock)
+        #: the console's own connection (its credentials): the sampler's alone
         self.service: Link | None = None
+        #: the connection of open mode's pages: the TLS settings, no credentials, so
+        #: that brokers which start authenticating answer AuthRequired (then: sign-in)
+        self.anonymous: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
         self.sampler = Sampler(lambda: self.service.router if self.service else None,
                                interval=config.sample_interval, window=config.window)  # fmt: skip
@@ -217,6 +221,7 @@ class Console:
             raise RuntimeError("this console already runs: one application (lifespan) at a time")
         async with trio.open_nursery() as nursery:
             self.service = await open_link(nursery, self.config.brokers, self.config.security, probe=False)
+            self.anonymous = await open_link(nursery, self.config.brokers, self._anonymous_security(), probe=False)
             self.sessions = SessionTable(nursery, self.config.brokers, self.config.security,
                                          idle=self.config.session_idle, clock=self.clock)  # fmt: skip
             await self.detect_mode()
@@ -227,7 +232,8 @@ class Console:
             finally:
                 self.sessions.close_all()
                 self.service.close()
-                self.service = self.sessions = None
+                self.anonymous.close()
+                self.service = self.anonymous = self.sessions = None
                 nursery.cancel_scope.cancel()
 
     async def _reaper(self) -> None:
@@ -236,22 +242,30 @@ class Console:
             await trio.sleep(max(1.0, min(60.0, self.sessions.idle / 10)))
             self.sessions.expire()
 
+    def _anonymous_security(self) -> ClientSecurity:
+        """The console's TLS settings to the brokers, without its credentials."""
+        return ClientSecurity(tls=self.config.security.tls)
+
     async def detect_mode(self) -> None:
-        """Learn whether the brokers authenticate: connect without credentials. Left
-        unknown (None) when no broker answers; asked again by the next request."""
+        """Learn whether the brokers authenticate: ask over the credential-less link
+        (the one open mode's pages use). Left unknown (None) when no broker answers;
+        asked again by the next request."""
         async with self._detecting:  # one probe at a time: concurrent requests wait for its answer
             if self.mode is not None:
                 return
-            anonymous = ClientSecurity(tls=self.config.security.tls)
-            async with AsyncClient(self.config.brokers, security=anonymous, connect_timeout=CONNECT_TIMEOUT) as c:
-                try:
-                    with trio.fail_after(CONNECT_TIMEOUT * 2):
-                        await _probe(c)
-                    self.mode = "open"
-                except AuthenticationError:
-                    self.mode = "auth"
-                except (EQueueError, trio.TooSlowError) as exc:
-                    log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
+            try:
+                with trio.fail_after(CONNECT_TIMEOUT * 2):
+                    if self.anonymous is not None:
+                        await _probe(self.anonymous.client)
+                    else:
+                        async with AsyncClient(self.config.brokers, security=self._anonymous_security(),
+                                               connect_timeout=CONNECT_TIMEOUT) as c:  # fmt: skip
+                            await _probe(c)
+                self.mode = "open"
+            except AuthenticationError:
+                self.mode = "auth"
+            except (EQueueError, trio.TooSlowError) as exc:
+                log.warning("console: no broker answered at %s: %s", self.config.brokers, exc)
 
     # ------------------------------------------------------------------ rendering
     def render(self, request: Request, template: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -308,8 +322,8 @@ class Console:
         if self.mode is None:
             with trio.move_on_after(PAGE_BUDGET):
                 await self.detect_mode()
-        if self.mode == "open" and self.service is not None:
-            return Viewer(self.service.router, None, self._csrf(request))
+        if self.mode == "open" and self.anonymous is not None:  # never the console's own credentials
+            return Viewer(self.anonymous.router, None, self._csrf(request))
         if self.mode == "auth" and self.sessions is not None:
             session = self.sessions.get(request.session.get("sid"))
             if session is None:
@@ -403,6 +417,8 @@ class Console:
             form = await self.check_csrf(request)
         except _Redirect as r:
             return r.response
+        except BadInput as exc:  # a file part, too many fields: the sign-in page says so
+            return self.render(request, "login.html", 400, next="/", username="", login_error=describe([exc]))
         username = str(form.get("username") or "").strip()
         password = str(form.get("password") or "")
         nxt = _safe_next(str(form.get("next") or ""))
@@ -413,20 +429,24 @@ class Console:
             return RedirectResponse("/", 303)
         assert self.sessions is not None
         keys = (f"user:{username}", f"addr:{request.client.host if request.client else '-'}")
-        wait = self.throttle.wait(*keys)
+        wait = self.throttle.begin(*keys)  # counted from now: parallel guesses wait for none of the answers
         if wait > 0:
             self.logs.log(logging.WARNING, "sign-in throttled", "console: sign-ins refused for a while after failures",
                           fields={"user": username, "client": keys[1][5:], "wait_s": round(wait)})  # fmt: skip
             message = f"too many failed sign-ins: try again in {max(1, round(wait))} s"
             return self.render(request, "login.html", 429, next=nxt, username=username, login_error=message)
+        settled = False
         try:
             if not username or not password:
                 raise BadInput("give a user name and a password")
             with trio.fail_after(PAGE_BUDGET):
                 session = await self.sessions.open(username, password)
+            self.throttle.succeeded(*keys)
+            settled = True
         except (EQueueError, trio.TooSlowError) as exc:
             if isinstance(exc, AuthenticationError):
                 self.throttle.failed(*keys)
+                settled = True
                 message = "sign-in refused: wrong user name or password"
             elif isinstance(exc, trio.TooSlowError):
                 message = f"no broker answered within {PAGE_BUDGET:g} s"
@@ -434,7 +454,9 @@ class Console:
                 message = describe([exc])
             return self.render(request, "login.html", 403 if isinstance(exc, AuthenticationError) else 400,
                                next=nxt, username=username, login_error=message)  # fmt: skip
-        self.throttle.succeeded(keys[0])
+        finally:
+            if not settled:  # no answer on the password (or cancelled): the slot is freed
+                self.throttle.released(*keys)
         old = request.session.get("sid")
         if isinstance(old, str):
             self.sessions.close(old)
@@ -448,6 +470,9 @@ class Console:
             await self.check_csrf(request)
         except _Redirect as r:
             return r.response
+        except BadInput as exc:  # an unreadable form signs nobody out: back to where the user was
+            self.flash(request, describe([exc]), ok=False)
+            return RedirectResponse("/login" if self.mode == "auth" and self._user(request) is None else "/", 303)
         sid = request.session.get("sid")
         if isinstance(sid, str) and self.sessions is not None:
             self.sessions.close(sid)

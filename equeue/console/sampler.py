@@ -9,7 +9,10 @@ them with the user's own rights checked first: a page shows a chart only beside
 numbers the user's own request just read.
 
 One round is bounded: at most :data:`MAX_TOPICS` topics and :data:`MAX_GROUPS`
-groups are sampled, and a round that takes longer than ``interval`` is cut off.
+groups are sampled, and each of its parts (brokers, topics, groups, cluster) is cut
+off after ``2 × interval`` seconds on its own, so a slow part does not keep the later
+ones from running. A broker that a round no longer lists (it left the cluster) is
+forgotten, its series with it.
 A failed round (a broker down, the console's credentials refused) is noted in
 :attr:`Sampler.last_error` and logged when the failure starts or changes (and every
 10 minutes while it lasts).
@@ -101,8 +104,7 @@ class Sampler:
     async def run(self) -> None:
         """Sample until cancelled."""
         while True:
-            with trio.move_on_after(self.interval * 2):
-                await self.sample()
+            await self.sample()  # each part bounded on its own
             await trio.sleep(self.interval)
 
     async def sample(self) -> None:
@@ -111,13 +113,18 @@ class Sampler:
         if router is None:
             return
         errors: list[str] = []
+        budget = self.interval * 2
         for part in (self._brokers, self._topics, self._groups, self._cluster):
+            name = part.__name__.lstrip("_")
             try:
-                await part(router)
+                with trio.move_on_after(budget) as scope:
+                    await part(router)
+                if scope.cancelled_caught:
+                    errors.append(f"{name}: no answer within {budget:g} s")
             except Exception as exc:
                 found = equeue_errors(exc)
                 if found is None:  # a defect: logged with its traceback (once while it lasts), and the console goes on
-                    what = f"unexpected {type(exc).__name__} in {part.__name__.lstrip('_')}"
+                    what = f"unexpected {type(exc).__name__} in {name}"
                     if what not in self._logged_error:
                         log.exception("console sampler: %s", what)
                     errors.append(what)
@@ -138,8 +145,17 @@ class Sampler:
             table[key] = deque(maxlen=self._size)
         return table[key]
 
+    async def _broker_rows(self, router: Router) -> list[admin.BrokerStatsRow]:
+        """Every broker's STATS (a test's subclass gives its own)."""
+        return await admin.broker_stats(router)
+
     async def _brokers(self, router: Router) -> None:
-        rows = await admin.broker_stats(router)
+        rows = await self._broker_rows(router)
+        listed = {r.address for r in rows}
+        tables: tuple[dict[str, Any], ...] = (self.broker_times, self.broker_in, self.broker_out, self._broker_last)
+        for table in tables:
+            for gone in set(table) - listed:  # a broker no longer in the cluster: its series go
+                del table[gone]
         for r in rows:
             if r.stats is None:
                 continue

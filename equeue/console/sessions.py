@@ -12,8 +12,8 @@ a signed cookie with a random session id (:mod:`equeue.console.app`). A session 
 on sign-out, or after ``idle`` seconds without a request (:meth:`SessionTable.expire`,
 called by the console's reaper task); its connections are closed then.
 
-:class:`Link` is one such held connection; the console's own (the sampler's, and
-every page's when the brokers need no sign-in) is one too.
+:class:`Link` is one such held connection; the console's own (with its credentials:
+the sampler's) and the credential-less one of open mode's pages are links too.
 """
 
 from __future__ import annotations
@@ -76,43 +76,43 @@ async def open_link(
     """Open a client and router to ``brokers`` held by a task of ``nursery`` until the
     returned link is closed (or the nursery ends). With ``probe``, connect now and
     raise what the sign-in raises (AuthFailed, AuthRequired, ConnectionBroken,
-    TlsError); without, the client connects on its first request."""
-    opened: list[Link] = []
-    failed: list[EQueueError] = []
-    ready = trio.Event()
+    TlsError); without, the client connects on its first request.
 
-    async def hold() -> None:
-        try:
-            async with AsyncClient(brokers, security=security, connect_timeout=CONNECT_TIMEOUT) as client:
-                try:  # inside the client's block: its errors are raised here, not wrapped in a group
-                    if probe:
-                        with trio.fail_after(CONNECT_TIMEOUT * 3):
-                            await _probe(client)
-                except trio.TooSlowError:
-                    failed.append(ConnectionBroken(f"no answer from {brokers} within {CONNECT_TIMEOUT * 3:g} s"))
-                except EQueueError as exc:
-                    failed.append(exc)
-                if failed:
-                    ready.set()
-                    return
+    The holding task is started with ``nursery.start``: until the link is open it runs
+    under the caller's cancel scope, so a caller cancelled meanwhile (a sign-in past its
+    time) leaves no connection behind."""
+    return await nursery.start(_hold, brokers, security, probe)  # type: ignore[no-any-return]
+
+
+async def _hold(
+    brokers: str, security: ClientSecurity, probe: bool, *, task_status: trio.TaskStatus[Link] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """:func:`open_link`'s task: open, report the link, hold it until it is closed."""
+    failed: list[EQueueError] = []
+    started = False
+    try:
+        async with AsyncClient(brokers, security=security, connect_timeout=CONNECT_TIMEOUT) as client:
+            try:  # inside the client's block: its errors are caught here, not wrapped in a group
+                if probe:
+                    with trio.fail_after(CONNECT_TIMEOUT * 3):
+                        await _probe(client)
+            except trio.TooSlowError:
+                failed.append(ConnectionBroken(f"no answer from {brokers} within {CONNECT_TIMEOUT * 3:g} s"))
+            except EQueueError as exc:
+                failed.append(exc)
+            if not failed:
                 async with Router(client, refresh_interval=REFRESH_INTERVAL, policy=CONSOLE_POLICY) as router:
                     link = Link(client, router)
-                    opened.append(link)
-                    ready.set()
+                    task_status.started(link)
+                    started = True
                     await link.stop.wait()
                     await router.aclose()
-        except Exception:  # a bug must not end the console: this session's link ends
-            log.exception("console connection to %s failed", brokers)
-        finally:
-            ready.set()
-
-    nursery.start_soon(hold)
-    await ready.wait()
-    if failed:
+    except Exception:  # a bug must not end the console: this link ends
+        log.exception("console connection to %s failed", brokers)
+        if not started:
+            raise ConnectionBroken(f"could not open a connection to {brokers}") from None
+    if failed:  # raised by nursery.start to open_link's caller, out of the client's block
         raise failed[0]
-    if not opened:
-        raise ConnectionBroken(f"could not open a connection to {brokers}")
-    return opened[0]
 
 
 @attrs.define

@@ -8,6 +8,12 @@ or from one client address, within ``window`` seconds, further sign-ins for it a
 refused at once (HTTP 429, without asking a broker) until the oldest of those
 failures is ``window`` seconds old. A successful sign-in clears its user name's
 failures. What is kept is bounded: the oldest keys go past ``max_keys``.
+
+An attempt counts from its start, not from its answer: :meth:`SignInThrottle.begin`
+reserves a slot of each key before the SCRAM exchange is awaited, and
+:meth:`~SignInThrottle.failed`, :meth:`~SignInThrottle.succeeded` or
+:meth:`~SignInThrottle.released` settle it. So at most ``limit`` attempts per key are
+ever in flight or failed within the window, however many are sent in parallel.
 """
 
 from __future__ import annotations
@@ -32,19 +38,46 @@ class SignInThrottle:
         self.window = window
         self._max_keys = max_keys
         self._failures: collections.OrderedDict[str, collections.deque[float]] = collections.OrderedDict()
+        #: attempts begun and not settled yet, per key (bounded by the requests in flight)
+        self._pending: dict[str, int] = {}
 
     def wait(self, *keys: str) -> float:
-        """Seconds before a sign-in for ``keys`` may be tried (0: now)."""
+        """Seconds before a sign-in for ``keys`` may be tried (0: now). Attempts in
+        flight count as failures; when they alone fill a key, the wait is 1 s (their
+        answer is due within seconds)."""
         now = self._clock()
         longest = 0.0
         for key in keys:
             times = self._recent(key, now)
-            if times is not None and len(times) >= self.limit:
-                longest = max(longest, times[0] + self.window - now)
+            failures = len(times) if times is not None else 0
+            if failures + self._pending.get(key, 0) >= self.limit:
+                longest = max(longest, times[0] + self.window - now if times else 1.0)
         return longest
 
+    def begin(self, *keys: str) -> float:
+        """Start a sign-in for ``keys``: 0 and a slot of each key reserved (settle it
+        with :meth:`failed`, :meth:`succeeded` or :meth:`released`), or the seconds to
+        wait (:meth:`wait`) and nothing reserved."""
+        wait = self.wait(*keys)
+        if wait <= 0:
+            for key in keys:
+                self._pending[key] = self._pending.get(key, 0) + 1
+        return wait
+
+    def released(self, *keys: str) -> None:
+        """A begun sign-in for ``keys`` ended without an answer on the password (bad
+        form, no broker answered, cancelled): its slots are freed, nothing is counted."""
+        for key in keys:
+            left = self._pending.get(key, 0) - 1
+            if left > 0:
+                self._pending[key] = left
+            else:
+                self._pending.pop(key, None)
+
     def failed(self, *keys: str) -> None:
-        """A sign-in for ``keys`` was refused (wrong user name or password)."""
+        """A begun sign-in for ``keys`` was refused (wrong user name or password): its
+        slots become failures."""
+        self.released(*keys)
         now = self._clock()
         for key in keys:
             times = self._recent(key, now)
@@ -55,9 +88,12 @@ class SignInThrottle:
         while len(self._failures) > self._max_keys:
             self._failures.popitem(last=False)
 
-    def succeeded(self, key: str) -> None:
-        """A sign-in for ``key`` (the user name's) went through: forget its failures."""
-        self._failures.pop(key, None)
+    def succeeded(self, *keys: str) -> None:
+        """A begun sign-in for ``keys`` went through: its slots are freed and the first
+        key's (the user name's) failures forgotten."""
+        self.released(*keys)
+        if keys:
+            self._failures.pop(keys[0], None)
 
     def _recent(self, key: str, now: float) -> collections.deque[float] | None:
         times = self._failures.get(key)

@@ -158,12 +158,15 @@ def test_a_broker_that_stops_under_the_console_is_a_message(tmp_path: Path) -> N
         assert "Traceback" not in r.text
 
 
-def test_an_open_console_asks_for_sign_in_once_the_brokers_authenticate(tmp_path: Path) -> None:
+@pytest.mark.parametrize("own", [None, ROOT], ids=["without-credentials", "with-credentials"])
+def test_an_open_console_asks_for_sign_in_once_the_brokers_authenticate(tmp_path: Path, own: ClientSecurity | None) -> None:
+    """With credentials of its own (which the restarted broker accepts), the console
+    still serves anonymous visitors without them: they are asked to sign in."""
     users = tmp_path / "users.json"
     update_users_file(users, lambda _: UsersFile().with_user(make_user("root", "root-pw", admin=True)))
     with EmbeddedBroker(make_config(tmp_path / "data")) as b:
         port = b.port
-        with console(b.address) as (client, con):
+        with console(b.address, own) as (client, con):
             assert client.get("/topics").status_code == 200 and con.mode == "open"
             b.stop()  # restarted with a users file, on the same port
             with EmbeddedBroker(make_config(tmp_path / "data", port=port, users_file=users)):
@@ -363,6 +366,22 @@ def test_sign_in_needs_the_csrf_token(secured: EmbeddedBroker) -> None:
         assert r.status_code == 403 and con.sessions is not None and len(con.sessions) == 0
 
 
+def test_an_unreadable_sign_in_or_out_form_is_a_400_or_a_redirect_not_a_traceback(
+    secured: EmbeddedBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    with console(secured.address) as (client, con), caplog.at_level(logging.ERROR, logger="equeue.console"):
+        token = csrf(client, "/login")
+        r = client.post("/login", data={"username": "root", "password": "root-pw", "csrf": token},
+                        files={"file": ("a.txt", b"data")})  # fmt: skip
+        assert r.status_code == 400 and "the form could not be read" in texts(r.text, "login-error")[0]
+        r = client.post("/logout", data={"csrf": token}, files={"file": ("a.txt", b"data")})
+        assert r.status_code == 303 and r.headers["location"] == "/login"
+        assert con.sessions is not None and len(con.sessions) == 0
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
 def test_an_idle_session_expires(secured: EmbeddedBroker) -> None:
     now = [0.0]
     config = ConsoleConfig(secured.address, session_idle=60.0)
@@ -462,3 +481,20 @@ async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery:
     link.close()
     assert sampler.rounds == 3 and "cannot connect" in sampler.last_error
     assert len([r for r in caplog.records if r.getMessage().startswith("console sampler:")]) == 1
+
+
+async def test_a_link_whose_opener_is_cancelled_is_not_left_open(open_broker: EmbeddedBroker) -> None:
+    """A sign-in past its time cancels the opening: no task of the console's nursery
+    goes on holding a connection (outside the session table's limit)."""
+    import trio
+
+    from equeue.console.sessions import open_link
+
+    async with trio.open_nursery() as nursery:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await open_link(nursery, open_broker.address, ClientSecurity(), probe=True)
+        assert not nursery.child_tasks
+        link = await open_link(nursery, open_broker.address, ClientSecurity(), probe=True)  # not cancelled: held
+        assert len(nursery.child_tasks) == 1
+        link.close()

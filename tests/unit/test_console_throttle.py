@@ -38,3 +38,28 @@ def test_a_success_clears_its_key_and_the_keys_are_bounded() -> None:
 def test_nonsense_settings_are_refused() -> None:
     with pytest.raises(ValueError):
         SignInThrottle(lambda: 0.0, limit=0)
+
+
+def test_attempts_in_flight_count_so_parallel_guesses_cannot_pass_the_limit() -> None:
+    """Ten sign-ins begun at once, none answered yet: the sixth is refused already."""
+    now = [0.0]
+    t = SignInThrottle(lambda: now[0], limit=5, window=300.0)
+    begun = [t.begin("user:a", "addr:x") for _ in range(10)]
+    assert begun[:5] == [0.0] * 5 and all(w > 0 for w in begun[5:])
+    for _ in range(5):
+        t.failed("user:a", "addr:x")
+    assert t.begin("user:a") == 300.0 and t.begin("addr:x") == 300.0  # five failures: held for the window
+    now[0] = 300.0
+    assert t.begin("user:a", "addr:x") == 0.0
+
+
+def test_a_released_or_successful_attempt_frees_its_slot() -> None:
+    t = SignInThrottle(lambda: 0.0, limit=2, window=100.0)
+    assert t.begin("user:a", "addr:x") == 0.0 and t.begin("user:a", "addr:x") == 0.0
+    assert t.begin("user:a") > 0
+    t.released("user:a", "addr:x")  # no answer on the password: nothing counted
+    t.failed("user:a", "addr:x")
+    assert t.wait("user:a") == 0.0 and t.begin("user:a", "addr:x") == 0.0  # one failure, one in flight
+    assert t.wait("user:a") == 100.0
+    t.succeeded("user:a", "addr:x")  # the name's failures go; the address keeps its one
+    assert t.wait("user:a") == 0.0 and t._pending == {}

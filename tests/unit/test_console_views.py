@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections import deque
 
 import pytest
+import trio
 
+from equeue.client.admin import BrokerStatsRow
 from equeue.console.failures import BadInput, describe, equeue_errors
 from equeue.console.sampler import Sampler
 from equeue.console.views import duration, form_int, form_time_ms, render_body, size
+from equeue.control import BrokerStats
 from equeue.errors import ConnectionBroken, NotAuthorized
 
 
@@ -101,3 +104,62 @@ def test_the_lag_chart_has_the_total_and_each_queue_in_queue_order() -> None:
     s.lags["g"] = deque([(1000, 5, {"t/10": 1, "t/2": 4}), (2000, 3, {"t/2": 3})])
     assert s.lag_chart("g") == {"series": ["total", "t/2", "t/10"], "data": [[1.0, 2.0], [5, 3], [4, 3], [1, None]]}
     assert s.lag_chart("none") == {"series": ["total"], "data": [[], []]}
+
+
+def _row(address: str, messages_in: int) -> BrokerStatsRow:
+    stats = BrokerStats("1", 1.0, 0, 0, messages_in, 0, 0, 0, 0.0, 0.0, 0, 0, 0, 0, "sync")
+    return BrokerStatsRow("", "b", address, stats)
+
+
+class _Brokers(Sampler):
+    """A sampler whose broker part reads ``rows`` (set by the test) and whose other
+    parts read nothing."""
+
+    rows: list[BrokerStatsRow] = []
+
+    async def _broker_rows(self, router: object) -> list[BrokerStatsRow]:
+        return self.rows
+
+    async def _topics(self, router: object) -> None:
+        pass
+
+    async def _groups(self, router: object) -> None:
+        pass
+
+    async def _cluster(self, router: object) -> None:
+        pass
+
+
+async def test_a_broker_no_longer_listed_is_forgotten() -> None:
+    now = [0]
+    s = _Brokers(lambda: object(), interval=5.0, wall_ms=lambda: now[0])  # type: ignore[arg-type, return-value]
+    for step, rows in enumerate(([_row("a:1", 0), _row("b:1", 0)], [_row("a:1", 10), _row("b:1", 20)])):
+        now[0] = step * 1000
+        s.rows = rows
+        await s.sample()
+    assert list(s.broker_in["b:1"]) == [20.0] and set(s.broker_times) == {"a:1", "b:1"}
+    now[0] = 2000
+    s.rows = [_row("a:1", 30)]  # b:1 left the cluster
+    await s.sample()
+    for table in (s.broker_times, s.broker_in, s.broker_out, s._broker_last):
+        assert set(table) == {"a:1"}
+    assert s.broker_chart(["a:1", "b:1"])["series"] == ["a:1 in", "a:1 out"]
+
+
+class _Slow(_Brokers):
+    """A sampler whose broker part never answers: the later parts must run anyway."""
+
+    ran: list[str] = []
+
+    async def _brokers(self, router: object) -> None:
+        await trio.sleep_forever()
+
+    async def _cluster(self, router: object) -> None:
+        self.ran.append("cluster")
+
+
+async def test_a_part_that_never_answers_is_cut_off_alone(autojump_clock: object) -> None:
+    s = _Slow(lambda: object(), interval=5.0)  # type: ignore[arg-type, return-value]
+    with trio.fail_after(60):  # virtual time: the broker part's budget is 10 s
+        await s.sample()
+    assert s.ran == ["cluster"] and s.last_error == "brokers: no answer within 10 s"
