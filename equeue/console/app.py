@@ -42,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
@@ -103,26 +103,52 @@ class ConsoleConfig:
 
 
 class BodyLimit:
-    """ASGI middleware: a request body must say its length (411) and be at most
-    ``limit`` bytes (413): forms are small, and a body is read whole before it is parsed."""
+    """ASGI middleware: an HTTP/1.1 request body must say its length (411) and be at
+    most ``limit`` bytes (413): forms are small, and a body is read whole before it is
+    parsed. The bytes that arrive are counted too (an HTTP/2 body need not say its
+    length): the body is read here, up to ``limit``, before the application sees it."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_REQUEST_BODY) -> None:
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] not in ("GET", "HEAD"):
-            headers = dict(scope["headers"])
-            length = headers.get(b"content-length")
-            status, text = 0, ""
-            if length is None:
-                status, text = (411, "a request body needs a Content-Length\n") if b"transfer-encoding" in headers else (0, "")
-            elif not length.isdigit() or int(length) > self.limit:
-                status, text = 413, f"a request body is at most {self.limit} bytes\n"
-            if status:
-                await PlainTextResponse(text, status_code=status, headers={"connection": "close"})(scope, receive, send)
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is None and b"transfer-encoding" in headers:
+            await self._refuse(scope, receive, send, 411, "a request body needs a Content-Length\n")
+            return
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            await self._refuse(scope, receive, send, 413, f"a request body is at most {self.limit} bytes\n")
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._refuse(scope, receive, send, 413, f"a request body is at most {self.limit} bytes\n")
                 return
-        await self.app(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        read = False
+
+        async def replay() -> Message:
+            nonlocal read
+            if read:
+                return await receive()
+            read = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, text: str) -> None:
+        await PlainTextResponse(text, status_code=status, headers={"connection": "close"})(scope, receive, send)
 
 
 class SecurityHeaders:

@@ -163,3 +163,42 @@ async def test_a_part_that_never_answers_is_cut_off_alone(autojump_clock: object
     with trio.fail_after(60):  # virtual time: the broker part's budget is 10 s
         await s.sample()
     assert s.ran == ["cluster"] and s.last_error == "brokers: no answer within 10 s"
+
+
+async def _through_body_limit(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes | None]:
+    """The answer's status from :class:`BodyLimit` for a POST whose body arrives in
+    ``chunks``, and the body the application behind it read (None: not called)."""
+    from equeue.console.app import BodyLimit
+
+    seen: list[bytes] = []
+    sent: list[dict[str, object]] = []
+    queue = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+
+    async def receive() -> dict[str, object]:
+        return queue.pop(0) if queue else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    async def app(scope: object, receive: object, send_: object) -> None:
+        body = b""
+        while True:
+            message = await receive()  # type: ignore[operator]
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        seen.append(body)
+        await send_({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send_({"type": "http.response.body", "body": b""})  # type: ignore[operator]
+
+    scope = {"type": "http", "method": "POST", "headers": headers, "http_version": "2", "path": "/login"}
+    await BodyLimit(app, limit=100)(scope, receive, send)  # type: ignore[arg-type]
+    return int(sent[0]["status"]), (seen[0] if seen else None)  # type: ignore[call-overload]
+
+
+async def test_a_body_without_a_length_is_counted_as_it_arrives() -> None:
+    """An HTTP/2 body need not say its length: past the limit it is 413 however it is cut."""
+    assert await _through_body_limit([b"x" * 60, b"y" * 60], []) == (413, None)
+    assert await _through_body_limit([b"x" * 60, b"y" * 40], []) == (200, b"x" * 60 + b"y" * 40)
+    assert await _through_body_limit([b"x" * 10], [(b"content-length", b"101")]) == (413, None)
+    assert await _through_body_limit([b""], [(b"transfer-encoding", b"chunked")]) == (411, None)
