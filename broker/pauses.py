@@ -48,6 +48,8 @@ class Pauses:
         self.listeners: list[Callable[[], None]] = []
         #: set at shutdown: held pulls are answered at once
         self.closed = False
+        #: how many :meth:`wait_for` calls (held pulls) are waiting now (read-only)
+        self.held = 0
         if cluster is not None:
             cluster.on_pauses(self.notify)
 
@@ -92,6 +94,13 @@ class Pauses:
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
         """Return once ``predicate()`` is true (checked after each change of the paused
-        names) or the broker is closing. Bound it with a cancel scope."""
-        while not predicate() and not self.closed:
-            await self._changed.wait()
+        names) or the broker is closing. Bound it with a cancel scope. Counted in
+        :attr:`held` while it waits."""
+        if predicate() or self.closed:
+            return
+        self.held += 1
+        try:
+            while not predicate() and not self.closed:
+                await self._changed.wait()
+        finally:
+            self.held -= 1

@@ -53,6 +53,7 @@ __all__ = [
     "WatchEvent",
     "WatchStream",
     "compare_create",
+    "compare_exists",
     "compare_mod",
     "delete_op",
     "prefix_range_end",
@@ -148,6 +149,11 @@ def compare_create(key: str, create_revision: int) -> dict[str, Any]:
     """A txn compare: ``key``'s create_revision equals ``create_revision`` (0: the
     key is absent)."""
     return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": str(create_revision)}
+
+
+def compare_exists(key: str) -> dict[str, Any]:
+    """A txn compare: ``key`` is present (its create_revision is above 0)."""
+    return {"key": _b64(key), "target": "CREATE", "result": "GREATER", "create_revision": "0"}
 
 
 def compare_mod(key: str, mod_revision: int) -> dict[str, Any]:

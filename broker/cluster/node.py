@@ -29,9 +29,12 @@ see it through :class:`equeue.broker.handlers.base.ClusterRole`:
   unreachable is CLUSTER_UNAVAILABLE.
 * **Pauses.** A paused topic or consumer group is a ``paused/`` record in etcd
   (:meth:`ClusterNode.set_paused`), never in the store: every broker group reads
-  it from its view (:meth:`ClusterNode.paused`), so all of them honour it at once,
-  and a new leader after a failover or a restart finds it there. Deleting a topic
-  deletes its pause.
+  it from its view (:meth:`ClusterNode.paused`). The broker group that answered
+  a pause honours it before answering; the others once their watch delivers it
+  (typically milliseconds). A new leader after a failover or a restart finds it
+  there. A topic's pause is written only while its placement exists, and deleted
+  in the same transaction as the placement (creating a topic deletes any pause
+  left under its name).
 * **Replicas and leadership.** Every broker of a group is a replica; the
   group's :class:`~equeue.broker.cluster.election.GroupElection` (``node.election``, built
   in :meth:`ClusterNode.serving` with the caller's ``eligible``) says which one leads.
@@ -740,7 +743,6 @@ class ClusterNode:
                 await self._submit(DeleteTopicOp(name))  # a stray local copy: the one way to drop it
                 return
             raise TopicNotFound(f"no topic {name!r}")
-        await self._etcd.delete(pause_key("topic", name))  # a topic created again starts unpaused
         self._ahead.pop(name, None)
         await self._follow(lambda: self._view.topic(name) is None)  # the view saw the delete
         async with self._lock:
@@ -802,14 +804,17 @@ class ClusterNode:
     async def set_paused(self, kind: str, name: str, paused: bool) -> bool:
         """Write (pause) or delete (resume) the ``paused/`` record of ``name``; return
         once this broker's view shows it (other broker groups' views follow within a
-        watch round trip). True when it changed something. Raises TopicNotFound
-        (pausing a topic etcd does not have), ClusterUnavailable."""
+        watch round trip). True when it changed something. A topic's pause is written
+        only while etcd has its placement (one transaction: it cannot outlive a
+        concurrent delete). Raises TopicNotFound (pausing a topic etcd does not
+        have), ClusterUnavailable."""
         key = pause_key(kind, name)
         if paused:
-            if kind == "topic" and name not in self._placements and await self._view.lookup(name) is None:
-                raise TopicNotFound(f"no topic {name!r}")
-            record = PauseRecord(kind, name, int(time.time() * 1000))
-            changed = await self._etcd.create(key, encode_pause(record))
+            record = encode_pause(PauseRecord(kind, name, int(time.time() * 1000)))
+            if kind == "topic":
+                changed = await self._writes.pause_topic(name, record)
+            else:
+                changed = await self._etcd.create(key, record)
         else:
             changed = await self._etcd.delete(key)
         with trio.move_on_after(FOLLOW_TIMEOUT):

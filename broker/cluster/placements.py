@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection
 
 import attrs
 
-from equeue.broker.cluster.etcd import EtcdClient
+from equeue.broker.cluster.etcd import EtcdClient, compare_create, compare_exists, delete_op, put_op
 from equeue.broker.cluster.view import ClusterView
 from equeue.errors import BadRequest, ClusterUnavailable, TopicExists, TopicNotFound
 from equeue.placement import (
@@ -25,6 +25,7 @@ from equeue.placement import (
     encode_topic,
     grow,
     load,
+    pause_key,
     spread,
     topic_key,
 )
@@ -81,7 +82,9 @@ class Placements:
         ValueError). Returns
         the placement stored. Raises TopicExists when the topic exists, unless
         ``exist_ok`` (then the existing placement is returned, unchanged);
-        BadRequest for fewer than one queue; NoLiveGroups when no group is alive."""
+        BadRequest for fewer than one queue; NoLiveGroups when no group is alive.
+        The same transaction deletes any pause record left under the name (a topic
+        created again under a name starts unpaused)."""
         key = topic_key(name)
         view = self._loaded()
         known = view.topic(name)
@@ -96,7 +99,11 @@ class Placements:
                 retention_ms=retention_ms,
                 retention_bytes=retention_bytes,
             )
-            if await self._etcd.create(key, encode_topic(placement)):
+            created, _ = await self._etcd.txn(
+                [compare_create(key, 0)],
+                [put_op(key, encode_topic(placement)), delete_op(pause_key("topic", name))],
+            )
+            if created:
                 return placement
             kv = await self._etcd.get(key)
             if kv is None:
@@ -157,8 +164,33 @@ class Placements:
         return await self._update(name, change)
 
     async def delete_topic(self, name: str) -> bool:
-        """Remove ``name``'s placement; False when there was none."""
-        return await self._etcd.delete(topic_key(name))
+        """Remove ``name``'s placement and its pause record in one transaction (never
+        one without the other, even when etcd fails in between); False when there was
+        no placement (then nothing is deleted)."""
+        key = topic_key(name)
+        deleted, _ = await self._etcd.txn([compare_exists(key)], [delete_op(key), delete_op(pause_key("topic", name))])
+        return deleted
+
+    async def pause_topic(self, name: str, record: bytes) -> bool:
+        """Write ``record`` as the pause of topic ``name``, in a transaction that
+        requires the placement read just before to still be there (a concurrent
+        delete wins: no pause outlives its topic). True when written, False when the
+        topic was already paused. Raises TopicNotFound when etcd has no placement."""
+        key, pkey = topic_key(name), pause_key("topic", name)
+        for _ in range(_ATTEMPTS):
+            kv = await self._etcd.get(key)
+            if kv is None:
+                raise TopicNotFound(f"no topic {name!r}")
+            written, _ = await self._etcd.txn(
+                [compare_create(key, kv.create_revision), compare_create(pkey, 0)], [put_op(pkey, record)]
+            )
+            if written:
+                return True
+            if await self._etcd.get(pkey) is not None:
+                again = await self._etcd.get(key)
+                if again is not None and again.create_revision == kv.create_revision:
+                    return False  # paused already
+        raise ClusterUnavailable(f"topic {name!r} kept being created and deleted; try again")
 
     async def _update(
         self, name: str, change: Callable[[TopicPlacement], TopicPlacement]

@@ -23,8 +23,8 @@ from equeue.client.admin import (
     resume_topic,
 )
 from equeue.client.routing import Router
-from equeue.errors import TopicPaused
-from equeue.placement import pause_key
+from equeue.errors import TopicNotFound, TopicPaused
+from equeue.placement import pause_key, topic_key
 from equeue.producer import AsyncClient, AsyncProducer
 from equeue.protocol import PullStatus
 from tests.cluster.conftest import open_groups
@@ -95,8 +95,46 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
                         got[q] = len(r.messages)
 
                     nursery.start_soon(held)
-                await wait_until(lambda: all(b.handlers.pauses.group_paused("cg") for b in brokers.values()))
+                # both pulls held at their broker (not still on their way) before the resume
+                await wait_until(
+                    lambda: all(b.handlers.pauses.held == 1 for b in brokers.values()), what="both pulls held"
+                )
                 assert (await resume_group(router2, "cg")).changed
+                # woken by the resume: well within their 60 s hold
+                await wait_until(lambda: len(got) == 2, timeout=10, what="the held pulls woken by the resume")
             assert got == {0: 3, 1: 3}
             assert "cg" not in {g.group for g in await list_groups(router)}  # nothing else of it: gone
 
+
+
+async def test_a_topic_pause_never_outlives_its_topic(tmp_path: Path, etcd: EtcdProcess) -> None:
+    """The pause record goes with the placement: a stale one is cleared by the create
+    (one transaction), a delete removes it with the placement, and a pause is written
+    only while etcd has the placement."""
+    with trio.fail_after(60):
+        async with AsyncExitStack() as stack:
+            broker = (await open_groups(stack, tmp_path, etcd, ("g1",)))["g1"]
+            c = await stack.enter_async_context(AsyncClient(broker.address))
+            e = await stack.enter_async_context(EtcdClient([etcd.endpoint]))
+            # a pause left by a delete that did not finish: the topic created again is not paused
+            await e.put(pause_key("topic", "s"), b'{"kind": "topic", "name": "s", "since_ms": 1}')
+            await wait_until(lambda: broker.handlers.pauses.topic_paused("s"), what="the stale pause seen")
+            await c.create_topic("s", 1)
+            assert await e.get(pause_key("topic", "s")) is None
+            await wait_until(lambda: not broker.handlers.pauses.topic_paused("s"), what="the stale pause dropped")
+            assert not await refused(c, "s", 0)
+            # paused, then deleted: no pause record remains in etcd
+            assert (await c.pause_topic("s")).changed
+            assert await e.get(pause_key("topic", "s")) is not None
+            await c.delete_topic("s")
+            assert await e.get(pause_key("topic", "s")) is None
+            # the placement gone from etcd (however fresh this broker's copy): nothing is written
+            await c.create_topic("u", 1)
+            assert await e.delete(topic_key("u"))
+            try:
+                await broker.cluster.set_paused("topic", "u", True)
+            except TopicNotFound:
+                pass
+            else:
+                raise AssertionError("pausing a topic etcd does not have succeeded")
+            assert await e.get(pause_key("topic", "u")) is None

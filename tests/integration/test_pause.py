@@ -144,6 +144,8 @@ async def test_paused_group_gets_nothing_stays_a_member_and_gets_everything_afte
                             held.append(len(r.messages))
 
                         nursery.start_soon(held_pull)
+                        pauses = broker.handlers.pauses  # the consumer's own pull and ours, both held
+                        await wait_until(lambda: pauses.held >= 2, what="the pull held at the broker")
                         await c.commit_offset("cg", "o", 0, 0)  # commits are accepted while paused
                         d = await c.describe_group("cg")
                         assert got == [] and len(d.members) == 1 and d.paused
