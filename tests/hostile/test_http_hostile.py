@@ -1,31 +1,28 @@
 """Hostile clients on the broker's HTTP port (docs/operations.md, "HTTP port"): an
-oversized head, a slowloris, a thousand idle connections. The port answers them as
-its limits say and keeps serving; the broker's own TCP clients keep producing and
+oversized head, a slowloris, a thousand idle connections, HTTP/2 bodies that outlive
+their answers. The port answers them as its limits say and keeps serving; the broker's own TCP clients keep producing and
 consuming meanwhile (:class:`~tests.hostile.conftest.LatencyProbe`); the broker logs
 no error. One broker process for the module (``--http-max-connections`` at its
-default, 256). The attacks are :mod:`tests.hostile.http_attacks` (reused by
+default, 256). The scenarios are :mod:`tests.hostile.http_scenarios`, shared with the
+web console's tests, over the attacks of :mod:`tests.hostile.http_attacks` (reused by
 ``bench/bench_http_hostile.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import trio
 
-from equeue.broker.http import MAX_REQUEST_HEAD
 from equeue.broker.process import BrokerProcess
 from equeue.config import BrokerConfig
-from tests.conftest import wait_until
-from tests.hostile.conftest import LatencyProbe
-from tests.hostile.http_attacks import (
-    http_status,
-    idle_connections,
-    oversized_headers,
-    raise_fd_limit,
-    slowloris,
+from tests.hostile.http_attacks import raise_fd_limit
+from tests.hostile.http_scenarios import (
+    a_slowloris_is_closed,
+    http2_bodies_end_only_their_connections,
+    idle_connections_past_the_cap_are_refused,
+    oversized_heads_are_refused,
 )
 
 # thousands of connections: `make test` runs them, `make test-fast` does not
@@ -60,88 +57,23 @@ async def metric(port: int, name: str) -> float:
 
 
 async def test_oversized_heads_are_refused_431_and_nothing_else_breaks(broker: BrokerProcess) -> None:
-    host, port = broker.host, broker.http_port
-    with trio.fail_after(60):
-        async with LatencyProbe(broker.address, "oversized") as probe:
-            for size in (2 * MAX_REQUEST_HEAD, 64 * 1024, 1 << 20):
-                answer = await oversized_headers(host, port, size)
-                assert answer.startswith(b"HTTP/1.1 431"), (size, answer[:80])
-                assert await http_status(host, port, "/healthz") == 200
-            while probe.rounds < 3:  # the healthy client got served meanwhile too
-                await trio.sleep(0.01)
-        assert not probe.errors, str(probe)
-        assert await http_status(host, port, "/metrics") == 200
+    await oversized_heads_are_refused(broker.host, broker.http_port, broker.address, ["/healthz", "/metrics"])
 
 
 async def test_a_slowloris_is_closed_by_the_request_limit(broker: BrokerProcess) -> None:
-    """One byte a second: the head never completes and the server closes the
-    connection (its 5 s request limit) long before the client would give up; the
-    port serves others meanwhile."""
-    host, port = broker.host, broker.http_port
-    with trio.fail_after(60):
-        async with LatencyProbe(broker.address, "slowloris") as probe:
-            async with trio.open_nursery() as n:
-                ended: list[object] = []
-
-                async def attack() -> None:
-                    ended.append(await slowloris(host, port, interval=1.0, give_up=40.0))
-
-                n.start_soon(attack)
-                for path in ("/healthz", "/metrics", "/metrics"):
-                    assert await http_status(host, port, path) == 200
-                await wait_until(lambda: ended, timeout=50, what="the slowloris connection ended")
-        result = ended[0]
-        assert result.closed, result  # type: ignore[attr-defined]
-        assert not probe.errors, str(probe)
-        assert probe.rounds > 0
-        assert await http_status(host, port, "/healthz") == 200
+    await a_slowloris_is_closed(broker.host, broker.http_port, broker.address, ["/healthz", "/metrics", "/metrics"])
 
 
-async def test_idle_connections_past_the_cap_are_refused_and_the_port_recovers(
-    broker: BrokerProcess,
-) -> None:
-    """A thousand connections that send nothing: those past the cap are answered 503
-    and closed at once; the broker's clients keep producing and consuming; once the
-    idle ones go, the port serves ``/healthz`` again."""
-    host, port = broker.host, broker.http_port
+async def test_idle_connections_past_the_cap_are_refused_and_the_port_recovers(broker: BrokerProcess) -> None:
+    """The refusals are counted in ``equeue_http_connections_refused_total`` too."""
+    port = broker.http_port
     refused_before = await metric(port, "equeue_http_connections_refused_total")
-    with trio.fail_after(90):
-        async with LatencyProbe(broker.address, "idle") as probe:
-            async with idle_connections(host, port, IDLE) as idle:
-                await wait_until(
-                    lambda: idle.refused >= IDLE - CAP, timeout=30, what=f"{IDLE - CAP} connections refused"
-                )
-                rounds = probe.rounds
-                # the broker's clients are served while its HTTP port is full
-                await wait_until(lambda: probe.rounds > rounds + 3, timeout=30, what="more round trips")
-            assert idle.opened == IDLE
-
-            async def serves_again() -> bool:
-                return await http_status(host, port, "/healthz") == 200
-
-            await wait_until(serves_again, timeout=30, what="/healthz answered again")
-        assert not probe.errors, str(probe)
-        refused = await metric(port, "equeue_http_connections_refused_total") - refused_before
-        assert refused >= idle.refused >= IDLE - CAP  # (polling /healthz may have added some)
+    idle = await idle_connections_past_the_cap_are_refused(
+        broker.host, port, broker.address, "/healthz", idle=IDLE, cap=CAP
+    )
+    refused = await metric(port, "equeue_http_connections_refused_total") - refused_before
+    assert refused >= idle.refused >= IDLE - CAP  # (polling /healthz may have added some)
 
 
 async def test_an_http2_request_whose_body_outlives_its_answer_ends_only_its_connection(broker: BrokerProcess) -> None:
-    """Hypercorn speaks HTTP/2 to a client that starts with it; a body still arriving
-    after the answer (405 for a POST to /healthz) fails inside Hypercorn. That ends
-    the connection, never the HTTP port or the broker."""
-    host, port = broker.host, broker.http_port
-
-    async def body() -> AsyncIterator[bytes]:
-        for _ in range(64):
-            yield b"x" * 1024
-
-    with trio.fail_after(30):
-        for _ in range(3):
-            async with httpx.AsyncClient(http1=False, http2=True) as c:
-                try:
-                    await c.post(f"http://{host}:{port}/healthz", content=body())
-                except httpx.HTTPError:
-                    pass  # the connection ended under the request: all it may cost
-        assert await http_status(host, port, "/healthz") == 200
-        async with LatencyProbe(broker.address) as probe:
-            await wait_until(lambda: probe.rounds >= 3, timeout=20, what="the broker's clients served")
+    await http2_bodies_end_only_their_connections(broker.host, broker.http_port, broker.address, ["/healthz"] * 3)
