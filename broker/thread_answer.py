@@ -28,15 +28,11 @@ modes"), its :meth:`~equeue.broker.output.Output.idle` is always false, so its p
 are answered by the woken pull task on the loop, through the connection's writer
 task.
 
-**The measurement.** Without it a commit's new message reaches a long-polling
-consumer through two hops of the loop (the answer posted back to the loop, then the
-woken pull task reading it). Answering from the writer thread took the raw-loop
-send-to-handler total from 567-579 µs to 373-389 µs measured back to back (L1 p50;
-docs/benchmarks.md, "What changed"). When the crossing moved out of server.py into
-this module, the same path measured unchanged against the code before it, in
-alternated runs on a loaded shared host (load 5-10, where L1 at 2,000 msg/s
-saturated both): L1 at 300 msg/s p50 median 1.36 ms before, 1.31 ms after (6
-pairs); broker CPU per long-polled message 845 µs before, 790 µs after (5 pairs).
+**Why it exists.** Without it a commit's new message reaches a long-polling consumer
+through two hops of the loop (the answer posted back to the loop, then the woken pull
+task reading it); the writer thread saves both. What that measured, when it came in
+and when it moved here, is in docs/benchmarks.md ("L1: where the time went, and what
+changed").
 """
 
 from __future__ import annotations
