@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT))
 import trustme  # noqa: E402
 
 from equeue.acl import Acl, UsersFile  # noqa: E402
-from equeue.broker.auth import make_user, update_users_file  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
 from equeue.consumer import AsyncConsumer, Consumer  # noqa: E402
 from equeue.producer import AsyncProducer, Client, Message, Producer  # noqa: E402
 from equeue.security import ClientSecurity, Credentials, TlsSettings  # noqa: E402
+from equeue.users import make_user, update_users_file  # noqa: E402
 
 #: the modes, in the order of even rounds (odd rounds run them reversed)
 MODES = ("plain", "tls", "tls+auth")

@@ -1,5 +1,7 @@
-"""The broker's security: the users file, the SCRAM-SHA-256 server, the ACL checks
-and the audit log (docs/security.md).
+"""The broker's security: reloading the users file, the SCRAM-SHA-256 server and the
+ACL checks (docs/security.md). The users file itself (reading, writing, new users)
+and the audit lines are :mod:`equeue.users`, which the tools that edit the file use
+without the broker.
 
 - :class:`UserStore` reads the users file (``--users-file``) at start and again
   whenever it changes (an mtime/inode check every second, and at once on
@@ -13,33 +15,24 @@ and the audit log (docs/security.md).
   and the user's current ACLs (so an ACL change applies to open connections at
   the next request) and raises :class:`~equeue.errors.NotAuthorized` naming the
   operation and the resource.
-- :func:`audit` writes one structured line on the ``equeue.audit`` logger.
-
-The users file is written by ``equeue user`` / ``equeue acl`` through
-:func:`update_users_file` (locked, atomic, mode 0600).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import hmac
-import ipaddress
 import logging
-import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import trio
-from scramp import ScramException, ScramMechanism
+from scramp import ScramException
 
 from equeue.acl import (
     REQUEST_RULES,
-    Acl,
     Permissions,
     ResourceKind,
     UserRecord,
@@ -50,107 +43,30 @@ from equeue.codec import AuthReply, AuthRequest
 from equeue.errors import ConfigError, ErrorCode, NotAuthorized
 from equeue.logs import RateLimitedLog
 from equeue.protocol import RequestCode
+from equeue.users import (
+    DEFAULT_ITERATIONS,
+    MECHANISM,
+    NO_AUTH_WARNING,
+    SCRAM,
+    audit,
+    audit_log,
+    is_loopback,
+    read_users_file,
+)
 
 log = logging.getLogger("equeue.broker")
-audit_log = logging.getLogger("equeue.audit")
 
 __all__ = [
-    "MECHANISM",
     "Authenticator",
     "Authorizer",
     "BrokerSecurity",
     "ScramExchange",
     "UserStore",
-    "audit",
-    "is_loopback",
-    "make_user",
-    "read_users_file",
-    "update_users_file",
 ]
 
-MECHANISM = "SCRAM-SHA-256"
-#: PBKDF2 rounds of new passwords (Kafka's and RFC 7677's minimum)
-DEFAULT_ITERATIONS = 4096
 #: how often the broker looks at the users file for changes (seconds)
 RELOAD_INTERVAL = 1.0
 
-_SCRAM = ScramMechanism(MECHANISM)
-
-
-# ----------------------------------------------------------------------------- audit
-def audit(action: str, *, user: str | None, peer: str, resource: str, outcome: str, level: int = logging.INFO,
-          **extra: object) -> None:  # fmt: skip
-    """One audit line: who (``user``; ``-`` without authentication), from where
-    (``peer``), what (``action`` on ``resource``), the ``outcome``, and when (UTC).
-    The same fields ride on the record as ``record.audit`` for structured handlers."""
-    fields: dict[str, object] = {
-        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        "action": action,
-        "user": user or "-",
-        "peer": peer,
-        "resource": resource,
-        "outcome": outcome,
-        **extra,
-    }
-    audit_log.log(level, " ".join(f"{k}={v!s}" for k, v in fields.items()), extra={"audit": fields})
-
-
-# ----------------------------------------------------------------------------- the users file
-def make_user(name: str, password: str, *, iterations: int = DEFAULT_ITERATIONS, admin: bool = False,
-              acls: Iterable[Acl] = (), replica: bool = False) -> UserRecord:  # fmt: skip
-    """A user whose password is kept as SCRAM-SHA-256 verifiers (random salt);
-    ``replica``: the replica role (what a follower's user needs)."""
-    if not password:
-        raise ConfigError("an empty password")
-    if iterations < DEFAULT_ITERATIONS:
-        raise ConfigError(f"iterations must be >= {DEFAULT_ITERATIONS} (RFC 7677)")
-    salt, stored_key, server_key, its = _SCRAM.make_auth_info(password, iteration_count=iterations)
-    return UserRecord(name, salt, its, stored_key, server_key, admin, tuple(acls), replica)
-
-
-def read_users_file(path: Path) -> UsersFile:
-    """The users in ``path`` (an absent file: none). Raises ConfigError."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return UsersFile()
-    except OSError as exc:
-        raise ConfigError(f"cannot read the users file {path}: {exc.strerror or exc}") from None
-    try:
-        return UsersFile.parse(text)
-    except ConfigError as exc:
-        raise ConfigError(f"users file {path}: {exc}") from None
-
-
-def update_users_file(path: Path, change: Callable[[UsersFile], UsersFile]) -> UsersFile:
-    """Apply ``change`` to the users file under an exclusive lock (``PATH.lock``), and
-    write the result atomically (a temporary file with mode 0600, fsync, rename,
-    fsync of the directory). Returns the new content. Raises ConfigError."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock_fd = os.open(f"{path}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        new = change(read_users_file(path))
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(new.dump())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        return new
-    finally:
-        os.close(lock_fd)
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
@@ -275,7 +191,7 @@ class ScramExchange:
                 return AuthReply(
                     ErrorCode.UNSUPPORTED_MECHANISM, f"mechanism {req.mechanism!r} not offered; use {MECHANISM}".encode(), True
                 )  # fmt: skip
-            self._server = _SCRAM.make_server(self._auth_info)
+            self._server = SCRAM.make_server(self._auth_info)
             try:
                 self._server.set_client_first(req.data.decode("utf-8"))
                 return AuthReply(ErrorCode.OK, self._server.get_server_first().encode())
@@ -433,24 +349,6 @@ def _name(code: int) -> str:
 
 
 # ----------------------------------------------------------------------------- the whole
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` reaches this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-NO_AUTH_WARNING = (
-    "WARNING: the broker listens on {host}, which is not a loopback address, and "
-    "authentication is OFF: anyone who can reach port {port} may produce, consume, "
-    "delete topics and reset offsets. Start it with --users-file (docs/security.md) "
-    "or listen on 127.0.0.1."
-)
-
-
 class BrokerSecurity:
     """Authentication and authorization of one broker: off (``users`` None: every
     request allowed) or on (a users file)."""

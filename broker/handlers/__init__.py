@@ -12,7 +12,7 @@ Authorization is central: with authentication on, :meth:`Handlers.dispatch` chec
 every request against :data:`equeue.acl.REQUEST_RULES` before its handler runs
 (the produce hot path, which the connection calls directly, checks in
 ``ProduceHandler.prepare``); listings are filtered to what the user may describe;
-admin actions are written to the audit log (:func:`equeue.broker.auth.audit`).
+admin actions are written to the audit log (:func:`equeue.users.audit`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from equeue import control
 from equeue.acl import REQUEST_RULES, ResourceKind
-from equeue.broker.auth import Authenticator, Authorizer, BrokerSecurity, audit
+from equeue.broker.auth import Authenticator, Authorizer, BrokerSecurity
 from equeue.broker.groups import GroupRegistry
 from equeue.broker.handlers.base import (
     Closing,
@@ -52,6 +52,7 @@ from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
 from equeue.errors import BrokerError, UnknownRequest
 from equeue.protocol import RequestCode
+from equeue.users import audit
 from equeue.wire._prims import unpack_str
 
 __all__ = ["Closing", "ClusterRole", "Handler", "Handlers", "Limits", "ReplicaGate", "RequestContext"]

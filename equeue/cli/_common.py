@@ -177,7 +177,7 @@ def setup_audit_log(target: str) -> None:
 def warn_if_open(cfg: Any) -> None:
     """Redis's protected mode, as a warning: a broker without authentication that
     listens beyond loopback gets a loud banner on stderr (and a log line)."""
-    from equeue.broker.auth import NO_AUTH_WARNING, is_loopback
+    from equeue.users import NO_AUTH_WARNING, is_loopback
 
     if cfg.users_file is None and not is_loopback(cfg.host):
         bar = "!" * 78

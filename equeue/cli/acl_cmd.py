@@ -108,8 +108,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ) -> None:
         """Every ACL: user, resource, pattern, operations (admins may do everything)."""
-        from equeue.broker.auth import read_users_file
         from equeue.errors import ConfigError
+        from equeue.users import read_users_file
 
         try:
             doc = read_users_file(users_file)

@@ -47,9 +47,9 @@ def register(app: typer.Typer) -> None:
         the cluster's SCRAM users."""
         import trio
 
-        from equeue.broker.auth import is_loopback
         from equeue.console import ConsoleConfig, serve_console, server_context
         from equeue.security import ClientSecurity
+        from equeue.users import is_loopback
 
         setup_logging(log_level)
         if keyfile is not None and certfile is None:

@@ -50,7 +50,7 @@ def read_password(from_stdin: bool) -> str:
 
 def audit_change(action: str, name: str, users_file: Path) -> None:
     """An audit line for a change made here (the broker writes its own on reload)."""
-    from equeue.broker.auth import audit
+    from equeue.users import audit
 
     try:
         who = getpass.getuser()
@@ -71,8 +71,8 @@ def apply_change(
     say ``done`` on stderr, or (``as_json``) print user ``name`` as it is now
     (:func:`user_entry`; ``{"user": name, "removed": true}`` once it is gone) on
     stdout. A refused change (ConfigError) is one error line and exit 1."""
-    from equeue.broker.auth import update_users_file
     from equeue.errors import ConfigError
+    from equeue.users import update_users_file
 
     try:
         new = update_users_file(users_file, change)
@@ -103,8 +103,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Add a user (the password is asked, never an argument)."""
         from equeue.acl import UsersFile, validate_username
-        from equeue.broker.auth import make_user
         from equeue.errors import ConfigError
+        from equeue.users import make_user
 
         try:
             validate_username(name)
@@ -131,8 +131,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Change a user's password (open connections keep their session)."""
         from equeue.acl import UsersFile
-        from equeue.broker.auth import make_user
         from equeue.errors import ConfigError
+        from equeue.users import make_user
 
         password = read_password(password_stdin)
 
@@ -210,8 +210,8 @@ def register(app: typer.Typer) -> None:
     @user_app.command("list")
     def list_(users_file: Path = USERS_FILE_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Users, their role and ACLs (never a password or a verifier)."""
-        from equeue.broker.auth import read_users_file
         from equeue.errors import ConfigError
+        from equeue.users import read_users_file
 
         try:
             doc = read_users_file(users_file)

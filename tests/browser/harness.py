@@ -22,10 +22,10 @@ from playwright.sync_api import expect
 
 from equeue import Message, wire
 from equeue.acl import Acl, UsersFile
-from equeue.broker.auth import make_user, update_users_file
 from equeue.broker.process import BrokerProcess
 from equeue.client.sync import Client
 from equeue.security import ClientSecurity
+from equeue.users import make_user, update_users_file
 
 #: Debian's Chromium (Playwright's own browser download is not used)
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"

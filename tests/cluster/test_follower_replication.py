@@ -19,7 +19,6 @@ import trustme
 
 from equeue import Message, control, wire
 from equeue.acl import UsersFile
-from equeue.broker.auth import make_user, update_users_file
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import layout
@@ -28,6 +27,7 @@ from equeue.errors import BadRequest, NotAReplica
 from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity, Credentials, TlsSettings
+from equeue.users import make_user, update_users_file
 from equeue.wire.replica import (
     FetchRequest,
     KeysRequest,

@@ -22,12 +22,12 @@ import trio
 from equeue import Message, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import Broker, open_broker
-from equeue.broker.auth import make_user, update_users_file
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ErrorCode, NotAuthorized
 from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity
+from equeue.users import make_user, update_users_file
 from tests.conftest import make_config, wait_until
 
 ROOT = ClientSecurity.from_values(username="root", password="root-pw")

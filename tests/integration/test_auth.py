@@ -23,10 +23,10 @@ import trio
 from equeue import Message, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import Broker, open_broker
-from equeue.broker.auth import make_user, read_users_file, update_users_file
 from equeue.errors import AuthFailed, AuthRequired, ErrorCode, NotAuthorized
 from equeue.producer import AsyncClient
 from equeue.security import ClientSecurity
+from equeue.users import make_user, read_users_file, update_users_file
 from tests.conftest import ROOT, make_config, wait_until, wait_until_sync
 
 PASSWORDS = {"root": "root-pw", "alice": "alice-pw", "bob": "bob-pw"}
@@ -325,3 +325,24 @@ async def test_a_broken_users_file_keeps_the_users_loaded_before(
         return False
 
     await wait_until(root_demoted, interval=0.1, what="a fixed file is picked up again")
+
+
+def test_the_users_file_is_edited_without_the_broker_package(tmp_path: Path) -> None:
+    """`equeue user` and `equeue acl` edit the users file through equeue.users: the
+    broker package (its trio server, LMDB store) is not imported for it."""
+    users = tmp_path / "users.json"
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from equeue.cli import app\n"
+        f"r = CliRunner().invoke(app, ['user', 'add', 'ann', '--users-file', {str(users)!r}, '--password-stdin'],"
+        " input='pw\\n')\n"
+        "assert r.exit_code == 0, r.output\n"
+        f"r = CliRunner().invoke(app, ['user', 'list', '--users-file', {str(users)!r}])\n"
+        "assert r.exit_code == 0 and 'ann' in r.output, r.output\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('equeue.broker') or m in ('lmdb', 'trio'))\n"
+        "assert not loaded, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ann" in read_users_file(users).users

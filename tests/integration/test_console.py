@@ -20,11 +20,11 @@ from starlette.testclient import TestClient
 from equeue import Message, __version__, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import EmbeddedBroker
-from equeue.broker.auth import make_user, update_users_file
 from equeue.console import Console, ConsoleConfig
 from equeue.errors import TopicPaused
 from equeue.producer import Client
 from equeue.security import ClientSecurity
+from equeue.users import make_user, update_users_file
 from tests.conftest import make_config, wait_until_sync
 
 ROOT = ClientSecurity.from_values(username="root", password="root-pw")

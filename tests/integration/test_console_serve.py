@@ -89,10 +89,10 @@ def test_sign_in_to_brokers_over_tls(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     from equeue.acl import UsersFile
-    from equeue.broker.auth import make_user
-    from equeue.broker.auth import update_users_file as update
     from equeue.console import Console
     from equeue.security import TlsSettings
+    from equeue.users import make_user
+    from equeue.users import update_users_file as update
     from tests.conftest import make_config
     from tests.integration.test_console import sign_in, texts
 

@@ -22,9 +22,9 @@ trustme = pytest.importorskip("trustme")
 from equeue import Message, wire  # noqa: E402
 from equeue.acl import Acl, UsersFile  # noqa: E402
 from equeue.broker import BrokerConfig, EmbeddedBroker  # noqa: E402
-from equeue.broker.auth import make_user, update_users_file  # noqa: E402
 from equeue.producer import Client  # noqa: E402
 from equeue.security import ClientSecurity, Credentials, TlsSettings  # noqa: E402
+from equeue.users import make_user, update_users_file  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
 

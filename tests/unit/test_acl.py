@@ -10,9 +10,10 @@ import pytest
 
 from equeue import control
 from equeue.acl import REQUEST_RULES, Acl, Permissions, ResourceKind, UsersFile
-from equeue.broker.auth import Authorizer, UserStore, make_user
+from equeue.broker.auth import Authorizer, UserStore
 from equeue.errors import ConfigError, NotAuthorized
 from equeue.protocol import RequestCode
+from equeue.users import make_user
 from equeue.wire import ProduceRequest, PullRequest
 
 T, G, C = ResourceKind.TOPIC, ResourceKind.GROUP, ResourceKind.CLUSTER
