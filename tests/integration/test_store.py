@@ -301,6 +301,7 @@ def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
     stop = threading.Event()
     seen: list[int] = []
     problems: list[str] = []
+    passes = threading.Semaphore(0)  # one release per pass of the reader over a view
 
     def reader() -> None:
         while not stop.is_set():
@@ -312,6 +313,7 @@ def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
                 if st.next_offset and store.get_queue_offset(info, 0, st.next_offset - 1) is None:
                     problems.append(f"{info.name}: offset {st.next_offset - 1} published, not readable")
                 seen.append(st.next_offset)
+            passes.release()
 
     t = threading.Thread(target=reader)
     t.start()
@@ -320,6 +322,11 @@ def test_a_reader_thread_only_ever_sees_committed_state(tmp_path: Path) -> None:
             info = make_topic(store, f"t{n}", 3)
             for _ in range(10):
                 store.write([ProduceOp(info, 0, entries(1))])
+            # the reader reads while the writer writes: wait for one of its passes over
+            # this topic's views (the GIL may otherwise let the writer finish first)
+            while passes.acquire(blocking=False):
+                pass  # passes over earlier views
+            assert passes.acquire(timeout=30), "the reader made no pass"
     finally:
         stop.set()
         t.join()
