@@ -12,7 +12,7 @@ per-connection server in the broker's own trio loop, behind a connection cap.
 Started by :meth:`equeue.broker.server.Broker.serve` when ``BrokerConfig.http_port``
 is not None (0: on a free port, ``Broker.http_port`` says which): the port is bound
 here (so the broker learns it and a taken port fails the start); the serving, its
-accept loop and its limits are :mod:`equeue.httpserve`'s (shared with the web
+accept loop and its limits are :mod:`equeue.client.httpserve`'s (shared with the web
 console), each connection is Hypercorn's. Limits, so a
 slow or hostile client cannot hold resources: at most ``max_connections``
 connections at once (:class:`ConnectionCap`: one more is refused at once); a request head
@@ -53,7 +53,7 @@ from equeue.broker.metrics import (
 )
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
-from equeue.httpserve import (
+from equeue.client.httpserve import (
     BUSY_ANSWER,
     MAX_REQUEST_HEAD,
     REQUEST_TIMEOUT,

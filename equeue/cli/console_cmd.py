@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         the cluster's SCRAM users."""
         import trio
 
-        from equeue.console import ConsoleConfig, serve_console, server_context
+        from equeue.cli.console import ConsoleConfig, serve_console, server_context
         from equeue.security import ClientSecurity
         from equeue.users import is_loopback
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 import trio
 
-from equeue.httpserve import MAX_REQUEST_HEAD
+from equeue.client.httpserve import MAX_REQUEST_HEAD
 from tests.conftest import wait_until
 from tests.hostile.conftest import LatencyProbe
 from tests.hostile.http_attacks import (

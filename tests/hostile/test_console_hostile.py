@@ -1,6 +1,6 @@
 """Hostile clients on the web console (docs/console.md, "Limits"): an oversized head,
 a slowloris, a thousand idle connections. The console answers them as its limits say
-(:mod:`equeue.httpserve`, shared with the broker's HTTP port) and keeps serving
+(:mod:`equeue.client.httpserve`, shared with the broker's HTTP port) and keeps serving
 pages; the broker's own TCP clients keep producing and consuming meanwhile
 (:class:`~tests.hostile.conftest.LatencyProbe`, judged by outcome); the console
 prints no traceback. One broker process and one ``equeue console`` process for the
@@ -20,7 +20,7 @@ import attrs
 import pytest
 
 from equeue.broker.process import BrokerProcess
-from equeue.console import ConsoleConfig
+from equeue.cli.console import ConsoleConfig
 from tests.conftest import ROOT
 from tests.hostile.http_attacks import raise_fd_limit
 from tests.hostile.http_scenarios import (

@@ -1,4 +1,4 @@
-"""The web console (``equeue.console``) against REAL brokers: Starlette's TestClient
+"""The web console (``equeue.cli.console``) against REAL brokers: Starlette's TestClient
 drives the ASGI application (its lifespan too: the console's connections, sessions
 and sampler) in a trio loop, and the console talks TCP to brokers started here, one
 open (no users file) and one with users and ACLs, each shared by the module.
@@ -20,7 +20,7 @@ from starlette.testclient import TestClient
 from equeue import Message, __version__, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import EmbeddedBroker
-from equeue.console import Console, ConsoleConfig
+from equeue.cli.console import Console, ConsoleConfig
 from equeue.errors import TopicPaused
 from equeue.producer import Client
 from equeue.security import ClientSecurity
@@ -371,7 +371,7 @@ def test_an_unreadable_sign_in_or_out_form_is_a_400_or_a_redirect_not_a_tracebac
 ) -> None:
     import logging
 
-    with console(secured.address) as (client, con), caplog.at_level(logging.ERROR, logger="equeue.console"):
+    with console(secured.address) as (client, con), caplog.at_level(logging.ERROR, logger="equeue.cli.console"):
         token = csrf(client, "/login")
         r = client.post("/login", data={"username": "root", "password": "root-pw", "csrf": token},
                         files={"file": ("a.txt", b"data")})  # fmt: skip
@@ -469,12 +469,12 @@ async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery:
 
     import trio
 
-    from equeue.console.sampler import Sampler
-    from equeue.console.sessions import open_link
+    from equeue.cli.console.sampler import Sampler
+    from equeue.cli.console.sessions import open_link
 
     link = await open_link(nursery, "127.0.0.1:1", ClientSecurity(), probe=False)
     sampler = Sampler(lambda: link.router, interval=0.1)
-    with caplog.at_level(logging.WARNING, logger="equeue.console"), trio.fail_after(30):
+    with caplog.at_level(logging.WARNING, logger="equeue.cli.console"), trio.fail_after(30):
         for _ in range(3):
             await sampler.sample()
             sampler._logged -= 120  # as if two minutes went by between rounds
@@ -488,7 +488,7 @@ async def test_a_link_whose_opener_is_cancelled_is_not_left_open(open_broker: Em
     goes on holding a connection (outside the session table's limit)."""
     import trio
 
-    from equeue.console.sessions import open_link
+    from equeue.cli.console.sessions import open_link
 
     async with trio.open_nursery() as nursery:
         with trio.CancelScope() as scope:

@@ -1,5 +1,5 @@
 """Serving the web console for real: Hypercorn's trio worker on a port bound here,
-in-process (:func:`equeue.console.open_console`) and as ``equeue console`` in a child
+in-process (:func:`equeue.cli.console.open_console`) and as ``equeue console`` in a child
 process, over plain HTTP and HTTPS, against a real broker."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import trio
 import trustme
 
 from equeue.broker import Broker, EmbeddedBroker
-from equeue.console import ConsoleConfig, open_console, server_context
+from equeue.cli.console import ConsoleConfig, open_console, server_context
 from equeue.security import ClientSecurity
 from tests.conftest import ROOT
 
@@ -89,7 +89,7 @@ def test_sign_in_to_brokers_over_tls(tmp_path: Path) -> None:
     from starlette.testclient import TestClient
 
     from equeue.acl import UsersFile
-    from equeue.console import Console
+    from equeue.cli.console import Console
     from equeue.security import TlsSettings
     from equeue.users import make_user
     from equeue.users import update_users_file as update

@@ -119,7 +119,7 @@ def test_the_web_console_shows_the_group_its_leader_and_each_replica(replicas: R
     broker's statistics, and the leader the sampler saw."""
     from starlette.testclient import TestClient
 
-    from equeue.console import Console, ConsoleConfig
+    from equeue.cli.console import Console, ConsoleConfig
     from equeue.security import ClientSecurity
     from tests.integration.test_console import texts
 

@@ -125,8 +125,8 @@ def test_the_wheel_ships_the_consoles_templates_and_scripts(wheel_venv: tuple[Pa
     licences (package data, not modules: a missing pattern would leave them out)."""
     wheel, _ = wheel_venv
     names = set(zipfile.ZipFile(wheel).namelist())
-    console = ROOT / "equeue" / "console"
-    data = {f"equeue/console/{p.relative_to(console).as_posix()}" for folder in ("templates", "static")
+    console = ROOT / "equeue" / "cli" / "console"
+    data = {f"equeue/cli/console/{p.relative_to(console).as_posix()}" for folder in ("templates", "static")
             for p in (console / folder).rglob("*") if p.is_file()}  # fmt: skip
-    assert {"equeue/console/static/vendor/htmx-LICENSE", "equeue/console/templates/base.html"} <= data
+    assert {"equeue/cli/console/static/vendor/htmx-LICENSE", "equeue/cli/console/templates/base.html"} <= data
     assert data <= names, sorted(data - names)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from equeue.console.throttle import SignInThrottle
+from equeue.cli.console.throttle import SignInThrottle
 
 
 def test_a_key_is_held_after_limit_failures_until_the_oldest_leaves_the_window() -> None:

@@ -8,10 +8,10 @@ from collections import deque
 import pytest
 import trio
 
+from equeue.cli.console.failures import BadInput, describe, equeue_errors
+from equeue.cli.console.sampler import Sampler
+from equeue.cli.console.views import duration, form_int, form_time_ms, render_body, size
 from equeue.client.admin import BrokerStatsRow
-from equeue.console.failures import BadInput, describe, equeue_errors
-from equeue.console.sampler import Sampler
-from equeue.console.views import duration, form_int, form_time_ms, render_body, size
 from equeue.control import BrokerStats
 from equeue.errors import ConnectionBroken, NotAuthorized
 
@@ -91,7 +91,7 @@ class _Defective(Sampler):
 
 async def test_a_defect_in_one_part_is_logged_once_and_the_sampler_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     s = _Defective(lambda: object(), interval=5.0)  # type: ignore[arg-type, return-value]
-    with caplog.at_level("WARNING", logger="equeue.console"):
+    with caplog.at_level("WARNING", logger="equeue.cli.console"):
         for _ in range(3):
             await s.sample()
     assert s.rounds == 3 and s.last_error == "unexpected IndexError in brokers"
@@ -168,7 +168,7 @@ async def test_a_part_that_never_answers_is_cut_off_alone(autojump_clock: object
 async def _through_body_limit(chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes | None]:
     """The answer's status from :class:`BodyLimit` for a POST whose body arrives in
     ``chunks``, and the body the application behind it read (None: not called)."""
-    from equeue.console.app import BodyLimit
+    from equeue.cli.console.app import BodyLimit
 
     seen: list[bytes] = []
     sent: list[dict[str, object]] = []

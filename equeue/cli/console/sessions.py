@@ -8,7 +8,7 @@ life in a task of the console's nursery. Every page the user asks for goes to th
 brokers over that router, so the broker's ACLs decide what each person sees and may do.
 
 The password lives only here, in the client's settings in memory: the browser holds
-a signed cookie with a random session id (:mod:`equeue.console.app`). A session ends
+a signed cookie with a random session id (:mod:`equeue.cli.console.app`). A session ends
 on sign-out, or after ``idle`` seconds without a request (:meth:`SessionTable.expire`,
 called by the console's reaper task); its connections are closed then.
 
@@ -32,7 +32,7 @@ from equeue.client.routing import Router
 from equeue.errors import ConnectionBroken, EQueueError, NotAuthorized
 from equeue.security import ClientSecurity, Credentials
 
-log = logging.getLogger("equeue.console")
+log = logging.getLogger("equeue.cli.console")
 
 __all__ = ["CONSOLE_POLICY", "MAX_SESSIONS", "Link", "Session", "SessionTable", "open_link"]
 

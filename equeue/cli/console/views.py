@@ -1,5 +1,5 @@
 """How the console shows values: message bodies, sizes, times, durations, and the
-parsing of form values (each bad value is a :class:`~equeue.console.failures.BadInput`
+parsing of form values (each bad value is a :class:`~equeue.cli.console.failures.BadInput`
 that names the field)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import attrs
 import humanfriendly
 
+from equeue.cli.console.failures import BadInput
 from equeue.config import format_retention_bytes, format_retention_ms
-from equeue.console.failures import BadInput
 from equeue.errors import ConfigError
 from equeue.times import parse_time_ms
 

@@ -17,7 +17,7 @@ Requests:
   NOT_AUTHORIZED naming the user and the right it lacks), never as a traceback.
 
 Sign-in (docs/console.md): when the brokers authenticate connections, a user signs in
-with a SCRAM user of the cluster (:mod:`equeue.console.sessions`); when they do not,
+with a SCRAM user of the cluster (:mod:`equeue.cli.console.sessions`); when they do not,
 the console is open and says so on every page.
 """
 
@@ -44,13 +44,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from equeue.cli.console import pages, views
+from equeue.cli.console.failures import BadInput, describe, equeue_errors
+from equeue.cli.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
+from equeue.cli.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
+from equeue.cli.console.throttle import SignInThrottle
 from equeue.client.connection import AsyncClient
+from equeue.client.httpserve import MAX_REQUEST_HEAD, HeadLimit
 from equeue.client.routing import Router
-from equeue.console import pages, views
-from equeue.console.failures import BadInput, describe, equeue_errors
-from equeue.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
-from equeue.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
-from equeue.console.throttle import SignInThrottle
 from equeue.errors import (
     AuthenticationError,
     AuthRequired,
@@ -62,11 +63,10 @@ from equeue.errors import (
     NotAuthorized,
     TopicNotFound,
 )
-from equeue.httpserve import MAX_REQUEST_HEAD, HeadLimit
 from equeue.logs import RateLimitedLog
 from equeue.security import ClientSecurity
 
-log = logging.getLogger("equeue.console")
+log = logging.getLogger("equeue.cli.console")
 
 __all__ = ["MAX_REQUEST_BODY", "MAX_REQUEST_HEAD", "BodyLimit", "Console", "ConsoleConfig", "HeadLimit"]
 
@@ -79,7 +79,7 @@ COOKIE = "equeue_console"
 #: characters of a one-line result kept in the cookie
 _FLASH_CHARS = 600
 
-_PACKAGE = "equeue.console"
+_PACKAGE = "equeue.cli.console"
 
 
 @attrs.frozen
@@ -90,7 +90,7 @@ class ConsoleConfig:
     the sampler alone: open mode's pages use its TLS settings only), how long an
     idle session lives, the sampler's period and window, the pages' refresh period,
     whether the console itself serves HTTPS (then its cookie is Secure) and the most
-    connections it serves at once (more are refused: :mod:`equeue.httpserve`)."""
+    connections it serves at once (more are refused: :mod:`equeue.client.httpserve`)."""
 
     brokers: str
     security: ClientSecurity = attrs.Factory(ClientSecurity)
@@ -219,7 +219,7 @@ class Console:
         self.mode: str | None = None
         self._detecting = trio.Lock()
         self.sessions: SessionTable | None = None
-        #: failed sign-ins per user name and client address (equeue.console.throttle)
+        #: failed sign-ins per user name and client address (equeue.cli.console.throttle)
         self.throttle = SignInThrottle(clock)
         #: the console's own connection (its credentials): the sampler's alone
         self.service: Link | None = None

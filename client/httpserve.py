@@ -1,5 +1,5 @@
 """HTTP serving shared by the broker's HTTP port (:mod:`equeue.broker.http`) and the
-web console (:mod:`equeue.console.server`): an ASGI application served by
+web console (:mod:`equeue.cli.console.server`): an ASGI application served by
 Hypercorn's trio per-connection server behind our own accept loop, with limits so
 that a slow or hostile client cannot hold resources.
 

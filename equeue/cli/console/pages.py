@@ -24,15 +24,15 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from equeue import control
+from equeue.cli.console.failures import BadInput
+from equeue.cli.console.views import form_int, form_time_ms, render_body
 from equeue.client import admin
-from equeue.console.failures import BadInput
-from equeue.console.views import form_int, form_time_ms, render_body
 from equeue.errors import EQueueError, TopicNotFound
 from equeue.models import Message
 from equeue.names import validate_group
 
 if TYPE_CHECKING:
-    from equeue.console.app import Console, Viewer
+    from equeue.cli.console.app import Console, Viewer
 
 __all__ = ["routes"]
 

@@ -29,12 +29,12 @@ from typing import Any
 import attrs
 import trio
 
+from equeue.cli.console.failures import describe, equeue_errors
 from equeue.client import admin
 from equeue.client.routing import Router
-from equeue.console.failures import describe, equeue_errors
 from equeue.errors import EQueueError
 
-log = logging.getLogger("equeue.console")
+log = logging.getLogger("equeue.cli.console")
 
 __all__ = ["DEFAULT_INTERVAL", "DEFAULT_WINDOW", "MAX_GROUPS", "MAX_QUEUE_SERIES", "MAX_TOPICS", "Election", "Sampler"]
 

@@ -1,10 +1,10 @@
-"""Serving the console: :mod:`equeue.httpserve` (shared with the broker's HTTP
+"""Serving the console: :mod:`equeue.client.httpserve` (shared with the broker's HTTP
 port) on a port this module binds, Hypercorn's per-connection server behind our
 accept loop.
 
 The protections are the broker's HTTP port's: at most
 ``ConsoleConfig.max_connections`` connections at once (one more: 503 and closed at
-once); a request head of at most :data:`~equeue.httpserve.MAX_REQUEST_HEAD` bytes
+once); a request head of at most :data:`~equeue.client.httpserve.MAX_REQUEST_HEAD` bytes
 (more: 431 and closed); a connection without a whole request within
 :data:`REQUEST_TIMEOUT` s of its opening or its last answer is closed (slowloris:
 Hypercorn's keep-alive timeout runs while no request is being answered), and so is
@@ -27,20 +27,20 @@ from typing import Any
 import attrs
 import trio
 
-from equeue.console.app import PAGE_BUDGET, Console, ConsoleConfig
-from equeue.errors import ConfigError
-from equeue.httpserve import (
+from equeue.cli.console.app import PAGE_BUDGET, Console, ConsoleConfig
+from equeue.client.httpserve import (
     REQUEST_TIMEOUT,
     ConnectionCap,
     bind_listeners,
     hypercorn_config,
     serve_listeners,
 )
+from equeue.errors import ConfigError
 
 __all__ = ["REQUEST_TIMEOUT", "open_console", "serve_console", "server_context"]
 
-log = logging.getLogger("equeue.console")
-_server_log = logging.getLogger("equeue.console.server")
+log = logging.getLogger("equeue.cli.console")
+_server_log = logging.getLogger("equeue.cli.console.server")
 _server_log.setLevel(logging.WARNING)
 
 #: seconds a read may wait while a request is answered: longer than a page's
