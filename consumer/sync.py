@@ -12,13 +12,23 @@ work that is running on the loop: a join in progress finishes (then the member
 leaves), and the final close (commit, leave) always runs to its end before the loop
 is shut down. Shutting the loop down cancels everything on it, the connection's
 reader included: a close still running then could neither commit nor leave.
+
+Python raises KeyboardInterrupt between any two bytecodes, so a wait alone leaves
+windows: just after the join ended, before its member was kept, a Ctrl-C tore the
+loop down and the member stayed registered. The join and the close therefore run
+with Ctrl-C *deferred* (:func:`_ctrl_c_deferred`: taken, remembered, raised once the
+step is done) when SIGINT has Python's default handler, as in the CLI.
 """
 
 from __future__ import annotations
 
 import queue
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any, Generic, TypeVar
 
 import trio
@@ -35,6 +45,34 @@ T = TypeVar("T")
 
 #: seconds between two looks at pending signals while a thread waits for the loop
 SIGNAL_CHECK = 0.2
+
+
+@contextmanager
+def _ctrl_c_deferred() -> Iterator[list[bool]]:
+    """Within the block a Ctrl-C is remembered instead of raised (the list it yields
+    holds one flag: set it to raise one too); KeyboardInterrupt is raised once the
+    block ends. Only in the main thread with Python's default SIGINT handler (the
+    only case where Python raises KeyboardInterrupt on its own); otherwise the block
+    runs as is, and a KeyboardInterrupt a custom handler raises goes through."""
+    taken = [False]
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield taken
+        if taken[0]:
+            raise KeyboardInterrupt
+        return
+
+    def remember(signum: int, frame: FrameType | None) -> None:
+        taken[0] = True
+
+    signal.signal(signal.SIGINT, remember)
+    try:
+        yield taken
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if taken[0]:
+        raise KeyboardInterrupt
 
 
 class _Cancelled(Exception):
@@ -198,23 +236,23 @@ class Consumer(SyncFront[AsyncConsumer]):
             if self._closed:
                 raise ClientClosed(f"{type(self).__name__} is closed")
             if self._loop is None or not self._loop.alive or self._core is None:
-                new = _Loop(f"equeue-{type(self).__name__.lower()}")
-                # the join is published before the loop, so a close() that sees the loop
-                # sees the join too, and lets it finish rather than cancel it mid-flight
-                joining = self._joining = new.submit(new.nursery.start, self._keep_open)
-                self._loop = new
-                interrupted = joining.wait_through_interrupts()
-                try:
-                    self._core = joining.wait()
-                except BaseException:
-                    self._loop = None
-                    self._joining = None
-                    new.close()
-                    raise
-                if self._stop_requested:
-                    self._core.stop()
-                if interrupted:
-                    raise KeyboardInterrupt
+                with _ctrl_c_deferred() as interrupted:
+                    new = _Loop(f"equeue-{type(self).__name__.lower()}")
+                    # the join is published before the loop, so a close() that sees the loop
+                    # sees the join too, and lets it finish rather than cancel it mid-flight
+                    joining = self._joining = new.submit(new.nursery.start, self._keep_open)
+                    self._loop = new
+                    if joining.wait_through_interrupts():
+                        interrupted[0] = True
+                    try:
+                        self._core = joining.wait()
+                    except BaseException:
+                        self._loop = None
+                        self._joining = None
+                        new.close()
+                        raise
+                    if self._stop_requested:
+                        self._core.stop()
             return self._loop, self._core
 
     def _on_loop(self) -> bool:
@@ -345,30 +383,30 @@ class Consumer(SyncFront[AsyncConsumer]):
             return
         if self._closed:
             return
-        self._closed = True
-        self._stop_requested = True
-        interrupted = False
-        loop, core, joining = self._loop, self._core, self._joining
-        if loop is None or not loop.alive:
-            return
-        try:
-            if core is None and joining is not None:  # joining in another thread: let it finish
-                interrupted = joining.wait_through_interrupts()
-                try:
-                    core = joining.wait()
-                except BaseException:
-                    core = None  # the join failed: nothing to leave
-            if core is not None and isinstance(loop, _Loop):
-                core.stop()
-                closing = loop.submit(core.aclose)
-                interrupted = closing.wait_through_interrupts() or interrupted
-                try:
-                    closing.wait()
-                except ClientClosed:
-                    pass
-        finally:
-            loop.close()
-            self._loop = None
-            self._core = None
-        if interrupted:
-            raise KeyboardInterrupt
+        with _ctrl_c_deferred() as interrupted:
+            self._closed = True
+            self._stop_requested = True
+            loop, core, joining = self._loop, self._core, self._joining
+            if loop is None or not loop.alive:
+                return
+            try:
+                if core is None and joining is not None:  # joining in another thread: let it finish
+                    if joining.wait_through_interrupts():
+                        interrupted[0] = True
+                    try:
+                        core = joining.wait()
+                    except BaseException:
+                        core = None  # the join failed: nothing to leave
+                if core is not None and isinstance(loop, _Loop):
+                    core.stop()
+                    closing = loop.submit(core.aclose)
+                    if closing.wait_through_interrupts():
+                        interrupted[0] = True
+                    try:
+                        closing.wait()
+                    except ClientClosed:
+                        pass
+            finally:
+                loop.close()
+                self._loop = None
+                self._core = None

@@ -153,6 +153,61 @@ def test_a_ctrl_c_inside_the_join_or_the_close_still_commits_and_leaves(
         assert admin.query_offset("g", "t", 0) in ((handled,) if handled else (-1, 0))
 
 
+# A child whose Ctrl-C (Python's default handler) lands in the instants around the
+# join: right after the join was started on the loop, before the consumer kept the
+# loop ("start"), and right after the join's outcome came back, before the consumer
+# kept the member ("end"). SIGINT sent to itself is taken at the next bytecode. At
+# "start" that lost the loop: close() found nothing to close while the join went on
+# and registered the member, left there until the broker expired it. Now Ctrl-C is
+# deferred until the join is kept, and the close then commits and leaves.
+AROUND_JOIN = textwrap.dedent(
+    """
+    import os, signal, sys
+    from equeue.consumer import Consumer, sync
+
+    broker, where = sys.argv[1], sys.argv[2]
+    fired = []
+
+    def ctrl_c():
+        if not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    if where == "start":
+        submit = sync._Loop.submit
+        def submit_then_ctrl_c(self, *args):
+            pending = submit(self, *args)
+            ctrl_c()
+            return pending
+        sync._Loop.submit = submit_then_ctrl_c
+    else:
+        wait = sync._Pending.wait
+        def wait_then_ctrl_c(self):
+            value = wait(self)
+            if type(value).__name__ == "AsyncConsumer":
+                ctrl_c()
+            return value
+        sync._Pending.wait = wait_then_ctrl_c
+    c = Consumer(broker, "g", "t", start_from="earliest", commit_interval=3600)
+    try:
+        c.run(lambda m: None)
+    except KeyboardInterrupt:
+        print("interrupted", len(fired), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_a_ctrl_c_at_the_start_or_the_end_of_the_join_still_leaves(embedded_broker: EmbeddedBroker, where: str) -> None:
+    b = embedded_broker.address
+    with Client(b) as admin:
+        admin.create_topic("t", 1)
+    child = Child("-c", AROUND_JOIN, b, where)
+    assert child.finish() == 0, child.err
+    assert child.out == ["interrupted 1"], (child.out, child.err)
+    _check_clean_exit(b, "g", [], child.err)
+
+
 async def _close_from_a_handler(address: str) -> list[Message]:
     """An async handler closes its consumer at the second message; what it saw. The
     rest of the ``async with`` body is cancelled then (as a nursery's body)."""
