@@ -35,7 +35,8 @@ import attrs
 import trio
 
 from equeue import control
-from equeue.broker.handlers import Handlers, RequestContext
+from equeue.broker.handlers import Handlers
+from equeue.broker.handlers.context import RequestContext
 from equeue.broker.handshake import Session, serve_handshake
 from equeue.broker.longpoll import PULL_SLOTS, PullSlots
 from equeue.broker.output import Output

@@ -47,7 +47,9 @@ from equeue.broker.appender import Appender
 from equeue.broker.auth import BrokerSecurity
 from equeue.broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers import Closing, Handlers, Limits
+from equeue.broker.handlers import Handlers
+from equeue.broker.handlers.context import Closing
+from equeue.broker.handlers.limits import Limits
 from equeue.broker.handlers.replica import ReplicaHandlers, no_handover, no_recovery, no_replicas
 from equeue.broker.http import Readiness, replica_readiness, serve_http
 from equeue.broker.lifecycle import Lifecycle, subscribed_groups

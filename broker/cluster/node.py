@@ -5,7 +5,7 @@
 (:class:`~equeue.broker.cluster.view.ClusterView`), the placement writes
 (:class:`~equeue.broker.cluster.placements.Placements`), the group's election
 (:class:`~equeue.broker.cluster.election.GroupElection`) and the materializer. The handlers
-see it through :class:`equeue.broker.handlers.base.ClusterRole`:
+see it through :class:`equeue.broker.handlers.roles.ClusterRole`:
 
 * **Ownership.** ``owned`` maps every topic the broker knows from etcd to the queue
   ids its group owns; the produce hot path reads it with one dict lookup. A request

@@ -3,7 +3,7 @@ grouped by request family, one module each (produce, pull, topics, offsets,
 membership, lookup, dead letters).
 
 Each handler takes the request payload (control requests: the decoded model) and a
-:class:`~equeue.broker.handlers.base.RequestContext`, and returns the response payload as
+:class:`~equeue.broker.handlers.context.RequestContext`, and returns the response payload as
 a list of byte pieces; raising an :class:`~equeue.errors.EQueueError` answers with
 its code. Expected outcomes of a pull (no new message, offset too small...) are
 statuses. Each family receives the collaborators it uses and nothing else.
@@ -24,19 +24,11 @@ from equeue import control
 from equeue.acl import REQUEST_RULES, ResourceKind
 from equeue.broker.auth import Authenticator, Authorizer, BrokerSecurity
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers.base import (
-    Closing,
-    ClusterRole,
-    Limits,
-    OpQueue,
-    Parts,
-    ReplicaGate,
-    RequestContext,
-    Submit,
-    TopicDirectory,
-)
 from equeue.broker.handlers.cluster import ClusterHandlers
+from equeue.broker.handlers.context import Closing, Parts, RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.handlers.dlq import DeadLetterHandlers
+from equeue.broker.handlers.limits import Limits
 from equeue.broker.handlers.lookup import LookupHandlers
 from equeue.broker.handlers.membership import GroupHandlers
 from equeue.broker.handlers.offsets import OffsetHandlers
@@ -44,8 +36,10 @@ from equeue.broker.handlers.pauses import PauseHandlers
 from equeue.broker.handlers.produce import ProduceHandler
 from equeue.broker.handlers.pull import PullHandler
 from equeue.broker.handlers.replica import ReplicaHandlers
+from equeue.broker.handlers.roles import ClusterRole, ReplicaGate
 from equeue.broker.handlers.skips import SkipHandlers
 from equeue.broker.handlers.topics import TopicHandlers
+from equeue.broker.handlers.writes import OpQueue, Submit
 from equeue.broker.longpoll import ParkedPulls
 from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
@@ -55,7 +49,7 @@ from equeue.protocol import RequestCode
 from equeue.users import audit
 from equeue.wire._prims import unpack_str
 
-__all__ = ["Closing", "ClusterRole", "Handler", "Handlers", "Limits", "ReplicaGate", "RequestContext"]
+__all__ = ["Handler", "Handlers"]
 
 #: a handler in the dispatch table; None = the writer thread answered (parked pulls)
 Handler = Callable[[bytes, RequestContext], Awaitable[Parts | None]]

@@ -9,7 +9,8 @@ CLUSTER_STATUS shows one group "" holding every queue.
 from __future__ import annotations
 
 from equeue import control
-from equeue.broker.handlers.base import RequestContext, TopicDirectory
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.storage import StoreReader
 from equeue.errors import BadRequest, TopicNotFound
 from equeue.names import is_internal

@@ -19,13 +19,10 @@ import time
 import attrs
 
 from equeue import control, wire
-from equeue.broker.handlers.base import (
-    Limits,
-    RequestContext,
-    Submit,
-    TopicDirectory,
-    check_offset,
-)
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import Limits, check_offset
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.storage import ProduceOp, StoreReader
 from equeue.broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay

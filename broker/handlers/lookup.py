@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 
 from equeue import control, wire
-from equeue.broker.handlers.base import Parts, RequestContext, TopicDirectory, check_offset
+from equeue.broker.handlers.context import Parts, RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import check_offset
 from equeue.broker.storage import StoreReader
 from equeue.broker.storage.reader import corrupt_log
 from equeue.errors import CorruptRecord, MessageNotFound

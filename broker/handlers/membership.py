@@ -14,7 +14,9 @@ import attrs
 
 from equeue import control
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers.base import ClusterRole, RequestContext, Submit
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.roles import ClusterRole
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.storage import DeleteGroupOffsetsOp, StoreReader
 from equeue.errors import GroupHasMembers, GroupNotFound
 from equeue.names import is_ephemeral, validate_group

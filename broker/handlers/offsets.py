@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from equeue import control
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import check_offset
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.storage import CommitOffsetOp, StoreReader
 from equeue.errors import GroupHasMembers, NotQueueOwner, OffsetOutOfRange
 from equeue.names import is_ephemeral, validate_group

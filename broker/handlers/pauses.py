@@ -16,7 +16,8 @@ from typing import Any
 import attrs
 
 from equeue import control
-from equeue.broker.handlers.base import RequestContext, TopicDirectory
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.pauses import Pauses
 from equeue.names import validate_group, validate_topic
 

@@ -8,15 +8,11 @@ from typing import Any
 
 from equeue import wire
 from equeue.broker.auth import Authorizer
-from equeue.broker.handlers.base import (
-    Closing,
-    Limits,
-    OpQueue,
-    Parts,
-    ReplicaGate,
-    RequestContext,
-    TopicDirectory,
-)
+from equeue.broker.handlers.context import Closing, Parts, RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import Limits
+from equeue.broker.handlers.roles import ReplicaGate
+from equeue.broker.handlers.writes import OpQueue
 from equeue.broker.stats import Counters
 from equeue.broker.storage import ProduceOp
 from equeue.errors import (

@@ -10,7 +10,9 @@ import trio
 
 from equeue import wire
 from equeue.broker.groups import GroupRegistry
-from equeue.broker.handlers.base import Closing, Limits, Parts, RequestContext, TopicDirectory
+from equeue.broker.handlers.context import Closing, Parts, RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import Limits
 from equeue.broker.longpoll import ParkedPulls
 from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters

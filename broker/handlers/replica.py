@@ -19,7 +19,7 @@ from typing import Protocol
 import trio
 
 from equeue import control
-from equeue.broker.handlers.base import Parts, RequestContext
+from equeue.broker.handlers.context import Parts, RequestContext
 from equeue.broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from equeue.errors import BadRequest, NotLeader, StaleEpoch
 from equeue.wire.replica import (

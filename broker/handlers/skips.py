@@ -6,7 +6,10 @@ from __future__ import annotations
 import logging
 
 from equeue import control
-from equeue.broker.handlers.base import RequestContext, Submit, TopicDirectory, check_offset
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import check_offset
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.storage import StoreReader
 from equeue.broker.storage.skips import SkipRecordOp
 

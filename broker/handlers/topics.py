@@ -13,7 +13,10 @@ from __future__ import annotations
 import attrs
 
 from equeue import control
-from equeue.broker.handlers.base import Limits, RequestContext, Submit, TopicDirectory
+from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.directory import TopicDirectory
+from equeue.broker.handlers.limits import Limits
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.storage import AlterTopicOp, CreateTopicOp, DeleteTopicOp, StoreReader
 from equeue.errors import BadRequest
 from equeue.names import is_internal, validate_topic
