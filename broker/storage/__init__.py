@@ -19,7 +19,9 @@ Where each concept lives:
 - the replication log of a replicated store: :mod:`~equeue.broker.storage.recorder` (each
   transaction's physical changes, recorded as the ops make them) and
   :mod:`~equeue.broker.storage.replication` (the log databases, their state, reading,
-  applying, truncating, snapshots, digests).
+  applying, truncating, snapshots, digests) and :mod:`~equeue.broker.storage.replicated`
+  (``store.replication``: the log's state, the views below the high watermark, the
+  reads and the replication writes, one transaction each).
 
 docs/storage.md describes the layout, the write path and the thread contract.
 """
