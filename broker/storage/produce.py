@@ -1,10 +1,9 @@
-"""Appending messages: :class:`ProduceOp` (validation, the log and its indexes,
-delayed entries to the schedule) and idempotent producers' dedup state.
+"""Appending messages: :class:`ProduceOp` (validation, dedup, the log and its
+indexes, delayed entries to the schedule, the producer's state).
 
-An idempotent producer (``producer_id`` set) numbers its batches per queue; the
-``producers`` database keeps, per (producer, topic, queue), the last sequence seen
-and the answers of the last :data:`~equeue.broker.storage.layout.PRODUCER_RING` batches,
-so a resent batch gets its original answer instead of being stored twice.
+An idempotent producer's state and the dedup decision are
+:mod:`equeue.broker.storage.producers`'; this module asks it before writing and
+records the batch's answer there after.
 """
 
 from __future__ import annotations
@@ -17,19 +16,12 @@ from zlib import crc32
 import attrs
 
 from equeue import control, wire
-from equeue.broker.storage import layout
+from equeue.broker.storage import layout, producers
 from equeue.broker.storage.writes import WriteContext, WriteOp
-from equeue.errors import (
-    DelayTooLong,
-    OutOfOrderSequence,
-    QueueNotFound,
-    TopicNotFound,
-)
+from equeue.errors import DelayTooLong, QueueNotFound, TopicNotFound
 from equeue.wire.records import encode_records
 
 _EH = wire.ENTRY_HEADER
-_PSTATE = layout.PRODUCER_STATE
-_PRING = layout.PRODUCER_ANSWER
 
 
 @attrs.define
@@ -62,27 +54,13 @@ class ProduceOp(WriteOp):
         if not 0 <= self.queue_id < t.queues:
             raise QueueNotFound(f"topic {t.name!r} has {t.queues} queues; no queue {self.queue_id}")
         keyed, klens, dues = _scan_entries(self.entries, self.max_body, w.now, self.max_delay_ms)
-        pkey = None
-        pstate = b""
-        n = len(self.entries)
+        pkey = pstate = None
         if self.producer_id is not None:
             pkey = layout.producer_key(self.producer_id, t.topic_id, self.queue_id)
-            pstate = bytes(w.txn.get(pkey, db=w.db[b"producers"]) or b"")
-            if not pstate and self.base_sequence != 0:
-                # An unknown producer starts at 0. Accepting a later batch first would
-                # make the earlier one look like a duplicate and drop it.
-                raise OutOfOrderSequence(
-                    f"sequence {self.base_sequence} from a producer this broker does not know: "
-                    "its batches start at 0 (resend in order, or use a new producer id)"
-                )
-            if pstate:
-                last_seq, _ = _PSTATE.unpack_from(pstate, 0)
-                if self.base_sequence <= last_seq:
-                    return _duplicate_answer(pstate, self.base_sequence)
-                if self.base_sequence != last_seq + 1:
-                    raise OutOfOrderSequence(
-                        f"sequence {self.base_sequence} after {last_seq}: resend in order"
-                    )
+            pstate = producers.read_state(w, pkey)
+            first = producers.check_sequence(pstate, self.base_sequence)
+            if first is not None:
+                return first  # resent: the answer it got the first time
         # ---- preconditions done; writes start
         w.wrote = True
         tid, qid = t.topic_id, self.queue_id
@@ -134,14 +112,7 @@ class ProduceOp(WriteOp):
             first_global if m else -1, first_queue if m else -1, m, scheduled
         )
         if pkey is not None:
-            last = self.base_sequence + n - 1
-            ring = pstate[_PSTATE.size :] if pstate else b""
-            item = _PRING.pack(
-                self.base_sequence, answer.first_global & wire.NO_OFFSET,
-                answer.first_queue & wire.NO_OFFSET, answer.stored, answer.scheduled,
-            )  # fmt: skip
-            ring = (item + ring)[: _PRING.size * layout.PRODUCER_RING]
-            w.txn.put(pkey, _PSTATE.pack(last, w.now) + ring, db=w.db[b"producers"])
+            producers.record_answer(w, pkey, pstate, self.base_sequence, len(self.entries), answer)
         return answer
 
 
@@ -174,14 +145,3 @@ def _scan_entries(
                 dues = [0] * len(entries)
             dues[i] = deliver_at
     return keyed, klens, dues
-
-
-def _duplicate_answer(pstate: bytes, base_seq: int) -> wire.ProduceResponse:
-    """The original answer of a batch seen before, or a bare 'duplicate'."""
-    for pos in range(_PSTATE.size, len(pstate), _PRING.size):
-        seq, g, q, stored, sched = _PRING.unpack_from(pstate, pos)
-        if seq == base_seq:
-            return wire.ProduceResponse(
-                -1 if g == wire.NO_OFFSET else g, -1 if q == wire.NO_OFFSET else q, stored, sched, True
-            )
-    return wire.ProduceResponse(-1, -1, 0, 0, True)
