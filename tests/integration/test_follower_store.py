@@ -76,7 +76,8 @@ class LogService:
             entries = s.replication.read_log(req.position, req.max_bytes)
         await trio.lowlevel.checkpoint()
         self.answered.append(status)
-        return FetchAnswer(status, self.epoch, s.replication.position, s.replication.position, diverge_at, s.replication.log_start, entries)
+        r = s.replication
+        return FetchAnswer(status, self.epoch, r.position, r.position, diverge_at, r.log_start, entries)
 
     def pin(self, broker_id: str, position: int) -> None:
         self.pins[broker_id] = min(position, self.pins.get(broker_id, position))
@@ -141,7 +142,8 @@ class Pair:
 
         cfg = make_config(self.tmp / "cfg", replica_fetch_bytes=4096)
         return Follower(
-            replication=store.replication, call=call, connect=connect, broker_id="F", address="f:1", config=cfg, proof=FOLLOWER_PROOF
+            replication=store.replication, call=call, connect=connect, broker_id="F", address="f:1", config=cfg,
+            proof=FOLLOWER_PROOF,
         )
 
 
@@ -268,11 +270,12 @@ async def test_a_repair_of_an_earlier_leader_not_reached_yet_is_copied_over(pair
     fs = pair.open("f")
     f = pair.follower(fs)
     await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
-    fs.replication.truncate(fs.replication.position - 3, [], consistent_at=fs.replication.position + 50)  # an earlier leader's repair
+    r = fs.replication
+    r.truncate(r.position - 3, [], consistent_at=r.position + 50)  # an earlier leader's repair
     pair.lead(2)
     produce(pair.leader, 4, "new")
     pair.link.codes.clear()
-    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position and fs.replication.consistent_at <= fs.replication.position)
+    await follow_until(f, pair, lambda: r.position == pair.leader.replication.position and r.consistent_at <= r.position)
     assert pair.link.codes[0] == RequestCode.REPLICA_SNAPSHOT
     same(pair.leader, fs)
     fs.close()

@@ -105,8 +105,8 @@ async def leading(tmp_path: Path, isr: tuple[str, ...], **cfg: Any) -> AsyncIter
                 woken.extend(queues)
 
             ll = LeaderLog(
-                replication=store.replication, election=election, answers=app, call=app.call, wake=wake, on_scheduled=lambda: None,
-                config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw, promoted_at=hw,
+                replication=store.replication, election=election, answers=app, call=app.call, wake=wake,
+                on_scheduled=lambda: None, config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw, promoted_at=hw,
             )  # fmt: skip
             holder.append(ll)
             ll.committed()

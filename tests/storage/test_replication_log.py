@@ -150,9 +150,16 @@ def test_standalone_store_has_no_log(stores: Callable[..., Store]) -> None:
         assert txn.get(b"replog") is None
 
 
+def log_state(s: Store) -> tuple[int, int, int, int, int]:
+    """(position, log_start, epoch, last_epoch, consistent_at) of ``s``'s log."""
+    r = s.replication
+    assert r is not None
+    return r.position, r.log_start, r.epoch, r.last_epoch, r.consistent_at
+
+
 def test_each_commit_is_one_entry_in_order(stores: Callable[..., Store]) -> None:
     s = stores("a")
-    assert (s.replication.position, s.replication.log_start, s.replication.epoch, s.replication.last_epoch, s.replication.consistent_at) == (0, 0, 0, 0, 0)
+    assert log_state(s) == (0, 0, 0, 0, 0)
     info = topic(s)
     out = s.write([ProduceOp(info, 0, entries(3)), ProduceOp(info, 1, entries(2))])
     assert out.position == 2 == s.replication.position
@@ -529,9 +536,10 @@ def test_snapshot_from_a_leader_that_keeps_writing(stores: Callable[..., Store],
                 break
     assert first_position is not None and last_position > first_position
     follower.replication.finish_snapshot(first_position, last_position, leader.replication.epoch)
-    assert (follower.replication.position, follower.replication.log_start, follower.replication.consistent_at) == (first_position, first_position, last_position)
+    fr = follower.replication
+    assert (fr.position, fr.log_start, fr.consistent_at) == (first_position, first_position, last_position)
     assert follower.replication.last_epoch == 4 == follower.replication.epoch
-    assert leader.replication.end_of_epoch(follower.replication.last_epoch) >= follower.replication.position  # no divergence found
+    assert leader.replication.end_of_epoch(fr.last_epoch) >= fr.position  # no divergence found
     ship(leader, follower)
     assert_same(leader, follower)
 
@@ -572,12 +580,14 @@ def test_log_state_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     write(s, CommitOffsetOp("g", "t", 0, 1))
     s.replication.trim_log(2)
     s.replication.truncate(5, [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0), None)], 7)
-    before = (s.replication.position, s.replication.log_start, s.replication.epoch, s.replication.last_epoch, s.replication.consistent_at, s.replication.epochs(), s.replication.digests(8), s.replication.log_bytes(0))
+    r = s.replication
+    before = (*log_state(s), r.epochs(), r.digests(8), r.log_bytes(0))
     assert before[:5] == (5, 2, 5, 5, 7)
     assert before[-1] == log_size(s) > 0
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.replication.position, s.replication.log_start, s.replication.epoch, s.replication.last_epoch, s.replication.consistent_at, s.replication.epochs(), s.replication.digests(8), s.replication.log_bytes(0)) == before
+    r = s.replication
+    assert (*log_state(s), r.epochs(), r.digests(8), r.log_bytes(0)) == before
     assert s.view is s.head
     s.close()
     # a snapshot interrupted by a crash stays ineligible; a finished one persists
@@ -589,7 +599,7 @@ def test_log_state_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     s.replication.finish_snapshot(40, 44, 6)
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.replication.position, s.replication.log_start, s.replication.epoch, s.replication.last_epoch, s.replication.consistent_at, s.replication.epochs()) == (40, 40, 6, 6, 44, [(6, 40)])
+    assert (log_state(s), s.replication.epochs()) == ((40, 40, 6, 6, 44), [(6, 40)])
     s.close()
 
 
@@ -695,7 +705,8 @@ def test_random_histories_converge(
                 run_op(old, clock, op, seqs)
             upto = max(0, old.replication.position - behind)
             while new.replication.position < upto:
-                new.replication.apply_log(old.replication.read_log(new.replication.position, 1 << 20)[: upto - new.replication.position])
+                at = new.replication.position
+                new.replication.apply_log(old.replication.read_log(at, 1 << 20)[: upto - at])
             for op in old_only:
                 run_op(old, clock, op, dict(seqs))
             new.replication.begin_epoch(2)  # reloads its views first
@@ -830,7 +841,8 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     s = Store(path, clock=clock, sync=False, replicated=True)
     base = s.replication.converted_epoch  # a random epoch of its own (two converted stores differ)
     assert 1 <= base <= 1 << 30 and s.replication.led_epoch == 0
-    assert (s.replication.position, s.replication.log_start, s.replication.last_epoch, s.replication.epochs(), s.replication.end_of_epoch(base)) == (1, 1, base, [(base, 0)], 1)
+    r = s.replication
+    assert (r.position, r.log_start, r.last_epoch, r.epochs(), r.end_of_epoch(base)) == (1, 1, base, [(base, 0)], 1)
     with pytest.raises(LogTrimmed):
         s.replication.read_log(0, 100)
     s.replication.begin_epoch(base + 1)
