@@ -159,7 +159,8 @@ def eligible(replication: RoleReplication) -> bool:
 
 
 class ReplicaRole:
-    """Leader or follower of one broker group; see the module docstring."""
+    """Leader or follower of one broker group; see the module docstring. Raises
+    ValueError when ``store`` is not replicated (it has no ``replication``)."""
 
     def __init__(
         self, *, store: RoleStore, appender: RoleAppender, election: RoleElection, follower: Following,

@@ -256,7 +256,9 @@ class Store(StoreReader):
             )  # fmt: skip
 
     def recover_view(self) -> StoreView:
-        """The committed state, from last keys and the small tables (no full scan)."""
+        """The committed state, from last keys and the small tables (no full scan): at
+        open, and when ``replication.reload`` rebuilds the views after replicated
+        changes. Raises StoreDamaged for a damaged record."""
         db = self.db
         topics: dict[str, control.TopicInfo] = {}
         queues: dict[int, dict[int, QueueState]] = {}
