@@ -41,7 +41,7 @@ def main() -> None:
         store = Store(Path(d), map_size=8 << 30, sync=True, **({"replicated": True} if args.replicated else {}))
         (info,) = store.write([CreateTopicOp("bench", args.queues)]).settled()
         if args.replicated:
-            store.publish_all()
+            store.replication.publish_all()
         ops_per_txn = max(1, args.txn // args.batch)
         txns = args.messages // (ops_per_txn * args.batch)
         t0, c0 = time.perf_counter(), time.process_time()
@@ -53,7 +53,7 @@ def main() -> None:
                 q += 1
             store.write(ops)
             if args.replicated:
-                store.publish_all()
+                store.replication.publish_all()
         dt, cpu = time.perf_counter() - t0, time.process_time() - c0
         n = txns * ops_per_txn * args.batch
         print(f"store-append{' (replicated)' if args.replicated else ''}: {n:,} msgs of {args.size} B"

@@ -209,9 +209,11 @@ class Broker:
             from equeue.broker.cluster.node import ClusterNode
             from equeue.broker.replication.role import eligible
 
+            repl = self.store.replication
+            assert repl is not None  # a replicated broker's store keeps the log
             self.cluster = ClusterNode(
-                cfg, self.store, self.appender.submit, eligible=functools.partial(eligible, self.store),
-                floor_epoch=lambda: self.store.last_epoch, led_epoch=lambda: self.store.led_epoch,
+                cfg, self.store, self.appender.submit, eligible=functools.partial(eligible, repl),
+                floor_epoch=lambda: repl.last_epoch, led_epoch=lambda: repl.led_epoch,
             )
         token = trio.lowlevel.current_trio_token()
         lifecycle = self.lifecycle = Lifecycle(
@@ -340,7 +342,7 @@ class Broker:
     def _handlers(self) -> Handlers:
         cfg, role = self.config, self.role
         replication = ReplicaHandlers(
-            store=self.store,
+            log=self.store.replication,
             leader_log=(lambda: role.leader_log) if role is not None else (lambda: None),
             status=role.status if role is not None else self._standalone_status,
             identify=self.cluster.check_replica if self.cluster is not None else no_replicas,
@@ -364,8 +366,10 @@ class Broker:
         except ConfigError as exc:  # no replica credentials: it may lead (a lone replica), not follow
             log.warning("%s; until then this broker cannot follow its group's leader", exc)
             connect = functools.partial(_cannot_follow, exc)
+        repl = self.store.replication
+        assert repl is not None  # a replicated broker's store keeps the log
         follower = Follower(
-            store=self.store, call=self.appender.call, connect=connect,
+            replication=repl, call=self.appender.call, connect=connect,
             broker_id=node.broker_id, address=node.address, config=cfg, proof=node.replica_secret,
         )  # fmt: skip
         return ReplicaRole(
@@ -382,7 +386,7 @@ class Broker:
     def _standalone_status(self) -> control.ReplicationStatus:
         cfg, store = self.config, self.store
         return control.ReplicationStatus(
-            "standalone", "", "", 0, "", store.position, store.position, store.next_global, [], cfg.acks,
+            "standalone", "", "", 0, "", 0, 0, store.next_global, [], cfg.acks,
             cfg.min_insync,
         )  # fmt: skip
 

@@ -56,8 +56,9 @@ MIN_DIGEST_RANGE = 1024
 _REPLICATED = frozenset(REPLICATED_DATABASES)
 
 
-class ReplicaStore(Protocol):
-    """What the handlers read of the store (:class:`equeue.broker.storage.Store`)."""
+class ReplicaLog(Protocol):
+    """What the handlers read of the store's replication log
+    (:class:`equeue.broker.storage.replicated.StoreReplication`)."""
 
     def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]: ...
     def snapshot_chunk(
@@ -113,18 +114,19 @@ async def no_recovery(req: control.ClusterRecover) -> None:
 
 
 class ReplicaHandlers:
-    """The replication requests. ``leader_log()`` is the leader's log while this
+    """The replication requests. ``log`` is the store's replication log (None on a
+    standalone broker); ``leader_log()`` is the leader's log while this
     broker leads (None otherwise: NOT_LEADER); ``status()`` its replication state
     (epoch, role, followers); ``identify`` checks a follower's identity (see
     :class:`Identify`; a standalone broker refuses every follower); ``recover``
     carries out CLUSTER_RECOVER (see :class:`Recover`)."""
 
     def __init__(
-        self, *, store: ReplicaStore, leader_log: Callable[[], LeaderSide | None],
+        self, *, log: ReplicaLog | None, leader_log: Callable[[], LeaderSide | None],
         status: Callable[[], control.ReplicationStatus], identify: Identify = no_replicas,
         recover: Recover = no_recovery, hand_over: HandOver = no_handover,
     ) -> None:  # fmt: skip
-        self._store = store
+        self._log = log
         self._leader_log = leader_log
         self._status = status
         self._identify = identify
@@ -138,6 +140,12 @@ class ReplicaHandlers:
         if status.role == "standalone":
             raise BadRequest("this broker is standalone: it keeps no replication log")
         return status
+
+    def _replica_log(self) -> ReplicaLog:
+        """The store's replication log; raises BadRequest on a standalone broker."""
+        if self._log is None:
+            raise BadRequest("this broker is standalone: it keeps no replication log")
+        return self._log
 
     def _leading(self, epoch: int) -> LeaderSide:
         """The leader's log when this broker leads ``epoch``; raises NotLeader or
@@ -183,7 +191,7 @@ class ReplicaHandlers:
             _check_key(key)
         self._identify(req.broker_id, req.proof, _peer(ctx))
         self._leading(req.epoch)
-        position, values = await trio.to_thread.run_sync(self._store.read_keys, keys)
+        position, values = await trio.to_thread.run_sync(self._replica_log().read_keys, keys)
         total = 0
         for n, v in enumerate(values):  # bound the answer: the follower asks for the rest
             total += len(v) if v is not None else 0
@@ -207,9 +215,9 @@ class ReplicaHandlers:
         leader = self._leading(req.epoch)
         # pinned before the read: the chunk's position is at or past it, so every
         # entry the follower needs after its copy stays in the log
-        leader.pin(req.broker_id, self._store.position)
+        leader.pin(req.broker_id, self._replica_log().position)
         position, items, last = await trio.to_thread.run_sync(
-            self._store.snapshot_chunk, req.db, req.after, req.max_bytes
+            self._replica_log().snapshot_chunk, req.db, req.after, req.max_bytes
         )
         return encode_snapshot_answer(SnapshotAnswer(position, items, last))
 
@@ -220,7 +228,7 @@ class ReplicaHandlers:
         status = self._replicated()
         if not MIN_DIGEST_RANGE <= req.range_size < 1 << 63:
             raise BadRequest(f"range_size must be in {MIN_DIGEST_RANGE}..2^63-1, got {req.range_size}")
-        position, digests = await trio.to_thread.run_sync(self._store.digests, req.range_size)
+        position, digests = await trio.to_thread.run_sync(self._replica_log().digests, req.range_size)
         return control.ReplicaDigest(status.broker_id, status.epoch, position, digests)
 
     async def replication_status(

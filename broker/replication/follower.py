@@ -5,12 +5,12 @@ over one client connection (:class:`equeue.client.AsyncClient`, frames up to
 :data:`~equeue.wire.replica.REPLICA_MAX_FRAME`):
 
 - REPLICA_FETCH long-polls from the store's end; the entries are applied in one
-  write transaction in the writer thread (``store.apply_log`` through ``call``);
+  write transaction in the writer thread (``store.replication.apply_log`` through ``call``);
   the next fetch, from the new end, is the acknowledgement.
 - DIVERGED: the local log has entries the leader lacks (an old leader back, or a
   follower that fetched further than the new leader): the keys those entries touched
   are asked of the leader (REPLICA_KEYS) and, in one transaction, the log is cut at
-  ``diverge_at``, the keys repaired and ``consistent_at`` recorded (``store.truncate``).
+  ``diverge_at``, the keys repaired and ``consistent_at`` recorded (``store.replication.truncate``).
   A ``diverge_at`` at or past the local end (the leader never had the local last
   epoch, KIP-279) cuts that whole epoch instead; rounds repeat until the logs agree.
 - TOO_OLD: the local end is below the leader's ``log_start``: the store is emptied
@@ -37,8 +37,8 @@ from typing import Protocol, TypeVar
 
 import trio
 
-from equeue.broker.storage import Store
 from equeue.broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
+from equeue.broker.storage.replicated import StoreReplication
 from equeue.broker.storage.replication import UNREACHABLE
 from equeue.client.connection import AsyncClient
 from equeue.config import BrokerConfig, TlsClientAuth
@@ -164,7 +164,8 @@ class _Refused(Exception):
 
 
 class Follower:
-    """Copies the leader's log into ``store``; see the module docstring.
+    """Copies the leader's log into ``replication`` (the local store's,
+    ``store.replication``); see the module docstring.
 
     ``call(fn)`` runs ``fn()`` in the writer thread (``Appender.call``);
     ``connect(address)`` opens a :class:`ReplicaLink` to a leader (an ``async with``);
@@ -174,10 +175,10 @@ class Follower:
     """
 
     def __init__(
-        self, *, store: Store, call: WriterCall, connect: Callable[[str], AbstractAsyncContextManager[ReplicaLink]],
+        self, *, replication: StoreReplication, call: WriterCall, connect: Callable[[str], AbstractAsyncContextManager[ReplicaLink]],
         broker_id: str, address: str, config: BrokerConfig, proof: bytes = b"",
     ) -> None:  # fmt: skip
-        self._store = store
+        self._repl = replication
         self._call = call
         self._connect = connect
         self._broker_id = broker_id
@@ -185,7 +186,7 @@ class Follower:
         self._proof = proof
         self._fetch_bytes = max(1, min(config.replica_fetch_bytes, MAX_FETCH_BYTES))
         #: the next log position this replica needs (everything below is durable here)
-        self.position: int = store.position
+        self.position: int = replication.position
         #: the leader's high watermark in its last answer
         self.high_watermark: int = 0
         #: trio time of the last answered fetch (-inf: none yet)
@@ -209,9 +210,9 @@ class Follower:
         # a repair (truncate's consistent_at) not reached yet came from an earlier
         # session's leader: its values may hold that leader's unreplicated writes, which
         # this leader never had. Only a fresh copy of this leader's store is safe.
-        self._recopy = self._store.position < self._store.consistent_at
+        self._recopy = self._repl.position < self._repl.consistent_at
         self._logs.log(logging.INFO, "follow", "following %s (epoch %d) from position %d",
-                       leader_address, epoch, self._store.position)  # fmt: skip
+                       leader_address, epoch, self._repl.position)  # fmt: skip
         backoff = BACKOFF_FIRST
         try:
             while True:
@@ -256,15 +257,15 @@ class Follower:
 
     async def _session(self, link: ReplicaLink, epoch: int) -> None:
         """Follow over one connection until it fails (raises)."""
-        store = self._store
-        if store.consistent_at == UNREACHABLE or self._recopy:  # a copy interrupted, or an earlier leader's repair
+        repl = self._repl
+        if repl.consistent_at == UNREACHABLE or self._recopy:  # a copy interrupted, or an earlier leader's repair
             await self._snapshot(link, epoch)
             self._recopy = False
         while True:
-            position = self.position = store.position
+            position = self.position = repl.position
             req = FetchRequest(
-                self._broker_id, self._address, epoch, position, store.last_epoch, self._fetch_bytes, FETCH_WAIT_MS,
-                FORMAT_VERSION, self._proof, position >= store.consistent_at,
+                self._broker_id, self._address, epoch, position, repl.last_epoch, self._fetch_bytes, FETCH_WAIT_MS,
+                FORMAT_VERSION, self._proof, position >= repl.consistent_at,
             )
             ans = decode_fetch_answer(await self._request(link, RequestCode.REPLICA_FETCH, encode_fetch_request(req)))
             if ans.epoch != epoch:
@@ -299,26 +300,26 @@ class Follower:
             return
         if entries[0][0] != position:
             raise RemoteProtocolError(f"the leader sent entries from {entries[0][0]}, asked from {position}")
-        store = self._store
-        self.position = await self._call(partial(store.apply_log, entries))
+        repl = self._repl
+        self.position = await self._call(partial(repl.apply_log, entries))
 
     async def _truncate(self, link: ReplicaLink, epoch: int, ans: FetchAnswer, position: int) -> None:
         """Cut the local log at ``ans.diverge_at`` and repair the keys its entries
         from there touched with the leader's values (docs/cluster.md, "Truncation")."""
-        store = self._store
+        repl = self._repl
         start = ans.diverge_at
         if start >= position:
             # the leader never had our last epoch and cannot place it (KIP-279): drop
             # that whole epoch (truncating further than needed is safe: the keys are
             # repaired and the entries fetched again); the next fetch names an older one
-            start = dict(store.epochs()).get(store.last_epoch, position)
+            start = dict(repl.epochs()).get(repl.last_epoch, position)
             if start >= position:
                 raise RemoteProtocolError(f"the leader says the log diverged at {ans.diverge_at}, past our end "
-                                          f"{position}, and epoch {store.last_epoch} has no start here")  # fmt: skip
+                                          f"{position}, and epoch {repl.last_epoch} has no start here")  # fmt: skip
         try:
-            if start < store.log_start:
-                raise LogTrimmed(f"diverged at {start}, below this replica's log start {store.log_start}")
-            keys = await trio.to_thread.run_sync(store.divergent_keys, start)
+            if start < repl.log_start:
+                raise LogTrimmed(f"diverged at {start}, below this replica's log start {repl.log_start}")
+            keys = await trio.to_thread.run_sync(repl.divergent_keys, start)
         except LogTrimmed:
             self._logs.log(logging.WARNING, "diverged", "log diverged from the leader's at %d, below this "
                            "replica's log start: copying the store", start)  # fmt: skip
@@ -327,8 +328,8 @@ class Follower:
         repairs: list[tuple[int, bytes, bytes | None]] = []
         # an earlier truncation whose consistent_at is not reached yet repaired keys
         # with values at that position: the store matches the leader's only from there
-        prior = store.consistent_at
-        consistent_at = max(start, prior if store.position < prior < UNREACHABLE else 0)
+        prior = repl.consistent_at
+        consistent_at = max(start, prior if repl.position < prior < UNREACHABLE else 0)
         at = 0
         while at < len(keys):
             batch = keys[at : at + KEYS_PER_REQUEST]
@@ -340,7 +341,7 @@ class Follower:
             repairs.extend((db, key, value) for (db, key), value in zip(batch, got.values, strict=False))
             consistent_at = max(consistent_at, got.position)
             at += len(got.values)
-        await self._call(partial(store.truncate, start, repairs, consistent_at))
+        await self._call(partial(repl.truncate, start, repairs, consistent_at))
         self.position = start
         self._logs.log(logging.WARNING, "diverged", "log diverged from the leader's at %d (end was %d): "
                        "truncated, %d keys repaired, consistent from %d", start, position, len(repairs),
@@ -350,16 +351,16 @@ class Follower:
         """Empty the store and copy the leader's, chunk by chunk (a fuzzy copy that the
         log from the first chunk's position on makes exact). ``log_start``: the
         leader's, when it answered TOO_OLD."""
-        store = self._store
+        repl = self._repl
         why = "an interrupted copy" if log_start is None else f"behind the leader's log (it starts at {log_start})"
-        if store.converted_epoch and store.last_epoch == store.converted_epoch:
+        if repl.converted_epoch and repl.last_epoch == repl.converted_epoch:
             log.warning("this replica holds data written before replication that its group's leader does not "
                         "have (epoch %d, position %d): it is replaced by a copy of the leader's store (start a "
-                        "group from one converted store; the others join empty)", store.converted_epoch,
-                        store.position)  # fmt: skip
+                        "group from one converted store; the others join empty)", repl.converted_epoch,
+                        repl.position)  # fmt: skip
         self._logs.log(logging.WARNING, "snapshot", "position %d: %s: copying the store",
-                       store.position, why)  # fmt: skip
-        await self._call(store.reset_for_snapshot)
+                       repl.position, why)  # fmt: skip
+        await self._call(repl.reset_for_snapshot)
         self.position = 0
         first: int | None = None
         last = 0
@@ -378,7 +379,7 @@ class Follower:
                 last = max(last, chunk.position)
                 if chunk.items:
                     items = chunk.items
-                    await self._call(partial(store.apply_snapshot_chunk, db, items))
+                    await self._call(partial(repl.apply_snapshot_chunk, db, items))
                     items_copied += len(items)
                 if chunk.last is None:
                     break
@@ -386,7 +387,7 @@ class Follower:
                     raise RemoteProtocolError("the leader's snapshot cursor did not move forward")
                 after = chunk.last
         assert first is not None
-        await self._call(partial(store.finish_snapshot, first, last, epoch))
+        await self._call(partial(repl.finish_snapshot, first, last, epoch))
         self.position = first
         self._logs.log(logging.WARNING, "snapshot", "copied the leader's store (%d items) at position %d; "
                        "consistent from %d", items_copied, first, last)  # fmt: skip

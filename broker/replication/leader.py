@@ -10,10 +10,10 @@ set, the high watermark, held acknowledgements, log trimming.
   been *caught up* (Kafka's rule: a fetch at the leader's end, or at the end the
   previous answer reached, counts as caught up at that earlier time).
 * **High watermark** = the lowest position of the ISR members (the leader's own is
-  ``store.position``; a member that has not fetched at this epoch counts as the
+  ``store.replication.position``; a member that has not fetched at this epoch counts as the
   position the leader started from, a member joining counts from the moment its
   etcd write starts). Each rise publishes the store's view up to it
-  (``store.publish_upto``), wakes the parked pulls of the queues that became visible
+  (``store.replication.publish_upto``), wakes the parked pulls of the queues that became visible
   and answers the held acknowledgements whose transaction lies below it.
 * **Acks.** The appender hands every committed transaction to :meth:`hold`. With
   ``--acks all`` its ops are answered once the high watermark passed it; a produce
@@ -37,7 +37,7 @@ set, the high watermark, held acknowledgements, log trimming.
   log, as Kafka keeps a partition by its retention whatever its followers), in
   steps of what was written between two checks, never past the high watermark nor
   the start of a snapshot in progress (:meth:`pin`); the trim itself runs in the
-  writer thread (``Appender.call(store.trim_log)``).
+  writer thread (``Appender.call(repl.trim_log)``).
 
 Everything here runs on the loop; the store's reads (``read_log``, ``entry_info``)
 are read transactions; ``log_bytes`` scans run in a worker thread.
@@ -79,8 +79,9 @@ SEED_STEPS = 16
 PIN_KEEP = 60.0
 
 
-class LeaderStore(Protocol):
-    """What the leader uses of :class:`equeue.broker.storage.Store` (replicated)."""
+class LeaderReplication(Protocol):
+    """What the leader uses of a replicated store's log
+    (:class:`equeue.broker.storage.replicated.StoreReplication`, ``store.replication``)."""
 
     @property
     def position(self) -> int: ...
@@ -161,13 +162,13 @@ class LeaderLog:
     ends (held acks are answered NotLeader, fetches end)."""
 
     def __init__(
-        self, *, store: LeaderStore, election: LeaderElection, answers: Answers,
+        self, *, replication: LeaderReplication, election: LeaderElection, answers: Answers,
         call: WriterCall, wake: Callable[[Iterable[tuple[int, int]]], None],
         on_scheduled: Callable[[], None], config: BrokerConfig, broker_id: str, group: str, epoch: int,
         high_watermark: int, promoted_at: int, unsettled: set[str] | None = None,
         clock: Callable[[], float] = trio.current_time, replicas: Callable[[], Collection[str]] | None = None,
     ) -> None:  # fmt: skip
-        self._store = store
+        self._repl = replication
         self._election = election
         self._answers = answers
         self._call = call
@@ -214,7 +215,7 @@ class LeaderLog:
         #: set (and replaced) at every fetch that moved a follower's position, and at close
         self._progress = trio.Event()
         self._closed = False
-        self._trimmer = LogTrimmer(store, call, config.replica_log_bytes)
+        self._trimmer = LogTrimmer(replication, call, config.replica_log_bytes)
 
     # ------------------------------------------------------------------ acks
     def hold(self, batch: list[Any], committed: WriteOutcome) -> None:
@@ -257,7 +258,7 @@ class LeaderLog:
                 self.readable.set()
             touched: set[tuple[int, int]] = set()
             scheduled = False
-            for o in self._store.publish_upto(hw):
+            for o in self._repl.publish_upto(hw):
                 touched |= o.touched
                 scheduled = scheduled or o.scheduled
             if touched:
@@ -285,7 +286,7 @@ class LeaderLog:
         return r
 
     def _compute_hw(self) -> int:
-        hw = self._store.position
+        hw = self._repl.position
         members = set(self._election.state.isr) | self._joining | self._unsettled
         members.discard(self.broker_id)
         for m in members:
@@ -337,7 +338,7 @@ class LeaderLog:
         follower's position. Raises NotLeader (not leading, fenced), StaleEpoch
         (another epoch)."""
         self._check(req.epoch)
-        store = self._store
+        repl = self._repl
         now = self._clock()
         f = self._followers.get(req.broker_id)
         if f is None:
@@ -349,14 +350,14 @@ class LeaderLog:
         if req.position < f.position and (f.acked or self._member(f.broker_id)):
             self._regressed(f, req.position)
         if req.position > 0:
-            end_of_epoch = store.end_of_epoch(req.last_epoch)
+            end_of_epoch = repl.end_of_epoch(req.last_epoch)
             if end_of_epoch < req.position:
                 return self._reset(f, FetchStatus.DIVERGED, end_of_epoch)
-            if req.last_epoch not in dict(store.epochs()):  # KIP-279: an epoch this log never had
+            if req.last_epoch not in dict(repl.epochs()):  # KIP-279: an epoch this log never had
                 return self._reset(f, FetchStatus.DIVERGED, min(end_of_epoch, req.position))
-        if req.position < store.log_start:
+        if req.position < repl.log_start:
             return self._reset(f, FetchStatus.TOO_OLD)
-        end = store.position
+        end = repl.position
         # caught up: at the end now, or at the end the previous answer saw (Kafka's
         # rule), with a consistent store (a repair or a fuzzy copy is complete)
         f.at_end = req.consistent and (req.position >= end or req.position >= f.end_at_answer >= 0)
@@ -369,17 +370,17 @@ class LeaderLog:
         self._progress.set()
         self._progress = trio.Event()
         self.advance()
-        if req.position >= store.position and req.wait_ms > 0:
+        if req.position >= repl.position and req.wait_ms > 0:
             with trio.move_on_after(req.wait_ms / 1000):
-                while req.position >= store.position and not self._closed:
+                while req.position >= repl.position and not self._closed:
                     await self._committed.wait()
             self._check(req.epoch)
         try:
-            entries = store.read_log(req.position, req.max_bytes) if req.position < store.position else []
+            entries = repl.read_log(req.position, req.max_bytes) if req.position < repl.position else []
         except LogTrimmed:
             return self._reset(f, FetchStatus.TOO_OLD)
         f.last_answer = self._clock()
-        f.end_at_answer = store.position
+        f.end_at_answer = repl.position
         return self._answer(FetchStatus.OK, entries=entries)
 
     def _member(self, broker_id: str) -> bool:
@@ -410,9 +411,9 @@ class LeaderLog:
     def _answer(
         self, status: FetchStatus, *, diverge_at: int = 0, entries: list[tuple[int, bytes]] | None = None
     ) -> FetchAnswer:
-        store = self._store
+        repl = self._repl
         return FetchAnswer(
-            status, self.epoch, self.high_watermark, store.position, diverge_at, store.log_start, entries or []
+            status, self.epoch, self.high_watermark, repl.position, diverge_at, repl.log_start, entries or []
         )
 
     def most_caught_up(self, candidates: Iterable[str]) -> str | None:
@@ -429,7 +430,7 @@ class LeaderLog:
             if self._closed:
                 raise NotLeader(f"this broker stopped leading group {self.group!r}")
             f = self._followers.get(broker_id)
-            if f is not None and f.acked and f.position >= self._store.position:
+            if f is not None and f.acked and f.position >= self._repl.position:
                 return
             await self._progress.wait()
 
@@ -533,20 +534,20 @@ class LeaderLog:
     # ------------------------------------------------------------------ status
     def status(self) -> list[control.ReplicaStatus]:
         """Each follower seen at this epoch: position, lag in messages and ms, in sync."""
-        store = self._store
-        end = store.position
+        repl = self._repl
+        end = repl.position
         now = self._clock()
         now_ms = time.time_ns() // 1_000_000
-        last = store.entry_info(end - 1) if end > 0 else None
+        last = repl.entry_info(end - 1) if end > 0 else None
         next_global = 0 if last is None else last.next_global
         isr = set(self._election.state.isr)
         out = []
         for b, f in sorted(self._followers.items()):
             lag_messages = lag_ms = 0
             if f.position < end:
-                have = store.entry_info(f.position - 1) if f.position > 0 else None
+                have = repl.entry_info(f.position - 1) if f.position > 0 else None
                 lag_messages = max(0, next_global - (0 if have is None else have.next_global))
-                missing = store.entry_info(f.position)
+                missing = repl.entry_info(f.position)
                 lag_ms = 0 if missing is None else max(0, now_ms - missing.time_ms)
             out.append(control.ReplicaStatus(
                 b, f.address, f.position, lag_messages, lag_ms, b in isr, round(now - f.fetched, 3),
@@ -554,7 +555,9 @@ class LeaderLog:
         return out
 
 
-class TrimStore(Protocol):
+class TrimReplication(Protocol):
+    """What the trimmer uses of a replicated store's log (``store.replication``)."""
+
     @property
     def position(self) -> int: ...
     @property
@@ -572,8 +575,8 @@ class LogTrimmer:
     :data:`SEED_STEPS` ths of the bound (read once in a worker thread), so a long
     log is never cut whole at once."""
 
-    def __init__(self, store: TrimStore, call: WriterCall, max_bytes: int) -> None:
-        self._store = store
+    def __init__(self, replication: TrimReplication, call: WriterCall, max_bytes: int) -> None:
+        self._repl = replication
         self._call = call
         self._max = max_bytes
         #: (end position, bytes) of each step not cut yet, oldest first
@@ -587,7 +590,7 @@ class LogTrimmer:
         p = start
         while p < end:
             try:
-                got = [(q, len(e)) for q, e in self._store.read_log(p, step) if q < end]
+                got = [(q, len(e)) for q, e in self._repl.read_log(p, step) if q < end]
             except (LogTrimmed, ValueError):
                 break
             if not got:
@@ -599,20 +602,20 @@ class LogTrimmer:
     async def trim(self, floor: int) -> int:
         """Check once: cut what is past the bound (never past ``floor``); returns the
         log start."""
-        store = self._store
-        end = store.position
+        repl = self._repl
+        end = repl.position
         if end < self._scanned:  # truncated or copied since: read it again
             self._steps.clear()
             self._scanned = -1
         if self._scanned < 0:
-            self._steps.extend(await trio.to_thread.run_sync(self._seed, store.log_start, end))
+            self._steps.extend(await trio.to_thread.run_sync(self._seed, repl.log_start, end))
             self._scanned = end
         elif end > self._scanned:  # the bytes of the entries written since the last check
-            nbytes = await trio.to_thread.run_sync(store.log_bytes, self._scanned)
+            nbytes = await trio.to_thread.run_sync(repl.log_bytes, self._scanned)
             self._steps.append((end, nbytes))
             self._scanned = end
         steps = self._steps
-        start = before = store.log_start
+        start = before = repl.log_start
         while steps and steps[0][0] <= start:
             steps.popleft()
         total = sum(n for _, n in steps)
@@ -621,5 +624,5 @@ class LogTrimmer:
             total -= n
             before = step_end
         if before > start:
-            start = await self._call(lambda: store.trim_log(before))
+            start = await self._call(lambda: repl.trim_log(before))
         return start

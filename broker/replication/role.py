@@ -6,8 +6,8 @@ driven by the group's election (``election.state`` / ``election.changed``).
 
 * **Becoming leader** (this broker holds the leader key at ``state.epoch`` and is not
   fenced): stop following; rebuild the store's views from LMDB
-  (``Appender.call(store.reload)``); write the epoch marker
-  (``Appender.call(store.begin_epoch)``, unless this epoch's marker is already there:
+  (``Appender.call(store.replication.reload)``); write the epoch marker
+  (``Appender.call(store.replication.begin_epoch)``, unless this epoch's marker is already there:
   a leader that was fenced and recovered); build the :class:`LeaderLog`; start the
   leader duties in a leader-scoped nursery (the log's ISR checks and trimming,
   ``Lifecycle.run``: delayed moves, retention, producer expiry, and the cluster
@@ -44,8 +44,8 @@ from equeue.broker.replication.leader import (
     Answers,
     LeaderElection,
     LeaderLog,
+    LeaderReplication,
     LeaderState,
-    LeaderStore,
     LogTrimmer,
 )
 from equeue.broker.storage import WriteOutcome
@@ -77,8 +77,9 @@ ELIGIBLE_CHECK = 0.5
 START_TIMEOUT = 10.0
 
 
-class RoleStore(LeaderStore, Protocol):
-    """What the role uses of :class:`equeue.broker.storage.Store` (replicated)."""
+class RoleReplication(LeaderReplication, Protocol):
+    """What the role uses of a replicated store's log
+    (:class:`equeue.broker.storage.replicated.StoreReplication`)."""
 
     @property
     def epoch(self) -> int: ...
@@ -86,10 +87,17 @@ class RoleStore(LeaderStore, Protocol):
     def last_epoch(self) -> int: ...
     @property
     def consistent_at(self) -> int: ...
-    @property
-    def next_global(self) -> int: ...
     def reload(self) -> None: ...
     def begin_epoch(self, epoch: int) -> int: ...
+
+
+class RoleStore(Protocol):
+    """What the role uses of :class:`equeue.broker.storage.Store` (replicated)."""
+
+    @property
+    def next_global(self) -> int: ...
+    @property
+    def replication(self) -> RoleReplication | None: ...
 
 
 class RoleState(LeaderState, Protocol):
@@ -143,21 +151,26 @@ class Scheduler(Protocol):
     def schedule_changed(self) -> None: ...
 
 
-def eligible(store: RoleStore) -> bool:
-    """Whether this replica may lead or join the ISR: its store reached
-    ``consistent_at`` (a store being copied has it unreachable)."""
-    return store.position >= store.consistent_at
+def eligible(replication: RoleReplication) -> bool:
+    """Whether this replica may lead or join the ISR: its store (``replication``,
+    ``store.replication``) reached ``consistent_at`` (a store being copied has it
+    unreachable)."""
+    return replication.position >= replication.consistent_at
 
 
 class ReplicaRole:
-    """Leader or follower of one broker group; see the module docstring."""
+    """Leader or follower of one broker group; see the module docstring. Raises
+    ValueError when ``store`` is not replicated (it has no ``replication``)."""
 
     def __init__(
         self, *, store: RoleStore, appender: RoleAppender, election: RoleElection, follower: Following,
         parked: Parked, leases: Leases, lifecycle: Scheduler, leader_duties: Callable[..., Awaitable[None]],
         config: BrokerConfig, broker_id: str, replicas: Callable[[], Collection[str]] | None = None,
     ) -> None:  # fmt: skip
+        if store.replication is None:
+            raise ValueError("a replica's store must be replicated (Store(..., replicated=True))")
         self._store = store
+        self._repl = store.replication
         self._appender = appender
         self._election = election
         self._follower = follower
@@ -187,7 +200,7 @@ class ReplicaRole:
         #: (epoch, ISR members of a write with an unknown outcome) of the last epoch led
         self._unsettled: tuple[int, set[str]] = (0, set())
         #: the follower's log bound (a replica keeps at most --replica-log-bytes of log)
-        self._trimmer = LogTrimmer(store, appender.call, config.replica_log_bytes)
+        self._trimmer = LogTrimmer(self._repl, appender.call, config.replica_log_bytes)
         #: the high watermark this broker reached when it last led (committed: every
         #: later leader has the entries below it)
         self._led_hw = 0
@@ -299,24 +312,24 @@ class ReplicaRole:
 
     async def _lead(self, epoch: int) -> None:
         await self._end_duty()
-        store, call = self._store, self._appender.call
-        await call(store.reload)
-        if not eligible(store):  # a repair or a copy committed after the campaign began
+        repl, call = self._repl, self._appender.call
+        await call(repl.reload)
+        if not eligible(repl):  # a repair or a copy committed after the campaign began
             log.error("group %s: this broker won epoch %d but its store is not consistent (position %d, "
-                      "consistent at %d): it does not serve", self.group, epoch, store.position,
-                      store.consistent_at)  # fmt: skip
+                      "consistent at %d): it does not serve", self.group, epoch, repl.position,
+                      repl.consistent_at)  # fmt: skip
             await self._resign(epoch)
             return
-        promoted_at = store.position
+        promoted_at = repl.position
         # every member has what was below the previous leader's high watermark
         high_watermark = min(promoted_at, max(self._follower.high_watermark, self._led_hw))
-        if store.last_epoch < epoch:
-            await call(lambda: store.begin_epoch(epoch))
+        if repl.last_epoch < epoch:
+            await call(lambda: repl.begin_epoch(epoch))
         e = self._election
         if not (e.is_leader() and not e.fenced() and e.state.epoch == epoch):
             return  # changed meanwhile: the next step decides
         ll = LeaderLog(
-            store=store, election=e, answers=self._appender, call=call, wake=self._parked.wake,
+            replication=repl, election=e, answers=self._appender, call=call, wake=self._parked.wake,
             on_scheduled=self._lifecycle.schedule_changed, config=self._config, broker_id=self.broker_id,
             group=self.group, epoch=epoch, high_watermark=high_watermark, promoted_at=promoted_at,
             unsettled=self._unsettled_at(epoch), replicas=self._replicas,
@@ -326,7 +339,7 @@ class ReplicaRole:
         self.promotions += 1
         ll.committed()  # the marker: fetches wake, a lone leader publishes it
         log.info("group %s: this broker leads at epoch %d (log %d..%d, high watermark %d)", self.group, epoch,
-                 store.log_start, store.position, ll.high_watermark)  # fmt: skip
+                 repl.log_start, repl.position, ll.high_watermark)  # fmt: skip
         self._start_duty(self._leading, ll)
 
     async def hand_over(self, to: str = "", timeout: float = HANDOVER_TIMEOUT) -> str:
@@ -383,7 +396,7 @@ class ReplicaRole:
         it keeps the key: no one else may lead, and an operator must act (logged).
         etcd errors are retried while it still holds the key."""
         e = self._election
-        while e.is_leader() and e.state.epoch == epoch and not eligible(self._store):
+        while e.is_leader() and e.state.epoch == epoch and not eligible(self._repl):
             if len(e.state.isr) < 2:
                 log.error("group %s: no other in-sync replica can take over: the group has no serving leader "
                           "until this broker's store is repaired (restart it, or copy a replica's store)",
@@ -470,14 +483,13 @@ class ReplicaRole:
         leader's high watermark (what it may need to lead)."""
         while True:
             await trio.sleep(TRIM_INTERVAL)
-            store = self._store
-            await self._trimmer.trim(min(self._follower.high_watermark, store.position))
+            await self._trimmer.trim(min(self._follower.high_watermark, self._repl.position))
 
     async def _watch_eligible(self) -> None:
-        was = eligible(self._store)
+        was = eligible(self._repl)
         while True:
             await trio.sleep(ELIGIBLE_CHECK)
-            now = eligible(self._store)
+            now = eligible(self._repl)
             if now and not was:
                 self._election.nudge()
             was = now
@@ -486,18 +498,18 @@ class ReplicaRole:
     def status(self) -> control.ReplicationStatus:
         """REPLICATION_STATUS: this replica's view (a leader: every follower)."""
         st = self._election.state
-        store = self._store
+        store, repl = self._store, self._repl
         cfg = self._config
         ll = self.leader_log
         if ll is not None:
             return control.ReplicationStatus(
-                "leader", self.group, self.broker_id, ll.epoch, self.broker_id, store.position,
+                "leader", self.group, self.broker_id, ll.epoch, self.broker_id, repl.position,
                 ll.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync, ll.status(),
-                last_epoch=store.last_epoch,
+                last_epoch=repl.last_epoch,
             )  # fmt: skip
         return control.ReplicationStatus(
-            "follower", self.group, self.broker_id, st.epoch, st.leader_id or "", store.position,
+            "follower", self.group, self.broker_id, st.epoch, st.leader_id or "", repl.position,
             self._follower.high_watermark, store.next_global, list(st.isr), cfg.acks, cfg.min_insync,
-            last_epoch=store.last_epoch,
+            last_epoch=repl.last_epoch,
         )  # fmt: skip
 

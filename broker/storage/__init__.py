@@ -8,18 +8,21 @@ Where each concept lives:
 - :mod:`~equeue.broker.storage.store`: open, recover, write (one transaction), publish;
 - :mod:`~equeue.broker.storage.reader`: pulls, lookups, the committed state;
 - :mod:`~equeue.broker.storage.writes`: the frame of a write op (context, outcome);
-- one module per family of write op: :mod:`~equeue.broker.storage.produce` (append,
-  producer dedup), :mod:`~equeue.broker.storage.topics`, :mod:`~equeue.broker.storage.offsets`,
+- one module per family of write op: :mod:`~equeue.broker.storage.produce` (append),
+  :mod:`~equeue.broker.storage.topics`, :mod:`~equeue.broker.storage.offsets`,
   :mod:`~equeue.broker.storage.schedule` (delayed messages),
-  :mod:`~equeue.broker.storage.retention`, :mod:`~equeue.broker.storage.producers` (producer-state
-  expiry), :mod:`~equeue.broker.storage.deadletters` (resend each dead letter once),
+  :mod:`~equeue.broker.storage.retention`, :mod:`~equeue.broker.storage.producers` (idempotent
+  producers' state: its value, the dedup decision, recording an answer, expiry),
+  :mod:`~equeue.broker.storage.deadletters` (resend each dead letter once),
   :mod:`~equeue.broker.storage.skips` (an operator's skip past a corrupt record),
   :mod:`~equeue.broker.storage.pauses` (paused topics and consumer groups);
 - :mod:`~equeue.broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
 - the replication log of a replicated store: :mod:`~equeue.broker.storage.recorder` (each
   transaction's physical changes, recorded as the ops make them) and
   :mod:`~equeue.broker.storage.replication` (the log databases, their state, reading,
-  applying, truncating, snapshots, digests).
+  applying, truncating, snapshots, digests) and :mod:`~equeue.broker.storage.replicated`
+  (``store.replication``: the log's state, the views below the high watermark, the
+  reads and the replication writes, one transaction each).
 
 docs/storage.md describes the layout, the write path and the thread contract.
 """

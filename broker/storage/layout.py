@@ -1,6 +1,7 @@
 """The store's on-disk layout: one LMDB environment, ten named databases (three
 more when replicated), and the encoders and decoders of their keys (and fixed-width
-values). No other module packs or unpacks a key.
+values; the ``producers`` value is :mod:`equeue.broker.storage.producers`'). No other
+module packs or unpacks a key.
 
 Every integer in a key is big-endian, so LMDB's byte order is numeric order: a
 cursor walks a queue in offset order, the schedule in due order, and a prefix (a
@@ -28,6 +29,7 @@ topic id, a topic and queue) selects one contiguous key range::
                  -> u64 last sequence | u64 last seen ms
                     | up to 16 x (u64 base seq | u64 global | u64 queue offset
                                  | u32 stored | u32 scheduled)
+                 (the value's encoder and decoder: broker/storage/producers.py)
 
 A replicated store (``Store(..., replicated=True)``) adds three databases, which the
 log does not record (docs/storage.md, "The replication log")::
@@ -89,8 +91,6 @@ _TBH = struct.Struct(">III")
 _QSTAT = struct.Struct(">QQ")
 _SKEY = struct.Struct(">QQ")
 _PKEY = struct.Struct(">16sII")
-_PSTATE = struct.Struct(">QQ")
-_PRING = struct.Struct(">QQQII")
 
 # ---------------------------------------------------------------- meta values
 #: u32 values of ``meta`` ("format", "next_topic_id")
@@ -292,20 +292,9 @@ unpack_sched_count_key: Final = unpack_u32
 
 
 # ---------------------------------------------------------------- producers
-#: key of ``producers``: (16-byte producer id, topic id, queue id)
+#: key of ``producers``: (16-byte producer id, topic id, queue id); its value's
+#: layout is :mod:`equeue.broker.storage.producers`'
 producer_key: Final = _PKEY.pack
-#: head of a ``producers`` value: (last sequence, last seen ms)
-PRODUCER_STATE: Final = _PSTATE
-#: one remembered answer in a ``producers`` value:
-#: (base sequence, first global, first queue offset, stored, scheduled)
-PRODUCER_ANSWER: Final = _PRING
-#: answers remembered per producer and queue (the dedup window)
-PRODUCER_RING: Final = 16
-
-
-def producer_last_seen(value: Buf) -> int:
-    """The last-seen time (ms) of a ``producers`` value (0 if truncated)."""
-    return int(_PSTATE.unpack_from(value, 0)[1]) if len(value) >= _PSTATE.size else 0
 
 
 # ---------------------------------------------------------------- replication log

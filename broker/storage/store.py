@@ -19,8 +19,11 @@ writes one replication log entry, its physical changes, in the same LMDB
 transaction (:mod:`equeue.broker.storage.recorder` records them,
 :mod:`equeue.broker.storage.replication` keeps the log). The store then keeps two views:
 :attr:`Store.head`, the last commit (what the next transaction starts from), and
-:attr:`Store.view`, what readers see, advanced only by :meth:`Store.publish_upto`
-(the high watermark). Not replicated, ``view is head`` always.
+:attr:`Store.view`, what readers see, advanced only by
+``store.replication.publish_upto`` (the high watermark). :attr:`Store.replication`
+(:mod:`equeue.broker.storage.replicated`) owns the log's state, those views' queue,
+the log reads and the replication writes; it is None when not replicated, and then
+``view is head`` always.
 """
 
 from __future__ import annotations
@@ -28,9 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,13 +46,13 @@ from equeue.broker.storage.dirlock import DirLock
 from equeue.broker.storage.filecheck import RECOVERY_HINT, check_data_file
 from equeue.broker.storage.reader import StoreReader
 from equeue.broker.storage.recorder import Recorder, RecordingTxn
-from equeue.broker.storage.replication import LogState, ReplicationLog
+from equeue.broker.storage.replicated import StoreReplication
+from equeue.broker.storage.replication import ReplicationLog
 from equeue.broker.storage.topics import decode_topic_record
 from equeue.broker.storage.view import QueueState, StoreView, frozen_map
-from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms
+from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, store_error
 from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
 from equeue.logs import RateLimitedLog
-from equeue.wire.replog import EntryHeader
 
 log = logging.getLogger("equeue.store")
 #: one traceback per op type per 10 s for ops that fail unexpectedly in a transaction
@@ -94,14 +95,10 @@ class Store(StoreReader):
         self.sync_commits = sync
         self.map_size = map_size
         self.replicated = replicated
-        #: replicated: the log (None when not replicated)
-        self._log: ReplicationLog | None = None
-        #: replicated: committed transactions not yet visible, (end position, view, outcome)
-        self._pending: deque[tuple[int, StoreView, WriteOutcome]] = deque()
-        self._publish_lock = threading.Lock()
-        #: replicated: apply_log / truncate / a snapshot changed LMDB under the views:
-        #: no write until reload()
-        self._stale = False
+        #: the replication log, its views below the high watermark and the
+        #: replication writes (:mod:`equeue.broker.storage.replicated`); None when
+        #: not replicated
+        self.replication: StoreReplication | None = None
         #: (topic, field, value) of stored retention values already warned about
         self._warned_legacy: set[tuple[str, str, int]] = set()
         self._lock = DirLock(self.path)
@@ -139,10 +136,11 @@ class Store(StoreReader):
                     f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
                 )
             had_log = txn.get(layout.REPL_DATABASES[0]) is not None
+            rlog = None
             if self.replicated:
-                self._log = ReplicationLog(self.env, [self.db[n] for n in layout.DATABASES], txn)
+                rlog = ReplicationLog(self.env, [self.db[n] for n in layout.DATABASES], txn)
                 if not had_log and self._has_data(txn):
-                    self._log.start_after_existing_data(txn)
+                    rlog.start_after_existing_data(txn)
                     log.warning("the store at %s holds data written without a replication log: its log "
                                 "starts at position 1, so a replica following it copies the store first",
                                 self.path)  # fmt: skip
@@ -152,14 +150,15 @@ class Store(StoreReader):
                 log.warning("the store at %s was replicated and is opened standalone: its replication log "
                             "is dropped (writes from now on are not in it; as a replica again it starts a new "
                             "log at position 1)", self.path)  # fmt: skip
-        if self._log is not None:
+        if rlog is not None:
             with self._reading("replication log"):
-                self._log.load()
+                rlog.load()
+            self.replication = StoreReplication(self, rlog)
         if unbucketed:
             self._convert_key_index()
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
-        self.head = self.view = self._recover()
+        self.head = self.view = self.recover_view()
 
     def _convert_key_index(self) -> None:
         """Convert a format-1 store (its key index without buckets) to the current
@@ -196,15 +195,16 @@ class Store(StoreReader):
                     last = len(old) < _CONVERT_CHUNK
                     state = None
                     if last:
-                        if self._log is not None:
-                            state = self._log.trim(txn, self._log.state.position)
+                        if self.replication is not None:
+                            rlog = self.replication.log
+                            state = rlog.trim(txn, rlog.state.position)
                         txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=meta)
             except lmdb.Error as exc:
-                raise _store_error(exc, self.path) from exc
+                raise store_error(exc, self.path) from exc
             converted += len(old)
             if last:
-                if state is not None and self._log is not None:
-                    self._log.state = state
+                if state is not None and self.replication is not None:
+                    self.replication.log.state = state
                 break
             after = old[-1]
             if time.monotonic() - noted >= _CONVERT_PROGRESS_EVERY:
@@ -255,8 +255,10 @@ class Store(StoreReader):
                 topic, name, value, topic, "retention" if name == "retention_ms" else "retention-bytes",
             )  # fmt: skip
 
-    def _recover(self) -> StoreView:
-        """The committed state, from last keys and the small tables (no full scan)."""
+    def recover_view(self) -> StoreView:
+        """The committed state, from last keys and the small tables (no full scan): at
+        open, and when ``replication.reload`` rebuilds the views after replicated
+        changes. Raises StoreDamaged for a damaged record."""
         db = self.db
         topics: dict[str, control.TopicInfo] = {}
         queues: dict[int, dict[int, QueueState]] = {}
@@ -392,9 +394,9 @@ class Store(StoreReader):
             except (StoreFull, StoreError) as exc:
                 if not parts:
                     raise
-                parts.append(WriteOutcome([outcome.Error(exc)] * len(rest), set(), position=self.position))
+                parts.append(WriteOutcome([outcome.Error(exc)] * len(rest), set(), position=self._position()))
                 break
-            parts.append(WriteOutcome([outcome.Error(err)], set(), position=self.position))
+            parts.append(WriteOutcome([outcome.Error(err)], set(), position=self._position()))
             rest = rest[k + 1 :]
             if not rest:
                 break
@@ -404,17 +406,18 @@ class Store(StoreReader):
         """One write transaction over ``ops``: committed (its outcome), or aborted
         because op ``k`` failed in a way that may have left partial writes: then
         ``(k, the error to answer it with)``."""
+        repl = self.replication
+        rlog = None
+        if repl is not None:
+            repl.check_writable()
+            rlog = repl.log
         try:
             txn = self.env.begin(write=True)
         except lmdb.Error as exc:
-            raise _store_error(exc, self.path) from exc
-        rlog = self._log
+            raise store_error(exc, self.path) from exc
         if rlog is None:
             w = WriteContext(self.head, txn, self.db, self.clock(), self._next_sched_seq)
         else:
-            if self._stale:
-                txn.abort()
-                raise StoreError(f"the store at {self.path} applied replicated changes: reload() before writing")
             rec = Recorder()
             w = WriteContext(self.head, RecordingTxn(txn, rec, rlog.indexes), self.db, self.clock(), self._next_sched_seq)
         results: list[outcome.Outcome[Any]] = []
@@ -429,7 +432,7 @@ class Store(StoreReader):
                         return k, exc
                     results.append(outcome.Error(exc))
                 except lmdb.Error as exc:
-                    err = _store_error(exc, self.path)
+                    err = store_error(exc, self.path)
                     if isinstance(err, StoreFull):
                         raise  # the transaction as a whole: handled below
                     txn.abort()
@@ -442,13 +445,13 @@ class Store(StoreReader):
                     break  # the other ops go in the next transaction: its entry stays fetchable
             if not w.wrote:
                 txn.abort()
-                return WriteOutcome(results, set(), position=self.position)
+                return WriteOutcome(results, set(), position=self._position())
             w.stage_counters()
             state = None if rlog is None else rlog.append(txn, rec.runs, w.now, w.next_global)
             txn.commit()
         except lmdb.Error as exc:
             txn.abort()
-            err = _store_error(exc, self.path)
+            err = store_error(exc, self.path)
             log.error("%s", err)
             raise err from exc
         except BaseException:
@@ -458,227 +461,15 @@ class Store(StoreReader):
         if rlog is None:
             self.view = view  # committed: publish, one reference swap
             return WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()))
-        assert state is not None
-        rlog.state = state
+        assert state is not None and repl is not None
         out = WriteOutcome(results, w.touched, any(d > 0 for d in w.sched_delta.values()), state.position)
-        with self._publish_lock:
-            self._pending.append((state.position, view, out))
+        repl.committed(state, view, out)
         return out
 
-    # ------------------------------------------------------------------ replication: state
-    def _replog(self) -> ReplicationLog:
-        if self._log is None:
-            raise ValueError(f"the store at {self.path} is not replicated")
-        return self._log
-
-    @property
-    def _state(self) -> LogState:
-        return self._log.state if self._log is not None else _NO_LOG
-
-    @property
-    def position(self) -> int:
-        """The next log position (= entries ever written); 0 when not replicated."""
-        return self._state.position
-
-    @property
-    def log_start(self) -> int:
-        """The first position still in the log."""
-        return self._state.log_start
-
-    @property
-    def epoch(self) -> int:
-        """The epoch stamped on new entries: the newest epoch of the log."""
-        return self._state.epoch
-
-    @property
-    def last_epoch(self) -> int:
-        """The epoch of entry ``position - 1`` (0 if none)."""
-        return self._state.last_epoch
-
-    @property
-    def led_epoch(self) -> int:
-        """The last epoch this store got from a group's leader (or led): ``last_epoch``,
-        except 0 while it is the random epoch its data from before replication is
-        counted in (a converted store has not been part of a group yet)."""
-        st = self._state
-        return 0 if st.last_epoch == st.converted_epoch else st.last_epoch
-
-    @property
-    def converted_epoch(self) -> int:
-        """The epoch this store's data from before its replication log is counted in
-        (0: none)."""
-        return self._state.converted_epoch
-
-    @property
-    def consistent_at(self) -> int:
-        """The store may lead or join the in-sync set only once ``position >= consistent_at``."""
-        return self._state.consistent_at
-
-    # ------------------------------------------------------------------ replication: views (loop)
-    def publish_upto(self, hw: int) -> list[WriteOutcome]:
-        """Make visible the newest committed view whose end position is at most
-        ``hw``; returns the outcomes of the transactions that just became visible, in
-        order (their touched queues wake parked pulls). Safe against the writer
-        appending. Not replicated: nothing to do (``view is head``)."""
-        out: list[WriteOutcome] = []
-        with self._publish_lock:
-            pending = self._pending
-            view = None
-            while pending and pending[0][0] <= hw:
-                _, view, o = pending.popleft()
-                out.append(o)
-            if view is not None:
-                self.view = view
-        return out
-
-    def publish_all(self) -> list[WriteOutcome]:
-        """:meth:`publish_upto` the log's end."""
-        return self.publish_upto(self.position)
-
-    # ------------------------------------------------------------------ replication: reads (any thread)
-    def read_log(self, start: int, max_bytes: int) -> list[tuple[int, bytes]]:
-        """Log entries from ``start`` on, ``(position, entry)``: at most ``max_bytes``
-        in all but at least one whole entry when ``start < position``; [] at the end.
-        Raises LogTrimmed when ``start < log_start``, ValueError past the end."""
-        return self._replog().read_log(start, max_bytes)
-
-    def entry_info(self, position: int) -> EntryHeader | None:
-        """The header of the entry at ``position`` (None: trimmed or absent)."""
-        return self._replog().entry_info(position)
-
-    def epochs(self) -> list[tuple[int, int]]:
-        """(epoch, first position) of every epoch the log knows, ascending."""
-        return list(self._state.epochs)
-
-    def end_of_epoch(self, epoch: int) -> int:
-        """KIP-101: the first position of the first epoch after ``epoch``, or the log's end."""
-        return self._replog().end_of_epoch(epoch)
-
-    def log_bytes(self, start: int) -> int:
-        """Bytes of the log entries from ``start`` to the end."""
-        return self._replog().log_bytes(start)
-
-    def divergent_keys(self, start: int) -> list[tuple[int, bytes]]:
-        """Every distinct (database index, key) changed by the entries from ``start``
-        on. Raises LogTrimmed when ``start < log_start``."""
-        return self._replog().divergent_keys(start)
-
-    def read_keys(self, keys: Sequence[tuple[int, bytes]]) -> tuple[int, list[bytes | None]]:
-        """One read transaction: its position and each key's value (None: absent)."""
-        return self._replog().read_keys(keys)
-
-    def snapshot_chunk(
-        self, db: int, after: bytes | None, max_bytes: int
-    ) -> tuple[int, list[tuple[bytes, bytes]], bytes | None]:
-        """One read transaction: its position, items of database index ``db`` after
-        key ``after`` (None: from the first), and the last key returned (None: the
-        database is done). ``db`` is one of ``layout.REPLICATED_DATABASES``."""
-        return self._replog().snapshot_chunk(db, after, max_bytes)
-
-    def digests(self, range_size: int) -> tuple[int, dict[str, str]]:
-        """One read transaction: its position and a checksum per replicated database
-        (``messages`` per range of ``range_size`` global offsets)."""
-        return self._replog().digests(range_size)
-
-    # ------------------------------------------------------------------ replication: writes (writer thread)
-    def _log_write(self, step: Callable[[Any], LogState], *, stale: bool) -> LogState:
-        """Run one log ``step`` in its own write transaction and install the state it
-        returns once committed. ``stale``: it changed data under the views."""
-        log = self._replog()
-        try:
-            txn = self.env.begin(write=True)
-        except lmdb.Error as exc:
-            raise _store_error(exc, self.path) from exc
-        try:
-            state = step(txn)
-            txn.commit()
-        except lmdb.Error as exc:
-            txn.abort()
-            raise _store_error(exc, self.path) from exc
-        except BaseException:
-            txn.abort()
-            raise
-        log.state = state
-        if stale:
-            self._stale = True
-        return state
-
-    def begin_epoch(self, epoch: int) -> int:
-        """Write the empty entry that starts ``epoch`` (one transaction) and stamp new
-        entries with it; returns its position. Reloads the views first if replicated
-        changes were applied. Raises ValueError unless ``epoch > last_epoch``."""
-        log = self._replog()
-        if self._stale:
-            self.reload()
-        state = self._log_write(lambda txn: log.begin_epoch(txn, epoch, self.clock(), self.head.next_global), stale=False)
-        out = WriteOutcome([], set(), position=state.position)
-        with self._publish_lock:
-            self._pending.append((state.position, self.head, out))
-        return state.position - 1
-
-    def apply_log(self, entries: Sequence[tuple[int, bytes]]) -> int:
-        """Apply ``entries`` (from :meth:`read_log` of the leader) in one transaction:
-        their changes, and a copy into this log; returns the new position. The views
-        are not updated (:meth:`reload` before serving). Raises ValueError unless
-        ``entries[0][0] == position`` and they are consecutive; CorruptRecord for an
-        undecodable entry (then nothing is applied)."""
-        log = self._replog()
-        if not entries:
-            return log.state.position
-        return self._log_write(lambda txn: log.apply(txn, entries), stale=True).position
-
-    def truncate(self, start: int, repairs: Sequence[tuple[int, bytes, bytes | None]], consistent_at: int) -> None:
-        """One transaction: delete the log from ``start`` on and the epochs starting
-        there, write each repaired key (value None: delete), record
-        ``consistent_at``; the position becomes ``start``. ValueError when ``start``
-        is outside [log_start, position]."""
-        log = self._replog()
-        self._log_write(lambda txn: log.truncate(txn, start, repairs, consistent_at), stale=True)
-
-    def trim_log(self, before: int) -> int:
-        """Delete the entries below ``before`` (never at or past the end); returns
-        the new log_start."""
-        log = self._replog()
-        if min(before, log.state.position) <= log.state.log_start:
-            return log.state.log_start
-        return self._log_write(lambda txn: log.trim(txn, before), stale=False).log_start
-
-    def reset_for_snapshot(self) -> None:
-        """One transaction: empty every replicated database and the log; the store
-        may not lead until :meth:`finish_snapshot`."""
-        log = self._replog()
-
-        def step(txn: Any) -> LogState:
-            state = log.reset(txn)
-            txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=self.db[b"meta"])
-            return state
-
-        self._log_write(step, stale=True)
-
-    def apply_snapshot_chunk(self, db: int, items: Sequence[tuple[bytes, bytes]]) -> None:
-        """Write one snapshot chunk's items into database index ``db`` (one transaction)."""
-        log = self._replog()
-
-        def step(txn: Any) -> LogState:
-            log.put_chunk(txn, db, items)
-            return log.state
-
-        self._log_write(step, stale=True)
-
-    def finish_snapshot(self, start_position: int, consistent_at: int, epoch: int) -> None:
-        """End a snapshot: an empty log at ``start_position`` (= position = log_start),
-        ``repl_epochs = {epoch: start_position}``, ``consistent_at`` recorded."""
-        log = self._replog()
-        self._log_write(lambda txn: log.finish_snapshot(txn, start_position, consistent_at, epoch), stale=True)
-
-    def reload(self) -> None:
-        """Rebuild the views from LMDB (as at open) and publish them both: after
-        apply_log / truncate / a snapshot, before serving (writer thread)."""
-        view = self._recover()
-        with self._publish_lock:
-            self._pending.clear()
-            self.head = self.view = view
-        self._stale = False
+    def _position(self) -> int:
+        """The replication log's next position (0 when not replicated): what a
+        :class:`WriteOutcome` carries."""
+        return 0 if self.replication is None else self.replication.position
 
     def sync(self) -> None:
         """Force committed data to disk (the ``async`` flush policy calls this)."""
@@ -699,8 +490,6 @@ class Store(StoreReader):
 _CONVERT_CHUNK: Final = 50_000
 #: a long conversion logs its progress this often (seconds)
 _CONVERT_PROGRESS_EVERY: Final = 10.0
-#: the log state of a store that is not replicated
-_NO_LOG = LogState()
 #: a replicated store commits a transaction once its ops appended this many record
 #: bytes and runs the rest in the next one, so one log entry (fetched whole by a
 #: follower, in one frame of at most 256 MiB) stays far below a frame whatever the batch
@@ -716,15 +505,3 @@ def _op_failed(op: WriteOp, exc: BaseException) -> EQueueError:
         type(op).__name__, exc_info=exc,
     )  # fmt: skip
     return InternalBrokerError(f"the write failed: {exc!r}")
-
-
-def _store_error(exc: lmdb.Error, path: Path) -> EQueueError:
-    if isinstance(exc, lmdb.MapFullError):
-        return StoreFull(
-            f"the store's LMDB map is full ({path}): nothing was written. Raise --map-size "
-            "(restart the broker with a larger value) or lower retention to free space."
-        )
-    text = str(exc)
-    if "No space" in text or "ENOSPC" in text or isinstance(exc, lmdb.DiskError):
-        return StoreFull(f"the disk holding {path} is full: nothing was written. Free disk space.")
-    return StoreError(f"store write failed ({path}): {text}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -23,6 +24,7 @@ from equeue import control
 from equeue.broker.storage import layout
 from equeue.broker.storage.recorder import RecordingCursor, RecordingTxn
 from equeue.broker.storage.view import NO_QUEUES, QueueState, StoreView, frozen_map
+from equeue.errors import EQueueError, StoreError, StoreFull
 
 
 def now_ms() -> int:
@@ -282,3 +284,17 @@ def _staged(base: frozenset[str], staged: dict[tuple[str, str], bool], kind: str
         if k == kind:
             (names.add if paused else names.discard)(name)
     return frozenset(names)
+
+
+def store_error(exc: lmdb.Error, path: Path) -> EQueueError:
+    """The coded error an LMDB failure of a write transaction of the store at
+    ``path`` is answered with: StoreFull for a full map or disk, else StoreError."""
+    if isinstance(exc, lmdb.MapFullError):
+        return StoreFull(
+            f"the store's LMDB map is full ({path}): nothing was written. Raise --map-size "
+            "(restart the broker with a larger value) or lower retention to free space."
+        )
+    text = str(exc)
+    if "No space" in text or "ENOSPC" in text or isinstance(exc, lmdb.DiskError):
+        return StoreFull(f"the disk holding {path} is full: nothing was written. Free disk space.")
+    return StoreError(f"store write failed ({path}): {text}")

@@ -63,7 +63,7 @@ async def recover_alone(client: Any, broker: Any) -> None:
     assert broker.cluster is not None
     group, me = broker.config.broker_group, broker.cluster.broker_id
     await client.call(
-        control.ClusterRecover(group, broker.store.last_epoch, [me]), control.ReplicationStatus
+        control.ClusterRecover(group, broker.store.replication.last_epoch, [me]), control.ReplicationStatus
     )
     await wait_until(lambda: broker.role is not None and broker.role.leader_log is not None, timeout=20,
                      what=f"{me} leads group {group} again")  # fmt: skip

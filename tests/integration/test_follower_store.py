@@ -66,17 +66,18 @@ class LogService:
         if req.epoch != self.epoch:
             raise StaleEpoch(f"epoch {req.epoch}")
         status, diverge_at, entries = FetchStatus.OK, 0, []
-        if req.position < s.log_start:
+        if req.position < s.replication.log_start:
             status = FetchStatus.TOO_OLD
         elif req.position and (
-            s.end_of_epoch(req.last_epoch) < req.position or req.last_epoch not in dict(s.epochs())
+            s.replication.end_of_epoch(req.last_epoch) < req.position or req.last_epoch not in dict(s.replication.epochs())
         ):  # KIP-101, and KIP-279: an epoch the leader never had diverges too
-            status, diverge_at = FetchStatus.DIVERGED, min(s.end_of_epoch(req.last_epoch), req.position)
+            status, diverge_at = FetchStatus.DIVERGED, min(s.replication.end_of_epoch(req.last_epoch), req.position)
         else:
-            entries = s.read_log(req.position, req.max_bytes)
+            entries = s.replication.read_log(req.position, req.max_bytes)
         await trio.lowlevel.checkpoint()
         self.answered.append(status)
-        return FetchAnswer(status, self.epoch, s.position, s.position, diverge_at, s.log_start, entries)
+        r = s.replication
+        return FetchAnswer(status, self.epoch, r.position, r.position, diverge_at, r.log_start, entries)
 
     def pin(self, broker_id: str, position: int) -> None:
         self.pins[broker_id] = min(position, self.pins.get(broker_id, position))
@@ -107,7 +108,7 @@ class Pair:
         self.leader = self.open("leader")
         self.service: LogService | None = None
         self.link = Link(ReplicaHandlers(
-            store=self.leader, leader_log=lambda: self.service, status=self.status, identify=self.identify,
+            log=self.leader.replication, leader_log=lambda: self.service, status=self.status, identify=self.identify,
         ))  # fmt: skip
 
     @staticmethod
@@ -121,14 +122,14 @@ class Pair:
         return Store(self.tmp / name, map_size=1 << 28, sync=False, replicated=True)
 
     def lead(self, epoch: int) -> None:
-        self.leader.reload()
-        self.leader.begin_epoch(epoch)
+        self.leader.replication.reload()
+        self.leader.replication.begin_epoch(epoch)
         self.service = LogService(self.leader, epoch)
 
     def status(self) -> control.ReplicationStatus:
         epoch = self.service.epoch if self.service else 0
         role = "leader" if self.service else "follower"
-        return control.ReplicationStatus(role, "g", "L", epoch, "L", self.leader.position, 0, 0, [], "all", 1)
+        return control.ReplicationStatus(role, "g", "L", epoch, "L", self.leader.replication.position, 0, 0, [], "all", 1)
 
     def follower(self, store: Store) -> Follower:
         @asynccontextmanager
@@ -141,7 +142,8 @@ class Pair:
 
         cfg = make_config(self.tmp / "cfg", replica_fetch_bytes=4096)
         return Follower(
-            store=store, call=call, connect=connect, broker_id="F", address="f:1", config=cfg, proof=FOLLOWER_PROOF
+            replication=store.replication, call=call, connect=connect, broker_id="F", address="f:1", config=cfg,
+            proof=FOLLOWER_PROOF,
         )
 
 
@@ -174,8 +176,8 @@ async def follow_until(f: Follower, pair: Pair, cond: Callable[[], bool]) -> Non
 
 
 def same(a: Store, b: Store) -> None:
-    pa, da = a.digests(1024)
-    pb, db = b.digests(1024)
+    pa, da = a.replication.digests(1024)
+    pb, db = b.replication.digests(1024)
     assert pa == pb
     assert da == db, sorted(k for k in da.keys() | db.keys() if da.get(k) != db.get(k))
 
@@ -187,13 +189,13 @@ async def test_catches_up_from_empty_and_keeps_following(pair: Pair) -> None:
     fs = pair.open("f")
     f = pair.follower(fs)
     pair.link.fail_after = 3  # a broken connection on the way: reconnected, not raised
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
     same(pair.leader, fs)
-    assert f.position == fs.position and f.high_watermark > 0 and f.last_ok > 0
+    assert f.position == fs.replication.position and f.high_watermark > 0 and f.last_ok > 0
     assert pair.link.codes.count(RequestCode.REPLICA_FETCH) > 5  # fetches of 4 KiB
     produce(pair.leader, 10, "n")
     write(pair.leader, CommitOffsetOp("grp", "t", 0, 3))
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
     same(pair.leader, fs)
     fs.close()
 
@@ -212,24 +214,24 @@ async def test_truncates_entries_the_leader_lacks_in_rounds_and_converges(
     produce(pair.leader, 20)
     fs = pair.open("f")
     f = pair.follower(fs)
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
-    fs.reload()
-    fs.begin_epoch(2)
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
+    fs.replication.reload()
+    fs.replication.begin_epoch(2)
     produce(fs, 15, "old")
-    fs.begin_epoch(4)
+    fs.replication.begin_epoch(4)
     produce(fs, 10, "older")
     write(fs, CommitOffsetOp("grp", "t", 1, 4))
     pair.lead(3)
     produce(pair.leader, 12, "new", size=300)
     pair.lead(5)
     produce(pair.leader, 3, "newer")
-    assert fs.position > pair.leader.position
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    assert fs.replication.position > pair.leader.replication.position
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
     same(pair.leader, fs)
-    assert fs.consistent_at <= fs.position
+    assert fs.replication.consistent_at <= fs.replication.position
     assert pair.service is not None and pair.service.answered.count(FetchStatus.DIVERGED) == 2
     assert pair.link.codes.count(RequestCode.REPLICA_KEYS) > 5
-    fs.reload()
+    fs.replication.reload()
     assert fs.view.offsets == pair.leader.head.offsets
     fs.close()
 
@@ -238,23 +240,23 @@ async def test_copies_the_store_when_behind_the_log_and_again_after_an_interrupt
     pair.lead(1)
     write(pair.leader, CreateTopicOp("t", 2))
     produce(pair.leader, 200)
-    pair.leader.trim_log(pair.leader.position - 5)
+    pair.leader.replication.trim_log(pair.leader.replication.position - 5)
     fs = pair.open("f")
     f = pair.follower(fs)
     pair.link.fail_after = 4  # fetch (TOO_OLD), then cut during the copy
     assert pair.service is not None
     with pytest.raises(ConnectionBroken):
         await f._session(pair.link, pair.service.epoch)
-    assert fs.consistent_at == UNREACHABLE and fs.position == 0
+    assert fs.replication.consistent_at == UNREACHABLE and fs.replication.position == 0
     produce(pair.leader, 5, "during")
     pair.link.codes.clear()
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
     # started over with the copy (not a fetch from 0 over the partial copy)
     assert pair.link.codes[0] == RequestCode.REPLICA_SNAPSHOT
     assert FetchStatus.TOO_OLD not in pair.service.answered[1:]
-    assert pair.service.pins["F"] <= fs.log_start
+    assert pair.service.pins["F"] <= fs.replication.log_start
     same(pair.leader, fs)
-    assert fs.consistent_at <= fs.position
+    assert fs.replication.consistent_at <= fs.replication.position
     fs.close()
 
 
@@ -267,12 +269,13 @@ async def test_a_repair_of_an_earlier_leader_not_reached_yet_is_copied_over(pair
     produce(pair.leader, 20)
     fs = pair.open("f")
     f = pair.follower(fs)
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
-    fs.truncate(fs.position - 3, [], consistent_at=fs.position + 50)  # an earlier leader's repair
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
+    r = fs.replication
+    r.truncate(r.position - 3, [], consistent_at=r.position + 50)  # an earlier leader's repair
     pair.lead(2)
     produce(pair.leader, 4, "new")
     pair.link.codes.clear()
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position and fs.consistent_at <= fs.position)
+    await follow_until(f, pair, lambda: r.position == pair.leader.replication.position and r.consistent_at <= r.position)
     assert pair.link.codes[0] == RequestCode.REPLICA_SNAPSHOT
     same(pair.leader, fs)
     fs.close()
@@ -304,7 +307,7 @@ def test_replica_security_needs_the_replica_user_with_a_users_file(tmp_path: Pat
 async def test_a_standalone_broker_refuses_replication_requests(tmp_path: Path) -> None:
     store = Store(tmp_path / "s", map_size=1 << 26, sync=False)
     st = control.ReplicationStatus("standalone", "", "b", 0, "", 0, 0, 0, [], "all", 1)
-    h = ReplicaHandlers(store=store, leader_log=lambda: None, status=lambda: st)
+    h = ReplicaHandlers(log=store.replication, leader_log=lambda: None, status=lambda: st)
     fetch = encode_fetch_request(FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0, layout.FORMAT_VERSION))
     for call in (
         h.fetch(fetch), h.keys(encode_keys_request(KeysRequest(1, [(1, b"k")]))),
@@ -340,17 +343,17 @@ async def test_an_epoch_the_leader_never_had_is_cut_whole(pair: Pair) -> None:
     produce(pair.leader, 3)
     fs = pair.open("f")
     f = pair.follower(fs)
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
-    p = fs.position
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
+    p = fs.replication.position
     pair.lead(2)
     produce(pair.leader, 1, "e2")
-    fs.reload()
-    fs.begin_epoch(3)
+    fs.replication.reload()
+    fs.replication.begin_epoch(3)
     produce(fs, 2, "e3")
     pair.lead(4)
     produce(pair.leader, 2, "e4")
-    assert pair.leader.epochs()[1:] == [(2, p), (4, p + 2)] and fs.epochs()[1:] == [(3, p)]
-    await follow_until(f, pair, lambda: fs.position == pair.leader.position)
+    assert pair.leader.replication.epochs()[1:] == [(2, p), (4, p + 2)] and fs.replication.epochs()[1:] == [(3, p)]
+    await follow_until(f, pair, lambda: fs.replication.position == pair.leader.replication.position)
     same(pair.leader, fs)
     assert pair.service is not None and pair.service.answered.count(FetchStatus.DIVERGED) == 2
 

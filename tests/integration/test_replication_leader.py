@@ -96,17 +96,17 @@ async def leading(tmp_path: Path, isr: tuple[str, ...], **cfg: Any) -> AsyncIter
     try:
         async with trio.open_nursery() as n:
             n.start_soon(app.run)
-            await app.call(store.reload)
-            hw = store.position
-            await app.call(lambda: store.begin_epoch(1))
+            await app.call(store.replication.reload)
+            hw = store.replication.position
+            await app.call(lambda: store.replication.begin_epoch(1))
             woken: list[tuple[int, int]] = []
 
             def wake(queues: Iterable[tuple[int, int]]) -> None:
                 woken.extend(queues)
 
             ll = LeaderLog(
-                store=store, election=election, answers=app, call=app.call, wake=wake, on_scheduled=lambda: None,
-                config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw, promoted_at=hw,
+                replication=store.replication, election=election, answers=app, call=app.call, wake=wake,
+                on_scheduled=lambda: None, config=config, broker_id=ME, group="g", epoch=1, high_watermark=hw, promoted_at=hw,
             )  # fmt: skip
             holder.append(ll)
             ll.committed()
@@ -126,7 +126,7 @@ async def test_acks_wait_for_every_isr_member_and_visibility_follows(tmp_path: P
         async with leading(tmp_path, (ME, F1, F2)) as L:
             create = L.app.enqueue(st.CreateTopicOp("t", 1))
             start = L.ll.high_watermark
-            await wait_until(lambda: L.store.position == start + 2)  # the epoch marker, the create
+            await wait_until(lambda: L.store.replication.position == start + 2)  # the epoch marker, the create
             # nothing acknowledged, nothing visible, before both followers have it
             assert not create.done.is_set() and "t" not in L.store.topics
             a = await L.ll.fetch(_fetch(F1, start))
@@ -139,9 +139,9 @@ async def test_acks_wait_for_every_isr_member_and_visibility_follows(tmp_path: P
             info = await answer(create)
             assert L.ll.high_watermark == end and "t" in L.store.topics
             p = L.app.enqueue(_op(info, b"x"))
-            await wait_until(lambda: L.store.position > end)
+            await wait_until(lambda: L.store.replication.position > end)
             for f in (F1, F2):
-                await L.ll.fetch(_fetch(f, L.store.position))
+                await L.ll.fetch(_fetch(f, L.store.replication.position))
             assert (await answer(p)).stored == 1
             assert (info.topic_id, 0) in L.woken  # the parked pulls of its queue woke at the HW
 
@@ -151,7 +151,7 @@ async def test_a_lone_leader_acknowledges_at_commit(tmp_path: Path) -> None:
         async with leading(tmp_path, (ME,)) as L:
             info = await L.app.submit(st.CreateTopicOp("t", 1))
             assert (await L.app.submit(_op(info, b"x"))).stored == 1
-            assert L.ll.high_watermark == L.store.position
+            assert L.ll.high_watermark == L.store.replication.position
 
 
 async def test_min_insync_refuses_before_and_after_the_write(tmp_path: Path) -> None:
@@ -160,8 +160,8 @@ async def test_min_insync_refuses_before_and_after_the_write(tmp_path: Path) -> 
             start = L.ll.high_watermark
             await L.ll.fetch(_fetch(F1, start))
             create = L.app.enqueue(st.CreateTopicOp("t", 1))
-            await wait_until(lambda: L.store.position == start + 2)  # the epoch marker, the create
-            await L.ll.fetch(_fetch(F1, L.store.position))
+            await wait_until(lambda: L.store.replication.position == start + 2)  # the epoch marker, the create
+            await L.ll.fetch(_fetch(F1, L.store.replication.position))
             info = await answer(create)
             L.ll.check_produce()  # 2 in sync: accepted
             p = L.app.enqueue(_op(info, b"held"))
@@ -176,7 +176,7 @@ async def test_min_insync_refuses_before_and_after_the_write(tmp_path: Path) -> 
             # F1 catches up and rejoins
             async with trio.open_nursery() as n:
                 n.start_soon(L.ll.run)
-                await L.ll.fetch(_fetch(F1, L.store.position))
+                await L.ll.fetch(_fetch(F1, L.store.replication.position))
                 await wait_until(lambda: L.election.state.isr == (ME, F1))
                 n.cancel_scope.cancel()
             L.ll.check_produce()
@@ -186,12 +186,12 @@ async def test_divergence_too_old_stale_epoch_and_not_leader(tmp_path: Path) -> 
     with trio.fail_after(20):
         async with leading(tmp_path, (ME, F1)) as L:
             await L.ll.fetch(_fetch(F1, L.ll.high_watermark))
-            end = L.store.position
+            end = L.store.replication.position
             # a follower with entries of an epoch this log ended earlier: DIVERGED at the end of it
             a = await L.ll.fetch(_fetch(F1, end + 5, last_epoch=1))
             assert a.status is FetchStatus.DIVERGED and a.diverge_at == end
             a = await L.ll.fetch(_fetch(F1, end, last_epoch=0))
-            assert a.status is FetchStatus.DIVERGED and a.diverge_at == L.store.end_of_epoch(0)
+            assert a.status is FetchStatus.DIVERGED and a.diverge_at == L.store.replication.end_of_epoch(0)
             # KIP-279: a last epoch this log never had diverges too (at most at the follower's end)
             a = await L.ll.fetch(_fetch(F1, end, last_epoch=7))
             assert a.status is FetchStatus.DIVERGED and a.diverge_at == end
@@ -199,17 +199,17 @@ async def test_divergence_too_old_stale_epoch_and_not_leader(tmp_path: Path) -> 
                 await L.ll.fetch(_fetch(F1, end, epoch=2))
             # trimmed past the follower's position: TOO_OLD
             await L.ll.fetch(_fetch(F1, end))
-            await L.app.call(lambda: L.store.trim_log(end))
+            await L.app.call(lambda: L.store.replication.trim_log(end))
             a = await L.ll.fetch(_fetch(F2, 0, last_epoch=0))
             assert a.status is FetchStatus.TOO_OLD and a.log_start == end
             # stepping down answers held acks and long-polled fetches NOT_LEADER
             held = L.app.enqueue(st.CreateTopicOp("late", 1))
-            await wait_until(lambda: L.store.position > end)
+            await wait_until(lambda: L.store.replication.position > end)
             async with trio.open_nursery() as n:
 
                 async def poll() -> None:
                     with pytest.raises(NotLeader):
-                        await L.ll.fetch(_fetch(F2, L.store.position, wait_ms=10_000))  # not in the ISR
+                        await L.ll.fetch(_fetch(F2, L.store.replication.position, wait_ms=10_000))  # not in the ISR
 
                 n.start_soon(poll)
                 await trio.testing.wait_all_tasks_blocked()
@@ -230,7 +230,7 @@ async def test_trim_cuts_past_the_byte_bound_only_and_keeps_pinned_entries(tmp_p
             async def produce(n: int) -> int:
                 for i in range(n):
                     await L.app.submit(_op(info, b"%d" % i))
-                return L.store.position
+                return L.store.replication.position
 
             first = await produce(50)
             assert await L.ll.trim() == first  # past the bound: the step scanned is cut, whole
@@ -242,7 +242,7 @@ async def test_trim_cuts_past_the_byte_bound_only_and_keeps_pinned_entries(tmp_p
             assert await L.ll.trim() == second
             third = await produce(50)
             await L.ll.fetch(_fetch(F2, third))
-            assert await L.ll.trim() == L.store.log_start == third
+            assert await L.ll.trim() == L.store.replication.log_start == third
 
 
 async def test_trim_keeps_a_log_under_its_bound_whatever_the_followers(tmp_path: Path) -> None:
@@ -260,18 +260,18 @@ async def test_a_new_leader_holds_reads_until_the_high_watermark_reaches_its_tak
     with trio.fail_after(20):
         async with leading(tmp_path, (ME, F1)) as L:
             info = L.app.enqueue(st.CreateTopicOp("t", 1))
-            await wait_until(lambda: L.store.position == L.ll.high_watermark + 2)
+            await wait_until(lambda: L.store.replication.position == L.ll.high_watermark + 2)
             old_hw = L.ll.high_watermark  # F1 never acknowledged the create
             L.ll.close(NotLeader("a new epoch"))
             with pytest.raises(NotLeader):
                 await answer(info)
             # this replica leads again at epoch 2: its store shows the create, which F1 may lack
-            await L.app.call(L.store.reload)
-            promoted_at = L.store.position
-            await L.app.call(lambda: L.store.begin_epoch(2))
+            await L.app.call(L.store.replication.reload)
+            promoted_at = L.store.replication.position
+            await L.app.call(lambda: L.store.replication.begin_epoch(2))
             L.election.state = State(2, (ME, F1))
             ll = LeaderLog(
-                store=L.store, election=L.election, answers=L.app, call=L.app.call, wake=lambda q: None,
+                replication=L.store.replication, election=L.election, answers=L.app, call=L.app.call, wake=lambda q: None,
                 on_scheduled=lambda: None, config=BrokerConfig(data_dir=tmp_path), broker_id=ME, group="g", epoch=2,
                 high_watermark=old_hw, promoted_at=promoted_at,
             )  # fmt: skip
@@ -292,14 +292,14 @@ async def test_a_joining_member_whose_isr_write_is_unanswered_keeps_counting(tmp
             L.election.state = State(1, (ME,))
             async with trio.open_nursery() as n:
                 n.start_soon(L.ll.run)
-                await L.ll.fetch(_fetch(F1, L.store.position))
+                await L.ll.fetch(_fetch(F1, L.store.replication.position))
                 await wait_until(lambda: L.election.writes == [(ME, F1)])
                 # etcd may have F1 in the ISR (here it has): the leader waits for F1
                 L.election.state = State(1, (ME,))  # (as if the answer never came back)
                 p = L.app.enqueue(_op(info, b"x"))
                 await L.app.call(lambda: None)  # answered after p's commit was handed over
-                assert not p.done.is_set() and L.ll.high_watermark < L.store.position
-                await L.ll.fetch(_fetch(F1, L.store.position))
+                assert not p.done.is_set() and L.ll.high_watermark < L.store.replication.position
+                await L.ll.fetch(_fetch(F1, L.store.replication.position))
                 assert (await answer(p)).stored == 1
                 n.cancel_scope.cancel()
 
@@ -310,11 +310,11 @@ async def test_a_long_log_found_at_the_first_check_is_cut_in_steps_not_whole(tmp
             info = await L.app.submit(st.CreateTopicOp("t", 1))
             for i in range(320):
                 await L.app.submit(_op(info, b"%0100d" % i))
-            end = L.store.position
-            total = L.store.log_bytes(L.store.log_start)
-            trimmer = LogTrimmer(L.store, L.app.call, total // 2)  # e.g. a follower just promoted
+            end = L.store.replication.position
+            total = L.store.replication.log_bytes(L.store.replication.log_start)
+            trimmer = LogTrimmer(L.store.replication, L.app.call, total // 2)  # e.g. a follower just promoted
             start = await trimmer.trim(floor=end)
-            kept = L.store.log_bytes(start)
+            kept = L.store.replication.log_bytes(start)
             assert 0 < start < end and total // 2 - total // 8 <= kept <= total // 2, (start, end, kept, total)
 
 
@@ -322,8 +322,8 @@ async def test_lookups_see_only_what_is_below_the_high_watermark(tmp_path: Path)
     with trio.fail_after(20):
         async with leading(tmp_path, (ME, F1)) as L:
             create = L.app.enqueue(st.CreateTopicOp("t", 1))
-            await wait_until(lambda: L.store.position == L.ll.high_watermark + 2)
-            await L.ll.fetch(_fetch(F1, L.store.position))
+            await wait_until(lambda: L.store.replication.position == L.ll.high_watermark + 2)
+            await L.ll.fetch(_fetch(F1, L.store.replication.position))
             info = await answer(create)
             keyed = wire.encode_entry(Message(b"k", key="k"))
             p = L.app.enqueue(st.ProduceOp(info, 0, [keyed], None, -1, 4 << 20, 86_400_000))
@@ -331,7 +331,7 @@ async def test_lookups_see_only_what_is_below_the_high_watermark(tmp_path: Path)
             assert L.store.head.next_global == 1  # written
             assert L.store.get_global(0) is None and L.store.get_queue_offset(info, 0, 0) is None
             assert L.store.find_by_key(info, "k", 10).hits == []
-            await L.ll.fetch(_fetch(F1, L.store.position))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position))
             await answer(p)
             assert L.store.get_global(0) is not None and L.store.get_queue_offset(info, 0, 0) is not None
             assert len(L.store.find_by_key(info, "k", 10).hits) == 1
@@ -346,21 +346,21 @@ async def test_a_follower_whose_position_goes_backwards_leaves_the_isr(tmp_path:
         async with leading(tmp_path, (ME, F1)) as L:
             create = L.app.enqueue(st.CreateTopicOp("t", 1))
             await L.app.call(lambda: None)
-            await L.ll.fetch(_fetch(F1, L.store.position))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position))
             info = await answer(create)
             for i in range(3):
                 p = L.app.enqueue(_op(info, b"m%d" % i))
                 await L.app.call(lambda: None)
-                await L.ll.fetch(_fetch(F1, L.store.position))
+                await L.ll.fetch(_fetch(F1, L.store.replication.position))
                 await answer(p)
-            acked = L.store.position
+            acked = L.store.replication.position
             async with trio.open_nursery() as n:
                 n.start_soon(L.ll.run)
                 await L.ll.fetch(_fetch(F1, acked - 2))  # below what it acknowledged
                 await wait_until(lambda: L.election.state.isr == (ME,), what="F1 left the ISR")
                 p = L.app.enqueue(_op(info, b"after"))
                 assert (await answer(p)).stored == 1  # acked by the leader alone now
-                await L.ll.fetch(_fetch(F1, L.store.position))  # caught up again: rejoins
+                await L.ll.fetch(_fetch(F1, L.store.replication.position))  # caught up again: rejoins
                 await wait_until(lambda: L.election.state.isr == (ME, F1), what="F1 rejoined")
                 n.cancel_scope.cancel()
 
@@ -372,15 +372,15 @@ async def test_a_follower_joins_only_with_a_consistent_store(tmp_path: Path) -> 
     makes it not caught up again."""
     with trio.fail_after(20):
         async with leading(tmp_path, (ME,)) as L:
-            await L.ll.fetch(_fetch(F1, L.store.position, consistent=False))
-            await L.ll.fetch(_fetch(F1, L.store.position, consistent=False))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position, consistent=False))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position, consistent=False))
             await L.ll._update_isr()  # one ISR check (what run() does every 0.25 s)
             assert L.election.writes == []
-            await L.ll.fetch(_fetch(F1, L.store.position, consistent=True))
-            L.ll.pin(F1, L.store.position)  # then it starts copying the store
+            await L.ll.fetch(_fetch(F1, L.store.replication.position, consistent=True))
+            L.ll.pin(F1, L.store.replication.position)  # then it starts copying the store
             await L.ll._update_isr()
             assert L.election.writes == []
-            await L.ll.fetch(_fetch(F1, L.store.position, consistent=True))
-            await L.ll.fetch(_fetch(F1, L.store.position, consistent=True))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position, consistent=True))
+            await L.ll.fetch(_fetch(F1, L.store.replication.position, consistent=True))
             await L.ll._update_isr()
             assert L.election.state.isr == (ME, F1)

@@ -153,8 +153,8 @@ def test_a_replicated_store_converted_on_open_empties_its_log(tmp_path: Path) ->
     s = Store(tmp_path, map_size=1 << 28, sync=False, replicated=True)
     info = _topic(s, "a")
     hits = _put(s, info, 10, "k")
-    s.publish_all()
-    assert s.log_start < s.position
+    s.replication.publish_all()
+    assert s.replication.log_start < s.replication.position
     s.close()
     env = lmdb.open(str(tmp_path), max_dbs=20, map_size=1 << 28)
     with env.begin(write=True) as txn:
@@ -168,8 +168,8 @@ def test_a_replicated_store_converted_on_open_empties_its_log(tmp_path: Path) ->
 
     s = Store(tmp_path, map_size=1 << 28, sync=False, replicated=True)
     try:
-        assert s.log_start == s.position  # emptied: readers of the old entries copy the store
-        s.publish_all()
+        assert s.replication.log_start == s.replication.position  # emptied: readers of the old entries copy the store
+        s.replication.publish_all()
         assert [g for g, _ in s.find_by_key(info, "k", 100).hits] == sorted(hits, reverse=True)
     finally:
         s.close()

@@ -31,7 +31,7 @@ def test_lookups_and_pulls_stop_at_the_published_view(store: Store) -> None:
     (info,) = store.write([CreateTopicOp("t", 1)]).settled()
     assert isinstance(info, TopicInfo)
     _produce(store, info, 2)
-    store.publish_all()
+    store.replication.publish_all()
     _produce(store, info, 3)  # committed, not published: globals 2..4, queue offsets 2..4
     assert store.head.next_global == 5 and store.view.next_global == 2
 
@@ -46,7 +46,7 @@ def test_lookups_and_pulls_stop_at_the_published_view(store: Store) -> None:
     assert store.read_queue(info, 0, 0, 10, 1 << 20).records == store.read_queue(info, 0, 0, 2, 1 << 20).records
     assert store.read_queue(info, 0, 3, 10, 1 << 20).records == []  # past the view's end
 
-    store.publish_all()
+    store.replication.publish_all()
     assert [store.get_global(g) is not None for g in range(5)] == [True] * 5
     assert store.get_queue_offset(info, 0, 4) is not None
     assert [g for g, _ in store.find_by_key(info, "k", 10).hits] == [4, 3, 2, 1, 0]

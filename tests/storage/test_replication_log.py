@@ -101,10 +101,10 @@ def ship(leader: Store, follower: Store, max_bytes: int = 1 << 20) -> int:
     """Copy the leader's log to the follower, in fetch-sized pieces; returns the
     number of fetches."""
     n = 0
-    while follower.position < leader.position:
-        got = leader.read_log(follower.position, max_bytes)
-        assert got, (follower.position, leader.position)
-        follower.apply_log(got)
+    while follower.replication.position < leader.replication.position:
+        got = leader.replication.read_log(follower.replication.position, max_bytes)
+        assert got, (follower.replication.position, leader.replication.position)
+        follower.replication.apply_log(got)
         n += 1
     return n
 
@@ -119,23 +119,23 @@ def state_of(v: StoreView) -> tuple[Any, ...]:
 
 def log_size(store: Store) -> int:
     """The bytes of the log's entries, counted one by one."""
-    return sum(len(e) for _, e in store.read_log(store.log_start, 1 << 40))
+    return sum(len(e) for _, e in store.replication.read_log(store.replication.log_start, 1 << 40))
 
 
 def assert_same(leader: Store, follower: Store) -> None:
     """Equal digests at equal positions, and equal views once both are reloaded
     (and each log's kept size is what its entries add up to)."""
-    assert leader.log_bytes(0) == log_size(leader)
-    assert follower.log_bytes(0) == log_size(follower)
-    lp, ld = leader.digests(4)
-    fp, fd = follower.digests(4)
-    assert lp == fp == leader.position == follower.position
+    assert leader.replication.log_bytes(0) == log_size(leader)
+    assert follower.replication.log_bytes(0) == log_size(follower)
+    lp, ld = leader.replication.digests(4)
+    fp, fd = follower.replication.digests(4)
+    assert lp == fp == leader.replication.position == follower.replication.position
     assert fd == ld, {k for k in ld.keys() | fd.keys() if ld.get(k) != fd.get(k)}
-    follower.reload()
+    follower.replication.reload()
     # the leader's incremental head keeps skip markers of deleted topics and below
     # retention (harmless: never looked up); a view rebuilt from LMDB leaves them out
     assert state_of(follower.view)[:-1] == state_of(leader.head)[:-1]
-    leader.reload()
+    leader.replication.reload()
     assert state_of(leader.view) == state_of(follower.view)
 
 
@@ -145,21 +145,25 @@ def test_standalone_store_has_no_log(stores: Callable[..., Store]) -> None:
     info = topic(s)
     out = s.write([ProduceOp(info, 0, entries(3))])
     assert s.view is s.head
-    assert out.position == 0 and s.position == 0
-    assert s.publish_upto(10) == [] and s.view is s.head
-    with pytest.raises(ValueError):
-        s.read_log(0, 100)
+    assert out.position == 0 and s.replication is None
     with s.env.begin() as txn:  # no log databases were created
         assert txn.get(b"replog") is None
 
 
+def log_state(s: Store) -> tuple[int, int, int, int, int]:
+    """(position, log_start, epoch, last_epoch, consistent_at) of ``s``'s log."""
+    r = s.replication
+    assert r is not None
+    return r.position, r.log_start, r.epoch, r.last_epoch, r.consistent_at
+
+
 def test_each_commit_is_one_entry_in_order(stores: Callable[..., Store]) -> None:
     s = stores("a")
-    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at) == (0, 0, 0, 0, 0)
+    assert log_state(s) == (0, 0, 0, 0, 0)
     info = topic(s)
     out = s.write([ProduceOp(info, 0, entries(3)), ProduceOp(info, 1, entries(2))])
-    assert out.position == 2 == s.position
-    log = s.read_log(0, 1 << 20)
+    assert out.position == 2 == s.replication.position
+    log = s.replication.read_log(0, 1 << 20)
     assert [p for p, _ in log] == [0, 1]
     header, runs = decode_entry(log[1][1])
     assert header.next_global == 5
@@ -173,8 +177,8 @@ def test_each_commit_is_one_entry_in_order(stores: Callable[..., Store]) -> None
     assert dbs[b"qstats"] in by_db and dbs[b"meta"] in by_db
     # a transaction that wrote nothing is no entry
     out = s.write([CreateTopicOp("t", 2, exist_ok=True)])
-    assert out.position == 2 == s.position
-    assert s.read_log(2, 100) == []
+    assert out.position == 2 == s.replication.position
+    assert s.replication.read_log(2, 100) == []
 
 
 def test_failed_op_records_nothing(stores: Callable[..., Store]) -> None:
@@ -188,7 +192,7 @@ def test_failed_op_records_nothing(stores: Callable[..., Store]) -> None:
             raise RuntimeError("boom")
 
     s.write([ProduceOp(info, 0, entries(1)), Fails(), ProduceOp(info, 1, entries(1))])
-    for _, data in s.read_log(0, 1 << 20):
+    for _, data in s.replication.read_log(0, 1 << 20):
         for _kind, _db, keys, _v in decode_entry(data)[1]:
             assert b"junk" not in keys
     with s.env.begin() as txn:
@@ -198,7 +202,7 @@ def test_failed_op_records_nothing(stores: Callable[..., Store]) -> None:
 def test_ops_cannot_write_around_the_recorder(stores: Callable[..., Store]) -> None:
     s = stores("a")
     topic(s)
-    rlog = s._log
+    rlog = s.replication.log
     assert rlog is not None
 
     class Sneaky(WriteOp):
@@ -333,7 +337,7 @@ def test_follower_fetching_in_small_pieces(stores: Callable[..., Store]) -> None
     info = topic(leader)
     for i in range(10):
         write(leader, ProduceOp(info, i % 2, entries(50, key=True)))
-    assert ship(leader, follower, max_bytes=1) == leader.position  # one whole entry per fetch
+    assert ship(leader, follower, max_bytes=1) == leader.replication.position  # one whole entry per fetch
     assert_same(leader, follower)
 
 
@@ -349,13 +353,13 @@ def test_view_advances_only_on_publish(stores: Callable[..., Store]) -> None:
     assert (o1.position, o2.position, o3.position) == (2, 3, 4)
     assert s.view is v0
     assert s.read_queue(info, 0, 0, 10, 1 << 20).records == []  # readers see the published view
-    got = s.publish_upto(2)
+    got = s.replication.publish_upto(2)
     assert [o.position for o in got] == [1, 2]
     assert got[1].touched == {(info.topic_id, 0)}
     assert len(s.read_queue(info, 0, 0, 10, 1 << 20).records) == 2
     assert s.view.queue(info.topic_id, 1).next_offset == 0
-    assert s.publish_upto(2) == []
-    got = s.publish_all()
+    assert s.replication.publish_upto(2) == []
+    got = s.replication.publish_all()
     assert [o.position for o in got] == [3, 4] and got[1].scheduled
     assert s.view is s.head
 
@@ -372,36 +376,36 @@ def test_failed_ops_outcome_position(stores: Callable[..., Store]) -> None:
 # ------------------------------------------------------------------ epochs and divergence
 def test_epochs(stores: Callable[..., Store]) -> None:
     s = stores("a")
-    assert s.begin_epoch(1) == 0
+    assert s.replication.begin_epoch(1) == 0
     info = topic(s)
     write(s, ProduceOp(info, 0, entries(1)))
-    assert s.begin_epoch(3) == 3
+    assert s.replication.begin_epoch(3) == 3
     write(s, ProduceOp(info, 0, entries(1)))
-    assert s.epochs() == [(1, 0), (3, 3)]
-    assert (s.epoch, s.last_epoch, s.position) == (3, 3, 5)
-    assert s.end_of_epoch(0) == 0 and s.end_of_epoch(1) == 3 and s.end_of_epoch(2) == 3
-    assert s.end_of_epoch(3) == 5 == s.end_of_epoch(9)
-    info0 = s.entry_info(3)
+    assert s.replication.epochs() == [(1, 0), (3, 3)]
+    assert (s.replication.epoch, s.replication.last_epoch, s.replication.position) == (3, 3, 5)
+    assert s.replication.end_of_epoch(0) == 0 and s.replication.end_of_epoch(1) == 3 and s.replication.end_of_epoch(2) == 3
+    assert s.replication.end_of_epoch(3) == 5 == s.replication.end_of_epoch(9)
+    info0 = s.replication.entry_info(3)
     assert info0 is not None and info0.epoch == 3
-    assert s.entry_info(99) is None
+    assert s.replication.entry_info(99) is None
     with pytest.raises(ValueError):
-        s.begin_epoch(3)
-    assert [o.position for o in s.publish_all()] == [1, 2, 3, 4, 5]
+        s.replication.begin_epoch(3)
+    assert [o.position for o in s.replication.publish_all()] == [1, 2, 3, 4, 5]
 
 
 def test_entries_before_any_epoch_are_epoch_zero(stores: Callable[..., Store]) -> None:
     leader, follower = stores("leader"), stores("follower")
     topic(leader)
-    leader.begin_epoch(2)
+    leader.replication.begin_epoch(2)
     ship(leader, follower)
-    assert leader.epochs() == follower.epochs() == [(0, 0), (2, 1)]
-    assert follower.last_epoch == 2 == follower.epoch
+    assert leader.replication.epochs() == follower.replication.epochs() == [(0, 0), (2, 1)]
+    assert follower.replication.last_epoch == 2 == follower.replication.epoch
 
 
 def diverge(stores: Callable[..., Store], clock: Clock) -> tuple[Store, Store, TopicInfo]:
     """A leader (epoch 1 then 2) and an old leader of epoch 1 with extra entries."""
     old, new = stores("old"), stores("new")
-    old.begin_epoch(1)
+    old.replication.begin_epoch(1)
     info = topic(old, "t", 3)
     write(old, ProduceOp(info, 0, entries(5, key=True)), CommitOffsetOp("g", "t", 0, 2))
     write(old, ProduceOp(info, 1, entries(3), producer_id=PID))
@@ -412,8 +416,8 @@ def diverge(stores: Callable[..., Store], clock: Clock) -> tuple[Store, Store, T
     write(old, CreateTopicOp("only-old", 1), ProduceOp(info, 2, entries(2, deliver_at=clock.now + 5000)))
     write(old, RetentionOp(None, None, delete_consumed=True))
     # the new leader takes over in epoch 2 and writes other things
-    new.reload()
-    new.begin_epoch(2)
+    new.replication.reload()
+    new.replication.begin_epoch(2)
     write(new, ProduceOp(info, 0, entries(2, key=True, prefix="new")), CommitOffsetOp("g", "t", 0, 1))
     write(new, ProduceOp(info, 1, entries(1, prefix="new"), producer_id=PID, base_sequence=3))
     write(new, CreateTopicOp("only-new", 2))
@@ -422,21 +426,21 @@ def diverge(stores: Callable[..., Store], clock: Clock) -> tuple[Store, Store, T
 
 def truncate_to_leader(leader: Store, follower: Store) -> None:
     """The documented algorithm, as rfollow runs it over REPLICA_FETCH / REPLICA_KEYS."""
-    start = leader.end_of_epoch(follower.last_epoch)
-    assert start < follower.position
-    keys = follower.divergent_keys(start)
-    q, values = leader.read_keys(keys)
-    follower.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
-    assert follower.position == start and follower.consistent_at == q
+    start = leader.replication.end_of_epoch(follower.replication.last_epoch)
+    assert start < follower.replication.position
+    keys = follower.replication.divergent_keys(start)
+    q, values = leader.replication.read_keys(keys)
+    follower.replication.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
+    assert follower.replication.position == start and follower.replication.consistent_at == q
     ship(leader, follower)
-    assert follower.position >= follower.consistent_at
+    assert follower.replication.position >= follower.replication.consistent_at
 
 
 def test_truncation_converges(stores: Callable[..., Store], clock: Clock) -> None:
     leader, old, _info = diverge(stores, clock)
-    assert old.last_epoch == 1 and leader.end_of_epoch(1) == 4 < old.position
+    assert old.replication.last_epoch == 1 and leader.replication.end_of_epoch(1) == 4 < old.replication.position
     truncate_to_leader(leader, old)
-    assert old.epochs() == leader.epochs() == [(1, 0), (2, 4)]
+    assert old.replication.epochs() == leader.replication.epochs() == [(1, 0), (2, 4)]
     assert_same(leader, old)
     # and it keeps following
     write(leader, CommitOffsetOp("g", "t", 2, 5))
@@ -448,12 +452,12 @@ def test_truncation_while_leader_keeps_writing(stores: Callable[..., Store], clo
     """The leader writes between REPLICA_KEYS and the fetches that follow: Q is older
     than the leader's end, the entries in [start, Q) and after set the keys again."""
     leader, old, info = diverge(stores, clock)
-    start = leader.end_of_epoch(old.last_epoch)
-    keys = old.divergent_keys(start)
-    q, values = leader.read_keys(keys)
+    start = leader.replication.end_of_epoch(old.replication.last_epoch)
+    keys = old.replication.divergent_keys(start)
+    q, values = leader.replication.read_keys(keys)
     write(leader, ProduceOp(info, 0, entries(3, key=True, prefix="later")), CommitOffsetOp("g", "t", 0, 3))
     write(leader, DeleteTopicOp("only-new"))
-    old.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
+    old.replication.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
     ship(leader, old)
     assert_same(leader, old)
 
@@ -462,27 +466,27 @@ def test_truncation_bounds(stores: Callable[..., Store]) -> None:
     s = stores("a")
     topic(s)
     with pytest.raises(ValueError):
-        s.truncate(5, [], 0)
+        s.replication.truncate(5, [], 0)
     s.write([CommitOffsetOp("g", "t", 0, 1)])
-    s.trim_log(1)
+    s.replication.trim_log(1)
     with pytest.raises(ValueError):
-        s.truncate(0, [], 0)
+        s.replication.truncate(0, [], 0)
 
 
 def test_apply_log_refuses_a_gap_or_garbage(stores: Callable[..., Store]) -> None:
     leader, follower = stores("leader"), stores("follower")
     topic(leader)
     write(leader, CommitOffsetOp("g", "t", 0, 1))
-    log = leader.read_log(0, 1 << 20)
+    log = leader.replication.read_log(0, 1 << 20)
     with pytest.raises(ValueError):
-        follower.apply_log(log[1:])
+        follower.replication.apply_log(log[1:])
     with pytest.raises(CorruptRecord):
-        follower.apply_log([(0, log[0][1][:-1])])
+        follower.replication.apply_log([(0, log[0][1][:-1])])
     with pytest.raises(CorruptRecord):
-        follower.apply_log([(0, log[0][1]), (1, b"\0" * 20 + bytes([PUT, 200, 0, 0, 0, 0]))])
-    assert follower.position == 0 and follower.read_log(0, 100) == []  # nothing applied
-    assert follower.apply_log([]) == 0
-    assert follower.apply_log(log) == 2
+        follower.replication.apply_log([(0, log[0][1]), (1, b"\0" * 20 + bytes([PUT, 200, 0, 0, 0, 0]))])
+    assert follower.replication.position == 0 and follower.replication.read_log(0, 100) == []  # nothing applied
+    assert follower.replication.apply_log([]) == 0
+    assert follower.replication.apply_log(log) == 2
 
 
 def test_follower_must_reload_before_writing(stores: Callable[..., Store]) -> None:
@@ -491,36 +495,36 @@ def test_follower_must_reload_before_writing(stores: Callable[..., Store]) -> No
     ship(leader, follower)
     with pytest.raises(StoreError):
         follower.write([CommitOffsetOp("g", "t", 0, 1)])
-    follower.reload()
+    follower.replication.reload()
     assert "t" in follower.view.topics
-    follower.begin_epoch(1)
+    follower.replication.begin_epoch(1)
     follower.write([CommitOffsetOp("g", "t", 0, 1)])
-    assert follower.position == 3
+    assert follower.replication.position == 3
 
 
 # ------------------------------------------------------------------ snapshot, trim
 def test_snapshot_from_a_leader_that_keeps_writing(stores: Callable[..., Store], clock: Clock) -> None:
     leader, follower = stores("leader"), stores("follower")
-    leader.begin_epoch(4)
+    leader.replication.begin_epoch(4)
     info = topic(leader, "t", 3)
     for i in range(6):
         write(leader, ProduceOp(info, i % 3, entries(20, key=True)), CommitOffsetOp("g", "t", i % 3, i))
     write(leader, ProduceOp(info, 1, entries(5, deliver_at=clock.now + 1000), producer_id=PID))
-    leader.trim_log(leader.position)
+    leader.replication.trim_log(leader.replication.position)
     # the follower has stale data of its own
     topic(follower, "stale", 1)
-    follower.reset_for_snapshot()
-    assert follower.consistent_at == UNREACHABLE and follower.position == 0
+    follower.replication.reset_for_snapshot()
+    assert follower.replication.consistent_at == UNREACHABLE and follower.replication.position == 0
     first_position = None
     last_position = 0
     step = 0
     for db in layout.REPLICATED_DATABASES:
         after = None
         while True:
-            position, items, after = leader.snapshot_chunk(db, after, 300)
+            position, items, after = leader.replication.snapshot_chunk(db, after, 300)
             first_position = position if first_position is None else first_position
             last_position = position
-            follower.apply_snapshot_chunk(db, items)
+            follower.replication.apply_snapshot_chunk(db, items)
             # the leader keeps writing between chunks (produce, retention, moves, offsets)
             step += 1
             if step % 3 == 0:
@@ -531,10 +535,11 @@ def test_snapshot_from_a_leader_that_keeps_writing(stores: Callable[..., Store],
             if after is None:
                 break
     assert first_position is not None and last_position > first_position
-    follower.finish_snapshot(first_position, last_position, leader.epoch)
-    assert (follower.position, follower.log_start, follower.consistent_at) == (first_position, first_position, last_position)
-    assert follower.last_epoch == 4 == follower.epoch
-    assert leader.end_of_epoch(follower.last_epoch) >= follower.position  # no divergence found
+    follower.replication.finish_snapshot(first_position, last_position, leader.replication.epoch)
+    fr = follower.replication
+    assert (fr.position, fr.log_start, fr.consistent_at) == (first_position, first_position, last_position)
+    assert follower.replication.last_epoch == 4 == follower.replication.epoch
+    assert leader.replication.end_of_epoch(fr.last_epoch) >= fr.position  # no divergence found
     ship(leader, follower)
     assert_same(leader, follower)
 
@@ -544,55 +549,57 @@ def test_trim_and_log_trimmed(stores: Callable[..., Store]) -> None:
     topic(s)
     for i in range(5):
         write(s, CommitOffsetOp("g", "t", 0, i))
-    total = s.log_bytes(0)
-    assert total == sum(len(e) for _, e in s.read_log(0, 1 << 20))
-    assert s.trim_log(3) == 3 == s.log_start
-    assert s.log_bytes(0) == s.log_bytes(3) == log_size(s) < total
-    assert s.log_bytes(4) == log_size(s) - len(s.read_log(3, 1)[0][1])
+    total = s.replication.log_bytes(0)
+    assert total == sum(len(e) for _, e in s.replication.read_log(0, 1 << 20))
+    assert s.replication.trim_log(3) == 3 == s.replication.log_start
+    assert s.replication.log_bytes(0) == s.replication.log_bytes(3) == log_size(s) < total
+    assert s.replication.log_bytes(4) == log_size(s) - len(s.replication.read_log(3, 1)[0][1])
     with pytest.raises(LogTrimmed):
-        s.read_log(2, 100)
+        s.replication.read_log(2, 100)
     with pytest.raises(LogTrimmed):
-        s.divergent_keys(2)
-    assert s.divergent_keys(5) == [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0))]
-    assert [p for p, _ in s.read_log(3, 1 << 20)] == [3, 4, 5]
-    assert s.entry_info(2) is None
-    assert s.trim_log(100) == 6 == s.position  # never past the end
-    assert s.read_log(6, 100) == []
+        s.replication.divergent_keys(2)
+    assert s.replication.divergent_keys(5) == [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0))]
+    assert [p for p, _ in s.replication.read_log(3, 1 << 20)] == [3, 4, 5]
+    assert s.replication.entry_info(2) is None
+    assert s.replication.trim_log(100) == 6 == s.replication.position  # never past the end
+    assert s.replication.read_log(6, 100) == []
     with pytest.raises(ValueError):
-        s.read_log(7, 100)
+        s.replication.read_log(7, 100)
     write(s, CommitOffsetOp("g", "t", 0, 9))
-    assert [p for p, _ in s.read_log(6, 100)] == [6]
+    assert [p for p, _ in s.replication.read_log(6, 100)] == [6]
 
 
 # ------------------------------------------------------------------ persistence
 def test_log_state_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     path = tmp_path / "a"
     s = Store(path, clock=clock, replicated=True, sync=False)
-    s.begin_epoch(2)
+    s.replication.begin_epoch(2)
     info = topic(s)
     write(s, ProduceOp(info, 0, entries(3)))
-    s.begin_epoch(5)
+    s.replication.begin_epoch(5)
     write(s, CommitOffsetOp("g", "t", 0, 1))
-    s.trim_log(2)
-    s.truncate(5, [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0), None)], 7)
-    before = (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0))
+    s.replication.trim_log(2)
+    s.replication.truncate(5, [(layout.DATABASES.index(b"offsets"), layout.offset_key("g", "t", 0), None)], 7)
+    r = s.replication
+    before = (*log_state(s), r.epochs(), r.digests(8), r.log_bytes(0))
     assert before[:5] == (5, 2, 5, 5, 7)
     assert before[-1] == log_size(s) > 0
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs(), s.digests(8), s.log_bytes(0)) == before
+    r = s.replication
+    assert (*log_state(s), r.epochs(), r.digests(8), r.log_bytes(0)) == before
     assert s.view is s.head
     s.close()
     # a snapshot interrupted by a crash stays ineligible; a finished one persists
     s = Store(path, clock=clock, replicated=True, sync=False)
-    s.reset_for_snapshot()
+    s.replication.reset_for_snapshot()
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert s.consistent_at == UNREACHABLE
-    s.finish_snapshot(40, 44, 6)
+    assert s.replication.consistent_at == UNREACHABLE
+    s.replication.finish_snapshot(40, 44, 6)
     s.close()
     s = Store(path, clock=clock, replicated=True, sync=False)
-    assert (s.position, s.log_start, s.epoch, s.last_epoch, s.consistent_at, s.epochs()) == (40, 40, 6, 6, 44, [(6, 40)])
+    assert (log_state(s), s.replication.epochs()) == ((40, 40, 6, 6, 44), [(6, 40)])
     s.close()
 
 
@@ -600,12 +607,12 @@ def test_digests_name_the_parts(stores: Callable[..., Store]) -> None:
     s = stores("a")
     info = topic(s)
     write(s, ProduceOp(info, 0, entries(10)))
-    position, d = s.digests(4)
+    position, d = s.replication.digests(4)
     assert position == 2
     assert {k for k in d if k.startswith("messages/")} == {"messages/0", "messages/4", "messages/8"}
     assert {name.decode() for name in layout.DATABASES} - {"messages"} <= d.keys()
     with pytest.raises(ValueError):
-        s.digests(0)
+        s.replication.digests(0)
     json.dumps(d)
 
 
@@ -613,15 +620,15 @@ def test_read_keys_and_snapshot_chunk_edges(stores: Callable[..., Store]) -> Non
     s = stores("a")
     topic(s)
     topics_db = layout.DATABASES.index(b"topics")
-    pos, vals = s.read_keys([(topics_db, b"t"), (topics_db, b"nope")])
+    pos, vals = s.replication.read_keys([(topics_db, b"t"), (topics_db, b"nope")])
     assert pos == 1 and vals[0] is not None and vals[1] is None
     with pytest.raises(ValueError):
-        s.read_keys([(99, b"x")])
-    assert s.snapshot_chunk(layout.DATABASES.index(b"messages"), None, 100) == (1, [], None)
-    _, items, last = s.snapshot_chunk(topics_db, None, 1)
+        s.replication.read_keys([(99, b"x")])
+    assert s.replication.snapshot_chunk(layout.DATABASES.index(b"messages"), None, 100) == (1, [], None)
+    _, items, last = s.replication.snapshot_chunk(topics_db, None, 1)
     assert [k for k, _ in items] == [b"t"] and last is None
     with pytest.raises(ValueError):
-        s.snapshot_chunk(len(layout.DATABASES), None, 100)
+        s.replication.snapshot_chunk(len(layout.DATABASES), None, 100)
     assert DELETE == 2  # the kinds are part of the wire layout
 
 
@@ -692,37 +699,38 @@ def test_random_histories_converge(
         new = Store(Path(d) / "new", map_size=1 << 28, sync=False, clock=clock, replicated=True)
         try:
             seqs: dict[tuple[str, int], int] = {}
-            old.begin_epoch(1)
+            old.replication.begin_epoch(1)
             write(old, CreateTopicOp("a", 2))
             for op in shared:
                 run_op(old, clock, op, seqs)
-            upto = max(0, old.position - behind)
-            while new.position < upto:
-                new.apply_log(old.read_log(new.position, 1 << 20)[: upto - new.position])
+            upto = max(0, old.replication.position - behind)
+            while new.replication.position < upto:
+                at = new.replication.position
+                new.replication.apply_log(old.replication.read_log(at, 1 << 20)[: upto - at])
             for op in old_only:
                 run_op(old, clock, op, dict(seqs))
-            new.begin_epoch(2)  # reloads its views first
+            new.replication.begin_epoch(2)  # reloads its views first
             seqs_new = dict(seqs)
             for op in new_only:
                 run_op(new, clock, op, seqs_new)
             if snapshot:
-                old.reset_for_snapshot()
+                old.replication.reset_for_snapshot()
                 first = None
                 for db in layout.REPLICATED_DATABASES:
                     after = None
                     while True:
-                        position, items, after = new.snapshot_chunk(db, after, 200)
+                        position, items, after = new.replication.snapshot_chunk(db, after, 200)
                         first = position if first is None else first
                         last = position
-                        old.apply_snapshot_chunk(db, items)
+                        old.replication.apply_snapshot_chunk(db, items)
                         if during:
                             run_op(new, clock, during.pop(), seqs_new)
                         if after is None:
                             break
                 assert first is not None
-                old.finish_snapshot(first, last, new.epoch)
+                old.replication.finish_snapshot(first, last, new.replication.epoch)
                 ship(new, old)
-            elif new.end_of_epoch(old.last_epoch) < old.position:
+            elif new.replication.end_of_epoch(old.replication.last_epoch) < old.replication.position:
                 truncate_to_leader(new, old)
             else:
                 ship(new, old)
@@ -739,15 +747,15 @@ def follow(leader: Store, follower: Store, *, naive: bool = False) -> int:
     cannot place it."""
     truncations = 0
     while True:
-        e, pos = follower.last_epoch, follower.position
-        end = leader.end_of_epoch(e)
-        unknown = not naive and pos > 0 and e not in dict(leader.epochs())
+        e, pos = follower.replication.last_epoch, follower.replication.position
+        end = leader.replication.end_of_epoch(e)
+        unknown = not naive and pos > 0 and e not in dict(leader.replication.epochs())
         if end < pos or unknown:
             at = min(end, pos)
-            start = at if at < pos else dict(follower.epochs())[e]
-            keys = follower.divergent_keys(start)
-            q, values = leader.read_keys(keys)
-            follower.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
+            start = at if at < pos else dict(follower.replication.epochs())[e]
+            keys = follower.replication.divergent_keys(start)
+            q, values = leader.replication.read_keys(keys)
+            follower.replication.truncate(start, [(db, k, v) for (db, k), v in zip(keys, values, strict=True)], q)
             truncations += 1
             continue
         ship(leader, follower)
@@ -759,22 +767,22 @@ def test_unknown_epoch_divergence(naive: bool, stores: Callable[..., Store]) -> 
     """Three replicas, two quick failovers: the new leader G never had F's epoch 3,
     and F's epoch-3 entry 5 sits where G has the epoch-2 entry 5 of the first leader."""
     l2, f, g = stores("l2"), stores("f"), stores("g")
-    l2.begin_epoch(1)
+    l2.replication.begin_epoch(1)
     info = topic(l2, "t", 2)
     write(l2, ProduceOp(info, 0, entries(3, key=True)), CommitOffsetOp("g", "t", 0, 1))
     write(l2, ProduceOp(info, 1, entries(2)))
     write(l2, CommitOffsetOp("g", "t", 1, 1))
     ship(l2, f)
-    l2.begin_epoch(2)
+    l2.replication.begin_epoch(2)
     write(l2, ProduceOp(info, 0, entries(4, prefix="e2")), CommitOffsetOp("g", "t", 0, 2))  # entry 6
     ship(l2, g)  # G has entry 6 (epoch 2); F does not
-    f.begin_epoch(3)  # F takes over: marker at 5, then writes alone
+    f.replication.begin_epoch(3)  # F takes over: marker at 5, then writes alone
     write(f, ProduceOp(info, 1, entries(2, prefix="e3")), CommitOffsetOp("g", "t", 1, 2))
-    g.begin_epoch(4)  # F dies before G fetched; G takes over
+    g.replication.begin_epoch(4)  # F dies before G fetched; G takes over
     write(g, ProduceOp(info, 1, entries(1, prefix="e4")))
-    assert g.epochs() == [(1, 0), (2, 5), (4, 7)] and f.epochs() == [(1, 0), (3, 5)]
+    assert g.replication.epochs() == [(1, 0), (2, 5), (4, 7)] and f.replication.epochs() == [(1, 0), (3, 5)]
     follow(g, f, naive=naive)
-    same = f.digests(8) == g.digests(8)
+    same = f.replication.digests(8) == g.replication.digests(8)
     assert same is not naive  # the naive check keeps F's epoch-3 entry 5: it diverges silently
     if not naive:
         assert_same(g, f)
@@ -787,11 +795,11 @@ def test_a_big_batch_is_several_entries(stores: Callable[..., Store], monkeypatc
     leader, follower = stores("leader"), stores("follower")
     info = topic(leader)
     out = leader.write([ProduceOp(info, i % 2, entries(20, prefix=f"b{i}-")) for i in range(5)] + [ProduceOp(info, 9, [])])
-    sizes = [len(e) for _, e in leader.read_log(1, 1 << 30)]
-    assert len(sizes) > 1 and out.position == leader.position == 1 + len(sizes)
+    sizes = [len(e) for _, e in leader.replication.read_log(1, 1 << 30)]
+    assert len(sizes) > 1 and out.position == leader.replication.position == 1 + len(sizes)
     assert [type(r).__name__ for r in out.settled()][-1] == "QueueNotFound"
     assert sum(r.stored for r in out.settled()[:5]) == 100
-    assert [o.position for o in leader.publish_all()] == list(range(1, leader.position + 1))
+    assert [o.position for o in leader.replication.publish_all()] == list(range(1, leader.replication.position + 1))
     ship(leader, follower)
     assert_same(leader, follower)
 
@@ -816,7 +824,7 @@ def test_a_later_transaction_failing_keeps_the_committed_results(
     out = s.write([ProduceOp(info, 0, entries(5)), ProduceOp(info, 1, entries(5)), ProduceOp(info, 0, entries(1))])
     first, second, third = out.settled()
     assert first.stored == 5 and isinstance(second, StoreFull) and isinstance(third, StoreFull)
-    assert out.position == s.position == 2
+    assert out.position == s.replication.position == 2
     calls = 1  # the first transaction failing raises: nothing was written
     with pytest.raises(StoreFull):
         s.write([ProduceOp(info, 0, entries(1))])
@@ -831,29 +839,30 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     write(s, ProduceOp(info, 0, entries(3)), CommitOffsetOp("g", "t", 0, 1))
     s.close()
     s = Store(path, clock=clock, sync=False, replicated=True)
-    base = s.converted_epoch  # a random epoch of its own (two converted stores differ)
-    assert 1 <= base <= 1 << 30 and s.led_epoch == 0
-    assert (s.position, s.log_start, s.last_epoch, s.epochs(), s.end_of_epoch(base)) == (1, 1, base, [(base, 0)], 1)
+    base = s.replication.converted_epoch  # a random epoch of its own (two converted stores differ)
+    assert 1 <= base <= 1 << 30 and s.replication.led_epoch == 0
+    r = s.replication
+    assert (r.position, r.log_start, r.last_epoch, r.epochs(), r.end_of_epoch(base)) == (1, 1, base, [(base, 0)], 1)
     with pytest.raises(LogTrimmed):
-        s.read_log(0, 100)
-    s.begin_epoch(base + 1)
-    assert s.led_epoch == base + 1
+        s.replication.read_log(0, 100)
+    s.replication.begin_epoch(base + 1)
+    assert s.replication.led_epoch == base + 1
     write(s, ProduceOp(info, 1, entries(2)))
     follower = Store(tmp_path / "f", clock=clock, sync=False, replicated=True)
     try:
-        follower.reset_for_snapshot()
+        follower.replication.reset_for_snapshot()
         first = last = None
         for db in layout.REPLICATED_DATABASES:
             after = None
             while True:
-                position, items, after = s.snapshot_chunk(db, after, 1 << 20)
+                position, items, after = s.replication.snapshot_chunk(db, after, 1 << 20)
                 first = position if first is None else first
                 last = position
-                follower.apply_snapshot_chunk(db, items)
+                follower.replication.apply_snapshot_chunk(db, items)
                 if after is None:
                     break
         assert first is not None and last is not None
-        follower.finish_snapshot(first, last, s.epoch)
+        follower.replication.finish_snapshot(first, last, s.replication.epoch)
         ship(s, follower)
         assert_same(s, follower)
     finally:
@@ -867,11 +876,11 @@ def test_data_written_without_a_log(tmp_path: Path, clock: Clock) -> None:
     s.close()
     # ... and replicated again, it starts a new log after its data
     s = Store(path, clock=clock, sync=False, replicated=True)
-    again = s.converted_epoch
-    assert (s.position, s.log_start, s.epochs()) == (1, 1, [(again, 0)]) and again >= 1
+    again = s.replication.converted_epoch
+    assert (s.replication.position, s.replication.log_start, s.replication.epochs()) == (1, 1, [(again, 0)]) and again >= 1
     s.close()
     empty = Store(tmp_path / "e", clock=clock, sync=False, replicated=True)
-    assert empty.position == 0
+    assert empty.replication.position == 0
     empty.close()
 
 
@@ -880,7 +889,7 @@ def test_publishing_while_the_writer_commits(stores: Callable[..., Store]) -> No
     outcome comes out once, in order, and the view ends at the head."""
     s = stores("a")
     info = topic(s)
-    s.publish_all()
+    s.replication.publish_all()
     n = 300
 
     def writer() -> None:
@@ -891,8 +900,8 @@ def test_publishing_while_the_writer_commits(stores: Callable[..., Store]) -> No
     t = threading.Thread(target=writer)
     t.start()
     while t.is_alive() or s.view is not s.head:
-        hw = s.position
-        seen.extend(o.position for o in s.publish_upto(hw))
+        hw = s.replication.position
+        seen.extend(o.position for o in s.replication.publish_upto(hw))
         v = s.view
         assert v.queue(info.topic_id, 0).next_offset + v.queue(info.topic_id, 1).next_offset <= hw
     t.join()

@@ -54,13 +54,18 @@ class Election:
         return True
 
 
-class Store:
-    """A store whose repair is not complete: position below consistent_at."""
+class Replication:
+    """A replication log whose repair is not complete: position below consistent_at."""
 
-    position, consistent_at, last_epoch, log_start, next_global = 5, 10, 2, 0, 0
+    position, consistent_at, last_epoch, log_start = 5, 10, 2, 0
 
     def reload(self) -> None:
         pass
+
+
+class Store:
+    next_global = 0
+    replication = Replication()
 
 
 class Appender:
