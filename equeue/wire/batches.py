@@ -1,0 +1,395 @@
+"""Record batches: what a producer sends for one queue, and what the store keeps.
+
+A **batch** is built by the producer and stored verbatim::
+
+    +-------+-------+-------+-------+-------------+---------+
+    | magic | codec | count | crc32 | records_len | records |
+    | u8    | u8    | u32   | u32   | u32         |         |
+    +-------+-------+-------+-------+-------------+---------+
+    magic = 1; codec: 0 none, 1 zstd, 2 lz4 (frame); count >= 1 records;
+    crc32 (zlib/IEEE) covers ``records`` as carried (compressed when codec != 0);
+    records_len: their size uncompressed, the cap every decompression is held to.
+
+The **stored batch** (a ``messages`` value of store format 3) is the broker's header
+in front of the batch, keyed by the batch's first global offset::
+
+    +------+-----+-------+-------+-------------+-----------+----------+-------------+----------+-------+
+    | hcrc | ver | topic | queue | base offset | first ms  | last ms  | producer id | base seq | batch |
+    | u32  | u8  | u32   | u32   | u64 (queue) | u64 store | u64      | 16 bytes    | u64      |       |
+    +------+-----+-------+-------+-------------+-----------+----------+-------------+----------+-------+
+    hcrc covers the rest of this header (the batch has its own crc32); ver = 3.
+    Record i has queue offset base + i, global offset key + i, and store time
+    first ms + its ts delta.
+
+A **record** (inside ``records``, uncompressed), compact with varints (unsigned
+LEB128) as Kafka's v2 records are::
+
+    length varint (the bytes after it) | attrs u8
+    | [ts delta varint       if attrs & 32] | [reconsume varint      if attrs & 16]
+    | [deliver_at ms varint  if attrs & 4 ] | [key len varint, key   if attrs & 1 ]
+    | [tags len varint, tags if attrs & 2 ]
+    | [props len varint, repeated (varint klen, name, varint vlen, value) if attrs & 8]
+    | body (the rest)
+
+One encoder and one decoder per layout: :func:`encode_batch` / :func:`batch_head` +
+:func:`batch_records` + :func:`decode_records`, and :func:`encode_stored` /
+:func:`stored_head`. Decompression never produces more than ``records_len`` bytes,
+and a caller caps ``records_len`` itself (``max_records_len``): a decompression bomb
+is refused before any memory is spent on it.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import attrs
+import lz4.frame
+import zstandard
+
+from equeue.errors import CorruptRecord, InvalidMessage
+from equeue.models import Message
+
+BATCH_HEAD: Final = struct.Struct(">BBIII")  # magic, codec, count, crc32, records_len
+BATCH_MAGIC: Final = 1
+STORED_HEAD: Final = struct.Struct(">IBIIQQQ16sQ")  # hcrc, ver, topic, queue, base, first, last, pid, seq
+STORED_VERSION: Final = 3
+#: the producer id of a batch sent without one
+NO_PRODUCER: Final = bytes(16)
+
+A_KEY: Final = 1
+A_TAGS: Final = 2
+A_DELIVER: Final = 4
+A_PROPS: Final = 8
+A_RECONSUME: Final = 16
+A_TS: Final = 32
+_A_KNOWN: Final = 63
+
+
+class Codec(enum.IntEnum):
+    """How a batch's records are compressed (the batch header's ``codec`` byte)."""
+
+    NONE = 0
+    ZSTD = 1
+    LZ4 = 2
+
+    @classmethod
+    def parse(cls, name: str) -> Codec:
+        """``"none"``, ``"zstd"`` or ``"lz4"`` (any case). Raises ValueError naming the choices."""
+        try:
+            return cls[name.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown compression {name!r}: choose none, zstd or lz4") from None
+
+
+#: zstd level 1: as small as level 3 on record batches, and faster (docs/storage.md)
+ZSTD_LEVEL: Final = 1
+_zstd_c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+_zstd_d = zstandard.ZstdDecompressor()
+
+
+# ---------------------------------------------------------------- varints
+def _uvarint(n: int) -> bytes:
+    """Unsigned LEB128 of ``n`` (>= 0)."""
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it). Raises IndexError past the end, CorruptRecord
+    for a varint longer than 10 bytes."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    n = b & 0x7F
+    shift = 7
+    while True:
+        pos += 1
+        b = buf[pos]
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos + 1
+        shift += 7
+        if shift > 63:
+            raise CorruptRecord("varint longer than 10 bytes")
+
+
+# ---------------------------------------------------------------- records
+def encode_record(msg: Message, ts_delta: int = 0) -> bytes:
+    """One record of ``msg`` (its produce-side fields, and ``reconsume_times``)."""
+    attrs_ = 0
+    parts: list[bytes] = []
+    if ts_delta:
+        attrs_ |= A_TS
+        parts.append(_uvarint(ts_delta))
+    if msg.reconsume_times:
+        attrs_ |= A_RECONSUME
+        parts.append(_uvarint(msg.reconsume_times))
+    if msg.deliver_at:
+        attrs_ |= A_DELIVER
+        parts.append(_uvarint(msg.deliver_at))
+    if msg.key is not None:
+        attrs_ |= A_KEY
+        k = msg.key.encode()
+        parts += (_uvarint(len(k)), k)
+    if msg.tags is not None:
+        attrs_ |= A_TAGS
+        t = msg.tags.encode()
+        parts += (_uvarint(len(t)), t)
+    if msg.properties:
+        attrs_ |= A_PROPS
+        p = _encode_props(msg.properties)
+        parts += (_uvarint(len(p)), p)
+    parts.append(msg.body)
+    rest = bytes((attrs_,)) + b"".join(parts)
+    return _uvarint(len(rest)) + rest
+
+
+def _encode_props(props: Mapping[str, str]) -> bytes:
+    out: list[bytes] = []
+    for k, v in props.items():
+        kb, vb = k.encode(), v.encode()
+        out += (_uvarint(len(kb)), kb, _uvarint(len(vb)), vb)
+    return b"".join(out)
+
+
+def _decode_props(buf: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    pos, end = 0, len(buf)
+    while pos < end:
+        kl, pos = _read_uvarint(buf, pos)
+        k = buf[pos : pos + kl]
+        pos += kl
+        vl, pos = _read_uvarint(buf, pos)
+        v = buf[pos : pos + vl]
+        pos += vl
+        if pos > end:
+            raise CorruptRecord("a property overruns its block")
+        out[k.decode()] = v.decode()
+    return out
+
+
+@attrs.frozen(slots=True)
+class Record:
+    """One decoded record: the message's fields, and its store-time delta."""
+
+    body: bytes
+    key: str | None
+    tags: str | None
+    properties: dict[str, str]
+    deliver_at: int
+    reconsume_times: int
+    ts_delta: int
+
+
+def decode_records(records: bytes, count: int) -> list[Record]:
+    """The ``count`` records of an (uncompressed) records section: the one decoder.
+
+    Raises CorruptRecord when a record overruns the section, the section holds more
+    or fewer records than ``count``, an attribute bit is unknown, or a key, tags or
+    property is not UTF-8.
+    """
+    out: list[Record] = []
+    pos, end = 0, len(records)
+    try:
+        for _ in range(count):
+            n, pos = _read_uvarint(records, pos)
+            stop = pos + n
+            if stop > end or n < 1:
+                raise CorruptRecord("a record overruns its batch")
+            a = records[pos]
+            pos += 1
+            if a & ~_A_KNOWN:
+                raise CorruptRecord(f"unknown record attributes {a:#x}")
+            ts = rc = deliver = 0
+            key = tags = None
+            props: dict[str, str] = {}
+            if a & A_TS:
+                ts, pos = _read_uvarint(records, pos)
+            if a & A_RECONSUME:
+                rc, pos = _read_uvarint(records, pos)
+            if a & A_DELIVER:
+                deliver, pos = _read_uvarint(records, pos)
+            if a & A_KEY:
+                kl, pos = _read_uvarint(records, pos)
+                key = records[pos : pos + kl].decode()
+                pos += kl
+            if a & A_TAGS:
+                tl, pos = _read_uvarint(records, pos)
+                tags = records[pos : pos + tl].decode()
+                pos += tl
+            if a & A_PROPS:
+                pl, pos = _read_uvarint(records, pos)
+                if pos + pl > stop:
+                    raise CorruptRecord("properties overrun their record")
+                props = _decode_props(records[pos : pos + pl])
+                pos += pl
+            if pos > stop:
+                raise CorruptRecord("a record's fields overrun it")
+            out.append(Record(records[pos:stop], key, tags, props, deliver, rc, ts))
+            pos = stop
+    except IndexError:
+        raise CorruptRecord("a record is truncated") from None
+    except UnicodeDecodeError as exc:
+        raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
+    if pos != end:
+        raise CorruptRecord(f"{end - pos} bytes after the batch's {count} records")
+    return out
+
+
+# ---------------------------------------------------------------- batches
+def _compress(codec: Codec, data: bytes) -> bytes:
+    if codec is Codec.ZSTD:
+        return _zstd_c.compress(data)
+    if codec is Codec.LZ4:
+        return bytes(lz4.frame.compress(data))
+    return data
+
+
+def encode_batch(messages: Sequence[Message], codec: Codec = Codec.NONE) -> bytes:
+    """The batch of ``messages`` (at least one), its records compressed with ``codec``:
+    the one batch encoder. Raises InvalidMessage for an empty batch."""
+    if not messages:
+        raise InvalidMessage("a batch holds at least one message")
+    records = b"".join(map(encode_record, messages))
+    carried = _compress(codec, records)
+    return BATCH_HEAD.pack(BATCH_MAGIC, codec, len(messages), zlib.crc32(carried), len(records)) + carried
+
+
+@attrs.frozen(slots=True)
+class BatchHead:
+    """A batch's header, checked: its codec, record count, the crc32 of the records
+    as carried, and their size uncompressed."""
+
+    codec: Codec
+    count: int
+    crc: int
+    records_len: int
+
+
+def batch_head(batch: bytes | memoryview, max_records_len: int, *, verify: bool = True) -> BatchHead:
+    """Parse and check a batch's header: magic, codec, count >= 1, the uncompressed
+    size within ``max_records_len`` (and, uncompressed, equal to what is carried),
+    and with ``verify`` the crc32 of the records carried.
+
+    Raises CorruptRecord naming what is wrong."""
+    if len(batch) < BATCH_HEAD.size:
+        raise CorruptRecord(f"batch of {len(batch)} bytes is shorter than its {BATCH_HEAD.size}-byte header")
+    magic, codec, count, crc, records_len = BATCH_HEAD.unpack_from(batch, 0)
+    if magic != BATCH_MAGIC:
+        raise CorruptRecord(f"unknown batch magic {magic}")
+    try:
+        c = Codec(codec)
+    except ValueError:
+        raise CorruptRecord(f"unknown batch codec {codec}") from None
+    if count < 1:
+        raise CorruptRecord("a batch holds no record")
+    if records_len > max_records_len:
+        raise CorruptRecord(f"batch records of {records_len} bytes exceed the limit of {max_records_len}")
+    carried = len(batch) - BATCH_HEAD.size
+    if c is Codec.NONE and carried != records_len:
+        raise CorruptRecord(f"batch announces {records_len} bytes of records and carries {carried}")
+    if verify and zlib.crc32(memoryview(batch)[BATCH_HEAD.size :]) != crc:
+        raise CorruptRecord("batch checksum mismatch")
+    return BatchHead(c, count, crc, records_len)
+
+
+def batch_records(batch: bytes | memoryview, head: BatchHead) -> bytes:
+    """The batch's records section, decompressed; never more than ``head.records_len``
+    bytes are produced. Raises CorruptRecord when the records do not decompress to
+    exactly that size."""
+    carried = memoryview(batch)[BATCH_HEAD.size :]
+    if head.codec is Codec.NONE:
+        return bytes(carried)
+    cap = head.records_len + 1  # one byte more tells a longer output from an exact one
+    try:
+        if head.codec is Codec.ZSTD:
+            with _zstd_d.stream_reader(bytes(carried)) as reader:
+                out = reader.read(cap)
+        else:
+            out = lz4.frame.LZ4FrameDecompressor().decompress(bytes(carried), max_length=cap)
+    except (zstandard.ZstdError, RuntimeError, ValueError) as exc:
+        raise CorruptRecord(f"batch does not decompress ({head.codec.name.lower()}): {exc}") from None
+    if len(out) != head.records_len:
+        raise CorruptRecord(f"batch decompresses to {len(out)} bytes, not the {head.records_len} announced")
+    return bytes(out)
+
+
+def decode_batch(batch: bytes | memoryview, max_records_len: int) -> list[Record]:
+    """Every record of a batch (checked, decompressed, decoded)."""
+    head = batch_head(batch, max_records_len)
+    return decode_records(batch_records(batch, head), head.count)
+
+
+# ---------------------------------------------------------------- stored batches
+def encode_stored(
+    topic_id: int,
+    queue_id: int,
+    base_offset: int,
+    first_ms: int,
+    last_ms: int,
+    producer_id: bytes | None,
+    base_sequence: int,
+    batch: bytes,
+) -> bytes:
+    """The ``messages`` value of a batch: the one stored-batch encoder."""
+    rest = STORED_HEAD.pack(
+        0, STORED_VERSION, topic_id, queue_id, base_offset, first_ms, last_ms, producer_id or NO_PRODUCER,
+        base_sequence,
+    )[4:]  # fmt: skip
+    return struct.pack(">I", zlib.crc32(rest)) + rest + batch
+
+
+@attrs.frozen(slots=True)
+class StoredHead:
+    """A stored batch's header (the broker's fields)."""
+
+    topic_id: int
+    queue_id: int
+    base_offset: int
+    first_ms: int
+    last_ms: int
+    producer_id: bytes | None
+    base_sequence: int
+
+
+def stored_head(value: bytes | memoryview) -> StoredHead:
+    """Parse and check a stored batch's header (version, its crc32). The batch behind
+    it is checked by :func:`batch_head`. Raises CorruptRecord."""
+    if len(value) < STORED_HEAD.size + BATCH_HEAD.size:
+        raise CorruptRecord("stored batch is truncated")
+    hcrc, ver, topic, queue, base, first, last, pid, seq = STORED_HEAD.unpack_from(value, 0)
+    if ver != STORED_VERSION:
+        raise CorruptRecord(f"unknown stored batch version {ver}")
+    if zlib.crc32(memoryview(value)[4 : STORED_HEAD.size]) != hcrc:
+        raise CorruptRecord(f"header checksum mismatch in the batch of queue {queue} at offset {base}")
+    return StoredHead(topic, queue, base, first, last, None if pid == NO_PRODUCER else pid, seq)
+
+
+def stored_batch(value: bytes | memoryview) -> memoryview:
+    """The producer's batch inside a stored value (no checks: see :func:`stored_head`)."""
+    return memoryview(value)[STORED_HEAD.size :]
+
+
+def decode_stored(topic: str, global_base: int, value: bytes, max_records_len: int) -> list[Message]:
+    """The consumer-side messages of a stored batch whose first global offset is
+    ``global_base``. Raises CorruptRecord."""
+    h = stored_head(value)
+    records = decode_batch(stored_batch(value), max_records_len)
+    q, base, first = h.queue_id, h.base_offset, h.first_ms
+    return [
+        Message(
+            r.body, r.key, r.tags, r.properties, r.deliver_at, topic, q, base + i, global_base + i,
+            first + r.ts_delta, r.reconsume_times,
+        )
+        for i, r in enumerate(records)
+    ]

@@ -1,0 +1,140 @@
+"""Record batches (equeue.wire.batches): the encoders and decoders, property-tested."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import hypothesis.strategies as st
+import lz4.frame
+import pytest
+import zstandard
+from hypothesis import given, settings
+
+from equeue.errors import CorruptRecord, InvalidMessage
+from equeue.models import Message
+from equeue.wire.batches import (
+    BATCH_HEAD,
+    Codec,
+    batch_head,
+    decode_batch,
+    decode_stored,
+    encode_batch,
+    encode_stored,
+    stored_head,
+)
+
+LIMIT = 1 << 20
+text = st.text(max_size=20)
+messages = st.builds(
+    Message,
+    body=st.binary(max_size=300),
+    key=st.none() | text,
+    tags=st.none() | text,
+    properties=st.dictionaries(text, text, max_size=3),
+    deliver_at=st.integers(0, 2**63 - 1),
+    reconsume_times=st.integers(0, 2**31),
+)
+codecs = st.sampled_from(list(Codec))
+
+
+def _fields(m: Message) -> tuple[object, ...]:
+    return (m.body, m.key, m.tags, m.properties, m.deliver_at, m.reconsume_times)
+
+
+@given(st.lists(messages, min_size=1, max_size=20), codecs)
+def test_a_batch_decodes_to_what_was_encoded(msgs: list[Message], codec: Codec) -> None:
+    batch = encode_batch(msgs, codec)
+    records = decode_batch(batch, LIMIT)
+    assert [(r.body, r.key, r.tags, r.properties, r.deliver_at, r.reconsume_times) for r in records] == [
+        _fields(m) for m in msgs
+    ]
+    assert all(r.ts_delta == 0 for r in records)
+
+
+@given(st.lists(messages, min_size=1, max_size=10), codecs, st.integers(0, 2**32 - 1), st.integers(0, 2**40),
+       st.integers(0, 2**50), st.none() | st.binary(min_size=16, max_size=16).filter(any), st.integers(0, 2**60))  # fmt: skip
+def test_a_stored_batch_gives_every_message_its_offsets(
+    msgs: list[Message], codec: Codec, topic_id: int, base: int, global_base: int, pid: bytes | None, seq: int
+) -> None:
+    value = encode_stored(topic_id, 3, base, 1_700_000_000_000, 1_700_000_000_005, pid, seq, encode_batch(msgs, codec))
+    h = stored_head(value)
+    assert (h.topic_id, h.queue_id, h.base_offset, h.producer_id, h.base_sequence) == (topic_id, 3, base, pid, seq)
+    got = decode_stored("t", global_base, value, LIMIT)
+    assert [_fields(m) for m in got] == [_fields(m) for m in msgs]
+    assert [(m.queue_offset, m.global_offset) for m in got] == [(base + i, global_base + i) for i in range(len(msgs))]
+    assert {m.timestamp for m in got} == {1_700_000_000_000} and {m.topic for m in got} == {"t"}
+
+
+@settings(max_examples=300)
+@given(st.lists(messages, min_size=1, max_size=5), codecs, st.data())
+def test_any_changed_byte_of_a_batch_is_refused(msgs: list[Message], codec: Codec, data: st.DataObject) -> None:
+    batch = bytearray(encode_batch(msgs, codec))
+    i = data.draw(st.integers(0, len(batch) - 1))
+    batch[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptRecord):
+        decode_batch(bytes(batch), LIMIT)
+
+
+@given(st.lists(messages, min_size=1, max_size=5), codecs, st.data())
+def test_a_cut_batch_is_refused(msgs: list[Message], codec: Codec, data: st.DataObject) -> None:
+    batch = encode_batch(msgs, codec)
+    with pytest.raises(CorruptRecord):
+        decode_batch(batch[: data.draw(st.integers(0, len(batch) - 1))], LIMIT)
+
+
+@given(st.lists(messages, min_size=1, max_size=5), st.data())
+def test_any_changed_byte_of_a_stored_header_is_refused(msgs: list[Message], data: st.DataObject) -> None:
+    value = bytearray(encode_stored(1, 2, 3, 4, 5, None, 0, encode_batch(msgs)))
+    i = data.draw(st.integers(0, 60))
+    value[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CorruptRecord):
+        stored_head(bytes(value))
+
+
+def _bomb(codec: Codec, announced: int, real: int) -> bytes:
+    """A well-formed batch header announcing ``announced`` bytes of records whose
+    compressed records are ``real`` zero bytes (a valid checksum: only the size lies)."""
+    raw = bytes(real)
+    carried = zstandard.ZstdCompressor().compress(raw) if codec is Codec.ZSTD else lz4.frame.compress(raw)
+    return BATCH_HEAD.pack(1, codec, 1, zlib.crc32(carried), announced) + carried
+
+
+@pytest.mark.parametrize("codec", [Codec.ZSTD, Codec.LZ4])
+def test_a_decompression_bomb_is_refused_without_inflating_it(codec: Codec) -> None:
+    bomb = _bomb(codec, 1000, 512 << 20)  # 512 MiB of zeros in a few KiB, announced as 1,000 bytes
+    assert len(bomb) < 3 << 20
+    with pytest.raises(CorruptRecord, match="not the 1000 announced"):
+        decode_batch(bomb, LIMIT)
+    honest = _bomb(codec, 512 << 20, 512 << 20)  # the truth is refused by the cap before decompressing
+    with pytest.raises(CorruptRecord, match="exceed the limit"):
+        batch_head(honest, LIMIT)
+
+
+def test_header_errors_say_what_is_wrong() -> None:
+    good = encode_batch([Message(b"x")])
+    cases = {
+        "shorter than its": good[:5],
+        "unknown batch magic": b"\x07" + good[1:],
+        "unknown batch codec": good[:1] + b"\x09" + good[2:],
+        "holds no record": good[:2] + struct.pack(">I", 0) + good[6:],
+        "carries": good + b"extra",
+    }
+    for message, batch in cases.items():
+        with pytest.raises(CorruptRecord, match=message):
+            batch_head(batch, LIMIT)
+    with pytest.raises(InvalidMessage):
+        encode_batch([])
+
+
+def test_codec_names() -> None:
+    assert [Codec.parse(n) for n in ("none", "ZSTD", " lz4 ")] == [Codec.NONE, Codec.ZSTD, Codec.LZ4]
+    with pytest.raises(ValueError, match="choose none, zstd or lz4"):
+        Codec.parse("gzip")
+
+
+def test_a_keyed_100_byte_record_costs_3_bytes_of_header() -> None:
+    """The compactness the store format is judged by: a keyed 100-byte message with
+    an 8-byte key is 100 + 8 + 3 bytes (length, attributes, key length)."""
+    batch = encode_batch([Message(bytes(100), key="k0000001")])
+    assert len(batch) - BATCH_HEAD.size == 111
