@@ -183,7 +183,7 @@ async def test_a_produce_to_a_new_topic_is_decoded_once_and_queued_after_its_cre
 async def test_the_general_path_decodes_once_and_answers(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """``ProduceHandler.handle`` (a request task), for a topic it must create first."""
     from equeue.broker.handlers import produce
-    from equeue.broker.handlers.base import RequestContext
+    from equeue.broker.handlers.context import RequestContext
 
     decoded: list[bytes] = []
     decode = produce._decode
