@@ -31,6 +31,7 @@ from equeue.wire.entries import (
     split_entries,
 )
 from equeue.wire.produce import (
+    PRODUCE_BATCH,
     PRODUCE_IDEMPOTENT,
     PRODUCE_NO_AUTO_CREATE,
     ProduceRequest,
@@ -67,6 +68,7 @@ __all__ = [
     "FLAG_KEY",
     "FLAG_TAGS",
     "NO_OFFSET",
+    "PRODUCE_BATCH",
     "PRODUCE_IDEMPOTENT",
     "PRODUCE_NO_AUTO_CREATE",
     "PULL_CLIENT_VERIFIES",

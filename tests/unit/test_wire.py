@@ -15,6 +15,7 @@ from equeue.models import Message, PullResult, SendResult
 from equeue.protocol import PullStatus
 from equeue.wire import (
     ENTRY_HEADER,
+    PRODUCE_BATCH,
     RECORD_HEADER,
     EntryMeta,
     ProduceRequest,
@@ -37,6 +38,7 @@ from equeue.wire import (
     record_header,
     split_entries,
 )
+from equeue.wire.batches import Codec, encode_batch
 
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
@@ -374,6 +376,45 @@ def test_produce_request_round_trip(req: ProduceRequest) -> None:
     buf = req.encode()
     assert ProduceRequest.decode(buf) == req
     assert b"".join(ProduceRequest.decode(buf).entries) == b"".join(req.entries)
+
+
+@st.composite
+def batch_requests(draw: st.DrawFn) -> ProduceRequest:
+    msgs = draw(st.lists(messages, min_size=1, max_size=6))
+    pid = draw(st.none() | producer_ids)
+    return ProduceRequest(
+        topic=draw(short_text),
+        queue_id=draw(u32),
+        entries=(),
+        producer_id=pid,
+        base_sequence=draw(u64) if pid is not None else 0,
+        auto_create=draw(st.booleans()),
+        batch=encode_batch(msgs, draw(st.sampled_from(list(Codec)))),
+    )
+
+
+@settings(max_examples=200)
+@given(req=batch_requests())
+def test_produce_request_batch_form_round_trip(req: ProduceRequest) -> None:
+    """The batch form: the flag, the batch carried byte for byte, the idempotent fields."""
+    buf = req.encode()
+    assert buf[len(req.topic.encode()) + 6] & PRODUCE_BATCH
+    assert ProduceRequest.decode(buf) == req
+
+
+@given(req=batch_requests(), cut=st.integers(1, 20))
+def test_produce_request_batch_form_length_must_match(req: ProduceRequest, cut: int) -> None:
+    """A batch whose announced length disagrees with what follows is refused."""
+    buf = req.encode()
+    with pytest.raises(RemoteProtocolError):
+        ProduceRequest.decode(buf[:-cut] if cut <= len(req.batch or b"") else buf + bytes(cut))
+    with pytest.raises(RemoteProtocolError):
+        ProduceRequest.decode(buf + b"x")
+
+
+def test_produce_request_refuses_entries_and_batch() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        ProduceRequest("t", 0, [encode_entry(Message(b"x"))], batch=encode_batch([Message(b"y")])).encode()
 
 
 def test_produce_request_with_and_without_producer_id() -> None:
