@@ -36,6 +36,7 @@ from equeue.wire.produce import (
     PRODUCE_NO_AUTO_CREATE,
     ProduceRequest,
     ProduceResponse,
+    entries_batch,
 )
 from equeue.wire.pull import (
     PULL_CLIENT_VERIFIES,
@@ -97,6 +98,7 @@ __all__ = [
     "encode_pull_response_packed",
     "encode_pull_response_plain",
     "encode_record",
+    "entries_batch",
     "entry_fields",
     "entry_meta",
     "pack_entry",

@@ -18,9 +18,10 @@ from typing import Final
 
 import attrs
 
-from equeue.models import SendResult
+from equeue.models import Message, SendResult
 from equeue.wire._prims import _U32, NO_OFFSET, _bad, pack_str, unpack_str
-from equeue.wire.entries import split_entries
+from equeue.wire.batches import Codec, encode_batch
+from equeue.wire.entries import entry_fields, split_entries
 
 _PRODUCE_FIXED = struct.Struct(">IB")  # queue id, flags
 _PRODUCE_IDEM = struct.Struct(">16sQ")  # producer id, base sequence
@@ -91,6 +92,18 @@ class ProduceRequest:
             return cls(topic, queue_id, (), pid, seq, not flags & PRODUCE_NO_AUTO_CREATE, buf[pos:])
         entries = split_entries(buf, pos, count)
         return cls(topic, queue_id, entries, pid, seq, not flags & PRODUCE_NO_AUTO_CREATE)
+
+
+def entries_batch(entries: Sequence[bytes], codec: Codec = Codec.NONE) -> bytes:
+    """The producer batch of encoded ``entries`` (at least one), its records
+    compressed with ``codec``: how the producer turns what it buffered into a batch
+    request. Raises InvalidMessage for no entries, CorruptRecord for an entry whose
+    lengths are inconsistent."""
+    msgs = []
+    for e in entries:
+        key, tags, props, body, deliver_at, rc = entry_fields(e, 0, len(e))
+        msgs.append(Message(body, key, tags, props, deliver_at, reconsume_times=rc))
+    return encode_batch(msgs, codec)
 
 
 _PRODUCE_RESP = struct.Struct(">BQQII")  # duplicate, first global, first queue, stored, scheduled

@@ -23,7 +23,9 @@ from tests.hostile.conftest import LatencyProbe
 _BOMB = 256 << 20
 
 
-def _batch(codec: Codec, count: int, records_len: int, carried: bytes, crc: int | None = None) -> bytes:
+def _batch(
+    codec: Codec, count: int, records_len: int, carried: bytes, crc: int | None = None
+) -> bytes:
     """A batch written field by field, so any field can lie."""
     crc = zlib.crc32(carried) if crc is None else crc
     return BATCH_HEAD.pack(BATCH_MAGIC, codec, count, crc, records_len) + carried
@@ -59,7 +61,12 @@ def _attacks() -> list[tuple[str, bytes]]:
         ("truncated (none)", encode_batch([Message(b"hello")] * 2)[:-3]),
         ("truncated (zstd, crc of what is left)", _batch(Codec.ZSTD, 2, len(two), good_z[:-4])),
         ("truncated header", encode_batch([Message(b"hello")])[:7]),
-        ("unknown codec", _batch(Codec.NONE, 1, len(rec), rec)[:1] + b"\x07" + _batch(Codec.NONE, 1, len(rec), rec)[2:]),
+        (
+            "unknown codec",
+            _batch(Codec.NONE, 1, len(rec), rec)[:1]
+            + b"\x07"
+            + _batch(Codec.NONE, 1, len(rec), rec)[2:],
+        ),
     ]
     return out
 
@@ -77,7 +84,9 @@ async def test_lying_batches_are_refused_nothing_stored_and_others_served(tmp_pa
             assert info.value.code == CorruptRecord.code, what
             assert (await c.queue_offsets("t", 0)).max_offset == 0, what
         # the same connection still produces, and the healthy client was served throughout
-        ok = await c.produce(wire.ProduceRequest("t", 0, (), batch=encode_batch([Message(b"ok")], Codec.LZ4)))
+        ok = await c.produce(
+            wire.ProduceRequest("t", 0, (), batch=encode_batch([Message(b"ok")], Codec.LZ4))
+        )
         assert ok.stored == 1
     assert probe.rounds > 0 and not probe.errors, str(probe)
 
@@ -91,5 +100,7 @@ async def test_a_record_the_entry_layout_cannot_hold_is_invalid(tmp_path: Path) 
         huge_due = b"\x05\x04" + b"\xff" * 9 + b"\x7f" + b"x"  # attrs deliver_at, a 70-bit varint
         rec = bytes((len(huge_due) - 1,)) + huge_due[1:]
         with pytest.raises(CorruptRecord):
-            await c.produce(wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec)))
+            await c.produce(
+                wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec))
+            )
         assert (await c.queue_offsets("t", 0)).max_offset == 0

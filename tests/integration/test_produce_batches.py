@@ -22,7 +22,9 @@ _MSGS = [
 
 
 @pytest.mark.parametrize("codec", list(Codec))
-async def test_a_batch_round_trips_and_a_resent_one_is_a_duplicate(codec: Codec, tmp_path: Path) -> None:
+async def test_a_batch_round_trips_and_a_resent_one_is_a_duplicate(
+    codec: Codec, tmp_path: Path
+) -> None:
     async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
         await c.create_topic("t", 1)
         pid = os.urandom(16)
