@@ -134,9 +134,9 @@ def _convert_chunk(txn: lmdb.Transaction, db: dict[bytes, Any], after: bytes) ->
             _store_run(txn, db, part, pairs, delta)
     for (tid, bucket), new in pairs.items():
         kk = layout.kindex_key(tid, bucket)
-        v = txn.get(kk, db=kdb)
-        if v is not None:
-            hs, offs = layout.unpack_kindex_value(v)
+        kv = txn.get(kk, db=kdb)
+        if kv is not None:
+            hs, offs = layout.unpack_kindex_value(kv)
             new += zip(offs, hs, strict=True)
         new.sort()
         txn.put(kk, layout.pack_kindex_value([h for _o, h in new], [o for o, _h in new]), db=kdb)
@@ -159,11 +159,11 @@ def _continues(prev: tuple[bytes, int], key: bytes, g: int) -> bool:
 
 def _split_by_bytes(
     txn: lmdb.Transaction, qdb: Any, mdb: Any, run: list[tuple[bytes, int]]
-) -> list[list[tuple[bytes, bytes]]]:
-    """A run's (qindex key, old record) parts of at most :data:`RUN_BYTES` of records.
+) -> list[list[tuple[bytes, int, bytes]]]:
+    """A run's (qindex key, global offset, old record) parts of at most :data:`RUN_BYTES` of records.
     A record missing from the log ends a part; its index entry becomes a batch of one
     that holds nothing (readers stop there, as before; ``equeue message skip`` passes it)."""
-    parts: list[list[tuple[bytes, bytes]]] = [[]]
+    parts: list[list[tuple[bytes, int, bytes]]] = [[]]
     size = 0
     for k, g in run:
         rec = txn.get(layout.global_key(g), db=mdb)
@@ -175,22 +175,22 @@ def _split_by_bytes(
         if parts[-1] and size + len(rec) > RUN_BYTES:
             parts.append([])
             size = 0
-        parts[-1].append((k, bytes(rec)))
+        parts[-1].append((k, g, bytes(rec)))
         size += len(rec)
     return [p for p in parts if p]
 
 
 def _store_run(
-    txn: lmdb.Transaction, db: dict[bytes, Any], part: list[tuple[bytes, bytes]],
+    txn: lmdb.Transaction, db: dict[bytes, Any], part: list[tuple[bytes, int, bytes]],
     pairs: dict[tuple[int, int], list[tuple[int, int]]], delta: dict[tuple[int, int], int],
 ) -> None:  # fmt: skip
     """Replace a run's old records and index entries by one batch (a damaged record:
     kept as it is, alone); add its keyed records' pairs and its size change."""
     qdb, mdb = db[b"qindex"], db[b"messages"]
     tid, q, base = layout.unpack_qindex_key(part[0][0])
-    g0 = layout.global_of(txn.get(part[0][0], db=qdb))
+    g0 = part[0][1]
     msgs: list[Message] = []
-    for i, (_k, rec) in enumerate(part):
+    for i, (_k, _g, rec) in enumerate(part):
         try:
             msgs.append(decode_record("", g0 + i, rec))
         except EQueueError:
@@ -207,7 +207,7 @@ def _store_run(
     batch = batches.BATCH_HEAD.pack(batches.BATCH_MAGIC, batches.Codec.NONE, len(msgs), zlib.crc32(records),
                                     len(records)) + records  # fmt: skip
     value = batches.encode_stored(tid, q, base, first, last, None, 0, batch)
-    for i, (k, _rec) in enumerate(part):
+    for i, (k, _g, _rec) in enumerate(part):
         if i:
             txn.delete(k, db=qdb)
             txn.delete(layout.global_key(g0 + i), db=mdb)
@@ -218,4 +218,4 @@ def _store_run(
         if m.key is not None:
             g = g0 + i
             pairs[(tid, g // b)].append((g % b, layout.kindex_hash(m.key.encode())))
-    delta[(tid, q)] += len(value) - sum(len(r) for _k, r in part)
+    delta[(tid, q)] += len(value) - sum(len(r) for _k, _g, r in part)

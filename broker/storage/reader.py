@@ -513,9 +513,9 @@ def _batch_key_at(cur: lmdb.Cursor, topic_id: int, queue_id: int, offset: int) -
     offset is below its first batch), on the queue's first entry. False when the
     queue has no entry at or above ``offset``'s batch."""
     prefix = layout.queue_key(topic_id, queue_id)
-    if _last_below(cur, layout.qindex_key(topic_id, queue_id, offset + 1)) and cur.key().startswith(prefix):
+    if _last_below(cur, layout.qindex_key(topic_id, queue_id, offset + 1)) and bytes(cur.key()).startswith(prefix):
         return True
-    return bool(cur.set_range(layout.qindex_key(topic_id, queue_id, 0)) and cur.key().startswith(prefix))
+    return bool(cur.set_range(layout.qindex_key(topic_id, queue_id, 0)) and bytes(cur.key()).startswith(prefix))
 
 
 def _tag_bytes(tags: str | None) -> bytes | None:

@@ -129,7 +129,7 @@ def _head_batch(w: WriteContext, tid: int, q: int, off: int) -> tuple[int, int] 
     return int(g), int(count)
 
 
-def _last_ms(value: bytes) -> int:
+def _last_ms(value: bytes | memoryview) -> int:
     """The last store time of a stored batch (a damaged header: 0, so time retention
     removes it with its neighbours)."""
     try:
