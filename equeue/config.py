@@ -296,6 +296,11 @@ def _map_size(inst: object, attr: attrs.Attribute, value: object) -> None:  # ty
         raise ConfigError(f"{attr.name} must be at least {format_size(MIN_MAP_SIZE)}, got {value!r}")
 
 
+def _compression(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if value not in ("producer", "none", "zstd", "lz4"):
+        raise ConfigError(f"{attr.name} must be one of 'producer', 'none', 'zstd', 'lz4', got {value!r}")
+
+
 def _acks(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     if value not in ("all", "leader"):
         raise ConfigError(f"{attr.name} must be one of 'all', 'leader', got {value!r}")
@@ -346,6 +351,9 @@ class BrokerConfig:
     #: largest message content (key + tags + properties + body); at most
     #: ``max_frame - SERVE_OVERHEAD``, so a message at the limit is always served
     max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
+    #: how topics without their own ``compression`` setting store batches:
+    #: ``producer`` (as sent), ``none``, ``zstd`` or ``lz4`` (docs/storage.md "Compression")
+    compression: str = attrs.field(default="producer", validator=_compression)
     #: create unknown topics on produce / route lookup
     auto_create_topics: bool = attrs.field(default=True, validator=boolean)
     #: queue count of auto-created topics

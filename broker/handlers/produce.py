@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from equeue import wire
+from equeue import control, wire
 from equeue.broker.appender import PendingOp
 from equeue.broker.auth import Authorizer
 from equeue.broker.handlers.context import Closing, Parts, RequestContext
@@ -50,6 +50,8 @@ __all__ = ["ErrorAnswer", "ProduceHandler", "ProducePipeline", "ProduceQueue", "
 _PRODUCE = int(RequestCode.PRODUCE)  # a plain int: no enum lookup on the hot path
 _OK = int(ErrorCode.OK)
 _decode = wire.ProduceRequest.decode
+#: the codec each compression setting stores with (None: as sent)
+_CODECS = {s: control.stored_codec(s) for s in control.COMPRESSION_SETTINGS}
 
 
 class ProduceQueue(Protocol):
@@ -100,6 +102,8 @@ class ProduceHandler:
         #: a batch's records, uncompressed, are held to the frame limit: no more than
         #: a request of entries could carry (the decompression-bomb cap)
         self._max_records = limits.max_frame
+        #: the broker's ``--compression``, for topics without their own setting
+        self._compression = limits.compression
 
     def prepare(self, req: wire.ProduceRequest, principal: str | None = None) -> ProduceOp | None:
         """Check a decoded produce request and build its write op (no checkpoint, so a
@@ -153,11 +157,15 @@ class ProduceHandler:
             req.base_sequence,
             self._max_body,
             self._max_delay_ms,
+            req.batch,
+            _CODECS[info.compression or self._compression],
         )
 
     def batch_entries(self, batch: bytes) -> list[bytes]:
         """The messages of a producer batch, checked, as entries for the store's
-        produce op (which then checks each message's size, UTF-8 and due time).
+        produce op (which then checks each message's size, UTF-8 and due time, indexes
+        their keys and schedules the delayed ones; it stores the batch itself as sent
+        unless the topic's compression names another codec).
 
         The header is checked first (magic, codec, count, the crc32 of the records as
         carried, the announced uncompressed size within the frame limit), so a

@@ -12,7 +12,6 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import and_, itemgetter
-from zlib import crc32
 
 import attrs
 
@@ -24,12 +23,19 @@ from equeue.wire import batches
 
 _FLAGS = itemgetter(1)
 _DUE = itemgetter(2)
+_NONE = batches.Codec.NONE
 
 
 @attrs.define
 class ProduceOp(WriteOp):
     """Append entries to one queue; entries with a future ``deliver_at`` go to the
     schedule instead. Idempotent when ``producer_id`` is set.
+
+    ``batch`` is the producer's batch the entries were decoded from (checked by the
+    produce handler): it is stored as sent when none of its messages is delayed and
+    ``codec`` is None or its own codec; otherwise the stored batch is built from the
+    entries, its records compressed with ``codec`` (None: uncompressed). ``codec`` is
+    the topic's ``compression`` setting (:func:`equeue.control.stored_codec`).
 
     Raises (before writing anything) TopicNotFound, QueueNotFound, InvalidMessage,
     MessageTooLarge, DelayTooLong or OutOfOrderSequence; returns the
@@ -43,6 +49,8 @@ class ProduceOp(WriteOp):
     base_sequence: int = 0
     max_body: int = 1 << 62
     max_delay_ms: int = 1 << 62
+    batch: bytes | None = None
+    codec: batches.Codec | None = None
 
     def inline_size(self) -> int:
         """The entries' bytes (what the loop's worst pause grows with)."""
@@ -65,9 +73,13 @@ class ProduceOp(WriteOp):
             live = [i for i, d in enumerate(dues) if not d]
             entries = [self.entries[i] for i in live]
             headers = [headers[i] for i in live]
-        # the records are built before anything is written: a key that is not UTF-8
-        # refuses the whole request (InvalidMessage)
-        records = batches.records_from_entries(entries, headers) if entries else b""
+        # a producer's batch is stored as sent when nothing in it is delayed and the
+        # topic keeps its codec; else the records are built before anything is
+        # written: a key that is not UTF-8 refuses the whole request (InvalidMessage)
+        sent = self.batch
+        if sent is not None and (dues is not None or self.codec not in (None, sent[1])):
+            sent = None
+        records = batches.records_from_entries(entries, headers) if entries and sent is None else b""
         # ---- preconditions done; writes start
         w.wrote = True
         st = w.queue(self.topic.topic_id, self.queue_id)
@@ -77,7 +89,7 @@ class ProduceOp(WriteOp):
             scheduled = self._schedule(w, dues)
         m = len(entries)
         if m:
-            self._append(w, st, entries, records, headers)
+            self._append(w, st, entries, sent or batches.seal_records(records, m, self.codec or _NONE), headers)
         answer = wire.ProduceResponse(first_global if m else -1, first_queue if m else -1, m, scheduled)
         if pkey is not None:
             producers.record_answer(w, pkey, pstate, self.base_sequence, len(self.entries), answer)
@@ -109,19 +121,18 @@ class ProduceOp(WriteOp):
         return scheduled
 
     def _append(
-        self, w: WriteContext, st: QueueDraft, entries: Sequence[bytes], records: bytes,
+        self, w: WriteContext, st: QueueDraft, entries: Sequence[bytes], batch: bytes,
         headers: Sequence[tuple[int, ...]],
     ) -> None:  # fmt: skip
-        """Store one batch of ``records`` (the entries' of ``headers``, not empty) at
+        """Store ``batch`` (the entries' of ``headers``, not empty) at
         the log's end and the queue's (``st``): the stored batch, its queue-index
         entry, the key index's pairs of its keyed messages, and the staged counters.
         The per-message work left here (the key hashes) runs in C loops: this is the
         broker's hottest path (docs/storage.md, "Performance")."""
         tid, qid, m = self.topic.topic_id, self.queue_id, len(headers)
         g, first_queue = w.next_global, st.next_offset
-        batch = batches.BATCH_HEAD.pack(batches.BATCH_MAGIC, batches.Codec.NONE, m, crc32(records), len(records))
         value = batches.encode_stored(tid, qid, first_queue, w.now, w.now, self.producer_id, self.base_sequence,
-                                      batch + records)  # fmt: skip
+                                      batch)  # fmt: skip
         w.txn.put(layout.global_key(g), value, db=w.db[b"messages"], append=True)
         w.txn.put(layout.qindex_key(tid, qid, first_queue), layout.pack_qindex_value(g, m), db=w.db[b"qindex"])
         keyed = list(compress(range(m), map(and_, map(_FLAGS, headers), repeat(wire.FLAG_KEY, m))))

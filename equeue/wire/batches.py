@@ -323,9 +323,15 @@ def encode_batch(messages: Sequence[Message], codec: Codec = Codec.NONE) -> byte
     the one batch encoder. Raises InvalidMessage for an empty batch."""
     if not messages:
         raise InvalidMessage("a batch holds at least one message")
-    records = b"".join(map(encode_record, messages))
+    return seal_records(b"".join(map(encode_record, messages)), len(messages), codec)
+
+
+def seal_records(records: bytes, count: int, codec: Codec = Codec.NONE) -> bytes:
+    """The batch of an (uncompressed) records section of ``count`` records, compressed
+    with ``codec``: its header and the records as carried (what :func:`encode_batch`
+    and the broker's recompression build)."""
     carried = _compress(codec, records)
-    return BATCH_HEAD.pack(BATCH_MAGIC, codec, len(messages), zlib.crc32(carried), len(records)) + carried
+    return BATCH_HEAD.pack(BATCH_MAGIC, codec, count, zlib.crc32(carried), len(records)) + carried
 
 
 @attrs.frozen(slots=True)
