@@ -16,6 +16,21 @@ from equeue.errors import CorruptRecord
 from equeue.models import Message, PullResult
 from equeue.protocol import PullStatus
 from equeue.wire._prims import _bad, pack_str, unpack_str
+from equeue.wire.batches import (
+    _A_KNOWN,
+    A_DELIVER,
+    A_KEY,
+    A_PROPS,
+    A_RECONSUME,
+    A_TAGS,
+    A_TS,
+    _decode_props,
+    _read_uvarint,
+    batch_head,
+    batch_records,
+    stored_batch,
+    stored_head,
+)
 from equeue.wire.entries import ENTRY_HEADER, FLAG_KEY, FLAG_TAGS, decode_props
 from equeue.wire.records import RECORD_HEADER, RECORD_VERSION
 
@@ -25,7 +40,9 @@ _PULL_FIXED = struct.Struct(">IQIII")  # queue, offset, max messages, max bytes,
 PULL_PACKED: Final = 1
 #: pull flag: the client verifies every record's checksum itself, so the broker skips its recheck
 PULL_CLIENT_VERIFIES: Final = 2
-_PULL_FLAGS_KNOWN: Final = PULL_PACKED | PULL_CLIENT_VERIFIES
+#: pull flag: answer in the batch layout (stored batches whole, with keep-masks)
+PULL_BATCHES: Final = 4
+_PULL_FLAGS_KNOWN: Final = PULL_PACKED | PULL_CLIENT_VERIFIES | PULL_BATCHES
 
 
 @attrs.frozen(slots=True)
@@ -314,3 +331,204 @@ def parse_tag_filter(expr: str | None) -> frozenset[bytes] | None:
     if not tags or b"*" in tags:
         return None
     return tags
+
+
+# ---------------------------------------------------------------- the batch layout
+_BATCH_ITEM = struct.Struct(">QI")  # global offset of the batch's first record, mask length
+_U32 = struct.Struct(">I")
+#: the largest records section (uncompressed) a reader of pull answers decompresses:
+#: an answer never carries more than the frame cap, and a stored batch is at most 1 MiB
+MAX_RECORDS_LEN: Final = 64 << 20
+
+
+def encode_pull_batches(
+    status: PullStatus,
+    min_offset: int,
+    max_offset: int,
+    next_offset: int,
+    batches: Sequence[tuple[int, bytes, bytes]],
+) -> list[bytes]:
+    """Encode a pull answer in the batch layout (:data:`PULL_BATCHES`) as pieces: the
+    one encoder. ``batches`` = (global offset of the first record, stored batch
+    verbatim, keep-mask or b"" for every record), as ``ReadResult.batches`` holds them;
+    the head's count is the number of batches."""
+    parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(batches))]
+    item, u32 = _BATCH_ITEM.pack, _U32.pack
+    for g, value, mask in batches:
+        parts += (item(g, len(mask)), mask, u32(len(value)), value)
+    return parts
+
+
+def mask_of(count: int, keep: Sequence[int]) -> bytes:
+    """The keep-mask of a batch of ``count`` records delivering records ``keep``
+    (indexes in the batch): bit i set = record i is delivered, LSB-first per byte."""
+    out = bytearray((count + 7) // 8)
+    for i in keep:
+        out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def frame_pull_batches(buf: bytes | bytearray | memoryview) -> tuple[PullHead, list[tuple[int, bytes, bytes]]]:
+    """The head and the (global base, mask, stored batch) triples of a batch-layout
+    answer, unchecked inside: the framing half of the one decoder. Raises
+    RemoteProtocolError when the answer is truncated or has bytes after its batches."""
+    head = decode_pull_head(buf)
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    out: list[tuple[int, bytes, bytes]] = []
+    pos, size = PULL_HEAD_SIZE, len(buf)
+    item, u32 = _BATCH_ITEM.unpack_from, _U32.unpack_from
+    try:
+        for _ in range(head.count):
+            g, ml = item(buf, pos)
+            pos += 12
+            mask = buf[pos : pos + ml]
+            pos += ml
+            (vl,) = u32(buf, pos)
+            pos += 4
+            if pos + vl > size:
+                raise _bad("truncated pull response: a batch overruns the answer")
+            out.append((g, mask, buf[pos : pos + vl]))
+            pos += vl
+    except struct.error as exc:
+        raise _bad(f"truncated pull response: {exc}") from exc
+    if pos != size:
+        raise _bad(f"{size - pos} bytes after the pull answer's {head.count} batches")
+    return head, out
+
+
+def decode_pull_batches(
+    topic: str,
+    buf: bytes | bytearray | memoryview,
+    start: int = 0,
+    verify: bool = True,
+    end: int | None = None,
+) -> tuple[PullStatus, int, int, int, list[Message]]:
+    """(status, min offset, max offset, next offset, messages) of a batch-layout answer:
+    the one decoder of its records.
+
+    Delivers the records of each batch whose queue offset is >= ``start`` and <
+    ``end`` (default: the answer's next offset; ``end=-1``: no bound, for answers that
+    are not a queue read, such as GET_MESSAGE / FIND_BY_KEY) and whose mask bit is set.
+    Decompresses (capped at :data:`MAX_RECORDS_LEN`), checks each stored header's
+    crc, and with ``verify`` each batch's crc.
+
+    Raises RemoteProtocolError for a truncated or malformed answer; CorruptRecord
+    naming the batch's position (topic, queue, queue offset, global offset) for a
+    batch or record that does not decode.
+    """
+    head, items = frame_pull_batches(buf)
+    out: list[Message] = []
+    stop = head.next_offset if end is None else (1 << 64 if end < 0 else end)
+    for g, mask, value in items:
+        try:
+            sh = stored_head(value)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
+        base = sh.base_offset
+        try:
+            bh = batch_head(stored_batch(value), MAX_RECORDS_LEN, verify=verify)
+            if mask and len(mask) != (bh.count + 7) // 8:
+                raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
+            if base >= stop or base + bh.count <= start:
+                continue
+            records = batch_records(stored_batch(value), bh)
+            _decode_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop)
+        except CorruptRecord as exc:
+            raise CorruptRecord(
+                f"corrupt batch of {topic}/{sh.queue_id} at offset {base} (global offset {g}): {exc}"
+            ) from None
+    return head.status, head.min_offset, head.max_offset, head.next_offset, out
+
+
+def _decode_into(
+    out: list[Message],
+    records: bytes,
+    count: int,
+    mask: bytes,
+    topic: str,
+    qid: int,
+    base: int,
+    gbase: int,
+    first_ms: int,
+    start: int,
+    stop: int,
+) -> None:
+    """Append the delivered records of one batch's records section to ``out`` as
+    Messages (the record layout of :mod:`equeue.wire.batches`), filled in through
+    their slots: one allocation per delivered record. Records not delivered are
+    stepped over by their length. Raises CorruptRecord."""
+    append = out.append
+    new, cls = _new_message, Message
+    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
+    uvarint = _read_uvarint
+    pos, size = 0, len(records)
+    try:
+        for i in range(count):
+            n, pos = uvarint(records, pos)
+            e = pos + n
+            if e > size or n < 1:
+                raise CorruptRecord(f"record {i} overruns its batch")
+            qoff = base + i
+            if qoff < start or qoff >= stop or (mask and not mask[i >> 3] >> (i & 7) & 1):
+                pos = e
+                continue
+            a = records[pos]
+            pos += 1
+            m = new(cls)
+            if a & ~_A_KNOWN:
+                raise CorruptRecord(f"unknown record attributes {a:#x}")
+            ts = rc = deliver = 0
+            if a & A_TS:
+                ts, pos = uvarint(records, pos)
+            if a & A_RECONSUME:
+                rc, pos = uvarint(records, pos)
+            if a & A_DELIVER:
+                deliver, pos = uvarint(records, pos)
+            if a & A_KEY:
+                kl, pos = uvarint(records, pos)
+                s_key(m, records[pos : pos + kl].decode())
+                pos += kl
+            else:
+                s_key(m, None)
+            if a & A_TAGS:
+                tl, pos = uvarint(records, pos)
+                s_tags(m, records[pos : pos + tl].decode())
+                pos += tl
+            else:
+                s_tags(m, None)
+            if a & A_PROPS:
+                pl, pos = uvarint(records, pos)
+                if pos + pl > e:
+                    raise CorruptRecord(f"record {i}'s properties overrun it")
+                s_props(m, _decode_props(records[pos : pos + pl]))
+                pos += pl
+            else:
+                s_props(m, {})
+            if pos > e:
+                raise CorruptRecord(f"record {i}'s fields overrun it")
+            s_body(m, records[pos:e])
+            s_deliver(m, deliver)
+            s_topic(m, topic)
+            s_qid(m, qid)
+            s_qoff(m, qoff)
+            s_global(m, gbase + i)
+            s_ts(m, first_ms + ts)
+            s_rc(m, rc)
+            append(m)
+            pos = e
+    except IndexError:
+        raise CorruptRecord("a record is truncated") from None
+    except UnicodeDecodeError as exc:
+        raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
+    if pos != size:
+        raise CorruptRecord(f"{size - pos} bytes after the batch's {count} records")
+
+
+def decode_pull_batches_result(
+    topic: str, buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+) -> PullResult:
+    """A batch-layout answer as a :class:`PullResult`, every batch's crc verified
+    (:func:`decode_pull_batches`)."""
+    status, lo, hi, nxt, msgs = decode_pull_batches(topic, buf, start, True, end)
+    return PullResult(status, msgs, lo, hi, nxt)
