@@ -198,3 +198,42 @@ def packed_batch(
         pa.array(ts_us, pa.timestamp("us", tz="UTC")),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def batches_batch(
+    payload: bytes, topic: str, queue_id: int, first: int, end: int, schema: pa.Schema
+) -> tuple[pa.RecordBatch, int]:
+    """The records of a batch-layout pull answer (``wire.PULL_BATCHES``) at queue
+    offsets ``first`` up to ``end`` and the answer's next offset, as one Arrow batch,
+    and the offset this reader goes on from (``min(next offset, end)``, at least
+    ``first``).
+
+    The records are decoded by the core's one decoder of the layout
+    (:func:`equeue.wire.decode_pull_batches`: stored-header and batch crc32s,
+    decompression, the keep-masks), then gathered column by column. Raises
+    CorruptRecord for a batch that does not decode, is malformed, or belongs to
+    another queue.
+    """
+    where = f"{topic}/{queue_id} offsets [{first}, {end})"
+    try:
+        head = wire.decode_pull_head(payload)
+        stop = max(first, min(head.next_offset, end))
+        msgs = wire.decode_pull_batches(topic, payload, first, True, stop)[4]
+    except RemoteProtocolError as exc:
+        raise CorruptRecord(f"pull answer for {where} is malformed: {exc}") from exc
+    if any(m.queue_id != queue_id for m in msgs):
+        raise CorruptRecord(f"pull answer for {where} holds records of another queue")
+    n = len(msgs)
+    props_type = schema.field("properties").type
+    columns = [
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.repeat(pa.scalar(queue_id, pa.int32()), n),
+        pa.array([m.queue_offset for m in msgs], pa.int64()),
+        pa.array([m.global_offset for m in msgs], pa.int64()),
+        pa.array([m.key for m in msgs], pa.string()),
+        pa.array([m.tags for m in msgs], pa.string()),
+        pa.array([list(m.properties.items()) for m in msgs], props_type),
+        pa.array([m.body for m in msgs], pa.binary()),
+        pa.array([m.timestamp * 1000 for m in msgs], pa.timestamp("us", tz="UTC")),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema), stop

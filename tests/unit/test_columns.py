@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 pa = pytest.importorskip("pyarrow")
@@ -108,3 +110,51 @@ def test_damage_is_detected(what: str) -> None:
         first, qid = 0, 0
     with pytest.raises(CorruptRecord):
         packed_batch(bytes(buf), "t", qid, first, 5, SCHEMA)
+
+
+def batches_answer(msgs: list[Message], cuts: list[int], first: int, nxt: int, codec: str = "none") -> bytes:
+    """``msgs`` at queue offsets 40.. (global 1000..), stored as batches split at ``cuts``."""
+    from equeue.wire.batches import Codec, encode_batch, encode_stored
+
+    bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(msgs))), len(msgs)]
+    batches = [
+        (1000 + a, encode_stored(7, 2, 40 + a, 1_700_000_000_000, 1_700_000_000_000, None, 0,
+                                 encode_batch(msgs[a:b], Codec.parse(codec))), b"")
+        for a, b in itertools.pairwise(bounds)
+    ]  # fmt: skip
+    return b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, nxt, batches))
+
+
+@settings(max_examples=100, deadline=None)
+@given(msgs=st.lists(messages, min_size=1, max_size=20), data=st.data())
+def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObject) -> None:
+    from equeue.spark.columns import batches_batch
+
+    cuts = data.draw(st.lists(st.integers(1, 19), max_size=3))
+    first = data.draw(st.integers(40, 40 + len(msgs) - 1))
+    end = data.draw(st.integers(first + 1, 40 + len(msgs) + 2))
+    nxt = data.draw(st.integers(first, 40 + len(msgs)))
+    buf = batches_answer(msgs, cuts, first, nxt, data.draw(st.sampled_from(["none", "zstd", "lz4"])))
+    rows, reached = batches_batch(buf, "orders", 2, first, end, SCHEMA)
+    assert reached == max(first, min(nxt, end))
+    want = wire.decode_pull_batches("orders", buf, first, True, reached)[4]
+    assert [m.queue_offset for m in want] == list(range(first, reached))
+    assert [(r["topic"], r["queue_id"], r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"],
+             dict(r["properties"]), int(r["timestamp"].timestamp() * 1000)) for r in rows.to_pylist()] == [
+        ("orders", 2, m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties, m.timestamp)
+        for m in want]  # fmt: skip
+    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in msgs[first - 40 : reached - 40]]
+
+
+def test_batches_batch_refuses_another_queue_and_damage() -> None:
+    from equeue.spark.columns import batches_batch
+
+    buf = batches_answer([Message(b"a"), Message(b"b")], [], 40, 42)
+    with pytest.raises(CorruptRecord, match="another queue"):
+        batches_batch(buf, "t", 3, 40, 42, SCHEMA)
+    with pytest.raises(CorruptRecord, match="malformed"):
+        batches_batch(buf[:-1], "t", 2, 40, 42, SCHEMA)
+    bad = bytearray(buf)
+    bad[-1] ^= 1
+    with pytest.raises(CorruptRecord, match="checksum"):
+        batches_batch(bytes(bad), "t", 2, 40, 42, SCHEMA)
