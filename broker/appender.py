@@ -6,25 +6,30 @@ and commits inside :meth:`equeue.broker.storage.Store.write`, in the worker thre
 Hand-off, for latency: the trio side appends to a list under a lock and notifies a
 condition (no loop iteration, no checkpoint); the writer thread, blocked on that
 condition, takes everything queued (up to ``max_batch_ops``) as one batch, writes
-it, lets ``on_written`` act on the commit in the writer thread (the broker answers
-parked pulls there), and posts the answers back with ``TrioToken.run_sync_soon``:
-one callback per transaction that hands each op its ``outcome`` (``outcome.Value``
-or ``outcome.Error``: what crosses from the writer thread to the loop) and sets the
-ops' events (and calls their ``callback``) in the loop thread. While a transaction
+it, lets the hooks' :meth:`~CommitHooks.written` act on the commit in the writer
+thread (the broker answers parked pulls there), and posts the answers back with
+``TrioToken.run_sync_soon``: one callback per transaction that hands each op
+(:class:`PendingOp`) its ``outcome`` (``outcome.Value`` or ``outcome.Error``: what
+crosses from the writer thread to the loop) and sets the ops' events (and calls
+their ``callback``) in the loop thread. While a transaction
 is being written, new ops pile up and form the next batch: many concurrent
 requests, one transaction, one fsync. A ``trio.to_thread`` call per batch would
 cost two extra thread hops and a loop iteration each time (~0.1 ms here).
 
 Two additions for replication (docs/cluster.md, "Replicas, acks, failover"):
 
-* :meth:`Appender.call` runs a synchronous store function (``store.apply_log``,
-  ``store.begin_epoch``, ``store.trim_log``, ``store.reload``...) in the writer
+* :meth:`Appender.call` runs a synchronous store function (the replication log's
+  write steps: ``store.replication.apply_log``, ``begin_epoch``, ``trim_log``,
+  ``reload``...) in the writer
   thread, in order with the ops queued before and after it: the single writer
   stays single.
-* ``hold``: when given, the ops of a committed transaction are handed to it (loop
-  thread) instead of being answered: the replication layer answers them with
-  :meth:`Appender.release` once the high watermark passed the transaction (acks
-  all), or with an error (the leader stepped down).
+* :meth:`CommitHooks.hold`: the hooks may take the ops of a committed transaction
+  (loop thread) instead of letting them be answered: the replication layer answers
+  them with :meth:`Appender.release` once the high watermark passed the transaction
+  (acks all), or with an error (the leader stepped down).
+
+What the broker does around a commit is one object, its :class:`CommitHooks` (four
+named methods, one per moment of a transaction; :class:`NoHooks` does nothing).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import outcome
 import trio
@@ -44,19 +49,21 @@ from equeue.errors import BrokerShuttingDown, EQueueError, InternalBrokerError
 
 log = logging.getLogger("equeue.appender")
 
-__all__ = ["Appender", "Hold"]
+__all__ = ["NO_HOOKS", "Appender", "CommitHooks", "Hold", "NoHooks", "PendingOp"]
 
 T = TypeVar("T")
 
 
-class _Pending:
-    """One queued op. ``done`` is set (and ``callback(self)`` called, in the loop
-    thread) once ``outcome`` holds the op's result or its exception."""
+class PendingOp:
+    """One op queued in the appender (what :meth:`Appender.enqueue` returns): ``done``
+    is set (and ``callback(self)`` called, in the loop thread) once ``outcome`` holds
+    the op's result or its exception. Loop thread only, but for ``op`` and ``fn``,
+    which the writer thread reads."""
 
     __slots__ = ("callback", "done", "fn", "op", "outcome")
 
     def __init__(
-        self, op: WriteOp | None, callback: Callable[[_Pending], None] | None = None,
+        self, op: WriteOp | None, callback: Callable[[PendingOp], None] | None = None,
         fn: Callable[[], Any] | None = None,
     ) -> None:  # fmt: skip
         self.op = op
@@ -83,10 +90,66 @@ class _Pending:
                 log.exception("appender completion callback failed")
 
 
-#: receives the ops of each committed transaction instead of answering them (loop
-#: thread): ``hold(batch, committed)``; the holder answers them later with
-#: :meth:`Appender.release` or :meth:`Appender.fail`
-Hold = Callable[[list[_Pending], WriteOutcome], None]
+#: a holder alone (``Appender(hold=...)``): receives the ops of each committed
+#: transaction instead of answering them (loop thread), ``hold(batch, committed)``;
+#: it answers them later with :meth:`Appender.release` or :meth:`Appender.fail`
+Hold = Callable[[list[PendingOp], WriteOutcome], None]
+
+
+class CommitHooks(Protocol):
+    """What the appender's owner does around each transaction, one method per moment,
+    in this order. Every hook is called once per transaction (never per op); an
+    exception from one is logged and the ops are still answered.
+
+    - :meth:`written`: **writer thread** (or the loop, for an inline commit), right
+      after the commit, before its answers are posted to the loop: the broker answers
+      parked pulls there (:mod:`equeue.broker.thread_answer`, the one thread crossing).
+    - :meth:`hold`: loop thread, with the ops of a committed transaction: True when the
+      hooks took them, to answer later (:meth:`Appender.release` /
+      :meth:`Appender.fail`: acks after replication); False: they are answered now.
+    - :meth:`committed`: loop thread, after the ops of a committed transaction were
+      answered (or held): wake pulls parked since, reschedule delayed moves.
+    - :meth:`answered`: loop thread, after every batch answered -- committed, failed
+      or released: the answers staged for the connections are written.
+    """
+
+    def written(self, committed: WriteOutcome) -> None: ...
+    def hold(self, batch: list[PendingOp], committed: WriteOutcome) -> bool: ...
+    def committed(self, committed: WriteOutcome) -> None: ...
+    def answered(self) -> None: ...
+
+
+class NoHooks:
+    """:class:`CommitHooks` that do nothing (ops answered at commit): the default, and
+    a base for hooks that need only some of the moments."""
+
+    def written(self, committed: WriteOutcome) -> None:
+        """Writer thread: nothing."""
+
+    def hold(self, batch: list[PendingOp], committed: WriteOutcome) -> bool:
+        """Hold nothing: the ops are answered at commit."""
+        return False
+
+    def committed(self, committed: WriteOutcome) -> None:
+        """Nothing."""
+
+    def answered(self) -> None:
+        """Nothing."""
+
+
+#: the default hooks: ops answered at commit, nothing else done
+NO_HOOKS = NoHooks()
+
+
+class _Holding(NoHooks):
+    """``Appender(hold=...)``: hooks that only hold, with a :data:`Hold` function."""
+
+    def __init__(self, fn: Hold) -> None:
+        self.fn = fn
+
+    def hold(self, batch: list[PendingOp], committed: WriteOutcome) -> bool:
+        self.fn(batch, committed)
+        return True
 
 
 class Appender:
@@ -95,32 +158,29 @@ class Appender:
     def __init__(
         self,
         store: Store,
+        hooks: CommitHooks = NO_HOOKS,
         *,
         max_batch_ops: int = 2048,
-        on_commit: Callable[[WriteOutcome], None] | None = None,
-        on_answered: Callable[[], None] | None = None,
-        on_written: Callable[[WriteOutcome], None] | None = None,
         hold: Hold | None = None,
         inline_bytes: int = 0,
     ) -> None:
+        """``hooks``: what the owner does around each transaction (:class:`CommitHooks`);
+        ``hold``: the short form of hooks that only hold (not with ``hooks``).
+        Raises TypeError when both are given."""
+        if hold is not None:
+            if hooks is not NO_HOOKS:
+                raise TypeError("Appender: give hooks or hold, not both")
+            hooks = _Holding(hold)
         self.store = store
         #: :meth:`kick` commits a batch on the loop when the writer thread is idle and
         #: the batch's ops are small (``WriteOp.inline_size``) and add up to at most
         #: this many bytes (0: never; ``--flush async`` only, see docs/storage.md)
         self.inline_bytes = inline_bytes
         self.max_batch_ops = max_batch_ops
-        #: called (loop thread) after the ops of a committed transaction are answered
-        self.on_commit = on_commit
-        #: called (loop thread) after every answered batch, committed or failed
-        self.on_answered = on_answered
-        #: called in the writer thread right after a commit, before its answers are
-        #: posted to the loop (answers parked pulls without a hop through the loop)
-        self.on_written = on_written
-        #: called (loop thread) with the ops of a committed transaction instead of
-        #: answering them (acks after replication); None: answered at commit
-        self.hold = hold
+        #: what is done around each transaction (read once per transaction)
+        self.hooks = hooks
         #: queued ops, FIFO; guarded by ``_cond`` (the loop appends, the writer takes)
-        self._pending: list[_Pending] = []
+        self._pending: list[PendingOp] = []
         #: how many of ``_pending`` are :meth:`call` functions (0: batches need no scan)
         self._calls = 0
         #: set by :meth:`refuse`: the writer fails the ops it takes with it, unwritten
@@ -144,6 +204,20 @@ class Appender:
         self.inline_transactions = 0
         self.inline_max_seconds = 0.0
 
+    @property
+    def hold(self) -> Hold | None:
+        """The holder given as ``hold`` (None: none, or full ``hooks``)."""
+        hooks = self.hooks
+        return hooks.fn if isinstance(hooks, _Holding) else None
+
+    @hold.setter
+    def hold(self, fn: Hold | None) -> None:
+        """Hold with ``fn`` from now on (None: answer at commit). Raises TypeError when
+        the appender has full ``hooks`` (they would be lost)."""
+        if self.hooks is not NO_HOOKS and not isinstance(self.hooks, _Holding):
+            raise TypeError("Appender.hold: the appender has hooks; set them instead")
+        self.hooks = NO_HOOKS if fn is None else _Holding(fn)
+
     async def submit(self, op: WriteOp) -> Any:
         """Queue ``op`` for the next transaction and wait until it committed.
 
@@ -153,8 +227,8 @@ class Appender:
         return await self.wait(self.enqueue(op))
 
     def enqueue(
-        self, op: WriteOp, callback: Callable[[_Pending], None] | None = None, *, defer: bool = False
-    ) -> _Pending:
+        self, op: WriteOp, callback: Callable[[PendingOp], None] | None = None, *, defer: bool = False
+    ) -> PendingOp:
         """Queue ``op`` now (no checkpoint), so ops enqueued one after another are
         committed in that order; :meth:`wait` for its outcome, or pass ``callback``
         to be called with the pending op once it is answered (in the loop thread).
@@ -165,7 +239,7 @@ class Appender:
         """
         if self._closing:
             raise BrokerShuttingDown("the broker is shutting down")
-        p = _Pending(op, callback)
+        p = PendingOp(op, callback)
         with self._cond:
             self._pending.append(p)
             if self._writer_waiting and not defer:
@@ -182,7 +256,7 @@ class Appender:
         in the loop thread during an inline commit goes on up once its ops are answered."""
         if not self._pending:
             return
-        batch: list[_Pending] | None = None
+        batch: list[PendingOp] | None = None
         with self._cond:
             pending = self._pending
             if not pending:
@@ -204,7 +278,7 @@ class Appender:
         if batch is not None:
             self._write_inline(batch)
 
-    def _write_inline(self, batch: list[_Pending]) -> None:
+    def _write_inline(self, batch: list[PendingOp]) -> None:
         """Loop thread: one transaction for ``batch``, answered at once (see :meth:`kick`)."""
         started = time.perf_counter()
         done = outcome.capture(self.store.write, cast("list[WriteOp]", [p.op for p in batch]))
@@ -227,11 +301,10 @@ class Appender:
             self._fail(batch, exc)
             return
         committed = done.unwrap()
-        if self.on_written is not None:
-            try:
-                self.on_written(committed)
-            except Exception:
-                log.exception("on_written failed")
+        try:
+            self.hooks.written(committed)
+        except Exception:
+            log.exception("the written hook failed")
         self._answer(batch, committed)
 
     async def call(self, fn: Callable[[], T]) -> T:
@@ -244,7 +317,7 @@ class Appender:
         """
         if self._closing:
             raise BrokerShuttingDown("the broker is shutting down")
-        p = _Pending(None, None, fn)
+        p = PendingOp(None, None, fn)
         with self._cond:
             self._pending.append(p)
             self._calls += 1
@@ -261,7 +334,7 @@ class Appender:
         progress, if any, is over). :meth:`call` functions still run."""
         self._refusal = exc
 
-    async def wait(self, p: _Pending) -> Any:
+    async def wait(self, p: PendingOp) -> Any:
         """Wait until an enqueued op committed; return its result or raise its error."""
         # shielded: once queued, the op may commit; we must not drop its outcome
         if not p.done.is_set():
@@ -321,7 +394,6 @@ class Appender:
         cond = self._cond
         write = self.store.write
         post = token.run_sync_soon
-        written = self.on_written
         try:
             while True:
                 with cond:
@@ -332,7 +404,7 @@ class Appender:
                     if self._stop_now or not self._pending:
                         return
                     pending = self._pending
-                    call: _Pending | None = None
+                    call: PendingOp | None = None
                     if self._calls and (cut := _first_call(pending, self.max_batch_ops)) is not None:
                         if cut == 0:  # a call runs alone
                             call = pending.pop(0)
@@ -367,11 +439,10 @@ class Appender:
                     continue
                 committed = done.unwrap()
                 try:
-                    if written is not None:
-                        written(committed)
+                    self.hooks.written(committed)
                 except Exception:
-                    log.exception("on_written failed")
-                finally:  # committed: its ops are answered whatever on_written did
+                    log.exception("the written hook failed")
+                finally:  # committed: its ops are answered whatever the hook did
                     post(self._posted, self._answer, batch, committed)
         except BaseException as exc:  # pragma: no cover - a bug in this loop itself
             log.exception("appender writer thread failed")
@@ -380,34 +451,33 @@ class Appender:
             post(stopped.set)
 
     # ------------------------------------------------------------------ loop-thread callbacks
-    def _posted(self, answer: Callable[[list[_Pending], Any], None], batch: list[_Pending], arg: Any) -> None:
+    def _posted(self, answer: Callable[[list[PendingOp], Any], None], batch: list[PendingOp], arg: Any) -> None:
         """A batch of the writer thread is answered (``_answer`` or ``_fail``)."""
         with self._cond:
             self._unanswered -= 1
         answer(batch, arg)
 
-    def _answer(self, batch: list[_Pending], committed: WriteOutcome) -> None:
+    def _answer(self, batch: list[PendingOp], committed: WriteOutcome) -> None:
         self.transactions += 1
-        hold = self.hold
-        if hold is None:
+        hooks = self.hooks
+        try:
+            held = hooks.hold(batch, committed)
+        except Exception as exc:  # a bug in the holder must not strand the waiters
+            log.exception("holding a transaction's answers failed")
+            # the ones it answered before failing keep their answer (each op is
+            # answered exactly once: a second answer would reach the client too)
+            _fail_unanswered(batch, InternalBrokerError(f"holding the answers failed: {exc!r}"))
+            held = True
+        if not held:
             self._resolve(batch, committed.results)
-        else:
-            try:
-                hold(batch, committed)
-            except Exception as exc:  # a bug in the holder must not strand the waiters
-                log.exception("holding a transaction's answers failed")
-                # the ones it answered before failing keep their answer (each op is
-                # answered exactly once: a second answer would reach the client too)
-                _fail_unanswered(batch, InternalBrokerError(f"holding the answers failed: {exc!r}"))
-        if self.on_commit is not None:
-            try:
-                self.on_commit(committed)
-            except Exception:
-                log.exception("on_commit failed")
+        try:
+            hooks.committed(committed)
+        except Exception:
+            log.exception("the committed hook failed")
         self._answered()
 
     @staticmethod
-    def _resolve(batch: Sequence[_Pending], results: Sequence[outcome.Outcome[Any]]) -> None:
+    def _resolve(batch: Sequence[PendingOp], results: Sequence[outcome.Outcome[Any]]) -> None:
         try:
             for p, r in zip(batch, results, strict=True):
                 p.resolve(r)
@@ -415,31 +485,30 @@ class Appender:
             log.exception("answering a transaction failed")
             _fail_unanswered(batch, InternalBrokerError(f"answering the write failed: {exc!r}"))
 
-    def release(self, batch: Sequence[_Pending], results: Sequence[outcome.Outcome[Any]]) -> None:
-        """Loop thread: answer held ops (``hold``) with their results, then flush the
-        answers (``on_answered``). Never raises."""
+    def release(self, batch: Sequence[PendingOp], results: Sequence[outcome.Outcome[Any]]) -> None:
+        """Loop thread: answer held ops (:meth:`CommitHooks.hold`) with their results,
+        then flush the answers (:meth:`CommitHooks.answered`). Never raises."""
         self._resolve(batch, results)
         self._answered()
 
-    def fail(self, batch: Sequence[_Pending], exc: BaseException) -> None:
+    def fail(self, batch: Sequence[PendingOp], exc: BaseException) -> None:
         """Loop thread: answer ops with ``exc`` (every op gets its own
         ``outcome.Error``), then flush the answers. Never raises."""
         _fail_unanswered(batch, exc)
         self._answered()
 
-    def _fail(self, batch: list[_Pending], exc: BaseException) -> None:
+    def _fail(self, batch: list[PendingOp], exc: BaseException) -> None:
         """The whole transaction failed: every op gets its own ``outcome.Error``."""
         self.fail(batch, exc)
 
     def _answered(self) -> None:
-        if self.on_answered is not None:
-            try:
-                self.on_answered()
-            except Exception:
-                log.exception("on_answered failed")
+        try:
+            self.hooks.answered()
+        except Exception:
+            log.exception("the answered hook failed")
 
 
-def _fail_unanswered(batch: Sequence[_Pending], exc: BaseException) -> None:
+def _fail_unanswered(batch: Sequence[PendingOp], exc: BaseException) -> None:
     """Answer the ops of ``batch`` not answered yet with ``exc`` (each op is answered
     once: its callback stages the client's response)."""
     for p in batch:
@@ -447,7 +516,7 @@ def _fail_unanswered(batch: Sequence[_Pending], exc: BaseException) -> None:
             p.resolve(outcome.Error(exc))
 
 
-def _inline_size(pending: list[_Pending]) -> float:
+def _inline_size(pending: list[PendingOp]) -> float:
     """The bytes a batch writes, or infinity when one of its ops is not for the loop."""
     total = 0
     for p in pending:
@@ -458,7 +527,7 @@ def _inline_size(pending: list[_Pending]) -> float:
     return total
 
 
-def _first_call(pending: list[_Pending], limit: int) -> int | None:
+def _first_call(pending: list[PendingOp], limit: int) -> int | None:
     """The index of the first :meth:`Appender.call` among the first ``limit`` queued
     items (None: none there)."""
     for i, p in enumerate(pending[:limit]):
@@ -467,6 +536,6 @@ def _first_call(pending: list[_Pending], limit: int) -> int | None:
     return None
 
 
-def _resolve_call(p: _Pending, result: outcome.Outcome[Any]) -> None:
+def _resolve_call(p: PendingOp, result: outcome.Outcome[Any]) -> None:
     """Loop thread: answer a :meth:`Appender.call`."""
     p.resolve(result)

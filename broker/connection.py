@@ -2,11 +2,17 @@
 
 The reader decodes frames with the sans-I/O codec and starts one handler task per
 request, so a parked pull never blocks a heartbeat on the same connection. A
-produce is enqueued for the appender by the reader itself (no task, no checkpoint)
-so one connection's produces commit in arrival order; its answer is staged from the
-appender's commit callback. A produce to a topic that must be auto-created (or, in a
-cluster, learned from etcd) first holds the reader until it is enqueued, so the
-produces behind it keep that order too. Answers leave through the connection's
+produce is fed to the connection's produce pipeline
+(:class:`equeue.broker.handlers.produce.ProducePipeline`) by the reader itself (no
+task, no checkpoint) so one connection's produces commit in arrival order; the
+pipeline defers them, commits them, and stages each answer from the appender's
+commit callback. The reader takes requests in one synchronous step
+(:meth:`ServerConnection._take`: no ``await`` can hide in it) and commits the
+pipeline at its one point after that step, before any wait: the produces of one
+received chunk form one transaction and none is left deferred while the reader
+waits. A produce to a topic that must be auto-created (or, in a cluster, learned from
+etcd) first holds the reader until it is queued, so the produces behind it keep that
+order too. Answers leave through the connection's
 :class:`~equeue.broker.output.Output`; every frame is built by :mod:`equeue.codec`.
 A produce's latency (``Counters.produce_latency``) runs from its chunk's arrival (one
 clock read per chunk received) to its answer staged by the commit callback.
@@ -25,7 +31,6 @@ than ``output_grace`` or goes above the hard limit.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import time
@@ -37,6 +42,7 @@ import trio
 from equeue import control
 from equeue.broker.handlers import Handlers
 from equeue.broker.handlers.context import RequestContext
+from equeue.broker.handlers.produce import ProducePipeline
 from equeue.broker.handshake import Session, serve_handshake
 from equeue.broker.longpoll import PULL_SLOTS, PullSlots
 from equeue.broker.output import Output
@@ -77,7 +83,13 @@ FREE_PARTIAL_FRAME = 64 * 1024
 #: faster than the store commits them cannot grow the appender's queue
 MAX_REQUESTS_IN_PROGRESS = 128
 #: what a finished request was (ServerConnection._done)
-_PULL, _TASK, _PRODUCE = 0, 1, 2
+_PULL, _TASK = 0, 1
+#: why the reader stopped taking requests (ServerConnection._take): the received data
+#: is used up; FAIR_BATCH requests taken; the output is above its soft limit; too many
+#: requests in progress; a produce's topic must be created first; a protocol error
+_CHUNK_DONE, _YIELD, _BACKPRESSURE, _FULL, _MISSING, _FATAL = range(6)
+#: request codes as plain ints: no enum lookup per request
+_PRODUCE_CODE, _PULL_CODE = int(RequestCode.PRODUCE), int(RequestCode.PULL)
 #: the reader yields to other tasks after this many requests of one received chunk,
 #: so a burst of small requests on one connection does not hold the loop
 FAIR_BATCH = 64
@@ -171,10 +183,15 @@ class ServerConnection:
         #: the whole connection (reader, handlers, writer): cancelled to drop it
         self._scope = trio.CancelScope()
         #: pulls outstanding; other requests being handled by a task; produces
-        #: enqueued for the appender (answered from its commit callback)
+        #: fed to the pipeline (answered from the appender's commit callback)
         self._pulls = 0
         self._requests = 0
         self._producing = 0
+        #: requests taken from the chunk being read (the fairness count of _take)
+        self._got = 0
+        #: what _take stopped on: (request, decoded produce) for _MISSING, the
+        #: protocol error for _FATAL
+        self._stalled: Any = None
         #: trio time since which nothing is in flight (the idle clock; inf: busy)
         self._idle_since = math.inf
         #: this connection's parked pulls; signalled when a request finishes
@@ -233,19 +250,30 @@ class ServerConnection:
         self._scope.cancel()
 
     def _done(self, kind: int) -> None:
-        """A request was answered (``kind``: _PULL, _TASK or _PRODUCE): when none is
-        left in flight the idle clock starts."""
+        """A request handled by a task was answered (``kind``: _PULL or _TASK)."""
         if kind == _PULL:
             self._pulls -= 1
-        elif kind == _TASK:
-            self._requests -= 1
         else:
-            self._producing -= 1
+            self._requests -= 1
         self._slots.signal()
         if not self._pulls and not self._requests and not self._producing:
-            self._idle_since = now = trio.current_time()
-            if self._recv_scope is not None and not self._codec.buffered:
-                self._recv_scope.deadline = now + self._limits.idle_timeout
+            self._idle()
+
+    def _produce_answered(self) -> None:
+        """The pipeline staged a produce's answer (loop thread, no task). The broker's
+        in-flight count holds one entry while any produce of this connection is out."""
+        self._producing -= 1
+        if not self._producing:
+            self._inflight.exit()
+        self._slots.signal()
+        if not self._pulls and not self._requests and not self._producing:
+            self._idle()
+
+    def _idle(self) -> None:
+        """Nothing is in flight any more: the idle clock starts."""
+        self._idle_since = now = trio.current_time()
+        if self._recv_scope is not None and not self._codec.buffered:
+            self._recv_scope.deadline = now + self._limits.idle_timeout
 
     async def _reader(self, nursery: trio.Nursery) -> None:
         codec = self._codec
@@ -262,87 +290,48 @@ class ServerConnection:
     async def _serve(self, nursery: trio.Nursery) -> None:
         """After the handshake: read frames and start their handlers, within the
         connection's limits (see the module docstring)."""
+        principal = None if self.session is None else self.session.principal
         try:
-            await self._serve_frames(nursery)
+            # leaving the block commits what the pipeline deferred, however it is left
+            with self._produce.pipeline(principal, self.output.stage, self._produce_answered, _error_answer) as pipe:
+                await self._serve_frames(nursery, pipe)
         finally:
-            self._produce.kick()  # deferred produces are never left unwritten
             if self._reserved:
                 self._frames.release(self._reserved)
                 self._reserved = 0
 
-    async def _serve_frames(self, nursery: trio.Nursery) -> None:
+    async def _serve_frames(self, nursery: trio.Nursery, pipeline: ProducePipeline) -> None:
         codec, stream, output = self._codec, self._stream, self.output
-        produce, inflight, limits, frames = self._produce, self._inflight, self._limits, self._frames
-        slots = self._slots
-        principal = None if self.session is None else self.session.principal
+        limits, frames, slots = self._limits, self._frames, self._slots
         PULL_SLOTS.set(slots)  # inherited by the handler tasks
         #: when the frame being received must be whole (inf: none partly received)
         frame_deadline = math.inf
         self._idle_since = trio.current_time()
-        #: produces of this chunk were queued with ``defer``: kick before receiving more
-        queued = False
-        #: when the chunk being read arrived (perf_counter): the produce latency's start,
-        #: one clock read per received chunk (Counters.produce_latency)
-        arrived = time.perf_counter()
         while True:
-            got = 0
+            self._got = 0
             while True:
-                # (every await below is preceded by a kick: no deferred produce waits)
-                if got and not got % FAIR_BATCH:
-                    produce.kick()
-                    await trio.lowlevel.checkpoint()  # a burst of requests: let others run
-                if output.over_soft_since is not None:
-                    produce.kick()
-                    await output.wait_below_soft()  # backpressure: the peer reads first
-                while self._requests + self._pulls + self._producing - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
-                    produce.kick()
-                    await slots.wait_changed()  # one finished, or a pull parked
-                try:
-                    ev = codec.next_event()
-                except RemoteProtocolError as exc:
-                    produce.kick()
-                    await self._fatal(exc)
-                    return
-                if ev is NEED_DATA:
+                why = self._take(nursery, pipeline)
+                # the reader's one point between taking requests and waiting: the
+                # produces fed since the last one are committed (one transaction per
+                # received chunk, inline when small); every await below follows it
+                pipeline.commit()
+                if why == _CHUNK_DONE:
                     break
-                got += 1
-                if not isinstance(ev, Request):
-                    continue
-                if ev.code == RequestCode.PULL:  # its handler task parks it (or not)
-                    self._pulls += 1
-                    nursery.start_soon(self._handle, ev, None, _PULL)
-                    continue
-                prepared: Any = None
-                if ev.code == RequestCode.PRODUCE:
-                    # enqueue now: a connection's produces commit in arrival order
-                    try:
-                        prepared = produce.prepare(ev.payload, principal, defer=True)
-                        if prepared is None:
-                            # the topic must be created or learned first: the reader
-                            # waits for it (reading nothing more of this connection, as
-                            # Kafka does), so a later produce cannot be queued before it
-                            produce.kick()
-                            prepared = await produce.prepare_missing(ev.payload, principal, defer=True)
-                    except Exception as exc:
-                        prepared = exc
-                    else:
-                        queued = True
-                        # answered straight from the commit callback: no task
-                        self._producing += 1
-                        inflight.enter()
-                        prepared.callback = functools.partial(
-                            self._produce_done, ev.request_id, len(ev.payload), arrived
-                        )
-                        continue
-                self._requests += 1
-                nursery.start_soon(self._handle, ev, prepared, _TASK)
-            if queued:  # the chunk's produces: one transaction (inline when small)
-                queued = False
-                produce.kick()
+                if why == _YIELD:
+                    await trio.lowlevel.checkpoint()  # a burst of requests: let others run
+                elif why == _BACKPRESSURE:
+                    await output.wait_below_soft()  # backpressure: the peer reads first
+                elif why == _FULL:
+                    await slots.wait_changed()  # one finished, or a pull parked
+                elif why == _MISSING:
+                    await self._feed_missing(nursery, pipeline)
+                else:
+                    await self._fatal(self._stalled)
+                    return
             if codec.peer_closed:
                 return
             now = trio.current_time()
-            if got:  # a frame arrived whole: its reservation and deadline end
+            if self._got:  # a frame arrived whole: its reservation and deadline end
                 self._idle_since = now
                 frame_deadline = math.inf
                 if self._reserved:
@@ -365,7 +354,8 @@ class ServerConnection:
             with trio.CancelScope(deadline=deadline) as scope:
                 self._recv_scope = scope
                 data = await stream.receive_some(_RECV)
-            arrived = time.perf_counter()
+            # the produce latency's start: one clock read per received chunk
+            pipeline.arrived = time.perf_counter()
             self._recv_scope = None
             if scope.cancelled_caught:
                 self._counters.connections_dropped += 1
@@ -387,6 +377,73 @@ class ServerConnection:
                     await self._fatal(exc)
                 return
 
+    def _take(self, nursery: trio.Nursery, pipeline: ProducePipeline) -> int:
+        """Take the whole requests buffered: start a task for each (a pull, or any
+        request but a produce), or feed a produce to ``pipeline``; until the received
+        data is used up (_CHUNK_DONE) or the reader must wait first (why: _YIELD after
+        each FAIR_BATCH requests, _BACKPRESSURE, _FULL, _MISSING or _FATAL with
+        ``_stalled``). Synchronous on purpose: no ``await`` can come between feeding
+        the pipeline and the reader's commit of it."""
+        codec, output, slots = self._codec, self.output, self._slots
+        got = self._got
+        try:
+            while True:
+                if output.over_soft_since is not None:
+                    return _BACKPRESSURE
+                if self._requests + self._pulls + self._producing - slots.parked >= MAX_REQUESTS_IN_PROGRESS:
+                    return _FULL
+                try:
+                    ev = codec.next_event()
+                except RemoteProtocolError as exc:
+                    self._stalled = exc
+                    return _FATAL
+                if ev is NEED_DATA:
+                    return _CHUNK_DONE
+                got += 1
+                if isinstance(ev, Request):
+                    code = ev.code
+                    if code == _PRODUCE_CODE:  # queued now: a connection's produces commit in arrival order
+                        try:
+                            missing = pipeline.feed(ev.request_id, ev.payload)
+                        except Exception as exc:
+                            self._requests += 1
+                            nursery.start_soon(self._handle, ev, exc, _TASK)
+                        else:
+                            if missing is not None:
+                                # the topic must be created or learned first: the reader
+                                # waits for it (reading nothing more of this connection, as
+                                # Kafka does), so a later produce cannot be queued before it
+                                self._stalled = (ev, missing)
+                                return _MISSING
+                            if not self._producing:
+                                self._inflight.enter()
+                            self._producing += 1
+                    elif code == _PULL_CODE:  # its handler task parks it (or not)
+                        self._pulls += 1
+                        nursery.start_soon(self._handle, ev, None, _PULL)
+                    else:
+                        self._requests += 1
+                        nursery.start_soon(self._handle, ev, None, _TASK)
+                if not got % FAIR_BATCH:
+                    return _YIELD  # a burst of requests: the reader lets others run
+        finally:
+            self._got = got
+
+    async def _feed_missing(self, nursery: trio.Nursery, pipeline: ProducePipeline) -> None:
+        """A produce whose topic must be created or learned first (``_stalled``): the
+        reader waits until it is queued; its error is answered by a task."""
+        ev, req = self._stalled
+        self._stalled = None
+        try:
+            await pipeline.feed_missing(ev.request_id, ev.payload, req)
+        except Exception as exc:
+            self._requests += 1
+            nursery.start_soon(self._handle, ev, exc, _TASK)
+        else:
+            if not self._producing:
+                self._inflight.enter()
+            self._producing += 1
+
     async def _fatal(self, exc: ProtocolError) -> None:
         """Report a protocol violation to the peer, then close.
 
@@ -400,11 +457,11 @@ class ServerConnection:
         else:
             self.output.queue([encode_handshake_answer(exc.code)])
 
-    async def _handle(self, req: Request, prepared: Any = None, kind: int = _TASK) -> None:
+    async def _handle(self, req: Request, prepared: Exception | None = None, kind: int = _TASK) -> None:
         self._inflight.enter()
         try:
             try:
-                if isinstance(prepared, Exception):
+                if prepared is not None:  # the reader's produce failed: answer its error
                     raise prepared
                 if self.output.over_soft_since is not None:
                     # requests read before the output went over: they wait too, so
@@ -421,25 +478,6 @@ class ServerConnection:
         finally:
             self._inflight.exit()
             self._done(kind)
-
-    def _produce_done(self, request_id: int, nbytes: int, arrived: float, pending: Any) -> None:
-        """A prepared produce was answered by the appender (loop thread, no task):
-        the same answer as ``ProduceHandler.handle``, staged for the output; its
-        latency since ``arrived`` (its chunk's arrival) goes to the histogram."""
-        try:
-            result = pending.result
-            try:
-                if isinstance(result, BaseException):
-                    raise result
-                parts = self._produce.answer(result, nbytes)
-                code: int = ErrorCode.OK
-            except Exception as exc:
-                code, parts = _error_answer(exc, request_id, RequestCode.PRODUCE)
-            self.output.stage(encode_response(code, request_id, parts))
-            self._counters.produce_latency.observe(time.perf_counter() - arrived)
-        finally:
-            self._inflight.exit()
-            self._done(_PRODUCE)
 
 
 _internal_errors = RateLimitedLog(log, 10.0, time.monotonic)

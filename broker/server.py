@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from equeue import control
-from equeue.broker.appender import Appender
+from equeue.broker.appender import Appender, NoHooks, PendingOp
 from equeue.broker.auth import BrokerSecurity
 from equeue.broker.connection import ConnectionLimits, FrameBudget, Inflight, ServerConnection
 from equeue.broker.groups import GroupRegistry
@@ -104,6 +104,44 @@ def _open_store(path: Path, **kw: Any) -> Store:
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename and str(exc.filename) != str(path) else ""
         raise StartupError(f"cannot use the data directory {path}{where}: {exc.strerror or exc}") from None
+
+
+class _StandaloneHooks(NoHooks):
+    """A standalone broker's commit hooks (:class:`equeue.broker.appender.CommitHooks`)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def written(self, committed: WriteOutcome) -> None:
+        """Writer thread: parked pulls on the queues just written answer from there."""
+        if committed.touched:
+            answer_parked_pulls(self._broker.parked, committed.touched)
+
+    def committed(self, committed: WriteOutcome) -> None:
+        """Pulls parked since the commit wake; delayed moves are rescheduled."""
+        if committed.touched:
+            self._broker.parked.wake(committed.touched)
+        if committed.scheduled:
+            self._broker.lifecycle.schedule_changed()
+
+    def answered(self) -> None:
+        """The produce answers staged for the connections are written."""
+        self._broker._staging.flush()
+
+
+class _ReplicatedHooks(NoHooks):
+    """A replicated broker's commit hooks: committed ops wait for the high watermark
+    (the replica role answers them); nothing is answered from the writer thread."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    def hold(self, batch: list[PendingOp], committed: WriteOutcome) -> bool:
+        self._broker._hold(batch, committed)
+        return True
+
+    def answered(self) -> None:
+        self._broker._staging.flush()
 
 
 class Broker:
@@ -193,12 +231,9 @@ class Broker:
         self.store.scan_budget = ScanBudget(cfg.scan_records, cfg.scan_time)
         self.appender = Appender(
             self.store,
-            on_commit=None if replicated else self._on_commit,
-            on_answered=self._staging.flush,
             # replicated: readers see what is below the high watermark, so the writer
             # thread answers no parked pull, and committed ops wait for replication
-            on_written=None if replicated else self._on_written,
-            hold=self._hold if replicated else None,
+            _ReplicatedHooks(self) if replicated else _StandaloneHooks(self),
             # --flush async: small transactions commit on the loop (docs/storage.md)
             inline_bytes=cfg.inline_commit_bytes if cfg.flush == "async" else 0,
         )
@@ -390,24 +425,13 @@ class Broker:
             cfg.min_insync,
         )  # fmt: skip
 
-    def _hold(self, batch: list[Any], committed: WriteOutcome) -> None:
+    def _hold(self, batch: list[PendingOp], committed: WriteOutcome) -> None:
         """Replicated: a committed transaction's ops wait for the high watermark."""
         role = self.role
         if role is None:
             self.appender.fail(batch, NotLeader("this broker has not taken its role in its group yet"))
             return
         role.hold(batch, committed)
-
-    def _on_written(self, outcome: WriteOutcome) -> None:
-        # writer thread: parked pulls on the queues just written answer from there
-        if outcome.touched:
-            answer_parked_pulls(self.parked, outcome.touched)
-
-    def _on_commit(self, outcome: WriteOutcome) -> None:
-        if outcome.touched:
-            self.parked.wake(outcome.touched)  # pulls parked since the commit
-        if outcome.scheduled:
-            self.lifecycle.schedule_changed()
 
     async def _flusher(self) -> None:
         """``async`` flush policy: fsync committed data every ``flush_interval``."""

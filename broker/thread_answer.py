@@ -1,8 +1,9 @@
 """The one thread crossing: the appender's writer thread answers parked pulls.
 
 **The rule.** Sockets are written by loop code only -- with this one exception,
-and all of it is here: right after a commit, in the appender's writer thread,
-:func:`answer_parked_pulls` claims the pulls parked on the queues the commit
+and all of it is here: right after a commit, in the appender's writer thread (the
+broker's :meth:`~equeue.broker.appender.CommitHooks.written` hook, the one hook that
+runs there), :func:`answer_parked_pulls` claims the pulls parked on the queues the commit
 touched, and each claimed pull's :class:`PullAnswer` reads the new records from the
 store (an LMDB read transaction of its own) and writes the answer to the consumer's
 socket through :meth:`equeue.broker.output.Output.write_from_thread` (the socket end; it
@@ -18,7 +19,7 @@ are answered per commit, so a crowd of long-pollers cannot delay the produce
 acknowledgements.
 
 **Inline commits.** With ``--flush async`` a small transaction may commit on the loop
-(:meth:`equeue.broker.appender.Appender.kick`); the same ``on_written`` hook then runs this
+(:meth:`equeue.broker.appender.Appender.kick`); the same ``written`` hook then runs this
 module on the loop, where writing the socket is no crossing at all.
 
 **Plain TCP only.** The crossing writes raw bytes to the socket's fd, which a TLS

@@ -33,13 +33,13 @@ from equeue.broker.handlers.lookup import LookupHandlers
 from equeue.broker.handlers.membership import GroupHandlers
 from equeue.broker.handlers.offsets import OffsetHandlers
 from equeue.broker.handlers.pauses import PauseHandlers
-from equeue.broker.handlers.produce import ProduceHandler
+from equeue.broker.handlers.produce import ProduceHandler, ProduceQueue
 from equeue.broker.handlers.pull import PullHandler
 from equeue.broker.handlers.replica import ReplicaHandlers
 from equeue.broker.handlers.roles import ClusterRole, ReplicaGate
 from equeue.broker.handlers.skips import SkipHandlers
 from equeue.broker.handlers.topics import TopicHandlers
-from equeue.broker.handlers.writes import OpQueue, Submit
+from equeue.broker.handlers.writes import Submit
 from equeue.broker.longpoll import ParkedPulls
 from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
@@ -59,7 +59,7 @@ class Handlers:
     """The dispatch table over the request families."""
 
     def __init__(
-        self, *, store: StoreReader, appender: OpQueue, submit: Submit, groups: GroupRegistry,
+        self, *, store: StoreReader, appender: ProduceQueue, submit: Submit, groups: GroupRegistry,
         parked: ParkedPulls, counters: Counters, closing: Closing, statistics: Callable[[], control.BrokerStats],
         limits: Limits, replication: ReplicaHandlers, security: BrokerSecurity | None = None,
         cluster: ClusterRole | None = None, replica: ReplicaGate | None = None,

@@ -1,23 +1,38 @@
 """PRODUCE: decode, validate and queue a batch for the appender; answer once it
-committed."""
+committed.
+
+Two ways in. The general path, :meth:`ProduceHandler.handle` (a request task: wait
+for the commit, return the answer), and the hot path, a connection's
+:class:`ProducePipeline`: the connection's reader feeds it each produce request as
+it decodes it, without a task or a checkpoint, and the pipeline owns the rest of the
+request's way -- queueing it *deferred* in the appender, committing what it deferred
+(the "kick": the requests of one received chunk form one transaction, committed on
+the loop when small with ``--flush async``, docs/storage.md "Inline commits"), and
+staging the answer from the appender's commit callback.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import functools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 from equeue import wire
+from equeue.broker.appender import PendingOp
 from equeue.broker.auth import Authorizer
 from equeue.broker.handlers.context import Closing, Parts, RequestContext
 from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.handlers.limits import Limits
 from equeue.broker.handlers.roles import ReplicaGate
-from equeue.broker.handlers.writes import OpQueue
 from equeue.broker.stats import Counters
-from equeue.broker.storage import ProduceOp
+from equeue.broker.storage import ProduceOp, WriteOp
+from equeue.codec import encode_response
 from equeue.errors import (
     BadRequest,
     BrokerShuttingDown,
+    ErrorCode,
     QueueNotFound,
     ReservedTopic,
     TopicNotFound,
@@ -25,19 +40,38 @@ from equeue.errors import (
 )
 from equeue.protocol import RequestCode
 
-__all__ = ["ProduceHandler"]
+__all__ = ["ErrorAnswer", "ProduceHandler", "ProducePipeline", "ProduceQueue", "Stage"]
 
 _PRODUCE = int(RequestCode.PRODUCE)  # a plain int: no enum lookup on the hot path
+_OK = int(ErrorCode.OK)
+_decode = wire.ProduceRequest.decode
 
+
+class ProduceQueue(Protocol):
+    """The appender's write side as the produce paths use it
+    (:class:`equeue.broker.appender.Appender`)."""
+
+    def enqueue(
+        self, op: WriteOp, callback: Callable[[PendingOp], None] | None = None, *, defer: bool = False
+    ) -> PendingOp: ...
+    def kick(self) -> None: ...
+    async def wait(self, p: PendingOp) -> Any: ...
+
+
+#: writes an answer frame to the connection once the transaction is answered
+#: (:meth:`equeue.broker.output.Output.stage`)
+Stage = Callable[[list[bytes]], None]
+#: the error answer of a request: ``(exception, request id, request code) -> (code, parts)``
+ErrorAnswer = Callable[[Exception, int, int], tuple[int, Parts]]
 
 class ProduceHandler:
-    """The produce hot path (:meth:`prepare` + :meth:`answer`, no task) and the
-    general path (:meth:`handle`, which may create the topic first)."""
+    """The produce checks (:meth:`prepare`, :meth:`prepare_missing`), the general path
+    (:meth:`handle`) and the connections' hot path (:meth:`pipeline`)."""
 
     def __init__(
         self,
         topics: TopicDirectory,
-        appender: OpQueue,
+        appender: ProduceQueue,
         counters: Counters,
         closing: Closing,
         limits: Limits,
@@ -59,20 +93,16 @@ class ProduceHandler:
         self._max_body = limits.max_message_bytes
         self._max_delay_ms = limits.max_delay_ms
 
-    def prepare(self, payload: bytes, principal: str | None = None, *, defer: bool = False) -> Any:
-        """Decode, validate and enqueue a produce request at once, without a
-        checkpoint, so one connection's requests commit in arrival order (pipelined
-        batches of a producer then never reach the appender swapped). ``defer``: the
-        caller calls :meth:`kick` before its next checkpoint (``Appender.enqueue``).
+    def prepare(self, req: wire.ProduceRequest, principal: str | None = None) -> ProduceOp | None:
+        """Check a decoded produce request and build its write op (no checkpoint, so a
+        connection's requests are queued in arrival order).
 
-        Returns the appender's pending op, or None when the topic does not exist
-        yet (the async :meth:`handle` path creates it). Raises EQueueError for bad
-        requests, NotAuthorized when ``principal`` (None: no authentication) may not
-        produce to the topic, TopicPaused when an operator paused it; on a replica,
-        NotLeader when it does not lead its group and NotEnoughReplicas when its ISR is
-        below --min-insync (nothing written).
+        Returns None when the topic does not exist yet (:meth:`prepare_missing` creates
+        or learns it). Raises EQueueError for bad requests, NotAuthorized when
+        ``principal`` (None: no authentication) may not produce to the topic,
+        TopicPaused when an operator paused it; on a replica, NotLeader when it does
+        not lead its group and NotEnoughReplicas when its ISR is below --min-insync.
         """
-        req = wire.ProduceRequest.decode(payload)
         if principal is not None:
             self._authorizer.check(principal, _PRODUCE, req)  # type: ignore[union-attr]
         if self._closing.closing:
@@ -106,7 +136,7 @@ class ProduceHandler:
             )
         if not req.entries:
             raise BadRequest("empty produce batch")
-        op = ProduceOp(
+        return ProduceOp(
             info,
             req.queue_id,
             req.entries,
@@ -115,11 +145,26 @@ class ProduceHandler:
             self._max_body,
             self._max_delay_ms,
         )
-        return self._appender.enqueue(op, defer=defer)
 
-    def kick(self) -> None:
-        """Commit the requests prepared with ``defer`` (``Appender.kick``)."""
-        self._appender.kick()
+    async def prepare_missing(self, req: wire.ProduceRequest, principal: str | None = None) -> ProduceOp:
+        """What :meth:`prepare` does for a request it returned None for (the request
+        decoded once, by the caller): auto-creates the missing topic first (cluster
+        mode: in etcd, or learns a topic the view has not seen yet, and waits for the
+        local store), then checks the request again.
+
+        Returns its write op. Raises what :meth:`prepare` raises, and TopicNotFound
+        (no auto-create, or deleted meanwhile), QueueNotFound, NotAuthorized
+        (auto-create without the ``admin`` permission), ClusterUnavailable.
+        """
+        info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=principal)
+        if self._cluster is not None and req.queue_id >= info.queues:
+            await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
+        op = self.prepare(req, principal)
+        if op is None:
+            if self._cluster is not None and req.topic in self._cluster.owned:
+                raise QueueNotFound(f"topic {req.topic!r} has no queue {req.queue_id}")
+            raise TopicNotFound(f"topic {req.topic!r} was deleted")
+        return op
 
     def answer(self, answer: wire.ProduceResponse, nbytes: int) -> Parts:
         """The answer payload of a committed produce (and its statistics)."""
@@ -127,30 +172,127 @@ class ProduceHandler:
         self._counters.bytes_in += nbytes
         return [answer.encode()]
 
-    async def prepare_missing(self, payload: bytes, principal: str | None = None, *, defer: bool = False) -> Any:
-        """What :meth:`prepare` does for a request it returned None for: auto-creates
-        the missing topic first (cluster mode: in etcd, or learns a topic the view has
-        not seen yet, and waits for the local store), then enqueues the request.
-
-        Returns the appender's pending op. Raises what :meth:`prepare` raises, and
-        TopicNotFound (no auto-create, or deleted meanwhile), QueueNotFound,
-        NotAuthorized (auto-create without the ``admin`` permission), ClusterUnavailable.
-        """
-        req = wire.ProduceRequest.decode(payload)
-        info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=principal)
-        if self._cluster is not None and req.queue_id >= info.queues:
-            await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
-        pending = self.prepare(payload, principal, defer=defer)
-        if pending is None:
-            if self._cluster is not None and req.topic in self._cluster.owned:
-                raise QueueNotFound(f"topic {req.topic!r} has no queue {req.queue_id}")
-            raise TopicNotFound(f"topic {req.topic!r} was deleted")
-        return pending
-
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts:
         """The general path: :meth:`prepare`, or :meth:`prepare_missing` when the topic
         must be created or learned first; then the answer once committed."""
-        pending = self.prepare(payload, ctx.principal)
-        if pending is None:
-            pending = await self.prepare_missing(payload, ctx.principal)
-        return self.answer(await self._appender.wait(pending), len(payload))
+        req = _decode(payload)
+        op = self.prepare(req, ctx.principal)
+        if op is None:
+            op = await self.prepare_missing(req, ctx.principal)
+        appender = self._appender
+        return self.answer(await appender.wait(appender.enqueue(op)), len(payload))
+
+    @contextmanager
+    def pipeline(
+        self, principal: str | None, stage: Stage, answered: Callable[[], None], error_answer: ErrorAnswer
+    ) -> Iterator[ProducePipeline]:
+        """Open one connection's :class:`ProducePipeline` (its arguments are the
+        pipeline's); whatever it deferred is committed when the block is left, however
+        it is left, so nothing deferred is ever left unwritten."""
+        pipeline = ProducePipeline(self, principal, stage, answered, error_answer)
+        try:
+            yield pipeline
+        finally:
+            pipeline.commit()
+
+
+class ProducePipeline:
+    """One connection's produce requests, from its reader to their staged answers
+    (loop thread only; opened with :meth:`ProduceHandler.pipeline`).
+
+    The reader feeds (:meth:`feed`) each produce request as it decodes it: the request is
+    checked and queued in the appender at once (arrival order), *deferred*: the
+    writer is not woken per request. :meth:`commit` commits what was deferred (one
+    transaction for the requests of a received chunk; on the loop when it is small
+    with ``--flush async``); the reader calls it at its one point before it waits
+    (for input, for its output, for a slot, for a yield), and leaving the
+    ``pipeline()`` block calls it too. Each answer is staged on the connection's
+    output (``stage``) from the appender's commit callback -- written with the rest
+    of its transaction's answers, in commit order -- its latency observed since the
+    chunk's arrival (:attr:`arrived`), then ``answered()`` tells the connection one
+    produce is over. ``error_answer`` builds the answer of a failed one.
+    """
+
+    __slots__ = (
+        "_answer", "_appender", "_deferred", "_enqueue", "_error_answer", "_handler", "_latency", "_prepare",
+        "_principal", "_settled", "_stage", "arrived",
+    )  # fmt: skip
+
+    def __init__(
+        self, handler: ProduceHandler, principal: str | None, stage: Stage, answered: Callable[[], None],
+        error_answer: ErrorAnswer,
+    ) -> None:  # fmt: skip
+        self._handler = handler
+        self._principal = principal
+        self._prepare = handler.prepare
+        self._answer = handler.answer
+        self._appender = handler._appender
+        self._enqueue = handler._appender.enqueue
+        self._latency = handler._counters.produce_latency
+        self._stage = stage
+        self._settled = answered
+        self._error_answer = error_answer
+        #: requests were queued deferred since the last :meth:`commit`
+        self._deferred = False
+        #: when the chunk being read arrived (``time.perf_counter``): the produce
+        #: latency's start, one clock read per received chunk (set by the reader)
+        self.arrived = time.perf_counter()
+
+    def feed(self, request_id: int, payload: bytes) -> wire.ProduceRequest | None:
+        """Queue one produce request now (deferred until :meth:`commit`); its answer is
+        staged once its transaction is answered, then ``answered()`` is called.
+
+        Returns None once queued, or the decoded request when its topic must be created
+        or learned first (then :meth:`feed_missing` it: nothing was queued). Raises
+        what :meth:`ProduceHandler.prepare` raises (nothing queued: the caller
+        answers the error).
+        """
+        req = _decode(payload)
+        op = self._prepare(req, self._principal)
+        if op is None:
+            return req
+        self._enqueue(
+            op, functools.partial(self._answered, request_id, len(payload), self.arrived), defer=True
+        )  # fmt: skip
+        self._deferred = True
+        return None
+
+    async def feed_missing(self, request_id: int, payload: bytes, req: wire.ProduceRequest) -> None:
+        """Queue a request :meth:`feed` returned for, once its topic is created or
+        learned (:meth:`ProduceHandler.prepare_missing`); what was deferred before is
+        committed first (it does not wait on the topic). The reader reads nothing
+        meanwhile, so the requests behind it keep their order. Raises what
+        ``prepare_missing`` raises (nothing queued)."""
+        self.commit()
+        op = await self._handler.prepare_missing(req, self._principal)
+        self._enqueue(
+            op, functools.partial(self._answered, request_id, len(payload), self.arrived), defer=True
+        )  # fmt: skip
+        self._deferred = True
+
+    def commit(self) -> None:
+        """Commit the requests queued since the last call, as one transaction
+        (:meth:`equeue.broker.appender.Appender.kick`: inline when small with ``--flush
+        async``, else by the writer thread). Never raises (but a KeyboardInterrupt
+        landing in an inline commit goes on up once its ops are answered)."""
+        if self._deferred:
+            self._deferred = False
+            self._appender.kick()
+
+    def _answered(self, request_id: int, nbytes: int, arrived: float, pending: PendingOp) -> None:
+        """The appender answered a fed request (loop thread, no task): stage its answer
+        (the same as :meth:`ProduceHandler.handle`'s), observe its latency since
+        ``arrived``, tell the connection."""
+        try:
+            result = pending.result
+            try:
+                if isinstance(result, BaseException):
+                    raise result
+                parts = self._answer(result, nbytes)
+                code = _OK
+            except Exception as exc:
+                code, parts = self._error_answer(exc, request_id, _PRODUCE)
+            self._stage(encode_response(code, request_id, parts))
+            self._latency.observe(time.perf_counter() - arrived)
+        finally:
+            self._settled()

@@ -1,23 +1,17 @@
-"""The appender's write side as handlers see it: the narrow queue the produce fast
-path uses, and the submit every other write goes through.
+"""The appender's write side as handlers other than produce see it: the submit every
+write goes through (the produce paths use their own narrow queue,
+:class:`equeue.broker.handlers.produce.ProduceQueue`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from equeue.broker.storage import WriteOp
 
-__all__ = ["OpQueue", "Submit"]
+__all__ = ["Submit"]
 
 #: the appender's submit: queue a write op, wait until it committed, its result
 Submit = Callable[[WriteOp], Awaitable[Any]]
 
-
-class OpQueue(Protocol):
-    """The appender's write side as the produce fast path uses it."""
-
-    def enqueue(self, op: WriteOp, callback: Any = None, *, defer: bool = False) -> Any: ...
-    def kick(self) -> None: ...
-    async def wait(self, p: Any) -> Any: ...
