@@ -107,7 +107,7 @@ async def test_a_pull_answer_never_exceeds_the_frame_cap(tmp_path: Path) -> None
         for _ in range(15):
             await c.produce(wire.ProduceRequest("t", 0, entries))
         payload = await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 0, 10_000, 1 << 30).encode())
-        *_, msgs = wire.decode_pull_messages("t", payload)
+        *_, msgs = wire.decode_pull_batches("t", payload)
         assert len(msgs) > 1000
         assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
 
@@ -241,8 +241,8 @@ async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path
             huge = wire.encode_entry(Message(b"h" * (80 << 10)))
             await b.appender.submit(_RawAppend(info, 0, [small[0], huge, small[1]]))
             payload = await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 0, 10).encode())
-            assert len(wire.decode_pull_messages("t", payload)[4]) == 1  # the budget stops before it
-            with pytest.raises(CorruptRecord, match=r"offset 1 is 819\d\d bytes: too big for any answer"):
+            assert len(wire.decode_pull_batches("t", payload)[4]) == 1  # the budget stops before it
+            with pytest.raises(CorruptRecord, match=r"offset 1 \(global offset \d+\) is 8\d{4} bytes: too big for any answer"):
                 await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 1, 10).encode())
             seen: list[bytes] = []
             async with AsyncConsumer(b.address, "g", "t", start_from="earliest", rebalance_interval=0.2) as con:
@@ -274,7 +274,7 @@ async def test_find_by_key_and_dlq_list_answers_fit_in_a_frame(tmp_path: Path) -
             req = control.FindByKey("t", "k", 32, before)
             payload = await c.request(RequestCode.FIND_BY_KEY, control.encode(req))
             assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
-            res = wire.decode_pull_response("t", payload)
+            res = wire.decode_pull_response("t", payload, 0, -1)
             found += [m.body for m in res.messages]
             if not res.next_offset:
                 break

@@ -1,4 +1,4 @@
-"""The Spark reader's packed-answer parser against the consumer's decoder of the same records."""
+"""The Spark reader's Arrow columns of batch-layout answers against the consumer's decoder of the same records."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from hypothesis import strategies as st  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from equeue.errors import CorruptRecord  # noqa: E402
 from equeue.protocol import PullStatus  # noqa: E402
-from equeue.spark.columns import packed_batch  # noqa: E402
+from equeue.spark.columns import batches_batch  # noqa: E402
+from equeue.wire.batches import Codec, encode_batch, encode_stored  # noqa: E402
 
 SCHEMA = pa.schema(
     [
@@ -41,81 +42,8 @@ messages = st.builds(
 )
 
 
-def answer(msgs: list[Message], queue_id: int = 2, first: int = 40, first_global: int = 1000) -> bytes:
-    recs = [
-        wire.encode_record(7, queue_id, first + i, 1_700_000_000_000 + i, wire.encode_entry(m))
-        for i, m in enumerate(msgs)
-    ]
-    gs = [first_global + 3 * i for i in range(len(msgs))]
-    return b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 99, first + len(msgs), gs, recs))
-
-
-@settings(max_examples=150, deadline=None)
-@given(msgs=st.lists(messages, min_size=1, max_size=20), data=st.data())
-def test_packed_batch_matches_decoder(msgs: list[Message], data: st.DataObject) -> None:
-    buf = answer(msgs)
-    count = data.draw(st.integers(1, len(msgs)))
-    rows = packed_batch(buf, "orders", 2, 40, count, SCHEMA).to_pylist()
-    assert len(rows) == count
-    # the same records in the plain layout, through the consumer's decoder
-    framed = wire.decode_pull_packed(buf, count)
-    at, records = framed.records_at, []
-    for g, n in zip(framed.global_offsets, framed.lengths, strict=True):
-        records.append((g, buf[at : at + n]))
-        at += n
-    plain = b"".join(wire.encode_pull_response(PullStatus.FOUND, 0, 99, 40 + count, records))
-    decoded = wire.decode_pull_messages("orders", plain)[4]
-    assert [(r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"], dict(r["properties"]))
-            for r in rows] == [(m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties)
-                               for m in decoded]  # fmt: skip
-    for i, (row, m) in enumerate(zip(rows, msgs, strict=False)):
-        assert (row["topic"], row["queue_id"], row["queue_offset"], row["global_offset"]) == (
-            "orders",
-            2,
-            40 + i,
-            1000 + 3 * i,
-        )
-        assert (row["key"], row["tags"], row["body"]) == (m.key, m.tags, m.body)
-        assert dict(row["properties"]) == m.properties
-        assert int(row["timestamp"].timestamp() * 1000) == 1_700_000_000_000 + i
-
-
-def test_invalid_utf8_key_is_replaced_not_fatal() -> None:
-    entry = bytearray(wire.encode_entry(Message(b"b", key="ab")))
-    at = wire.ENTRY_HEADER.size
-    entry[at : at + 2] = b"\xff\xfe"
-    rec = wire.encode_record(7, 0, 0, 5, bytes(entry))
-    buf = b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 1, 1, [0], [rec]))
-    (row,) = packed_batch(buf, "t", 0, 0, 1, SCHEMA).to_pylist()
-    assert row["key"] == "\ufffd\ufffd"
-
-
-@pytest.mark.parametrize("what", ["checksum", "queue offset", "queue id", "length", "truncated"])
-def test_damage_is_detected(what: str) -> None:
-    msgs = [Message(f"m{i}".encode(), key="k") for i in range(5)]
-    buf = bytearray(answer(msgs, queue_id=0, first=0))
-    if what == "checksum":
-        buf[-1] ^= 1  # last byte of the last body
-        first, qid = 0, 0
-    elif what == "queue offset":
-        first, qid = 1, 0
-    elif what == "queue id":
-        first, qid = 0, 1
-    elif what == "length":
-        head = 29 + 8 * 5  # the first record's length
-        buf[head : head + 4] = (3).to_bytes(4, "big")
-        first, qid = 0, 0
-    else:
-        buf = buf[:-3]
-        first, qid = 0, 0
-    with pytest.raises(CorruptRecord):
-        packed_batch(bytes(buf), "t", qid, first, 5, SCHEMA)
-
-
 def batches_answer(msgs: list[Message], cuts: list[int], first: int, nxt: int, codec: str = "none") -> bytes:
     """``msgs`` at queue offsets 40.. (global 1000..), stored as batches split at ``cuts``."""
-    from equeue.wire.batches import Codec, encode_batch, encode_stored
-
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(msgs))), len(msgs)]
     batches = [
         (1000 + a, encode_stored(7, 2, 40 + a, 1_700_000_000_000, 1_700_000_000_000, None, 0,
@@ -128,8 +56,6 @@ def batches_answer(msgs: list[Message], cuts: list[int], first: int, nxt: int, c
 @settings(max_examples=100, deadline=None)
 @given(msgs=st.lists(messages, min_size=1, max_size=20), data=st.data())
 def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObject) -> None:
-    from equeue.spark.columns import batches_batch
-
     cuts = data.draw(st.lists(st.integers(1, 19), max_size=3))
     first = data.draw(st.integers(40, 40 + len(msgs) - 1))
     end = data.draw(st.integers(first + 1, 40 + len(msgs) + 2))
@@ -147,8 +73,6 @@ def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObj
 
 
 def test_batches_batch_refuses_another_queue_and_damage() -> None:
-    from equeue.spark.columns import batches_batch
-
     buf = batches_answer([Message(b"a"), Message(b"b")], [], 40, 42)
     with pytest.raises(CorruptRecord, match="another queue"):
         batches_batch(buf, "t", 3, 40, 42, SCHEMA)

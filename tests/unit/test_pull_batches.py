@@ -17,8 +17,9 @@ from equeue.wire import (
     PULL_CLIENT_VERIFIES,
     PullRequest,
     decode_pull_batches,
-    decode_pull_batches_result,
     decode_pull_head,
+    decode_pull_response,
+    delivered_records,
     encode_pull_batches,
     mask_of,
 )
@@ -84,8 +85,9 @@ def test_a_batch_answer_delivers_the_kept_records_in_the_asked_range(
     assert (head.status, head.max_offset, head.next_offset, head.count) == (status, hi, nxt, len(batches))
     got = decode_pull_batches("t", buf, start, verify)
     assert got == (status, 5, hi, nxt, want)
+    assert delivered_records(batches, start, nxt) == len(want)
     assert decode_pull_batches("t", bytearray(buf), start, verify) == got
-    assert decode_pull_batches_result("t", memoryview(buf), start) == PullResult(status, want, 5, hi, nxt)
+    assert decode_pull_response("t", memoryview(buf), start) == PullResult(status, want, 5, hi, nxt)
     for m in got[4]:  # what the Message converters would have made
         assert type(m.body) is bytes and type(m.properties) is dict
 
@@ -141,3 +143,30 @@ def test_the_batches_flag_rides_the_pull_request() -> None:
     req = PullRequest("t", 1, 2, flags=PULL_BATCHES | PULL_CLIENT_VERIFIES)
     assert PullRequest.decode(req.encode()).flags == PULL_BATCHES | PULL_CLIENT_VERIFIES
     assert struct.unpack(">B", req.encode()[-1:])[0] == 6
+
+
+@settings(max_examples=200)
+@given(st.binary(max_size=200))
+def test_garbage_answers_raise_only_decode_errors(buf: bytes) -> None:
+    try:
+        decode_pull_batches("t", buf, 0, True, -1)
+    except (RemoteProtocolError, CorruptRecord):
+        pass
+
+
+@settings(max_examples=200)
+@given(answers(), st.data())
+def test_mutated_answers_raise_only_decode_errors(
+    answer: tuple[list[tuple[int, bytes, bytes]], list[Message], int, int, list[Message]], data: st.DataObject
+) -> None:
+    batches, _, start, nxt, _ = answer
+    buf = bytearray(b"".join(encode_pull_batches(PullStatus.FOUND, 0, 9, nxt, batches)))
+    i = data.draw(st.integers(0, len(buf) - 1), label="index")
+    buf[i] ^= data.draw(st.integers(1, 255), label="mask")
+    cut = data.draw(st.integers(0, len(buf)), label="cut")
+    for candidate in (bytes(buf), bytes(buf[:cut])):
+        for verify in (True, False):
+            try:
+                decode_pull_batches("t", candidate, start, verify)
+            except (RemoteProtocolError, CorruptRecord):
+                pass
