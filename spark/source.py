@@ -245,8 +245,10 @@ def _read_range(
                 # keeps [pos, min(next offset, end)), so nothing is yielded twice
                 batch, reached = batches_batch(payload, topic, qid, pos, end, schema)
                 pos = max(pos, reached)
-                if pos < end and asked and asked[0] > pos:
-                    restart(pos)  # a short answer (byte cap): the pulls sent after it start too far on
+                if pos < end and (not asked or asked[0] > pos):
+                    # a short answer (byte cap): the pulls sent after it start too far on,
+                    # or none was sent after it (it was to reach the range's end)
+                    restart(pos)
                 else:
                     fill()
                 done[0] = pos
