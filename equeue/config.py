@@ -30,7 +30,7 @@ import humanfriendly
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
 from equeue.retention import FOREVER, FOREVER_WORDS, retention_problem
-from equeue.wire import ENTRY_HEADER, PULL_HEAD_SIZE, RECORD_HEADER
+from equeue.wire import PULL_BATCH_OVERHEAD, PULL_HEAD_SIZE
 
 __all__ = [
     "DEFAULTS",
@@ -316,11 +316,11 @@ def _lease_ttl(_inst: object, attr: attrs.Attribute, value: object) -> None:  # 
 #: message at the limit can still be retried and dead-lettered
 SYSTEM_PROPERTY_ROOM = 1024
 #: bytes a pull or GET_MESSAGE answer may add around a message's content (key + tags +
-#: properties + body): the frame header, the pull answer's head, the record's item
-#: (u64 global offset, u32 length), the record header, the entry header, and the
-#: room for system properties. A message of ``max_message_bytes`` must fit in
+#: properties + body): the frame header, the pull answer's head, a one-record batch's
+#: item, headers and record framing (``wire.PULL_BATCH_OVERHEAD``), and the room for
+#: system properties. A message of ``max_message_bytes`` must fit in
 #: ``max_frame`` with them, or it could be stored and never served.
-SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size + SYSTEM_PROPERTY_ROOM
+SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + PULL_BATCH_OVERHEAD + SYSTEM_PROPERTY_ROOM
 
 
 @attrs.frozen

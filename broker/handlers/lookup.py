@@ -8,12 +8,11 @@ from equeue import control, wire
 from equeue.broker.handlers.context import Parts, RequestContext
 from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.handlers.limits import check_offset
-from equeue.broker.storage import BatchHit, StoreReader
+from equeue.broker.storage import StoreReader
 from equeue.broker.storage.reader import MAX_RECORDS_LEN, corrupt_log
 from equeue.errors import CorruptRecord, MessageNotFound
 from equeue.protocol import PullStatus
 from equeue.wire import batches
-from equeue.wire.records import encode_record
 
 __all__ = ["LookupHandlers"]
 
@@ -49,10 +48,10 @@ class LookupHandlers:
                     + ("(skipped by an operator: equeue message skip)" if skipped else
                        f"(retained range [{qs.min_offset}, {qs.next_offset}))")
                 )  # fmt: skip
-            hit = _answer_record(info.name, found)
-        return wire.encode_pull_response(PullStatus.FOUND, 0, 0, 0, [hit])
+            hit = wire.masked_entry(found.global_base, found.value, found.index)
+        return wire.encode_pull_batches(PullStatus.FOUND, 0, 0, 0, [hit])
 
-    def _by_global(self, req: control.GetMessage) -> tuple[int, bytes]:
+    def _by_global(self, req: control.GetMessage) -> tuple[int, bytes, bytes]:
         store = self._store
         check_offset("global_offset", req.global_offset)
         found = store.get_global(req.global_offset)
@@ -80,7 +79,7 @@ class LookupHandlers:
                 f"{queue_offset}) was skipped by an operator (equeue message skip)"
             )
         try:
-            return _answer_record(name, found)
+            return wire.masked_entry(found.global_base, found.value, found.index)
         except CorruptRecord as exc:
             raise _corrupt(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
 
@@ -101,23 +100,8 @@ class LookupHandlers:
             status = PullStatus.FOUND
         else:
             status = PullStatus.NO_MATCHED_MSG if found.resume_before else PullStatus.NO_NEW_MESSAGE
-        hits = [_answer_record(info.name, h) for h in found.hits]
-        return wire.encode_pull_response(status, 0, 0, found.resume_before, hits)
-
-
-def _answer_record(topic: str, hit: BatchHit) -> tuple[int, bytes]:
-    """(global offset, the record in the answer's per-record layout) of a hit: its
-    record decoded from its stored batch and put in that layout again. Raises
-    CorruptRecord."""
-    m = hit.message(topic)
-    return m.global_offset, encode_record(
-        hit_topic_id(hit), m.queue_id, m.queue_offset, m.timestamp, wire.encode_entry(m)
-    )
-
-
-def hit_topic_id(hit: BatchHit) -> int:
-    """The topic id in a hit's batch header."""
-    return batches.stored_head(hit.value).topic_id
+        hits = [wire.masked_entry(h.global_base, h.value, h.index) for h in found.hits]
+        return wire.encode_pull_batches(status, 0, 0, found.resume_before, hits)
 
 
 def _corrupt(message: str) -> CorruptRecord:
