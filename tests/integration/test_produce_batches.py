@@ -2,8 +2,8 @@
 stored as sent or recompressed by the topic's ``compression`` setting (and the
 broker's ``--compression``), idempotent batches keep their dedup.
 
-Messages are read back at the store (``Broker.store``): the pull answer's batch
-layout and the clients' readers land separately."""
+Messages are read back at the store (``Broker.store``: what is stored, byte for
+byte) and through PULL (what a consumer gets)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,8 @@ async def test_a_batch_is_stored_as_sent_and_a_resent_one_is_a_duplicate(codec: 
         assert fields(msgs) == fields(_MSGS)
         assert batches == [batch]  # byte for byte: the producer's batch
         assert [m.global_offset for m in msgs] == [0, 1, 2]
+        pulled = await c.pull(wire.PullRequest("t", 0, 1, 10))  # the client decompresses
+        assert fields(pulled.messages) == fields(_MSGS[1:])
 
 
 async def test_the_topic_setting_stores_as_sent_or_recompresses(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from equeue.cli import app
 from equeue.producer import AsyncClient, AsyncProducer, ProducerOptions
 from equeue.wire.batches import Codec, batch_head
 from tests.integration.test_produce_batches import stored
+from tests.integration.test_producer import read_queue
 
 
 def test_the_option_parses_names_and_refuses_others() -> None:
@@ -44,7 +45,8 @@ async def test_each_codec_round_trips_and_compresses_on_the_wire(broker: Broker)
                     await p.flush()
                     assert [(await h).queue_offset for h in handles] == list(range(200))
                 sent_bytes[codec] = broker.stats.bytes_in - before
-                got, batches = stored(broker, topic)
+                got = await read_queue(c, topic, 0)  # consumed back through PULL
+                _, batches = stored(broker, topic)
                 assert {batch_head(x, 1 << 20).codec for x in batches} == {Codec.parse(codec)}
                 assert [(m.body, m.key, m.tags, m.properties) for m in got] == [
                     (body, f"k{i}", "tag", {"n": str(i)}) for i in range(200)
