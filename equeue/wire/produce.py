@@ -18,10 +18,11 @@ from typing import Final
 
 import attrs
 
-from equeue.models import Message, SendResult
+from equeue.errors import InvalidMessage
+from equeue.models import SendResult
 from equeue.wire._prims import _U32, NO_OFFSET, _bad, pack_str, unpack_str
-from equeue.wire.batches import Codec, encode_batch
-from equeue.wire.entries import entry_fields, split_entries
+from equeue.wire.batches import Codec, records_from_entries, seal_records
+from equeue.wire.entries import check_entries, split_entries
 
 _PRODUCE_FIXED = struct.Struct(">IB")  # queue id, flags
 _PRODUCE_IDEM = struct.Struct(">16sQ")  # producer id, base sequence
@@ -97,13 +98,16 @@ class ProduceRequest:
 def entries_batch(entries: Sequence[bytes], codec: Codec = Codec.NONE) -> bytes:
     """The producer batch of encoded ``entries`` (at least one), its records
     compressed with ``codec``: how the producer turns what it buffered into a batch
-    request. Raises InvalidMessage for no entries, CorruptRecord for an entry whose
-    lengths are inconsistent."""
-    msgs = []
-    for e in entries:
-        key, tags, props, body, deliver_at, rc = entry_fields(e, 0, len(e))
-        msgs.append(Message(body, key, tags, props, deliver_at, reconsume_times=rc))
-    return encode_batch(msgs, codec)
+    request (the records built from the entries in one pass, as the broker builds
+    them). Raises InvalidMessage for no entries or a malformed one."""
+    if not entries:
+        raise InvalidMessage("a batch holds at least one message")
+    records = records_from_entries(entries, check_entries(entries, _NO_LIMIT))
+    return seal_records(records, len(entries), codec)
+
+
+#: the producer checks each message's size itself (its ``max_message_bytes``)
+_NO_LIMIT: Final = 1 << 62
 
 
 _PRODUCE_RESP = struct.Struct(">BQQII")  # duplicate, first global, first queue, stored, scheduled

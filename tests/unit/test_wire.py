@@ -620,3 +620,12 @@ def test_decode_errors_are_eqeue_errors() -> None:
 )
 def test_parse_tag_filter(expr: str | None, expected: frozenset[bytes] | None) -> None:
     assert parse_tag_filter(expr) == expected
+
+
+@settings(max_examples=100)
+@given(msgs=st.lists(messages, min_size=1, max_size=6), codec=st.sampled_from(list(Codec)))
+def test_entries_batch_is_the_batch_of_the_messages(msgs: list[Message], codec: Codec) -> None:
+    """The producer's batch of its buffered entries equals the batch encoder's of the
+    same messages (so a batch stored as sent reads back like one the broker built)."""
+    expected = encode_batch([produce_side(m) for m in msgs], codec)
+    assert wire.entries_batch([encode_entry(m) for m in msgs], codec) == expected
