@@ -170,12 +170,15 @@ class ProduceHandler:
         The header is checked first (magic, codec, count, the crc32 of the records as
         carried, the announced uncompressed size within the frame limit), so a
         decompression bomb is refused before anything is inflated; decompression is
-        capped at the announced size. Raises CorruptRecord when the batch is damaged
-        or lies about its size or count, InvalidMessage when a record's key or tags
-        exceed 65535 bytes or its fields do not fit the entry layout.
+        capped at the announced size. Raises CorruptRecord when the batch is damaged,
+        lies about its size or count, or a due time is out of range; InvalidMessage
+        when a record carries a store-time delta (only the broker sets store times),
+        or its key or tags exceed 65535 bytes.
         """
         head = batch_head(batch, self._max_records)
         records = decode_records(batch_records(batch, head), head.count)
+        if any(r.ts_delta for r in records):  # stored as sent, it would set its store times
+            raise InvalidMessage("a produced record carries a store-time delta: only the broker sets store times")
         try:
             return [
                 pack_entry(

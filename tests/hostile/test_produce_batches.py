@@ -92,7 +92,7 @@ async def test_lying_batches_are_refused_nothing_stored_and_others_served(tmp_pa
     assert not probe.errors, str(probe)
 
 
-async def test_a_record_the_entry_layout_cannot_hold_is_invalid(tmp_path: Path) -> None:
+async def test_a_record_the_broker_would_not_store_is_refused(tmp_path: Path) -> None:
     async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
         await c.create_topic("t", 1)
         batch = encode_batch([Message(b"x", key="k" * 70_000)], Codec.ZSTD)
@@ -104,4 +104,10 @@ async def test_a_record_the_entry_layout_cannot_hold_is_invalid(tmp_path: Path) 
             await c.produce(
                 wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec))
             )
+        # a record claiming its own store time (ts delta, attrs 32): stored as sent, it
+        # would move its message back or forth in time (retention, time lookups)
+        timed = b"\x20\x7f" + b"x"
+        rec = bytes((len(timed),)) + timed
+        with pytest.raises(InvalidMessage, match="store-time delta"):
+            await c.produce(wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec)))
         assert (await c.queue_offsets("t", 0)).max_offset == 0
