@@ -3,6 +3,7 @@ limit is served, one op's failure stays its own, commits past the end are refuse
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import attrs
@@ -26,8 +27,8 @@ from equeue.errors import (
     OffsetOutOfRange,
 )
 from equeue.protocol import RequestCode
+from equeue.wire import batches
 from equeue.wire.entries import ENTRY_HEADER
-from equeue.wire.records import encode_records
 from tests.conftest import make_config, wait_until
 
 
@@ -171,9 +172,10 @@ async def test_a_failing_op_fails_only_its_own_request(tmp_path: Path) -> None:
 
 @attrs.define
 class _RawAppend(WriteOp):
-    """Append entries to a queue as stored records WITHOUT the produce checks: what an
-    older broker stored, or what disk damage left behind (the store's write API, in
-    the test; no broker code is patched)."""
+    """Append entries to a queue, each as a stored batch of one, WITHOUT the produce
+    checks: what an older broker stored, or what disk damage left behind (the store's
+    write API, in the test; no broker code is patched). An entry whose property block
+    does not parse keeps its block's bytes as the record's properties."""
 
     info: control.TopicInfo
     queue_id: int
@@ -183,14 +185,23 @@ class _RawAppend(WriteOp):
         w.wrote = True
         tid, qid = self.info.topic_id, self.queue_id
         st = w.queue(tid, qid)
-        recs = encode_records(tid, qid, st.next_offset, w.now, self.entries)
-        for i, rec in enumerate(recs):
-            gk = layout.global_key(w.next_global + i)
-            w.txn.put(gk, rec, db=w.db[b"messages"])
-            w.txn.put(layout.qindex_key(tid, qid, st.next_offset + i), gk, db=w.db[b"qindex"])
-        w.next_global += len(recs)
-        st.next_offset += len(recs)
-        st.bytes += sum(map(len, recs))
+        for e in self.entries:
+            head = ENTRY_HEADER.unpack_from(e)
+            try:
+                records = batches.records_from_entries([e], [head])
+            except CorruptRecord:
+                _n, _f, _d, _rc, kl, tl, pl = head
+                p = ENTRY_HEADER.size + kl + tl
+                rest = bytes((batches.A_PROPS, pl)) + e[p : p + pl] + e[p + pl :]
+                records = bytes((len(rest),)) + rest
+            batch = batches.BATCH_HEAD.pack(1, 0, 1, zlib.crc32(records), len(records)) + records
+            value = batches.encode_stored(tid, qid, st.next_offset, w.now, w.now, None, 0, batch)
+            w.txn.put(layout.global_key(w.next_global), value, db=w.db[b"messages"])
+            w.txn.put(layout.qindex_key(tid, qid, st.next_offset), layout.pack_qindex_value(w.next_global, 1),
+                      db=w.db[b"qindex"])  # fmt: skip
+            w.next_global += 1
+            st.next_offset += 1
+            st.bytes += len(value)
         w.touched.add((tid, qid))
 
 
