@@ -207,3 +207,17 @@ def test_due_messages_move_as_one_batch_per_queue(tmp_path: Path) -> None:
         assert [h.global_offset for h in s.find_by_key(info, "k5", 5).hits] == [s.next_global - 1]
     finally:
         s.close()
+
+
+def test_the_batch_header_keeps_an_idempotent_producers_id_and_sequence(store: Store) -> None:
+    info = _topic(store)
+    pid = b"p" * 16
+    store.write([ProduceOp(info, 0, _entries(2), pid, 0), ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    store.write([ProduceOp(info, 1, _entries(1), None, -1)]).settled()  # no producer: any sequence
+    (dup,) = store.write([ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    assert dup.duplicate and dup.first_queue == 2
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)
+    heads = [batches.stored_head(v) for _g, v, _m in r.batches]
+    assert [(h.producer_id, h.base_sequence, h.base_offset) for h in heads] == [(pid, 0, 0), (pid, 2, 2)]
+    (_g, v, _m), = store.read_queue(info, 1, 0, 100, 1 << 20).batches
+    assert (batches.stored_head(v).producer_id, batches.stored_head(v).base_sequence) == (None, 0)
