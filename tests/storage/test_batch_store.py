@@ -12,6 +12,7 @@ import pytest
 from equeue import Message, wire
 from equeue.broker.storage import (
     CreateTopicOp,
+    MoveDueOp,
     ProduceOp,
     ScanBudget,
     Store,
@@ -184,3 +185,25 @@ def test_a_corrupt_value_never_crashes_a_raw_reader(store: Store) -> None:
         store.read_queue(info, 0, 0, 10, 1 << 20)
     assert store.find_by_key(info, "k0", 5).hits == []
     assert isinstance(store.env, lmdb.Environment)
+
+
+def test_due_messages_move_as_one_batch_per_queue(tmp_path: Path) -> None:
+    now = [1_000]
+    s = Store(tmp_path / "s", map_size=64 << 20, clock=lambda: now[0])
+    try:
+        info = _topic(s)
+        due = [wire.encode_entry(Message(f"d{i}".encode(), key=f"k{i}", deliver_at=5_000 + i)) for i in range(6)]
+        (ans,) = s.write([ProduceOp(info, 0, [*due[:4], wire.encode_entry(Message(b"now"))])]).settled()
+        assert (ans.stored, ans.scheduled) == (1, 4)  # the one not delayed: a batch of its own
+        s.write([ProduceOp(info, 1, due[4:])]).settled()
+        now[0] = 10_000
+        assert s.write([MoveDueOp()]).settled() == [6]
+        with s.env.begin() as txn:
+            assert txn.stat(s.db[b"messages"])["entries"] == 3  # "now", then one batch per queue
+        msgs, _r = s.read_messages(info, 0, 0, 100)
+        assert [(m.text, m.queue_offset, m.deliver_at) for m in msgs] == [
+            ("now", 0, 0), ("d0", 1, 0), ("d1", 2, 0), ("d2", 3, 0), ("d3", 4, 0)
+        ]
+        assert [h.global_offset for h in s.find_by_key(info, "k5", 5).hits] == [s.next_global - 1]
+    finally:
+        s.close()
