@@ -187,11 +187,12 @@ class PullLoop:
                 await trio.sleep(DEFAULT_POLICY.delay(failures))
                 continue
             try:
-                # one record at a time (after a batch did not decode): only that record
-                # is decoded, so a poison record costs no other record of its batch
-                end = offset + 1 if single else None
+                # at most the n records asked for, though whole batches come back: flow
+                # control holds, and one record at a time (after a batch did not decode)
+                # decodes only that record, so a poison record costs no other of its batch
+                end = offset + n
                 status, lo, hi, nxt, msgs = decode(q.topic, payload, offset, verify, end)
-                if end is not None and nxt > end:
+                if status is PullStatus.FOUND and nxt > end:
                     nxt = end
             except CorruptRecord as exc:  # this consumer's check: some record of the batch
                 if n == 1:

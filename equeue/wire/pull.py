@@ -261,9 +261,10 @@ def decode_pull_batches(
     """(status, min offset, max offset, next offset, messages) of a batch-layout answer:
     the one decoder of its records.
 
-    Delivers the records of each batch whose queue offset is >= ``start`` and <
-    ``end`` (default: the answer's next offset; ``end=-1``: no bound, for answers that
-    are not a queue read, such as GET_MESSAGE / FIND_BY_KEY) and whose mask bit is set.
+    Delivers the records of each batch whose queue offset is >= ``start`` and below
+    the answer's next offset (and below ``end`` when given: a reader that wants at
+    most so many records; ``end=-1``: no bound at all, for answers that are not a
+    queue read, GET_MESSAGE and FIND_BY_KEY) and whose mask bit is set.
     Decompresses (capped at :data:`MAX_RECORDS_LEN`), checks each stored header's
     crc, and with ``verify`` each batch's crc.
 
@@ -273,7 +274,7 @@ def decode_pull_batches(
     """
     head, items = frame_pull_batches(buf)
     out: list[Message] = []
-    stop = head.next_offset if end is None else (1 << 64 if end < 0 else end)
+    stop = head.next_offset if end is None else (1 << 64 if end < 0 else min(end, head.next_offset))
     for g, mask, value in items:
         try:
             sh = stored_head(value)

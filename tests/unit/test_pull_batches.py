@@ -87,6 +87,9 @@ def test_a_batch_answer_delivers_the_kept_records_in_the_asked_range(
     assert got == (status, 5, hi, nxt, want)
     assert delivered_records(batches, start, nxt) == len(want)
     assert decode_pull_batches("t", bytearray(buf), start, verify) == got
+    assert decode_pull_batches("t", buf, start, verify, nxt + 3) == got  # never past the next offset
+    cut = start + 2
+    assert decode_pull_batches("t", buf, start, verify, cut)[4] == [m for m in want if m.queue_offset < cut]
     assert decode_pull_response("t", memoryview(buf), start) == PullResult(status, want, 5, hi, nxt)
     for m in got[4]:  # what the Message converters would have made
         assert type(m.body) is bytes and type(m.properties) is dict
