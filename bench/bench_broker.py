@@ -80,12 +80,12 @@ async def drain(addr: str, queues: int, max_messages: int, decode: bool) -> tupl
                 req = wire.PullRequest("bench", q, off, max_messages, 16 << 20)
                 raw = await c.request(RequestCode.PULL, req.encode())
                 if decode:
-                    r = wire.decode_pull_response("bench", raw)
+                    r = wire.decode_pull_response("bench", raw, off)
                     n, off = len(r.messages), r.next_offset
-                else:
+                else:  # records counted from the head (its count is of batches)
                     head = wire.decode_pull_head(raw)
-                    nxt, n = head.next_offset, head.count
-                    off = nxt
+                    n = head.next_offset - off if head.count else 0
+                    off = head.next_offset
                 if n == 0:
                     return
                 got += n

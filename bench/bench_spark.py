@@ -51,11 +51,11 @@ def raw_pull_rate(c: Client, topic: str, queues: int, n: int) -> float:
         while True:
             req = wire.PullRequest(topic, q, off, 10_000, 8 << 20, flags=PULL_FLAGS)
             raw = c.request(RequestCode.PULL, req.encode())
-            count = wire.decode_pull_head(raw).count
-            if not count:
+            head = wire.decode_pull_head(raw)
+            if not head.count:  # batches: the records are up to the next offset
                 break
-            off += count
-            got += count
+            got += head.next_offset - off
+            off = head.next_offset
     return got / (time.perf_counter() - t0)
 
 

@@ -48,7 +48,7 @@ def broker_proc(q: Any, done: Any, flush: str) -> None:
             if before:
                 ev.append((before, now()))
             r = orig(*a, **k)
-            if after and (not only_found or r.recs):
+            if after and (not only_found or r.batches):
                 ev.append((after, now()))
             return r
 
@@ -101,7 +101,7 @@ def main() -> None:
                     req = wire.PullRequest("lat", qid, off, 32, 1 << 20, 15_000)
                     raw = await c.request(RequestCode.PULL, req.encode())
                     t = time.time_ns()
-                    _st, _lo, _hi, off, msgs = wire.decode_pull_messages("lat", raw, verify=False)
+                    _st, _lo, _hi, off, msgs = wire.decode_pull_batches("lat", raw, off, False)
                     got.extend((int(m.body), t) for m in msgs)
 
             async with trio.open_nursery() as n:

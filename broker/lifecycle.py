@@ -142,7 +142,7 @@ class Lifecycle:
         Returns how many left the schedule. Raises the EQueueError of a failed
         transaction (nothing moved then).
         """
-        moved: int = await self._submit(MoveDueOp(self.move_batch))
+        moved: int = await self._submit(MoveDueOp(self.move_batch, self._config.compression))
         return moved
 
     # ------------------------------------------------------------------ retention

@@ -44,9 +44,10 @@ from typing import Protocol
 
 from equeue import control
 from equeue.broker.longpoll import ParkedPulls
-from equeue.broker.storage import StoreReader
+from equeue.broker.storage import ReadResult, StoreReader
 from equeue.errors import EQueueError
 from equeue.protocol import PullStatus
+from equeue.wire import delivered_records
 
 log = logging.getLogger("equeue.broker")
 
@@ -57,8 +58,13 @@ __all__ = ["MAX_THREAD_ANSWERS", "PullAnswer", "ThreadWritable", "answer_parked_
 #: one queue cannot hold up the produce answers and the next transaction for long
 MAX_THREAD_ANSWERS = 64
 
-#: encodes a pull answer: (status, min, max, next offset, globals, records) -> parts
+#: encodes a pull answer: (status, min, max, next offset, batches) -> parts
 PullEncoder = Callable[..., list[bytes]]
+
+
+def delivered(got: ReadResult, offset: int) -> int:
+    """How many records a read delivers from ``offset`` (the metrics' messages out)."""
+    return delivered_records(got.batches, offset, got.next_offset)
 
 
 class ThreadWritable(Protocol):
@@ -111,11 +117,9 @@ class PullAnswer:
         )
         if got.status is not PullStatus.FOUND:
             return None
-        parts = self.encode(
-            got.status, got.min_offset, got.max_offset, got.next_offset, got.globals, got.recs
-        )
+        parts = self.encode(got.status, got.min_offset, got.max_offset, got.next_offset, got.batches)
         size = self.output.write_from_thread(self.request_id, parts)
-        return (len(got.recs), size) if size else None
+        return (delivered(got, self.offset), size) if size else None
 
 
 def answer_parked_pulls(parked: ParkedPulls, queues: Iterable[tuple[int, int]]) -> None:

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from equeue import control, wire
@@ -452,7 +453,13 @@ class AsyncClient:
         return wire.ProduceResponse.decode(await self.request(RequestCode.PRODUCE, req.encode()))
 
     async def pull(self, req: wire.PullRequest) -> PullResult:
-        return wire.decode_pull_response(req.topic, await self.request(RequestCode.PULL, req.encode()))
+        """Read one queue (the answer in the batch layout: ``PULL_BATCHES`` is always
+        set). Raises CorruptRecord for a batch that does not decode, RemoteProtocolError
+        for a malformed answer."""
+        if not req.flags & wire.PULL_BATCHES:
+            req = attrs.evolve(req, flags=req.flags | wire.PULL_BATCHES)
+        payload = await self.request(RequestCode.PULL, req.encode())
+        return wire.decode_pull_response(req.topic, payload, req.offset)
 
     async def create_topic(
         self,
@@ -595,7 +602,7 @@ class AsyncClient:
         payload = await self.request(
             RequestCode.GET_MESSAGE, control.encode(control.GetMessage(topic, queue_id, queue_offset, global_offset))
         )
-        return wire.decode_pull_response(topic, payload)
+        return wire.decode_pull_response(topic, payload, end=-1)
 
     async def find_by_key(self, topic: str, key: str, limit: int = 32, before: int = -1) -> PullResult:
         """Messages of ``topic`` with ``key``, newest first, below global offset
@@ -603,7 +610,7 @@ class AsyncClient:
         in the result means it stopped early; pass it as ``before`` to go on."""
         req = control.FindByKey(topic, key, limit, before)
         payload = await self.request(RequestCode.FIND_BY_KEY, control.encode(req))
-        return wire.decode_pull_response(topic, payload)
+        return wire.decode_pull_response(topic, payload, end=-1)
 
     # ------------------------------------------------------------------ retry / dead letters
     async def send_back(

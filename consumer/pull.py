@@ -131,9 +131,9 @@ class PullLoop:
         endpoint: Endpoint = None
         verify = o.verify_checksums
         # a consumer that checks every record itself spares the broker its recheck
-        flags = wire.PULL_CLIENT_VERIFIES if verify else 0
+        flags = wire.PULL_BATCHES | (wire.PULL_CLIENT_VERIFIES if verify else 0)
         max_messages, max_bytes = o.max_buffered_messages, o.max_buffered_bytes
-        decode = wire.decode_pull_messages
+        decode = wire.decode_pull_batches
         failures = overflows = 0
         regained = False  # NOT_QUEUE_OWNER once: a heartbeat round, then one more pull
         #: after this consumer's decoder found a corrupt record in a batch: pull that
@@ -187,7 +187,13 @@ class PullLoop:
                 await trio.sleep(DEFAULT_POLICY.delay(failures))
                 continue
             try:
-                status, lo, hi, nxt, msgs = decode(q.topic, payload, verify)
+                # at most the n records asked for, though whole batches come back: flow
+                # control holds, and one record at a time (after a batch did not decode)
+                # decodes only that record, so a poison record costs no other of its batch
+                end = offset + n
+                status, lo, hi, nxt, msgs = decode(q.topic, payload, offset, verify, end)
+                if status is PullStatus.FOUND and nxt > end:
+                    nxt = end
             except CorruptRecord as exc:  # this consumer's check: some record of the batch
                 if n == 1:
                     if await self._quarantine(q, offset, exc):
@@ -223,8 +229,12 @@ class PullLoop:
                     # picks in that batch. The pull would park at the broker anyway.
                     await trio.lowlevel.checkpoint()
                     await trio.lowlevel.checkpoint()
-            elif status is PullStatus.NO_NEW_MESSAGE or status is PullStatus.NO_MATCHED_MSG:
-                q.window.advance(nxt)  # past what a tag filter skipped; NO_MATCHED_MSG: scan on
+            elif status is PullStatus.NO_NEW_MESSAGE or status is PullStatus.NO_MATCHED_MSG or (
+                status is PullStatus.FOUND and nxt > offset
+            ):
+                # past what a tag filter or a skip left out (FOUND: a batch whose every
+                # record from the offset is masked out); NO_MATCHED_MSG: scan on
+                q.window.advance(nxt)
             elif status is PullStatus.OFFSET_TOO_SMALL:
                 log.warning(
                     "queue %s: offset %d is below the lowest retained offset %d (messages lost "

@@ -30,7 +30,7 @@ import humanfriendly
 from equeue.codec import DEFAULT_MAX_FRAME, HEADER
 from equeue.errors import ConfigError
 from equeue.retention import FOREVER, FOREVER_WORDS, retention_problem
-from equeue.wire import ENTRY_HEADER, PULL_HEAD_SIZE, RECORD_HEADER
+from equeue.wire import PULL_BATCH_OVERHEAD, PULL_HEAD_SIZE
 
 __all__ = [
     "DEFAULTS",
@@ -296,6 +296,11 @@ def _map_size(inst: object, attr: attrs.Attribute, value: object) -> None:  # ty
         raise ConfigError(f"{attr.name} must be at least {format_size(MIN_MAP_SIZE)}, got {value!r}")
 
 
+def _compression(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    if value not in ("producer", "none", "zstd", "lz4"):
+        raise ConfigError(f"{attr.name} must be one of 'producer', 'none', 'zstd', 'lz4', got {value!r}")
+
+
 def _acks(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     if value not in ("all", "leader"):
         raise ConfigError(f"{attr.name} must be one of 'all', 'leader', got {value!r}")
@@ -311,11 +316,11 @@ def _lease_ttl(_inst: object, attr: attrs.Attribute, value: object) -> None:  # 
 #: message at the limit can still be retried and dead-lettered
 SYSTEM_PROPERTY_ROOM = 1024
 #: bytes a pull or GET_MESSAGE answer may add around a message's content (key + tags +
-#: properties + body): the frame header, the pull answer's head, the record's item
-#: (u64 global offset, u32 length), the record header, the entry header, and the
-#: room for system properties. A message of ``max_message_bytes`` must fit in
+#: properties + body): the frame header, the pull answer's head, a one-record batch's
+#: item, headers and record framing (``wire.PULL_BATCH_OVERHEAD``), and the room for
+#: system properties. A message of ``max_message_bytes`` must fit in
 #: ``max_frame`` with them, or it could be stored and never served.
-SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + 12 + RECORD_HEADER.size + ENTRY_HEADER.size + SYSTEM_PROPERTY_ROOM
+SERVE_OVERHEAD = HEADER.size + PULL_HEAD_SIZE + PULL_BATCH_OVERHEAD + SYSTEM_PROPERTY_ROOM
 
 
 @attrs.frozen
@@ -346,6 +351,9 @@ class BrokerConfig:
     #: largest message content (key + tags + properties + body); at most
     #: ``max_frame - SERVE_OVERHEAD``, so a message at the limit is always served
     max_message_bytes: int = attrs.field(default=4 << 20, validator=positive)
+    #: how topics without their own ``compression`` setting store batches:
+    #: ``producer`` (as sent), ``none``, ``zstd`` or ``lz4`` (docs/storage.md "Compression")
+    compression: str = attrs.field(default="producer", validator=_compression)
     #: create unknown topics on produce / route lookup
     auto_create_topics: bool = attrs.field(default=True, validator=boolean)
     #: queue count of auto-created topics

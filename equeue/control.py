@@ -15,8 +15,9 @@ from typing import Any, ClassVar, TypeVar
 import attrs
 from cattrs.preconf.json import make_converter
 
-from equeue.errors import RemoteProtocolError
+from equeue.errors import BadRequest, RemoteProtocolError
 from equeue.protocol import RequestCode
+from equeue.wire.batches import Codec
 
 __all__ = [
     "REQUEST_TYPES",
@@ -84,6 +85,24 @@ def decode(payload: bytes, cls: type[T] | Any) -> T:
 
 
 # ----------------------------------------------------------------------------- topics
+#: a topic's ``compression`` setting (like Kafka's ``compression.type``): ``producer``
+#: stores each producer batch as sent; a codec name stores every batch with that
+#: codec (a batch sent with another is recompressed, entries are compressed)
+COMPRESSION_SETTINGS: typing.Final = ("producer", "none", "zstd", "lz4")
+
+
+def check_compression(value: str | None, error: type[Exception] = BadRequest) -> None:
+    """Raises ``error`` unless ``value`` is None or one of :data:`COMPRESSION_SETTINGS`."""
+    if value is not None and value not in COMPRESSION_SETTINGS:
+        raise error(f"compression must be one of {', '.join(COMPRESSION_SETTINGS)}, got {value!r}")
+
+
+def stored_codec(setting: str) -> Codec | None:
+    """The codec a ``compression`` setting stores batches with; None for
+    ``producer`` (each batch as sent, entries uncompressed)."""
+    return None if setting == "producer" else Codec.parse(setting)
+
+
 @attrs.frozen
 class CreateTopic:
     """Create a topic. Retention overrides (:mod:`equeue.retention`): None = the
@@ -96,6 +115,8 @@ class CreateTopic:
     retention_ms: int | None = None
     retention_bytes: int | None = None
     exist_ok: bool = False
+    #: one of :data:`COMPRESSION_SETTINGS`; None: the broker's ``--compression``
+    compression: str | None = None
 
 
 @attrs.frozen
@@ -119,6 +140,9 @@ class AlterTopic:
     retention_ms: int | None = None
     retention_bytes: int | None = None
     reset: list[str] = attrs.Factory(list)
+    #: one of :data:`COMPRESSION_SETTINGS` (None: unchanged; ``reset`` may name
+    #: ``"compression"`` to put it back to the broker's ``--compression``)
+    compression: str | None = None
 
 
 @attrs.frozen
@@ -206,6 +230,9 @@ class TopicInfo:
     retention_bytes: int | None = None
     #: an operator paused its produce (PAUSE_TOPIC); in answers only, never stored with the topic
     paused: bool = False
+    #: how its batches are stored (:data:`COMPRESSION_SETTINGS`); None: the broker's
+    #: ``--compression``
+    compression: str | None = None
 
 
 @attrs.frozen

@@ -69,6 +69,7 @@ class _Batch:
     __slots__ = (
         "answer",
         "attempts",
+        "batch",
         "deadline",
         "delayed",
         "entries",
@@ -95,6 +96,9 @@ class _Batch:
         self.first_at = now
         self.pid: bytes | None = None
         self.seq = -1
+        #: the records as a producer batch (compressed), built on the first send and
+        #: kept for retries; None for a delayed batch, sent as entries
+        self.batch: bytes | None = None
         self.attempts = 0
         #: sent while an earlier request of the lane was in flight (an
         #: OutOfOrderSequence answer is then expected, not a fault)

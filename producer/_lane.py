@@ -251,13 +251,23 @@ class _Lane:
         return bool(failed) and any(e[0].pid in failed for e in self.window)
 
     def _payload(self, b: _Batch) -> bytes:
-        """Number ``b`` on its first send (kept across retries); its request payload."""
+        """Number ``b`` on its first send (kept across retries); its request payload:
+        one batch of its records, compressed with the ``compression`` option (built
+        once), or its entries for a delayed batch."""
         if b.pid is None:
             b.pid = self.pid
             b.seq = self.next_seq
             self.next_seq += len(b.entries)
         b.sent_behind = bool(self.window)
-        return wire.ProduceRequest(self.topic, self.queue_id, b.entries, b.pid, b.seq, self.options.auto_create).encode()
+        if b.delayed:  # the schedule keeps entries: the broker would split a batch again
+            return wire.ProduceRequest(
+                self.topic, self.queue_id, b.entries, b.pid, b.seq, self.options.auto_create
+            ).encode()
+        if b.batch is None:
+            b.batch = wire.entries_batch(b.entries, self.options.compression)
+        return wire.ProduceRequest(
+            self.topic, self.queue_id, (), b.pid, b.seq, self.options.auto_create, b.batch
+        ).encode()
 
     def on_reply(self) -> None:
         """An answer or a failure arrived (loop thread, called by the client's reader).

@@ -20,6 +20,7 @@ from equeue.client.retry import RetryPolicy
 from equeue.errors import ConfigError
 from equeue.models import Message
 from equeue.security import ClientSecurity
+from equeue.wire.batches import Codec
 
 __all__ = ["OnFull", "ProducerOptions", "QueueSelector", "new_producer_id"]
 
@@ -61,6 +62,17 @@ def _to_producer_id(value: bytes | str | uuid.UUID | None) -> bytes | None:
     if isinstance(value, bytes | bytearray) and len(value) == 16:
         return bytes(value)
     raise ConfigError("producer_id must be 16 bytes, a UUID or a UUID string")
+
+
+def _to_codec(value: Codec | str) -> Codec:
+    if isinstance(value, Codec):
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"compression must be 'none', 'zstd' or 'lz4', not {type(value).__name__}")
+    try:
+        return Codec.parse(value)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _to_on_full(value: OnFull | str) -> OnFull:
@@ -139,6 +151,11 @@ class ProducerOptions:
     #: then fail too, instead of going on under a fresh id): for writers that replay
     #: the same batches under the same id, such as the Spark sink
     stable_id: bool = False
+    #: how each request's batch of records is compressed: ``"none"``, ``"zstd"``
+    #: (level 1: smallest) or ``"lz4"`` (fastest); the broker stores it as sent
+    #: unless the topic's ``compression`` setting names another codec
+    #: (docs/producer.md "Compression")
+    compression: Codec = attrs.field(default=Codec.NONE, converter=_to_codec)
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None

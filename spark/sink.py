@@ -50,6 +50,7 @@ from equeue.producer import Producer, ProducerOptions
 from equeue.routing import RoundRobin, queue_for_key
 from equeue.security import ClientSecurity
 from equeue.spark.common import opt_str
+from equeue.wire.batches import Codec
 
 log = logging.getLogger("equeue.spark")
 
@@ -99,15 +100,19 @@ class RowOrderSelector:
         return rr.next(queue_count)
 
 
-def sink_options(producer_id: bytes, security: ClientSecurity | None = None) -> ProducerOptions:
+def sink_options(
+    producer_id: bytes, security: ClientSecurity | None = None, compression: Codec = Codec.NONE
+) -> ProducerOptions:
     """The producer options of one sink task: its stable id, queues picked from the
     rows alone (:class:`RowOrderSelector`), requests sealed only by size or by the end
     of a chunk (``linger`` infinite), and no client-side buffer or body limit: a task's
     memory is bounded by its chunk, and the broker's body limit applies. (With a
     bounded buffer a row could wait for space that only open batches hold, and they
     end only by size or at the end of the chunk.) ``security``: TLS and credentials
-    (None: the ``EQUEUE_*`` environment)."""
+    (None: the ``EQUEUE_*`` environment). ``compression``: the codec of each request's
+    batch (the sink's ``compression`` option)."""
     return ProducerOptions(
+        compression=compression,
         queue_selector=RowOrderSelector(),
         security=security,
         producer_id=producer_id,
@@ -144,10 +149,10 @@ class _Publisher:
 
     def __init__(
         self, brokers: str, default_topic: str | None, producer_id: bytes, partition_id: int,
-        security: ClientSecurity | None = None,
+        security: ClientSecurity | None = None, compression: Codec = Codec.NONE,
     ) -> None:  # fmt: skip
         self.default_topic = default_topic
-        self.producer = Producer(brokers, options=sink_options(producer_id, security))
+        self.producer = Producer(brokers, options=sink_options(producer_id, security, compression))
         self.chunk_rows = 0
         self.chunk_bytes = 0
         self.commit = SinkCommit(partition_id)
@@ -235,10 +240,17 @@ class _WriterBase:
         self.topic = opt_str(options, "topic", "") or None
         if self.topic is None and "topic" not in names:
             raise ConfigError('equeue sink: set the "topic" option or give the DataFrame a "topic" column')
+        #: each request's batch compressed with this codec (docs/spark.md)
+        try:
+            self.compression = Codec.parse(opt_str(options, "compression", "none"))
+        except ValueError as exc:
+            raise ConfigError(f"equeue sink: option compression: {exc}") from None
 
     def _publish(self, producer_id: bytes, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         ctx = TaskContext.get()
-        pub = _Publisher(self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0, self.security)
+        pub = _Publisher(
+            self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0, self.security, self.compression
+        )
         try:
             for batch in iterator:
                 pub.add_batch(batch)

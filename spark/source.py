@@ -69,7 +69,7 @@ from equeue.errors import (
 )
 from equeue.protocol import PullStatus
 from equeue.security import ClientSecurity
-from equeue.spark.columns import packed_batch
+from equeue.spark.columns import batches_batch
 from equeue.spark.common import (
     DEFAULT_FAILOVER_TIMEOUT,
     EARLIEST,
@@ -113,8 +113,8 @@ PULL_MAX_MESSAGES = 10_000
 PULL_MAX_BYTES = 8 << 20
 #: pulls kept in flight per range read
 PULL_DEPTH = 2
-#: packed answers, checksums verified here (in parallel workers) rather than by the broker
-PULL_FLAGS = wire.PULL_PACKED | wire.PULL_CLIENT_VERIFIES
+#: batch answers, checksums verified here (in parallel workers) rather than by the broker
+PULL_FLAGS = wire.PULL_BATCHES | wire.PULL_CLIENT_VERIFIES
 #: default cap of one input partition (offsets); bigger ranges are split
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 
@@ -212,15 +212,16 @@ def _read_range(
     puller = puller_for(brokers, security)
     try:
         # pulls stay PULL_DEPTH ahead of parsing, so the broker never waits for this reader
-        asked: deque[int] = deque()  # how many records each outstanding pull asked for
+        asked: deque[int] = deque()  # the offset each outstanding pull asked from
         ahead = pos
 
         def fill() -> None:
             nonlocal ahead
+            ahead = max(ahead, pos)  # an answer past the pulls asked for (a whole batch)
             while ahead < end and len(asked) < PULL_DEPTH:
                 n = min(PULL_MAX_MESSAGES, end - ahead)
                 puller.submit(wire.PullRequest(topic, qid, ahead, n, PULL_MAX_BYTES, flags=PULL_FLAGS))
-                asked.append(n)
+                asked.append(ahead)
                 ahead += n
 
         def restart(at: int) -> None:
@@ -233,19 +234,26 @@ def _read_range(
         fill()
         while True:
             payload = puller.next()
-            wanted = asked.popleft()
+            asked_at = asked.popleft()
             head = wire.decode_pull_head(payload)
             status, lo, hi, count = head.status, head.min_offset, head.max_offset, head.count
             if status is PullStatus.FOUND and count:
-                count = min(count, wanted)
-                first, pos = pos, pos + count
-                if count < wanted and pos < end:
-                    restart(pos)  # a short answer (byte cap): the pulls sent after it start too far on
+                if asked_at > pos:  # the pulls sent after a short answer start too far on
+                    restart(pos)
+                    continue
+                # batches may start below the offset asked for and end past it: this
+                # keeps [pos, min(next offset, end)), so nothing is yielded twice
+                batch, reached = batches_batch(payload, topic, qid, pos, end, schema)
+                pos = max(pos, reached)
+                if pos < end and (not asked or asked[0] > pos):
+                    # a short answer (byte cap): the pulls sent after it start too far on,
+                    # or none was sent after it (it was to reach the range's end)
+                    restart(pos)
                 else:
                     fill()
-                batch = packed_batch(payload, topic, qid, first, count, schema)
                 done[0] = pos
-                yield batch
+                if batch.num_rows:
+                    yield batch
                 if pos >= end:
                     return
             elif status is PullStatus.OFFSET_TOO_SMALL:

@@ -23,7 +23,7 @@ from equeue.broker.handlers.context import RequestContext
 from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.handlers.limits import Limits, check_offset
 from equeue.broker.handlers.writes import Submit
-from equeue.broker.storage import ProduceOp, StoreReader
+from equeue.broker.storage import BatchHit, ProduceOp, StoreReader
 from equeue.broker.storage.deadletters import Letter, ResendOp, ResentMarksOp
 from equeue.config import DEFAULTS, SYSTEM_PROPERTY_ROOM, retry_delay
 from equeue.errors import (
@@ -45,6 +45,7 @@ from equeue.models import (
 )
 from equeue.names import dlq_topic, is_ephemeral, retry_topic, validate_group
 from equeue.protocol import PullStatus
+from equeue.wire import batches
 
 __all__ = ["DeadLetterHandlers"]
 
@@ -111,7 +112,7 @@ class DeadLetterHandlers:
         if found is None:
             raise MessageNotFound(f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset}")
         try:
-            msg = wire.decode_record(info.name, found[0], found[1])
+            msg = found.message(info.name)
         except CorruptRecord as exc:  # a poison record: salvage it, straight to the DLQ
             msg = self._salvage(info.name, req.queue_id, req.queue_offset, found, exc)
             req = attrs.evolve(req, max_reconsume_times=0)
@@ -152,16 +153,17 @@ class DeadLetterHandlers:
         return control.SendBackAnswer(target, qid, dead, deliver_at)
 
     def _salvage(
-        self, topic: str, queue_id: int, queue_offset: int, found: tuple[int, bytes], exc: CorruptRecord
+        self, topic: str, queue_id: int, queue_offset: int, found: BatchHit, exc: CorruptRecord
     ) -> Message:
         """A dead letter for a stored record that does not decode: its body is the
-        record's bytes (cut to the message limit), ``%POISON`` says why."""
-        raw = bytes(found[1])
+        bytes of the stored batch holding it (cut to the message limit), ``%POISON``
+        says why."""
+        raw = bytes(found.value)
         room = self._max_body  # the properties below take the system properties' room
         props = {PROP_POISON: str(exc)[:300]}
         if len(raw) > room:
             props[PROP_POISON_BYTES] = str(len(raw))
-        return Message(raw[:room], None, None, props, 0, topic, queue_id, queue_offset, found[0])
+        return Message(raw[:room], None, None, props, 0, topic, queue_id, queue_offset, found.global_offset)
 
     # ------------------------------------------------------------------ DLQ_LIST
     def _letters(self, group: str) -> control.TopicInfo | None:
@@ -179,14 +181,14 @@ class DeadLetterHandlers:
             qs = self._store.queue_state(info.topic_id, q)
             off = max(off, qs.min_offset)
             if off < qs.next_offset:
-                r = self._store.read_queue(info, q, off, limit - len(out), budget)
+                msgs, r = self._store.read_messages(info, q, off, limit - len(out), budget)
                 if r.status is PullStatus.FOUND:
-                    for g, rec in zip(r.globals, r.recs, strict=True):
-                        m = wire.decode_record(info.name, g, rec)
-                        if out and len(rec) > budget:  # a later queue's first letter: next page
+                    for m in msgs:
+                        size = _letter_size(m)
+                        if out and (size > budget or len(out) >= limit):  # the rest: next page
                             return out, q, m.queue_offset, False
                         out.append(m)
-                        budget -= len(rec)
+                        budget -= size
                     off = r.next_offset
                     if len(out) >= limit or budget <= 0:
                         return out, q, off, q == info.queues - 1 and off >= qs.next_offset
@@ -219,10 +221,10 @@ class DeadLetterHandlers:
             msgs = []
             for i in dict.fromkeys(req.ids):
                 check_offset("letter id", i)
-                rec = self._store.get_global(i)
-                if rec is None or wire.record_header(rec, verify=False).topic_id != info.topic_id:
+                hit = self._store.get_global(i)
+                if hit is None or _topic_id_of(hit) != info.topic_id:
                     raise MessageNotFound(f"no dead letter {i} in {info.name} (see: equeue dlq list {req.group})")
-                msgs.append(wire.decode_record(info.name, i, rec))
+                msgs.append(hit.message(info.name))
             for start in range(0, len(msgs), MAX_PAGE):
                 await self._resend(req.group, msgs[start : start + MAX_PAGE], answer)
         if req.all_letters:
@@ -246,7 +248,7 @@ class DeadLetterHandlers:
                 hit = store.get_queue_offset(info, q, qs.min_offset)
                 if hit is None:  # its first record is being removed right now: keep every record
                     return 0
-                first = min(first, hit[0])
+                first = min(first, hit.global_offset)
         return first
 
     def _foreign_owner(self, origin: str, m: Message) -> str | None:
@@ -283,3 +285,16 @@ class DeadLetterHandlers:
             answer.resent.extend(resent)
             answer.already_resent.extend(already)
             answer.failed.update(failed)
+
+
+def _letter_size(m: Message) -> int:
+    """About the bytes a letter takes in a page (its body, key, tags and properties)."""
+    return len(m.body) + len(m.key or "") + len(m.tags or "") + sum(len(k) + len(v) for k, v in m.properties.items()) + 32
+
+
+def _topic_id_of(hit: BatchHit) -> int:
+    """The topic id in a hit's batch header (-1: a damaged header)."""
+    try:
+        return batches.stored_head(hit.value).topic_id
+    except CorruptRecord:
+        return -1

@@ -24,12 +24,14 @@ class Limits:
     max_delay_ms: int
     max_frame: int
     max_pull_wait: float
+    #: the broker's ``--compression`` (a topic's own setting overrides it)
+    compression: str = "producer"
 
     @classmethod
     def from_config(cls, cfg: BrokerConfig) -> Limits:
         return cls(
             cfg.auto_create_topics, cfg.default_queues, cfg.max_queues, cfg.max_message_bytes,
-            int(cfg.max_delay * 1000), cfg.max_frame, cfg.max_pull_wait,
+            int(cfg.max_delay * 1000), cfg.max_frame, cfg.max_pull_wait, cfg.compression,
         )  # fmt: skip
 
 

@@ -9,9 +9,10 @@ from equeue.broker.handlers.context import Parts, RequestContext
 from equeue.broker.handlers.directory import TopicDirectory
 from equeue.broker.handlers.limits import check_offset
 from equeue.broker.storage import StoreReader
-from equeue.broker.storage.reader import corrupt_log
+from equeue.broker.storage.reader import MAX_RECORDS_LEN, corrupt_log
 from equeue.errors import CorruptRecord, MessageNotFound
 from equeue.protocol import PullStatus
+from equeue.wire import batches
 
 __all__ = ["LookupHandlers"]
 
@@ -47,35 +48,40 @@ class LookupHandlers:
                     + ("(skipped by an operator: equeue message skip)" if skipped else
                        f"(retained range [{qs.min_offset}, {qs.next_offset}))")
                 )  # fmt: skip
-            hit = found
-        return wire.encode_pull_response(PullStatus.FOUND, 0, 0, 0, [hit])
+            hit = wire.masked_entry(found.global_base, found.value, found.index)
+        return wire.encode_pull_batches(PullStatus.FOUND, 0, 0, 0, [hit])
 
-    def _by_global(self, req: control.GetMessage) -> tuple[int, bytes]:
+    def _by_global(self, req: control.GetMessage) -> tuple[int, bytes, bytes]:
         store = self._store
         check_offset("global_offset", req.global_offset)
-        rec = store.get_global(req.global_offset)
-        if rec is None:
+        found = store.get_global(req.global_offset)
+        if found is None:
             raise MessageNotFound(f"no message at global offset {req.global_offset} (deleted or never written)")
         try:
-            h = wire.record_header(rec)
+            h = batches.stored_head(found.value)
+            batches.batch_head(batches.stored_batch(found.value), MAX_RECORDS_LEN)
         except CorruptRecord as exc:
             raise _corrupt(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
+        queue_offset = h.base_offset + found.index
         info = next((t for t in store.topics.values() if t.topic_id == h.topic_id), None)
         name = info.name if info is not None else ""  # "" = its topic was deleted
         if req.topic and name != req.topic:
             raise MessageNotFound(f"global offset {req.global_offset} belongs to topic {name!r}")
-        if not store.global_position_ok(req.global_offset, h):
+        if not store.global_position_ok(found, h):
             raise _corrupt(
                 f"corrupt record at global offset {req.global_offset}: its header names topic "
-                f"{name or h.topic_id!r} queue {h.queue_id} offset {h.queue_offset}, which the "
+                f"{name or h.topic_id!r} queue {h.queue_id} offset {queue_offset}, which the "
                 "queue index does not map to it"
             )
-        if h.queue_offset in store.view.skips(h.topic_id, h.queue_id):
+        if queue_offset in store.view.skips(h.topic_id, h.queue_id):
             raise MessageNotFound(
                 f"the message at global offset {req.global_offset} ({name}/{h.queue_id} offset "
-                f"{h.queue_offset}) was skipped by an operator (equeue message skip)"
+                f"{queue_offset}) was skipped by an operator (equeue message skip)"
             )
-        return req.global_offset, rec
+        try:
+            return wire.masked_entry(found.global_base, found.value, found.index)
+        except CorruptRecord as exc:
+            raise _corrupt(f"corrupt record at global offset {req.global_offset}: {exc}") from exc
 
     async def find_by_key(self, req: control.FindByKey, ctx: RequestContext) -> Parts:
         """Messages with the key, newest first. The hash-index walk is bounded by the
@@ -94,7 +100,8 @@ class LookupHandlers:
             status = PullStatus.FOUND
         else:
             status = PullStatus.NO_MATCHED_MSG if found.resume_before else PullStatus.NO_NEW_MESSAGE
-        return wire.encode_pull_response(status, 0, 0, found.resume_before, found.hits)
+        hits = [wire.masked_entry(h.global_base, h.value, h.index) for h in found.hits]
+        return wire.encode_pull_batches(status, 0, 0, found.resume_before, hits)
 
 
 def _corrupt(message: str) -> CorruptRecord:

@@ -14,12 +14,13 @@ staging the answer from the appender's commit callback.
 from __future__ import annotations
 
 import functools
+import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
-from equeue import wire
+from equeue import control, wire
 from equeue.broker.appender import PendingOp
 from equeue.broker.auth import Authorizer
 from equeue.broker.handlers.context import Closing, Parts, RequestContext
@@ -32,19 +33,25 @@ from equeue.codec import encode_response
 from equeue.errors import (
     BadRequest,
     BrokerShuttingDown,
+    CorruptRecord,
     ErrorCode,
+    InvalidMessage,
     QueueNotFound,
     ReservedTopic,
     TopicNotFound,
     TopicPaused,
 )
 from equeue.protocol import RequestCode
+from equeue.wire.batches import batch_head, batch_records, decode_records
+from equeue.wire.entries import pack_entry
 
 __all__ = ["ErrorAnswer", "ProduceHandler", "ProducePipeline", "ProduceQueue", "Stage"]
 
 _PRODUCE = int(RequestCode.PRODUCE)  # a plain int: no enum lookup on the hot path
 _OK = int(ErrorCode.OK)
 _decode = wire.ProduceRequest.decode
+#: the codec each compression setting stores with (None: as sent)
+_CODECS = {s: control.stored_codec(s) for s in control.COMPRESSION_SETTINGS}
 
 
 class ProduceQueue(Protocol):
@@ -92,6 +99,11 @@ class ProduceHandler:
         self._closing = closing
         self._max_body = limits.max_message_bytes
         self._max_delay_ms = limits.max_delay_ms
+        #: a batch's records, uncompressed, are held to the frame limit: no more than
+        #: a request of entries could carry (the decompression-bomb cap)
+        self._max_records = limits.max_frame
+        #: the broker's ``--compression``, for topics without their own setting
+        self._compression = limits.compression
 
     def prepare(self, req: wire.ProduceRequest, principal: str | None = None) -> ProduceOp | None:
         """Check a decoded produce request and build its write op (no checkpoint, so a
@@ -134,17 +146,55 @@ class ProduceHandler:
                 f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id} "
                 f"(queue count: {info.queues})"
             )
-        if not req.entries:
+        entries = req.entries if req.batch is None else self.batch_entries(req.batch)
+        if not entries:
             raise BadRequest("empty produce batch")
         return ProduceOp(
             info,
             req.queue_id,
-            req.entries,
+            entries,
             req.producer_id,
             req.base_sequence,
             self._max_body,
             self._max_delay_ms,
+            req.batch,
+            _CODECS[info.compression or self._compression],
         )
+
+    def batch_entries(self, batch: bytes) -> list[bytes]:
+        """The messages of a producer batch, checked, as entries for the store's
+        produce op (which then checks each message's size, UTF-8 and due time, indexes
+        their keys and schedules the delayed ones; it stores the batch itself as sent
+        unless the topic's compression names another codec).
+
+        The header is checked first (magic, codec, count, the crc32 of the records as
+        carried, the announced uncompressed size within the frame limit), so a
+        decompression bomb is refused before anything is inflated; decompression is
+        capped at the announced size. Raises CorruptRecord when the batch is damaged,
+        lies about its size or count, or a due time is out of range; InvalidMessage
+        when a record carries a store-time delta (only the broker sets store times),
+        or its key or tags exceed 65535 bytes.
+        """
+        head = batch_head(batch, self._max_records)
+        records = decode_records(batch_records(batch, head), head.count)
+        if any(r.ts_delta for r in records):  # stored as sent, it would set its store times
+            raise InvalidMessage("a produced record carries a store-time delta: only the broker sets store times")
+        try:
+            return [
+                pack_entry(
+                    r.body,
+                    None if r.key is None else r.key.encode(),
+                    None if r.tags is None else r.tags.encode(),
+                    r.properties,
+                    r.deliver_at,
+                    min(r.reconsume_times, 0xFFFF),
+                )
+                for r in records
+            ]
+        except ValueError as exc:  # ConfigError: key or tags above 65535 bytes
+            raise InvalidMessage(f"a record of the batch does not fit: {exc}") from None
+        except struct.error:  # a due time beyond u64
+            raise CorruptRecord("a record's due time is out of range") from None
 
     async def prepare_missing(self, req: wire.ProduceRequest, principal: str | None = None) -> ProduceOp:
         """What :meth:`prepare` does for a request it returned None for (the request

@@ -17,10 +17,11 @@ from equeue.broker.longpoll import ParkedPulls
 from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
-from equeue.broker.thread_answer import PullAnswer
+from equeue.broker.thread_answer import PullAnswer, delivered
 from equeue.codec import HEADER
-from equeue.errors import CorruptRecord, NotQueueOwner
+from equeue.errors import BadRequest, CorruptRecord, NotQueueOwner
 from equeue.protocol import PullStatus
+from equeue.wire.batches import stored_head
 
 __all__ = ["PullHandler"]
 
@@ -38,8 +39,10 @@ class PullHandler:
         self._counters = counters
         self._closing = closing
         self._max_bytes = limits.max_frame - 1024
-        #: the largest record one answer can carry within the frame cap
-        self._max_record = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 12
+        self._max_frame = limits.max_frame
+        #: the largest stored batch one answer can carry within the frame cap (with
+        #: its 16-byte item and a mask of up to 1,000 records)
+        self._max_batch = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 16 - 125
         self._max_wait = limits.max_pull_wait
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:
@@ -59,6 +62,11 @@ class PullHandler:
         nothing.
         """
         req = wire.PullRequest.decode(payload)
+        if not req.flags & wire.PULL_BATCHES:
+            raise BadRequest(
+                "pull without the BATCHES flag (4): answers carry record batches "
+                "(docs/protocol.md, pull answer); upgrade the client"
+            )
         qid = req.queue_id
         info = await self._topics.require_queue(req.topic, qid)  # QueueNotFound, NotOwner
         if req.consumer_id and not self._groups.holds(req.group, req.consumer_id, req.topic, qid):
@@ -67,23 +75,18 @@ class PullHandler:
             )
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
-        # the answer fits the frame cap: records plus their 12-byte items plus the head
-        # (a single record always fits: BrokerConfig bounds max_message_bytes)
-        max_bytes = max(1, min(req.max_bytes, self._max_bytes - 12 * max_messages))
+        # the answer fits the frame cap: batches plus their 16-byte items and masks (at
+        # most one bit per record, a record at least 2 bytes) plus the head (a single
+        # batch always fits: BrokerConfig bounds max_message_bytes)
+        max_bytes = max(1, min(req.max_bytes, (self._max_bytes - 17 * max_messages) * 15 // 16))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
-        encode = (
-            wire.encode_pull_response_packed
-            if req.flags & wire.PULL_PACKED
-            else wire.encode_pull_response_plain
-        )
+        encode = wire.encode_pull_batches
         pauses = self._pauses
         if req.group and pauses is not None and pauses.group_paused(req.group):
             if not await self._held(pauses, req.group, req.max_wait_ms):
                 # still paused: nothing is delivered and the offset stays where it was asked
                 st = self._store.queue_state(info.topic_id, qid)
-                return encode(
-                    PullStatus.NO_NEW_MESSAGE, st.min_offset, st.next_offset, req.offset, [], []
-                )
+                return encode(PullStatus.NO_NEW_MESSAGE, st.min_offset, st.next_offset, req.offset, [])
             info = await self._topics.require_queue(req.topic, qid)
         store = self._store
         counters = self._counters
@@ -127,18 +130,19 @@ class PullHandler:
                         offset = max(offset, r.next_offset)
                         if answer is not None:
                             answer.info, answer.offset = info, offset
-            waited = counters.pull_wait_messages if r.recs else counters.pull_wait_empty
+            waited = counters.pull_wait_messages if r.batches else counters.pull_wait_empty
             waited.observe(time.perf_counter() - parked_at)
-        if r.recs and len(r.recs[0]) > self._max_record:
+        if r.batches and len(r.batches[0][1]) > self._max_batch:
             # stored under a larger limit (an older broker): no answer could carry it,
             # so it is reported like a corrupt record, which consumers skip to their DLQ
+            g, value, _ = r.batches[0]
             raise CorruptRecord(
-                f"record at {info.name}/{qid} offset {wire.record_header(r.recs[0], verify=False).queue_offset} "
-                f"is {len(r.recs[0])} bytes: "
-                f"too big for any answer under the {self._max_record + 52}-byte frame cap"
+                f"batch at {info.name}/{qid} offset {stored_head(value).base_offset} (global offset {g}) "
+                f"is {len(value)} bytes: too big for any answer under the "
+                f"{self._max_frame}-byte frame cap"
             )
-        counters.messages_out += len(r.recs)
-        return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.globals, r.recs)
+        counters.messages_out += delivered(r, offset)
+        return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.batches)
 
     async def _held(self, pauses: Pauses, group: str, max_wait_ms: int) -> bool:
         """Hold a pull of paused ``group`` for its long-poll time at most (the broker's

@@ -40,10 +40,12 @@ class TopicHandlers:
         validate_topic(req.name)
         self._check_queues(req.queues)
         check_topic_settings(req.retention_ms, req.retention_bytes, error=BadRequest)
+        control.check_compression(req.compression)
         if self._topics.cluster is not None:
+            _no_cluster_compression(req.compression is not None)
             return await self._topics.cluster.create_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
-            CreateTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, req.exist_ok)
+            CreateTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, req.exist_ok, req.compression)
         )
 
     def _check_queues(self, n: int) -> None:
@@ -59,14 +61,21 @@ class TopicHandlers:
         await self._submit(DeleteTopicOp(req.name))
 
     async def alter_topic(self, req: control.AlterTopic, ctx: RequestContext) -> control.TopicInfo:
-        check_topic_settings(req.retention_ms, req.retention_bytes, req.reset, error=BadRequest)
+        retention_reset = [r for r in req.reset if r != "compression"]
+        check_topic_settings(req.retention_ms, req.retention_bytes, retention_reset, error=BadRequest)
+        control.check_compression(req.compression)
+        if req.compression is not None and "compression" in req.reset:
+            raise BadRequest("compression is both set and reset: give one or the other")
         await self._topics.require(req.name)
         if req.queues is not None:
             self._check_queues(req.queues)
         if self._topics.cluster is not None:
+            _no_cluster_compression(req.compression is not None or len(retention_reset) < len(req.reset))
             return await self._topics.cluster.alter_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
-            AlterTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, tuple(req.reset))
+            AlterTopicOp(
+                req.name, req.queues, req.retention_ms, req.retention_bytes, tuple(req.reset), req.compression
+            )
         )
 
     async def list_topics(
@@ -97,3 +106,12 @@ class TopicHandlers:
             return desc
         owned = cluster.owned.get(req.name, frozenset())
         return attrs.evolve(desc, queues=[q for q in desc.queues if q.queue_id in owned])
+
+
+def _no_cluster_compression(given: bool) -> None:
+    """Raises BadRequest when a topic compression setting is given to a cluster: its
+    topics take the brokers' ``--compression`` (docs/storage.md "Compression")."""
+    if given:
+        raise BadRequest(
+            "a topic's compression setting is not available in cluster mode: the brokers' --compression applies"
+        )

@@ -31,7 +31,14 @@ from equeue.broker.storage.offsets import CommitOffsetOp, DeleteGroupOffsetsOp
 from equeue.broker.storage.pauses import SetPausedOp
 from equeue.broker.storage.produce import ProduceOp
 from equeue.broker.storage.producers import ExpireProducersOp
-from equeue.broker.storage.reader import KeyHits, ReadResult, ScanBudget, StoreReader
+from equeue.broker.storage.reader import (
+    BatchHit,
+    KeyHits,
+    ReadResult,
+    ScanBudget,
+    StoreReader,
+    messages_of,
+)
 from equeue.broker.storage.retention import RetentionOp
 from equeue.broker.storage.schedule import MoveDueOp
 from equeue.broker.storage.store import Store
@@ -41,6 +48,7 @@ from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, no
 
 __all__ = [
     "AlterTopicOp",
+    "BatchHit",
     "CommitOffsetOp",
     "CreateTopicOp",
     "DeleteGroupOffsetsOp",
@@ -60,6 +68,7 @@ __all__ = [
     "WriteContext",
     "WriteOp",
     "WriteOutcome",
+    "messages_of",
     "now_ms",
     "settled",
 ]

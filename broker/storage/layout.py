@@ -17,10 +17,13 @@ topic id, a topic and queue) selects one contiguous key range::
                  "pause/topic/" topic name -> u64 ms of the pause (``equeue topic pause``)
                  "pause/group/" group name -> u64 ms of the pause (``equeue group pause``)
     topics       topic name        -> JSON TopicInfo
-    messages     u64 global        -> stored record (equeue.wire.records)
-    qindex       u32 topic | u32 queue | u64 queue offset -> u64 global
-    kindex       u32 topic | u32 bucket | u32 crc32(key) | u64 global -> b""
-                                   (lookup by key; bucket = global >> KINDEX_BUCKET_BITS)
+    messages     u64 global of the batch's first record -> stored batch
+                                   (equeue.wire.batches.encode_stored)
+    qindex       u32 topic | u32 queue | u64 base queue offset
+                                   -> u64 global of the batch's first record | u32 record count
+    kindex       u32 topic | u32 bucket (global // KINDEX_BUCKET)
+                                   -> (u16 hash, u16 global - bucket start) pairs, one per
+                                      keyed message, in offset order (lookup by key)
     qstats       u32 topic | u32 queue -> u64 next queue offset | u64 retained bytes
     offsets      group \\0 topic \\0 u32 queue -> u64 committed offset
     schedule     u64 due ms | u64 seq -> u32 topic | u32 queue | entry  (delayed)
@@ -42,27 +45,30 @@ log does not record (docs/storage.md, "The replication log")::
 
 How a produced message is found again::
 
-    (topic t, queue q, offset o) --qindex--> g --messages--> record
-    (topic t, key k)  --kindex prefix (t, bucket, crc32(k)), newest bucket first-->
-                      g ... --messages--> record
-    queue range: first and last qindex key under the prefix (t, q)
+    (topic t, queue q, offset o) --qindex: last key <= (t, q, o)--> (g, count), base
+                      --messages g--> batch; the record is number o - base in it
+    (topic t, key k)  --kindex (t, bucket), newest bucket first: the pairs of hash(k)-->
+                      global offsets --messages: last key <= each--> batch, key compared
+    queue range: first qindex key's base .. last qindex key's base + count
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+import sys
+import zlib
+from array import array
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import repeat
-from operator import rshift
 from typing import Final
 
-#: the on-disk format this code reads and writes (meta "format"); a store of
-#: format 1 (``kindex`` keys without the bucket) is converted when opened
-FORMAT_VERSION: Final = 2
-#: the format whose key index has no buckets (keys of :data:`KINDEX_V1_SIZE` bytes,
-#: converted with :func:`kindex_from_v1`)
-FORMAT_UNBUCKETED: Final = 1
+#: the on-disk format this code reads and writes (meta "format"): record batches. A
+#: store of an older format (:data:`FORMATS_CONVERTED`) is converted when opened
+FORMAT_VERSION: Final = 3
+#: the formats of one stored record per message (``equeue.wire.records``), converted to
+#: batches when opened: 1 (key index without buckets) and 2 (bucketed key index)
+FORMATS_CONVERTED: Final = (1, 2)
 #: the named databases, in the order they are opened
 DATABASES: Final = (
     b"meta", b"topics", b"messages", b"qindex", b"kindex", b"qstats", b"offsets",
@@ -86,8 +92,6 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _TQ = struct.Struct(">II")
 _QKEY = struct.Struct(">IIQ")
-_KKEY = struct.Struct(">IIIQ")
-_TBH = struct.Struct(">III")
 _QSTAT = struct.Struct(">QQ")
 _SKEY = struct.Struct(">QQ")
 _PKEY = struct.Struct(">16sII")
@@ -130,6 +134,15 @@ unpack_qstats: Final = _QSTAT.unpack
 QUEUE_PREFIX: Final = _TQ.size
 
 
+#: value of ``qindex``: (global offset of the batch's first record, record count)
+_QVAL = struct.Struct(">QI")
+pack_qindex_value: Final = _QVAL.pack
+#: the (global base, record count) of a ``qindex`` value
+unpack_qindex_value: Final[Callable[[Buf], tuple[int, int]]] = _QVAL.unpack
+#: size of a ``qindex`` value (a format-2 value is a bare u64 global offset)
+QINDEX_VALUE_SIZE: Final = _QVAL.size
+
+
 def qindex_offset(key: Buf) -> int:
     """The queue offset of a ``qindex`` key."""
     return int(_U64.unpack_from(key, QUEUE_PREFIX)[0])
@@ -141,43 +154,17 @@ def topic_prefix(topic_id: int) -> bytes:
 
 
 # ---------------------------------------------------------------- kindex
-#: the key index is cut into buckets of 2**KINDEX_BUCKET_BITS global offsets: a
-#: transaction's keys land in the newest bucket's few pages instead of one random
-#: page each (a 100-message keyed commit dirtied ~100 pages, ~4.5 ms of fsync), and a
-#: lookup walks the topic's non-empty buckets, newest first (docs/storage.md, "The key
-#: index")
-KINDEX_BUCKET_BITS: Final = 10
+#: global offsets per key-index bucket: one value per (topic, bucket) holds the
+#: (hash, offset in bucket) pairs of its keyed messages, so the index costs 4 bytes
+#: per keyed message and a transaction rewrites one small value (docs/storage.md,
+#: "The key index")
+KINDEX_BUCKET: Final = 1000
+#: one (u16 hash, u16 global - bucket start) pair of a ``kindex`` value
+KINDEX_PAIR: Final = struct.Struct(">HH")
 
 
-def kindex_key(topic_id: int, key_hash: int, global_offset: int) -> bytes:
-    """Key of ``kindex``: (topic id, bucket of the global offset, crc32 of the key
-    bytes, global offset)."""
-    return _KKEY.pack(topic_id, global_offset >> KINDEX_BUCKET_BITS, key_hash, global_offset)
-
-
-def kindex_keys(topic_id: int, key_hashes: Iterable[int], global_offsets: Sequence[int]) -> Iterator[bytes]:
-    """:func:`kindex_key` for many messages of one topic (in C loops: the produce path)."""
-    n = len(global_offsets)
-    return map(
-        _KKEY.pack, repeat(topic_id, n), map(rshift, global_offsets, repeat(KINDEX_BUCKET_BITS, n)),
-        key_hashes, global_offsets,
-    )  # fmt: skip
-
-
-def kindex_key_after(topic_id: int, key_hash: int, global_offset: int) -> bytes:
-    """A key just above :func:`kindex_key` ``(topic_id, key_hash, global_offset)`` and
-    below the next possible one: a cursor seeking it and stepping back lands on the
-    newest entry of that key hash at or below ``global_offset``."""
-    return kindex_key(topic_id, key_hash, global_offset) + b"\0"
-
-
-def kindex_prefix(topic_id: int, bucket: int, key_hash: int) -> bytes:
-    """The prefix of one key hash's ``kindex`` keys in one bucket."""
-    return _TBH.pack(topic_id, bucket, key_hash)
-
-
-def kindex_bucket_start(topic_id: int, bucket: int) -> bytes:
-    """The smallest ``kindex`` key a bucket of a topic can hold."""
+def kindex_key(topic_id: int, bucket: int) -> bytes:
+    """Key of ``kindex``: (topic id, bucket = global offset // :data:`KINDEX_BUCKET`)."""
     return _TQ.pack(topic_id, bucket)
 
 
@@ -186,19 +173,35 @@ def kindex_bucket(key: Buf) -> int:
     return int(_U32.unpack_from(key, _U32.size)[0])
 
 
-def kindex_global(key: Buf) -> int:
-    """The global offset of a ``kindex`` key."""
-    return int(_U64.unpack_from(key, _TBH.size)[0])
+def kindex_hash(key_bytes: bytes) -> int:
+    """The 16-bit hash of a message key in the key index: the top half of its crc32
+    (:func:`equeue.routing.key_hash`)."""
+    return zlib.crc32(key_bytes) >> 16
 
 
-#: size of a ``kindex`` key of format 1: (topic id, crc32 of the key, global offset)
-KINDEX_V1_SIZE: Final = _QKEY.size
+def kindex_pairs(hashes: Iterable[int], globals_: Iterable[int]) -> bytes:
+    """The packed pairs of keyed messages (``globals_`` all in one bucket) to append to
+    that bucket's value (C loops: the produce path)."""
+    b = KINDEX_BUCKET
+    return b"".join(map(KINDEX_PAIR.pack, hashes, map(int.__mod__, globals_, repeat(b))))
 
 
-def kindex_from_v1(key: Buf) -> bytes:
-    """The ``kindex`` key of a format-1 key (same topic, key hash and global offset)."""
-    tid, h, g = _QKEY.unpack(key)
-    return kindex_key(tid, h, g)
+def unpack_kindex_value(value: Buf) -> tuple[array[int], array[int]]:
+    """The (hashes, offsets in the bucket) columns of a ``kindex`` value."""
+    a = array("H", bytes(value)[: len(value) & ~3])
+    if sys.byteorder == "little":
+        a.byteswap()
+    return a[0::2], a[1::2]
+
+
+def pack_kindex_value(hashes: Sequence[int], offsets: Sequence[int]) -> bytes:
+    """A ``kindex`` value from its columns (the encoder :func:`unpack_kindex_value` reads)."""
+    a = array("H", bytes(4 * len(hashes)))
+    a[0::2] = array("H", hashes)
+    a[1::2] = array("H", offsets)
+    if sys.byteorder == "little":
+        a.byteswap()
+    return a.tobytes()
 
 
 # ---------------------------------------------------------------- offsets

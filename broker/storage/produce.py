@@ -8,10 +8,10 @@ records the batch's answer there after.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
-from itertools import repeat
-from operator import add, getitem
-from zlib import crc32
+from itertools import compress, repeat
+from operator import and_, itemgetter
 
 import attrs
 
@@ -19,15 +19,23 @@ from equeue import control, wire
 from equeue.broker.storage import layout, producers
 from equeue.broker.storage.writes import QueueDraft, WriteContext, WriteOp
 from equeue.errors import DelayTooLong, QueueNotFound, TopicNotFound
-from equeue.wire.records import encode_records
+from equeue.wire import batches
 
-_EH = wire.ENTRY_HEADER
+_FLAGS = itemgetter(1)
+_DUE = itemgetter(2)
+_NONE = batches.Codec.NONE
 
 
 @attrs.define
 class ProduceOp(WriteOp):
     """Append entries to one queue; entries with a future ``deliver_at`` go to the
     schedule instead. Idempotent when ``producer_id`` is set.
+
+    ``batch`` is the producer's batch the entries were decoded from (checked by the
+    produce handler): it is stored as sent when none of its messages is delayed and
+    ``codec`` is None or its own codec; otherwise the stored batch is built from the
+    entries, its records compressed with ``codec`` (None: uncompressed). ``codec`` is
+    the topic's ``compression`` setting (:func:`equeue.control.stored_codec`).
 
     Raises (before writing anything) TopicNotFound, QueueNotFound, InvalidMessage,
     MessageTooLarge, DelayTooLong or OutOfOrderSequence; returns the
@@ -41,6 +49,8 @@ class ProduceOp(WriteOp):
     base_sequence: int = 0
     max_body: int = 1 << 62
     max_delay_ms: int = 1 << 62
+    batch: bytes | None = None
+    codec: batches.Codec | None = None
 
     def inline_size(self) -> int:
         """The entries' bytes (what the loop's worst pause grows with)."""
@@ -48,9 +58,9 @@ class ProduceOp(WriteOp):
 
     def apply(self, w: WriteContext) -> wire.ProduceResponse:
         """Validation and dedup (nothing written yet), then the writes: delayed
-        entries to the schedule, the others to the log and its indexes, the
-        producer's state last."""
-        keyed, klens, dues = self._validate(w)
+        entries to the schedule, the others to the log as one batch and its indexes,
+        the producer's state last."""
+        headers, dues = self._validate(w)
         pkey = pstate = None
         if self.producer_id is not None:
             pkey = layout.producer_key(self.producer_id, self.topic.topic_id, self.queue_id)
@@ -58,22 +68,34 @@ class ProduceOp(WriteOp):
             first = producers.check_sequence(pstate, self.base_sequence)
             if first is not None:
                 return first  # resent: the answer it got the first time
+        entries: Sequence[bytes] = self.entries
+        if dues is not None:
+            live = [i for i, d in enumerate(dues) if not d]
+            entries = [self.entries[i] for i in live]
+            headers = [headers[i] for i in live]
+        # a producer's batch is stored as sent when nothing in it is delayed and the
+        # topic keeps its codec; else the records are built before anything is
+        # written: a key that is not UTF-8 refuses the whole request (InvalidMessage)
+        sent = self.batch
+        if sent is not None and (dues is not None or self.codec not in (None, sent[1])):
+            sent = None
+        records = batches.records_from_entries(entries, headers) if entries and sent is None else b""
         # ---- preconditions done; writes start
         w.wrote = True
         st = w.queue(self.topic.topic_id, self.queue_id)
         first_global, first_queue = w.next_global, st.next_offset
-        entries, scheduled = self.entries, 0
+        scheduled = 0
         if dues is not None:
-            entries, keyed, klens, scheduled = self._schedule(w, dues, keyed, klens)
+            scheduled = self._schedule(w, dues)
         m = len(entries)
         if m:
-            self._append(w, st, entries, keyed, klens)
+            self._append(w, st, entries, sent or batches.seal_records(records, m, self.codec or _NONE), headers)
         answer = wire.ProduceResponse(first_global if m else -1, first_queue if m else -1, m, scheduled)
         if pkey is not None:
             producers.record_answer(w, pkey, pstate, self.base_sequence, len(self.entries), answer)
         return answer
 
-    def _validate(self, w: WriteContext) -> tuple[list[int], list[int], list[int] | None]:
+    def _validate(self, w: WriteContext) -> tuple[list[tuple[int, ...]], list[int] | None]:
         """The topic and queue still exist and every entry is servable
         (:func:`_scan_entries`, whose result it returns). Raises TopicNotFound,
         QueueNotFound, InvalidMessage, MessageTooLarge, DelayTooLong."""
@@ -85,78 +107,81 @@ class ProduceOp(WriteOp):
             raise QueueNotFound(f"topic {t.name!r} has {t.queues} queues; no queue {self.queue_id}")
         return _scan_entries(self.entries, self.max_body, w.now, self.max_delay_ms)
 
-    def _schedule(
-        self, w: WriteContext, dues: list[int], keyed: list[int], klens: list[int]
-    ) -> tuple[list[bytes], list[int], list[int], int]:
-        """Put the delayed entries (``dues[i]`` > 0) in the schedule, in order;
-        returns the others, the indexes and key lengths of their keyed ones, and how
-        many were scheduled."""
+    def _schedule(self, w: WriteContext, dues: list[int]) -> int:
+        """Put the delayed entries (``dues[i]`` > 0) in the schedule, in order; returns
+        how many were scheduled."""
         tid = self.topic.topic_id
-        live: list[bytes] = []
-        live_idx: list[int] = []
         target = layout.schedule_target(tid, self.queue_id)
+        scheduled = 0
         for i, entry in enumerate(self.entries):
             if dues[i]:
                 w.schedule_put(dues[i], target + entry)
-            else:
-                live.append(entry)
-                live_idx.append(i)
-        scheduled = len(self.entries) - len(live)
+                scheduled += 1
         w.sched_delta[tid] = w.sched_delta.get(tid, 0) + scheduled
-        if keyed:
-            kl_of = dict(zip(keyed, klens, strict=True))
-            keyed = [j for j, i in enumerate(live_idx) if i in kl_of]
-            klens = [kl_of[live_idx[j]] for j in keyed]
-        return live, keyed, klens, scheduled
+        return scheduled
 
     def _append(
-        self, w: WriteContext, st: QueueDraft, entries: Sequence[bytes], keyed: list[int],
-        klens: list[int],
+        self, w: WriteContext, st: QueueDraft, entries: Sequence[bytes], batch: bytes,
+        headers: Sequence[tuple[int, ...]],
     ) -> None:  # fmt: skip
-        """Store ``entries`` (not empty) at the log's end and the queue's (``st``):
-        the records, the queue index and the key index, and the staged counters.
-        Per-message work runs in C loops (map/zip), never Python bytecode: this is
-        the broker's hottest loop (docs/storage.md, "Performance")."""
-        tid, qid, m = self.topic.topic_id, self.queue_id, len(entries)
+        """Store ``batch`` (the entries' of ``headers``, not empty) at
+        the log's end and the queue's (``st``): the stored batch, its queue-index
+        entry, the key index's pairs of its keyed messages, and the staged counters.
+        The per-message work left here (the key hashes) runs in C loops: this is the
+        broker's hottest path (docs/storage.md, "Performance")."""
+        tid, qid, m = self.topic.topic_id, self.queue_id, len(headers)
         g, first_queue = w.next_global, st.next_offset
-        recs = encode_records(tid, qid, first_queue, w.now, entries)
-        gks = list(map(layout.global_key, range(g, g + m)))
-        w.put_many(b"messages", gks, recs, append=True)
-        qks = map(layout.qindex_key, repeat(tid, m), repeat(qid, m), range(first_queue, first_queue + m))
-        w.put_many(b"qindex", qks, gks)
-        if keyed:  # key index: crc32 of the key bytes == equeue.routing.key_hash
-            hs = _EH.size
-            k = len(keyed)
-            keys = map(getitem, map(entries.__getitem__, keyed), map(slice, repeat(hs, k), map(add, repeat(hs, k), klens)))
-            kks = layout.kindex_keys(tid, map(crc32, keys), list(map(add, repeat(g, k), keyed)))  # type: ignore[arg-type]
-            w.put_many(b"kindex", kks, repeat(b"", k))
+        pid = self.producer_id
+        seq = self.base_sequence if pid is not None else 0  # (without a producer id it means nothing)
+        value = batches.encode_stored(tid, qid, first_queue, w.now, w.now, pid, seq, batch)
+        w.txn.put(layout.global_key(g), value, db=w.db[b"messages"], append=True)
+        w.txn.put(layout.qindex_key(tid, qid, first_queue), layout.pack_qindex_value(g, m), db=w.db[b"qindex"])
+        keyed = list(compress(range(m), map(and_, map(_FLAGS, headers), repeat(wire.FLAG_KEY, m))))
+        if keyed:
+            _index_keys(w, tid, g, keyed, entries, headers)
         w.next_global = g + m
         st.next_offset = first_queue + m
-        size = sum(map(len, recs))
-        st.bytes += size
-        w.stored += size
+        st.bytes += len(value)
+        w.stored += len(value)
         w.touched.add((tid, qid))
+
+
+def _index_keys(
+    w: WriteContext, tid: int, g: int, keyed: list[int], entries: Sequence[bytes], headers: Sequence[tuple[int, ...]]
+) -> None:
+    """Append the (hash, offset) pairs of the keyed records (indexes ``keyed`` of a
+    batch stored at global offset ``g``) to their key-index buckets."""
+    hs = wire.ENTRY_HEADER.size
+    hashes = [layout.kindex_hash(entries[i][hs : hs + headers[i][4]]) for i in keyed]
+    globals_ = [g + i for i in keyed]
+    kdb = w.db[b"kindex"]
+    b = layout.KINDEX_BUCKET
+    lo = 0
+    while lo < len(globals_):
+        bucket = globals_[lo] // b
+        hi = bisect_left(globals_, (bucket + 1) * b, lo)
+        kk = layout.kindex_key(tid, bucket)
+        old = w.txn.get(kk, db=kdb)
+        add = layout.kindex_pairs(hashes[lo:hi], globals_[lo:hi])
+        w.txn.put(kk, bytes(old) + add if old else add, db=kdb)
+        lo = hi
 
 
 def _scan_entries(
     entries: Sequence[bytes], max_body: int, now: int, max_delay_ms: int
-) -> tuple[list[int], list[int], list[int] | None]:
-    """Indexes of entries with a key, their key lengths, and due times (None when no
-    entry is delayed).
+) -> tuple[list[tuple[int, ...]], list[int] | None]:
+    """The entries' headers, and their due times (None when no entry is delayed).
 
     Every entry is validated in full first (:func:`equeue.wire.check_entries`: its
     lengths, property block and total size), so nothing unservable is stored.
     Raises InvalidMessage / MessageTooLarge / DelayTooLong (before anything is
     written: the whole batch is refused).
     """
-    keyed: list[int] = []
-    klens: list[int] = []
     dues: list[int] | None = None
     headers = wire.check_entries(entries, max_body)
-    for i, (_n, flags, deliver_at, _rc, kl, _tl, _pl) in enumerate(headers):
-        if flags & wire.FLAG_KEY:
-            keyed.append(i)
-            klens.append(kl)
+    if max(map(_DUE, headers)) <= now:
+        return headers, None
+    for i, (_n, _flags, deliver_at, _rc, _kl, _tl, _pl) in enumerate(headers):
         if deliver_at > now:
             if deliver_at - now > max_delay_ms:
                 raise DelayTooLong(
@@ -166,4 +191,4 @@ def _scan_entries(
             if dues is None:
                 dues = [0] * len(entries)
             dues[i] = deliver_at
-    return keyed, klens, dues
+    return headers, dues

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from array import array
-from bisect import bisect_right
 from collections.abc import Callable, Mapping, Sequence
-from itertools import accumulate, chain, islice
+from itertools import compress
 from typing import Any
 
 import attrs
@@ -25,24 +23,15 @@ from equeue.broker.storage.view import QueueState, StoreView
 from equeue.config import DEFAULT_SCAN_RECORDS, DEFAULT_SCAN_TIME
 from equeue.errors import CorruptRecord, QueueNotFound, TopicNotFound
 from equeue.logs import RateLimitedLog
+from equeue.models import Message
 from equeue.protocol import PullStatus
-from equeue.routing import key_hash
-from equeue.wire.records import (
-    RecordHeader,
-    record_entry_meta,
-    record_header,
-    record_timestamp,
-    records_intact,
-    records_placed,
-)
+from equeue.wire import batches
 
 log = logging.getLogger("equeue.store")
 #: one line per queue per minute for a corrupt record (pulls, lookups, send-backs meet it
 #: again and again); any thread may log through it
 corrupt_log = RateLimitedLog(log, 60.0, time.monotonic)
 
-#: give up on run walks once runs average fewer records than this (getmulti is cheaper then)
-_MIN_RUN = 64
 #: a scan looks at its clock once per this many records
 _CLOCK_EVERY = 64
 
@@ -79,26 +68,50 @@ class KeyHits:
     before it had looked at every candidate: then ``resume_before`` is the global
     offset below which candidates were not examined (0 when the walk was complete)."""
 
-    hits: list[tuple[int, bytes]]
+    hits: list[BatchHit]
     resume_before: int = 0
+
+
+#: (global offset of the batch's first record, stored batch, keep mask or b"")
+BatchRef = tuple[int, bytes, bytes]
+#: the largest records section a stored batch may announce (a produce request's, at most)
+MAX_RECORDS_LEN = 1 << 31
 
 
 @attrs.frozen
 class ReadResult:
-    """What a read found: parallel sequences of global offsets and stored records,
-    plus the queue's range."""
+    """What a read found: whole stored batches, each with its global base and a keep
+    mask (bit i set, LSB first in each byte: record i is delivered; b"": every record
+    from the requested offset), plus the queue's range and where the next read starts."""
 
     status: PullStatus
-    globals: Sequence[int]
-    recs: list[bytes]
+    batches: list[BatchRef]
     min_offset: int
     max_offset: int
     next_offset: int
 
+
+@attrs.frozen
+class BatchHit:
+    """One record found by position or key: the stored batch holding it, its global
+    base, and the record's index in the batch."""
+
+    global_base: int
+    value: bytes
+    index: int
+
     @property
-    def records(self) -> list[tuple[int, bytes]]:
-        """(global offset, stored record) pairs."""
-        return list(zip(self.globals, self.recs, strict=True))
+    def global_offset(self) -> int:
+        return self.global_base + self.index
+
+    @property
+    def mask(self) -> bytes:
+        """The keep mask selecting only this record."""
+        return _mask_of([self.index], self.index + 1)
+
+    def message(self, topic: str) -> Message:
+        """The record as a message. Raises CorruptRecord."""
+        return batches.decode_stored(topic, self.global_base, self.value, MAX_RECORDS_LEN)[self.index]
 
 
 ReadFn = Callable[..., ReadResult]
@@ -197,145 +210,107 @@ class StoreReader:
         tag_filter: frozenset[bytes] | None = None,
         verify: bool = True,
     ) -> ReadResult:
-        """Read up to ``max_messages`` records of a queue from ``offset``.
+        """Read the stored batches of a queue from ``offset``: up to ``max_messages``
+        records and ``max_bytes`` of stored batches, at batch granularity (the first
+        batch always goes; a batch that starts below ``offset`` counts only its
+        records from it).
 
-        ``verify=False`` skips the checksum recheck, for a client that verifies every
-        record itself. With a ``tag_filter`` the scan examines at most
-        :attr:`scan_budget` records: when it runs out with no match the status is
-        NO_MATCHED_MSG and ``next_offset`` is where the scan stopped (the next pull
-        resumes there); with some matches, they are returned (FOUND). Returns a status
-        (never raises for expected outcomes); raises QueueNotFound, or CorruptRecord
-        when the first record to return fails its checksum.
+        Records an operator skipped, and with a ``tag_filter`` the records whose tags
+        it does not hold, are masked out (a batch with none left is not sent). A
+        filtered scan examines at most :attr:`scan_budget` records: when it runs out
+        with no match the status is NO_MATCHED_MSG and ``next_offset`` is where it
+        stopped (the next pull resumes there). ``verify=False`` skips the batch
+        checksum, for a client that verifies it itself (the header is always
+        checked). Returns a status (never raises for expected outcomes); raises
+        QueueNotFound, or CorruptRecord when the first batch to return is damaged.
         """
         if not 0 <= queue_id < info.queues:
             raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
-        st = self.view.queue(info.topic_id, queue_id)
+        tid = info.topic_id
+        st = self.view.queue(tid, queue_id)
         lo, hi = st.min_offset, st.next_offset
         if offset < lo:
-            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], lo, hi, lo)
+            return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], lo, hi, lo)
         if offset > hi and not self.replicated:
             # The writer thread publishes a new view just after its commit, so a
             # reader may already have seen committed messages past ``hi``: ask LMDB.
-            hi = max(hi, self._last_committed(info.topic_id, queue_id) + 1)
+            hi = max(hi, self._last_committed(tid, queue_id) + 1)
             if offset > hi:
-                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], [], lo, hi, hi)
+                return ReadResult(PullStatus.OFFSET_OVERFLOW, [], lo, hi, hi)
         if offset == hi:
-            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, hi)
-        skips = self.view.skips(info.topic_id, queue_id)
-        if tag_filter is None and not (skips and any(offset <= o < offset + max_messages for o in skips)):
-            fast = self._read_dense(info.topic_id, queue_id, offset, min(max_messages, hi - offset), max_bytes, verify)
-            if fast is not None:
-                return ReadResult(PullStatus.FOUND, fast[0], fast[1], lo, hi, offset + len(fast[1]))
-        # record by record: tag filters, and whatever the dense read found unusual
-        # (the end of the data, retention at the head, a damaged record)
-        gbes: list[int] = []
-        recs: list[bytes] = []
-        size = 0
+            return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, hi)
+        skips = self.view.skips(tid, queue_id)
+        out: list[BatchRef] = []
+        delivered = size = scanned = 0
         nxt = offset
         end = hi if self.replicated else 1 << 64  # standalone: what LMDB holds is committed
+        budget = self.scan_budget
+        deadline = budget.deadline()
+        exhausted = False
         with self.env.begin() as txn:
             cur = txn.cursor(db=self.db[b"qindex"])
             get = txn.get
             mdb = self.db[b"messages"]
-            if not cur.set_range(layout.qindex_key(info.topic_id, queue_id, offset)):
-                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], [], lo, hi, offset)
-            prefix = layout.queue_key(info.topic_id, queue_id)
-            scanned = 0
-            budget = self.scan_budget
-            deadline = budget.deadline()
-            exhausted = False
-            for k, gk in cur:
+            prefix = layout.queue_key(tid, queue_id)
+            if not _batch_key_at(cur, tid, queue_id, offset):
+                return ReadResult(PullStatus.NO_NEW_MESSAGE, [], lo, hi, offset)
+            for k, v in cur:
                 if not k.startswith(prefix):
                     break
-                qo = layout.qindex_offset(k)
-                if qo != nxt or qo >= end:
-                    if not recs and qo > nxt and nxt == offset:
+                base = layout.qindex_offset(k)
+                g, count = layout.unpack_qindex_value(v)
+                if base >= end or base > nxt:
+                    if not out and base > nxt and nxt == offset:
                         # retention removed the head while we looked
-                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], [], qo, hi, qo)
+                        return ReadResult(PullStatus.OFFSET_TOO_SMALL, [], base, hi, base)
                     break
-                if qo in skips:  # an operator skipped it (equeue message skip)
-                    nxt += 1
+                if base + count <= nxt:
                     continue
-                rec = get(gk, db=mdb)
-                if rec is None:
-                    break
-                if verify:
-                    try:
-                        check_record(rec, info, queue_id, qo, gk)
-                    except CorruptRecord:
-                        if recs:
-                            break
-                        raise
-                scanned += 1
-                if tag_filter is not None:
-                    tags = record_entry_meta(rec).tags
-                    if tags not in tag_filter:
-                        nxt += 1
-                        if budget.spent(scanned, deadline):
-                            exhausted = True
-                            break
+                first = nxt - base  # records below the asked offset are not delivered
+                keep: list[int] | None = None
+                if skips and any(base + first <= o < base + count for o in skips):
+                    keep = [i for i in range(first, count) if base + i not in skips]
+                    if not keep:  # every record skipped: not read at all (it may be the damaged one)
+                        nxt = base + count
                         continue
-                if recs and size + len(rec) > max_bytes:
+                value = get(layout.global_key(g), db=mdb)
+                if value is None:
                     break
-                gbes.append(layout.global_of(gk))
-                recs.append(rec)
-                size += len(rec)
-                nxt += 1
-                if len(recs) >= max_messages:
+                try:
+                    records = check_batch(value, info, queue_id, base, count, g, verify, tag_filter is not None)
+                except CorruptRecord:
+                    if out:
+                        break
+                    raise
+                if records is not None and tag_filter is not None:
+                    cand = range(first, count) if keep is None else keep
+                    keep = [i for i in cand if _tag_bytes(records[i].tags) in tag_filter]
+                    scanned += count - first
+                n = count - first if keep is None else len(keep)
+                if out and (delivered + n > max_messages or size + len(value) > max_bytes) and n:
                     break
-        if recs:
+                nxt = base + count
+                if n:
+                    out.append((g, value, b"" if keep is None else _mask_of(keep, count)))
+                    delivered += n
+                    size += len(value)
+                    if delivered >= max_messages or size >= max_bytes:
+                        break
+                if tag_filter is not None and (scanned >= budget.records or time.monotonic() >= deadline):
+                    exhausted = not out  # the scan budget ran out (per batch)
+                    break
+        if out:
             status = PullStatus.FOUND
         else:
             status = PullStatus.NO_MATCHED_MSG if exhausted else PullStatus.NO_NEW_MESSAGE
-        return ReadResult(status, gbes, recs, lo, max(hi, nxt), nxt)
+        return ReadResult(status, out, lo, max(hi, nxt), nxt)
 
-    def _read_dense(
-        self, topic_id: int, queue_id: int, offset: int, count: int, max_bytes: int, verify: bool
-    ) -> tuple[Sequence[int], list[bytes]] | None:
-        """The common read, with per-record work in C loops: ``count`` records from
-        ``offset``, all below the queue's committed next offset (so they exist unless
-        retention is removing the head).
-
-        A produce batch is stored as a run of consecutive global offsets, so the index
-        is only probed (binary search) for where runs end, and each run is one cursor
-        walk over the log. Where runs are short (many small interleaved batches) it
-        reads the whole index range and fetches the records with ``getmulti``.
-        Checksums (with ``verify``) are compared in bulk. Returns None whenever
-        anything is unusual (a gap, a bad checksum, a missing record): the careful
-        loop then decides."""
-        qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
-        with self.env.begin() as txn:
-            runs = _find_runs(txn, qdb, topic_id, queue_id, offset, count)
-            if runs is None:
-                cur = txn.cursor(db=qdb)
-                if not cur.set_key(layout.qindex_key(topic_id, queue_id, offset)):
-                    return None
-                gks = list(islice(cur.iternext(keys=False), count))
-                last = txn.get(layout.qindex_key(topic_id, queue_id, offset + count - 1), db=qdb)
-                if len(gks) != count or last != gks[-1]:
-                    return None  # keys are unique and sorted: first and last right => all dense
-                got = txn.cursor(db=mdb).getmulti(gks)
-                if len(got) != count:
-                    return None
-                recs = [v for _k, v in got]
-                globals_: Sequence[int] = list(map(layout.global_of, gks))
-            else:
-                cur = txn.cursor(db=mdb)
-                recs = []
-                for g, m in runs:
-                    if not cur.set_key(layout.global_key(g)):
-                        return None
-                    run = list(islice(cur.iternext(keys=False), m))
-                    if len(run) != m or (m > 1 and cur.key() != layout.global_key(g + m - 1)):
-                        return None
-                    recs += run
-                globals_ = array("Q", chain.from_iterable(range(g, g + m) for g, m in runs))
-        if len(recs) > 1 and sum(map(len, recs)) > max_bytes:
-            keep = max(1, bisect_right(list(accumulate(map(len, recs))), max_bytes))
-            recs, globals_ = recs[:keep], globals_[:keep]
-        if verify and not (records_intact(recs) and records_placed(recs, topic_id, queue_id, offset)):
-            return None
-        return globals_, recs
+    def read_messages(self, info: control.TopicInfo, queue_id: int, offset: int, max_messages: int,
+                      max_bytes: int = 1 << 62) -> tuple[list[Message], ReadResult]:  # fmt: skip
+        """:meth:`read_queue`, its records decoded: the messages delivered (from
+        ``offset``, masks applied) and the read's result. Raises as it does."""
+        r = self.read_queue(info, queue_id, offset, max_messages, max_bytes)
+        return messages_of(info.name, r.batches, offset), r
 
     def _last_committed(self, topic_id: int, queue_id: int) -> int:
         """Highest committed queue offset of a queue according to LMDB (-1 if empty)."""
@@ -345,46 +320,64 @@ class StoreReader:
             if ok:
                 t, q, off = layout.unpack_qindex_key(cur.key())
                 if (t, q) == (topic_id, queue_id):
-                    return int(off)
+                    return int(off) + layout.unpack_qindex_value(cur.value())[1] - 1
         return -1
 
     # ------------------------------------------------------------------ lookups
-    def get_global(self, global_offset: int) -> bytes | None:
-        """The stored record at ``global_offset``, or None; only what the published
-        view shows (a replicated store's readers see what is below its high watermark)."""
+    def get_global(self, global_offset: int) -> BatchHit | None:
+        """The stored batch holding ``global_offset`` (None: no record there); only
+        what the published view shows (a replicated store's readers see what is below
+        its high watermark). The batch's header is not checked: see
+        :meth:`check_global`."""
         if global_offset >= self.view.next_global:
             return None
         with self.env.begin() as txn:
-            rec: bytes | None = txn.get(layout.global_key(global_offset), db=self.db[b"messages"])
-            return rec
+            cur = txn.cursor(db=self.db[b"messages"])
+            if not _last_below(cur, layout.global_key(global_offset + 1)):
+                return None
+            base = layout.global_of(cur.key())
+            value = bytes(cur.value())
+        try:
+            count = batches.batch_head(batches.stored_batch(value), MAX_RECORDS_LEN, verify=False).count
+        except CorruptRecord:
+            count = 1  # damaged: only its first record is known to be there
+        if global_offset >= base + count:
+            return None
+        return BatchHit(base, value, global_offset - base)
 
-    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> tuple[int, bytes] | None:
-        """(global offset, stored record) at a queue offset, or None (none there, or
-        an operator skipped it).
+    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> BatchHit | None:
+        """The record at a queue offset, or None (none there, or an operator skipped
+        it).
 
-        Raises CorruptRecord when the record fails its checksum or its header names
-        another position than the one asked for (an index pointer gone wrong): never
-        another message in its place."""
+        Raises CorruptRecord when its batch fails its checks or its header names
+        another position than the index (an index pointer gone wrong): never another
+        message in its place."""
         view = self.view
-        if offset in view.skips(info.topic_id, queue_id) or offset >= view.queue(info.topic_id, queue_id).next_offset:
+        tid = info.topic_id
+        if offset in view.skips(tid, queue_id) or offset >= view.queue(tid, queue_id).next_offset:
             return None  # skipped, or past what the published view shows (the high watermark)
         with self.env.begin() as txn:
-            gk = txn.get(layout.qindex_key(info.topic_id, queue_id, offset), db=self.db[b"qindex"])
-            if gk is None:
+            cur = txn.cursor(db=self.db[b"qindex"])
+            if not _batch_key_at(cur, tid, queue_id, offset):
                 return None
-            rec = txn.get(gk, db=self.db[b"messages"])
-            if rec is None:
+            base = layout.qindex_offset(cur.key())
+            g, count = layout.unpack_qindex_value(cur.value())
+            if not base <= offset < base + count:
                 return None
-            check_record(rec, info, queue_id, offset, gk)
-            return layout.global_of(gk), rec
+            value = txn.get(layout.global_key(g), db=self.db[b"messages"])
+            if value is None:
+                return None
+            value = bytes(value)
+        check_batch(value, info, queue_id, base, count, g, True, True, at=offset)
+        return BatchHit(g, value, offset - base)
 
-    def global_position_ok(self, global_offset: int, h: RecordHeader) -> bool:
-        """Whether the queue index agrees that the record at ``global_offset`` (header
-        ``h``) is the one at its queue offset: a record reached by its global offset
-        is checked against the index as a queue-offset read is against its header."""
+    def global_position_ok(self, hit: BatchHit, h: batches.StoredHead) -> bool:
+        """Whether the queue index agrees that the batch of ``hit`` (header ``h``) is
+        the one at its queue offsets: a record reached by its global offset is checked
+        against the index as a queue-offset read is against its header."""
         with self.env.begin() as txn:
-            gk = txn.get(layout.qindex_key(h.topic_id, h.queue_id, h.queue_offset), db=self.db[b"qindex"])
-        return gk is not None and layout.global_of(gk) == global_offset
+            v = txn.get(layout.qindex_key(h.topic_id, h.queue_id, h.base_offset), db=self.db[b"qindex"])
+        return v is not None and layout.unpack_qindex_value(v)[0] == hit.global_base
 
     def find_by_key(
         self, info: control.TopicInfo, key: str, limit: int, before: int = -1, max_bytes: int = 1 << 62
@@ -393,78 +386,111 @@ class StoreReader:
         at global offsets below ``before`` (-1: all).
 
         The walk visits the topic's key-index buckets newest first (one seek each;
-        empty buckets are skipped). Keys whose crc32 collide share the index prefix,
-        so it checks at most :attr:`scan_budget` candidates, and visits at most as
-        many buckets, within its time; when that runs out first,
-        ``KeyHits.resume_before`` says where it stopped (pass it as ``before`` to go on).
-        The hits' records (plus 12 bytes each in an answer) stay within ``max_bytes``
-        (the first hit always goes), so the answer fits in a frame; a hit left out
-        for that is where ``resume_before`` resumes.
+        empty buckets are skipped) and takes the pairs of the key's 16-bit hash in
+        each; keys sharing the hash are filtered by reading the record. It checks at
+        most :attr:`scan_budget` candidates, and visits at most as many buckets,
+        within its time; when that runs out first, ``KeyHits.resume_before`` says
+        where it stopped (pass it as ``before`` to go on). The hits' batches (plus 16
+        bytes each in an answer) stay within ``max_bytes`` (the first hit always
+        goes), so the answer fits in a frame; a hit left out for that is where
+        ``resume_before`` resumes.
         """
         shown = self.view.next_global  # only what the published view shows
         before = shown if before < 0 or before > shown else before
         if before <= 0:
             return KeyHits([])
-        kb = key.encode()
-        h = key_hash(kb)
+        h = layout.kindex_hash(key.encode())
         tid = info.topic_id
-        tprefix = layout.topic_prefix(tid)
-        bits = layout.KINDEX_BUCKET_BITS
-        out: list[tuple[int, bytes]] = []
+        bsize = layout.KINDEX_BUCKET
+        out: list[BatchHit] = []
         budget = self.scan_budget
         deadline = budget.deadline()
         examined = hops = size = 0
-        bucket: int | None = (before - 1) >> bits
+        bucket: int | None = (before - 1) // bsize
+        last: tuple[int, bytes, list[batches.Record]] | None = None  # the batch read last, decoded
         with self.env.begin() as txn:
-            cur = txn.cursor(db=self.db[b"kindex"])
-            mdb = self.db[b"messages"]
+            kcur = txn.cursor(db=self.db[b"kindex"])
+            mcur = txn.cursor(db=self.db[b"messages"])
             while bucket is not None and len(out) < limit:
-                end = min(before, (bucket + 1) << bits)  # this bucket's part below ``before``
+                end = min(before, (bucket + 1) * bsize)  # this bucket's part below ``before``
                 if budget.spent(hops, deadline):
                     return KeyHits(out, end)
                 hops += 1
-                prefix = layout.kindex_prefix(tid, bucket, h)
-                ok = _last_below(cur, layout.kindex_key_after(tid, h, end - 1))
-                while ok and len(out) < limit:
-                    k = cur.key()
-                    if not k.startswith(prefix):
-                        break
-                    g = layout.kindex_global(k)
+                ok = _last_below(kcur, layout.kindex_key(tid, bucket + 1))
+                if not ok or not kcur.key().startswith(layout.topic_prefix(tid)):
+                    break
+                bucket = layout.kindex_bucket(kcur.key())
+                start = bucket * bsize
+                end = min(before, start + bsize)
+                hashes, offs = layout.unpack_kindex_value(kcur.value())
+                cands = sorted((start + o for o in compress(offs, map(h.__eq__, hashes)) if start + o < end),
+                               reverse=True)  # fmt: skip
+                for g in cands:
                     if budget.spent(examined, deadline):
                         return KeyHits(out, g + 1)
                     examined += 1
-                    rec = txn.get(layout.global_key(g), db=mdb)
-                    if rec is not None and record_entry_meta(rec).key == kb:
-                        size += len(rec) + 12
+                    if last is None or not last[0] <= g < last[0] + len(last[2]):
+                        if not _last_below(mcur, layout.global_key(g + 1)):
+                            continue
+                        base, value = layout.global_of(mcur.key()), bytes(mcur.value())
+                        try:
+                            recs = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
+                            batches.stored_head(value)
+                        except CorruptRecord:
+                            continue
+                        last = (base, value, recs)
+                    base, value, recs = last
+                    if g - base < len(recs) and recs[g - base].key == key:
+                        size += len(value) + 16
                         if out and size > max_bytes:
                             return KeyHits(out, g + 1)
-                        out.append((g, rec))
-                    ok = cur.prev()
-                if len(out) >= limit:
-                    break
-                # the next older bucket holding anything of this topic (empty ones skipped)
-                ok = _last_below(cur, layout.kindex_bucket_start(tid, bucket))
-                bucket = layout.kindex_bucket(cur.key()) if ok and cur.key().startswith(tprefix) else None
+                        out.append(BatchHit(base, value, g - base))
+                        if len(out) >= limit:
+                            break
+                bucket = bucket - 1 if bucket > 0 else None
         return KeyHits(out)
 
     def offset_for_time(self, info: control.TopicInfo, queue_id: int, ts_ms: int) -> int:
-        """First queue offset stored at or after ``ts_ms`` (binary search on store time)."""
+        """First queue offset stored at or after ``ts_ms``: a binary search over the
+        queue's batches by their last store time, then over the records of the one
+        found."""
         st = self.view.queue(info.topic_id, queue_id)
         lo, hi = st.min_offset, st.next_offset
+        tid = info.topic_id
         with self.env.begin() as txn:
-            qdb, mdb = self.db[b"qindex"], self.db[b"messages"]
+            qcur = txn.cursor(db=self.db[b"qindex"])
+            mdb = self.db[b"messages"]
 
-            def ts_at(off: int) -> int:
-                gk = txn.get(layout.qindex_key(info.topic_id, queue_id, off), db=qdb)
-                rec = txn.get(gk, db=mdb) if gk else None
-                return record_timestamp(rec) if rec else 0
+            def batch_at(off: int) -> tuple[int, int, bytes] | None:
+                if not _batch_key_at(qcur, tid, queue_id, off):
+                    return None
+                base = layout.qindex_offset(qcur.key())
+                g, count = layout.unpack_qindex_value(qcur.value())
+                v = txn.get(layout.global_key(g), db=mdb)
+                return (base, count, bytes(v)) if v is not None and base <= off < base + count else None
 
-            while lo < hi:
+            while lo < hi:  # on batches: the first whose last store time is >= ts_ms
                 mid = (lo + hi) // 2
-                if ts_at(mid) < ts_ms:
+                found = batch_at(mid)
+                if found is None:
                     lo = mid + 1
-                else:
-                    hi = mid
+                    continue
+                base, count, value = found
+                try:
+                    head = batches.stored_head(value)
+                except CorruptRecord:
+                    lo = base + count
+                    continue
+                if head.last_ms < ts_ms:
+                    lo = base + count
+                elif head.first_ms >= ts_ms:
+                    hi = base
+                else:  # inside this batch: its records' own times
+                    try:
+                        recs = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
+                    except CorruptRecord:
+                        return base
+                    return base + next((i for i, r in enumerate(recs) if head.first_ms + r.ts_delta >= ts_ms), count)
         return lo
 
     def next_due(self) -> int | None:
@@ -481,61 +507,78 @@ def _last_below(cur: lmdb.Cursor, key: bytes) -> bool:
     return bool(cur.prev() if cur.set_range(key) else cur.last())
 
 
-def check_record(rec: bytes, info: control.TopicInfo, queue_id: int, offset: int, gk: bytes) -> RecordHeader:
-    """The header of the record the index entry (``info``, ``queue_id``, ``offset``)
-    -> ``gk`` led to, checked: its checksum, and that it names that same position.
+def _batch_key_at(cur: lmdb.Cursor, topic_id: int, queue_id: int, offset: int) -> bool:
+    """Put a ``qindex`` cursor on the entry of the batch that holds ``offset`` of a
+    queue -- the last key at or below it -- or, when the queue has none there (the
+    offset is below its first batch), on the queue's first entry. False when the
+    queue has no entry at or above ``offset``'s batch."""
+    prefix = layout.queue_key(topic_id, queue_id)
+    if _last_below(cur, layout.qindex_key(topic_id, queue_id, offset + 1)) and bytes(cur.key()).startswith(prefix):
+        return True
+    return bool(cur.set_range(layout.qindex_key(topic_id, queue_id, 0)) and bytes(cur.key()).startswith(prefix))
 
-    Raises CorruptRecord naming the position, what is wrong, and the way past it, and
-    logs it (rate-limited: consumers ask for the same record again and again)."""
+
+def _tag_bytes(tags: str | None) -> bytes | None:
+    return None if tags is None else tags.encode()
+
+
+def _mask_of(keep: Sequence[int], count: int) -> bytes:
+    """The keep mask of a batch of ``count`` records delivering records ``keep``
+    (bit i of byte i // 8, LSB first)."""
+    mask = bytearray((count + 7) // 8)
+    for i in keep:
+        mask[i >> 3] |= 1 << (i & 7)
+    return bytes(mask)
+
+
+def mask_keeps(mask: bytes, i: int) -> bool:
+    """Whether a keep mask delivers record ``i`` (b"": every record)."""
+    return not mask or bool(mask[i >> 3] >> (i & 7) & 1)
+
+
+def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0) -> list[Message]:
+    """The messages of a read's batches: records at queue offsets >= ``offset`` that
+    their masks keep. Raises CorruptRecord."""
+    out: list[Message] = []
+    for g, value, mask in refs:
+        for i, m in enumerate(batches.decode_stored(topic, g, value, MAX_RECORDS_LEN)):
+            if m.queue_offset >= offset and mask_keeps(mask, i):
+                out.append(m)
+    return out
+
+
+def check_batch(
+    value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, verify: bool,
+    decode: bool, at: int | None = None,
+) -> list[batches.Record] | None:  # fmt: skip
+    """Check the stored batch the index entry (``info``, ``queue_id``, ``base``) ->
+    (``g``, ``count``) led to: its header's checksum, that it names that same
+    position and count, and with ``verify`` its batch checksum; with ``decode`` its
+    records are decoded too, and returned.
+
+    Raises CorruptRecord naming the position (``at``, else the batch's first
+    offset), what is wrong, and the way past it (``equeue message skip`` of each of
+    its records), and logs it (rate-limited: consumers ask for the same record again
+    and again)."""
     try:
-        h = record_header(rec)
+        h = batches.stored_head(value)
+        inner = batches.stored_batch(value)
+        bh = batches.batch_head(inner, MAX_RECORDS_LEN, verify=verify)
+        if (h.topic_id, h.queue_id, h.base_offset, bh.count) == (info.topic_id, queue_id, base, count):
+            if not decode:
+                return None
+            return batches.decode_records(batches.batch_records(inner, bh), bh.count)
+        why = (
+            f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
+            f"{h.queue_id} offsets {h.base_offset}..{h.base_offset + bh.count - 1}"
+        )
     except CorruptRecord as exc:
         why = str(exc)
-    else:
-        if (h.topic_id, h.queue_id, h.queue_offset) == (info.topic_id, queue_id, offset):
-            return h
-        why = (
-            f"the index points to global offset {layout.global_of(gk)}, a record of topic id "
-            f"{h.topic_id} queue {h.queue_id} offset {h.queue_offset}"
-        )
+    where = base if at is None else at
+    span = f" (its batch holds offsets {base}..{base + count - 1}: skip each)" if count > 1 else ""
     corrupt = CorruptRecord(
-        f"corrupt record at {info.name}/{queue_id} offset {offset}: {why}; restore the store from "
-        f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {offset}"
+        f"corrupt record at {info.name}/{queue_id} offset {where}: {why}; restore the store from "
+        f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {where}{span}"
     )
     corrupt_log.log(logging.ERROR, f"{info.name}/{queue_id}", "%s", corrupt)
     raise corrupt
-
-
-def _find_runs(
-    txn: lmdb.Transaction, qdb: Any, topic_id: int, queue_id: int, offset: int, count: int
-) -> list[tuple[int, int]] | None:
-    """Split queue offsets ``[offset, offset + count)`` into runs of consecutive global
-    offsets: [(first global, length), ...], probing the index by binary search.
-
-    Global offsets grow strictly with queue offsets, so ``global(o) - o`` never
-    decreases and a run is the prefix where it stays equal. None when a probe finds
-    no entry or the runs are too short to be worth walking."""
-    runs: list[tuple[int, int]] = []
-    i = 0
-    budget = max(1, count // _MIN_RUN)
-    key = layout.qindex_key
-    while i < count:
-        if len(runs) >= budget:
-            return None
-        gi = txn.get(key(topic_id, queue_id, offset + i), db=qdb)
-        if gi is None:
-            return None
-        g = layout.global_of(gi)
-        lo, hi = i, count - 1  # invariant: offset+lo is in the run; find its last member
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            gm = txn.get(key(topic_id, queue_id, offset + mid), db=qdb)
-            if gm is None:
-                return None
-            if layout.global_of(gm) - g == mid - i:
-                lo = mid
-            else:
-                hi = mid - 1
-        runs.append((g, lo - i + 1))
-        i = lo + 1
-    return runs

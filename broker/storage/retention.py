@@ -14,10 +14,9 @@ from equeue.broker.storage import layout
 from equeue.broker.storage.topics import set_deleting
 from equeue.broker.storage.view import NO_QUEUES, QueueState, StoreView
 from equeue.broker.storage.writes import QueueDraft, WriteContext, WriteOp
-from equeue.errors import EQueueError
+from equeue.errors import CorruptRecord
 from equeue.retention import retention_limit
-from equeue.routing import key_hash
-from equeue.wire.records import record_entry_meta, record_timestamp
+from equeue.wire import batches
 
 log = logging.getLogger("equeue.store")
 
@@ -61,6 +60,10 @@ class RetentionOp(WriteOp):
         return removed
 
     def _topic(self, w: WriteContext, t: control.TopicInfo, budget: int) -> int:
+        """Remove whole batches of one topic past its limits: a batch goes when its
+        last record is past them (time: its last store time; consumed: every record
+        below the slowest group's offset; size: oldest batches first). Returns the
+        records removed."""
         rms = retention_limit(t.retention_ms, self.default_retention_ms)
         rbytes = retention_limit(t.retention_bytes, self.default_retention_bytes)
         cutoff = w.now - rms if rms is not None else None
@@ -73,37 +76,38 @@ class RetentionOp(WriteOp):
                 st: QueueDraft | QueueState = w.queue_now(tid, q)
                 upto = consumed.get(q, 0)
                 while removed < budget and st.min_offset < st.next_offset:
-                    g = _head_global(w, tid, q, st.min_offset)
-                    if g is None:
+                    head = _head_batch(w, tid, q, st.min_offset)
+                    if head is None:
                         break
-                    if st.min_offset >= upto:
+                    g, count = head
+                    if st.min_offset + count > upto:
                         if cutoff is None:
                             break
-                        rec = w.txn.get(layout.global_key(g), db=mdb)
-                        if rec is not None and record_timestamp(rec) >= cutoff:
+                        value = w.txn.get(layout.global_key(g), db=mdb)
+                        if value is not None and _last_ms(value) >= cutoff:
                             break
                     draft = w.queue(tid, q)
-                    _delete_head(w, tid, q, draft, g)
+                    _delete_head(w, tid, q, draft, g, count)
                     st = draft
-                    removed += 1
+                    removed += count
         if rbytes is not None:
             total = sum(w.queue_now(tid, q).bytes for q in range(t.queues))
-            heads: list[tuple[int, int]] = []
+            heads: list[tuple[int, int, int]] = []
             if total > rbytes:
                 for q in range(t.queues):
                     st = w.queue_now(tid, q)
-                    g = _head_global(w, tid, q, st.min_offset) if st.min_offset < st.next_offset else None
-                    if g is not None:
-                        heapq.heappush(heads, (g, q))
+                    hb = _head_batch(w, tid, q, st.min_offset) if st.min_offset < st.next_offset else None
+                    if hb is not None:
+                        heapq.heappush(heads, (hb[0], q, hb[1]))
             while removed < budget and total > rbytes and heads:
-                g, q = heapq.heappop(heads)
+                g, q, count = heapq.heappop(heads)
                 draft = w.queue(tid, q)
-                total -= _delete_head(w, tid, q, draft, g)
-                removed += 1
+                total -= _delete_head(w, tid, q, draft, g, count)
+                removed += count
                 if draft.min_offset < draft.next_offset:
-                    nxt = _head_global(w, tid, q, draft.min_offset)
+                    nxt = _head_batch(w, tid, q, draft.min_offset)
                     if nxt is not None:
-                        heapq.heappush(heads, (nxt, q))
+                        heapq.heappush(heads, (nxt[0], q, nxt[1]))
         return removed
 
     def _consumed(self, v: StoreView, t: control.TopicInfo) -> dict[int, int]:
@@ -115,35 +119,57 @@ class RetentionOp(WriteOp):
         return {q: min(v.offsets.get((g, t.name, q), 0) for g in groups) for q in range(t.queues)}
 
 
-def _head_global(w: WriteContext, tid: int, q: int, off: int) -> int | None:
+def _head_batch(w: WriteContext, tid: int, q: int, off: int) -> tuple[int, int] | None:
+    """The (global base, record count) of the batch at a queue's head offset."""
     v = w.txn.get(layout.qindex_key(tid, q, off), db=w.db[b"qindex"])
     if v is None:
         log.warning("queue %d/%d has no index entry at its head offset %d", tid, q, off)
         return None
-    return layout.global_of(v)
+    g, count = layout.unpack_qindex_value(v)
+    return int(g), int(count)
 
 
-def _delete_head(w: WriteContext, tid: int, q: int, st: QueueDraft, g: int) -> int:
-    """Delete the head message of a queue (record, queue index, key index)."""
+def _last_ms(value: bytes | memoryview) -> int:
+    """The last store time of a stored batch (a damaged header: 0, so time retention
+    removes it with its neighbours)."""
+    try:
+        return batches.stored_head(value).last_ms
+    except CorruptRecord:
+        return 0
+
+
+def _delete_head(w: WriteContext, tid: int, q: int, st: QueueDraft, g: int, count: int) -> int:
+    """Delete the head batch of a queue (global base ``g``, ``count`` records): the
+    stored batch, its queue-index entry, its records' key-index pairs. Returns its size."""
     w.wrote = True
-    rec = w.txn.pop(layout.global_key(g), db=w.db[b"messages"])
+    value = w.txn.pop(layout.global_key(g), db=w.db[b"messages"])
     w.txn.delete(layout.qindex_key(tid, q, st.min_offset), db=w.db[b"qindex"])
-    size = len(rec) if rec else 0
-    if rec:
-        try:
-            key = record_entry_meta(rec).key
-        except EQueueError:
-            key = None
-        if key is not None:
-            w.txn.delete(layout.kindex_key(tid, key_hash(key), g), db=w.db[b"kindex"])
-    st.min_offset += 1
+    size = len(value) if value else 0
+    kdb = w.db[b"kindex"]
+    b = layout.KINDEX_BUCKET
+    for bucket in range(g // b, (g + count - 1) // b + 1):
+        kk = layout.kindex_key(tid, bucket)
+        kv = w.txn.get(kk, db=kdb)
+        if kv is None:
+            continue
+        hashes, offs = layout.unpack_kindex_value(kv)
+        lo, hi = g - bucket * b, g + count - bucket * b
+        keep = [i for i, o in enumerate(offs) if not lo <= o < hi]
+        if len(keep) == len(offs):
+            continue
+        if keep:
+            w.txn.put(kk, layout.pack_kindex_value([hashes[i] for i in keep], [offs[i] for i in keep]), db=kdb)
+        else:
+            w.txn.delete(kk, db=kdb)
+    st.min_offset += count
     st.bytes = max(0, st.bytes - size)
     w.touched.add((tid, q))
     return size
 
 
 def _purge_topic(w: WriteContext, tid: int, limit: int) -> int:
-    """Remove up to ``limit`` records of a deleted topic; forget it when done."""
+    """Remove up to about ``limit`` records (whole batches) of a deleted topic; forget
+    it when done."""
     cur = w.txn.cursor(db=w.db[b"qindex"])
     prefix = layout.topic_prefix(tid)
     n_prefix = len(prefix)
@@ -151,8 +177,9 @@ def _purge_topic(w: WriteContext, tid: int, limit: int) -> int:
     w.wrote = True
     if cur.set_range(prefix):
         while n < limit and cur.key()[:n_prefix] == prefix:
-            w.txn.delete(cur.value(), db=w.db[b"messages"])
-            n += 1
+            g, count = layout.unpack_qindex_value(cur.value())
+            w.txn.delete(layout.global_key(g), db=w.db[b"messages"])
+            n += count
             cur.delete()
     if n < limit:
         kc = w.txn.cursor(db=w.db[b"kindex"])

@@ -8,7 +8,7 @@ import logging
 
 import attrs
 
-from equeue import wire
+from equeue import control, wire
 from equeue.broker.storage import layout
 from equeue.broker.storage.produce import ProduceOp
 from equeue.broker.storage.writes import WriteContext, WriteOp
@@ -26,12 +26,18 @@ class MoveDueOp(WriteOp):
     (ties in produce order), at most ``limit`` per transaction so a burst never makes
     one huge transaction. Returns the number of schedule entries consumed.
 
+    The batches are compressed with the topic's ``compression`` codec (else the
+    broker's, ``compression``; ``producer``: uncompressed).
+
     Entries whose topic was deleted (or is now too small for their queue) and
     entries that are malformed are dropped with a log line; they never make the
     transaction fail, so one bad entry cannot block the schedule.
     """
 
     limit: int = 2000
+    #: the broker's ``--compression``, for topics without their own setting: the
+    #: moved messages' batches are compressed as a produce's would be
+    compression: str = "producer"
 
     def apply(self, w: WriteContext) -> int:
         cur = w.txn.cursor(db=w.db[b"schedule"])
@@ -64,7 +70,8 @@ class MoveDueOp(WriteOp):
             # entries are well-formed and no longer delayed. If it did, abort the whole
             # transaction (a RuntimeError does) rather than commit half a move.
             try:
-                ProduceOp(by_id[tid], qid, entries).apply(w)
+                t = by_id[tid]
+                ProduceOp(t, qid, entries, codec=control.stored_codec(t.compression or self.compression)).apply(w)
             except EQueueError as exc:
                 raise RuntimeError(f"moving delayed messages into {tid}/{qid} failed: {exc}") from exc
         for tid, d in delta.items():

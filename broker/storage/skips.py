@@ -17,10 +17,11 @@ import lmdb
 
 from equeue import control
 from equeue.broker.storage import layout
+from equeue.broker.storage.reader import MAX_RECORDS_LEN
 from equeue.broker.storage.recorder import RecordingTxn
 from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.errors import EQueueError, MessageNotFound, QueueNotFound, TopicNotFound
-from equeue.wire.records import decode_record, record_header
+from equeue.wire import batches
 
 __all__ = ["SkipRecordOp", "record_problem"]
 
@@ -65,23 +66,29 @@ class SkipRecordOp(WriteOp):
 
 
 def record_problem(txn: lmdb.Transaction | RecordingTxn, db: dict[bytes, Any], topic_id: int, queue_id: int, offset: int) -> str:
-    """What is wrong with the record at a queue offset ("" when it reads intact):
-    no index entry, a dangling pointer, a failed checksum, a header naming another
-    position, an undecodable entry."""
-    gk = txn.get(layout.qindex_key(topic_id, queue_id, offset), db=db[b"qindex"])
-    if gk is None:
+    """What is wrong with the record at a queue offset ("" when it reads intact): no
+    index entry, a dangling pointer, a damaged batch (header, checksum, records), a
+    header naming another position."""
+    cur = txn.cursor(db=db[b"qindex"])
+    prefix = layout.queue_key(topic_id, queue_id)
+    ok = cur.prev() if cur.set_range(layout.qindex_key(topic_id, queue_id, offset + 1)) else cur.last()
+    if not ok or not bytes(cur.key()).startswith(prefix):
         return "no index entry"
-    rec = txn.get(gk, db=db[b"messages"])
-    if rec is None:
-        return f"the index points to global offset {layout.global_of(gk)}, which holds no record"
+    base = layout.qindex_offset(cur.key())
+    g, count = layout.unpack_qindex_value(cur.value())
+    if not base <= offset < base + count:
+        return "no index entry"
+    value = txn.get(layout.global_key(g), db=db[b"messages"])
+    if value is None:
+        return f"the index points to global offset {g}, which holds no record"
     try:
-        h = record_header(rec)
-        decode_record("", layout.global_of(gk), rec)  # the entry: lengths, properties
+        h = batches.stored_head(value)
+        records = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
     except EQueueError as exc:
         return str(exc)
-    if (h.topic_id, h.queue_id, h.queue_offset) != (topic_id, queue_id, offset):
+    if (h.topic_id, h.queue_id, h.base_offset, len(records)) != (topic_id, queue_id, base, count):
         return (
-            f"the index points to global offset {layout.global_of(gk)}, a record of topic id "
-            f"{h.topic_id} queue {h.queue_id} offset {h.queue_offset}"
+            f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
+            f"{h.queue_id} offsets {h.base_offset}..{h.base_offset + len(records) - 1}"
         )
     return ""

@@ -42,9 +42,10 @@ import outcome
 
 from equeue import control
 from equeue.broker.storage import layout
+from equeue.broker.storage.convert import convert_to_batches
 from equeue.broker.storage.dirlock import DirLock
 from equeue.broker.storage.filecheck import RECOVERY_HINT, check_data_file
-from equeue.broker.storage.reader import StoreReader
+from equeue.broker.storage.reader import MAX_RECORDS_LEN, StoreReader
 from equeue.broker.storage.recorder import Recorder, RecordingTxn
 from equeue.broker.storage.replicated import StoreReplication
 from equeue.broker.storage.replication import ReplicationLog
@@ -53,6 +54,7 @@ from equeue.broker.storage.view import QueueState, StoreView, frozen_map
 from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, store_error
 from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
 from equeue.logs import RateLimitedLog
+from equeue.wire import batches
 
 log = logging.getLogger("equeue.store")
 #: one traceback per op type per 10 s for ops that fail unexpectedly in a transaction
@@ -127,10 +129,12 @@ class Store(StoreReader):
         with self._reading("database catalogue and format record"), self.env.begin(write=True) as txn:
             self.db = {name: self.env.open_db(name, txn=txn) for name in layout.DATABASES}
             fmt = txn.get(b"format", db=self.db[b"meta"])
-            unbucketed = fmt is not None and layout.unpack_u32(fmt) == layout.FORMAT_UNBUCKETED
+            old_format = layout.unpack_u32(fmt) if fmt is not None else layout.FORMAT_VERSION
+            if old_format not in layout.FORMATS_CONVERTED:
+                old_format = 0
             if fmt is None:
                 txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=self.db[b"meta"])
-            elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION and not unbucketed:
+            elif layout.unpack_u32(fmt) != layout.FORMAT_VERSION and not old_format:
                 raise StoreError(
                     f"store at {self.path} has format {layout.unpack_u32(fmt)}, this broker reads "
                     f"{layout.FORMAT_VERSION}: run the broker version that wrote it"
@@ -154,66 +158,11 @@ class Store(StoreReader):
             with self._reading("replication log"):
                 rlog.load()
             self.replication = StoreReplication(self, rlog)
-        if unbucketed:
-            self._convert_key_index()
+        if old_format:
+            convert_to_batches(self.env, self.db, self.path, old_format, self.replication)
         #: writer thread only: the last schedule sequence handed out
         self._sched_seq = time.time_ns()
         self.head = self.view = self.recover_view()
-
-    def _convert_key_index(self) -> None:
-        """Convert a format-1 store (its key index without buckets) to the current
-        format, in transactions of :data:`_CONVERT_CHUNK` keys; the format record
-        changes in the last one, so a conversion cut short resumes at the next open.
-
-        A replicated store's log is emptied in that last transaction too: its
-        entries name key-index keys of the old form, so a follower that has not
-        applied them copies the store instead. Raises StoreFull / StoreError.
-        """
-        kdb, meta = self.db[b"kindex"], self.db[b"meta"]
-        after = b""
-        converted = 0
-        t0 = noted = time.monotonic()
-        with self.env.begin() as txn:
-            total = txn.stat(kdb)["entries"]  # an upper bound: a resumed conversion did some
-        log.warning("the store at %s has format %d: converting its key index (up to %d keys) to format %d "
-                    "before the broker starts", self.path, layout.FORMAT_UNBUCKETED, total,
-                    layout.FORMAT_VERSION)  # fmt: skip
-        while True:
-            try:
-                with self.env.begin(write=True) as txn:
-                    old: list[bytes] = []
-                    cur = txn.cursor(db=kdb)
-                    if cur.set_range(after):
-                        for k in cur.iternext(keys=True, values=False):
-                            if len(k) == layout.KINDEX_V1_SIZE:
-                                old.append(k)
-                                if len(old) >= _CONVERT_CHUNK:
-                                    break
-                    for k in old:
-                        txn.delete(k, db=kdb)
-                    txn.cursor(db=kdb).putmulti([(k, b"") for k in sorted(map(layout.kindex_from_v1, old))])
-                    last = len(old) < _CONVERT_CHUNK
-                    state = None
-                    if last:
-                        if self.replication is not None:
-                            rlog = self.replication.log
-                            state = rlog.trim(txn, rlog.state.position)
-                        txn.put(b"format", layout.pack_u32(layout.FORMAT_VERSION), db=meta)
-            except lmdb.Error as exc:
-                raise store_error(exc, self.path) from exc
-            converted += len(old)
-            if last:
-                if state is not None and self.replication is not None:
-                    self.replication.log.state = state
-                break
-            after = old[-1]
-            if time.monotonic() - noted >= _CONVERT_PROGRESS_EVERY:
-                noted = time.monotonic()
-                log.warning("the store at %s: %d of up to %d key-index keys converted (%.0f s)",
-                            self.path, converted, total, noted - t0)  # fmt: skip
-        log.warning("the store at %s had format %d: its key index (%d keys) was converted to format %d in %.1f s",
-                    self.path, layout.FORMAT_UNBUCKETED, converted, layout.FORMAT_VERSION,
-                    time.monotonic() - t0)  # fmt: skip
 
     def _has_data(self, txn: lmdb.Transaction) -> bool:
         """Anything stored besides the format record."""
@@ -273,7 +222,8 @@ class Store(StoreReader):
             with reading("message log"):
                 cur = txn.cursor(db=db[b"messages"])
                 if cur.last():
-                    next_global = max(next_global, layout.global_of(cur.key()) + 1)
+                    head = batches.batch_head(batches.stored_batch(cur.value()), MAX_RECORDS_LEN, verify=False)
+                    next_global = max(next_global, layout.global_of(cur.key()) + head.count)
             with reading('meta record "next_topic_id"'):
                 nt = txn.get(b"next_topic_id", db=meta)
                 next_topic_id = layout.unpack_u32(nt) if nt else 1
@@ -301,7 +251,8 @@ class Store(StoreReader):
                         if ok:
                             t, qq, off = layout.unpack_qindex_key(qidx.key())
                             if (t, qq) == (info.topic_id, q):
-                                next_offset = max(next_offset, off + 1)
+                                count = layout.unpack_qindex_value(qidx.value())[1]
+                                next_offset = max(next_offset, off + count)
                         min_offset = next_offset
                         if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
                             t, qq, off = layout.unpack_qindex_key(qidx.key())
@@ -486,10 +437,6 @@ class Store(StoreReader):
                 self._lock.release()
 
 
-#: key-index keys converted per transaction when a format-1 store is opened
-_CONVERT_CHUNK: Final = 50_000
-#: a long conversion logs its progress this often (seconds)
-_CONVERT_PROGRESS_EVERY: Final = 10.0
 #: a replicated store commits a transaction once its ops appended this many record
 #: bytes and runs the rest in the next one, so one log entry (fetched whole by a
 #: follower, in one frame of at most 256 MiB) stays far below a frame whatever the batch

@@ -61,6 +61,7 @@ class CreateTopicOp(WriteOp):
     retention_ms: int | None = None
     retention_bytes: int | None = None
     exist_ok: bool = False
+    compression: str | None = None
 
     def apply(self, w: WriteContext) -> control.TopicInfo:
         existing = w.topic(self.name)
@@ -72,7 +73,8 @@ class CreateTopicOp(WriteOp):
         tid = w.next_topic_id if w.next_topic_id is not None else w.base.next_topic_id
         w.next_topic_id = tid + 1
         info = control.TopicInfo(
-            self.name, tid, self.queues, w.now, self.retention_ms, self.retention_bytes
+            self.name, tid, self.queues, w.now, self.retention_ms, self.retention_bytes,
+            compression=self.compression,
         )
         w.txn.put(self.name.encode(), encode_topic_record(info), db=w.db[b"topics"])
         w.topics[self.name] = info
@@ -81,18 +83,24 @@ class CreateTopicOp(WriteOp):
         return info
 
 
+#: the settings ``reset`` may name
+_RESETTABLE = (*SETTINGS, "compression")
+
+
 @attrs.define
 class AlterTopicOp(WriteOp):
-    """Grow a topic's queue count or change its retention overrides: a value (-1:
-    forever, > 0: the limit) replaces one, None leaves it, a name in ``reset``
-    (``"retention_ms"``, ``"retention_bytes"``) puts it back to the broker's
-    default. Raises TopicNotFound, or BadRequest for fewer queues."""
+    """Grow a topic's queue count or change its retention overrides or its
+    compression: a value (-1: forever, > 0: the limit; a compression setting)
+    replaces one, None leaves it, a name in ``reset`` (``"retention_ms"``,
+    ``"retention_bytes"``, ``"compression"``) puts it back to the broker's default.
+    Raises TopicNotFound, or BadRequest for fewer queues."""
 
     name: str
     queues: int | None = None
     retention_ms: int | None = None
     retention_bytes: int | None = None
     reset: tuple[str, ...] = ()
+    compression: str | None = None
 
     def apply(self, w: WriteContext) -> control.TopicInfo:
         info = w.topic(self.name)
@@ -110,8 +118,10 @@ class AlterTopicOp(WriteOp):
             changes["retention_ms"] = self.retention_ms
         if self.retention_bytes is not None:
             changes["retention_bytes"] = self.retention_bytes
+        if self.compression is not None:
+            changes["compression"] = self.compression
         for name in self.reset:
-            if name not in SETTINGS:
+            if name not in _RESETTABLE:
                 raise BadRequest(f"reset: {name!r} is not a setting that can be reset")
             changes[name] = None
         new = attrs.evolve(info, **changes)

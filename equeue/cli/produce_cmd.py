@@ -65,6 +65,9 @@ def register(app: typer.Typer) -> None:
         tags: str | None = typer.Option(None, "--tags", help="Tag for every message."),
         prop: list[str] = typer.Option([], "--property", "-p", help="k=v property (repeatable)."),
         delay: str | None = typer.Option(None, "--delay", help="Deliver later, e.g. 30s, 5m, 1h."),
+        compression: str = typer.Option(
+            "none", "--compression", help="Compress each request's batch: none, zstd (smallest) or lz4 (fastest)."
+        ),
         as_json: bool = typer.Option(
             False, "--json", help="Print each message's send result as one JSON object per line (JSON Lines); "
             "the summary goes to stderr."
@@ -83,11 +86,16 @@ def register(app: typer.Typer) -> None:
 
         from equeue.errors import EQueueError
         from equeue.producer import Producer, SendHandle
+        from equeue.wire.batches import Codec
 
         setup_logging(log_level)
         if key and key_field:
             fail("give --key or --key-field, not both")
         props = _properties(prop)
+        try:
+            codec = Codec.parse(compression)
+        except ValueError as exc:
+            fail(f"--compression: {exc}")
         delay_s = None
         if delay:
             try:
@@ -125,7 +133,7 @@ def register(app: typer.Typer) -> None:
             console=err_console, disable=not show, transient=True,
         )  # fmt: skip
         try:
-            with Producer(broker, connect_timeout=5.0) as p, progress:
+            with Producer(broker, connect_timeout=5.0, compression=codec) as p, progress:
                 task = progress.add_task("send", total=total_lines, rate=0.0)
                 for lineno, line in enumerate(_lines(stream), 1):
                     k = _key_of(line, key_field, lineno) if key_field else key

@@ -24,6 +24,7 @@ from equeue.config import (
     parse_retention_ms,
 )
 from equeue.errors import ConfigError
+from equeue.retention import check_topic_settings
 
 #: what ``topic alter --retention[-bytes]`` takes to put a setting back to the broker's default
 DEFAULT_WORD = "default"
@@ -47,11 +48,30 @@ def _shown(value: int | None, fmt: Callable[[int], str]) -> str:
     return DEFAULT_WORD if value is None else fmt(value)
 
 
+_COMPRESSION_HELP = (
+    "How the topic stores batches: producer (as sent), none, zstd or lz4 (recompressing others); "
+    "not given: the broker's --compression."
+)
+
+
 def _summary(info: Any) -> str:
     """A TopicInfo's queue count and retention overrides, for one output line."""
     rms = _shown(info.retention_ms, format_retention_ms)
     rbytes = _shown(info.retention_bytes, format_retention_bytes)
-    return f"{info.queues} queues, retention {rms} / {rbytes}"
+    return f"{info.queues} queues, retention {rms} / {rbytes}, compression {info.compression or DEFAULT_WORD}"
+
+
+def _compression(text: str, *, allow_default: bool) -> str | None:
+    """``--compression``'s value: None when not given (or ``default``, with
+    ``allow_default``: the caller resets it); fails on anything else unknown."""
+    from equeue import control
+
+    value = text.strip().lower()
+    if not value or (allow_default and value == DEFAULT_WORD):
+        return None
+    if value not in control.COMPRESSION_SETTINGS:
+        fail(f"--compression must be one of {', '.join(control.COMPRESSION_SETTINGS)}, got {text!r}")
+    return value
 
 
 def _print_topic(info: Any, as_json: bool) -> None:
@@ -73,14 +93,18 @@ def register(app: typer.Typer) -> None:
         retention: str = typer.Option("", help=f"Override the broker's time retention (e.g. 24h; {_FOREVER_HELP})."),
         retention_bytes: str = typer.Option("", help=f"Override the broker's size retention (e.g. 1GiB; {_FOREVER_HELP})."),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="Succeed if the topic exists."),
+        compression: str = typer.Option("", help=_COMPRESSION_HELP),
         broker: str = BROKER_OPTION,
         as_json: bool = json_option("the topic (as topic list shows it)"),
     ) -> None:
         """Create a topic with N queues."""
+        from equeue import control
+
         rms = _setting(retention, "--retention", parse_retention_ms)
         rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
-        info = leader(broker, lambda c: c.create_topic(
-            name, queues, retention_ms=rms, retention_bytes=rbytes, exist_ok=exist_ok,
+        codec = _compression(compression, allow_default=False)
+        info = leader(broker, lambda c: c.call(
+            control.CreateTopic(name, queues, rms, rbytes, exist_ok, codec), control.TopicInfo
         ))  # fmt: skip
         _print_topic(info, as_json)
 
@@ -90,19 +114,29 @@ def register(app: typer.Typer) -> None:
         queues: int = typer.Option(None, "--queues", help="New queue count (grow only)."),
         retention: str = typer.Option("", help=f"Time retention override (e.g. 24h; {_FOREVER_HELP}; 'default': back to the broker's)."),
         retention_bytes: str = typer.Option("", help=f"Size retention override (e.g. 1GiB; {_FOREVER_HELP}; 'default': back to the broker's)."),
+        compression: str = typer.Option("", help=_COMPRESSION_HELP + " 'default': back to the broker's --compression."),
         broker: str = BROKER_OPTION,
         as_json: bool = json_option("the topic after the change (as topic list shows it)"),
     ) -> None:
-        """Grow a topic's queue count or change its retention overrides."""
+        """Grow a topic's queue count or change its retention overrides or compression."""
+        from equeue import control
+
         rms = _setting(retention, "--retention", parse_retention_ms)
         rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
+        codec = _compression(compression, allow_default=True)
         reset = [
             setting
-            for setting, text in (("retention_ms", retention), ("retention_bytes", retention_bytes))
+            for setting, text in (
+                ("retention_ms", retention), ("retention_bytes", retention_bytes), ("compression", compression)
+            )
             if text.strip().lower() == DEFAULT_WORD
-        ]
-        info = leader(broker, lambda c: c.alter_topic(
-            name, queues=queues, retention_ms=rms, retention_bytes=rbytes, reset=reset,
+        ]  # fmt: skip
+        try:  # the client's retention checks, before anything is sent
+            check_topic_settings(rms, rbytes, [r for r in reset if r != "compression"])
+        except ConfigError as exc:
+            fail(str(exc))
+        info = leader(broker, lambda c: c.call(
+            control.AlterTopic(name, queues, rms, rbytes, reset, codec), control.TopicInfo
         ))  # fmt: skip
         _print_topic(info, as_json)
 

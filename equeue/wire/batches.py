@@ -52,6 +52,7 @@ import zstandard
 
 from equeue.errors import CorruptRecord, InvalidMessage
 from equeue.models import Message
+from equeue.wire.entries import ENTRY_HEADER, decode_props
 
 BATCH_HEAD: Final = struct.Struct(">BBIII")  # magic, codec, count, crc32, records_len
 BATCH_MAGIC: Final = 1
@@ -246,6 +247,68 @@ def decode_records(records: bytes, count: int) -> list[Record]:
     return out
 
 
+_EH_SIZE: Final = ENTRY_HEADER.size
+_SMALL: Final = [bytes((i,)) for i in range(128)]
+
+
+def records_from_entries(entries: Sequence[bytes], headers: Sequence[tuple[int, ...]]) -> bytes:
+    """The records section of produced entries (validated, with their ``headers`` from
+    :func:`equeue.wire.entries.check_entries`), store-time delta 0: what the broker
+    stores for a produce request. Equal to joining :func:`encode_record` of the
+    decoded messages, without decoding them (the produce path: one pass, the body and
+    a key-only entry's key copied as one slice).
+
+    Raises InvalidMessage (naming the entry) for a key or tags that is not UTF-8: a
+    stored record's key and tags are text.
+    """
+    out: list[bytes] = []
+    hs = _EH_SIZE
+    uv = _uvarint
+    for i, (entry, (_n, flags, deliver, rc, kl, tl, pl)) in enumerate(zip(entries, headers, strict=True)):
+        a = 0
+        head: list[bytes] = []
+        if rc:
+            a |= A_RECONSUME
+            head.append(uv(rc))
+        if deliver:
+            a |= A_DELIVER
+            head.append(uv(deliver))
+        p = hs
+        try:
+            if flags & 1:
+                a |= A_KEY
+                entry[p : p + kl].decode()
+            if flags & 2:
+                entry[p + kl : p + kl + tl].decode()
+        except UnicodeDecodeError:
+            raise InvalidMessage(f"message {i}: its key or tags is not UTF-8") from None
+        if not (flags & 2 or pl):
+            # key (if any) then body, contiguous in the entry as in the record
+            if flags & 1:
+                head.append(_SMALL[kl] if kl < 128 else uv(kl))
+            rest = entry[p:]
+        else:
+            parts: list[bytes] = []
+            if flags & 1:
+                parts += (uv(kl), entry[p : p + kl])
+            p += kl
+            if flags & 2:
+                a |= A_TAGS
+                parts += (uv(tl), entry[p : p + tl])
+            p += tl
+            if pl:
+                a |= A_PROPS
+                props = _encode_props(decode_props(entry[p : p + pl]))
+                parts += (uv(len(props)), props)
+            p += pl
+            parts.append(entry[p:])
+            rest = b"".join(parts)
+        prefix = bytes((a,)) + b"".join(head) if head else _SMALL[a]
+        length = len(prefix) + len(rest)
+        out += (_SMALL[length] if length < 128 else uv(length), prefix, rest)
+    return b"".join(out)
+
+
 # ---------------------------------------------------------------- batches
 def _compress(codec: Codec, data: bytes) -> bytes:
     if codec is Codec.ZSTD:
@@ -260,9 +323,15 @@ def encode_batch(messages: Sequence[Message], codec: Codec = Codec.NONE) -> byte
     the one batch encoder. Raises InvalidMessage for an empty batch."""
     if not messages:
         raise InvalidMessage("a batch holds at least one message")
-    records = b"".join(map(encode_record, messages))
+    return seal_records(b"".join(map(encode_record, messages)), len(messages), codec)
+
+
+def seal_records(records: bytes, count: int, codec: Codec = Codec.NONE) -> bytes:
+    """The batch of an (uncompressed) records section of ``count`` records, compressed
+    with ``codec``: its header and the records as carried (what :func:`encode_batch`
+    and the broker's recompression build)."""
     carried = _compress(codec, records)
-    return BATCH_HEAD.pack(BATCH_MAGIC, codec, len(messages), zlib.crc32(carried), len(records)) + carried
+    return BATCH_HEAD.pack(BATCH_MAGIC, codec, count, zlib.crc32(carried), len(records)) + carried
 
 
 @attrs.frozen(slots=True)

@@ -1,4 +1,14 @@
-"""Produce requests (a batch of entries for one queue) and their answers."""
+"""Produce requests and their answers.
+
+A request carries messages for one queue in one of two forms: *entries*
+(:mod:`equeue.wire.entries`, one per message) or one producer *batch*
+(:mod:`equeue.wire.batches`: the records, compressed or not, that the broker stores as
+sent). The form is told by the ``PRODUCE_BATCH`` flag::
+
+    topic str | queue u32 | flags u8 | [producer id 16s, base sequence u64  if IDEMPOTENT]
+    | entries form: count u32, entries          (flag PRODUCE_BATCH clear)
+    | batch form:   length u32, batch           (flag PRODUCE_BATCH set)
+"""
 
 from __future__ import annotations
 
@@ -8,24 +18,30 @@ from typing import Final
 
 import attrs
 
+from equeue.errors import InvalidMessage
 from equeue.models import SendResult
 from equeue.wire._prims import _U32, NO_OFFSET, _bad, pack_str, unpack_str
-from equeue.wire.entries import split_entries
+from equeue.wire.batches import Codec, records_from_entries, seal_records
+from equeue.wire.entries import check_entries, split_entries
 
 _PRODUCE_FIXED = struct.Struct(">IB")  # queue id, flags
 _PRODUCE_IDEM = struct.Struct(">16sQ")  # producer id, base sequence
 PRODUCE_IDEMPOTENT: Final = 1
 #: do not auto-create the topic even when the broker would
 PRODUCE_NO_AUTO_CREATE: Final = 2
+#: the request carries one producer batch (:mod:`equeue.wire.batches`), not entries
+PRODUCE_BATCH: Final = 4
 
 
 @attrs.frozen(slots=True)
 class ProduceRequest:
-    """A batch of entries for one queue of one topic.
+    """Messages for one queue of one topic: ``entries`` or one ``batch``.
 
-    ``entries`` are encoded message entries (see :func:`~equeue.wire.entries.pack_entry`). With a
+    ``entries`` are encoded message entries (see :func:`~equeue.wire.entries.pack_entry`);
+    ``batch``, when not None, is one producer batch
+    (:func:`~equeue.wire.batches.encode_batch`) and ``entries`` is then empty. With a
     ``producer_id`` (16 bytes) the request is idempotent: ``base_sequence`` is the
-    sequence number of its first entry for this (producer, topic, queue).
+    sequence number of its first message for this (producer, topic, queue).
     """
 
     topic: str
@@ -34,16 +50,26 @@ class ProduceRequest:
     producer_id: bytes | None = None
     base_sequence: int = 0
     auto_create: bool = True
+    batch: bytes | None = None
 
     def encode(self) -> bytes:
-        flags = (PRODUCE_IDEMPOTENT if self.producer_id else 0) | (
-            0 if self.auto_create else PRODUCE_NO_AUTO_CREATE
+        """The request's payload: the one encoder. Raises ValueError for a request
+        with both entries and a batch."""
+        flags = (
+            (PRODUCE_IDEMPOTENT if self.producer_id else 0)
+            | (0 if self.auto_create else PRODUCE_NO_AUTO_CREATE)
+            | (0 if self.batch is None else PRODUCE_BATCH)
         )
         parts = [pack_str(self.topic), _PRODUCE_FIXED.pack(self.queue_id, flags)]
         if self.producer_id:
             parts.append(_PRODUCE_IDEM.pack(self.producer_id, self.base_sequence))
-        parts.append(_U32.pack(len(self.entries)))
-        parts.extend(self.entries)
+        if self.batch is not None:
+            if self.entries:
+                raise ValueError("a produce request carries entries or a batch, not both")
+            parts += (_U32.pack(len(self.batch)), self.batch)
+        else:
+            parts.append(_U32.pack(len(self.entries)))
+            parts.extend(self.entries)
         return b"".join(parts)
 
     @classmethod
@@ -61,8 +87,27 @@ class ProduceRequest:
             pos += 4
         except struct.error as exc:
             raise _bad("truncated produce request") from exc
+        if flags & PRODUCE_BATCH:
+            if pos + count != len(buf):
+                raise _bad(f"produce batch announces {count} bytes and {len(buf) - pos} follow")
+            return cls(topic, queue_id, (), pid, seq, not flags & PRODUCE_NO_AUTO_CREATE, buf[pos:])
         entries = split_entries(buf, pos, count)
         return cls(topic, queue_id, entries, pid, seq, not flags & PRODUCE_NO_AUTO_CREATE)
+
+
+def entries_batch(entries: Sequence[bytes], codec: Codec = Codec.NONE) -> bytes:
+    """The producer batch of encoded ``entries`` (at least one), its records
+    compressed with ``codec``: how the producer turns what it buffered into a batch
+    request (the records built from the entries in one pass, as the broker builds
+    them). Raises InvalidMessage for no entries or a malformed one."""
+    if not entries:
+        raise InvalidMessage("a batch holds at least one message")
+    records = records_from_entries(entries, check_entries(entries, _NO_LIMIT))
+    return seal_records(records, len(entries), codec)
+
+
+#: the producer checks each message's size itself (its ``max_message_bytes``)
+_NO_LIMIT: Final = 1 << 62
 
 
 _PRODUCE_RESP = struct.Struct(">BQQII")  # duplicate, first global, first queue, stored, scheduled

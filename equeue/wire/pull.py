@@ -1,13 +1,9 @@
-"""Pull requests and answers (plain and packed layouts), and tag filters."""
+"""Pull requests and answers (the batch layout: stored batches with keep-masks), and tag filters."""
 
 from __future__ import annotations
 
 import struct
-import sys
-import zlib
-from array import array
 from collections.abc import Sequence
-from itertools import chain
 from typing import Final
 
 import attrs
@@ -16,16 +12,32 @@ from equeue.errors import CorruptRecord
 from equeue.models import Message, PullResult
 from equeue.protocol import PullStatus
 from equeue.wire._prims import _bad, pack_str, unpack_str
-from equeue.wire.entries import ENTRY_HEADER, FLAG_KEY, FLAG_TAGS, decode_props
-from equeue.wire.records import RECORD_HEADER, RECORD_VERSION
+from equeue.wire.batches import (
+    _A_KNOWN,
+    A_DELIVER,
+    A_KEY,
+    A_PROPS,
+    A_RECONSUME,
+    A_TAGS,
+    A_TS,
+    BATCH_HEAD,
+    STORED_HEAD,
+    _decode_props,
+    _read_uvarint,
+    batch_head,
+    batch_records,
+    stored_batch,
+    stored_head,
+)
 
 _PULL_FIXED = struct.Struct(">IQIII")  # queue, offset, max messages, max bytes, max wait ms
 
-#: pull flag: answer in the packed layout (all global offsets, then all lengths, then the records)
-PULL_PACKED: Final = 1
 #: pull flag: the client verifies every record's checksum itself, so the broker skips its recheck
 PULL_CLIENT_VERIFIES: Final = 2
-_PULL_FLAGS_KNOWN: Final = PULL_PACKED | PULL_CLIENT_VERIFIES
+#: pull flag: answer in the batch layout (stored batches whole, with keep-masks); a
+#: broker refuses a pull without it (bit 0, the retired packed layout, is refused too)
+PULL_BATCHES: Final = 4
+_PULL_FLAGS_KNOWN: Final = PULL_CLIENT_VERIFIES | PULL_BATCHES
 
 
 @attrs.frozen(slots=True)
@@ -34,8 +46,8 @@ class PullRequest:
 
     ``group``/``consumer_id`` (optional) let the broker enforce queue leases;
     ``tags`` is a filter expression (``"a || b"``; empty or ``*`` = all).
-    ``flags`` (:data:`PULL_PACKED`, :data:`PULL_CLIENT_VERIFIES`) is an optional trailing
-    byte, sent only when not 0, so the plain layout is unchanged.
+    ``flags`` (:data:`PULL_BATCHES`, set by default: a broker refuses a pull without
+    it; :data:`PULL_CLIENT_VERIFIES`) is an optional trailing byte, sent when not 0.
     """
 
     topic: str
@@ -47,7 +59,7 @@ class PullRequest:
     group: str = ""
     consumer_id: str = ""
     tags: str = ""
-    flags: int = 0
+    flags: int = PULL_BATCHES
 
     def encode(self) -> bytes:
         return b"".join(
@@ -84,15 +96,14 @@ class PullRequest:
 
 
 _PULL_RESP = struct.Struct(">BQQQI")  # status, min, max, next, count
-_PULL_ITEM = struct.Struct(">QI")  # global offset, record length
 #: bytes of a pull answer's head (status, min, max, next offset, record count)
 PULL_HEAD_SIZE: Final = _PULL_RESP.size
 
 
 @attrs.frozen(slots=True)
 class PullHead:
-    """The head of a pull answer (both layouts): status, the queue's retained range
-    ``[min_offset, max_offset)``, where the next pull starts, and how many records follow."""
+    """The head of a pull answer: status, the queue's retained range ``[min_offset,
+    max_offset)``, where the next pull starts, and how many batches follow."""
 
     status: PullStatus
     min_offset: int
@@ -115,197 +126,6 @@ def decode_pull_head(buf: bytes | bytearray | memoryview) -> PullHead:
     return PullHead(pull_status, lo, hi, nxt, count)
 
 
-def encode_pull_response(
-    status: PullStatus, min_offset: int, max_offset: int, next_offset: int, records: Sequence[tuple[int, bytes]]
-) -> list[bytes]:
-    """Encode a pull answer as pieces (``records`` = (global offset, stored record))."""
-    gs, recs = zip(*records, strict=True) if records else ((), ())
-    return encode_pull_response_plain(status, min_offset, max_offset, next_offset, gs, recs)
-
-
-def encode_pull_response_plain(
-    status: PullStatus,
-    min_offset: int,
-    max_offset: int,
-    next_offset: int,
-    globals_: Sequence[int],
-    records: Sequence[bytes],
-) -> list[bytes]:
-    """Encode a pull answer in the plain layout from parallel sequences of global
-    offsets and stored records (as :class:`equeue.broker.storage.ReadResult` holds them)."""
-    parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records))]
-    if records:  # per-record work in C loops: this builds every pull answer
-        parts.extend(chain.from_iterable(zip(map(_PULL_ITEM.pack, globals_, map(len, records)), records, strict=True)))
-    return parts
-
-
-def encode_pull_response_packed(
-    status: PullStatus,
-    min_offset: int,
-    max_offset: int,
-    next_offset: int,
-    globals_: Sequence[int],
-    records: Sequence[bytes],
-) -> list[bytes]:
-    """Encode a pull answer in the packed layout (:data:`PULL_PACKED`): the same head,
-    then ``count`` u64 global offsets, then ``count`` u32 record lengths, then the
-    records back to back. A reader finds every field with array arithmetic instead of
-    walking the answer record by record."""
-    lens = array("I", map(len, records))
-    gs = array("Q", globals_)
-    if sys.byteorder == "little":
-        lens.byteswap()
-        gs.byteswap()
-    return [
-        _PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(records)),
-        gs.tobytes(),
-        lens.tobytes(),
-        *records,
-    ]
-
-
-# The plain layout's decoder, for the consumer hot path: the item, record and entry
-# headers are unpacked by one struct call per message, and each Message is filled in
-# through its slot descriptors instead of its ``__init__`` (whose converters and
-# ``on_setattr`` hooks cost about as much as the rest of decoding; what they would
-# convert is already bytes / str / a fresh dict here).
-# record header (crc, ver, topic id, queue id, queue offset, ts) + entry header
-# (len, flags, deliver_at, reconsume, key len, tags len, props len)
-_HEAD = struct.Struct(">" + RECORD_HEADER.format.lstrip(">") + ENTRY_HEADER.format.lstrip(">"))
-_ENTRY_START = RECORD_HEADER.size + ENTRY_HEADER.size
-_REC_PLUS_LEN = RECORD_HEADER.size + 4  # record header + the entry length field
-# item + record header + entry header in one call
-_ITEM_HEAD = struct.Struct(">QI" + _HEAD.format[1:])
-assert _ITEM_HEAD.size == _PULL_ITEM.size + _HEAD.size == _PULL_ITEM.size + _ENTRY_START
-_new_message = Message.__new__
-# slot setters of Message (attrs slots class): one C call each, no hooks
-_SET = {f.name: Message.__dict__[f.name].__set__ for f in attrs.fields(Message)}
-assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic", "queue_id",
-                      "queue_offset", "global_offset", "timestamp", "reconsume_times"]  # fmt: skip
-
-
-def decode_pull_messages(
-    topic: str, buf: bytes | bytearray | memoryview, verify: bool = True
-) -> tuple[PullStatus, int, int, int, list[Message]]:
-    """(status, min offset, max offset, next offset, messages) of a plain pull answer.
-
-    The one decoder of the plain layout. ``verify`` checks every record's checksum
-    (about 15 % of the cost; the broker checks them when it reads, so the consumer
-    re-checks only when asked). Raises RemoteProtocolError for a malformed answer,
-    CorruptRecord for a record whose version, lengths or (with ``verify``) checksum
-    are wrong.
-    """
-    head = decode_pull_head(buf)
-    out: list[Message] = []
-    count = head.count
-    if not count:
-        return head.status, head.min_offset, head.max_offset, head.next_offset, out
-    if type(buf) is not bytes:
-        buf = bytes(buf)
-    append = out.append
-    item_head = _ITEM_HEAD.unpack_from
-    crc32 = zlib.crc32
-    new = _new_message
-    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
-    mv = memoryview(buf) if verify else None
-    cls = Message
-    entry_start, rec_plus_len, version = _ENTRY_START, _REC_PLUS_LEN, RECORD_VERSION
-    pos = PULL_HEAD_SIZE
-    size = len(buf)
-    try:
-        for _ in range(count):
-            g, n, crc, ver, _tid, qid, qoff, ts, elen, flags, _da, rc, kl, tl, pl = item_head(buf, pos)
-            pos += 12
-            end = pos + n
-            p = pos + entry_start
-            if end > size or pos + rec_plus_len + elen != end or p + kl + tl + pl > end:
-                raise CorruptRecord(f"malformed record at global offset {g}")
-            if ver != version:
-                raise CorruptRecord(f"unknown record version {ver} at global offset {g}")
-            if mv is not None and crc32(mv[pos + 4 : end]) != crc:
-                raise CorruptRecord(f"checksum mismatch in record of queue {qid} offset {qoff}")
-            m = new(cls)
-            if flags & 3 or pl:
-                s_key(m, buf[p : p + kl].decode("utf-8", "replace") if flags & FLAG_KEY else None)
-                p += kl
-                s_tags(m, buf[p : p + tl].decode("utf-8", "replace") if flags & FLAG_TAGS else None)
-                p += tl
-                s_props(m, decode_props(buf[p : p + pl]) if pl else {})
-                p += pl
-            else:  # no key, tags or properties: the common case
-                s_key(m, None)
-                s_tags(m, None)
-                s_props(m, {})
-                p += kl + tl
-            s_body(m, buf[p:end])
-            s_deliver(m, 0)
-            s_topic(m, topic)
-            s_qid(m, qid)
-            s_qoff(m, qoff)
-            s_global(m, g)
-            s_ts(m, ts)
-            s_rc(m, rc)
-            append(m)
-            pos = end
-    except struct.error as exc:
-        raise _bad(f"truncated pull response: {exc}") from exc
-    return head.status, head.min_offset, head.max_offset, head.next_offset, out
-
-
-def decode_pull_response(topic: str, buf: bytes | bytearray | memoryview) -> PullResult:
-    """A plain pull answer as a :class:`PullResult`; every record's checksum is verified
-    (:func:`decode_pull_messages` with ``verify=True``)."""
-    status, lo, hi, nxt, msgs = decode_pull_messages(topic, buf, True)
-    return PullResult(status, msgs, lo, hi, nxt)
-
-
-@attrs.frozen(slots=True)
-class PackedPull:
-    """A packed pull answer (:data:`PULL_PACKED`), framed but not parsed record by record.
-
-    ``global_offsets`` and ``lengths`` hold one entry per record (native byte order,
-    ``array`` typecodes ``Q`` and ``I``); record ``i`` starts at ``records_at`` plus
-    the lengths before it, inside ``buf``. Readers parse the records themselves from
-    there (:mod:`equeue.spark.columns` gathers their fields with array arithmetic), using the
-    record layout of :mod:`equeue.wire.records`.
-    """
-
-    head: PullHead
-    buf: bytes
-    global_offsets: array[int]
-    lengths: array[int]
-    records_at: int
-
-
-def decode_pull_packed(buf: bytes, count: int | None = None) -> PackedPull:
-    """Frame a packed pull answer: its head, then the global offsets and record lengths
-    of the first ``count`` records (all of them by default).
-
-    The one decoder of the packed layout's framing. Raises RemoteProtocolError when
-    the head is malformed, ``count`` exceeds the records present, or the offsets and
-    lengths overrun the answer. That the records fit (record ``i`` ends at
-    ``records_at`` plus the first ``i + 1`` lengths, at most ``len(buf)``) is checked
-    by the reader that walks them, with its own arithmetic (a sum over every length
-    here would cost the Spark reader about 5 %).
-    """
-    head = decode_pull_head(buf)
-    total = head.count
-    n = total if count is None else count
-    if not 0 <= n <= total:
-        raise _bad(f"pull answer has {total} records, {n} wanted")
-    at = PULL_HEAD_SIZE + 12 * total
-    if at > len(buf):
-        raise _bad("packed pull answer is truncated (offsets and lengths)")
-    gs = array("Q")
-    gs.frombytes(buf[PULL_HEAD_SIZE : PULL_HEAD_SIZE + 8 * n])
-    lens = array("I")
-    lens.frombytes(buf[PULL_HEAD_SIZE + 8 * total : PULL_HEAD_SIZE + 8 * total + 4 * n])
-    if sys.byteorder == "little":
-        gs.byteswap()
-        lens.byteswap()
-    return PackedPull(head, buf, gs, lens, at)
-
-
 def parse_tag_filter(expr: str | None) -> frozenset[bytes] | None:
     """``"a || b"`` → {b"a", b"b"}; empty or ``*`` → None (match everything)."""
     if not expr:
@@ -314,3 +134,256 @@ def parse_tag_filter(expr: str | None) -> frozenset[bytes] | None:
     if not tags or b"*" in tags:
         return None
     return tags
+
+
+# ---------------------------------------------------------------- the batch layout
+_BATCH_ITEM = struct.Struct(">QI")  # global offset of the batch's first record, mask length
+_U32 = struct.Struct(">I")
+#: a pull answer's bytes around one message's content, besides the frame header and the
+#: answer's head: the batch's item (global offset, mask length, a 1-byte mask, value
+#: length), the stored and batch headers, and a record's framing at its largest
+#: (length, attrs, ts delta, reconsume times, deliver_at, key/tags/properties lengths)
+PULL_BATCH_OVERHEAD: Final = 12 + 1 + 4 + STORED_HEAD.size + BATCH_HEAD.size + 5 + 1 + 10 + 5 + 10 + 3 * 5
+_new_message = Message.__new__
+# slot setters of Message (attrs slots class): one C call each, no hooks (its
+# ``__init__``'s converters and ``on_setattr`` hooks cost about as much as the rest
+# of decoding, and what they would convert is already bytes / str / a fresh dict here)
+_SET = {f.name: Message.__dict__[f.name].__set__ for f in attrs.fields(Message)}
+assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic", "queue_id",
+                      "queue_offset", "global_offset", "timestamp", "reconsume_times"]  # fmt: skip
+#: the largest records section (uncompressed) a reader of pull answers decompresses:
+#: an answer never carries more than the frame cap, and a stored batch is at most 1 MiB
+MAX_RECORDS_LEN: Final = 64 << 20
+
+
+def encode_pull_batches(
+    status: PullStatus,
+    min_offset: int,
+    max_offset: int,
+    next_offset: int,
+    batches: Sequence[tuple[int, bytes, bytes]],
+) -> list[bytes]:
+    """Encode a pull answer in the batch layout (:data:`PULL_BATCHES`) as pieces: the
+    one encoder. ``batches`` = (global offset of the first record, stored batch
+    verbatim, keep-mask or b"" for every record), as ``ReadResult.batches`` holds them;
+    the head's count is the number of batches."""
+    parts = [_PULL_RESP.pack(status, min_offset, max_offset, next_offset, len(batches))]
+    item, u32 = _BATCH_ITEM.pack, _U32.pack
+    for g, value, mask in batches:
+        parts += (item(g, len(mask)), mask, u32(len(value)), value)
+    return parts
+
+
+_BASE_AT: Final = 13  # a stored batch's base queue offset (u64), after hcrc, ver, topic, queue
+_COUNT_AT: Final = STORED_HEAD.size + 2  # its batch's record count (u32), after magic and codec
+_U64 = struct.Struct(">Q")
+
+
+def delivered_records(batches: Sequence[tuple[int, bytes, bytes]], start: int, stop: int) -> int:
+    """How many records of ``batches`` (as :func:`encode_pull_batches` takes them) a
+    reader of the answer delivers: queue offsets in ``[start, stop)`` whose mask bit
+    is set. Reads two header fields per batch, no record; a value too short to hold
+    them counts nothing (its reader reports it)."""
+    n = 0
+    for _, value, mask in batches:
+        if len(value) < _COUNT_AT + 4:
+            continue
+        (base,) = _U64.unpack_from(value, _BASE_AT)
+        (count,) = _U32.unpack_from(value, _COUNT_AT)
+        lo, hi = max(start, base), min(stop, base + count)
+        if hi <= lo:
+            continue
+        if mask:
+            n += (int.from_bytes(mask, "little") >> (lo - base) & ((1 << (hi - lo)) - 1)).bit_count()
+        else:
+            n += hi - lo
+    return n
+
+
+def mask_of(count: int, keep: Sequence[int]) -> bytes:
+    """The keep-mask of a batch of ``count`` records delivering records ``keep``
+    (indexes in the batch): bit i set = record i is delivered, LSB-first per byte."""
+    out = bytearray((count + 7) // 8)
+    for i in keep:
+        out[i >> 3] |= 1 << (i & 7)
+    return bytes(out)
+
+
+def masked_entry(global_base: int, value: bytes, index: int) -> tuple[int, bytes, bytes]:
+    """The batch entry of one record found by position or key (GET_MESSAGE,
+    FIND_BY_KEY): its stored batch whole, the mask selecting record ``index``. Raises
+    CorruptRecord when the value is too short to hold the batch's record count, or
+    the index is not one of its records."""
+    if len(value) < _COUNT_AT + 4:
+        raise CorruptRecord(f"stored batch at global offset {global_base} is truncated")
+    (count,) = _U32.unpack_from(value, _COUNT_AT)
+    if not 0 <= index < count:
+        raise CorruptRecord(f"record {index} of a batch of {count} at global offset {global_base}")
+    return global_base, value, mask_of(count, (index,))
+
+
+def frame_pull_batches(buf: bytes | bytearray | memoryview) -> tuple[PullHead, list[tuple[int, bytes, bytes]]]:
+    """The head and the (global base, mask, stored batch) triples of a batch-layout
+    answer, unchecked inside: the framing half of the one decoder. Raises
+    RemoteProtocolError when the answer is truncated or has bytes after its batches."""
+    head = decode_pull_head(buf)
+    if type(buf) is not bytes:
+        buf = bytes(buf)
+    out: list[tuple[int, bytes, bytes]] = []
+    pos, size = PULL_HEAD_SIZE, len(buf)
+    item, u32 = _BATCH_ITEM.unpack_from, _U32.unpack_from
+    try:
+        for _ in range(head.count):
+            g, ml = item(buf, pos)
+            pos += 12
+            mask = buf[pos : pos + ml]
+            pos += ml
+            (vl,) = u32(buf, pos)
+            pos += 4
+            if pos + vl > size:
+                raise _bad("truncated pull response: a batch overruns the answer")
+            out.append((g, mask, buf[pos : pos + vl]))
+            pos += vl
+    except struct.error as exc:
+        raise _bad(f"truncated pull response: {exc}") from exc
+    if pos != size:
+        raise _bad(f"{size - pos} bytes after the pull answer's {head.count} batches")
+    return head, out
+
+
+def decode_pull_batches(
+    topic: str,
+    buf: bytes | bytearray | memoryview,
+    start: int = 0,
+    verify: bool = True,
+    end: int | None = None,
+) -> tuple[PullStatus, int, int, int, list[Message]]:
+    """(status, min offset, max offset, next offset, messages) of a batch-layout answer:
+    the one decoder of its records.
+
+    Delivers the records of each batch whose queue offset is >= ``start`` and below
+    the answer's next offset (and below ``end`` when given: a reader that wants at
+    most so many records; ``end=-1``: no bound at all, for answers that are not a
+    queue read, GET_MESSAGE and FIND_BY_KEY) and whose mask bit is set.
+    Decompresses (capped at :data:`MAX_RECORDS_LEN`), checks each stored header's
+    crc, and with ``verify`` each batch's crc.
+
+    Raises RemoteProtocolError for a truncated or malformed answer; CorruptRecord
+    naming the batch's position (topic, queue, queue offset, global offset) for a
+    batch or record that does not decode.
+    """
+    head, items = frame_pull_batches(buf)
+    out: list[Message] = []
+    stop = head.next_offset if end is None else (1 << 64 if end < 0 else min(end, head.next_offset))
+    for g, mask, value in items:
+        try:
+            sh = stored_head(value)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
+        base = sh.base_offset
+        try:
+            bh = batch_head(stored_batch(value), MAX_RECORDS_LEN, verify=verify)
+            if mask and len(mask) != (bh.count + 7) // 8:
+                raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
+            if base >= stop or base + bh.count <= start:
+                continue
+            records = batch_records(stored_batch(value), bh)
+            _decode_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop)
+        except CorruptRecord as exc:
+            raise CorruptRecord(
+                f"corrupt batch of {topic}/{sh.queue_id} at offset {base} (global offset {g}): {exc}"
+            ) from None
+    return head.status, head.min_offset, head.max_offset, head.next_offset, out
+
+
+def _decode_into(
+    out: list[Message],
+    records: bytes,
+    count: int,
+    mask: bytes,
+    topic: str,
+    qid: int,
+    base: int,
+    gbase: int,
+    first_ms: int,
+    start: int,
+    stop: int,
+) -> None:
+    """Append the delivered records of one batch's records section to ``out`` as
+    Messages (the record layout of :mod:`equeue.wire.batches`), filled in through
+    their slots: one allocation per delivered record. Records not delivered are
+    stepped over by their length. Raises CorruptRecord."""
+    append = out.append
+    new, cls = _new_message, Message
+    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
+    uvarint = _read_uvarint
+    pos, size = 0, len(records)
+    try:
+        for i in range(count):
+            n, pos = uvarint(records, pos)
+            e = pos + n
+            if e > size or n < 1:
+                raise CorruptRecord(f"record {i} overruns its batch")
+            qoff = base + i
+            if qoff < start or qoff >= stop or (mask and not mask[i >> 3] >> (i & 7) & 1):
+                pos = e
+                continue
+            a = records[pos]
+            pos += 1
+            m = new(cls)
+            if a & ~_A_KNOWN:
+                raise CorruptRecord(f"unknown record attributes {a:#x}")
+            ts = rc = deliver = 0
+            if a & A_TS:
+                ts, pos = uvarint(records, pos)
+            if a & A_RECONSUME:
+                rc, pos = uvarint(records, pos)
+            if a & A_DELIVER:
+                deliver, pos = uvarint(records, pos)
+            if a & A_KEY:
+                kl, pos = uvarint(records, pos)
+                s_key(m, records[pos : pos + kl].decode())
+                pos += kl
+            else:
+                s_key(m, None)
+            if a & A_TAGS:
+                tl, pos = uvarint(records, pos)
+                s_tags(m, records[pos : pos + tl].decode())
+                pos += tl
+            else:
+                s_tags(m, None)
+            if a & A_PROPS:
+                pl, pos = uvarint(records, pos)
+                if pos + pl > e:
+                    raise CorruptRecord(f"record {i}'s properties overrun it")
+                s_props(m, _decode_props(records[pos : pos + pl]))
+                pos += pl
+            else:
+                s_props(m, {})
+            if pos > e:
+                raise CorruptRecord(f"record {i}'s fields overrun it")
+            s_body(m, records[pos:e])
+            s_deliver(m, deliver)
+            s_topic(m, topic)
+            s_qid(m, qid)
+            s_qoff(m, qoff)
+            s_global(m, gbase + i)
+            s_ts(m, first_ms + ts)
+            s_rc(m, rc)
+            append(m)
+            pos = e
+    except IndexError:
+        raise CorruptRecord("a record is truncated") from None
+    except UnicodeDecodeError as exc:
+        raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
+    if pos != size:
+        raise CorruptRecord(f"{size - pos} bytes after the batch's {count} records")
+
+
+def decode_pull_response(
+    topic: str, buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+) -> PullResult:
+    """A batch-layout answer as a :class:`PullResult`, every batch's crc verified
+    (:func:`decode_pull_batches`)."""
+    status, lo, hi, nxt, msgs = decode_pull_batches(topic, buf, start, True, end)
+    return PullResult(status, msgs, lo, hi, nxt)

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from equeue import Message, control, wire
 from equeue.broker import Broker
 from equeue.broker.process import BrokerProcess
-from equeue.broker.storage import CreateTopicOp, ProduceOp, Store, layout
+from equeue.broker.storage import CreateTopicOp, ProduceOp, RetentionOp, Store, layout
 from equeue.broker.storage.filecheck import DATA_FILE, _free_pages
 from equeue.broker.storage.skips import SkipRecordOp
 from equeue.cli import app
@@ -197,17 +197,28 @@ def test_an_unknown_format_is_still_a_store_error(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- records
-def _point(broker: Broker, topic_id: int, queue: int, offset: int, to_global: int) -> None:
-    """Alter an index pointer, as a damaged page would."""
+def _point(broker: Broker, topic_id: int, queue: int, base: int, to_global: int, count: int) -> None:
+    """Alter a queue-index entry (the batch at queue offset ``base``), as a damaged page would."""
     store = broker.store
     with store.env.begin(write=True) as txn:
-        txn.put(layout.qindex_key(topic_id, queue, offset), layout.global_key(to_global), db=store.db[b"qindex"])
+        txn.put(layout.qindex_key(topic_id, queue, base), layout.pack_qindex_value(to_global, count),
+                db=store.db[b"qindex"])  # fmt: skip
 
 
-def _overwrite_record(broker: Broker, global_offset: int, value: bytes) -> None:
-    store = broker.store
+def _overwrite_batch(store: Store, global_base: int, value: bytes) -> None:
     with store.env.begin(write=True) as txn:
-        txn.put(layout.global_key(global_offset), value, db=store.db[b"messages"])
+        txn.put(layout.global_key(global_base), value, db=store.db[b"messages"])
+
+
+def _flip_last_byte(store: Store, global_base: int) -> None:
+    """A flipped bit in a stored batch's last record: its checksum fails."""
+    hit = store.get_global(global_base)
+    assert hit is not None
+    _overwrite_batch(store, global_base, hit.value[:-1] + bytes([hit.value[-1] ^ 0xFF]))
+
+
+def _entries(*texts: str) -> list[bytes]:
+    return [wire.encode_entry(Message(t)) for t in texts]
 
 
 async def test_get_message_checks_the_record_against_the_position(broker: Broker) -> None:
@@ -215,31 +226,33 @@ async def test_get_message_checks_the_record_against_the_position(broker: Broker
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("t", 2)
-            a = await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(f"m{i}")) for i in range(3)]))
-            b = await c.produce(wire.ProduceRequest("t", 1, [wire.encode_entry(Message("other"))]))
+            a = await c.produce(wire.ProduceRequest("t", 0, _entries("m0", "m1", "m2")))
+            b = await c.produce(wire.ProduceRequest("t", 1, _entries("o0", "o1", "o2")))
             tid = broker.store.topic("t").topic_id
-            _point(broker, tid, 0, 0, a.first_global + 1)  # offset 0 -> offset 1's record
+            _point(broker, tid, 0, 0, b.first_global, 3)  # queue 0's batch -> queue 1's
             with pytest.raises(CorruptRecord, match=r"t/0 offset 0: the index points to global offset"):
                 await c.get_message("t", queue_id=0, queue_offset=0)
-            _point(broker, tid, 0, 1, b.first_global)  # another queue's record
-            with pytest.raises(CorruptRecord, match="equeue message skip --topic t --queue 0 --offset 1"):
-                await c.get_message("t", queue_id=0, queue_offset=1)
+            with pytest.raises(CorruptRecord, match="equeue message skip --topic t --queue 0 --offset 2"):
+                await c.get_message("t", queue_id=0, queue_offset=2)
+            _point(broker, tid, 0, 0, a.first_global, 3)
             [m] = (await c.get_message("t", queue_id=0, queue_offset=2)).messages
             assert m.text == "m2"
-            # by global offset: the record's header must map back to it through the index
-            rec = broker.store.get_global(a.first_global + 2)
-            assert rec is not None
-            _overwrite_record(broker, a.first_global, rec)
-            with pytest.raises(CorruptRecord, match=f"global offset {a.first_global}"):
-                await c.get_message("t", global_offset=a.first_global)
+            # by global offset: the batch's header must map back to it through the index
+            other = broker.store.get_global(b.first_global)
+            assert other is not None
+            _overwrite_batch(broker.store, a.first_global, other.value)
+            with pytest.raises(CorruptRecord, match=f"global offset {a.first_global + 1}"):
+                await c.get_message("t", global_offset=a.first_global + 1)
+            [m] = (await c.get_message("t", global_offset=b.first_global + 1)).messages
+            assert m.text == "o1"  # the batch that really is there still reads
 
 
 async def test_a_corrupt_record_is_logged_once_a_minute(broker: Broker, caplog: pytest.LogCaptureFixture) -> None:
     with trio.fail_after(10), caplog.at_level(logging.ERROR, logger="equeue.store"):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("logged", 1)
-            a = await c.produce(wire.ProduceRequest("logged", 0, [wire.encode_entry(Message(f"m{i}")) for i in range(2)]))
-            _point(broker, broker.store.topic("logged").topic_id, 0, 0, a.first_global + 1)
+            a = await c.produce(wire.ProduceRequest("logged", 0, _entries("m0", "m1")))
+            _flip_last_byte(broker.store, a.first_global)
             for _ in range(5):
                 with pytest.raises(CorruptRecord):
                     await c.get_message("logged", queue_id=0, queue_offset=0)
@@ -253,9 +266,10 @@ async def test_a_pull_never_returns_a_misplaced_record(broker: Broker) -> None:
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("t", 1)
-            a = await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(f"m{i}")) for i in range(4)]))
-            _point(broker, broker.store.topic("t").topic_id, 0, 2, a.first_global + 3)
-            r = await c.pull(wire.PullRequest("t", 0, 0, 10))  # stops before the bad record
+            a = await c.produce(wire.ProduceRequest("t", 0, _entries("m0", "m1")))
+            await c.produce(wire.ProduceRequest("t", 0, _entries("m2", "m3")))
+            _point(broker, broker.store.topic("t").topic_id, 0, 2, a.first_global, 2)  # offsets 2.. -> 0's batch
+            r = await c.pull(wire.PullRequest("t", 0, 0, 10))  # stops before the bad batch
             assert [m.text for m in r.messages] == ["m0", "m1"] and r.next_offset == 2
             with pytest.raises(CorruptRecord, match="t/0 offset 2"):
                 await c.pull(wire.PullRequest("t", 0, 2, 10))
@@ -265,11 +279,10 @@ async def test_skip_moves_consumers_past_a_corrupt_record(broker: Broker) -> Non
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("t", 1)
-            a = await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message(f"m{i}")) for i in range(4)]))
-            rec = broker.store.get_global(a.first_global + 1)
-            assert rec is not None
-            damaged = rec[:-1] + bytes([rec[-1] ^ 0xFF])  # a flipped bit: checksum fails
-            _overwrite_record(broker, a.first_global + 1, damaged)
+            await c.produce(wire.ProduceRequest("t", 0, _entries("m0")))
+            bad = await c.produce(wire.ProduceRequest("t", 0, _entries("m1")))
+            await c.produce(wire.ProduceRequest("t", 0, _entries("m2", "m3")))
+            _flip_last_byte(broker.store, bad.first_global)
             with pytest.raises(CorruptRecord, match="checksum mismatch"):
                 await c.pull(wire.PullRequest("t", 0, 1, 10))
             ans = await c.skip_message("t", 0, 1)
@@ -279,13 +292,43 @@ async def test_skip_moves_consumers_past_a_corrupt_record(broker: Broker) -> Non
             r = await c.pull(wire.PullRequest("t", 0, 0, 10))
             assert [m.queue_offset for m in r.messages] == [0, 2, 3]
             only = await c.pull(wire.PullRequest("t", 0, 1, 1))  # the skipped one alone: moves on
-            assert [m.queue_offset for m in only.messages] == [2]
+            assert [m.queue_offset for m in only.messages] == [2, 3]  # (a whole batch)
             with pytest.raises(MessageNotFound, match="skipped by an operator"):
                 await c.get_message("t", queue_id=0, queue_offset=1)
             assert (await c.skip_message("t", 0, 1)).already_skipped
             assert await c.list_skipped("t") == {0: [1]}
             with pytest.raises(MessageNotFound, match=r"retained range \[0, 4\)"):
                 await c.skip_message("t", 0, 4)
+
+
+def test_a_corrupt_batch_is_corrupt_for_its_records_and_stalls_nothing_else(tmp_path: Path) -> None:
+    """Store level: every record of a damaged batch is CORRUPT_RECORD (the error names
+    the batch's offsets to skip); the other queues, lookups by key and retention go on;
+    once its records are skipped, its queue reads past it."""
+    s = Store(tmp_path, map_size=MAP)
+    try:
+        [info] = s.write([CreateTopicOp("t", 2)]).settled()
+        keyed = [wire.encode_entry(Message(f"m{i}", key=f"k{i}")) for i in range(5)]
+        [a, b, c] = s.write([ProduceOp(info, 0, keyed), ProduceOp(info, 1, keyed), ProduceOp(info, 0, keyed)]).settled()
+        _flip_last_byte(s, a.first_global)
+        for o in range(5):
+            with pytest.raises(CorruptRecord, match=rf"offset {o}: batch checksum mismatch.*offsets 0\.\.4"):
+                s.get_queue_offset(info, 0, o)
+        with pytest.raises(CorruptRecord):
+            s.read_queue(info, 0, 2, 10, 1 << 20)
+        msgs, _r = s.read_messages(info, 1, 0, 10)
+        assert [m.text for m in msgs] == [f"m{i}" for i in range(5)]  # the other queue reads
+        assert [h.global_offset for h in s.find_by_key(info, "k3", 10).hits] == [c.first_global + 3, b.first_global + 3]
+        for o in range(5):
+            [ans] = s.write([SkipRecordOp("t", 0, o)]).settled()
+            assert "checksum mismatch" in ans.problem
+        msgs, r = s.read_messages(info, 0, 0, 10)
+        assert [m.queue_offset for m in msgs] == list(range(5, 10)) and r.next_offset == 10
+        s.clock = lambda: 1 << 62  # far future: everything is past a time limit
+        s.write([RetentionOp(1, None)]).settled()
+        assert s.queue_state(info.topic_id, 0).min_offset == 10  # the damaged batch went with its queue
+    finally:
+        s.close()
 
 
 def test_a_skip_marker_survives_a_restart(tmp_path: Path) -> None:
@@ -300,9 +343,9 @@ def test_a_skip_marker_survives_a_restart(tmp_path: Path) -> None:
     try:
         info = s.topic("t")
         assert s.view.skips(info.topic_id, 0) == {5}
-        r = s.read_queue(info, 0, 4, 3, 1 << 20)
-        assert [wire.record_header(rec).queue_offset for rec in r.recs] == [4, 6, 7]
-        assert r.next_offset == 8
+        msgs, r = s.read_messages(info, 0, 4, 3)
+        assert [m.queue_offset for m in msgs][:3] == [4, 6, 7]
+        assert r.next_offset == 20
     finally:
         s.close()
 
@@ -313,10 +356,8 @@ async def test_a_pull_moves_past_a_skipped_last_record(broker: Broker) -> None:
     with trio.fail_after(10):
         async with AsyncClient(broker.address) as c:
             await c.create_topic("t", 1)
-            a = await c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message("only"))]))
-            rec = broker.store.get_global(a.first_global)
-            assert rec is not None
-            _overwrite_record(broker, a.first_global, rec[:-1] + b"?")
+            a = await c.produce(wire.ProduceRequest("t", 0, _entries("only")))
+            _flip_last_byte(broker.store, a.first_global)
             with pytest.raises(CorruptRecord):
                 await c.pull(wire.PullRequest("t", 0, 0, 10, max_wait_ms=100))
             await c.skip_message("t", 0, 0)

@@ -39,6 +39,7 @@ from equeue.broker.process import BrokerProcess
 from equeue.codec import HEADER, MAGIC, PROTOCOL_VERSION
 from equeue.errors import BadRequest, DelayTooLong, ErrorCode
 from equeue.protocol import RequestCode
+from equeue.wire.batches import Codec, encode_batch
 from tests.hostile.conftest import LatencyProbe
 
 FUZZ_SECONDS = float(os.environ.get("EQUEUE_FUZZ_SECONDS", "20"))
@@ -126,6 +127,10 @@ entries = st.one_of(
 
 
 u32 = st.integers(0, 8) | st.integers(0, 2**32 - 1)
+batch_messages = st.builds(
+    Message, st.binary(max_size=64), st.none() | st.text(max_size=8), st.none() | st.text(max_size=8),
+    st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
+)  # fmt: skip
 
 
 def _hot_payload(code: int) -> st.SearchStrategy[bytes]:
@@ -134,6 +139,12 @@ def _hot_payload(code: int) -> st.SearchStrategy[bytes]:
             lambda t, q, es, pid, seq, auto: wire.ProduceRequest(t, q, es, pid, seq, auto).encode(),
             text_names, st.integers(0, 8) | st.just(2**32 - 1), st.lists(entries, max_size=4),
             st.none() | st.binary(min_size=16, max_size=16), st.integers(0, 2**63), st.booleans(),
+        ) | st.builds(  # the batch form: the mutations then hit its header, crc and records
+            lambda t, q, msgs, codec, pid, seq: wire.ProduceRequest(
+                t, q, (), pid, seq, batch=encode_batch(msgs, codec)
+            ).encode(),
+            text_names, st.integers(0, 8), st.lists(batch_messages, min_size=1, max_size=4),
+            st.sampled_from(list(Codec)), st.none() | st.binary(min_size=16, max_size=16), st.integers(0, 2**63),
         )  # fmt: skip
     return st.builds(
         lambda t, q, off, mm, mb, mw, g, c, tags, fl: wire.PullRequest(t, q, off, mm, mb, mw, g, c, tags, fl).encode(),

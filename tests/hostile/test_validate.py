@@ -3,6 +3,7 @@ limit is served, one op's failure stays its own, commits past the end are refuse
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
 import attrs
@@ -26,8 +27,8 @@ from equeue.errors import (
     OffsetOutOfRange,
 )
 from equeue.protocol import RequestCode
+from equeue.wire import batches
 from equeue.wire.entries import ENTRY_HEADER
-from equeue.wire.records import encode_records
 from tests.conftest import make_config, wait_until
 
 
@@ -107,7 +108,7 @@ async def test_a_pull_answer_never_exceeds_the_frame_cap(tmp_path: Path) -> None
         for _ in range(15):
             await c.produce(wire.ProduceRequest("t", 0, entries))
         payload = await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 0, 10_000, 1 << 30).encode())
-        *_, msgs = wire.decode_pull_messages("t", payload)
+        *_, msgs = wire.decode_pull_batches("t", payload)
         assert len(msgs) > 1000
         assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
 
@@ -171,38 +172,51 @@ async def test_a_failing_op_fails_only_its_own_request(tmp_path: Path) -> None:
 
 @attrs.define
 class _RawAppend(WriteOp):
-    """Append entries to a queue as stored records WITHOUT the produce checks: what an
-    older broker stored, or what disk damage left behind (the store's write API, in
-    the test; no broker code is patched)."""
+    """Append record batches to a queue as stored batches WITHOUT the produce checks:
+    what an older broker stored, or what disk damage left behind (the store's write
+    API, in the test; no broker code is patched). ``batches``: each a list of raw
+    records (the record layout of equeue.wire.batches)."""
 
     info: control.TopicInfo
     queue_id: int
-    entries: list[bytes]
+    batches: list[list[bytes]]
 
     def apply(self, w: WriteContext) -> None:
         w.wrote = True
         tid, qid = self.info.topic_id, self.queue_id
         st = w.queue(tid, qid)
-        recs = encode_records(tid, qid, st.next_offset, w.now, self.entries)
-        for i, rec in enumerate(recs):
-            gk = layout.global_key(w.next_global + i)
-            w.txn.put(gk, rec, db=w.db[b"messages"])
-            w.txn.put(layout.qindex_key(tid, qid, st.next_offset + i), gk, db=w.db[b"qindex"])
-        w.next_global += len(recs)
-        st.next_offset += len(recs)
-        st.bytes += sum(map(len, recs))
+        for recs in self.batches:
+            records = b"".join(recs)
+            batch = batches.BATCH_HEAD.pack(batches.BATCH_MAGIC, 0, len(recs), zlib.crc32(records), len(records))
+            value = batches.encode_stored(tid, qid, st.next_offset, w.now, w.now, None, 0, batch + records)
+            g = w.next_global
+            w.txn.put(layout.global_key(g), value, db=w.db[b"messages"])
+            w.txn.put(layout.qindex_key(tid, qid, st.next_offset), layout.pack_qindex_value(g, len(recs)),
+                      db=w.db[b"qindex"])  # fmt: skip
+            w.next_global += len(recs)
+            st.next_offset += len(recs)
+            st.bytes += len(value)
         w.touched.add((tid, qid))
 
 
+def _bad_props_record() -> bytes:
+    """A record whose property block says 9 bytes of value where there is 1."""
+    block = b"\x02ab\x09x"
+    rest = bytes((batches.A_PROPS, len(block))) + block + b"hi"
+    return bytes((len(rest),)) + rest
+
+
 async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: Path) -> None:
-    """The probe: a stored entry with a malformed property block stalled every consumer
-    of its queue ("property overruns its block"), the messages before it included."""
+    """The probe: a stored record with a malformed property block stalled every consumer
+    of its queue ("property overruns its block"), the messages before it in its batch
+    included."""
     cfg = make_config(tmp_path / "d")
     with trio.fail_after(60):
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             info = await c.create_topic("t", 1)
-            good = [wire.encode_entry(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
-            await b.appender.submit(_RawAppend(info, 0, [good[0], good[1], _bad_props_entry(), good[2], good[3]]))
+            # one batch: the records before the poison one are delivered, not skipped with it
+            recs = [batches.encode_record(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
+            await b.appender.submit(_RawAppend(info, 0, [[recs[0], recs[1], _bad_props_record(), recs[2], recs[3]]]))
             seen: list[bytes] = []
             async with AsyncConsumer(
                 b.address, "g", "t", start_from="earliest", heartbeat_interval=0.2, rebalance_interval=0.2,
@@ -224,10 +238,9 @@ async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: 
                 assert con.statistics().quarantined == 1
             assert seen == [b"m0", b"m1", b"m2", b"m3"]
             assert await c.query_offset("g", "t", 0) == 5  # committed past it
-            page = await c.dlq_list("g")
-            (letter,) = page.letters
-            assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
-            assert "property overruns its block" in letter.properties["%POISON"]
+            # the broker refuses to dead-letter a record of a batch that does not decode
+            # (SEND_BACK answers CORRUPT_RECORD): the consumer drops it, logged
+            assert (await c.dlq_list("g")).letters == []
 
 
 async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path: Path) -> None:
@@ -237,12 +250,12 @@ async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path
     with trio.fail_after(60):
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             info = await c.create_topic("t", 1)
-            small = [wire.encode_entry(Message(f"m{i}".encode())) for i in range(2)]
-            huge = wire.encode_entry(Message(b"h" * (80 << 10)))
-            await b.appender.submit(_RawAppend(info, 0, [small[0], huge, small[1]]))
+            small = [batches.encode_record(Message(f"m{i}".encode())) for i in range(2)]
+            huge = batches.encode_record(Message(b"h" * (80 << 10)))
+            await b.appender.submit(_RawAppend(info, 0, [[small[0]], [huge], [small[1]]]))
             payload = await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 0, 10).encode())
-            assert len(wire.decode_pull_messages("t", payload)[4]) == 1  # the budget stops before it
-            with pytest.raises(CorruptRecord, match=r"offset 1 is 819\d\d bytes: too big for any answer"):
+            assert len(wire.decode_pull_batches("t", payload)[4]) == 1  # the budget stops before it
+            with pytest.raises(CorruptRecord, match=r"offset 1 \(global offset \d+\) is 8\d{4} bytes: too big for any answer"):
                 await c.request(RequestCode.PULL, wire.PullRequest("t", 0, 1, 10).encode())
             seen: list[bytes] = []
             async with AsyncConsumer(b.address, "g", "t", start_from="earliest", rebalance_interval=0.2) as con:
@@ -274,7 +287,7 @@ async def test_find_by_key_and_dlq_list_answers_fit_in_a_frame(tmp_path: Path) -
             req = control.FindByKey("t", "k", 32, before)
             payload = await c.request(RequestCode.FIND_BY_KEY, control.encode(req))
             assert HEADER.size + len(payload) <= max_frame, f"answer frame {HEADER.size + len(payload)} > {max_frame}"
-            res = wire.decode_pull_response("t", payload)
+            res = wire.decode_pull_response("t", payload, 0, -1)
             found += [m.body for m in res.messages]
             if not res.next_offset:
                 break

@@ -37,7 +37,9 @@ def test_topic_commands_print_one_json_document(embedded_broker: EmbeddedBroker)
     assert {k: created[k] for k in ("name", "queues", "retention_ms", "retention_bytes")} == {
         "name": "jt", "queues": 2, "retention_ms": 24 * 3600 * 1000, "retention_bytes": None,
     }  # fmt: skip
-    assert set(created) == {"name", "topic_id", "queues", "created_ms", "retention_ms", "retention_bytes", "paused"}
+    assert set(created) == {
+        "name", "topic_id", "queues", "created_ms", "retention_ms", "retention_bytes", "paused", "compression"
+    }
     altered = answer("topic", "alter", "jt", "--queues", "3", "--retention", "default", *b)
     assert (altered["name"], altered["queues"], altered["retention_ms"]) == ("jt", 3, None)
     assert [t["name"] for t in answer("topic", "list", *b)] == ["jt"]

@@ -108,6 +108,7 @@ def test_open_console_pages_show_the_brokers_numbers(open_broker: EmbeddedBroker
         topic = client.get("/topics/orders")
         assert texts(topic.text, "queue-max") == ["3", "0"]
         assert texts(topic.text, "consumer-lag") == ["2"]  # billing committed 1 of 3
+        assert texts(topic.text, "topic-compression") == ["default"]  # the broker's --compression
         groups = client.get("/groups")
         assert texts(groups.text, "group-lag") == ["2"] and texts(groups.text, "group-state") == ["empty"]
         group = client.get("/groups/billing")

@@ -194,6 +194,7 @@ def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
         ProduceOp,
         Store,
         layout,
+        messages_of,
     )
 
     wall = [now_ms()]
@@ -214,7 +215,7 @@ def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
         assert store.write([MoveDueOp()]).settled() == [2]  # "x" (dropped) + "b"
         assert store.next_due() is None
         r = store.read_queue(keep, 0, 0, 10, 1 << 20)
-        assert [wire.decode_record("keep", g, rec).text for g, rec in r.records] == ["a", "b"]
+        assert [m.text for m in messages_of("keep", r.batches)] == ["a", "b"]
         assert store.pending_delayed(keep.topic_id) == 0
     finally:
         store.close()

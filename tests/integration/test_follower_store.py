@@ -377,3 +377,17 @@ async def test_the_leader_counts_no_replication_request_it_cannot_verify(pair: P
     assert ans.status is FetchStatus.OK
     with pytest.raises(StaleEpoch):  # verified, but of another epoch
         await h.keys(encode_keys_request(KeysRequest(8, [(1, b"k")], "F", FOLLOWER_PROOF)))
+
+
+async def test_a_format3_leader_refuses_a_format2_follower(pair: Pair) -> None:
+    """Log entries carry stored batches and batch-index keys: a follower whose store
+    still holds one record per message (format 2) must not apply them."""
+    assert layout.FORMAT_VERSION == 3
+    pair.lead(1)
+    h = pair.link.handlers
+    old = FetchRequest("F", "f:1", 1, 0, 0, 1 << 20, 0, 2, FOLLOWER_PROOF)
+    with pytest.raises(BadRequest, match="follower 'F' has store format 2, this leader 3"):
+        await h.fetch(encode_fetch_request(old))
+    with pytest.raises(BadRequest, match="store format 2"):
+        await h.snapshot(encode_snapshot_request(SnapshotRequest(1, "F", 1, None, 1 << 20, 2, FOLLOWER_PROOF)))
+    assert pair.service is not None and pair.service.answered == []

@@ -398,7 +398,7 @@ async def test_pulls_expiring_as_commits_land_get_exactly_one_answer_each(broker
                     rid += 1
                     hold = 1 + rid % 3  # ms: expiries land among the commits
                     req = wire.PullRequest("race", 0, offset, 7, 1 << 20, hold).encode()
-                    r = wire.decode_pull_response("race", _request(s, c, rid, RequestCode.PULL, req).payload)
+                    r = wire.decode_pull_response("race", _request(s, c, rid, RequestCode.PULL, req).payload, offset)
                     got += [m.body for m in r.messages]
                     offset = r.next_offset
             finally:
@@ -459,7 +459,7 @@ async def test_writer_thread_answer_bigger_than_the_socket_buffer(
                 s.close()
     assert pushed, "the first write was not partial; the test did not exercise the tail"
     assert [m.body for m in wire.decode_pull_response("wide", answers[1].payload).messages] == bodies
-    assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload).messages] == bodies[-1:]
+    assert [m.body for m in wire.decode_pull_response("wide", answers[2].payload, 299).messages] == bodies[-1:]
 
 
 async def test_parked_pull_of_a_closed_connection_is_dropped_quietly(broker: Broker) -> None:

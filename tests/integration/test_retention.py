@@ -1,5 +1,5 @@
-"""Retention: time, size and delete-consumed limits delete only what they should, from
-the head of each queue, in bounded transactions; a pull below the retained range
+"""Retention: time, size and delete-consumed limits delete only what they should, whole
+batches from the head of each queue, in bounded transactions; a pull below the retained range
 answers OFFSET_TOO_SMALL with the valid range. Also producer-state expiry."""
 
 from __future__ import annotations
@@ -114,13 +114,14 @@ async def test_broker_wide_size_limit_applies_per_topic(tmp_path: Path) -> None:
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             for t in ("a", "b"):
                 await c.create_topic(t, 1)
-                await produce(c, t, 0, batch(t, 100, size=400))
+                for i in range(10):  # retention deletes whole batches: ten of ~4.2 kB
+                    await produce(c, t, 0, batch(f"{t}{i}-", 10, size=400))
             await c.create_topic("big", 1, retention_bytes=1 << 30)
             await produce(c, "big", 0, batch("big", 100, size=400))
             await b.lifecycle.enforce_retention()
             for t in ("a", "b"):
                 d = await c.describe_topic(t)
-                assert 20_000 - 500 < d.store_bytes <= 20_000
+                assert 20_000 - 4_500 < d.store_bytes <= 20_000
                 assert d.queues[0].max_offset == 100
             assert (await c.describe_topic("big")).queues[0].count == 100
 
@@ -131,8 +132,8 @@ async def test_retention_runs_in_bounded_transactions(tmp_path: Path) -> None:
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             wall = step_clock(b)
             await c.create_topic("t", 1, retention_ms=1)
-            for _ in range(5):
-                await produce(c, "t", 0, batch("m", 250))
+            for _ in range(25):  # batches of 50: two per transaction
+                await produce(c, "t", 0, batch("m", 50))
             wall[0] += 50
             tx = b.store.transactions
             assert await b.lifecycle.enforce_retention() == 1250
@@ -150,7 +151,8 @@ async def test_retention_state_survives_restart(tmp_path: Path) -> None:
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             await c.create_topic("t", 1)
             await c.create_topic("empty", 1, retention_bytes=1)
-            await produce(c, "t", 0, batch("m", 50, size=100))
+            for i in range(10):  # retention deletes whole batches
+                await produce(c, "t", 0, batch(f"m{i}-", 5, size=100))
             await produce(c, "empty", 0, batch("e", 5))
             per_msg = (await c.describe_topic("t")).store_bytes // 50
             await c.alter_topic("t", retention_bytes=per_msg * 20 + per_msg // 2)
@@ -174,7 +176,8 @@ async def test_delete_consumed(tmp_path: Path) -> None:
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             await c.create_topic("t", 3)
             for q in (0, 1, 2):
-                await produce(c, "t", q, batch(f"q{q}-", 10))
+                for i in range(10):  # batches of one: consumed record by record
+                    await produce(c, "t", q, batch(f"q{q}-{i}-", 1))
             assert await b.lifecycle.enforce_retention() == 0  # no group: nothing consumed
             await c.commit_offset("g1", "t", 0, 7)
             await c.commit_offset("g2", "t", 0, 4)
@@ -212,8 +215,8 @@ async def test_deleted_topic_data_is_purged(tmp_path: Path) -> None:
             await b.lifecycle.enforce_retention()
             assert b.store.deleting == ()
             with b.store.env.begin() as txn:
-                assert txn.stat(b.store.db[b"messages"])["entries"] == 5
-                assert txn.stat(b.store.db[b"kindex"])["entries"] == 5
+                assert txn.stat(b.store.db[b"messages"])["entries"] == 1  # stay's one batch
+                assert txn.stat(b.store.db[b"kindex"])["entries"] == 1  # and its one key-index bucket
             assert (await c.describe_topic("stay")).queues[0].count == 5
 
 

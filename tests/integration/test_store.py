@@ -1,4 +1,5 @@
-"""The LMDB store on its own: append/read, atomicity, recovery, corruption, map full."""
+"""The LMDB store on its own: append/read (one stored batch per produce, read back
+whole), atomicity, recovery, corruption, map full."""
 
 from __future__ import annotations
 
@@ -7,10 +8,18 @@ from pathlib import Path
 import pytest
 
 from equeue import Message, wire
-from equeue.broker.storage import CommitOffsetOp, CreateTopicOp, ProduceOp, Store, layout
+from equeue.broker.storage import (
+    CommitOffsetOp,
+    CreateTopicOp,
+    ProduceOp,
+    Store,
+    layout,
+    messages_of,
+)
 from equeue.control import TopicInfo
 from equeue.errors import CorruptRecord, MessageTooLarge, QueueNotFound, StoreFull
 from equeue.protocol import PullStatus
+from equeue.wire import batches
 
 
 def entries(n: int, prefix: str = "m", size: int = 0, key: bool = True) -> list[bytes]:
@@ -28,8 +37,8 @@ def make_topic(store: Store, name: str = "t", queues: int = 4) -> TopicInfo:
 
 
 def bodies(store: Store, info: TopicInfo, queue: int, offset: int = 0, n: int = 10_000) -> list[bytes]:
-    r = store.read_queue(info, queue, offset, n, 1 << 30)
-    return [wire.decode_record(info.name, g, rec).body for g, rec in r.records]
+    msgs, _r = store.read_messages(info, queue, offset, n, 1 << 30)
+    return [m.body for m in msgs[:n]]
 
 
 def raw_counts(store: Store) -> tuple[int, int]:
@@ -51,7 +60,7 @@ def test_append_and_read(tmp_path: Path) -> None:
     assert out.touched == {(info.topic_id, 1), (info.topic_id, 2)}
     r = store.read_queue(info, 1, 0, 100, 1 << 20)
     assert r.status is PullStatus.FOUND
-    msgs = [wire.decode_record("t", g, rec) for g, rec in r.records]
+    msgs = messages_of("t", r.batches)
     assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(5)]
     assert [m.queue_offset for m in msgs] == list(range(5))
     assert [m.global_offset for m in msgs] == list(range(5))
@@ -60,7 +69,7 @@ def test_append_and_read(tmp_path: Path) -> None:
     # partial reads, by count and by bytes
     assert bodies(store, info, 1, 2, 2) == [b"m2", b"m3"]
     r = store.read_queue(info, 1, 0, 100, 1)
-    assert len(r.records) == 1 and r.next_offset == 1  # at least one record even over max_bytes
+    assert len(r.batches) == 1 and r.next_offset == 5  # at least one batch even over max_bytes
     # statuses
     assert store.read_queue(info, 1, 5, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
     assert store.read_queue(info, 1, 6, 10, 1 << 20).status is PullStatus.OFFSET_OVERFLOW
@@ -68,11 +77,11 @@ def test_append_and_read(tmp_path: Path) -> None:
     with pytest.raises(QueueNotFound):
         store.read_queue(info, 4, 0, 10, 1 << 20)
     # lookups
-    g, rec = store.get_queue_offset(info, 2, 1) or (None, b"")
-    assert g == 6 and wire.decode_record("t", 6, rec).body == b"x1"
+    hit = store.get_queue_offset(info, 2, 1)
+    assert hit is not None and hit.global_offset == 6 and hit.message("t").body == b"x1"
     assert store.get_global(7) is not None and store.get_global(8) is None
     found = store.find_by_key(info, "k1", 10).hits
-    assert sorted(g for g, _ in found) == [1, 6]
+    assert sorted(h.global_offset for h in found) == [1, 6]
     store.close()
 
 
@@ -82,7 +91,7 @@ def test_tag_filter_skips_but_advances(tmp_path: Path) -> None:
     es = [wire.encode_entry(Message(b"a", tags="a")), wire.encode_entry(Message(b"b", tags="b"))] * 3
     store.write([ProduceOp(info, 0, es)])
     r = store.read_queue(info, 0, 0, 10, 1 << 20, frozenset({b"b"}))
-    assert [wire.decode_record("t", g, rec).body for g, rec in r.records] == [b"b"] * 3
+    assert [m.body for m in messages_of("t", r.batches)] == [b"b"] * 3
     assert r.next_offset == 6
     store.close()
 
@@ -104,14 +113,16 @@ def test_every_message_has_its_index_entry(tmp_path: Path) -> None:
     assert isinstance(out.settled()[1], MessageTooLarge)
     assert isinstance(out.settled()[2], QueueNotFound)
     assert out.settled()[3].first_global == 10
-    assert raw_counts(store) == (14, 14)
+    assert raw_counts(store) == (2, 2)  # one batch per produce
     with store.env.begin() as txn:
-        for k, gk in txn.cursor(db=store.db[b"qindex"]):
+        for k, v in txn.cursor(db=store.db[b"qindex"]):
             tid, q, off = layout.unpack_qindex_key(k)
-            rec = txn.get(gk, db=store.db[b"messages"])
-            assert rec is not None
-            h = wire.record_header(rec)
-            assert (h.topic_id, h.queue_id, h.queue_offset) == (tid, q, off)
+            g, count = layout.unpack_qindex_value(v)
+            value = txn.get(layout.global_key(g), db=store.db[b"messages"])
+            assert value is not None
+            h = batches.stored_head(value)
+            assert (h.topic_id, h.queue_id, h.base_offset) == (tid, q, off)
+            assert len(batches.decode_batch(batches.stored_batch(value), 1 << 20)) == count
     assert bodies(store, info, 1) == [f"m{i}".encode() for i in range(4)]
     store.close()
 
@@ -154,7 +165,8 @@ def test_recovery_uses_last_keys_when_stats_are_stale(tmp_path: Path) -> None:
 def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
     store = Store(tmp_path)
     info = make_topic(store, queues=1)
-    store.write([ProduceOp(info, 0, entries(4, size=50))])
+    for e in entries(4, size=50):
+        store.write([ProduceOp(info, 0, [e])])  # four batches of one
     # flip one byte of the body of the record at global offset 2, behind the store's back
     with store.env.begin(write=True) as txn:
         rec = bytearray(txn.get(layout.global_key(2), db=store.db[b"messages"]))
@@ -162,14 +174,14 @@ def test_checksum_mismatch_is_detected(tmp_path: Path) -> None:
         txn.put(layout.global_key(2), bytes(rec), db=store.db[b"messages"])
     # records before the bad one are returned; the read stops before it
     r = store.read_queue(info, 0, 0, 10, 1 << 20)
-    assert [g for g, _ in r.records] == [0, 1] and r.next_offset == 2
+    assert [g for g, _v, _m in r.batches] == [0, 1] and r.next_offset == 2
     # reading the bad one itself raises, with the queue and offset in the message
     with pytest.raises(CorruptRecord, match="offset 2"):
         store.read_queue(info, 0, 2, 10, 1 << 20)
-    rec2 = store.get_global(2)
-    assert rec2 is not None
+    hit = store.get_global(2)
+    assert hit is not None
     with pytest.raises(CorruptRecord):
-        wire.decode_record("t", 2, rec2)
+        hit.message("t")
     assert bodies(store, info, 0, 3) == [b"m3" + b"." * 50]
     store.close()
 
@@ -204,10 +216,10 @@ def test_raw_lmdb_is_consistent_after_many_group_commits(tmp_path: Path) -> None
     info = make_topic(store, queues=4)
     for i in range(20):
         store.write([ProduceOp(info, (i + j) % 4, entries(7)) for j in range(3)])
-    assert raw_counts(store) == (420, 420)
+    assert raw_counts(store) == (60, 60)
     for q in range(4):
         r = store.read_queue(info, q, 0, 1000, 1 << 30)
-        assert [wire.record_header(rec).queue_offset for _, rec in r.records] == list(range(105))
+        assert [m.queue_offset for m in messages_of("t", r.batches)] == list(range(105))
     store.close()
 
 
@@ -259,13 +271,14 @@ def test_dense_reads_match_what_was_written(tmp_path: Path, shape: str, verify: 
             off = rnd.randrange(len(want)) if want else 0
             n = rnd.choice([1, 5, 100, 1000, 10_000])
             r = store.read_queue(info, q, off, n, 1 << 30, verify=verify)
-            got = [(g, rec[wire.RECORD_HEADER.size :]) for g, rec in r.records]
-            assert got == want[off : off + n]
-            assert [wire.record_header(rec).queue_offset for rec in r.recs] == list(range(off, off + len(got)))
+            msgs = messages_of("t", r.batches, off)
+            got = [(m.global_offset, wire.encode_entry(m)) for m in msgs]
+            assert got == want[off : off + len(got)] and (got or off >= len(want))
+            assert [m.queue_offset for m in msgs] == list(range(off, off + len(got)))
             assert r.next_offset == off + len(got)
-        # a byte limit cuts a dense read after whole records (at least one)
+        # a byte limit cuts a read after whole batches (at least one)
         r = store.read_queue(info, q, 0, 10_000, 1, verify=verify)
-        assert len(r.recs) == 1
+        assert len(r.batches) == (1 if want else 0)
     store.close()
 
 

@@ -181,3 +181,30 @@ def test_split_ranges_min_partitions_and_cap() -> None:
     assert [(p.queue_id, p.start, p.end) for p in parts] == [(0, 0, 33), (0, 33, 66), (0, 66, 100), (2, 0, 10)]
     parts = split_ranges([("t", 0, 0, 90), ("t", 1, 0, 10)], 10, 1_000_000)
     assert len(parts) == 10 and sum(p.end - p.start for p in parts) == 100
+
+
+def test_the_compression_option_compresses_each_request(broker: EmbeddedBroker) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from equeue.errors import ConfigError
+    from equeue.wire.batches import Codec, batch_head, stored_batch
+
+    schema = StructType([StructField("body", BinaryType())])
+    assert sink.EQueueBatchWriter({"topic": "out", "compression": "zstd"}, schema, False).compression is Codec.ZSTD
+    with pytest.raises(ConfigError, match="option compression: unknown compression 'gzip'"):
+        sink.EQueueBatchWriter({"topic": "out", "compression": "gzip"}, schema, False)
+    rows = _rows(50)
+    with Client(broker.address) as c:
+        c.create_topic("out", 3)
+        pub = sink._Publisher(broker.address, "out", sink.producer_id_for("w", "1", 0), 0, compression=Codec.ZSTD)
+        for key, body in rows:
+            pub.add("out", body, key)
+        assert pub.close().stored == 50
+        assert sorted(b for _, b, _ in _stored(c)) == sorted(b for _, b in rows)
+    store = broker._broker.store  # type: ignore[union-attr]
+    codecs = {
+        batch_head(stored_batch(v), 1 << 20).codec
+        for q in range(3)
+        for _, v, _ in store.read_queue(store.topic("out"), q, 0, 1000, 1 << 30).batches
+    }
+    assert codecs == {Codec.ZSTD}

@@ -1,12 +1,12 @@
 """The key index (``kindex``) in buckets of global offsets: lookups walk the
 topic's buckets newest first, skip empty ones and resume where their budget ran
-out; a store of format 1 (no buckets) is converted when opened, also when an
-earlier conversion was cut short (docs/storage.md, "The key index")."""
+out; 16-bit hashes that collide are told apart by the key; retention takes a
+batch's pairs with it (docs/storage.md, "The key index")."""
 
 from __future__ import annotations
 
-import logging
-import struct
+import gzip
+import shutil
 from pathlib import Path
 
 import lmdb
@@ -15,13 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from equeue import Message, wire
-from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, layout
-from equeue.broker.storage import store as store_module
+from equeue.broker.storage import CreateTopicOp, ProduceOp, RetentionOp, ScanBudget, Store, layout
 from equeue.control import TopicInfo
-from equeue.routing import key_hash
 
-BUCKET = 1 << layout.KINDEX_BUCKET_BITS
-_V1 = struct.Struct(">IIQ")
+BUCKET = layout.KINDEX_BUCKET
 
 
 def _topic(s: Store, name: str) -> TopicInfo:
@@ -49,7 +46,7 @@ def _layout(tmp_path: Path, s: Store) -> tuple[TopicInfo, TopicInfo, list[int]]:
     hits += _put(s, a, 2, "k")
     _put(s, a, BUCKET, None)
     hits += _put(s, a, 4, "k")
-    assert len({g >> layout.KINDEX_BUCKET_BITS for g in hits}) == 3
+    assert len({g // BUCKET for g in hits}) == 3
     return a, b, hits
 
 
@@ -60,7 +57,7 @@ def _walk(s: Store, info: TopicInfo, key: str, limit: int, before: int = -1) -> 
     while True:
         calls += 1
         r = s.find_by_key(info, key, limit, before)
-        got += [g for g, _ in r.hits]
+        got += [h.global_offset for h in r.hits]
         if not r.resume_before and len(r.hits) < limit:
             return got, calls
         nxt = r.resume_before or (got[-1] if got else 0)
@@ -75,17 +72,17 @@ def test_a_lookup_walks_the_buckets_newest_first_and_honours_before(tmp_path: Pa
     try:
         a, b, hits = _layout(tmp_path, s)
         newest_first = sorted(hits, reverse=True)
-        assert [g for g, _ in s.find_by_key(a, "k", 100).hits] == newest_first
-        assert [g for g, _ in s.find_by_key(a, "k", 4).hits] == newest_first[:4]
+        assert [h.global_offset for h in s.find_by_key(a, "k", 100).hits] == newest_first
+        assert [h.global_offset for h in s.find_by_key(a, "k", 4).hits] == newest_first[:4]
         assert len(_walk(s, b, "k", 10_000)[0]) == 3 * BUCKET  # over the default budget: resumed
         assert s.find_by_key(a, "absent", 10).hits == []
         # before: mid-bucket, on a bucket's first offset, just past it, 0 and 1
-        edges = {newest_first[1], (newest_first[-1] >> layout.KINDEX_BUCKET_BITS) * BUCKET + BUCKET}
+        edges = {newest_first[1], (newest_first[-1] // BUCKET) * BUCKET + BUCKET}
         for g in hits:
-            edges |= {g, g + 1, (g >> layout.KINDEX_BUCKET_BITS) * BUCKET, (g >> layout.KINDEX_BUCKET_BITS) * BUCKET + 1}
+            edges |= {g, g + 1, (g // BUCKET) * BUCKET, (g // BUCKET) * BUCKET + 1}
         for before in sorted(edges | {0, 1}):
             want = [g for g in newest_first if g < before]
-            assert [g for g, _ in s.find_by_key(a, "k", 100, before).hits] == want, before
+            assert [h.global_offset for h in s.find_by_key(a, "k", 100, before).hits] == want, before
     finally:
         s.close()
 
@@ -103,74 +100,72 @@ def test_a_walk_over_many_buckets_stops_at_its_budget_and_resumes(tmp_path: Path
         s.close()
 
 
-def test_a_key_index_without_buckets_is_converted_when_the_store_opens(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Written by this code, then rewritten by hand to format 1 (its key index as
-    that format stored it: topic | crc32 | global); the first half only, so part of
-    the index is already converted, as after a conversion cut short."""
-    s = Store(tmp_path, map_size=1 << 28, sync=False)
-    a, b, hits = _layout(tmp_path, s)
-    before = {(t.name, k): _walk(s, t, k, 10_000)[0] for t in (a, b) for k in ("k", "other")}
-    keys = s.head.next_global
-    s.close()
+def _colliding_keys() -> tuple[str, str]:
+    """Two keys with the same 16-bit index hash."""
+    seen: dict[int, str] = {}
+    i = 0
+    while True:
+        k = f"key-{i}"
+        h = layout.kindex_hash(k.encode())
+        if h in seen:
+            return seen[h], k
+        seen[h] = k
+        i += 1
 
-    env = lmdb.open(str(tmp_path), max_dbs=20, map_size=1 << 28)
-    with env.begin(write=True) as txn:
-        kdb, meta = env.open_db(b"kindex", txn=txn), env.open_db(b"meta", txn=txn)
-        new = [bytes(k) for k in txn.cursor(db=kdb).iternext(values=False)]
-        assert all(len(k) == 20 for k in new) and len(new) > 3 * BUCKET
-        for k in new[: len(new) // 2]:
-            tid, _bucket, h, g = struct.unpack(">IIIQ", k)
-            txn.delete(k, db=kdb)
-            txn.put(_V1.pack(tid, h, g), b"", db=kdb)
-        txn.put(b"format", layout.pack_u32(layout.FORMAT_UNBUCKETED), db=meta)
-    env.close()
 
-    monkeypatch.setattr(store_module, "_CONVERT_CHUNK", 700)  # several transactions
-    monkeypatch.setattr(store_module, "_CONVERT_PROGRESS_EVERY", 0.0)  # a progress line after each
-    with caplog.at_level(logging.WARNING, logger="equeue.store"):
-        s = Store(tmp_path, map_size=1 << 28, sync=False)
-    said = [r.getMessage() for r in caplog.records]
-    assert f"up to {len(new)} keys" in said[0] and "converting" in said[0]
-    assert any(" of up to " in m for m in said[1:-1]) and "was converted" in said[-1]
+def test_keys_sharing_the_16_bit_hash_are_told_apart_by_the_key_itself(tmp_path: Path) -> None:
+    s = Store(tmp_path, map_size=1 << 26, sync=False)
     try:
-        with s.env.begin() as txn:
-            assert layout.unpack_u32(txn.get(b"format", db=s.db[b"meta"])) == layout.FORMAT_VERSION
-            assert sorted(bytes(k) for k in txn.cursor(db=s.db[b"kindex"]).iternext(values=False)) == sorted(new)
-        after = {(t.name, k): _walk(s, t, k, 10_000)[0] for t in (a, b) for k in ("k", "other")}
-        assert after == before and after[("a", "k")] == sorted(hits, reverse=True)
-        assert key_hash(b"k") != key_hash(b"other")
-        [g] = _put(s, a, 1, "k")  # and it goes on being indexed
-        assert g >= keys and s.find_by_key(a, "k", 1).hits[0][0] == g
+        a = _topic(s, "a")
+        k1, k2 = _colliding_keys()
+        g1 = _put(s, a, 3, k1)
+        g2 = _put(s, a, 2, k2)
+        assert [h.global_offset for h in s.find_by_key(a, k1, 100).hits] == sorted(g1, reverse=True)
+        assert [h.global_offset for h in s.find_by_key(a, k2, 100).hits] == sorted(g2, reverse=True)
+        assert all(h.message("a").key == k2 for h in s.find_by_key(a, k2, 100).hits)
     finally:
         s.close()
 
 
-def test_a_replicated_store_converted_on_open_empties_its_log(tmp_path: Path) -> None:
-    """Its log entries name key-index keys of format 1: a follower that has not
-    applied them must copy the store rather than apply them."""
-    s = Store(tmp_path, map_size=1 << 28, sync=False, replicated=True)
-    info = _topic(s, "a")
-    hits = _put(s, info, 10, "k")
-    s.replication.publish_all()
-    assert s.replication.log_start < s.replication.position
-    s.close()
-    env = lmdb.open(str(tmp_path), max_dbs=20, map_size=1 << 28)
-    with env.begin(write=True) as txn:
-        kdb, meta = env.open_db(b"kindex", txn=txn), env.open_db(b"meta", txn=txn)
-        for k in [bytes(k) for k in txn.cursor(db=kdb).iternext(values=False)]:
-            tid, _bucket, h, g = struct.unpack(">IIIQ", k)
-            txn.delete(k, db=kdb)
-            txn.put(_V1.pack(tid, h, g), b"", db=kdb)
-        txn.put(b"format", layout.pack_u32(layout.FORMAT_UNBUCKETED), db=meta)
-    env.close()
-
-    s = Store(tmp_path, map_size=1 << 28, sync=False, replicated=True)
+def test_the_key_index_costs_four_bytes_per_keyed_message_and_retention_takes_its_pairs(tmp_path: Path) -> None:
+    now = [1_000]
+    s = Store(tmp_path, map_size=1 << 26, sync=False, clock=lambda: now[0])
     try:
-        assert s.replication.log_start == s.replication.position  # emptied: readers of the old entries copy the store
+        a = _topic(s, "a")
+        old = _put(s, a, 300, "k")
+        _put(s, a, 10, None)
+        now[0] = 100_000
+        new = _put(s, a, 5, "k")
+        with s.env.begin() as txn:
+            (v,) = [bytes(v) for _k, v in txn.cursor(db=s.db[b"kindex"])]
+        assert len(v) == 4 * (len(old) + len(new))  # one bucket: 4 bytes per keyed message
+        s.write([RetentionOp(default_retention_ms=50_000, default_retention_bytes=None)]).settled()
+        assert s.queue_state(a.topic_id, 0).min_offset == 310
+        with s.env.begin() as txn:
+            (v,) = [bytes(v) for _k, v in txn.cursor(db=s.db[b"kindex"])]
+        assert len(v) == 4 * len(new)
+        assert [h.global_offset for h in s.find_by_key(a, "k", 100).hits] == sorted(new, reverse=True)
+    finally:
+        s.close()
+
+
+def test_a_replicated_format2_store_converted_on_open_empties_its_log(tmp_path: Path) -> None:
+    """Its log's entries carry format-2 values: a follower that has not applied them
+    must copy the store rather than apply them."""
+    data = tmp_path / "data"
+    data.mkdir()
+    fixture = Path(__file__).resolve().parents[1] / "fixtures" / "store_format2" / "data.mdb.gz"
+    with gzip.open(fixture, "rb") as src, open(data / "data.mdb", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    s = Store(data, map_size=1 << 28, sync=False, replicated=True)
+    try:
+        assert s.replication.log_start == s.replication.position
         s.replication.publish_all()
-        assert [g for g, _ in s.find_by_key(info, "k", 100).hits] == sorted(hits, reverse=True)
+        info = s.topics["orders"]
+        assert s.find_by_key(info, "cust-003", 100).hits
+        hits = _put(s, info, 3, "fresh")
+        s.replication.publish_all()
+        assert [h.global_offset for h in s.find_by_key(info, "fresh", 100).hits] == sorted(hits, reverse=True)
     finally:
         s.close()
 
@@ -185,19 +180,17 @@ def test_a_store_of_an_unknown_format_is_still_refused(tmp_path: Path) -> None:
         Store(tmp_path, map_size=1 << 26, sync=False)
 
 
-u32 = st.integers(0, (1 << 32) - 1)
+u16 = st.integers(0, (1 << 16) - 1)
 
 
-@given(tid=u32, h=u32, g=st.integers(0, (1 << 42) - 1 - 4 * 700), hashes=st.lists(u32, min_size=1, max_size=5))
-def test_key_index_keys_decode_to_what_they_encode_and_sort_by_bucket(tid: int, h: int, g: int, hashes: list[int]) -> None:
-    k = layout.kindex_key(tid, h, g)
-    assert layout.kindex_global(k) == g and layout.kindex_bucket(k) == g >> layout.KINDEX_BUCKET_BITS
-    assert k.startswith(layout.kindex_prefix(tid, g >> layout.KINDEX_BUCKET_BITS, h))
-    assert k.startswith(layout.kindex_bucket_start(tid, g >> layout.KINDEX_BUCKET_BITS))
-    assert layout.kindex_from_v1(_V1.pack(tid, h, g)) == k
-    gs = [g + i * 700 for i in range(len(hashes))]
-    assert list(layout.kindex_keys(tid, hashes, gs)) == [layout.kindex_key(tid, x, y) for x, y in zip(hashes, gs, strict=True)]
-    # an older bucket sorts first whatever the hash: the walk goes bucket by bucket
-    if g >= 1 << layout.KINDEX_BUCKET_BITS:
-        older = layout.kindex_key(tid, (1 << 32) - 1, g - (1 << layout.KINDEX_BUCKET_BITS))
-        assert older < layout.kindex_key(tid, 0, g)
+@given(tid=st.integers(0, (1 << 32) - 1), bucket=st.integers(0, (1 << 32) - 1),
+       pairs=st.lists(st.tuples(u16, st.integers(0, layout.KINDEX_BUCKET - 1)), max_size=50))  # fmt: skip
+def test_key_index_values_decode_to_what_they_encode(tid: int, bucket: int, pairs: list[tuple[int, int]]) -> None:
+    k = layout.kindex_key(tid, bucket)
+    assert layout.kindex_bucket(k) == bucket and k.startswith(layout.topic_prefix(tid))
+    hashes, offs = [h for h, _o in pairs], [o for _h, o in pairs]
+    v = layout.pack_kindex_value(hashes, offs)
+    assert v == b"".join(layout.KINDEX_PAIR.pack(h, o) for h, o in pairs)
+    assert v == layout.kindex_pairs(hashes, [bucket * layout.KINDEX_BUCKET + o for o in offs])
+    got_h, got_o = layout.unpack_kindex_value(v)
+    assert (list(got_h), list(got_o)) == (hashes, offs)

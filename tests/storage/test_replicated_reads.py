@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from equeue import Message, wire
-from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
+from equeue.broker.storage import CreateTopicOp, ProduceOp, Store, messages_of
 from equeue.control import TopicInfo
 
 
@@ -39,17 +39,17 @@ def test_lookups_and_pulls_stop_at_the_published_view(store: Store) -> None:
     assert [store.get_global(g) for g in range(2, 5)] == [None] * 3
     assert store.get_queue_offset(info, 0, 1) is not None
     assert [store.get_queue_offset(info, 0, o) for o in range(2, 5)] == [None] * 3
-    assert [g for g, _ in store.find_by_key(info, "k", 10).hits] == [1, 0]
-    assert [g for g, _ in store.find_by_key(info, "k", 10, before=4).hits] == [1, 0]
+    assert [h.global_offset for h in store.find_by_key(info, "k", 10).hits] == [1, 0]
+    assert [h.global_offset for h in store.find_by_key(info, "k", 10, before=4).hits] == [1, 0]
     tagged = store.read_queue(info, 0, 0, 10, 1 << 20, tag_filter=frozenset({b"t"}))
-    assert list(tagged.globals) == [0, 1] and tagged.next_offset == 2
-    assert store.read_queue(info, 0, 0, 10, 1 << 20).records == store.read_queue(info, 0, 0, 2, 1 << 20).records
-    assert store.read_queue(info, 0, 3, 10, 1 << 20).records == []  # past the view's end
+    assert [g for g, _v, _m in tagged.batches] == [0] and tagged.next_offset == 2
+    assert store.read_queue(info, 0, 0, 10, 1 << 20).batches == store.read_queue(info, 0, 0, 2, 1 << 20).batches
+    assert store.read_queue(info, 0, 3, 10, 1 << 20).batches == []  # past the view's end
 
     store.replication.publish_all()
     assert [store.get_global(g) is not None for g in range(5)] == [True] * 5
     assert store.get_queue_offset(info, 0, 4) is not None
-    assert [g for g, _ in store.find_by_key(info, "k", 10).hits] == [4, 3, 2, 1, 0]
+    assert [h.global_offset for h in store.find_by_key(info, "k", 10).hits] == [4, 3, 2, 1, 0]
     tagged = store.read_queue(info, 0, 0, 10, 1 << 20, tag_filter=frozenset({b"t"}))
-    assert list(tagged.globals) == [0, 1, 2, 3, 4]
-    assert len(store.read_queue(info, 0, 3, 10, 1 << 20).records) == 2
+    assert [g for g, _v, _m in tagged.batches] == [0, 2] and tagged.next_offset == 5
+    assert [m.queue_offset for m in messages_of("t", store.read_queue(info, 0, 3, 10, 1 << 20).batches, 3)] == [3, 4]

@@ -12,14 +12,16 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from equeue import wire
+from equeue import Message, wire
 from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker.storage import ProduceOp, Store, convert, layout
 from equeue.producer import Client
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store_format2"
@@ -92,3 +94,92 @@ def test_offsets_skips_pauses_and_the_schedule_survive(old_store: Client, manife
     assert served and served[0].queue_offset == offset + 1  # the skipped record is never served
     assert old_store.describe_topic("plain").info.paused
     assert old_store.describe_topic("plain").pending_delayed == manifest["delayed"]["plain"]
+
+
+# ---------------------------------------------------------------- the store itself
+def _copy(tmp_path: Path) -> Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    with gzip.open(FIXTURE / "data.mdb.gz", "rb") as src, open(data / "data.mdb", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return data
+
+
+def _read_all(s: Store, topic: str) -> list[dict[str, Any]]:
+    info = s.topic(topic)
+    out = []
+    for q in range(info.queues):
+        off = s.queue_state(info.topic_id, q).min_offset
+        while True:
+            msgs, r = s.read_messages(info, q, off, 7)
+            if not r.batches:
+                break
+            for m in msgs:
+                out.append({
+                    "topic": topic, "queue": m.queue_id, "queue_offset": m.queue_offset,
+                    "global_offset": m.global_offset, "key": m.key, "tags": m.tags, "properties": m.properties,
+                    "timestamp": m.timestamp, "reconsume_times": m.reconsume_times,
+                    "body": base64.b64encode(m.body).decode(),
+                })  # fmt: skip
+            off = r.next_offset
+    return out
+
+
+def _check_store(s: Store, manifest: dict[str, Any]) -> None:
+    got = _read_all(s, "orders") + _read_all(s, "plain")
+    assert got == [_fields(m) for m in manifest["messages"] if not m["skipped"]]
+    for m in manifest["messages"]:
+        hit = s.get_global(m["global_offset"])
+        assert hit is not None and hit.message(m["topic"]).body == base64.b64decode(m["body"])
+        if m["key"] is not None:
+            hits = s.find_by_key(s.topic(m["topic"]), m["key"], 1000).hits
+            assert m["global_offset"] in {h.global_offset for h in hits}
+    assert s.committed("billing", "orders", 0) == manifest["offsets"]["billing/orders/0"]
+    assert s.pending_delayed(s.topic("plain").topic_id) == manifest["delayed"]["plain"]
+
+
+def test_the_store_is_converted_to_batches_at_open(
+    tmp_path: Path, manifest: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    data = _copy(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="equeue.store"):
+        s = Store(data)
+    try:
+        lines = [r.getMessage() for r in caplog.records]
+        assert any("has format 2: converting its records" in line for line in lines)
+        assert any(f"its {len(manifest['messages'])} records were converted" in line for line in lines)
+        with s.env.begin() as txn:
+            assert layout.unpack_u32(txn.get(b"format", db=s.db[b"meta"])) == layout.FORMAT_VERSION
+            assert txn.stat(s.db[b"messages"])["entries"] < len(manifest["messages"]) / 3  # batches now
+        _check_store(s, manifest)
+        info = s.topic("orders")
+        (ans,) = s.write([ProduceOp(info, 0, [wire.encode_entry(Message(b"new", key="cust-003"))])]).settled()
+        assert ans.first_global == max(m["global_offset"] for m in manifest["messages"]) + 1
+        assert ans.first_global in {h.global_offset for h in s.find_by_key(info, "cust-003", 1000).hits}
+    finally:
+        s.close()
+
+
+def test_a_conversion_cut_short_resumes_at_the_next_open(
+    tmp_path: Path, manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = _copy(tmp_path)
+    monkeypatch.setattr(convert, "CHUNK", 9)
+    calls = []
+    real = convert._convert_chunk
+
+    def cut(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the broker stopped mid-way
+        return real(*args)
+
+    monkeypatch.setattr(convert, "_convert_chunk", cut)
+    with pytest.raises(KeyboardInterrupt):
+        Store(data)
+    monkeypatch.setattr(convert, "_convert_chunk", real)
+    s = Store(data)
+    try:
+        _check_store(s, manifest)
+    finally:
+        s.close()

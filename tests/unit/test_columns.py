@@ -1,6 +1,8 @@
-"""The Spark reader's packed-answer parser against the consumer's decoder of the same records."""
+"""The Spark reader's Arrow columns of batch-layout answers against the consumer's decoder of the same records."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
@@ -13,7 +15,8 @@ from hypothesis import strategies as st  # noqa: E402
 from equeue import Message, wire  # noqa: E402
 from equeue.errors import CorruptRecord  # noqa: E402
 from equeue.protocol import PullStatus  # noqa: E402
-from equeue.spark.columns import packed_batch  # noqa: E402
+from equeue.spark.columns import batches_batch  # noqa: E402
+from equeue.wire.batches import Codec, encode_batch, encode_stored  # noqa: E402
 
 SCHEMA = pa.schema(
     [
@@ -39,72 +42,43 @@ messages = st.builds(
 )
 
 
-def answer(msgs: list[Message], queue_id: int = 2, first: int = 40, first_global: int = 1000) -> bytes:
-    recs = [
-        wire.encode_record(7, queue_id, first + i, 1_700_000_000_000 + i, wire.encode_entry(m))
-        for i, m in enumerate(msgs)
-    ]
-    gs = [first_global + 3 * i for i in range(len(msgs))]
-    return b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 99, first + len(msgs), gs, recs))
+def batches_answer(msgs: list[Message], cuts: list[int], first: int, nxt: int, codec: str = "none") -> bytes:
+    """``msgs`` at queue offsets 40.. (global 1000..), stored as batches split at ``cuts``."""
+    bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(msgs))), len(msgs)]
+    batches = [
+        (1000 + a, encode_stored(7, 2, 40 + a, 1_700_000_000_000, 1_700_000_000_000, None, 0,
+                                 encode_batch(msgs[a:b], Codec.parse(codec))), b"")
+        for a, b in itertools.pairwise(bounds)
+    ]  # fmt: skip
+    return b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, nxt, batches))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(msgs=st.lists(messages, min_size=1, max_size=20), data=st.data())
-def test_packed_batch_matches_decoder(msgs: list[Message], data: st.DataObject) -> None:
-    buf = answer(msgs)
-    count = data.draw(st.integers(1, len(msgs)))
-    rows = packed_batch(buf, "orders", 2, 40, count, SCHEMA).to_pylist()
-    assert len(rows) == count
-    # the same records in the plain layout, through the consumer's decoder
-    framed = wire.decode_pull_packed(buf, count)
-    at, records = framed.records_at, []
-    for g, n in zip(framed.global_offsets, framed.lengths, strict=True):
-        records.append((g, buf[at : at + n]))
-        at += n
-    plain = b"".join(wire.encode_pull_response(PullStatus.FOUND, 0, 99, 40 + count, records))
-    decoded = wire.decode_pull_messages("orders", plain)[4]
-    assert [(r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"], dict(r["properties"]))
-            for r in rows] == [(m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties)
-                               for m in decoded]  # fmt: skip
-    for i, (row, m) in enumerate(zip(rows, msgs, strict=False)):
-        assert (row["topic"], row["queue_id"], row["queue_offset"], row["global_offset"]) == (
-            "orders",
-            2,
-            40 + i,
-            1000 + 3 * i,
-        )
-        assert (row["key"], row["tags"], row["body"]) == (m.key, m.tags, m.body)
-        assert dict(row["properties"]) == m.properties
-        assert int(row["timestamp"].timestamp() * 1000) == 1_700_000_000_000 + i
+def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(1, 19), max_size=3))
+    first = data.draw(st.integers(40, 40 + len(msgs) - 1))
+    end = data.draw(st.integers(first + 1, 40 + len(msgs) + 2))
+    nxt = data.draw(st.integers(first, 40 + len(msgs)))
+    buf = batches_answer(msgs, cuts, first, nxt, data.draw(st.sampled_from(["none", "zstd", "lz4"])))
+    rows, reached = batches_batch(buf, "orders", 2, first, end, SCHEMA)
+    assert reached == max(first, min(nxt, end))
+    want = wire.decode_pull_batches("orders", buf, first, True, reached)[4]
+    assert [m.queue_offset for m in want] == list(range(first, reached))
+    assert [(r["topic"], r["queue_id"], r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"],
+             dict(r["properties"]), int(r["timestamp"].timestamp() * 1000)) for r in rows.to_pylist()] == [
+        ("orders", 2, m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties, m.timestamp)
+        for m in want]  # fmt: skip
+    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in msgs[first - 40 : reached - 40]]
 
 
-def test_invalid_utf8_key_is_replaced_not_fatal() -> None:
-    entry = bytearray(wire.encode_entry(Message(b"b", key="ab")))
-    at = wire.ENTRY_HEADER.size
-    entry[at : at + 2] = b"\xff\xfe"
-    rec = wire.encode_record(7, 0, 0, 5, bytes(entry))
-    buf = b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 1, 1, [0], [rec]))
-    (row,) = packed_batch(buf, "t", 0, 0, 1, SCHEMA).to_pylist()
-    assert row["key"] == "\ufffd\ufffd"
-
-
-@pytest.mark.parametrize("what", ["checksum", "queue offset", "queue id", "length", "truncated"])
-def test_damage_is_detected(what: str) -> None:
-    msgs = [Message(f"m{i}".encode(), key="k") for i in range(5)]
-    buf = bytearray(answer(msgs, queue_id=0, first=0))
-    if what == "checksum":
-        buf[-1] ^= 1  # last byte of the last body
-        first, qid = 0, 0
-    elif what == "queue offset":
-        first, qid = 1, 0
-    elif what == "queue id":
-        first, qid = 0, 1
-    elif what == "length":
-        head = 29 + 8 * 5  # the first record's length
-        buf[head : head + 4] = (3).to_bytes(4, "big")
-        first, qid = 0, 0
-    else:
-        buf = buf[:-3]
-        first, qid = 0, 0
-    with pytest.raises(CorruptRecord):
-        packed_batch(bytes(buf), "t", qid, first, 5, SCHEMA)
+def test_batches_batch_refuses_another_queue_and_damage() -> None:
+    buf = batches_answer([Message(b"a"), Message(b"b")], [], 40, 42)
+    with pytest.raises(CorruptRecord, match="another queue"):
+        batches_batch(buf, "t", 3, 40, 42, SCHEMA)
+    with pytest.raises(CorruptRecord, match="malformed"):
+        batches_batch(buf[:-1], "t", 2, 40, 42, SCHEMA)
+    bad = bytearray(buf)
+    bad[-1] ^= 1
+    with pytest.raises(CorruptRecord, match="checksum"):
+        batches_batch(bytes(bad), "t", 2, 40, 42, SCHEMA)

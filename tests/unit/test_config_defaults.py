@@ -140,6 +140,7 @@ def test_operations_doc_lists_every_field_with_its_default_and_flag() -> None:
         ({"host": ""}, "host must be a host name or address"),
         ({"delete_consumed": "yes"}, "delete_consumed must be true or false"),
         ({"default_queues": 2048}, "default_queues (2048) must be <= max_queues (1024)"),
+        ({"compression": "gzip"}, "compression must be one of 'producer', 'none', 'zstd', 'lz4', got 'gzip'"),
         ({"tls_key": "k.pem"}, "tls_key, tls_ca and tls_client_auth need tls_cert"),
         ({"tls_cert": "c.pem", "tls_client_auth": "required"}, "tls_client_auth required needs tls_ca"),
         ({"tls_cert": "c.pem", "tls_client_auth": "always"}, "tls_client_auth must be one of 'none', 'optional', 'required'"),

@@ -103,10 +103,12 @@ def test_list_round_trip(infos: list[control.TopicInfo]) -> None:
 
 def test_known_encoding() -> None:
     assert encode(control.CreateTopic("orders", 8)) == (
-        b'{"name":"orders","queues":8,"retention_ms":null,"retention_bytes":null,"exist_ok":false}'
+        b'{"name":"orders","queues":8,"retention_ms":null,"retention_bytes":null,"exist_ok":false,'
+        b'"compression":null}'
     )
     assert encode(control.AlterTopic("t", retention_ms=-1, reset=["retention_bytes"])) == (
-        b'{"name":"t","queues":null,"retention_ms":-1,"retention_bytes":null,"reset":["retention_bytes"]}'
+        b'{"name":"t","queues":null,"retention_ms":-1,"retention_bytes":null,"reset":["retention_bytes"],'
+        b'"compression":null}'
     )
     assert encode(control.ResetAnswer({1: 2})) == b'{"offsets":{"1":2}}'
     assert decode(b'{"offsets":{"1":2}}', control.ResetAnswer) == control.ResetAnswer({1: 2})

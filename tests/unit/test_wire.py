@@ -11,24 +11,18 @@ from hypothesis import strategies as st
 
 from equeue import wire
 from equeue.errors import ConfigError, CorruptRecord, EQueueError, RemoteProtocolError
-from equeue.models import Message, PullResult, SendResult
-from equeue.protocol import PullStatus
+from equeue.models import Message, SendResult
 from equeue.wire import (
     ENTRY_HEADER,
+    PRODUCE_BATCH,
     RECORD_HEADER,
     EntryMeta,
     ProduceRequest,
     ProduceResponse,
     PullRequest,
     decode_entries,
-    decode_pull_head,
-    decode_pull_messages,
-    decode_pull_packed,
-    decode_pull_response,
     decode_record,
     encode_entry,
-    encode_pull_response,
-    encode_pull_response_packed,
     encode_record,
     entry_meta,
     pack_entry,
@@ -37,6 +31,7 @@ from equeue.wire import (
     record_header,
     split_entries,
 )
+from equeue.wire.batches import Codec, encode_batch
 
 u16 = st.integers(0, 0xFFFF)
 u32 = st.integers(0, 0xFFFFFFFF)
@@ -376,6 +371,45 @@ def test_produce_request_round_trip(req: ProduceRequest) -> None:
     assert b"".join(ProduceRequest.decode(buf).entries) == b"".join(req.entries)
 
 
+@st.composite
+def batch_requests(draw: st.DrawFn) -> ProduceRequest:
+    msgs = draw(st.lists(messages, min_size=1, max_size=6))
+    pid = draw(st.none() | producer_ids)
+    return ProduceRequest(
+        topic=draw(short_text),
+        queue_id=draw(u32),
+        entries=(),
+        producer_id=pid,
+        base_sequence=draw(u64) if pid is not None else 0,
+        auto_create=draw(st.booleans()),
+        batch=encode_batch(msgs, draw(st.sampled_from(list(Codec)))),
+    )
+
+
+@settings(max_examples=200)
+@given(req=batch_requests())
+def test_produce_request_batch_form_round_trip(req: ProduceRequest) -> None:
+    """The batch form: the flag, the batch carried byte for byte, the idempotent fields."""
+    buf = req.encode()
+    assert buf[len(req.topic.encode()) + 6] & PRODUCE_BATCH
+    assert ProduceRequest.decode(buf) == req
+
+
+@given(req=batch_requests(), cut=st.integers(1, 20))
+def test_produce_request_batch_form_length_must_match(req: ProduceRequest, cut: int) -> None:
+    """A batch whose announced length disagrees with what follows is refused."""
+    buf = req.encode()
+    with pytest.raises(RemoteProtocolError):
+        ProduceRequest.decode(buf[:-cut] if cut <= len(req.batch or b"") else buf + bytes(cut))
+    with pytest.raises(RemoteProtocolError):
+        ProduceRequest.decode(buf + b"x")
+
+
+def test_produce_request_refuses_entries_and_batch() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        ProduceRequest("t", 0, [encode_entry(Message(b"x"))], batch=encode_batch([Message(b"y")])).encode()
+
+
 def test_produce_request_with_and_without_producer_id() -> None:
     entries = [encode_entry(Message(b"a")), encode_entry(Message(b"b", "k"))]
     plain = ProduceRequest("orders", 3, entries)
@@ -507,7 +541,7 @@ pull_requests = st.builds(
     group=short_text,
     consumer_id=short_text,
     tags=short_text,
-    flags=st.integers(0, 3),
+    flags=st.sampled_from([0, 4, 6, 2]),
 )
 
 
@@ -530,22 +564,12 @@ def test_pull_request_trailing_bytes() -> None:
 
 
 def test_pull_request_flags() -> None:
-    plain = PullRequest("t", 0, 0).encode()
-    assert PullRequest.decode(plain + b"\x03").flags == wire.PULL_PACKED | wire.PULL_CLIENT_VERIFIES
-    assert PullRequest("t", 0, 0, flags=0).encode() == plain  # the plain layout is unchanged
-    with pytest.raises(RemoteProtocolError):
-        PullRequest.decode(plain + b"\x04")  # unknown flag
-
-
-def test_packed_pull_response_layout() -> None:
-    recs = [encode_record(1, 0, i, 5, encode_entry(Message(b"x" * i))) for i in range(3)]
-    buf = b"".join(wire.encode_pull_response_packed(PullStatus.FOUND, 0, 9, 3, [7, 8, 9], recs))
-    head = struct.calcsize(">BQQQI")
-    assert buf[head - 4 : head] == (3).to_bytes(4, "big")
-    assert buf[head : head + 24] == b"".join(g.to_bytes(8, "big") for g in (7, 8, 9))
-    lens = [int.from_bytes(buf[head + 24 + 4 * i : head + 28 + 4 * i], "big") for i in range(3)]
-    assert lens == [len(r) for r in recs]
-    assert buf[head + 36 :] == b"".join(recs)
+    bare = PullRequest("t", 0, 0, flags=0).encode()  # no flags byte: refused by the broker
+    assert PullRequest("t", 0, 0).encode() == bare + b"\x04"  # PULL_BATCHES by default
+    assert PullRequest.decode(bare + b"\x06").flags == wire.PULL_BATCHES | wire.PULL_CLIENT_VERIFIES
+    for retired_or_unknown in (b"\x01", b"\x05", b"\x08"):  # bit 0: the retired packed layout
+        with pytest.raises(RemoteProtocolError):
+            PullRequest.decode(bare + retired_or_unknown)
 
 
 @settings(max_examples=200)
@@ -574,143 +598,6 @@ def test_pull_request_invalid_utf8_topic() -> None:
         PullRequest.decode(bytes(buf))
 
 
-@st.composite
-def pull_answers(draw: st.DrawFn) -> tuple[PullStatus, int, int, int, list[Message], list[int]]:
-    status = draw(st.sampled_from(PullStatus))
-    lo, hi, nxt = draw(u64), draw(u64), draw(u64)
-    msgs = draw(st.lists(messages, max_size=5))
-    globals_ = draw(st.lists(u64, min_size=len(msgs), max_size=len(msgs)))
-    return status, lo, hi, nxt, msgs, globals_
-
-
-@settings(max_examples=150)
-@given(answer=pull_answers(), topic=short_text, queue_id=u32, base=st.integers(0, 1 << 40))
-def test_pull_response_round_trip(
-    answer: tuple[PullStatus, int, int, int, list[Message], list[int]],
-    topic: str,
-    queue_id: int,
-    base: int,
-) -> None:
-    status, lo, hi, nxt, msgs, globals_ = answer
-    records = [
-        (g, encode_record(9, queue_id, base + i, 1000 + i, encode_entry(m)))
-        for i, (m, g) in enumerate(zip(msgs, globals_, strict=True))
-    ]
-    parts = encode_pull_response(status, lo, hi, nxt, records)
-    buf = b"".join(parts)
-    expected = [
-        consumer_side(m, topic, queue_id, base + i, g, 1000 + i)
-        for i, (m, g) in enumerate(zip(msgs, globals_, strict=True))
-    ]
-    assert decode_pull_response(topic, buf) == PullResult(status, expected, lo, hi, nxt)
-    for verify in (False, True):
-        got = decode_pull_messages(topic, buf, verify)
-        assert got == (status, lo, hi, nxt, expected)
-        for m in got[4]:  # what the Message converters would have made
-            assert type(m.body) is bytes and type(m.properties) is dict
-        assert decode_pull_messages(topic, bytearray(buf), verify) == got
-    head = decode_pull_head(buf)
-    assert (head.status, head.min_offset, head.max_offset, head.next_offset, head.count) == (
-        status, lo, hi, nxt, len(msgs))  # fmt: skip
-    packed = b"".join(encode_pull_response_packed(status, lo, hi, nxt, globals_, [r for _, r in records]))
-    framed = decode_pull_packed(packed)
-    assert framed.head == head and list(framed.global_offsets) == globals_
-    at = framed.records_at
-    for (_, rec), n in zip(records, framed.lengths, strict=True):
-        assert packed[at : at + n] == rec
-        at += n
-    assert at == len(packed)
-
-
-def test_decode_pull_messages_rejects_bad_answers() -> None:
-    rec = encode_record(1, 0, 0, 0, encode_entry(Message(b"hello", key="k")))
-    buf = b"".join(encode_pull_response(PullStatus.FOUND, 0, 1, 1, [(5, rec)]))
-    for cut in (20, 30, 40, len(buf) - 1):
-        with pytest.raises(DECODE_ERRORS):
-            decode_pull_messages("t", buf[:cut])
-    bad = bytearray(buf)
-    bad[-1] ^= 1  # body byte: only the checksum notices
-    assert decode_pull_messages("t", bytes(bad), verify=False)[4][0].body == b"helln"
-    with pytest.raises(CorruptRecord):
-        decode_pull_messages("t", bytes(bad))
-    bad = bytearray(buf)
-    bad[29 + 12 + wire.RECORD_HEADER.size + 3] ^= 0x40  # the entry length
-    with pytest.raises(CorruptRecord):
-        decode_pull_messages("t", bytes(bad), verify=False)
-    bad = bytearray(buf)
-    bad[29 + 12 + 4] = 9  # the record version
-    with pytest.raises(CorruptRecord, match="version"):
-        decode_pull_messages("t", bytes(bad), verify=False)
-
-
-@settings(max_examples=200)
-@given(answer=pull_answers(), data=st.data())
-def test_mutated_packed_pull_raises_only_decode_errors(
-    answer: tuple[PullStatus, int, int, int, list[Message], list[int]], data: st.DataObject
-) -> None:
-    status, lo, hi, nxt, msgs, globals_ = answer
-    recs = [encode_record(1, 0, i, 0, encode_entry(m)) for i, m in enumerate(msgs)]
-    buf = bytearray(b"".join(encode_pull_response_packed(status, lo, hi, nxt, globals_, recs)))
-    i = data.draw(st.integers(0, len(buf) - 1), label="index")
-    buf[i] ^= data.draw(st.integers(1, 255), label="mask")
-    cut = data.draw(st.integers(0, len(buf)), label="cut")
-    for candidate in (bytes(buf), bytes(buf[:cut])):
-        try:
-            decode_pull_packed(candidate)
-        except DECODE_ERRORS:
-            pass
-
-
-def test_empty_pull_response() -> None:
-    buf = b"".join(encode_pull_response(PullStatus.NO_NEW_MESSAGE, 0, 5, 5, []))
-    assert decode_pull_response("t", buf) == PullResult(PullStatus.NO_NEW_MESSAGE, [], 0, 5, 5)
-
-
-def test_pull_response_with_a_corrupt_record() -> None:
-    rec = bytearray(encode_record(1, 0, 0, 0, encode_entry(Message(b"x"))))
-    rec[-1] ^= 1
-    buf = b"".join(encode_pull_response(PullStatus.FOUND, 0, 1, 1, [(0, bytes(rec))]))
-    with pytest.raises(CorruptRecord):
-        decode_pull_response("t", buf)
-
-
-def test_pull_response_unknown_status() -> None:
-    buf = bytearray(b"".join(encode_pull_response(PullStatus.FOUND, 0, 0, 0, [])))
-    buf[0] = 200
-    with pytest.raises(RemoteProtocolError):
-        decode_pull_response("t", bytes(buf))
-
-
-@settings(max_examples=200)
-@given(buf=st.binary(max_size=200))
-def test_garbage_pull_response_raises_only_decode_errors(buf: bytes) -> None:
-    try:
-        decode_pull_response("t", buf)
-    except DECODE_ERRORS:
-        pass
-
-
-@settings(max_examples=200)
-@given(answer=pull_answers(), data=st.data())
-def test_mutated_pull_response_raises_only_decode_errors(
-    answer: tuple[PullStatus, int, int, int, list[Message], list[int]], data: st.DataObject
-) -> None:
-    status, lo, hi, nxt, msgs, globals_ = answer
-    records = [
-        (g, encode_record(1, 0, i, 0, encode_entry(m)))
-        for i, (m, g) in enumerate(zip(msgs, globals_, strict=True))
-    ]
-    buf = bytearray(b"".join(encode_pull_response(status, lo, hi, nxt, records)))
-    i = data.draw(st.integers(0, len(buf) - 1), label="index")
-    buf[i] ^= data.draw(st.integers(1, 255), label="mask")
-    cut = data.draw(st.integers(0, len(buf)), label="cut")
-    for candidate in (bytes(buf), bytes(buf[:cut])):
-        try:
-            decode_pull_response("t", candidate)
-        except DECODE_ERRORS:
-            pass
-
-
 def test_decode_errors_are_eqeue_errors() -> None:
     assert all(issubclass(e, EQueueError) for e in DECODE_ERRORS)
 
@@ -733,3 +620,12 @@ def test_decode_errors_are_eqeue_errors() -> None:
 )
 def test_parse_tag_filter(expr: str | None, expected: frozenset[bytes] | None) -> None:
     assert parse_tag_filter(expr) == expected
+
+
+@settings(max_examples=100)
+@given(msgs=st.lists(messages, min_size=1, max_size=6), codec=st.sampled_from(list(Codec)))
+def test_entries_batch_is_the_batch_of_the_messages(msgs: list[Message], codec: Codec) -> None:
+    """The producer's batch of its buffered entries equals the batch encoder's of the
+    same messages (so a batch stored as sent reads back like one the broker built)."""
+    expected = encode_batch([produce_side(m) for m in msgs], codec)
+    assert wire.entries_batch([encode_entry(m) for m in msgs], codec) == expected

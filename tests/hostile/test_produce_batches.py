@@ -1,0 +1,113 @@
+"""Hostile producer batches: decompression bombs (zstd, lz4), batches whose crc32,
+size or count lie, truncated batches. Each is refused with CORRUPT_RECORD before
+anything is inflated or written, and the broker keeps serving its other clients."""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+import lz4.frame
+import pytest
+import zstandard
+
+from equeue import Message, wire
+from equeue.broker import open_broker
+from equeue.client import AsyncClient
+from equeue.errors import CorruptRecord, InvalidMessage
+from equeue.wire.batches import BATCH_HEAD, BATCH_MAGIC, Codec, encode_batch, encode_record
+from tests.conftest import make_config, wait_until
+from tests.hostile.conftest import LatencyProbe
+
+#: what a bomb inflates to: far above the frame limit
+_BOMB = 256 << 20
+
+
+def _batch(
+    codec: Codec, count: int, records_len: int, carried: bytes, crc: int | None = None
+) -> bytes:
+    """A batch written field by field, so any field can lie."""
+    crc = zlib.crc32(carried) if crc is None else crc
+    return BATCH_HEAD.pack(BATCH_MAGIC, codec, count, crc, records_len) + carried
+
+
+def _zeros(codec: Codec, n: int) -> bytes:
+    if codec is Codec.ZSTD:
+        # streamed: the compressor never holds the inflated size
+        cobj = zstandard.ZstdCompressor(level=1).compressobj()
+        chunk = bytes(1 << 20)
+        return b"".join(cobj.compress(chunk) for _ in range(n >> 20)) + cobj.flush()
+    return bytes(lz4.frame.compress(bytes(n)))
+
+
+def _attacks() -> list[tuple[str, bytes]]:
+    rec = encode_record(Message(b"hello"))
+    two = rec + rec
+    good_z = zstandard.ZstdCompressor().compress(two)
+    out: list[tuple[str, bytes]] = []
+    for codec in (Codec.ZSTD, Codec.LZ4):
+        name = codec.name.lower()
+        bomb = _zeros(codec, _BOMB if codec is Codec.ZSTD else 64 << 20)
+        # announced honestly: refused on the header, above the frame limit
+        out.append((f"{name} bomb announced", _batch(codec, 1, _BOMB, bomb)))
+        # announced small: decompression stops one byte past the announced size
+        out.append((f"{name} bomb lying about its size", _batch(codec, 1, 100, bomb)))
+    out += [
+        ("crc lies", _batch(Codec.NONE, 2, len(two), two, crc=zlib.crc32(two) ^ 1)),
+        ("crc lies (zstd)", _batch(Codec.ZSTD, 2, len(two), good_z, crc=zlib.crc32(good_z) ^ 1)),
+        ("size lies (none)", _batch(Codec.NONE, 2, len(two) + 5, two)),
+        ("size lies (zstd)", _batch(Codec.ZSTD, 2, len(two) - 1, good_z)),
+        ("count lies", _batch(Codec.NONE, 3, len(two), two)),
+        ("truncated (none)", encode_batch([Message(b"hello")] * 2)[:-3]),
+        ("truncated (zstd, crc of what is left)", _batch(Codec.ZSTD, 2, len(two), good_z[:-4])),
+        ("truncated header", encode_batch([Message(b"hello")])[:7]),
+        (
+            "unknown codec",
+            _batch(Codec.NONE, 1, len(rec), rec)[:1]
+            + b"\x07"
+            + _batch(Codec.NONE, 1, len(rec), rec)[2:],
+        ),
+    ]
+    return out
+
+
+async def test_lying_batches_are_refused_nothing_stored_and_others_served(tmp_path: Path) -> None:
+    async with (
+        open_broker(make_config(tmp_path / "d")) as b,
+        AsyncClient(b.address) as c,
+        LatencyProbe(b.address) as probe,
+    ):
+        await c.create_topic("t", 1)
+        for what, batch in _attacks():
+            with pytest.raises(CorruptRecord) as info:
+                await c.produce(wire.ProduceRequest("t", 0, (), batch=batch))
+            assert info.value.code == CorruptRecord.code, what
+            assert (await c.queue_offsets("t", 0)).max_offset == 0, what
+        # the same connection still produces, and the probe (produce + pull round
+        # trips on its own connection) was served throughout
+        ok = await c.produce(wire.ProduceRequest("t", 0, (), batch=encode_batch([Message(b"ok")], Codec.LZ4)))
+        assert ok.stored == 1
+        rounds = probe.rounds
+        await wait_until(lambda: probe.rounds > rounds + 2)
+    assert not probe.errors, str(probe)
+
+
+async def test_a_record_the_broker_would_not_store_is_refused(tmp_path: Path) -> None:
+    async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+        await c.create_topic("t", 1)
+        batch = encode_batch([Message(b"x", key="k" * 70_000)], Codec.ZSTD)
+        with pytest.raises(InvalidMessage, match="65535"):
+            await c.produce(wire.ProduceRequest("t", 0, (), batch=batch))
+        huge_due = b"\x05\x04" + b"\xff" * 9 + b"\x7f" + b"x"  # attrs deliver_at, a 70-bit varint
+        rec = bytes((len(huge_due) - 1,)) + huge_due[1:]
+        with pytest.raises(CorruptRecord):
+            await c.produce(
+                wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec))
+            )
+        # a record claiming its own store time (ts delta, attrs 32): stored as sent, it
+        # would move its message back or forth in time (retention, time lookups)
+        timed = b"\x20\x7f" + b"x"
+        rec = bytes((len(timed),)) + timed
+        with pytest.raises(InvalidMessage, match="store-time delta"):
+            await c.produce(wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec)))
+        assert (await c.queue_offsets("t", 0)).max_offset == 0

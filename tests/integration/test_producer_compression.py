@@ -1,0 +1,133 @@
+"""The producer's ``compression`` option: each request carries one batch of
+records, compressed with the chosen codec, and the messages come back as sent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+from typer.testing import CliRunner
+
+from equeue import ConfigError
+from equeue.broker import Broker, EmbeddedBroker
+from equeue.cli import app
+from equeue.producer import AsyncClient, AsyncProducer, ProducerOptions
+from equeue.wire.batches import Codec, batch_head
+from tests.integration.test_produce_batches import stored
+from tests.integration.test_producer import read_queue
+
+
+def test_the_option_parses_names_and_refuses_others() -> None:
+    assert ProducerOptions(compression="ZSTD").compression is Codec.ZSTD
+    assert ProducerOptions().compression is Codec.NONE
+    with pytest.raises(ConfigError, match="choose none, zstd or lz4"):
+        ProducerOptions(compression="gzip")
+
+
+async def test_each_codec_round_trips_and_compresses_on_the_wire(broker: Broker) -> None:
+    body = b'{"order": 1234, "customer": "someone", "items": ["a", "b", "c"], "total": 99.5}'
+    sent_bytes: dict[str, int] = {}
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            for codec in ("none", "zstd", "lz4"):
+                topic = f"t-{codec}"
+                await c.create_topic(topic, 1)
+                before = broker.stats.bytes_in
+                async with AsyncProducer(broker.address, compression=codec, linger=1.0) as p:
+                    handles = [
+                        await p.send_async(
+                            topic, body, key=f"k{i}", tags="tag", properties={"n": str(i)}
+                        )
+                        for i in range(200)
+                    ]
+                    await p.flush()
+                    assert [(await h).queue_offset for h in handles] == list(range(200))
+                sent_bytes[codec] = broker.stats.bytes_in - before
+                got = await read_queue(c, topic, 0)  # consumed back through PULL
+                _, batches = stored(broker, topic)
+                assert {batch_head(x, 1 << 20).codec for x in batches} == {Codec.parse(codec)}
+                assert [(m.body, m.key, m.tags, m.properties) for m in got] == [
+                    (body, f"k{i}", "tag", {"n": str(i)}) for i in range(200)
+                ]
+            # a delayed message still goes (as entries) and is scheduled
+            async with AsyncProducer(broker.address, compression="zstd") as p:
+                assert (await p.send("t-zstd", b"later", delay=3600)).scheduled
+    assert sent_bytes["zstd"] < sent_bytes["none"] / 4, sent_bytes
+    assert sent_bytes["lz4"] < sent_bytes["none"] / 2, sent_bytes
+
+
+def test_cli_produce_compression(embedded_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    src = tmp_path / "lines.txt"
+    src.write_text(
+        "".join(
+            f'{{"user": "u{i % 3}", "note": "the same words again and again"}}\n'
+            for i in range(300)
+        )
+    )
+    runner = CliRunner()
+    assert embedded_broker._broker is not None
+    stats = embedded_broker._broker.stats
+    sent: dict[str, int] = {}
+    for codec in ("none", "zstd", "lz4"):
+        before = stats.bytes_in
+        res = runner.invoke(
+            app,
+            [
+                "produce",
+                "cli",
+                "--file",
+                str(src),
+                "--compression",
+                codec,
+                "-b",
+                embedded_broker.address,
+            ],
+        )
+        assert res.exit_code == 0 and "sent 300 messages" in res.output, res.output
+        sent[codec] = stats.bytes_in - before
+    assert sent["zstd"] < sent["none"] / 4 and sent["lz4"] < sent["none"] / 2, sent
+    b = embedded_broker._broker
+    assert b is not None
+    got = [m for q in range(4) for m in stored(b, "cli", q)[0]]  # auto-created with 4 queues
+    assert len(got) == 900
+    res = runner.invoke(
+        app,
+        [
+            "produce",
+            "cli",
+            "--file",
+            str(src),
+            "--compression",
+            "gzip",
+            "-b",
+            embedded_broker.address,
+        ],
+    )
+    assert res.exit_code == 1
+    assert res.stderr.strip().splitlines() == [
+        "error: --compression: unknown compression 'gzip': choose none, zstd or lz4"
+    ]
+
+
+def test_cli_topic_compression_setting(embedded_broker: EmbeddedBroker) -> None:
+    runner = CliRunner()
+    addr = ["-b", embedded_broker.address]
+
+    def ok(*args: str) -> str:
+        res = runner.invoke(app, [*args, *addr])
+        assert res.exit_code == 0, res.output
+        return res.stdout
+
+    assert "compression zstd" in ok("topic", "create", "z", "--queues", "1", "--compression", "zstd")
+    assert "compression default" in ok("topic", "create", "d", "--queues", "1")
+    assert "compression lz4" in ok("topic", "alter", "z", "--compression", "lz4")
+    assert "compression lz4" in ok("topic", "describe", "z")
+    assert json.loads(ok("topic", "describe", "z", "--json"))["info"]["compression"] == "lz4"
+    assert "compression default" in ok("topic", "alter", "z", "--compression", "default")
+    res = runner.invoke(app, ["topic", "create", "bad", "--compression", "gzip", *addr])
+    assert res.exit_code == 1
+    assert res.stderr.strip().splitlines() == [
+        "error: --compression must be one of producer, none, zstd, lz4, got 'gzip'"
+    ]

@@ -1,0 +1,231 @@
+"""Store format 3: a produce request is stored as one record batch, and
+``StoreReader.read_queue`` answers with whole stored batches, each with a keep mask
+(skips and tag filters), budgets at batch granularity (docs/storage.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from equeue import Message, wire
+from equeue.broker.storage import (
+    CreateTopicOp,
+    MoveDueOp,
+    ProduceOp,
+    ScanBudget,
+    Store,
+    layout,
+    messages_of,
+)
+from equeue.broker.storage.skips import SkipRecordOp
+from equeue.control import TopicInfo
+from equeue.errors import CorruptRecord, InvalidMessage
+from equeue.protocol import PullStatus
+from equeue.wire import batches
+
+
+def _entries(n: int, start: int = 0, tags: str | None = None, key: bool = True) -> list[bytes]:
+    return [
+        wire.encode_entry(Message(f"m{i}".encode(), key=f"k{i}" if key else None, tags=tags,
+                                  properties={"p": str(i)} if i % 3 == 0 else {}))
+        for i in range(start, start + n)
+    ]  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    s = Store(tmp_path / "s", map_size=64 << 20, clock=lambda: 1_000)
+    yield s
+    s.close()
+
+
+def _topic(s: Store, name: str = "t", queues: int = 2) -> TopicInfo:
+    (info,) = s.write([CreateTopicOp(name, queues)]).settled()
+    assert isinstance(info, TopicInfo)
+    return info
+
+
+def test_a_produce_is_one_stored_batch_and_reads_back_message_for_message(store: Store) -> None:
+    info = _topic(store)
+    store.write([ProduceOp(info, 1, _entries(3, key=False))]).settled()  # globals 0..2 on queue 1
+    (a,) = store.write([ProduceOp(info, 0, _entries(5))]).settled()
+    (b,) = store.write([ProduceOp(info, 0, _entries(4, 5, tags="x"))]).settled()
+    assert (a.first_global, a.first_queue, b.first_global, b.first_queue) == (3, 0, 8, 5)
+    with store.env.begin() as txn:
+        assert txn.stat(store.db[b"messages"])["entries"] == 3  # one value per batch
+        assert txn.stat(store.db[b"qindex"])["entries"] == 3
+        v = txn.get(layout.qindex_key(info.topic_id, 0, 5), db=store.db[b"qindex"])
+        assert layout.unpack_qindex_value(v) == (8, 4)
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)
+    assert (r.status, r.min_offset, r.max_offset, r.next_offset) == (PullStatus.FOUND, 0, 9, 9)
+    assert [(g, m) for g, _v, m in r.batches] == [(3, b""), (8, b"")]
+    msgs = messages_of(info.name, r.batches)
+    assert [m.body for m in msgs] == [f"m{i}".encode() for i in range(9)]
+    assert [(m.queue_offset, m.global_offset) for m in msgs] == [(i, 3 + i) for i in range(9)]
+    assert msgs[3].properties == {"p": "3"} and msgs[8].tags == "x" and msgs[2].key == "k2"
+    assert all(m.timestamp == 1_000 for m in msgs)
+    h = batches.stored_head(r.batches[1][1])
+    assert (h.topic_id, h.queue_id, h.base_offset, h.first_ms, h.last_ms) == (info.topic_id, 0, 5, 1_000, 1_000)
+
+
+def test_a_read_from_inside_a_batch_sends_the_batch_and_counts_from_the_offset(store: Store) -> None:
+    info = _topic(store)
+    for i in range(3):
+        store.write([ProduceOp(info, 0, _entries(10, 10 * i))]).settled()
+    r = store.read_queue(info, 0, 7, 3, 1 << 20)  # 3 of batch 0 from offset 7: the whole batch goes
+    assert [g for g, _v, _m in r.batches] == [0] and r.next_offset == 10
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 7)] == [7, 8, 9]
+    r = store.read_queue(info, 0, 7, 13, 1 << 20)  # 3 + 10 fit; the third batch would pass 13
+    assert [g for g, _v, _m in r.batches] == [0, 10] and r.next_offset == 20
+    r = store.read_queue(info, 0, 0, 1, 1 << 20)  # at least one batch
+    assert len(r.batches) == 1 and r.next_offset == 10
+    size = len(r.batches[0][1])
+    r = store.read_queue(info, 0, 0, 100, size + 1)  # bytes: the second batch would pass them
+    assert len(r.batches) == 1
+    assert store.read_queue(info, 0, 30, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
+    assert store.read_queue(info, 0, 31, 10, 1 << 20).status is PullStatus.OFFSET_OVERFLOW
+
+
+def test_skips_and_tag_filters_are_masks(store: Store) -> None:
+    info = _topic(store)
+    es = [wire.encode_entry(Message(f"m{i}".encode(), tags="a" if i % 2 else "b")) for i in range(10)]
+    store.write([ProduceOp(info, 0, es)]).settled()
+    store.write([SkipRecordOp("t", 0, 3)]).settled()
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)
+    assert r.batches[0][2] == bytes([0b11110111, 0b11])
+    assert [m.queue_offset for m in messages_of(info.name, r.batches)] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    r = store.read_queue(info, 0, 2, 100, 1 << 20, frozenset({b"a"}))
+    assert r.next_offset == 10
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 2)] == [5, 7, 9]  # 3: skipped
+    assert r.batches[0][2] == bytes([0b10100000, 0b10])
+    r = store.read_queue(info, 0, 0, 100, 1 << 20, frozenset({b"none"}))
+    assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_NEW_MESSAGE, [], 10)
+
+
+def test_a_filtered_scan_stops_at_its_budget_on_a_batch_boundary(store: Store) -> None:
+    info = _topic(store)
+    for _i in range(5):
+        store.write([ProduceOp(info, 0, [wire.encode_entry(Message(b"x", tags="no")) for _ in range(10)])]).settled()
+    store.scan_budget = ScanBudget(records=25, seconds=60.0)
+    r = store.read_queue(info, 0, 0, 100, 1 << 20, frozenset({b"yes"}))
+    assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_MATCHED_MSG, [], 30)
+
+
+def test_reopen_recovers_the_next_offsets_from_the_last_batches(tmp_path: Path) -> None:
+    s = Store(tmp_path / "s", map_size=64 << 20)
+    info = _topic(s)
+    s.write([ProduceOp(info, 0, _entries(7))]).settled()
+    s.write([ProduceOp(info, 1, _entries(5))]).settled()
+    with s.env.begin(write=True) as txn:  # stale statistics: the index's last keys win
+        txn.drop(s.db[b"qstats"], delete=False)
+        txn.delete(b"next_global", db=s.db[b"meta"])
+    s.close()
+    s = Store(tmp_path / "s", map_size=64 << 20)
+    try:
+        assert (s.queue_state(info.topic_id, 0).next_offset, s.queue_state(info.topic_id, 1).next_offset) == (7, 5)
+        assert s.next_global == 12
+        (a,) = s.write([ProduceOp(info, 0, _entries(1))]).settled()
+        assert (a.first_global, a.first_queue) == (12, 7)
+    finally:
+        s.close()
+
+
+def test_a_corrupt_batch_is_corrupt_record_naming_the_way_past(store: Store) -> None:
+    info = _topic(store)
+    store.write([ProduceOp(info, 0, _entries(4))]).settled()
+    store.write([ProduceOp(info, 0, _entries(4, 4))]).settled()
+    with store.env.begin(write=True) as txn:
+        v = bytearray(txn.get(layout.global_key(4), db=store.db[b"messages"]))
+        v[-1] ^= 0xFF  # the second batch's last record
+        txn.put(layout.global_key(4), bytes(v), db=store.db[b"messages"])
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)  # the good batch first, stops before the bad
+    assert [g for g, _v, _m in r.batches] == [0] and r.next_offset == 4
+    with pytest.raises(CorruptRecord, match=r"offset 4: batch checksum mismatch.*--offset 4.*4\.\.7"):
+        store.read_queue(info, 0, 4, 100, 1 << 20)
+    assert store.read_queue(info, 0, 4, 100, 1 << 20, verify=False).batches  # the client checks
+    with pytest.raises(CorruptRecord):
+        store.get_queue_offset(info, 0, 6)
+    for o in range(4, 8):
+        store.write([SkipRecordOp("t", 0, o)]).settled()
+    assert store.read_queue(info, 0, 4, 100, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
+
+
+def test_lookups_by_position_and_key_and_time(tmp_path: Path) -> None:
+    now = [1_000]
+    s = Store(tmp_path / "s", map_size=64 << 20, clock=lambda: now[0])
+    try:
+        info = _topic(s)
+        s.write([ProduceOp(info, 0, _entries(5))]).settled()  # k0..k4 at 1000
+        now[0] = 2_000
+        s.write([ProduceOp(info, 1, _entries(3))]).settled()  # k0..k2 at 2000, globals 5..7
+        hit = s.get_queue_offset(info, 1, 2)
+        assert hit is not None and hit.global_offset == 7 and hit.message("t").key == "k2"
+        g = s.get_global(3)
+        assert g is not None and (g.global_base, g.index) == (0, 3)
+        assert s.get_global(8) is None
+        found = s.find_by_key(info, "k1", 10)
+        assert [h.global_offset for h in found.hits] == [6, 1] and found.resume_before == 0
+        assert [h.global_offset for h in s.find_by_key(info, "k1", 10, before=6).hits] == [1]
+        assert s.find_by_key(info, "nope", 10).hits == []
+        assert s.offset_for_time(info, 0, 0) == 0
+        assert s.offset_for_time(info, 1, 1_500) == 0
+        assert s.offset_for_time(info, 1, 2_001) == 3
+    finally:
+        s.close()
+
+
+def test_a_corrupt_value_never_crashes_a_raw_reader(store: Store) -> None:
+    info = _topic(store)
+    store.write([ProduceOp(info, 0, _entries(2))]).settled()
+    with store.env.begin(write=True) as txn:
+        txn.put(layout.global_key(0), b"\x00" * 10, db=store.db[b"messages"])
+    with pytest.raises(CorruptRecord, match="truncated"):
+        store.read_queue(info, 0, 0, 10, 1 << 20)
+    assert store.find_by_key(info, "k0", 5).hits == []
+    assert isinstance(store.env, lmdb.Environment)
+
+
+def test_due_messages_move_as_one_batch_per_queue(tmp_path: Path) -> None:
+    now = [1_000]
+    s = Store(tmp_path / "s", map_size=64 << 20, clock=lambda: now[0])
+    try:
+        info = _topic(s)
+        due = [wire.encode_entry(Message(f"d{i}".encode(), key=f"k{i}", deliver_at=5_000 + i)) for i in range(6)]
+        (ans,) = s.write([ProduceOp(info, 0, [*due[:4], wire.encode_entry(Message(b"now"))])]).settled()
+        assert (ans.stored, ans.scheduled) == (1, 4)  # the one not delayed: a batch of its own
+        s.write([ProduceOp(info, 1, due[4:])]).settled()
+        now[0] = 10_000
+        assert s.write([MoveDueOp()]).settled() == [6]
+        with s.env.begin() as txn:
+            assert txn.stat(s.db[b"messages"])["entries"] == 3  # "now", then one batch per queue
+        msgs, _r = s.read_messages(info, 0, 0, 100)
+        assert [(m.text, m.queue_offset, m.deliver_at) for m in msgs] == [
+            ("now", 0, 0), ("d0", 1, 0), ("d1", 2, 0), ("d2", 3, 0), ("d3", 4, 0)
+        ]
+        assert [h.global_offset for h in s.find_by_key(info, "k5", 5).hits] == [s.next_global - 1]
+    finally:
+        s.close()
+
+
+def test_the_batch_header_keeps_an_idempotent_producers_id_and_sequence(store: Store) -> None:
+    info = _topic(store)
+    pid = b"p" * 16
+    store.write([ProduceOp(info, 0, _entries(2), pid, 0), ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    store.write([ProduceOp(info, 1, _entries(1), None, -1)]).settled()  # no producer: any sequence
+    (dup,) = store.write([ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    assert dup.duplicate and dup.first_queue == 2
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)
+    heads = [batches.stored_head(v) for _g, v, _m in r.batches]
+    assert [(h.producer_id, h.base_sequence, h.base_offset) for h in heads] == [(pid, 0, 0), (pid, 2, 2)]
+    (_g, v, _m), = store.read_queue(info, 1, 0, 100, 1 << 20).batches
+    assert (batches.stored_head(v).producer_id, batches.stored_head(v).base_sequence) == (None, 0)
+
+
+def test_a_key_that_is_not_utf8_refuses_the_request_and_stores_nothing(store: Store) -> None:
+    info = _topic(store)
+    bad = wire.pack_entry(b"b", key=b"\xff\xfe")
+    (err,) = store.write([ProduceOp(info, 0, [*_entries(2), bad])]).settled()
+    assert isinstance(err, InvalidMessage) and "message 2" in str(err)
+    assert store.queue_state(info.topic_id, 0).next_offset == 0 and store.next_global == 0
