@@ -416,7 +416,7 @@ class StoreReader:
         deadline = budget.deadline()
         examined = hops = size = 0
         bucket: int | None = (before - 1) // bsize
-        last: tuple[int, bytes, list[batches.Record]] | None = None  # the batch read last, decoded
+        last: tuple[int, bytes, bytes, list[int]] | None = None  # the batch read last: records, bounds
         with self.env.begin() as txn:
             kcur = txn.cursor(db=self.db[b"kindex"])
             mcur = txn.cursor(db=self.db[b"messages"])
@@ -438,18 +438,21 @@ class StoreReader:
                     if budget.spent(examined, deadline):
                         return KeyHits(out, g + 1)
                     examined += 1
-                    if last is None or not last[0] <= g < last[0] + len(last[2]):
+                    if last is None or not last[0] <= g < last[0] + len(last[3]) - 1:
                         if not _last_below(mcur, layout.global_key(g + 1)):
                             continue
                         base, value = layout.global_of(mcur.key()), bytes(mcur.value())
                         try:
-                            recs = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
                             batches.stored_head(value)
+                            inner = batches.stored_batch(value)
+                            bh = batches.batch_head(inner, MAX_RECORDS_LEN)
+                            records = batches.batch_records(inner, bh)
+                            last = (base, value, records, batches.record_bounds(records, bh.count))
                         except CorruptRecord:
-                            continue
-                        last = (base, value, recs)
-                    base, value, recs = last
-                    if g - base < len(recs) and recs[g - base].key == key:
+                            continue  # a damaged batch is no candidate (its reads say why)
+                    base, value, records, bounds = last
+                    i = g - base
+                    if i + 1 < len(bounds) and _record_key(records, bounds, i) == key:
                         size += len(value) + 16
                         if out and size > max_bytes:
                             return KeyHits(out, g + 1)
@@ -525,6 +528,14 @@ def _batch_key_at(cur: lmdb.Cursor, topic_id: int, queue_id: int, offset: int) -
     if _last_below(cur, layout.qindex_key(topic_id, queue_id, offset + 1)) and bytes(cur.key()).startswith(prefix):
         return True
     return bool(cur.set_range(layout.qindex_key(topic_id, queue_id, 0)) and bytes(cur.key()).startswith(prefix))
+
+
+def _record_key(records: bytes, bounds: list[int], i: int) -> str | None:
+    """The key of record ``i`` of a records section (None: no key, or it does not decode)."""
+    try:
+        return batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)[0].key
+    except CorruptRecord:
+        return None
 
 
 def _tag_bytes(tags: str | None) -> bytes | None:
