@@ -52,7 +52,14 @@ from equeue.broker.storage.replication import ReplicationLog
 from equeue.broker.storage.topics import decode_topic_record
 from equeue.broker.storage.view import QueueState, StoreView, frozen_map
 from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, store_error
-from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
+from equeue.errors import (
+    CorruptRecord,
+    EQueueError,
+    InternalBrokerError,
+    StoreDamaged,
+    StoreError,
+    StoreFull,
+)
 from equeue.logs import RateLimitedLog
 from equeue.wire import batches
 
@@ -222,8 +229,12 @@ class Store(StoreReader):
             with reading("message log"):
                 cur = txn.cursor(db=db[b"messages"])
                 if cur.last():
-                    head = batches.batch_head(batches.stored_batch(cur.value()), MAX_RECORDS_LEN, verify=False)
-                    next_global = max(next_global, layout.global_of(cur.key()) + head.count)
+                    try:
+                        count = batches.batch_head(batches.stored_batch(cur.value()), MAX_RECORDS_LEN,
+                                                   verify=False).count  # fmt: skip
+                    except CorruptRecord:
+                        count = 1  # a damaged last batch: its reads say so; "next_global" covers it
+                    next_global = max(next_global, layout.global_of(cur.key()) + count)
             with reading('meta record "next_topic_id"'):
                 nt = txn.get(b"next_topic_id", db=meta)
                 next_topic_id = layout.unpack_u32(nt) if nt else 1

@@ -240,3 +240,22 @@ def test_max_messages_cuts_a_masked_first_batch_at_its_last_delivered_record(sto
     r = store.read_queue(info, 0, 1, 2, 1 << 20, frozenset({b"a"}))  # tag a: offsets 3, 6, 9
     assert r.next_offset == 7 and r.batches[0][2] == bytes([0b01001000, 0])
     assert [m.queue_offset for m in messages_of("t", r.batches, 1, r.next_offset)] == [3, 6]
+
+
+def test_a_damaged_last_batch_never_stops_the_store_from_opening(tmp_path: Path) -> None:
+    s = Store(tmp_path / "s", map_size=64 << 20)
+    info = _topic(s)
+    s.write([ProduceOp(info, 0, _entries(3))]).settled()
+    s.write([ProduceOp(info, 0, _entries(4, 3))]).settled()
+    with s.env.begin(write=True) as txn:
+        txn.put(layout.global_key(3), b"\x00" * 3, db=s.db[b"messages"])  # the log's last value, cut
+    s.close()
+    s = Store(tmp_path / "s", map_size=64 << 20)
+    try:
+        assert s.next_global == 7 and s.queue_state(info.topic_id, 0).next_offset == 7
+        with pytest.raises(CorruptRecord, match="offset 3"):
+            s.read_queue(info, 0, 3, 10, 1 << 20)
+        (a,) = s.write([ProduceOp(info, 0, _entries(1))]).settled()
+        assert (a.first_global, a.first_queue) == (7, 7)
+    finally:
+        s.close()
