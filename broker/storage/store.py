@@ -262,7 +262,8 @@ class Store(StoreReader):
                         if ok:
                             t, qq, off = layout.unpack_qindex_key(qidx.key())
                             if (t, qq) == (info.topic_id, q):
-                                count = layout.unpack_qindex_value(qidx.value())[1]
+                                qv = qidx.value()
+                                count = layout.unpack_qindex_value(qv)[1] if len(qv) == layout.QINDEX_VALUE_SIZE else 1
                                 next_offset = max(next_offset, off + count)
                         min_offset = next_offset
                         if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
