@@ -52,7 +52,14 @@ from equeue.broker.storage.replication import ReplicationLog
 from equeue.broker.storage.topics import decode_topic_record
 from equeue.broker.storage.view import QueueState, StoreView, frozen_map
 from equeue.broker.storage.writes import WriteContext, WriteOp, WriteOutcome, now_ms, store_error
-from equeue.errors import EQueueError, InternalBrokerError, StoreDamaged, StoreError, StoreFull
+from equeue.errors import (
+    CorruptRecord,
+    EQueueError,
+    InternalBrokerError,
+    StoreDamaged,
+    StoreError,
+    StoreFull,
+)
 from equeue.logs import RateLimitedLog
 from equeue.wire import batches
 
@@ -222,8 +229,12 @@ class Store(StoreReader):
             with reading("message log"):
                 cur = txn.cursor(db=db[b"messages"])
                 if cur.last():
-                    head = batches.batch_head(batches.stored_batch(cur.value()), MAX_RECORDS_LEN, verify=False)
-                    next_global = max(next_global, layout.global_of(cur.key()) + head.count)
+                    try:
+                        count = batches.batch_head(batches.stored_batch(cur.value()), MAX_RECORDS_LEN,
+                                                   verify=False).count  # fmt: skip
+                    except CorruptRecord:
+                        count = 1  # a damaged last batch: its reads say so; "next_global" covers it
+                    next_global = max(next_global, layout.global_of(cur.key()) + count)
             with reading('meta record "next_topic_id"'):
                 nt = txn.get(b"next_topic_id", db=meta)
                 next_topic_id = layout.unpack_u32(nt) if nt else 1
@@ -251,7 +262,8 @@ class Store(StoreReader):
                         if ok:
                             t, qq, off = layout.unpack_qindex_key(qidx.key())
                             if (t, qq) == (info.topic_id, q):
-                                count = layout.unpack_qindex_value(qidx.value())[1]
+                                qv = qidx.value()
+                                count = layout.unpack_qindex_value(qv)[1] if len(qv) == layout.QINDEX_VALUE_SIZE else 1
                                 next_offset = max(next_offset, off + count)
                         min_offset = next_offset
                         if qidx.set_range(layout.qindex_key(info.topic_id, q, 0)):
