@@ -384,6 +384,10 @@ def decode_pull_response(
     topic: str, buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
 ) -> PullResult:
     """A batch-layout answer as a :class:`PullResult`, every batch's crc verified
-    (:func:`decode_pull_batches`)."""
+    (:func:`decode_pull_batches`). With an ``end`` (>= 0) below the answer's next
+    offset, a FOUND result's ``next_offset`` is ``end``: the records from there were
+    not delivered, the next pull starts at them."""
     status, lo, hi, nxt, msgs = decode_pull_batches(topic, buf, start, True, end)
+    if end is not None and 0 <= end < nxt and status is PullStatus.FOUND:
+        nxt = end
     return PullResult(status, msgs, lo, hi, nxt)
