@@ -48,7 +48,7 @@ def broker_proc(q: Any, done: Any, flush: str) -> None:
             if before:
                 ev.append((before, now()))
             r = orig(*a, **k)
-            if after and (not only_found or r.recs):
+            if after and (not only_found or r.batches):
                 ev.append((after, now()))
             return r
 

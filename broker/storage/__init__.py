@@ -1,5 +1,5 @@
-"""The broker's storage: a partitioned log with per-queue indexes in one LMDB
-environment.
+"""The broker's storage: a partitioned log of record batches (one per produce request)
+with per-queue indexes in one LMDB environment.
 
 Where each concept lives:
 
@@ -17,6 +17,8 @@ Where each concept lives:
   :mod:`~equeue.broker.storage.skips` (an operator's skip past a corrupt record),
   :mod:`~equeue.broker.storage.pauses` (paused topics and consumer groups);
 - :mod:`~equeue.broker.storage.filecheck`: ``data.mdb`` against its meta pages, before LMDB maps it;
+- :mod:`~equeue.broker.storage.convert`: a store of one record per message (formats 1
+  and 2) converted to record batches when it opens;
 - the replication log of a replicated store: :mod:`~equeue.broker.storage.recorder` (each
   transaction's physical changes, recorded as the ops make them) and
   :mod:`~equeue.broker.storage.replication` (the log databases, their state, reading,

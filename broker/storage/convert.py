@@ -117,7 +117,7 @@ def _convert_chunk(txn: lmdb.Transaction, db: dict[bytes, Any], after: bytes) ->
         for k, v in cur:
             if len(v) != 8:
                 continue  # a batch already
-            if len(old) >= CHUNK and not _continues(old[-1], bytes(k), layout.global_of(v)):
+            if len(old) >= CHUNK:  # (a run cut here goes on as another batch)
                 done = False
                 break
             old.append((bytes(k), layout.global_of(v)))

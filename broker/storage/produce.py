@@ -120,8 +120,9 @@ class ProduceOp(WriteOp):
         tid, qid, m = self.topic.topic_id, self.queue_id, len(headers)
         g, first_queue = w.next_global, st.next_offset
         batch = batches.BATCH_HEAD.pack(batches.BATCH_MAGIC, batches.Codec.NONE, m, crc32(records), len(records))
-        value = batches.encode_stored(tid, qid, first_queue, w.now, w.now, self.producer_id, self.base_sequence,
-                                      batch + records)  # fmt: skip
+        pid = self.producer_id
+        seq = self.base_sequence if pid is not None else 0  # (without a producer id it means nothing)
+        value = batches.encode_stored(tid, qid, first_queue, w.now, w.now, pid, seq, batch + records)
         w.txn.put(layout.global_key(g), value, db=w.db[b"messages"], append=True)
         w.txn.put(layout.qindex_key(tid, qid, first_queue), layout.pack_qindex_value(g, m), db=w.db[b"qindex"])
         keyed = list(compress(range(m), map(and_, map(_FLAGS, headers), repeat(wire.FLAG_KEY, m))))

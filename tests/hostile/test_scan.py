@@ -25,7 +25,7 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker.process import BrokerProcess
-from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store
+from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, messages_of
 from equeue.consumer import AsyncConsumer
 from equeue.control import TopicInfo
 from equeue.errors import BadRequest
@@ -129,10 +129,11 @@ def test_tag_scan_and_key_walk_stop_at_the_budget(tmp_path: Path) -> None:
         append(store, t, 250, tags="a")
         store.write([ProduceOp(t, 0, [wire.encode_entry(Message(b"hit", tags="b"))])])
         tags = frozenset({b"b"})
-        r = store.read_queue(t, 0, 0, 10, 1 << 20, tags)
-        assert (r.status, r.next_offset, r.recs) == (PullStatus.NO_MATCHED_MSG, 100, [])
+        r = store.read_queue(t, 0, 0, 10, 1 << 20, tags)  # one batch of 250: scanned whole
+        assert (r.status, r.next_offset, r.batches) == (PullStatus.NO_MATCHED_MSG, 250, [])
         r = store.read_queue(t, 0, 200, 10, 1 << 20, tags)
-        assert r.status is PullStatus.FOUND and len(r.recs) == 1 and r.next_offset == 251
+        assert r.status is PullStatus.FOUND and len(r.batches) == 1 and r.next_offset == 251
+        assert len(messages_of("t", r.batches, 200)) == 1
         assert store.read_queue(t, 0, 251, 10, 1 << 20, tags).status is PullStatus.NO_NEW_MESSAGE
         k = topic(store, "k")
         assert key_hash(KEY) == key_hash(COLLIDER)
@@ -145,7 +146,7 @@ def test_tag_scan_and_key_walk_stop_at_the_budget(tmp_path: Path) -> None:
         while found.resume_before:  # resuming below the cut reaches every candidate
             found = store.find_by_key(k, COLLIDER, 10, found.resume_before)
             walked += 1
-        assert [g for g, _ in found.hits] == [g0] and walked == 2
+        assert [h.global_offset for h in found.hits] == [g0] and walked == 2
         assert len(store.find_by_key(k, KEY, 1000).hits) == 100  # hits count as candidates
     finally:
         store.close()

@@ -21,7 +21,7 @@ from equeue.broker.storage import (
 )
 from equeue.broker.storage.skips import SkipRecordOp
 from equeue.control import TopicInfo
-from equeue.errors import CorruptRecord
+from equeue.errors import CorruptRecord, InvalidMessage
 from equeue.protocol import PullStatus
 from equeue.wire import batches
 
@@ -207,3 +207,25 @@ def test_due_messages_move_as_one_batch_per_queue(tmp_path: Path) -> None:
         assert [h.global_offset for h in s.find_by_key(info, "k5", 5).hits] == [s.next_global - 1]
     finally:
         s.close()
+
+
+def test_the_batch_header_keeps_an_idempotent_producers_id_and_sequence(store: Store) -> None:
+    info = _topic(store)
+    pid = b"p" * 16
+    store.write([ProduceOp(info, 0, _entries(2), pid, 0), ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    store.write([ProduceOp(info, 1, _entries(1), None, -1)]).settled()  # no producer: any sequence
+    (dup,) = store.write([ProduceOp(info, 0, _entries(3), pid, 2)]).settled()
+    assert dup.duplicate and dup.first_queue == 2
+    r = store.read_queue(info, 0, 0, 100, 1 << 20)
+    heads = [batches.stored_head(v) for _g, v, _m in r.batches]
+    assert [(h.producer_id, h.base_sequence, h.base_offset) for h in heads] == [(pid, 0, 0), (pid, 2, 2)]
+    (_g, v, _m), = store.read_queue(info, 1, 0, 100, 1 << 20).batches
+    assert (batches.stored_head(v).producer_id, batches.stored_head(v).base_sequence) == (None, 0)
+
+
+def test_a_key_that_is_not_utf8_refuses_the_request_and_stores_nothing(store: Store) -> None:
+    info = _topic(store)
+    bad = wire.pack_entry(b"b", key=b"\xff\xfe")
+    (err,) = store.write([ProduceOp(info, 0, [*_entries(2), bad])]).settled()
+    assert isinstance(err, InvalidMessage) and "message 2" in str(err)
+    assert store.queue_state(info.topic_id, 0).next_offset == 0 and store.next_global == 0

@@ -161,7 +161,7 @@ def test_the_store_is_converted_to_batches_at_open(
 
 
 def test_a_conversion_cut_short_resumes_at_the_next_open(
-    tmp_path: Path, manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = _copy(tmp_path)
     monkeypatch.setattr(convert, "CHUNK", 9)
@@ -178,8 +178,13 @@ def test_a_conversion_cut_short_resumes_at_the_next_open(
     with pytest.raises(KeyboardInterrupt):
         Store(data)
     monkeypatch.setattr(convert, "_convert_chunk", real)
-    s = Store(data)
+    monkeypatch.setattr(convert, "PROGRESS_EVERY", 0.0)  # a progress line after each transaction
+    with caplog.at_level(logging.WARNING, logger="equeue.store"):
+        s = Store(data)
     try:
+        said = [r.getMessage() for r in caplog.records if r.name == "equeue.store"]
+        assert "converting its records" in said[0] and "were converted" in said[-1]
+        assert any("records converted to batches" in line for line in said[1:-1])
         _check_store(s, manifest)
     finally:
         s.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 import zlib
 
+import attrs
 import hypothesis.strategies as st
 import lz4.frame
 import pytest
@@ -20,9 +21,12 @@ from equeue.wire.batches import (
     decode_batch,
     decode_stored,
     encode_batch,
+    encode_record,
     encode_stored,
+    records_from_entries,
     stored_head,
 )
+from equeue.wire.entries import check_entries, encode_entry, pack_entry
 
 LIMIT = 1 << 20
 text = st.text(max_size=20)
@@ -138,3 +142,19 @@ def test_a_keyed_100_byte_record_costs_3_bytes_of_header() -> None:
     an 8-byte key is 100 + 8 + 3 bytes (length, attributes, key length)."""
     batch = encode_batch([Message(bytes(100), key="k0000001")])
     assert len(batch) - BATCH_HEAD.size == 111
+
+
+@given(st.lists(messages, min_size=1, max_size=20))
+def test_records_of_produced_entries_are_the_records_of_their_messages(msgs: list[Message]) -> None:
+    """The produce path's records (from the entries, without decoding them) are what
+    the record encoder makes of the messages (reconsume counts as an entry carries them)."""
+    entries = [encode_entry(m) for m in msgs]
+    sent = [attrs.evolve(m, reconsume_times=min(m.reconsume_times, 0xFFFF)) for m in msgs]
+    assert records_from_entries(entries, check_entries(entries, 1 << 20)) == b"".join(map(encode_record, sent))
+
+
+def test_a_key_or_tags_that_is_not_utf8_is_refused_at_produce() -> None:
+    good = pack_entry(b"b", key=b"k")
+    for bad in (pack_entry(b"b", key=b"\xff"), pack_entry(b"b", tags=b"\xc3")):
+        with pytest.raises(InvalidMessage, match="message 1: its key or tags is not UTF-8"):
+            records_from_entries([good, bad], check_entries([good, bad], 1 << 20))
