@@ -460,7 +460,7 @@ class AsyncClient:
         if not req.flags & wire.PULL_BATCHES:
             req = attrs.evolve(req, flags=req.flags | wire.PULL_BATCHES)
         payload = await self.request(RequestCode.PULL, req.encode())
-        return wire.decode_pull_response(req.topic, payload, req.offset, req.offset + max(1, req.max_messages))
+        return wire.decode_pull_response(req.topic, payload, req.offset, limit=req.max_messages)
 
     async def create_topic(
         self,
