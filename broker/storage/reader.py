@@ -211,9 +211,11 @@ class StoreReader:
         verify: bool = True,
     ) -> ReadResult:
         """Read the stored batches of a queue from ``offset``: up to ``max_messages``
-        records and ``max_bytes`` of stored batches, at batch granularity (the first
-        batch always goes; a batch that starts below ``offset`` counts only its
-        records from it).
+        records and ``max_bytes`` of stored batches. Batches are sent whole; the first
+        always goes, and when it holds more than ``max_messages`` records from
+        ``offset`` the answer ends inside it (``next_offset``: the reader delivers the
+        records from ``offset`` below ``next_offset``). A later batch goes only when
+        all its records fit both budgets.
 
         Records an operator skipped, and with a ``tag_filter`` the records whose tags
         it does not hold, are masked out (a batch with none left is not sent). A
@@ -287,7 +289,14 @@ class StoreReader:
                     keep = [i for i in cand if _tag_bytes(records[i].tags) in tag_filter]
                     scanned += count - first
                 n = count - first if keep is None else len(keep)
-                if out and (delivered + n > max_messages or size + len(value) > max_bytes) and n:
+                room = max_messages - delivered
+                if out and (n > room or size + len(value) > max_bytes) and n:
+                    break
+                if n > room:  # the first batch holds more than asked: the answer ends inside it
+                    cut = first + room - 1 if keep is None else keep[room - 1]
+                    nxt = base + cut + 1
+                    out.append((g, value, b"" if keep is None else _mask_of(keep[:room], count)))
+                    delivered += room
                     break
                 nxt = base + count
                 if n:
@@ -310,7 +319,7 @@ class StoreReader:
         """:meth:`read_queue`, its records decoded: the messages delivered (from
         ``offset``, masks applied) and the read's result. Raises as it does."""
         r = self.read_queue(info, queue_id, offset, max_messages, max_bytes)
-        return messages_of(info.name, r.batches, offset), r
+        return messages_of(info.name, r.batches, offset, r.next_offset), r
 
     def _last_committed(self, topic_id: int, queue_id: int) -> int:
         """Highest committed queue offset of a queue according to LMDB (-1 if empty)."""
@@ -407,7 +416,7 @@ class StoreReader:
         deadline = budget.deadline()
         examined = hops = size = 0
         bucket: int | None = (before - 1) // bsize
-        last: tuple[int, bytes, list[batches.Record]] | None = None  # the batch read last, decoded
+        last: tuple[int, bytes, bytes, list[int]] | None = None  # the batch read last: records, bounds
         with self.env.begin() as txn:
             kcur = txn.cursor(db=self.db[b"kindex"])
             mcur = txn.cursor(db=self.db[b"messages"])
@@ -429,18 +438,21 @@ class StoreReader:
                     if budget.spent(examined, deadline):
                         return KeyHits(out, g + 1)
                     examined += 1
-                    if last is None or not last[0] <= g < last[0] + len(last[2]):
+                    if last is None or not last[0] <= g < last[0] + len(last[3]) - 1:
                         if not _last_below(mcur, layout.global_key(g + 1)):
                             continue
                         base, value = layout.global_of(mcur.key()), bytes(mcur.value())
                         try:
-                            recs = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
                             batches.stored_head(value)
+                            inner = batches.stored_batch(value)
+                            bh = batches.batch_head(inner, MAX_RECORDS_LEN)
+                            records = batches.batch_records(inner, bh)
+                            last = (base, value, records, batches.record_bounds(records, bh.count))
                         except CorruptRecord:
-                            continue
-                        last = (base, value, recs)
-                    base, value, recs = last
-                    if g - base < len(recs) and recs[g - base].key == key:
+                            continue  # a damaged batch is no candidate (its reads say why)
+                    base, value, records, bounds = last
+                    i = g - base
+                    if i + 1 < len(bounds) and _record_key(records, bounds, i) == key:
                         size += len(value) + 16
                         if out and size > max_bytes:
                             return KeyHits(out, g + 1)
@@ -518,6 +530,14 @@ def _batch_key_at(cur: lmdb.Cursor, topic_id: int, queue_id: int, offset: int) -
     return bool(cur.set_range(layout.qindex_key(topic_id, queue_id, 0)) and bytes(cur.key()).startswith(prefix))
 
 
+def _record_key(records: bytes, bounds: list[int], i: int) -> str | None:
+    """The key of record ``i`` of a records section (None: no key, or it does not decode)."""
+    try:
+        return batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)[0].key
+    except CorruptRecord:
+        return None
+
+
 def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
 
@@ -536,13 +556,13 @@ def mask_keeps(mask: bytes, i: int) -> bool:
     return not mask or bool(mask[i >> 3] >> (i & 7) & 1)
 
 
-def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0) -> list[Message]:
-    """The messages of a read's batches: records at queue offsets >= ``offset`` that
-    their masks keep. Raises CorruptRecord."""
+def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0, end: int = 1 << 64) -> list[Message]:
+    """The messages of a read's batches: records at queue offsets from ``offset`` below
+    ``end`` (the read's next offset) that their masks keep. Raises CorruptRecord."""
     out: list[Message] = []
     for g, value, mask in refs:
         for i, m in enumerate(batches.decode_stored(topic, g, value, MAX_RECORDS_LEN)):
-            if m.queue_offset >= offset and mask_keeps(mask, i):
+            if offset <= m.queue_offset < end and mask_keeps(mask, i):
                 out.append(m)
     return out
 

@@ -309,6 +309,26 @@ def records_from_entries(entries: Sequence[bytes], headers: Sequence[tuple[int, 
     return b"".join(out)
 
 
+def record_bounds(records: bytes, count: int) -> list[int]:
+    """Where each of the ``count`` records of a records section starts, and where the
+    last one ends (``count + 1`` positions): record i is ``records[b[i]:b[i + 1]]``, one
+    record for :func:`decode_records`. Reads only the length prefixes (a lookup that
+    needs one record of a large batch). Raises CorruptRecord when they overrun the
+    section or do not end exactly at its end."""
+    out = [0]
+    pos, end = 0, len(records)
+    try:
+        for _ in range(count):
+            n, p = _read_uvarint(records, pos)
+            pos = p + n
+            out.append(pos)
+    except IndexError:
+        raise CorruptRecord("a record is truncated") from None
+    if pos != end:
+        raise CorruptRecord(f"the batch's {count} records do not end at its end")
+    return out
+
+
 # ---------------------------------------------------------------- batches
 def _compress(codec: Codec, data: bytes) -> bytes:
     if codec is Codec.ZSTD:

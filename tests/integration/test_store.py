@@ -271,9 +271,9 @@ def test_dense_reads_match_what_was_written(tmp_path: Path, shape: str, verify: 
             off = rnd.randrange(len(want)) if want else 0
             n = rnd.choice([1, 5, 100, 1000, 10_000])
             r = store.read_queue(info, q, off, n, 1 << 30, verify=verify)
-            msgs = messages_of("t", r.batches, off)
+            msgs = messages_of("t", r.batches, off, r.next_offset)
             got = [(m.global_offset, wire.encode_entry(m)) for m in msgs]
-            assert got == want[off : off + len(got)] and (got or off >= len(want))
+            assert got == want[off : off + len(got)] and (got or off >= len(want)) and len(got) <= n
             assert [m.queue_offset for m in msgs] == list(range(off, off + len(got)))
             assert r.next_offset == off + len(got)
         # a byte limit cuts a read after whole batches (at least one)

@@ -70,7 +70,7 @@ def test_a_produce_is_one_stored_batch_and_reads_back_message_for_message(store:
     assert (h.topic_id, h.queue_id, h.base_offset, h.first_ms, h.last_ms) == (info.topic_id, 0, 5, 1_000, 1_000)
 
 
-def test_a_read_from_inside_a_batch_sends_the_batch_and_counts_from_the_offset(store: Store) -> None:
+def test_a_read_sends_whole_batches_and_counts_records_from_the_offset(store: Store) -> None:
     info = _topic(store)
     for i in range(3):
         store.write([ProduceOp(info, 0, _entries(10, 10 * i))]).settled()
@@ -79,8 +79,10 @@ def test_a_read_from_inside_a_batch_sends_the_batch_and_counts_from_the_offset(s
     assert [m.queue_offset for m in messages_of(info.name, r.batches, 7)] == [7, 8, 9]
     r = store.read_queue(info, 0, 7, 13, 1 << 20)  # 3 + 10 fit; the third batch would pass 13
     assert [g for g, _v, _m in r.batches] == [0, 10] and r.next_offset == 20
-    r = store.read_queue(info, 0, 0, 1, 1 << 20)  # at least one batch
-    assert len(r.batches) == 1 and r.next_offset == 10
+    r = store.read_queue(info, 0, 0, 1, 1 << 20)  # at least one batch, the answer ending inside it
+    assert len(r.batches) == 1 and r.next_offset == 1
+    r = store.read_queue(info, 0, 4, 3, 1 << 20)
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 4, r.next_offset)] == [4, 5, 6]
     size = len(r.batches[0][1])
     r = store.read_queue(info, 0, 0, 100, size + 1)  # bytes: the second batch would pass them
     assert len(r.batches) == 1
@@ -229,3 +231,12 @@ def test_a_key_that_is_not_utf8_refuses_the_request_and_stores_nothing(store: St
     (err,) = store.write([ProduceOp(info, 0, [*_entries(2), bad])]).settled()
     assert isinstance(err, InvalidMessage) and "message 2" in str(err)
     assert store.queue_state(info.topic_id, 0).next_offset == 0 and store.next_global == 0
+
+
+def test_max_messages_cuts_a_masked_first_batch_at_its_last_delivered_record(store: Store) -> None:
+    info = _topic(store)
+    es = [wire.encode_entry(Message(f"m{i}".encode(), tags="a" if i % 3 == 0 else "b")) for i in range(12)]
+    store.write([ProduceOp(info, 0, es)]).settled()
+    r = store.read_queue(info, 0, 1, 2, 1 << 20, frozenset({b"a"}))  # tag a: offsets 3, 6, 9
+    assert r.next_offset == 7 and r.batches[0][2] == bytes([0b01001000, 0])
+    assert [m.queue_offset for m in messages_of("t", r.batches, 1, r.next_offset)] == [3, 6]

@@ -23,6 +23,7 @@ from equeue.wire.batches import (
     encode_batch,
     encode_record,
     encode_stored,
+    record_bounds,
     records_from_entries,
     stored_head,
 )
@@ -158,3 +159,15 @@ def test_a_key_or_tags_that_is_not_utf8_is_refused_at_produce() -> None:
     for bad in (pack_entry(b"b", key=b"\xff"), pack_entry(b"b", tags=b"\xc3")):
         with pytest.raises(InvalidMessage, match="message 1: its key or tags is not UTF-8"):
             records_from_entries([good, bad], check_entries([good, bad], 1 << 20))
+
+
+@given(st.lists(messages, min_size=1, max_size=10))
+def test_record_bounds_cut_a_section_into_its_records(msgs: list[Message]) -> None:
+    parts = [encode_record(m) for m in msgs]
+    records = b"".join(parts)
+    b = record_bounds(records, len(parts))
+    assert [records[b[i] : b[i + 1]] for i in range(len(parts))] == parts
+    with pytest.raises(CorruptRecord):
+        record_bounds(records + b"\x00", len(parts))
+    with pytest.raises(CorruptRecord):
+        record_bounds(records[:-1], len(parts))
