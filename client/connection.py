@@ -453,13 +453,14 @@ class AsyncClient:
         return wire.ProduceResponse.decode(await self.request(RequestCode.PRODUCE, req.encode()))
 
     async def pull(self, req: wire.PullRequest) -> PullResult:
-        """Read one queue (the answer in the batch layout: ``PULL_BATCHES`` is always
-        set). Raises CorruptRecord for a batch that does not decode, RemoteProtocolError
-        for a malformed answer."""
+        """Read one queue: at most ``req.max_messages`` messages from ``req.offset``
+        (the answer carries whole stored batches: ``PULL_BATCHES`` is always set, and
+        ``next_offset`` is past the last record delivered). Raises CorruptRecord for a
+        batch that does not decode, RemoteProtocolError for a malformed answer."""
         if not req.flags & wire.PULL_BATCHES:
             req = attrs.evolve(req, flags=req.flags | wire.PULL_BATCHES)
         payload = await self.request(RequestCode.PULL, req.encode())
-        return wire.decode_pull_response(req.topic, payload, req.offset)
+        return wire.decode_pull_response(req.topic, payload, req.offset, limit=req.max_messages)
 
     async def create_topic(
         self,

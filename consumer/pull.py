@@ -187,13 +187,10 @@ class PullLoop:
                 await trio.sleep(DEFAULT_POLICY.delay(failures))
                 continue
             try:
-                # at most the n records asked for, though whole batches come back: flow
+                # at most the n messages asked for, though whole batches come back: flow
                 # control holds, and one record at a time (after a batch did not decode)
                 # decodes only that record, so a poison record costs no other of its batch
-                end = offset + n
-                status, lo, hi, nxt, msgs = decode(q.topic, payload, offset, verify, end)
-                if status is PullStatus.FOUND and nxt > end:
-                    nxt = end
+                status, lo, hi, nxt, msgs = decode(q.topic, payload, offset, verify, None, n)
             except CorruptRecord as exc:  # this consumer's check: some record of the batch
                 if n == 1:
                     if await self._quarantine(q, offset, exc):

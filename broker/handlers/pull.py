@@ -40,9 +40,9 @@ class PullHandler:
         self._closing = closing
         self._max_bytes = limits.max_frame - 1024
         self._max_frame = limits.max_frame
-        #: the largest stored batch one answer can carry within the frame cap (with
-        #: its 16-byte item and a mask of up to 1,000 records)
-        self._max_batch = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 16 - 125
+        #: the room for one batch entry (its 16-byte item, mask and stored batch) in an
+        #: answer within the frame cap
+        self._max_entry = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 16
         self._max_wait = limits.max_pull_wait
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:
@@ -76,8 +76,8 @@ class PullHandler:
         tags = wire.parse_tag_filter(req.tags)
         max_messages = max(1, min(req.max_messages, 10_000))
         # the answer fits the frame cap: batches plus their 16-byte items and masks (at
-        # most one bit per record, a record at least 2 bytes) plus the head (a single
-        # batch always fits: BrokerConfig bounds max_message_bytes)
+        # most one bit per record, a record at least 2 bytes) plus the head; the first
+        # batch always goes (one too big for any answer is refused below)
         max_bytes = max(1, min(req.max_bytes, (self._max_bytes - 17 * max_messages) * 15 // 16))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
         encode = wire.encode_pull_batches
@@ -132,14 +132,13 @@ class PullHandler:
                             answer.info, answer.offset = info, offset
             waited = counters.pull_wait_messages if r.batches else counters.pull_wait_empty
             waited.observe(time.perf_counter() - parked_at)
-        if r.batches and len(r.batches[0][1]) > self._max_batch:
+        if r.batches and len(r.batches[0][1]) + len(r.batches[0][2]) > self._max_entry:
             # stored under a larger limit (an older broker): no answer could carry it,
             # so it is reported like a corrupt record, which consumers skip to their DLQ
             g, value, _ = r.batches[0]
             raise CorruptRecord(
                 f"batch at {info.name}/{qid} offset {stored_head(value).base_offset} (global offset {g}) "
-                f"is {len(value)} bytes: too big for any answer under the "
-                f"{self._max_frame}-byte frame cap"
+                f"is {len(value)} bytes: too big for any answer under the {self._max_frame}-byte frame cap"
             )
         counters.messages_out += delivered(r, offset)
         return encode(r.status, r.min_offset, r.max_offset, r.next_offset, r.batches)

@@ -257,16 +257,19 @@ def decode_pull_batches(
     start: int = 0,
     verify: bool = True,
     end: int | None = None,
+    limit: int | None = None,
 ) -> tuple[PullStatus, int, int, int, list[Message]]:
     """(status, min offset, max offset, next offset, messages) of a batch-layout answer:
     the one decoder of its records.
 
     Delivers the records of each batch whose queue offset is >= ``start`` and below
-    the answer's next offset (and below ``end`` when given: a reader that wants at
-    most so many records; ``end=-1``: no bound at all, for answers that are not a
-    queue read, GET_MESSAGE and FIND_BY_KEY) and whose mask bit is set.
+    the answer's next offset (and below ``end`` when given; ``end=-1``: no bound at
+    all, for answers that are not a queue read, GET_MESSAGE and FIND_BY_KEY) and whose
+    mask bit is set; with a ``limit``, at most that many (the broker sends whole
+    batches: a reader that asked for n messages takes n), and then the next offset
+    returned is the one after the last message delivered, where the next pull starts.
     Decompresses (capped at :data:`MAX_RECORDS_LEN`), checks each stored header's
-    crc, and with ``verify`` each batch's crc.
+    crc, and with ``verify`` each batch's crc; records after the limit are not decoded.
 
     Raises RemoteProtocolError for a truncated or malformed answer; CorruptRecord
     naming the batch's position (topic, queue, queue offset, global offset) for a
@@ -275,7 +278,12 @@ def decode_pull_batches(
     head, items = frame_pull_batches(buf)
     out: list[Message] = []
     stop = head.next_offset if end is None else (1 << 64 if end < 0 else min(end, head.next_offset))
+    cap = 1 << 62 if limit is None else max(1, limit)
+    nxt = head.next_offset
     for g, mask, value in items:
+        if len(out) >= cap:
+            nxt = min(nxt, out[-1].queue_offset + 1)
+            break
         try:
             sh = stored_head(value)
         except CorruptRecord as exc:
@@ -288,12 +296,15 @@ def decode_pull_batches(
             if base >= stop or base + bh.count <= start:
                 continue
             records = batch_records(stored_batch(value), bh)
-            _decode_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop)
+            _decode_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop, cap)
         except CorruptRecord as exc:
             raise CorruptRecord(
                 f"corrupt batch of {topic}/{sh.queue_id} at offset {base} (global offset {g}): {exc}"
             ) from None
-    return head.status, head.min_offset, head.max_offset, head.next_offset, out
+    else:
+        if len(out) >= cap:
+            nxt = min(nxt, out[-1].queue_offset + 1)
+    return head.status, head.min_offset, head.max_offset, nxt, out
 
 
 def _decode_into(
@@ -308,11 +319,13 @@ def _decode_into(
     first_ms: int,
     start: int,
     stop: int,
+    cap: int,
 ) -> None:
     """Append the delivered records of one batch's records section to ``out`` as
     Messages (the record layout of :mod:`equeue.wire.batches`), filled in through
-    their slots: one allocation per delivered record. Records not delivered are
-    stepped over by their length. Raises CorruptRecord."""
+    their slots: one allocation per delivered record, and none once ``out`` holds
+    ``cap``. Records not delivered are stepped over by their length. Raises
+    CorruptRecord."""
     append = out.append
     new, cls = _new_message, Message
     s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
@@ -372,6 +385,8 @@ def _decode_into(
             s_rc(m, rc)
             append(m)
             pos = e
+            if len(out) >= cap:
+                return  # the rest is not delivered: not decoded either
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
     except UnicodeDecodeError as exc:
@@ -381,9 +396,13 @@ def _decode_into(
 
 
 def decode_pull_response(
-    topic: str, buf: bytes | bytearray | memoryview, start: int = 0, end: int | None = None
+    topic: str,
+    buf: bytes | bytearray | memoryview,
+    start: int = 0,
+    end: int | None = None,
+    limit: int | None = None,
 ) -> PullResult:
     """A batch-layout answer as a :class:`PullResult`, every batch's crc verified
-    (:func:`decode_pull_batches`)."""
-    status, lo, hi, nxt, msgs = decode_pull_batches(topic, buf, start, True, end)
+    (:func:`decode_pull_batches`, whose ``start``, ``end`` and ``limit`` these are)."""
+    status, lo, hi, nxt, msgs = decode_pull_batches(topic, buf, start, True, end, limit)
     return PullResult(status, msgs, lo, hi, nxt)

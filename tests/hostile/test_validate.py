@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from equeue import Message, control, wire
-from equeue.broker import open_broker
+from equeue.broker import Broker, open_broker
 from equeue.broker.storage import CommitOffsetOp, ProduceOp, layout
 from equeue.broker.storage.writes import WriteContext, WriteOp
 from equeue.client import AsyncClient
@@ -206,41 +206,65 @@ def _bad_props_record() -> bytes:
     return bytes((len(rest),)) + rest
 
 
+async def _consume_past_a_poison_record(b: Broker, c: AsyncClient, batched: list[list[bytes]]) -> None:
+    """Store ``batched`` (4 good records m0..m3 around one poison record at offset 2)
+    and consume: the 4 are delivered, the poison one is quarantined, the offset is
+    committed past it."""
+    info = await c.create_topic("t", 1)
+    await b.appender.submit(_RawAppend(info, 0, batched))
+    seen: list[bytes] = []
+    async with AsyncConsumer(
+        b.address, "g", "t", start_from="earliest", heartbeat_interval=0.2, rebalance_interval=0.2,
+        commit_interval=0.2,
+    ) as con:  # fmt: skip
+
+        async def handler(m: Message) -> None:
+            seen.append(m.body)
+
+        async def members_report() -> bool:
+            d = await c.describe_group("g")
+            return [m.quarantined for m in d.members] == [1]
+
+        async with trio.open_nursery() as n:
+            n.start_soon(con.run, handler)
+            await wait_until(lambda: len(seen) == 4, timeout=30, what="the 4 good messages consumed")
+            await wait_until(members_report, timeout=30, what="group describe shows the skipped record")
+            con.stop()
+        assert con.statistics().quarantined == 1
+    assert seen == [b"m0", b"m1", b"m2", b"m3"]
+    assert await c.query_offset("g", "t", 0) == 5  # committed past it
+
+
+def _good_records() -> list[bytes]:
+    return [batches.encode_record(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="store format 3: SEND_BACK of a record that does not decode is refused (CORRUPT_RECORD from "
+    "get_queue_offset) instead of salvaged into a letter; the consumer then drops it",
+)
 async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: Path) -> None:
     """The probe: a stored record with a malformed property block stalled every consumer
-    of its queue ("property overruns its block"), the messages before it in its batch
-    included."""
-    cfg = make_config(tmp_path / "d")
+    of its queue ("property overruns its block"), the messages before it included."""
     with trio.fail_after(60):
-        async with open_broker(cfg) as b, AsyncClient(b.address) as c:
-            info = await c.create_topic("t", 1)
-            # one batch: the records before the poison one are delivered, not skipped with it
-            recs = [batches.encode_record(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
-            await b.appender.submit(_RawAppend(info, 0, [[recs[0], recs[1], _bad_props_record(), recs[2], recs[3]]]))
-            seen: list[bytes] = []
-            async with AsyncConsumer(
-                b.address, "g", "t", start_from="earliest", heartbeat_interval=0.2, rebalance_interval=0.2,
-                commit_interval=0.2,
-            ) as con:  # fmt: skip
+        async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+            good = _good_records()
+            await _consume_past_a_poison_record(b, c, [[good[0]], [good[1]], [_bad_props_record()], [good[2]],
+                                                       [good[3]]])  # fmt: skip
+            page = await c.dlq_list("g")
+            (letter,) = page.letters
+            assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
+            assert "property overruns its block" in letter.properties["%POISON"]
 
-                async def handler(m: Message) -> None:
-                    seen.append(m.body)
 
-                async def members_report() -> bool:
-                    d = await c.describe_group("g")
-                    return [m.quarantined for m in d.members] == [1]
-
-                async with trio.open_nursery() as n:
-                    n.start_soon(con.run, handler)
-                    await wait_until(lambda: len(seen) == 4, timeout=30, what="the 4 good messages consumed")
-                    await wait_until(members_report, timeout=30, what="group describe shows the skipped record")
-                    con.stop()
-                assert con.statistics().quarantined == 1
-            assert seen == [b"m0", b"m1", b"m2", b"m3"]
-            assert await c.query_offset("g", "t", 0) == 5  # committed past it
-            # the broker refuses to dead-letter a record of a batch that does not decode
-            # (SEND_BACK answers CORRUPT_RECORD): the consumer drops it, logged
-            assert (await c.dlq_list("g")).letters == []
+async def test_a_poison_record_inside_a_batch_costs_no_other_record_of_it(tmp_path: Path) -> None:
+    """The whole batch comes back in every answer: the consumer decodes record by record
+    to find the poison one, and skips only it."""
+    with trio.fail_after(60):
+        async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+            good = _good_records()
+            await _consume_past_a_poison_record(b, c, [[good[0], good[1], _bad_props_record(), good[2], good[3]]])
 
 
 async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path: Path) -> None:

@@ -60,10 +60,10 @@ async def test_corrupt_record_is_quarantined(broker: Broker, verify: bool) -> No
     a bad batch and pulls it again one record at a time to skip only the bad one."""
     async with AsyncClient(broker.address) as c:
         await c.create_topic("bad", 1)
-        entries = [wire.encode_entry(Message(f"m{i}".encode() * 20)) for i in range(10)]
-        res = await c.produce(wire.ProduceRequest("bad", 0, entries))
-        g = res.first_global + 4  # queue offset 4
-        key = struct.pack(">Q", g)
+        # one stored batch per message: a damaged batch holds back each of its records
+        answers = [await c.produce(wire.ProduceRequest("bad", 0, [wire.encode_entry(Message(f"m{i}".encode() * 20))]))
+                   for i in range(10)]  # fmt: skip
+        key = struct.pack(">Q", answers[4].first_global)  # the batch of queue offset 4
         store = broker.store
         with store.env.begin(write=True) as txn:  # flip a body byte behind the store's back
             rec = bytearray(txn.get(key, db=store.db[b"messages"]))

@@ -90,6 +90,10 @@ def test_a_batch_answer_delivers_the_kept_records_in_the_asked_range(
     assert decode_pull_batches("t", buf, start, verify, nxt + 3) == got  # never past the next offset
     cut = start + 2
     assert decode_pull_batches("t", buf, start, verify, cut)[4] == [m for m in want if m.queue_offset < cut]
+    for limit in (1, 2, 5):  # at most the messages asked for (masked records do not count): the rest is next
+        bounded = decode_pull_response("t", buf, start, limit=limit)
+        assert bounded.messages == want[:limit]
+        assert bounded.next_offset == (want[limit - 1].queue_offset + 1 if len(want) >= limit else nxt)
     assert decode_pull_response("t", memoryview(buf), start) == PullResult(status, want, 5, hi, nxt)
     for m in got[4]:  # what the Message converters would have made
         assert type(m.body) is bytes and type(m.properties) is dict
