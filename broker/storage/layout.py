@@ -63,6 +63,8 @@ from functools import partial
 from itertools import repeat
 from typing import Final
 
+from equeue.errors import CorruptRecord
+
 #: the on-disk format this code reads and writes (meta "format"): record batches. A
 #: store of an older format (:data:`FORMATS_CONVERTED`) is converted when opened
 FORMAT_VERSION: Final = 3
@@ -137,10 +139,17 @@ QUEUE_PREFIX: Final = _TQ.size
 #: value of ``qindex``: (global offset of the batch's first record, record count)
 _QVAL = struct.Struct(">QI")
 pack_qindex_value: Final = _QVAL.pack
-#: the (global base, record count) of a ``qindex`` value
-unpack_qindex_value: Final[Callable[[Buf], tuple[int, int]]] = _QVAL.unpack
 #: size of a ``qindex`` value (a format-2 value is a bare u64 global offset)
 QINDEX_VALUE_SIZE: Final = _QVAL.size
+
+
+def unpack_qindex_value(value: Buf) -> tuple[int, int]:
+    """The (global base, record count) of a ``qindex`` value. Raises CorruptRecord for
+    a value of another size (a damaged page)."""
+    if len(value) != QINDEX_VALUE_SIZE:
+        raise CorruptRecord(f"a queue-index entry of {len(value)} bytes, not {QINDEX_VALUE_SIZE}")
+    g, n = _QVAL.unpack(value)
+    return int(g), int(n)
 
 
 def qindex_offset(key: Buf) -> int:

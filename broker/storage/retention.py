@@ -125,8 +125,12 @@ def _head_batch(w: WriteContext, tid: int, q: int, off: int) -> tuple[int, int] 
     if v is None:
         log.warning("queue %d/%d has no index entry at its head offset %d", tid, q, off)
         return None
-    g, count = layout.unpack_qindex_value(v)
-    return int(g), int(count)
+    try:
+        g, count = layout.unpack_qindex_value(v)
+    except CorruptRecord as exc:  # that queue keeps its head; the others go on
+        log.warning("queue %d/%d: the index entry at its head offset %d is damaged (%s)", tid, q, off, exc)
+        return None
+    return g, count
 
 
 def _last_ms(value: bytes | memoryview) -> int:

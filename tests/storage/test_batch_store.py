@@ -259,3 +259,14 @@ def test_a_damaged_last_batch_never_stops_the_store_from_opening(tmp_path: Path)
         assert (a.first_global, a.first_queue) == (7, 7)
     finally:
         s.close()
+
+
+def test_a_damaged_queue_index_entry_is_corrupt_record(store: Store) -> None:
+    info = _topic(store)
+    store.write([ProduceOp(info, 0, _entries(3))]).settled()
+    with store.env.begin(write=True) as txn:
+        txn.put(layout.qindex_key(info.topic_id, 0, 0), b"\x01\x02", db=store.db[b"qindex"])
+    with pytest.raises(CorruptRecord, match="queue-index entry of 2 bytes"):
+        store.read_queue(info, 0, 0, 10, 1 << 20)
+    with pytest.raises(CorruptRecord):
+        store.get_queue_offset(info, 0, 1)
