@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -152,7 +153,7 @@ class BrokerProcess:
         (a stalled process: a long GC pause, a swapped-out VM)."""
         if self.running:
             assert self.proc is not None
-            self.proc.send_signal(signal.SIGSTOP)
+            stop_process(self.proc)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
@@ -187,3 +188,23 @@ class BrokerProcess:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def stop_process(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:
+    """SIGSTOP ``proc`` and return once every thread of it is stopped.
+
+    A signal is delivered asynchronously: a process busy on another CPU may still
+    answer a request sent just after ``kill()`` returned, so a test that freezes a
+    process and then expects silence must wait for the stop (``/proc/PID/task/*/stat``
+    state ``T``; at most 5 s, then it returns anyway)."""
+    proc.send_signal(signal.SIGSTOP)
+    tasks = Path(f"/proc/{proc.pid}/task")
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            states = [(t / "stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks.iterdir()]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return  # gone (or no /proc): nothing left to wait for
+        if all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.001)

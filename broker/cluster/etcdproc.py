@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from equeue.broker.process import stop_process
 from equeue.errors import EQueueError
 
 __all__ = ["ETCD_BINARY", "EtcdProcess"]
@@ -217,7 +218,7 @@ class EtcdProcess:
         """SIGSTOP: the process keeps its sockets but answers nothing (a stall)."""
         if self.running:
             assert self.proc is not None
-            self.proc.send_signal(signal.SIGSTOP)
+            stop_process(self.proc)
 
     def thaw(self) -> None:
         """SIGCONT after :meth:`freeze`."""
