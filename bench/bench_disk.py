@@ -13,7 +13,11 @@ Workloads:
 - ``orders``: the example pipeline's JSON orders (``equeue.spark.pipeline``: key =
   customer, tag = category), the figure compression is judged by.
 
+With ``--compression zstd|lz4`` each request is one batch the producer compressed
+(``encode_batch``, as ``ProducerOptions(compression=...)`` sends it) and stored as sent.
+
     .venv/bin/python bench/bench_disk.py [--workload keyed|orders] [--messages 1000000]
+        [--compression none|zstd|lz4]
 """
 
 from __future__ import annotations
@@ -33,13 +37,15 @@ from equeue import Message, wire
 from equeue.broker import BrokerConfig, EmbeddedBroker
 from equeue.broker.storage.layout import DATABASES
 from equeue.producer import Client
+from equeue.wire.batches import Codec, encode_batch
 
 CATEGORIES = ("books", "games", "garden", "music", "toys")
 
 
 def keyed_bodies(n: int, size: int) -> list[tuple[str, bytes, str | None]]:
-    body = bytes(random.Random(1).randbytes(size))
-    return [(f"k{i:07d}", body, None) for i in range(n)]
+    """Random bodies (incompressible: compression is judged on the orders)."""
+    rnd = random.Random(1)
+    return [(f"k{i:07d}", rnd.randbytes(size), None) for i in range(n)]
 
 
 def order_bodies(n: int) -> list[tuple[str, bytes, str | None]]:
@@ -86,6 +92,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=100, help="body bytes (keyed)")
     ap.add_argument("--batch", type=int, default=100, help="messages per produce request")
     ap.add_argument("--queues", type=int, default=4)
+    ap.add_argument("--compression", choices=("none", "zstd", "lz4"), default="none", help="batches sent compressed")
     args = ap.parse_args()
     msgs = keyed_bodies(args.messages, args.size) if args.workload == "keyed" else order_bodies(args.messages)
     payload = sum(len(b) for _k, b, _t in msgs)
@@ -95,12 +102,13 @@ def main() -> None:
         with EmbeddedBroker(config) as broker, Client(broker.address) as c:
             c.create_topic("bench", args.queues)
             for i in range(0, len(msgs), args.batch):
-                chunk = msgs[i : i + args.batch]
-                entries = [wire.encode_entry(Message(b, key=k, tags=t)) for k, b, t in chunk]
-                c.produce(wire.ProduceRequest("bench", (i // args.batch) % args.queues, entries))
+                chunk = [Message(b, key=k, tags=t) for k, b, t in msgs[i : i + args.batch]]
+                batch = encode_batch(chunk, Codec.parse(args.compression))
+                c.produce(wire.ProduceRequest("bench", (i // args.batch) % args.queues, [], batch=batch))
         used, per_db = measure(data)
     n = len(msgs)
-    print(f"{args.workload}: {n:,} messages, payload {payload / n:.1f} B/msg, batches of {args.batch}")
+    print(f"{args.workload}: {n:,} messages, payload {payload / n:.1f} B/msg, batches of {args.batch}, "
+          f"compression {args.compression}")  # fmt: skip
     print(f"  store: {used / n:.1f} B/msg = {used / payload:.2f}x the payload ({used / 2**20:.1f} MiB)")
     for name, size in sorted(per_db.items(), key=lambda kv: -kv[1]):
         if size:
