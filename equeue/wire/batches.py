@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -88,8 +89,19 @@ class Codec(enum.IntEnum):
 
 #: zstd level 1: as small as level 3 on record batches, and faster (docs/storage.md)
 ZSTD_LEVEL: Final = 1
-_zstd_c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-_zstd_d = zstandard.ZstdDecompressor()
+
+
+class _ZstdContexts(threading.local):
+    """One zstd compressor and decompressor per thread: python-zstandard's objects
+    are not thread-safe (two threads compressing with one crash the interpreter), and
+    a producer's loop thread, a broker's loop and its writer thread all (de)compress."""
+
+    def __init__(self) -> None:
+        self.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self.d = zstandard.ZstdDecompressor()
+
+
+_zstd = _ZstdContexts()
 
 
 # ---------------------------------------------------------------- varints
@@ -332,7 +344,7 @@ def record_bounds(records: bytes, count: int) -> list[int]:
 # ---------------------------------------------------------------- batches
 def _compress(codec: Codec, data: bytes) -> bytes:
     if codec is Codec.ZSTD:
-        return _zstd_c.compress(data)
+        return _zstd.c.compress(data)
     if codec is Codec.LZ4:
         return bytes(lz4.frame.compress(data))
     return data
@@ -402,7 +414,7 @@ def batch_records(batch: bytes | memoryview, head: BatchHead) -> bytes:
     cap = head.records_len + 1  # one byte more tells a longer output from an exact one
     try:
         if head.codec is Codec.ZSTD:
-            with _zstd_d.stream_reader(bytes(carried)) as reader:
+            with _zstd.d.stream_reader(bytes(carried)) as reader:
                 out = reader.read(cap)
         else:
             out = lz4.frame.LZ4FrameDecompressor().decompress(bytes(carried), max_length=cap)

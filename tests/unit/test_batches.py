@@ -171,3 +171,27 @@ def test_record_bounds_cut_a_section_into_its_records(msgs: list[Message]) -> No
         record_bounds(records + b"\x00", len(parts))
     with pytest.raises(CorruptRecord):
         record_bounds(records[:-1], len(parts))
+
+
+def test_threads_compress_and_decompress_at_once() -> None:
+    """zstd contexts are per thread: one shared compressor crashed the interpreter
+    when two threads (a producer's loop, a broker's writer) used it together."""
+    import threading
+
+    msgs = [Message(bytes(range(256)) * 8, key=f"k{i}") for i in range(50)]
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(200):
+                for codec in (Codec.ZSTD, Codec.LZ4):
+                    assert [r.body for r in decode_batch(encode_batch(msgs, codec), LIMIT)] == [m.body for m in msgs]
+        except BaseException as exc:  # pragma: no cover - the failure this test is about
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
