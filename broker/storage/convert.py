@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -184,38 +183,47 @@ def _store_run(
     txn: lmdb.Transaction, db: dict[bytes, Any], part: list[tuple[bytes, int, bytes]],
     pairs: dict[tuple[int, int], list[tuple[int, int]]], delta: dict[tuple[int, int], int],
 ) -> None:  # fmt: skip
-    """Replace a run's old records and index entries by one batch (a damaged record:
-    kept as it is, alone); add its keyed records' pairs and its size change."""
-    qdb, mdb = db[b"qindex"], db[b"messages"]
-    tid, q, base = layout.unpack_qindex_key(part[0][0])
-    g0 = part[0][1]
-    msgs: list[Message] = []
-    for i, (_k, _g, rec) in enumerate(part):
+    """Replace a run's old records and index entries by batches: the records between
+    damaged ones make one batch each; a damaged record is kept as it is, alone (its
+    reads answer CORRUPT_RECORD). Iterative: a long run of damaged records costs no
+    recursion."""
+    qdb = db[b"qindex"]
+    good: list[tuple[tuple[bytes, int, bytes], Message]] = []
+    for item in part:
+        k, g, rec = item
         try:
-            msgs.append(decode_record("", g0 + i, rec))
+            good.append((item, decode_record("", g, rec)))
         except EQueueError:
-            # damaged: the records before it make one batch, it stays alone, the rest another
-            if i:
-                _store_run(txn, db, part[:i], pairs, delta)
-            txn.put(part[i][0], layout.pack_qindex_value(g0 + i, 1), db=qdb)
-            if i + 1 < len(part):
-                _store_run(txn, db, part[i + 1 :], pairs, delta)
-            return
+            if good:
+                _store_batch(txn, db, good, pairs, delta)
+                good = []
+            txn.put(k, layout.pack_qindex_value(g, 1), db=qdb)
+    if good:
+        _store_batch(txn, db, good, pairs, delta)
+
+
+def _store_batch(
+    txn: lmdb.Transaction, db: dict[bytes, Any], run: list[tuple[tuple[bytes, int, bytes], Message]],
+    pairs: dict[tuple[int, int], list[tuple[int, int]]], delta: dict[tuple[int, int], int],
+) -> None:  # fmt: skip
+    """One batch of decoded records at consecutive offsets, under the first's keys."""
+    qdb, mdb = db[b"qindex"], db[b"messages"]
+    tid, q, base = layout.unpack_qindex_key(run[0][0][0])
+    g0 = run[0][0][1]
+    msgs = [m for _item, m in run]
     first = min(m.timestamp for m in msgs)
     last = max(m.timestamp for m in msgs)
     records = b"".join(batches.encode_record(m, m.timestamp - first) for m in msgs)
-    batch = batches.BATCH_HEAD.pack(batches.BATCH_MAGIC, batches.Codec.NONE, len(msgs), zlib.crc32(records),
-                                    len(records)) + records  # fmt: skip
-    value = batches.encode_stored(tid, q, base, first, last, None, 0, batch)
-    for i, (k, _g, _rec) in enumerate(part):
+    value = batches.encode_stored(tid, q, base, first, last, None, 0, batches.seal_records(records, len(msgs)))
+    for i, ((k, _g, _rec), _m) in enumerate(run):
         if i:
             txn.delete(k, db=qdb)
             txn.delete(layout.global_key(g0 + i), db=mdb)
-    txn.put(part[0][0], layout.pack_qindex_value(g0, len(msgs)), db=qdb)
+    txn.put(run[0][0][0], layout.pack_qindex_value(g0, len(msgs)), db=qdb)
     txn.put(layout.global_key(g0), value, db=mdb)
     b = layout.KINDEX_BUCKET
     for i, m in enumerate(msgs):
         if m.key is not None:
             g = g0 + i
             pairs[(tid, g // b)].append((g % b, layout.kindex_hash(m.key.encode())))
-    delta[(tid, q)] += len(value) - sum(len(r) for _k, _g, r in part)
+    delta[(tid, q)] += len(value) - sum(len(r) for (_k, _g, r), _m in run)
