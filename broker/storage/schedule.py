@@ -12,7 +12,7 @@ from equeue import control, wire
 from equeue.broker.storage import layout
 from equeue.broker.storage.produce import ProduceOp
 from equeue.broker.storage.writes import WriteContext, WriteOp
-from equeue.errors import EQueueError
+from equeue.errors import CorruptRecord, EQueueError
 
 log = logging.getLogger("equeue.store")
 
@@ -82,11 +82,24 @@ class MoveDueOp(WriteOp):
 
 
 def _entry_ok(entry: bytes) -> bool:
-    """The lengths ProduceOp checks are consistent (they were when it was scheduled)."""
+    """Everything ProduceOp checks holds: the lengths are consistent, and the key,
+    tags and properties decode (UTF-8). One entry that did not would fail the whole
+    move, and every later due message with it, for ever; a schedule written by an
+    earlier version may hold such an entry."""
     if len(entry) < _EH.size:
         return False
     n, _flags, _due, _rc, kl, tl, pl = _EH.unpack_from(entry, 0)
-    return n + 4 == len(entry) and kl + tl + pl <= n + 4 - _EH.size
+    if n + 4 != len(entry) or kl + tl + pl > n + 4 - _EH.size:
+        return False
+    p = _EH.size
+    try:
+        entry[p : p + kl].decode()
+        entry[p + kl : p + kl + tl].decode()
+        if pl:
+            wire.decode_props(entry[p + kl + tl : p + kl + tl + pl])
+    except (UnicodeDecodeError, CorruptRecord):
+        return False
+    return True
 
 
 def _undelay(entry: bytes) -> bytes:

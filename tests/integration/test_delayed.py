@@ -208,10 +208,14 @@ def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
         ])  # fmt: skip
         with store.env.begin(write=True) as txn:  # a truncated entry, due first
             txn.put(layout.schedule_key(due - 1, 1), layout.schedule_target(keep.topic_id, 0) + b"\x00\x00\x00\x30junk", db=store.db[b"schedule"])
+            # a key that is not UTF-8 (an earlier version scheduled it unchecked): moving it
+            # would fail the whole move, and every due message after it, for ever
+            bad_key = wire.pack_entry(b"k", key=b"\xff\xfe", deliver_at=due)
+            txn.put(layout.schedule_key(due - 1, 2), layout.schedule_target(keep.topic_id, 0) + bad_key, db=store.db[b"schedule"])
         store.write([DeleteTopicOp("gone")])
         assert store.write([MoveDueOp()]).settled() == [0]  # not due yet
         wall[0] += 250
-        assert store.write([MoveDueOp(limit=2)]).settled() == [2]  # junk (dropped) + "a"
+        assert store.write([MoveDueOp(limit=3)]).settled() == [3]  # junk, the bad key (dropped) + "a"
         assert store.write([MoveDueOp()]).settled() == [2]  # "x" (dropped) + "b"
         assert store.next_due() is None
         r = store.read_queue(keep, 0, 0, 10, 1 << 20)
