@@ -177,7 +177,7 @@ class ProduceHandler:
         """
         head = batch_head(batch, self._max_records)
         records = decode_records(batch_records(batch, head), head.count)
-        if any(r.ts_delta for r in records):  # stored as sent, it would set its store times
+        if any(r.timestamp for r in records):  # stored as sent, it would set its store times
             raise InvalidMessage("a produced record carries a store-time delta: only the broker sets store times")
         try:
             return [

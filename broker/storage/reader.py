@@ -502,7 +502,7 @@ class StoreReader:
                         recs = batches.decode_batch(batches.stored_batch(value), MAX_RECORDS_LEN)
                     except CorruptRecord:
                         return base
-                    return base + next((i for i, r in enumerate(recs) if head.first_ms + r.ts_delta >= ts_ms), count)
+                    return base + next((i for i, r in enumerate(recs) if head.first_ms + r.timestamp >= ts_ms), count)
         return lo
 
     def next_due(self) -> int | None:
@@ -570,7 +570,7 @@ def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0, end: int 
 def check_batch(
     value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, verify: bool,
     decode: bool, at: int | None = None,
-) -> list[batches.Record] | None:  # fmt: skip
+) -> list[Message] | None:  # fmt: skip
     """Check the stored batch the index entry (``info``, ``queue_id``, ``base``) ->
     (``g``, ``count``) led to: its header's checksum, that it names that same
     position and count, and with ``verify`` its batch checksum; with ``decode`` its

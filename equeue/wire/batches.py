@@ -191,71 +191,116 @@ def _decode_props(buf: bytes) -> dict[str, str]:
     return out
 
 
-@attrs.frozen(slots=True)
-class Record:
-    """One decoded record: the message's fields, and its store-time delta."""
-
-    body: bytes
-    key: str | None
-    tags: str | None
-    properties: dict[str, str]
-    deliver_at: int
-    reconsume_times: int
-    ts_delta: int
+_new_message = Message.__new__
+# slot setters of Message (attrs slots class): one C call each, no hooks (its
+# ``__init__``'s converters and ``on_setattr`` hooks cost about as much as the rest
+# of decoding, and what they would convert is already bytes / str / a fresh dict here)
+_SET = {f.name: Message.__dict__[f.name].__set__ for f in attrs.fields(Message)}
+assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic", "queue_id",
+                      "queue_offset", "global_offset", "timestamp", "reconsume_times"]  # fmt: skip
+_NO_END: Final = 1 << 64
 
 
-def decode_records(records: bytes, count: int) -> list[Record]:
-    """The ``count`` records of an (uncompressed) records section: the one decoder.
+def decode_records_into(
+    out: list[Message],
+    records: bytes,
+    count: int,
+    mask: bytes,
+    topic: str,
+    qid: int,
+    base: int,
+    gbase: int,
+    first_ms: int,
+    start: int,
+    stop: int,
+    cap: int,
+) -> None:
+    """Append the delivered records of one batch's (uncompressed) records section to
+    ``out`` as Messages: the one record decoder. Record ``i`` is delivered when its
+    queue offset ``base + i`` is in [``start``, ``stop``) and its ``mask`` bit is set
+    (no mask: every record), until ``out`` holds ``cap``; it gets global offset
+    ``gbase + i`` and store time ``first_ms`` + its delta. Messages are filled in
+    through their slots (one allocation per delivered record; the consumer's hot
+    path); records not delivered are stepped over by their length.
 
     Raises CorruptRecord when a record overruns the section, the section holds more
     or fewer records than ``count``, an attribute bit is unknown, or a key, tags or
-    property is not UTF-8.
-    """
-    out: list[Record] = []
-    pos, end = 0, len(records)
+    property is not UTF-8 (of a delivered record)."""
+    append = out.append
+    new, cls = _new_message, Message
+    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
+    uvarint = _read_uvarint
+    pos, size = 0, len(records)
     try:
-        for _ in range(count):
-            n, pos = _read_uvarint(records, pos)
-            stop = pos + n
-            if stop > end or n < 1:
-                raise CorruptRecord("a record overruns its batch")
+        for i in range(count):
+            n, pos = uvarint(records, pos)
+            e = pos + n
+            if e > size or n < 1:
+                raise CorruptRecord(f"record {i} overruns its batch")
+            qoff = base + i
+            if qoff < start or qoff >= stop or (mask and not mask[i >> 3] >> (i & 7) & 1):
+                pos = e
+                continue
             a = records[pos]
             pos += 1
+            m = new(cls)
             if a & ~_A_KNOWN:
                 raise CorruptRecord(f"unknown record attributes {a:#x}")
             ts = rc = deliver = 0
-            key = tags = None
-            props: dict[str, str] = {}
             if a & A_TS:
-                ts, pos = _read_uvarint(records, pos)
+                ts, pos = uvarint(records, pos)
             if a & A_RECONSUME:
-                rc, pos = _read_uvarint(records, pos)
+                rc, pos = uvarint(records, pos)
             if a & A_DELIVER:
-                deliver, pos = _read_uvarint(records, pos)
+                deliver, pos = uvarint(records, pos)
             if a & A_KEY:
-                kl, pos = _read_uvarint(records, pos)
-                key = records[pos : pos + kl].decode()
+                kl, pos = uvarint(records, pos)
+                s_key(m, records[pos : pos + kl].decode())
                 pos += kl
+            else:
+                s_key(m, None)
             if a & A_TAGS:
-                tl, pos = _read_uvarint(records, pos)
-                tags = records[pos : pos + tl].decode()
+                tl, pos = uvarint(records, pos)
+                s_tags(m, records[pos : pos + tl].decode())
                 pos += tl
+            else:
+                s_tags(m, None)
             if a & A_PROPS:
-                pl, pos = _read_uvarint(records, pos)
-                if pos + pl > stop:
-                    raise CorruptRecord("properties overrun their record")
-                props = _decode_props(records[pos : pos + pl])
+                pl, pos = uvarint(records, pos)
+                if pos + pl > e:
+                    raise CorruptRecord(f"record {i}'s properties overrun it")
+                s_props(m, _decode_props(records[pos : pos + pl]))
                 pos += pl
-            if pos > stop:
-                raise CorruptRecord("a record's fields overrun it")
-            out.append(Record(records[pos:stop], key, tags, props, deliver, rc, ts))
-            pos = stop
+            else:
+                s_props(m, {})
+            if pos > e:
+                raise CorruptRecord(f"record {i}'s fields overrun it")
+            s_body(m, records[pos:e])
+            s_deliver(m, deliver)
+            s_topic(m, topic)
+            s_qid(m, qid)
+            s_qoff(m, qoff)
+            s_global(m, gbase + i)
+            s_ts(m, first_ms + ts)
+            s_rc(m, rc)
+            append(m)
+            pos = e
+            if len(out) >= cap:
+                return  # the rest is not delivered: not decoded either
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
     except UnicodeDecodeError as exc:
         raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
-    if pos != end:
-        raise CorruptRecord(f"{end - pos} bytes after the batch's {count} records")
+    if pos != size:
+        raise CorruptRecord(f"{size - pos} bytes after the batch's {count} records")
+
+
+def decode_records(records: bytes, count: int) -> list[Message]:
+    """Every record of an (uncompressed) records section as a Message with no
+    position: ``queue_offset`` and ``global_offset`` are the record's index,
+    ``timestamp`` its store-time delta (:func:`decode_records_into`, which raises)."""
+    out: list[Message] = []
+    decode_records_into(out, records, count, b"", "", -1, 0, 0, 0, 0, _NO_END, _NO_END)
     return out
 
 
@@ -425,7 +470,7 @@ def batch_records(batch: bytes | memoryview, head: BatchHead) -> bytes:
     return bytes(out)
 
 
-def decode_batch(batch: bytes | memoryview, max_records_len: int) -> list[Record]:
+def decode_batch(batch: bytes | memoryview, max_records_len: int) -> list[Message]:
     """Every record of a batch (checked, decompressed, decoded)."""
     head = batch_head(batch, max_records_len)
     return decode_records(batch_records(batch, head), head.count)
@@ -485,12 +530,9 @@ def decode_stored(topic: str, global_base: int, value: bytes, max_records_len: i
     """The consumer-side messages of a stored batch whose first global offset is
     ``global_base``. Raises CorruptRecord."""
     h = stored_head(value)
-    records = decode_batch(stored_batch(value), max_records_len)
-    q, base, first = h.queue_id, h.base_offset, h.first_ms
-    return [
-        Message(
-            r.body, r.key, r.tags, r.properties, r.deliver_at, topic, q, base + i, global_base + i,
-            first + r.ts_delta, r.reconsume_times,
-        )
-        for i, r in enumerate(records)
-    ]
+    inner = stored_batch(value)
+    head = batch_head(inner, max_records_len)
+    out: list[Message] = []
+    decode_records_into(out, batch_records(inner, head), head.count, b"", topic, h.queue_id, h.base_offset,
+                        global_base, h.first_ms, 0, _NO_END, _NO_END)  # fmt: skip
+    return out

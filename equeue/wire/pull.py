@@ -13,19 +13,11 @@ from equeue.models import Message, PullResult
 from equeue.protocol import PullStatus
 from equeue.wire._prims import _bad, pack_str, unpack_str
 from equeue.wire.batches import (
-    _A_KNOWN,
-    A_DELIVER,
-    A_KEY,
-    A_PROPS,
-    A_RECONSUME,
-    A_TAGS,
-    A_TS,
     BATCH_HEAD,
     STORED_HEAD,
-    _decode_props,
-    _read_uvarint,
     batch_head,
     batch_records,
+    decode_records_into,
     stored_batch,
     stored_head,
 )
@@ -137,6 +129,9 @@ def parse_tag_filter(expr: str | None) -> frozenset[bytes] | None:
 
 
 # ---------------------------------------------------------------- the batch layout
+#: the largest records section (uncompressed) a reader of pull answers decompresses:
+#: an answer never carries more than the frame cap, and a stored batch is at most 1 MiB
+MAX_RECORDS_LEN: Final = 64 << 20
 _BATCH_ITEM = struct.Struct(">QI")  # global offset of the batch's first record, mask length
 _U32 = struct.Struct(">I")
 #: a pull answer's bytes around one message's content, besides the frame header and the
@@ -144,17 +139,6 @@ _U32 = struct.Struct(">I")
 #: length), the stored and batch headers, and a record's framing at its largest
 #: (length, attrs, ts delta, reconsume times, deliver_at, key/tags/properties lengths)
 PULL_BATCH_OVERHEAD: Final = 12 + 1 + 4 + STORED_HEAD.size + BATCH_HEAD.size + 5 + 1 + 10 + 5 + 10 + 3 * 5
-_new_message = Message.__new__
-# slot setters of Message (attrs slots class): one C call each, no hooks (its
-# ``__init__``'s converters and ``on_setattr`` hooks cost about as much as the rest
-# of decoding, and what they would convert is already bytes / str / a fresh dict here)
-_SET = {f.name: Message.__dict__[f.name].__set__ for f in attrs.fields(Message)}
-assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic", "queue_id",
-                      "queue_offset", "global_offset", "timestamp", "reconsume_times"]  # fmt: skip
-#: the largest records section (uncompressed) a reader of pull answers decompresses:
-#: an answer never carries more than the frame cap, and a stored batch is at most 1 MiB
-MAX_RECORDS_LEN: Final = 64 << 20
-
 
 def encode_pull_batches(
     status: PullStatus,
@@ -296,7 +280,7 @@ def decode_pull_batches(
             if base >= stop or base + bh.count <= start:
                 continue
             records = batch_records(stored_batch(value), bh)
-            _decode_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop, cap)
+            decode_records_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop, cap)
         except CorruptRecord as exc:
             raise CorruptRecord(
                 f"corrupt batch of {topic}/{sh.queue_id} at offset {base} (global offset {g}): {exc}"
@@ -305,94 +289,6 @@ def decode_pull_batches(
         if len(out) >= cap:
             nxt = min(nxt, out[-1].queue_offset + 1)
     return head.status, head.min_offset, head.max_offset, nxt, out
-
-
-def _decode_into(
-    out: list[Message],
-    records: bytes,
-    count: int,
-    mask: bytes,
-    topic: str,
-    qid: int,
-    base: int,
-    gbase: int,
-    first_ms: int,
-    start: int,
-    stop: int,
-    cap: int,
-) -> None:
-    """Append the delivered records of one batch's records section to ``out`` as
-    Messages (the record layout of :mod:`equeue.wire.batches`), filled in through
-    their slots: one allocation per delivered record, and none once ``out`` holds
-    ``cap``. Records not delivered are stepped over by their length. Raises
-    CorruptRecord."""
-    append = out.append
-    new, cls = _new_message, Message
-    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
-    uvarint = _read_uvarint
-    pos, size = 0, len(records)
-    try:
-        for i in range(count):
-            n, pos = uvarint(records, pos)
-            e = pos + n
-            if e > size or n < 1:
-                raise CorruptRecord(f"record {i} overruns its batch")
-            qoff = base + i
-            if qoff < start or qoff >= stop or (mask and not mask[i >> 3] >> (i & 7) & 1):
-                pos = e
-                continue
-            a = records[pos]
-            pos += 1
-            m = new(cls)
-            if a & ~_A_KNOWN:
-                raise CorruptRecord(f"unknown record attributes {a:#x}")
-            ts = rc = deliver = 0
-            if a & A_TS:
-                ts, pos = uvarint(records, pos)
-            if a & A_RECONSUME:
-                rc, pos = uvarint(records, pos)
-            if a & A_DELIVER:
-                deliver, pos = uvarint(records, pos)
-            if a & A_KEY:
-                kl, pos = uvarint(records, pos)
-                s_key(m, records[pos : pos + kl].decode())
-                pos += kl
-            else:
-                s_key(m, None)
-            if a & A_TAGS:
-                tl, pos = uvarint(records, pos)
-                s_tags(m, records[pos : pos + tl].decode())
-                pos += tl
-            else:
-                s_tags(m, None)
-            if a & A_PROPS:
-                pl, pos = uvarint(records, pos)
-                if pos + pl > e:
-                    raise CorruptRecord(f"record {i}'s properties overrun it")
-                s_props(m, _decode_props(records[pos : pos + pl]))
-                pos += pl
-            else:
-                s_props(m, {})
-            if pos > e:
-                raise CorruptRecord(f"record {i}'s fields overrun it")
-            s_body(m, records[pos:e])
-            s_deliver(m, deliver)
-            s_topic(m, topic)
-            s_qid(m, qid)
-            s_qoff(m, qoff)
-            s_global(m, gbase + i)
-            s_ts(m, first_ms + ts)
-            s_rc(m, rc)
-            append(m)
-            pos = e
-            if len(out) >= cap:
-                return  # the rest is not delivered: not decoded either
-    except IndexError:
-        raise CorruptRecord("a record is truncated") from None
-    except UnicodeDecodeError as exc:
-        raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
-    if pos != size:
-        raise CorruptRecord(f"{size - pos} bytes after the batch's {count} records")
 
 
 def decode_pull_response(
