@@ -109,9 +109,44 @@ class BatchHit:
         """The keep mask selecting only this record."""
         return _mask_of([self.index], self.index + 1)
 
+    def record(self) -> batches.Record:
+        """The record decoded alone: its batch's checksum verified, its records
+        section decompressed and its length prefixes checked, then only this record
+        decoded (a poison record costs no other record of its batch). Raises
+        CorruptRecord."""
+        inner = batches.stored_batch(self.value)
+        bh = batches.batch_head(inner, MAX_RECORDS_LEN)
+        if self.index >= bh.count:
+            raise CorruptRecord(f"record {self.index} of a batch of {bh.count}")
+        records = batches.batch_records(inner, bh)
+        b = batches.record_bounds(records, bh.count)
+        return batches.decode_records(records[b[self.index] : b[self.index + 1]], 1)[0]
+
     def message(self, topic: str) -> Message:
-        """The record as a message. Raises CorruptRecord."""
-        return batches.decode_stored(topic, self.global_base, self.value, MAX_RECORDS_LEN)[self.index]
+        """The record as a message (:meth:`record`). Raises CorruptRecord."""
+        h = batches.stored_head(self.value)
+        r = self.record()
+        i = self.index
+        return Message(
+            r.body, r.key, r.tags, r.properties, r.deliver_at, topic, h.queue_id, h.base_offset + i,
+            self.global_base + i, h.first_ms + r.ts_delta, r.reconsume_times,
+        )  # fmt: skip
+
+    def raw_record(self) -> bytes:
+        """The stored bytes of the record, as much of them as can be told apart, for a
+        record that does not decode: the record itself (its length prefix included)
+        when its batch's records section decompresses and its length prefixes hold,
+        else the stored batch whole."""
+        try:
+            inner = batches.stored_batch(self.value)
+            bh = batches.batch_head(inner, MAX_RECORDS_LEN, verify=False)
+            if self.index < bh.count:
+                records = batches.batch_records(inner, bh)
+                b = batches.record_bounds(records, bh.count)
+                return records[b[self.index] : b[self.index + 1]]
+        except CorruptRecord:
+            pass
+        return bytes(self.value)
 
 
 ReadFn = Callable[..., ReadResult]
@@ -354,13 +389,18 @@ class StoreReader:
             return None
         return BatchHit(base, value, global_offset - base)
 
-    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> BatchHit | None:
+    def get_queue_offset(
+        self, info: control.TopicInfo, queue_id: int, offset: int, *, salvage: bool = False
+    ) -> BatchHit | None:
         """The record at a queue offset, or None (none there, or an operator skipped
         it).
 
-        Raises CorruptRecord when its batch fails its checks or its header names
+        Raises CorruptRecord when its batch's header fails its checksum or names
         another position than the index (an index pointer gone wrong): never another
-        message in its place."""
+        message in its place; and, unless ``salvage``, when the record itself does not
+        decode (its batch's checksum, lengths, or its own fields: the other records of
+        its batch are not decoded). With ``salvage`` such a record is returned, for
+        the caller to salvage what it can (:meth:`BatchHit.raw_record`)."""
         view = self.view
         tid = info.topic_id
         if offset in view.skips(tid, queue_id) or offset >= view.queue(tid, queue_id).next_offset:
@@ -377,8 +417,16 @@ class StoreReader:
             if value is None:
                 return None
             value = bytes(value)
-        check_batch(value, info, queue_id, base, count, g, True, True, at=offset)
-        return BatchHit(g, value, offset - base)
+        hit = BatchHit(g, value, offset - base)
+        if salvage:
+            check_position(value, info, queue_id, base, count, g, offset)
+            return hit
+        check_batch(value, info, queue_id, base, count, g, True, False, at=offset)
+        try:
+            hit.record()
+        except CorruptRecord as exc:
+            raise _corrupt(info, queue_id, offset, base, count, str(exc)) from None
+        return hit
 
     def global_position_ok(self, hit: BatchHit, h: batches.StoredHead) -> bool:
         """Whether the queue index agrees that the batch of ``hit`` (header ``h``) is
@@ -594,11 +642,37 @@ def check_batch(
         )
     except CorruptRecord as exc:
         why = str(exc)
-    where = base if at is None else at
+    raise _corrupt(info, queue_id, base if at is None else at, base, count, why)
+
+
+def check_position(
+    value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, at: int
+) -> None:
+    """Check only that the stored batch the index entry (``info``, ``queue_id``,
+    ``base``) -> ``g`` led to is the one at that position: its header's checksum,
+    and that it names that topic, queue and base offset (the batch behind the header
+    is not looked at). Raises and logs CorruptRecord as :func:`check_batch` does."""
+    try:
+        h = batches.stored_head(value)
+    except CorruptRecord as exc:
+        raise _corrupt(info, queue_id, at, base, count, str(exc)) from None
+    if (h.topic_id, h.queue_id, h.base_offset) != (info.topic_id, queue_id, base):
+        why = (
+            f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
+            f"{h.queue_id} from offset {h.base_offset}"
+        )
+        raise _corrupt(info, queue_id, at, base, count, why)
+
+
+def _corrupt(info: control.TopicInfo, queue_id: int, where: int, base: int, count: int, why: str) -> CorruptRecord:
+    """The CorruptRecord of a damaged record at a queue offset (``where``, in the batch
+    of ``count`` records from ``base``): what is wrong and the way past it (``equeue
+    message skip`` of each record of the batch), logged (rate-limited: consumers ask
+    for the same record again and again)."""
     span = f" (its batch holds offsets {base}..{base + count - 1}: skip each)" if count > 1 else ""
     corrupt = CorruptRecord(
         f"corrupt record at {info.name}/{queue_id} offset {where}: {why}; restore the store from "
         f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {where}{span}"
     )
     corrupt_log.log(logging.ERROR, f"{info.name}/{queue_id}", "%s", corrupt)
-    raise corrupt
+    return corrupt
