@@ -254,9 +254,11 @@ class StoreReader:
 
         Records an operator skipped, and with a ``tag_filter`` the records whose tags
         it does not hold, are masked out (a batch with none left is not sent). A
-        filtered scan examines at most :attr:`scan_budget` records: when it runs out
-        with no match the status is NO_MATCHED_MSG and ``next_offset`` is where it
-        stopped (the next pull resumes there). ``verify=False`` skips the batch
+        filtered scan examines at most :attr:`scan_budget` records, counted record by
+        record: when it runs out, even inside a batch, the answer ends there
+        (``next_offset``: the first record not examined, where the next pull
+        resumes), NO_MATCHED_MSG when nothing matched. Without a filter no record is
+        decoded. ``verify=False`` skips the batch
         checksum, for a client that verifies it itself (the header is always
         checked). Returns a status (never raises for expected outcomes); raises
         QueueNotFound, or CorruptRecord when the first batch to return is damaged.
@@ -319,10 +321,16 @@ class StoreReader:
                     if out:
                         break
                     raise
+                stopped = -1  # the scan budget ran out inside this batch: its first record not examined
                 if records is not None and tag_filter is not None:
                     cand = range(first, count) if keep is None else keep
-                    keep = [i for i in cand if _tag_bytes(records[i].tags) in tag_filter]
-                    scanned += count - first
+                    try:
+                        keep, stopped, scanned = _scan_tags(records, count, cand, tag_filter, scanned, budget,
+                                                            deadline)  # fmt: skip
+                    except CorruptRecord as exc:
+                        if out:
+                            break
+                        raise _corrupt(info, queue_id, base + first, base, count, str(exc)) from None
                 n = count - first if keep is None else len(keep)
                 room = max_messages - delivered
                 if out and (n > room or size + len(value) > max_bytes) and n:
@@ -333,6 +341,12 @@ class StoreReader:
                     out.append((g, value, b"" if keep is None else _mask_of(keep[:room], count)))
                     delivered += room
                     break
+                if stopped >= 0:  # the answer ends where the scan stopped, inside this batch
+                    nxt = base + stopped
+                    if n:
+                        out.append((g, value, _mask_of(keep, count) if keep is not None else b""))
+                    exhausted = not out
+                    break
                 nxt = base + count
                 if n:
                     out.append((g, value, b"" if keep is None else _mask_of(keep, count)))
@@ -341,7 +355,7 @@ class StoreReader:
                     if delivered >= max_messages or size >= max_bytes:
                         break
                 if tag_filter is not None and (scanned >= budget.records or time.monotonic() >= deadline):
-                    exhausted = not out  # the scan budget ran out (per batch)
+                    exhausted = not out  # the scan budget ran out at the end of this batch
                     break
         if out:
             status = PullStatus.FOUND
@@ -586,6 +600,40 @@ def _record_key(records: bytes, bounds: list[int], i: int) -> str | None:
         return None
 
 
+def _scan_tags(
+    records: bytes, count: int, cand: Sequence[int], tags: frozenset[bytes], scanned: int, budget: ScanBudget,
+    deadline: float,
+) -> tuple[list[int], int, int]:  # fmt: skip
+    """Examine the records ``cand`` (ascending indexes) of a records section of
+    ``count`` records for a tag of ``tags``, :data:`_CLOCK_EVERY` records decoded at a
+    time, while the scan budget lasts (``scanned`` records examined so far in the
+    request; the clock is looked at once some were). Only the records examined are
+    decoded: a skipped record between them is stepped over by its length.
+
+    Returns (the indexes whose tag matches, the first of ``cand`` not examined or -1
+    when every one was, the records examined in the request). Raises CorruptRecord
+    when the records' lengths do not hold or an examined record does not decode."""
+    bounds = batches.record_bounds(records, count)
+    keep: list[int] = []
+    pos, n = 0, len(cand)
+    while pos < n:
+        if scanned >= budget.records or (scanned and time.monotonic() >= deadline):
+            return keep, cand[pos], scanned
+        step = cand[pos : pos + min(_CLOCK_EVERY, budget.records - scanned)]
+        lo, hi = step[0], step[-1]
+        if hi - lo + 1 == len(step):  # consecutive records: one slice decoded
+            recs = batches.decode_records(records[bounds[lo] : bounds[hi + 1]], hi - lo + 1)
+            keep += [i for i, r in zip(step, recs, strict=True) if _tag_bytes(r.tags) in tags]
+        else:
+            for i in step:
+                (r,) = batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)
+                if _tag_bytes(r.tags) in tags:
+                    keep.append(i)
+        scanned += len(step)
+        pos += len(step)
+    return keep, -1, scanned
+
+
 def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
 
@@ -618,11 +666,11 @@ def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0, end: int 
 def check_batch(
     value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, verify: bool,
     decode: bool, at: int | None = None,
-) -> list[batches.Record] | None:  # fmt: skip
+) -> bytes | None:  # fmt: skip
     """Check the stored batch the index entry (``info``, ``queue_id``, ``base``) ->
     (``g``, ``count``) led to: its header's checksum, that it names that same
     position and count, and with ``verify`` its batch checksum; with ``decode`` its
-    records are decoded too, and returned.
+    records section is decompressed and returned (its records are not decoded).
 
     Raises CorruptRecord naming the position (``at``, else the batch's first
     offset), what is wrong, and the way past it (``equeue message skip`` of each of
@@ -635,7 +683,7 @@ def check_batch(
         if (h.topic_id, h.queue_id, h.base_offset, bh.count) == (info.topic_id, queue_id, base, count):
             if not decode:
                 return None
-            return batches.decode_records(batches.batch_records(inner, bh), bh.count)
+            return batches.batch_records(inner, bh)
         why = (
             f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
             f"{h.queue_id} offsets {h.base_offset}..{h.base_offset + bh.count - 1}"
