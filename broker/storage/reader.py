@@ -325,12 +325,14 @@ class StoreReader:
                 if records is not None and tag_filter is not None:
                     cand = range(first, count) if keep is None else keep
                     try:
-                        keep, stopped, scanned = _scan_tags(records, count, cand, tag_filter, scanned, budget,
-                                                            deadline)  # fmt: skip
+                        keep, stopped, scanned, poison = _scan_tags(records, count, cand, tag_filter, scanned,
+                                                                    budget, deadline)  # fmt: skip
                     except CorruptRecord as exc:
                         if out:
                             break
                         raise _corrupt(info, queue_id, base + first, base, count, str(exc)) from None
+                    if poison is not None and base + stopped == offset:  # the first record asked for
+                        raise _corrupt(info, queue_id, offset, base, count, str(poison))
                 n = count - first if keep is None else len(keep)
                 room = max_messages - delivered
                 if out and (n > room or size + len(value) > max_bytes) and n:
@@ -603,7 +605,7 @@ def _record_key(records: bytes, bounds: list[int], i: int) -> str | None:
 def _scan_tags(
     records: bytes, count: int, cand: Sequence[int], tags: frozenset[bytes], scanned: int, budget: ScanBudget,
     deadline: float,
-) -> tuple[list[int], int, int]:  # fmt: skip
+) -> tuple[list[int], int, int, CorruptRecord | None]:  # fmt: skip
     """Examine the records ``cand`` (ascending indexes) of a records section of
     ``count`` records for a tag of ``tags``, :data:`_CLOCK_EVERY` records decoded at a
     time, while the scan budget lasts (``scanned`` records examined so far in the
@@ -611,27 +613,34 @@ def _scan_tags(
     decoded: a skipped record between them is stepped over by its length.
 
     Returns (the indexes whose tag matches, the first of ``cand`` not examined or -1
-    when every one was, the records examined in the request). Raises CorruptRecord
-    when the records' lengths do not hold or an examined record does not decode."""
+    when every one was, the records examined in the request, and the error of that
+    first record not examined when it is there because it does not decode, else
+    None: the scan stops right before a poison record, so what matched before it is
+    answered). Raises CorruptRecord when the records' lengths do not hold."""
     bounds = batches.record_bounds(records, count)
     keep: list[int] = []
     pos, n = 0, len(cand)
     while pos < n:
         if scanned >= budget.records or (scanned and time.monotonic() >= deadline):
-            return keep, cand[pos], scanned
+            return keep, cand[pos], scanned, None
         step = cand[pos : pos + min(_CLOCK_EVERY, budget.records - scanned)]
         lo, hi = step[0], step[-1]
-        if hi - lo + 1 == len(step):  # consecutive records: one slice decoded
+        try:
+            if hi - lo + 1 != len(step):  # skipped records between: decoded one by one
+                raise CorruptRecord("not consecutive")
             recs = batches.decode_records(records[bounds[lo] : bounds[hi + 1]], hi - lo + 1)
-            keep += [i for i, r in zip(step, recs, strict=True) if _tag_bytes(r.tags) in tags]
-        else:
+        except CorruptRecord:
+            recs = []
             for i in step:
-                (r,) = batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)
-                if _tag_bytes(r.tags) in tags:
-                    keep.append(i)
+                try:
+                    recs += batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)
+                except CorruptRecord as exc:  # the poison record: the scan stops before it
+                    keep += [j for j, r in zip(step, recs, strict=False) if _tag_bytes(r.tags) in tags]
+                    return keep, i, scanned + len(recs), exc
+        keep += [i for i, r in zip(step, recs, strict=True) if _tag_bytes(r.tags) in tags]
         scanned += len(step)
         pos += len(step)
-    return keep, -1, scanned
+    return keep, -1, scanned, None
 
 
 def _tag_bytes(tags: str | None) -> bytes | None:

@@ -276,6 +276,23 @@ async def test_a_poison_record_inside_a_batch_costs_no_other_record_of_it(tmp_pa
             assert base64.b64decode(retried.body) == b"m1" and "%POISON" not in retried.properties
 
 
+async def test_a_tag_filtered_pull_answers_the_matches_before_a_poison_record(tmp_path: Path) -> None:
+    """The filter's scan stops right before the record that does not decode: what
+    matched before it is answered, and the pull from it names that exact offset."""
+    with trio.fail_after(30):
+        async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+            info = await c.create_topic("t", 1)
+            recs = [batches.encode_record(Message(f"m{i}".encode(), tags="ab"[i % 2])) for i in range(4)]
+            await b.appender.submit(_RawAppend(info, 0, [[recs[0], recs[1], _bad_props_record(), recs[3]]]))
+            r = await c.pull(wire.PullRequest("t", 0, 0, 10, tags="b"))
+            assert [m.body for m in r.messages] == [b"m1"] and r.next_offset == 2
+            with pytest.raises(CorruptRecord, match=r"t/0 offset 2: a property overruns its block"):
+                await c.pull(wire.PullRequest("t", 0, 2, 10, tags="b"))
+            await c.skip_message("t", 0, 2)
+            r = await c.pull(wire.PullRequest("t", 0, 2, 10, tags="b"))
+            assert [m.body for m in r.messages] == [b"m3"] and r.next_offset == 4
+
+
 async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path: Path) -> None:
     """A record stored under a larger limit (an older broker's): it used to make an
     answer over the clients' frame cap, and the consumer reconnected in a loop."""
