@@ -108,7 +108,8 @@ class DeadLetterHandlers:
             raise DelayTooLong(f"retry delays must be at most the broker's maximum delay, {self._max_delay_ms} ms")
         info = await self._topics.require_queue(req.topic, req.queue_id)  # NotOwner elsewhere
         check_offset("queue_offset", req.queue_offset)
-        found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset)
+        # a record that does not decode comes back too (its position checked): salvaged below
+        found = self._store.get_queue_offset(info, req.queue_id, req.queue_offset, salvage=True)
         if found is None:
             raise MessageNotFound(f"no message at {req.topic}/{req.queue_id} offset {req.queue_offset}")
         try:
@@ -156,9 +157,10 @@ class DeadLetterHandlers:
         self, topic: str, queue_id: int, queue_offset: int, found: BatchHit, exc: CorruptRecord
     ) -> Message:
         """A dead letter for a stored record that does not decode: its body is the
-        bytes of the stored batch holding it (cut to the message limit), ``%POISON``
-        says why."""
-        raw = bytes(found.value)
+        record's stored bytes (:meth:`BatchHit.raw_record`: the record, or the stored
+        batch holding it when its records cannot be told apart), cut to the message
+        limit; ``%POISON`` says why."""
+        raw = found.raw_record()
         room = self._max_body  # the properties below take the system properties' room
         props = {PROP_POISON: str(exc)[:300]}
         if len(raw) > room:

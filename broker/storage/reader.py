@@ -109,9 +109,45 @@ class BatchHit:
         """The keep mask selecting only this record."""
         return _mask_of([self.index], self.index + 1)
 
+    def record(self) -> Message:
+        """The record decoded alone, with no position (its store-time delta in
+        ``timestamp``): its batch's checksum verified, its records
+        section decompressed and its length prefixes checked, then only this record
+        decoded (a poison record costs no other record of its batch). Raises
+        CorruptRecord."""
+        inner = batches.stored_batch(self.value)
+        bh = batches.batch_head(inner, MAX_RECORDS_LEN)
+        if self.index >= bh.count:
+            raise CorruptRecord(f"record {self.index} of a batch of {bh.count}")
+        records = batches.batch_records(inner, bh)
+        b = batches.record_bounds(records, bh.count)
+        return batches.decode_records(records[b[self.index] : b[self.index + 1]], 1)[0]
+
     def message(self, topic: str) -> Message:
-        """The record as a message. Raises CorruptRecord."""
-        return batches.decode_stored(topic, self.global_base, self.value, MAX_RECORDS_LEN)[self.index]
+        """The record as a message (:meth:`record`). Raises CorruptRecord."""
+        h = batches.stored_head(self.value)
+        r = self.record()
+        i = self.index
+        return Message(
+            r.body, r.key, r.tags, r.properties, r.deliver_at, topic, h.queue_id, h.base_offset + i,
+            self.global_base + i, h.first_ms + r.timestamp, r.reconsume_times,
+        )  # fmt: skip
+
+    def raw_record(self) -> bytes:
+        """The stored bytes of the record, as much of them as can be told apart, for a
+        record that does not decode: the record itself (its length prefix included)
+        when its batch's records section decompresses and its length prefixes hold,
+        else the stored batch whole."""
+        try:
+            inner = batches.stored_batch(self.value)
+            bh = batches.batch_head(inner, MAX_RECORDS_LEN, verify=False)
+            if self.index < bh.count:
+                records = batches.batch_records(inner, bh)
+                b = batches.record_bounds(records, bh.count)
+                return records[b[self.index] : b[self.index + 1]]
+        except CorruptRecord:
+            pass
+        return bytes(self.value)
 
 
 ReadFn = Callable[..., ReadResult]
@@ -219,9 +255,11 @@ class StoreReader:
 
         Records an operator skipped, and with a ``tag_filter`` the records whose tags
         it does not hold, are masked out (a batch with none left is not sent). A
-        filtered scan examines at most :attr:`scan_budget` records: when it runs out
-        with no match the status is NO_MATCHED_MSG and ``next_offset`` is where it
-        stopped (the next pull resumes there). ``verify=False`` skips the batch
+        filtered scan examines at most :attr:`scan_budget` records, counted record by
+        record: when it runs out, even inside a batch, the answer ends there
+        (``next_offset``: the first record not examined, where the next pull
+        resumes), NO_MATCHED_MSG when nothing matched. Without a filter no record is
+        decoded. ``verify=False`` skips the batch
         checksum, for a client that verifies it itself (the header is always
         checked). Returns a status (never raises for expected outcomes); raises
         QueueNotFound, or CorruptRecord when the first batch to return is damaged.
@@ -284,10 +322,18 @@ class StoreReader:
                     if out:
                         break
                     raise
+                stopped = -1  # the scan budget ran out inside this batch: its first record not examined
                 if records is not None and tag_filter is not None:
                     cand = range(first, count) if keep is None else keep
-                    keep = [i for i in cand if _tag_bytes(records[i].tags) in tag_filter]
-                    scanned += count - first
+                    try:
+                        keep, stopped, scanned, poison = _scan_tags(records, count, cand, tag_filter, scanned,
+                                                                    budget, deadline)  # fmt: skip
+                    except CorruptRecord as exc:
+                        if out:
+                            break
+                        raise _corrupt(info, queue_id, base + first, base, count, str(exc)) from None
+                    if poison is not None and base + stopped == offset:  # the first record asked for
+                        raise _corrupt(info, queue_id, offset, base, count, str(poison))
                 n = count - first if keep is None else len(keep)
                 room = max_messages - delivered
                 if out and (n > room or size + len(value) > max_bytes) and n:
@@ -298,6 +344,12 @@ class StoreReader:
                     out.append((g, value, b"" if keep is None else _mask_of(keep[:room], count)))
                     delivered += room
                     break
+                if stopped >= 0:  # the answer ends where the scan stopped, inside this batch
+                    nxt = base + stopped
+                    if n:
+                        out.append((g, value, _mask_of(keep, count) if keep is not None else b""))
+                    exhausted = not out
+                    break
                 nxt = base + count
                 if n:
                     out.append((g, value, b"" if keep is None else _mask_of(keep, count)))
@@ -306,7 +358,7 @@ class StoreReader:
                     if delivered >= max_messages or size >= max_bytes:
                         break
                 if tag_filter is not None and (scanned >= budget.records or time.monotonic() >= deadline):
-                    exhausted = not out  # the scan budget ran out (per batch)
+                    exhausted = not out  # the scan budget ran out at the end of this batch
                     break
         if out:
             status = PullStatus.FOUND
@@ -354,13 +406,18 @@ class StoreReader:
             return None
         return BatchHit(base, value, global_offset - base)
 
-    def get_queue_offset(self, info: control.TopicInfo, queue_id: int, offset: int) -> BatchHit | None:
+    def get_queue_offset(
+        self, info: control.TopicInfo, queue_id: int, offset: int, *, salvage: bool = False
+    ) -> BatchHit | None:
         """The record at a queue offset, or None (none there, or an operator skipped
         it).
 
-        Raises CorruptRecord when its batch fails its checks or its header names
+        Raises CorruptRecord when its batch's header fails its checksum or names
         another position than the index (an index pointer gone wrong): never another
-        message in its place."""
+        message in its place; and, unless ``salvage``, when the record itself does not
+        decode (its batch's checksum, lengths, or its own fields: the other records of
+        its batch are not decoded). With ``salvage`` such a record is returned, for
+        the caller to salvage what it can (:meth:`BatchHit.raw_record`)."""
         view = self.view
         tid = info.topic_id
         if offset in view.skips(tid, queue_id) or offset >= view.queue(tid, queue_id).next_offset:
@@ -377,8 +434,16 @@ class StoreReader:
             if value is None:
                 return None
             value = bytes(value)
-        check_batch(value, info, queue_id, base, count, g, True, True, at=offset)
-        return BatchHit(g, value, offset - base)
+        hit = BatchHit(g, value, offset - base)
+        if salvage:
+            check_position(value, info, queue_id, base, count, g, offset)
+            return hit
+        check_batch(value, info, queue_id, base, count, g, True, False, at=offset)
+        try:
+            hit.record()
+        except CorruptRecord as exc:
+            raise _corrupt(info, queue_id, offset, base, count, str(exc)) from None
+        return hit
 
     def global_position_ok(self, hit: BatchHit, h: batches.StoredHead) -> bool:
         """Whether the queue index agrees that the batch of ``hit`` (header ``h``) is
@@ -538,6 +603,47 @@ def _record_key(records: bytes, bounds: list[int], i: int) -> str | None:
         return None
 
 
+def _scan_tags(
+    records: bytes, count: int, cand: Sequence[int], tags: frozenset[bytes], scanned: int, budget: ScanBudget,
+    deadline: float,
+) -> tuple[list[int], int, int, CorruptRecord | None]:  # fmt: skip
+    """Examine the records ``cand`` (ascending indexes) of a records section of
+    ``count`` records for a tag of ``tags``, :data:`_CLOCK_EVERY` records decoded at a
+    time, while the scan budget lasts (``scanned`` records examined so far in the
+    request; the clock is looked at once some were). Only the records examined are
+    decoded: a skipped record between them is stepped over by its length.
+
+    Returns (the indexes whose tag matches, the first of ``cand`` not examined or -1
+    when every one was, the records examined in the request, and the error of that
+    first record not examined when it is there because it does not decode, else
+    None: the scan stops right before a poison record, so what matched before it is
+    answered). Raises CorruptRecord when the records' lengths do not hold."""
+    bounds = batches.record_bounds(records, count)
+    keep: list[int] = []
+    pos, n = 0, len(cand)
+    while pos < n:
+        if scanned >= budget.records or (scanned and time.monotonic() >= deadline):
+            return keep, cand[pos], scanned, None
+        step = cand[pos : pos + min(_CLOCK_EVERY, budget.records - scanned)]
+        lo, hi = step[0], step[-1]
+        try:
+            if hi - lo + 1 != len(step):  # skipped records between: decoded one by one
+                raise CorruptRecord("not consecutive")
+            recs = batches.decode_records(records[bounds[lo] : bounds[hi + 1]], hi - lo + 1)
+        except CorruptRecord:
+            recs = []
+            for i in step:
+                try:
+                    recs += batches.decode_records(records[bounds[i] : bounds[i + 1]], 1)
+                except CorruptRecord as exc:  # the poison record: the scan stops before it
+                    keep += [j for j, r in zip(step, recs, strict=False) if _tag_bytes(r.tags) in tags]
+                    return keep, i, scanned + len(recs), exc
+        keep += [i for i, r in zip(step, recs, strict=True) if _tag_bytes(r.tags) in tags]
+        scanned += len(step)
+        pos += len(step)
+    return keep, -1, scanned, None
+
+
 def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
 
@@ -570,11 +676,11 @@ def messages_of(topic: str, refs: Sequence[BatchRef], offset: int = 0, end: int 
 def check_batch(
     value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, verify: bool,
     decode: bool, at: int | None = None,
-) -> list[Message] | None:  # fmt: skip
+) -> bytes | None:  # fmt: skip
     """Check the stored batch the index entry (``info``, ``queue_id``, ``base``) ->
     (``g``, ``count``) led to: its header's checksum, that it names that same
     position and count, and with ``verify`` its batch checksum; with ``decode`` its
-    records are decoded too, and returned.
+    records section is decompressed and returned (its records are not decoded).
 
     Raises CorruptRecord naming the position (``at``, else the batch's first
     offset), what is wrong, and the way past it (``equeue message skip`` of each of
@@ -587,18 +693,44 @@ def check_batch(
         if (h.topic_id, h.queue_id, h.base_offset, bh.count) == (info.topic_id, queue_id, base, count):
             if not decode:
                 return None
-            return batches.decode_records(batches.batch_records(inner, bh), bh.count)
+            return batches.batch_records(inner, bh)
         why = (
             f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
             f"{h.queue_id} offsets {h.base_offset}..{h.base_offset + bh.count - 1}"
         )
     except CorruptRecord as exc:
         why = str(exc)
-    where = base if at is None else at
+    raise _corrupt(info, queue_id, base if at is None else at, base, count, why)
+
+
+def check_position(
+    value: bytes, info: control.TopicInfo, queue_id: int, base: int, count: int, g: int, at: int
+) -> None:
+    """Check only that the stored batch the index entry (``info``, ``queue_id``,
+    ``base``) -> ``g`` led to is the one at that position: its header's checksum,
+    and that it names that topic, queue and base offset (the batch behind the header
+    is not looked at). Raises and logs CorruptRecord as :func:`check_batch` does."""
+    try:
+        h = batches.stored_head(value)
+    except CorruptRecord as exc:
+        raise _corrupt(info, queue_id, at, base, count, str(exc)) from None
+    if (h.topic_id, h.queue_id, h.base_offset) != (info.topic_id, queue_id, base):
+        why = (
+            f"the index points to global offset {g}, a batch of topic id {h.topic_id} queue "
+            f"{h.queue_id} from offset {h.base_offset}"
+        )
+        raise _corrupt(info, queue_id, at, base, count, why)
+
+
+def _corrupt(info: control.TopicInfo, queue_id: int, where: int, base: int, count: int, why: str) -> CorruptRecord:
+    """The CorruptRecord of a damaged record at a queue offset (``where``, in the batch
+    of ``count`` records from ``base``): what is wrong and the way past it (``equeue
+    message skip`` of each record of the batch), logged (rate-limited: consumers ask
+    for the same record again and again)."""
     span = f" (its batch holds offsets {base}..{base + count - 1}: skip each)" if count > 1 else ""
     corrupt = CorruptRecord(
         f"corrupt record at {info.name}/{queue_id} offset {where}: {why}; restore the store from "
         f"a copy, or skip it: equeue message skip --topic {info.name} --queue {queue_id} --offset {where}{span}"
     )
     corrupt_log.log(logging.ERROR, f"{info.name}/{queue_id}", "%s", corrupt)
-    raise corrupt
+    return corrupt

@@ -5,6 +5,7 @@ move consumers past a corrupt record (``equeue message skip``)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from equeue.cli import app
 from equeue.errors import CorruptRecord, MessageNotFound, StoreDamaged, StoreError, StoreTruncated
 from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus
+from equeue.wire import batches
 from tests.conftest import wait_until_sync
 
 MAP = 1 << 28
@@ -345,8 +347,12 @@ def test_a_skip_marker_survives_a_restart(tmp_path: Path) -> None:
         info = s.topic("t")
         assert s.view.skips(info.topic_id, 0) == {5}
         msgs, r = s.read_messages(info, 0, 4, 3)
-        assert [m.queue_offset for m in msgs][:3] == [4, 6, 7]
-        assert r.next_offset == 20
+        # max_messages is exact: the answer ends inside the batch, one past the third
+        # record delivered; the skipped record is masked out, never served
+        assert [m.queue_offset for m in msgs] == [4, 6, 7] and r.next_offset == 8
+        msgs, r = s.read_messages(info, 0, 5, 100)
+        assert [m.queue_offset for m in msgs] == list(range(6, 20)) and r.next_offset == 20
+        assert s.get_queue_offset(info, 0, 5) is None
     finally:
         s.close()
 
@@ -387,3 +393,23 @@ def test_message_skip_cli(embedded_broker: object) -> None:
     got = runner.invoke(app, ["message", "get", "t", "--queue", "0", "--offset", "0", "-b", address])
     assert got.exit_code == 1 and "skipped by an operator" in got.output
     assert control.SkipMessage("t", 0, 0).CODE == 72 and control.ListSkipped("t").CODE == 73
+
+
+async def test_a_record_of_a_batch_failing_its_checksum_is_salvaged_into_a_letter(broker: Broker) -> None:
+    """SEND_BACK of a record whose batch fails its checksum writes a salvaged dead letter
+    (its stored bytes, why in ``%POISON``); a damaged pointer is still refused."""
+    with trio.fail_after(10):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("t", 1)
+            a = await c.produce(wire.ProduceRequest("t", 0, _entries("m0", "m1", "m2")))
+            _flip_last_byte(broker.store, a.first_global)
+            answer = await c.send_back("g", "t", 0, 1, 0, 16)  # a poison record: no retries
+            assert answer.dead_lettered
+            (letter,) = (await c.dlq_list("g")).letters
+            assert (letter.origin_topic, letter.origin_offset) == ("t", 1)
+            assert "batch checksum mismatch" in letter.properties["%POISON"]
+            assert base64.b64decode(letter.body) == batches.encode_record(Message("m1"))
+            await c.produce(wire.ProduceRequest("t", 0, _entries("m3")))
+            _point(broker, broker.store.topic("t").topic_id, 0, 3, a.first_global, 1)  # offset 3 -> 0's batch
+            with pytest.raises(CorruptRecord, match="t/0 offset 3: the index points to global offset"):
+                await c.send_back("g", "t", 0, 3, 0, 16)

@@ -26,6 +26,7 @@ import trio
 from equeue import Message, wire
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, messages_of
+from equeue.broker.storage.skips import SkipRecordOp
 from equeue.consumer import AsyncConsumer
 from equeue.control import TopicInfo
 from equeue.errors import BadRequest
@@ -129,12 +130,29 @@ def test_tag_scan_and_key_walk_stop_at_the_budget(tmp_path: Path) -> None:
         append(store, t, 250, tags="a")
         store.write([ProduceOp(t, 0, [wire.encode_entry(Message(b"hit", tags="b"))])])
         tags = frozenset({b"b"})
-        r = store.read_queue(t, 0, 0, 10, 1 << 20, tags)  # one batch of 250: scanned whole
-        assert (r.status, r.next_offset, r.batches) == (PullStatus.NO_MATCHED_MSG, 250, [])
+        # one batch of 250: the scan stops inside it, at the budget, and resumes there
+        r = store.read_queue(t, 0, 0, 10, 1 << 20, tags)
+        assert (r.status, r.next_offset, r.batches) == (PullStatus.NO_MATCHED_MSG, 100, [])
+        r = store.read_queue(t, 0, 100, 10, 1 << 20, tags)
+        assert (r.status, r.next_offset, r.batches) == (PullStatus.NO_MATCHED_MSG, 200, [])
         r = store.read_queue(t, 0, 200, 10, 1 << 20, tags)
         assert r.status is PullStatus.FOUND and len(r.batches) == 1 and r.next_offset == 251
         assert len(messages_of("t", r.batches, 200)) == 1
         assert store.read_queue(t, 0, 251, 10, 1 << 20, tags).status is PullStatus.NO_NEW_MESSAGE
+        # a match found before the budget ran out is answered, up to where the scan stopped
+        store.write([ProduceOp(t, 0, [wire.encode_entry(Message(f"m{i}".encode(), tags="ab"[i == 10 or i == 150]))
+                                      for i in range(250)])])  # fmt: skip
+        r = store.read_queue(t, 0, 251, 10, 1 << 20, tags)
+        assert r.status is PullStatus.FOUND and r.next_offset == 351
+        assert [m.body for m in messages_of("t", r.batches, 251, r.next_offset)] == [b"m10"]
+        r = store.read_queue(t, 0, 351, 10, 1 << 20, tags)
+        assert [m.body for m in messages_of("t", r.batches, 351, r.next_offset)] == [b"m150"]
+        assert r.next_offset == 451
+        # records an operator skipped are stepped over, not examined
+        store.write([SkipRecordOp("t", 0, o) for o in range(451, 480)])
+        append(store, t, 100, tags="a")  # offsets 501..600
+        r = store.read_queue(t, 0, 451, 10, 1 << 20, tags)  # 21 records, then 79 of the next batch
+        assert (r.status, r.next_offset) == (PullStatus.NO_MATCHED_MSG, 580)
         k = topic(store, "k")
         assert key_hash(KEY) == key_hash(COLLIDER)
         append(store, k, 1, key=COLLIDER)  # the oldest, global offset g0

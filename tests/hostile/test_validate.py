@@ -3,6 +3,7 @@ limit is served, one op's failure stays its own, commits past the end are refuse
 
 from __future__ import annotations
 
+import base64
 import zlib
 from pathlib import Path
 
@@ -239,11 +240,16 @@ def _good_records() -> list[bytes]:
     return [batches.encode_record(Message(f"m{i}".encode(), properties={"i": str(i)})) for i in range(4)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="store format 3: SEND_BACK of a record that does not decode is refused (CORRUPT_RECORD from "
-    "get_queue_offset) instead of salvaged into a letter; the consumer then drops it",
-)
+async def _the_poison_letter(c: AsyncClient) -> None:
+    """The group's one dead letter is the salvaged poison record at t/0 offset 2: its
+    stored bytes as the body, why it does not decode in ``%POISON``."""
+    page = await c.dlq_list("g")
+    (letter,) = page.letters
+    assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
+    assert "property overruns its block" in letter.properties["%POISON"]
+    assert base64.b64decode(letter.body) == _bad_props_record()
+
+
 async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: Path) -> None:
     """The probe: a stored record with a malformed property block stalled every consumer
     of its queue ("property overruns its block"), the messages before it included."""
@@ -252,19 +258,39 @@ async def test_a_poison_record_goes_to_the_dlq_and_the_queue_moves_on(tmp_path: 
             good = _good_records()
             await _consume_past_a_poison_record(b, c, [[good[0]], [good[1]], [_bad_props_record()], [good[2]],
                                                        [good[3]]])  # fmt: skip
-            page = await c.dlq_list("g")
-            (letter,) = page.letters
-            assert (letter.origin_topic, letter.origin_queue, letter.origin_offset) == ("t", 0, 2)
-            assert "property overruns its block" in letter.properties["%POISON"]
+            await _the_poison_letter(c)
 
 
 async def test_a_poison_record_inside_a_batch_costs_no_other_record_of_it(tmp_path: Path) -> None:
     """The whole batch comes back in every answer: the consumer decodes record by record
-    to find the poison one, and skips only it."""
+    to find the poison one, and skips only it; the broker salvages only that record
+    into the letter, and still serves and sends back the others of its batch."""
     with trio.fail_after(60):
         async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
             good = _good_records()
             await _consume_past_a_poison_record(b, c, [[good[0], good[1], _bad_props_record(), good[2], good[3]]])
+            await _the_poison_letter(c)
+            assert [m.body for m in (await c.get_message("t", 0, 3)).messages] == [b"m2"]  # a neighbour reads intact
+            await c.send_back("g", "t", 0, 1, 0, 0)  # a neighbour sent back is a copy, not a salvage
+            (retried,) = [m for m in (await c.dlq_list("g")).letters if m.origin_offset == 1]
+            assert base64.b64decode(retried.body) == b"m1" and "%POISON" not in retried.properties
+
+
+async def test_a_tag_filtered_pull_answers_the_matches_before_a_poison_record(tmp_path: Path) -> None:
+    """The filter's scan stops right before the record that does not decode: what
+    matched before it is answered, and the pull from it names that exact offset."""
+    with trio.fail_after(30):
+        async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+            info = await c.create_topic("t", 1)
+            recs = [batches.encode_record(Message(f"m{i}".encode(), tags="ab"[i % 2])) for i in range(4)]
+            await b.appender.submit(_RawAppend(info, 0, [[recs[0], recs[1], _bad_props_record(), recs[3]]]))
+            r = await c.pull(wire.PullRequest("t", 0, 0, 10, tags="b"))
+            assert [m.body for m in r.messages] == [b"m1"] and r.next_offset == 2
+            with pytest.raises(CorruptRecord, match=r"t/0 offset 2: a property overruns its block"):
+                await c.pull(wire.PullRequest("t", 0, 2, 10, tags="b"))
+            await c.skip_message("t", 0, 2)
+            r = await c.pull(wire.PullRequest("t", 0, 2, 10, tags="b"))
+            assert [m.body for m in r.messages] == [b"m3"] and r.next_offset == 4
 
 
 async def test_a_record_too_big_for_any_answer_is_skipped_not_looped_on(tmp_path: Path) -> None:

@@ -106,13 +106,15 @@ def test_skips_and_tag_filters_are_masks(store: Store) -> None:
     assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_NEW_MESSAGE, [], 10)
 
 
-def test_a_filtered_scan_stops_at_its_budget_on_a_batch_boundary(store: Store) -> None:
+def test_a_filtered_scan_stops_at_its_budget_inside_a_batch(store: Store) -> None:
     info = _topic(store)
     for _i in range(5):
         store.write([ProduceOp(info, 0, [wire.encode_entry(Message(b"x", tags="no")) for _ in range(10)])]).settled()
     store.scan_budget = ScanBudget(records=25, seconds=60.0)
     r = store.read_queue(info, 0, 0, 100, 1 << 20, frozenset({b"yes"}))
-    assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_MATCHED_MSG, [], 30)
+    assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_MATCHED_MSG, [], 25)
+    r = store.read_queue(info, 0, 25, 100, 1 << 20, frozenset({b"yes"}))  # resumes there
+    assert (r.status, r.batches, r.next_offset) == (PullStatus.NO_MATCHED_MSG, [], 50)
 
 
 def test_reopen_recovers_the_next_offsets_from_the_last_batches(tmp_path: Path) -> None:
