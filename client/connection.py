@@ -40,6 +40,7 @@ from equeue.codec import Request as RequestEvent
 from equeue.errors import (
     AuthenticationError,
     ClientClosed,
+    ConfigError,
     ConnectionBroken,
     EQueueError,
     ErrorCode,
@@ -58,6 +59,20 @@ __all__ = ["AsyncClient", "PendingReply", "parse_brokers"]
 
 T = TypeVar("T")
 PushHandler = Callable[[int, bytes], None]
+
+
+def _compression_setting(value: str | None) -> str | None:
+    """A topic's ``compression=`` argument as sent: one of
+    :data:`equeue.control.COMPRESSION_SETTINGS` (case-insensitive), or None for None
+    and ``"default"`` (the broker's ``--compression``). Raises ConfigError for
+    anything else, before anything is sent."""
+    if value is None:
+        return None
+    setting = value.strip().lower()
+    if setting == "default":
+        return None
+    control.check_compression(setting, ConfigError)
+    return setting
 
 
 class AsyncClient:
@@ -470,15 +485,20 @@ class AsyncClient:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         exist_ok: bool = False,
+        compression: str | None = None,
     ) -> control.TopicInfo:
         """Create topic ``name`` with ``queues`` queues. Retention overrides: None =
         the broker's default, -1 = keep forever, > 0 = the limit (ms, bytes).
+        ``compression``: how the topic stores batches (``producer``, ``none``, ``zstd``,
+        ``lz4``; None or ``"default"``: the broker's ``--compression``).
 
-        Raises ConfigError for any other retention value (0, -5...) before anything
-        is sent; TopicExists unless ``exist_ok``; BadRequest, InvalidName from the broker."""
+        Raises ConfigError for any other retention value (0, -5...) or compression
+        setting before anything is sent; TopicExists unless ``exist_ok``; BadRequest,
+        InvalidName from the broker."""
         check_topic_settings(retention_ms, retention_bytes)
+        codec = _compression_setting(compression)
         return await self.call(
-            control.CreateTopic(name, queues, retention_ms, retention_bytes, exist_ok), control.TopicInfo
+            control.CreateTopic(name, queues, retention_ms, retention_bytes, exist_ok, codec), control.TopicInfo
         )
 
     async def alter_topic(
@@ -489,19 +509,29 @@ class AsyncClient:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         reset: Iterable[str] = (),
+        compression: str | None = None,
     ) -> control.TopicInfo:
         """Grow ``name`` to ``queues`` queues and/or change its retention overrides:
         None leaves one unchanged, -1 = keep forever, > 0 = the limit; ``reset``
-        names settings (``"retention_ms"``, ``"retention_bytes"``) to put back to the
-        broker's default. Returns the topic as changed.
+        names settings (``"retention_ms"``, ``"retention_bytes"``, ``"compression"``)
+        to put back to the broker's default. ``compression``: the topic's new
+        compression setting (``producer``, ``none``, ``zstd``, ``lz4``; None leaves it
+        unchanged; ``"default"`` puts it back to the broker's ``--compression``, like
+        naming it in ``reset``). Returns the topic as changed.
 
-        Raises ConfigError before anything is sent for any other retention value, an
-        unknown name in ``reset`` or a setting both given and reset; TopicNotFound,
-        BadRequest (fewer queues) from the broker."""
+        Raises ConfigError before anything is sent for any other retention value or
+        compression setting, an unknown name in ``reset`` or a setting both given and
+        reset; TopicNotFound, BadRequest (fewer queues) from the broker."""
         names = [reset] if isinstance(reset, str) else list(reset)
-        check_topic_settings(retention_ms, retention_bytes, names)
+        codec = _compression_setting(compression)
+        if compression is not None and codec is None:  # "default"
+            names.append("compression")
+        if codec is not None and "compression" in names:
+            raise ConfigError("compression is both set and reset: give one or the other")
+        check_topic_settings(retention_ms, retention_bytes, [n for n in names if n != "compression"])
+        names = list(dict.fromkeys(names))
         return await self.call(
-            control.AlterTopic(name, queues, retention_ms, retention_bytes, names), control.TopicInfo
+            control.AlterTopic(name, queues, retention_ms, retention_bytes, names, codec), control.TopicInfo
         )
 
     async def delete_topic(self, name: str) -> None:

@@ -40,6 +40,7 @@ from typing import Any, Literal, TypeVar
 import attrs
 from cattrs import BaseValidationError, transform_error
 
+from equeue.control import check_compression
 from equeue.control import converter as _wire_converter
 from equeue.errors import BadRequest, ClusterDataInvalid, InvalidName, NoLiveGroups
 from equeue.retention import SETTINGS as _RETENTION
@@ -299,13 +300,18 @@ def _owners_match(
         raise ValueError("an owner group name is empty")
 
 
+def _compression(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    check_compression(value, ValueError)
+
+
 @attrs.frozen
 class TopicPlacement:
     """A topic's queues and where they live: ``owners[i]`` is the broker group that
     owns queue id ``i`` (so ``len(owners) == queues``). Retention overrides
     (:mod:`equeue.retention`): None for the broker's defaults, -1 keep forever, > 0
     the limit. The record in etcd writes -1 as 0 (what earlier versions read as "no
-    limit"); 0 or a negative value read from etcd is -1."""
+    limit"); 0 or a negative value read from etcd is -1. ``compression``: the topic's
+    compression setting, or None."""
 
     name: str = attrs.field(validator=_non_empty)
     queues: int = attrs.field(validator=attrs.validators.ge(1))
@@ -313,6 +319,10 @@ class TopicPlacement:
     created_ms: int = attrs.field(validator=_non_negative)
     retention_ms: int | None = attrs.field(default=None, converter=from_record, validator=_retention)
     retention_bytes: int | None = attrs.field(default=None, converter=from_record, validator=_retention)
+    #: how the topic stores batches (:data:`equeue.control.COMPRESSION_SETTINGS`), applied
+    #: by every broker group; None: each broker's ``--compression`` (and what a record
+    #: written before the setting existed reads as)
+    compression: str | None = attrs.field(default=None, validator=_compression)
 
     def queues_of(self, group: str) -> list[int]:
         """The queue ids ``group`` owns, ascending."""

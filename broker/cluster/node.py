@@ -12,8 +12,8 @@ see it through :class:`equeue.broker.handlers.roles.ClusterRole`:
   for a queue owned elsewhere is NOT_OWNER (naming the owner), or QUEUE_UNAVAILABLE
   when that group has no leader (no live broker, or none of its ISR).
 * **Materialization.** Every placement in etcd exists in the local store with its
-  full queue count (created or grown through the appender) and its retention; a
-  topic deleted in etcd is deleted locally, and a local copy of an earlier
+  full queue count (created or grown through the appender), its retention and its
+  compression setting; a topic deleted in etcd is deleted locally, and a local copy of an earlier
   incarnation (deleted and created again) is replaced. Done by the group's leader
   (:meth:`ClusterNode.run_leader_duties`: a first pass before it serves, then after
   every change the view sees); a follower's store gets it through replication. ``<data-dir>/cluster-topics.json``
@@ -570,7 +570,9 @@ class ClusterNode:
             local = None
         self._made_from[p.name] = p.created_ms
         if local is None:
-            await self._submit(CreateTopicOp(p.name, p.queues, p.retention_ms, p.retention_bytes, exist_ok=True))
+            await self._submit(
+                CreateTopicOp(p.name, p.queues, p.retention_ms, p.retention_bytes, True, p.compression)
+            )
             return
         if local.queues > p.queues:
             _errors.log(
@@ -585,11 +587,13 @@ class ClusterNode:
             for name, mine, wanted in (
                 ("retention_ms", local.retention_ms, p.retention_ms),
                 ("retention_bytes", local.retention_bytes, p.retention_bytes),
+                ("compression", local.compression, p.compression),
             )
             if mine is not None and wanted is None
         )
-        if grow is not None or rms is not None or rbytes is not None or reset:
-            await self._submit(AlterTopicOp(p.name, grow, rms, rbytes, reset))
+        codec = p.compression if local.compression != p.compression else None
+        if grow is not None or rms is not None or rbytes is not None or codec is not None or reset:
+            await self._submit(AlterTopicOp(p.name, grow, rms, rbytes, reset, codec))
 
     async def _follow(self, done: Callable[[], bool]) -> None:
         """Wait until ``done()`` (checked after each materializer pass). Raises
@@ -616,7 +620,9 @@ class ClusterNode:
                 info = self._store.topics.get(p.name)
                 if info is not None and info.queues >= p.queues:
                     return info
-                return control.TopicInfo(p.name, 0, p.queues, p.created_ms, p.retention_ms, p.retention_bytes)
+                return control.TopicInfo(
+                    p.name, 0, p.queues, p.created_ms, p.retention_ms, p.retention_bytes, compression=p.compression
+                )
             await self._apply(p)
             await self._persist()
         info = self._store.topics.get(p.name)
@@ -729,12 +735,15 @@ class ClusterNode:
 
     async def create_topic(self, req: control.CreateTopic) -> control.TopicInfo:
         p = await self._writes.create_topic(
-            req.name, req.queues, req.retention_ms, req.retention_bytes, exist_ok=req.exist_ok
-        )
+            req.name, req.queues, req.retention_ms, req.retention_bytes, exist_ok=req.exist_ok,
+            compression=req.compression,
+        )  # fmt: skip
         return await self._learn(p)
 
     async def alter_topic(self, req: control.AlterTopic) -> control.TopicInfo:
-        p = await self._writes.alter_topic(req.name, req.queues, req.retention_ms, req.retention_bytes, req.reset)
+        p = await self._writes.alter_topic(
+            req.name, req.queues, req.retention_ms, req.retention_bytes, req.reset, req.compression
+        )
         return await self._learn(p)
 
     async def delete_topic(self, name: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection
+from typing import TypeVar
 
 import attrs
 
@@ -32,6 +33,8 @@ from equeue.placement import (
 
 __all__ = ["Placements"]
 
+V = TypeVar("V")
+
 #: compare-and-swap attempts before giving up on a topic others keep changing
 _ATTEMPTS = 16
 
@@ -40,9 +43,10 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _retention(value: int | None, current: int | None, reset: bool) -> int | None:
-    """An ALTER's retention override: None keeps ``current``, ``reset`` clears it (the
-    brokers' default), a value (-1 forever, > 0 the limit) replaces it."""
+def _retention(value: V | None, current: V | None, reset: bool) -> V | None:
+    """An ALTER's retention override or compression setting: None keeps ``current``,
+    ``reset`` clears it (the brokers' default), a value (-1 forever, > 0 the limit; a
+    compression setting) replaces it."""
     if reset:
         return None
     return current if value is None else value
@@ -75,11 +79,13 @@ class Placements:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         exist_ok: bool = False,
+        compression: str | None = None,
     ) -> TopicPlacement:
         """Create ``name`` with ``queues`` queues spread over the live groups, least
         loaded first; retention None = the brokers' defaults, -1 = keep forever, > 0
-        = the limit (checked by the caller; the record refuses anything else with
-        ValueError). Returns
+        = the limit; ``compression`` a compression setting or None (the brokers'
+        ``--compression``) (checked by the caller; the record refuses anything else
+        with ValueError). Returns
         the placement stored. Raises TopicExists when the topic exists, unless
         ``exist_ok`` (then the existing placement is returned, unchanged);
         BadRequest for fewer than one queue; NoLiveGroups when no group is alive.
@@ -98,6 +104,7 @@ class Placements:
                 created_ms=self._now_ms(),
                 retention_ms=retention_ms,
                 retention_bytes=retention_bytes,
+                compression=compression,
             )
             created, _ = await self._etcd.txn(
                 [compare_create(key, 0)],
@@ -120,12 +127,14 @@ class Placements:
         retention_ms: int | None = None,
         retention_bytes: int | None = None,
         reset: Collection[str] = (),
+        compression: str | None = None,
     ) -> TopicPlacement:
         """Grow ``name`` to ``queues`` queues (None: unchanged; the new ones on the
         least loaded live groups, existing ones never move) and/or change its
-        retention overrides (None: unchanged, -1: keep forever, > 0: the limit; a
-        name in ``reset``, ``"retention_ms"`` or ``"retention_bytes"``: back to the
-        brokers' default). Returns the new placement. Raises TopicNotFound;
+        retention overrides (None: unchanged, -1: keep forever, > 0: the limit) or
+        its compression setting (None: unchanged); a name in ``reset``
+        (``"retention_ms"``, ``"retention_bytes"``, ``"compression"``) puts it back to
+        the brokers' default. Returns the new placement. Raises TopicNotFound;
         BadRequest for fewer queues than now; NoLiveGroups when queues must be
         placed and no group is alive."""
         view = self._loaded()
@@ -146,6 +155,7 @@ class Placements:
                 new,
                 retention_ms=_retention(retention_ms, current.retention_ms, "retention_ms" in reset),
                 retention_bytes=_retention(retention_bytes, current.retention_bytes, "retention_bytes" in reset),
+                compression=_retention(compression, current.compression, "compression" in reset),
             )
 
         return await self._update(name, change)

@@ -42,7 +42,6 @@ class TopicHandlers:
         check_topic_settings(req.retention_ms, req.retention_bytes, error=BadRequest)
         control.check_compression(req.compression)
         if self._topics.cluster is not None:
-            _no_cluster_compression(req.compression is not None)
             return await self._topics.cluster.create_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
             CreateTopicOp(req.name, req.queues, req.retention_ms, req.retention_bytes, req.exist_ok, req.compression)
@@ -70,7 +69,6 @@ class TopicHandlers:
         if req.queues is not None:
             self._check_queues(req.queues)
         if self._topics.cluster is not None:
-            _no_cluster_compression(req.compression is not None or len(retention_reset) < len(req.reset))
             return await self._topics.cluster.alter_topic(req)
         return await self._submit(  # type: ignore[no-any-return]
             AlterTopicOp(
@@ -107,11 +105,3 @@ class TopicHandlers:
         owned = cluster.owned.get(req.name, frozenset())
         return attrs.evolve(desc, queues=[q for q in desc.queues if q.queue_id in owned])
 
-
-def _no_cluster_compression(given: bool) -> None:
-    """Raises BadRequest when a topic compression setting is given to a cluster: its
-    topics take the brokers' ``--compression`` (docs/storage.md "Compression")."""
-    if given:
-        raise BadRequest(
-            "a topic's compression setting is not available in cluster mode: the brokers' --compression applies"
-        )

@@ -98,13 +98,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = json_option("the topic (as topic list shows it)"),
     ) -> None:
         """Create a topic with N queues."""
-        from equeue import control
-
         rms = _setting(retention, "--retention", parse_retention_ms)
         rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
         codec = _compression(compression, allow_default=False)
-        info = leader(broker, lambda c: c.call(
-            control.CreateTopic(name, queues, rms, rbytes, exist_ok, codec), control.TopicInfo
+        info = leader(broker, lambda c: c.create_topic(
+            name, queues, retention_ms=rms, retention_bytes=rbytes, exist_ok=exist_ok, compression=codec
         ))  # fmt: skip
         _print_topic(info, as_json)
 
@@ -119,8 +117,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = json_option("the topic after the change (as topic list shows it)"),
     ) -> None:
         """Grow a topic's queue count or change its retention overrides or compression."""
-        from equeue import control
-
         rms = _setting(retention, "--retention", parse_retention_ms)
         rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
         codec = _compression(compression, allow_default=True)
@@ -135,8 +131,8 @@ def register(app: typer.Typer) -> None:
             check_topic_settings(rms, rbytes, [r for r in reset if r != "compression"])
         except ConfigError as exc:
             fail(str(exc))
-        info = leader(broker, lambda c: c.call(
-            control.AlterTopic(name, queues, rms, rbytes, reset, codec), control.TopicInfo
+        info = leader(broker, lambda c: c.alter_topic(
+            name, queues=queues, retention_ms=rms, retention_bytes=rbytes, reset=reset, compression=codec
         ))  # fmt: skip
         _print_topic(info, as_json)
 

@@ -111,3 +111,49 @@ async def test_a_record_the_broker_would_not_store_is_refused(tmp_path: Path) ->
         with pytest.raises(InvalidMessage, match="store-time delta"):
             await c.produce(wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec)))
         assert (await c.queue_offsets("t", 0)).max_offset == 0
+
+
+async def test_other_clients_are_answered_while_a_large_batch_is_checked(tmp_path: Path) -> None:
+    """A 10,000-record batch (~1 MiB) is decompressed, decoded and checked off the loop:
+    while its check runs, another client's produce + pull round trip is answered. The
+    check is held (a threading.Event) until that round trip is over, or 10 s: on the
+    loop it would hold every client, and the round trip could not happen meanwhile."""
+    import threading
+
+    import trio
+
+    async with (
+        open_broker(make_config(tmp_path / "d")) as b,
+        AsyncClient(b.address) as big,
+        LatencyProbe(b.address) as probe,
+    ):
+        await big.create_topic("t", 1)
+        handler = b.handlers.produce
+        check = handler.batch_entries
+        checking, probed = threading.Event(), threading.Event()
+        answered_meanwhile: list[bool] = []
+
+        def held_check(batch: bytes) -> list[bytes]:
+            if bytes(batch) == big_batch:
+                checking.set()
+                answered_meanwhile.append(probed.wait(10))
+            return check(batch)
+
+        handler.batch_entries = held_check  # type: ignore[method-assign]
+        big_batch = encode_batch([Message(b"%05d" % i + b"-" * 90, key=f"k{i}") for i in range(10_000)], Codec.ZSTD)
+        assert len(big_batch) < 64 * 1024  # compressed: its size as carried does not make it large
+        stored: list[int] = []
+
+        async def produce_big() -> None:
+            stored.append((await big.produce(wire.ProduceRequest("t", 0, (), batch=big_batch))).stored)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce_big)
+            await wait_until(checking.is_set, what="the large batch being checked")
+            rounds = probe.rounds
+            await wait_until(lambda: probe.rounds > rounds, what="a probe round trip")
+            probed.set()
+        assert answered_meanwhile == [True]
+        assert stored == [10_000]
+        assert (await big.queue_offsets("t", 0)).max_offset == 10_000
+    assert not probe.errors, str(probe)

@@ -131,3 +131,35 @@ def test_cli_topic_compression_setting(embedded_broker: EmbeddedBroker) -> None:
     assert res.stderr.strip().splitlines() == [
         "error: --compression must be one of producer, none, zstd, lz4, got 'gzip'"
     ]
+
+
+async def test_the_sdk_admin_calls_take_a_compression_setting(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            assert (await c.create_topic("sdk-z", 1, compression="zstd")).compression == "zstd"
+            assert (await c.create_topic("sdk-d", 1)).compression is None
+            assert (await c.create_topic("sdk-d2", 1, compression="default")).compression is None
+            assert (await c.alter_topic("sdk-z", compression="LZ4")).compression == "lz4"
+            assert (await c.alter_topic("sdk-z", retention_ms=60_000)).compression == "lz4"  # left as is
+            assert (await c.alter_topic("sdk-z", compression="default")).compression is None
+            assert (await c.alter_topic("sdk-d", compression="none")).compression == "none"
+            assert (await c.alter_topic("sdk-d", reset=["compression"])).compression is None
+            with pytest.raises(ConfigError, match="compression must be one of producer, none, zstd, lz4"):
+                await c.create_topic("bad", 1, compression="gzip")
+            with pytest.raises(ConfigError, match="both set and reset"):
+                await c.alter_topic("sdk-d", compression="zstd", reset=["compression"])
+            assert "bad" not in {t.name for t in await c.list_topics()}
+            # the setting applies: a batch sent uncompressed is stored with zstd
+            await c.alter_topic("sdk-z", compression="zstd")
+            async with AsyncProducer(broker.address) as p:
+                await p.send("sdk-z", b"x" * 100)
+            assert {batch_head(x, 1 << 20).codec for x in stored(broker, "sdk-z")[1]} == {Codec.ZSTD}
+
+
+def test_the_blocking_client_takes_a_compression_setting(embedded_broker: EmbeddedBroker) -> None:
+    from equeue.client import Client
+
+    with Client(embedded_broker.address) as c:
+        assert c.create_topic("blk", 1, compression="lz4").compression == "lz4"
+        assert c.alter_topic("blk", compression="producer").compression == "producer"
+        assert c.describe_topic("blk").info.compression == "producer"

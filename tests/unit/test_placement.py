@@ -58,6 +58,7 @@ def topics(draw: st.DrawFn) -> TopicPlacement:
     return TopicPlacement(
         name=draw(names), queues=len(owners), owners=tuple(owners), created_ms=draw(ms),
         retention_ms=draw(retention), retention_bytes=draw(retention),
+        compression=draw(st.none() | st.sampled_from(["producer", "none", "zstd", "lz4"])),
     )  # fmt: skip
 
 
@@ -131,6 +132,7 @@ def test_a_wrong_field_is_refused_or_still_valid(
         ),
         (b'{"name":"t","queues":true,"owners":["a"],"created_ms":1}', "integer"),
         (b'{"name":"t","owners":["a"],"created_ms":1}', "queues"),
+        (b'{"name":"t","queues":1,"owners":["a"],"created_ms":1,"compression":"gzip"}', "compression"),
         (b"[]", "not an object"),
         (b"\xff", ""),
     ],
@@ -290,3 +292,13 @@ def test_grow_never_moves_and_places_on_live_groups_only(
 )
 def test_spread_is_deterministic(queues: int, live: list[str], loads: dict[str, int]) -> None:
     assert spread(queues, live, loads) == spread(queues, list(reversed(live)), dict(loads))
+
+
+def test_a_record_without_compression_reads_as_the_brokers_default() -> None:
+    """A placement written before topics had a compression setting takes the brokers'
+    ``--compression``; one with a setting round-trips it."""
+    raw = b'{"name":"t","queues":1,"owners":["a"],"created_ms":1}'
+    assert decode_topic(raw).compression is None
+    rec = TopicPlacement("t", 1, ("a",), 5, compression="zstd")
+    assert json.loads(encode_topic(rec))["compression"] == "zstd"
+    assert decode_topic(encode_topic(rec)) == rec
