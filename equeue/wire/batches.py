@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import enum
 import struct
-import threading
 import zlib
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -91,17 +90,11 @@ class Codec(enum.IntEnum):
 ZSTD_LEVEL: Final = 1
 
 
-class _ZstdContexts(threading.local):
-    """One zstd compressor and decompressor per thread: python-zstandard's objects
-    are not thread-safe (two threads compressing with one crash the interpreter), and
-    a producer's loop thread, a broker's loop and its writer thread all (de)compress."""
-
-    def __init__(self) -> None:
-        self.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-        self.d = zstandard.ZstdDecompressor()
-
-
-_zstd = _ZstdContexts()
+# python-zstandard's compressor and decompressor objects are not thread-safe (two
+# threads compressing with one crashed the interpreter), and a producer's loop thread,
+# a broker's loop and its writer thread all (de)compress; the core holds no
+# per-thread state (it imports no threading), so each call makes its own: about 9 us
+# more per batch (measured: 6 -> 15 us to compress 11 KB, 2 -> 10 us to decompress)
 
 
 # ---------------------------------------------------------------- varints
@@ -389,7 +382,7 @@ def record_bounds(records: bytes, count: int) -> list[int]:
 # ---------------------------------------------------------------- batches
 def _compress(codec: Codec, data: bytes) -> bytes:
     if codec is Codec.ZSTD:
-        return _zstd.c.compress(data)
+        return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
     if codec is Codec.LZ4:
         return bytes(lz4.frame.compress(data))
     return data
@@ -459,7 +452,7 @@ def batch_records(batch: bytes | memoryview, head: BatchHead) -> bytes:
     cap = head.records_len + 1  # one byte more tells a longer output from an exact one
     try:
         if head.codec is Codec.ZSTD:
-            with _zstd.d.stream_reader(bytes(carried)) as reader:
+            with zstandard.ZstdDecompressor().stream_reader(bytes(carried)) as reader:
                 out = reader.read(cap)
         else:
             out = lz4.frame.LZ4FrameDecompressor().decompress(bytes(carried), max_length=cap)
