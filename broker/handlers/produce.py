@@ -45,7 +45,7 @@ from equeue.errors import (
 )
 from equeue.protocol import RequestCode
 from equeue.wire.batches import BATCH_HEAD, batch_head, batch_records, decode_records
-from equeue.wire.entries import pack_entry
+from equeue.wire.entries import ENTRY_HEADER, pack_entry
 
 __all__ = ["ErrorAnswer", "ProduceHandler", "ProducePipeline", "ProduceQueue", "Stage", "is_large"]
 
@@ -121,6 +121,10 @@ class ProduceHandler:
         #: a batch's records, uncompressed, are held to the frame limit: no more than
         #: a request of entries could carry (the decompression-bomb cap)
         self._max_records = limits.max_frame
+        #: a batch's records are held to what a request of entries could carry (each
+        #: entry has a 29-byte header), so a compressed batch of tiny records cannot
+        #: make the broker decode millions of them for a few bytes sent
+        self._max_count = limits.max_frame // ENTRY_HEADER.size
         #: the broker's ``--compression``, for topics without their own setting
         self._compression = limits.compression
         #: one worker thread at a time checks large batches (made at the first one)
@@ -210,9 +214,15 @@ class ProduceHandler:
         or its key or tags exceed 65535 bytes.
         """
         head = batch_head(batch, self._max_records)
+        if head.count > self._max_count:  # before inflating: a small bomb of tiny records
+            raise CorruptRecord(
+                f"a batch of {head.count} records: at most {self._max_count} (as many as a request of entries can carry)"
+            )
         records = decode_records(batch_records(batch, head), head.count)
         if any(r.timestamp for r in records):  # stored as sent, it would set its store times
             raise InvalidMessage("a produced record carries a store-time delta: only the broker sets store times")
+        if any(r.reconsume_times > 0xFFFF for r in records):
+            raise InvalidMessage("a produced record's reconsume count is above 65535")
         try:
             return [
                 pack_entry(
@@ -221,7 +231,7 @@ class ProduceHandler:
                     None if r.tags is None else r.tags.encode(),
                     r.properties,
                     r.deliver_at,
-                    min(r.reconsume_times, 0xFFFF),
+                    r.reconsume_times,
                 )
                 for r in records
             ]

@@ -52,6 +52,10 @@ def _attacks() -> list[tuple[str, bytes]]:
         out.append((f"{name} bomb announced", _batch(codec, 1, _BOMB, bomb)))
         # announced small: decompression stops one byte past the announced size
         out.append((f"{name} bomb lying about its size", _batch(codec, 1, 100, bomb)))
+    # honest, small on the wire, and 4M records of 2 bytes: refused on its count before
+    # it is inflated (decoding it would cost seconds and gigabytes of Messages)
+    tiny = b"\x01\x00" * (4 << 20)
+    out.append(("zstd of 4M tiny records", _batch(Codec.ZSTD, 4 << 20, len(tiny), zstandard.ZstdCompressor().compress(tiny))))
     out += [
         ("crc lies", _batch(Codec.NONE, 2, len(two), two, crc=zlib.crc32(two) ^ 1)),
         ("crc lies (zstd)", _batch(Codec.ZSTD, 2, len(two), good_z, crc=zlib.crc32(good_z) ^ 1)),
@@ -110,6 +114,9 @@ async def test_a_record_the_broker_would_not_store_is_refused(tmp_path: Path) ->
         rec = bytes((len(timed),)) + timed
         with pytest.raises(InvalidMessage, match="store-time delta"):
             await c.produce(wire.ProduceRequest("t", 0, (), batch=_batch(Codec.NONE, 1, len(rec), rec)))
+        # a reconsume count above what an entry holds (u16): refused, not silently cut
+        with pytest.raises(InvalidMessage, match="reconsume count"):
+            await c.produce(wire.ProduceRequest("t", 0, (), batch=encode_batch([Message(b"x", reconsume_times=70_000)])))
         assert (await c.queue_offsets("t", 0)).max_offset == 0
 
 
