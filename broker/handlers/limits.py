@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import attrs
 
-from equeue import control
+from equeue import control, wire
+from equeue.codec import HEADER
 from equeue.config import BrokerConfig
 from equeue.errors import BadRequest, QueueNotFound
 
@@ -26,6 +27,13 @@ class Limits:
     max_pull_wait: float
     #: the broker's ``--compression`` (a topic's own setting overrides it)
     compression: str = "producer"
+
+    @property
+    def max_pull_entry(self) -> int:
+        """The largest batch entry (its stored batch plus its keep mask) a pull answer
+        within the frame cap can carry: the produce path refuses to store a batch
+        above it (no answer could ever return it), the pull handler checks it."""
+        return self.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 16
 
     @classmethod
     def from_config(cls, cfg: BrokerConfig) -> Limits:

@@ -125,6 +125,8 @@ class ProduceHandler:
         #: entry has a 29-byte header), so a compressed batch of tiny records cannot
         #: make the broker decode millions of them for a few bytes sent
         self._max_count = limits.max_frame // ENTRY_HEADER.size
+        #: a stored batch (and its keep mask) no pull answer could carry is refused
+        self._max_entry = limits.max_pull_entry
         #: the broker's ``--compression``, for topics without their own setting
         self._compression = limits.compression
         #: one worker thread at a time checks large batches (made at the first one)
@@ -197,6 +199,7 @@ class ProduceHandler:
             self._max_delay_ms,
             req.batch,
             _CODECS[info.compression or self._compression],
+            self._max_entry,
         )
 
     def batch_entries(self, batch: bytes) -> list[bytes]:

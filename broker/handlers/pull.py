@@ -18,7 +18,6 @@ from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
 from equeue.broker.thread_answer import PullAnswer, delivered
-from equeue.codec import HEADER
 from equeue.errors import BadRequest, CorruptRecord, NotQueueOwner
 from equeue.protocol import PullStatus
 from equeue.wire.batches import stored_head
@@ -42,7 +41,7 @@ class PullHandler:
         self._max_frame = limits.max_frame
         #: the room for one batch entry (its 16-byte item, mask and stored batch) in an
         #: answer within the frame cap
-        self._max_entry = limits.max_frame - HEADER.size - wire.PULL_HEAD_SIZE - 16
+        self._max_entry = limits.max_pull_entry
         self._max_wait = limits.max_pull_wait
 
     async def handle(self, payload: bytes, ctx: RequestContext) -> Parts | None:

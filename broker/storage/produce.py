@@ -18,7 +18,7 @@ import attrs
 from equeue import control, wire
 from equeue.broker.storage import layout, producers
 from equeue.broker.storage.writes import QueueDraft, WriteContext, WriteOp
-from equeue.errors import DelayTooLong, QueueNotFound, TopicNotFound
+from equeue.errors import DelayTooLong, MessageTooLarge, QueueNotFound, TopicNotFound
 from equeue.wire import batches
 
 _FLAGS = itemgetter(1)
@@ -51,6 +51,9 @@ class ProduceOp(WriteOp):
     max_delay_ms: int = 1 << 62
     batch: bytes | None = None
     codec: batches.Codec | None = None
+    #: the largest stored batch plus its keep mask a pull answer can carry
+    #: (``Limits.max_pull_entry``): a larger one is refused, as no pull could return it
+    max_entry: int = 1 << 62
 
     def inline_size(self) -> int:
         """The entries' bytes (what the loop's worst pause grows with)."""
@@ -69,6 +72,7 @@ class ProduceOp(WriteOp):
             if first is not None:
                 return first  # resent: the answer it got the first time
         entries: Sequence[bytes] = self.entries
+        all_headers = headers
         if dues is not None:
             live = [i for i, d in enumerate(dues) if not d]
             entries = [self.entries[i] for i in live]
@@ -79,7 +83,19 @@ class ProduceOp(WriteOp):
         sent = self.batch
         if sent is not None and (dues is not None or self.codec not in (None, sent[1])):
             sent = None
-        records = batches.records_from_entries(entries, headers) if entries and sent is None else b""
+        if dues is not None and len(entries) < len(self.entries):  # the delayed ones: UTF-8 too
+            delayed = [i for i, d in enumerate(dues) if d]
+            batches.records_from_entries([self.entries[i] for i in delayed], [all_headers[i] for i in delayed])
+        m = len(entries)
+        batch = b""
+        if m:
+            records = batches.records_from_entries(entries, headers) if sent is None else b""
+            batch = sent or batches.seal_records(records, m, self.codec or _NONE)
+            if len(batch) + batches.STORED_HEAD.size + (m + 7) // 8 > self.max_entry:
+                raise MessageTooLarge(
+                    f"these {m} messages make a stored batch of {len(batch) + batches.STORED_HEAD.size} bytes, above "
+                    f"the {self.max_entry} a pull answer can carry: send them in smaller requests"
+                )
         # ---- preconditions done; writes start
         w.wrote = True
         st = w.queue(self.topic.topic_id, self.queue_id)
@@ -87,9 +103,8 @@ class ProduceOp(WriteOp):
         scheduled = 0
         if dues is not None:
             scheduled = self._schedule(w, dues)
-        m = len(entries)
         if m:
-            self._append(w, st, entries, sent or batches.seal_records(records, m, self.codec or _NONE), headers)
+            self._append(w, st, entries, batch, headers)
         answer = wire.ProduceResponse(first_global if m else -1, first_queue if m else -1, m, scheduled)
         if pkey is not None:
             producers.record_answer(w, pkey, pstate, self.base_sequence, len(self.entries), answer)

@@ -71,7 +71,9 @@ class MoveDueOp(WriteOp):
             # transaction (a RuntimeError does) rather than commit half a move.
             try:
                 t = by_id[tid]
-                ProduceOp(t, qid, entries, codec=control.stored_codec(t.compression or self.compression)).apply(w)
+                codec = control.stored_codec(t.compression or self.compression)
+                for part in _by_bytes(entries):  # batches any pull answer can carry
+                    ProduceOp(t, qid, part, codec=codec).apply(w)
             except EQueueError as exc:
                 raise RuntimeError(f"moving delayed messages into {tid}/{qid} failed: {exc}") from exc
         for tid, d in delta.items():
@@ -79,6 +81,26 @@ class MoveDueOp(WriteOp):
         w.moved += moved
         w.move_transactions = 1
         return moved
+
+
+#: the most entry bytes moved into one stored batch: due messages of one queue (up to
+#: ``limit``, each up to ``--max-message``) would otherwise make a batch no pull
+#: answer can carry
+MOVE_BATCH_BYTES = 1 << 20
+
+
+def _by_bytes(entries: list[bytes]) -> list[list[bytes]]:
+    """``entries`` in order, cut into runs of at most :data:`MOVE_BATCH_BYTES` (a
+    larger entry alone)."""
+    parts: list[list[bytes]] = [[]]
+    size = 0
+    for e in entries:
+        if parts[-1] and size + len(e) > MOVE_BATCH_BYTES:
+            parts.append([])
+            size = 0
+        parts[-1].append(e)
+        size += len(e)
+    return parts
 
 
 def _entry_ok(entry: bytes) -> bool:

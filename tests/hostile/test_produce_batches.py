@@ -164,3 +164,46 @@ async def test_other_clients_are_answered_while_a_large_batch_is_checked(tmp_pat
         assert stored == [10_000]
         assert (await big.queue_offsets("t", 0)).max_offset == 10_000
     assert not probe.errors, str(probe)
+
+
+async def test_a_batch_no_pull_answer_could_carry_is_refused(tmp_path: Path) -> None:
+    """A producer batch that fits a request but, with the broker's header, not a pull
+    answer (the same frame cap): storing it would acknowledge messages no consumer
+    could ever read. Refused (MESSAGE_TOO_LARGE), nothing stored; a smaller one goes."""
+    from equeue.errors import MessageTooLarge
+
+    frame = 64 << 10
+    async with open_broker(make_config(tmp_path / "d", max_frame=frame, max_message_bytes=frame - 2048)) as b:
+        async with AsyncClient(b.address, max_frame=frame) as c:
+            await c.create_topic("t", 1)
+            # many messages, each within --max-message; the request (frame header, topic,
+            # flags, lengths) just fits the frame
+            n = 1
+            while len(encode_batch([Message(bytes(600))] * (n + 1))) + 200 <= frame:
+                n += 1
+            last = 0  # the last message's size: the batch is exactly frame - 80 bytes
+            while len(batch := encode_batch([Message(bytes(600))] * n + [Message(bytes(last))])) < frame - 80:
+                last += 1
+            assert len(wire.ProduceRequest("t", 0, (), batch=batch).encode()) + 16 <= frame
+            with pytest.raises(MessageTooLarge, match="a pull answer can carry"):
+                await c.produce(wire.ProduceRequest("t", 0, (), batch=batch))
+            assert (await c.queue_offsets("t", 0)).max_offset == 0
+            ok = encode_batch([Message(bytes(600))] * (n - 2))
+            await c.produce(wire.ProduceRequest("t", 0, (), batch=ok))
+            got = await c.pull(wire.PullRequest("t", 0, 0, max_messages=n + 1))
+            assert len(got.messages) == n - 2
+
+
+async def test_a_delayed_message_whose_key_is_not_utf8_is_refused_at_produce(tmp_path: Path) -> None:
+    """The key and tags of a delayed entry are checked when it is produced, as a live
+    entry's are: scheduled unchecked, it would fail when it comes due."""
+    import time
+
+    async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+        await c.create_topic("t", 1)
+        due = int(time.time() * 1000) + 60_000
+        bad = wire.pack_entry(b"x", key=b"\xff\xfe", deliver_at=due)
+        with pytest.raises(InvalidMessage, match="UTF-8"):
+            await c.produce(wire.ProduceRequest("t", 0, [wire.pack_entry(b"ok"), bad]))
+        assert (await c.describe_topic("t")).pending_delayed == 0
+        assert (await c.queue_offsets("t", 0)).max_offset == 0

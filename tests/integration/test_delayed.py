@@ -223,3 +223,25 @@ def test_move_drops_malformed_and_deleted_topic_entries(tmp_path: Path) -> None:
         assert store.pending_delayed(keep.topic_id) == 0
     finally:
         store.close()
+
+
+def test_due_messages_move_in_batches_a_pull_can_carry(tmp_path: Path) -> None:
+    """Many large delayed messages of one queue come due together: they are stored as
+    several batches of at most about 1 MiB, never as one batch above what a pull
+    answer can carry (the frame cap)."""
+    from equeue.broker.storage import CreateTopicOp, MoveDueOp, ProduceOp, Store
+
+    wall = [now_ms()]
+    store = Store(tmp_path / "s", map_size=1 << 28, clock=lambda: wall[0])
+    try:
+        (t,) = store.write([CreateTopicOp("big", 1)]).settled()
+        due = now_ms() + 100
+        body = "x" * (600 << 10)
+        store.write([ProduceOp(t, 0, [delayed(body, due) for _ in range(5)])])
+        wall[0] += 200
+        assert store.write([MoveDueOp()]).settled() == [5]
+        r = store.read_queue(t, 0, 0, 10, 1 << 30)
+        sizes = [len(value) for _g, value, _mask in r.batches]
+        assert len(sizes) == 5 and max(sizes) < 1 << 20  # 600 KiB each: one per batch
+    finally:
+        store.close()
