@@ -17,7 +17,7 @@ from typing import Any
 import attrs
 import lmdb
 
-from equeue import control
+from equeue import control, wire
 from equeue.broker.storage import layout
 from equeue.broker.storage.view import QueueState, StoreView
 from equeue.config import DEFAULT_SCAN_RECORDS, DEFAULT_SCAN_TIME
@@ -107,7 +107,7 @@ class BatchHit:
     @property
     def mask(self) -> bytes:
         """The keep mask selecting only this record."""
-        return _mask_of([self.index], self.index + 1)
+        return wire.mask_of(self.index + 1, [self.index])
 
     def record(self) -> Message:
         """The record decoded alone, with no position (its store-time delta in
@@ -264,6 +264,7 @@ class StoreReader:
         checked). Returns a status (never raises for expected outcomes); raises
         QueueNotFound, or CorruptRecord when the first batch to return is damaged.
         """
+        max_messages = max(1, max_messages)  # 0 would cut the first batch at its end
         if not 0 <= queue_id < info.queues:
             raise QueueNotFound(f"topic {info.name!r} has {info.queues} queues; no queue {queue_id}")
         tid = info.topic_id
@@ -298,7 +299,12 @@ class StoreReader:
                 if not k.startswith(prefix):
                     break
                 base = layout.qindex_offset(k)
-                g, count = layout.unpack_qindex_value(v)
+                try:
+                    g, count = layout.unpack_qindex_value(v)
+                except CorruptRecord as exc:
+                    if out:
+                        break  # answer the batches before it; the next pull starts at it
+                    raise CorruptRecord(f"{exc} at {info.name}/{queue_id} offset {base}") from None
                 if base >= end or base > nxt:
                     if not out and base > nxt and nxt == offset:
                         # retention removed the head while we looked
@@ -341,18 +347,18 @@ class StoreReader:
                 if n > room:  # the first batch holds more than asked: the answer ends inside it
                     cut = first + room - 1 if keep is None else keep[room - 1]
                     nxt = base + cut + 1
-                    out.append((g, value, b"" if keep is None else _mask_of(keep[:room], count)))
+                    out.append((g, value, b"" if keep is None else wire.mask_of(count, keep[:room])))
                     delivered += room
                     break
                 if stopped >= 0:  # the answer ends where the scan stopped, inside this batch
                     nxt = base + stopped
                     if n:
-                        out.append((g, value, _mask_of(keep, count) if keep is not None else b""))
+                        out.append((g, value, wire.mask_of(count, keep) if keep is not None else b""))
                     exhausted = not out
                     break
                 nxt = base + count
                 if n:
-                    out.append((g, value, b"" if keep is None else _mask_of(keep, count)))
+                    out.append((g, value, b"" if keep is None else wire.mask_of(count, keep)))
                     delivered += n
                     size += len(value)
                     if delivered >= max_messages or size >= max_bytes:
@@ -646,15 +652,6 @@ def _scan_tags(
 
 def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
-
-
-def _mask_of(keep: Sequence[int], count: int) -> bytes:
-    """The keep mask of a batch of ``count`` records delivering records ``keep``
-    (bit i of byte i // 8, LSB first)."""
-    mask = bytearray((count + 7) // 8)
-    for i in keep:
-        mask[i >> 3] |= 1 << (i & 7)
-    return bytes(mask)
 
 
 def mask_keeps(mask: bytes, i: int) -> bool:

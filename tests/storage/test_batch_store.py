@@ -272,3 +272,18 @@ def test_a_damaged_queue_index_entry_is_corrupt_record(store: Store) -> None:
         store.read_queue(info, 0, 0, 10, 1 << 20)
     with pytest.raises(CorruptRecord):
         store.get_queue_offset(info, 0, 1)
+
+
+def test_a_damaged_queue_index_entry_after_good_batches_ends_the_answer_there(store: Store) -> None:
+    """The good batches before a damaged index entry are answered (next offset: the
+    damaged entry's); only a read starting at it is CORRUPT_RECORD, naming where. A
+    read that failed as a whole would send every good record before it to the DLQ."""
+    info = _topic(store)
+    for _ in range(3):
+        store.write([ProduceOp(info, 0, _entries(3))]).settled()
+    with store.env.begin(write=True) as txn:
+        txn.put(layout.qindex_key(info.topic_id, 0, 3), b"\x01\x02", db=store.db[b"qindex"])
+    r = store.read_queue(info, 0, 1, 100, 1 << 20)
+    assert r.next_offset == 3 and len(r.batches) == 1
+    with pytest.raises(CorruptRecord, match="offset 3"):
+        store.read_queue(info, 0, 3, 100, 1 << 20)
