@@ -64,14 +64,14 @@ def parse_rate(c: Client, topic: str) -> float:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     from equeue.protocol import RequestCode
-    from equeue.spark.columns import packed_batch
+    from equeue.spark.columns import batches_batch
     from equeue.spark.source import PULL_FLAGS, SCHEMA
 
     raw = c.request(RequestCode.PULL, wire.PullRequest(topic, 0, 0, 10_000, 8 << 20, flags=PULL_FLAGS).encode())
     schema = to_arrow_schema(SCHEMA, timezone="UTC")
     t0 = time.perf_counter()
     for _ in range(20):
-        packed_batch(raw, topic, 0, 0, 10_000, schema)
+        batches_batch(raw, topic, 0, 0, 10_000, schema)
     return 200_000 / (time.perf_counter() - t0)
 
 

@@ -97,6 +97,7 @@ from equeue.producer.buffer import Buffer
 from equeue.producer.options import ProducerOptions, new_producer_id
 from equeue.producer.stats import SendStats
 from equeue.protocol import RequestCode
+from equeue.wire.batches import Codec
 
 log = logging.getLogger("equeue.producer")
 
@@ -253,13 +254,16 @@ class _Lane:
     def _payload(self, b: _Batch) -> bytes:
         """Number ``b`` on its first send (kept across retries); its request payload:
         one batch of its records, compressed with the ``compression`` option (built
-        once), or its entries for a delayed batch."""
+        once), or its entries when uncompressed or delayed."""
         if b.pid is None:
             b.pid = self.pid
             b.seq = self.next_seq
             self.next_seq += len(b.entries)
         b.sent_behind = bool(self.window)
-        if b.delayed:  # the schedule keeps entries: the broker would split a batch again
+        # entries when uncompressed (the broker builds the records in one pass, and
+        # checks entries in C loops: cheaper on both sides than a batch it would decode
+        # to check) and for a delayed batch (the schedule keeps entries)
+        if b.delayed or self.options.compression == Codec.NONE:
             return wire.ProduceRequest(
                 self.topic, self.queue_id, b.entries, b.pid, b.seq, self.options.auto_create
             ).encode()
