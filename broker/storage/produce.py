@@ -26,6 +26,13 @@ _DUE = itemgetter(2)
 _NONE = batches.Codec.NONE
 
 
+#: the most records the broker puts in one stored batch it builds (from a request's
+#: entries, or due messages): a read of a few records verifies, cuts and sends at most
+#: this batch, so its cost stays near the records read (a producer's compressed batch
+#: is stored as sent, whatever its size)
+STORED_BATCH_RECORDS = 256
+
+
 @attrs.define
 class ProduceOp(WriteOp):
     """Append entries to one queue; entries with a future ``deliver_at`` go to the
@@ -87,14 +94,23 @@ class ProduceOp(WriteOp):
             delayed = [i for i, d in enumerate(dues) if d]
             batches.records_from_entries([self.entries[i] for i in delayed], [all_headers[i] for i in delayed])
         m = len(entries)
-        batch = b""
-        if m:
-            records = batches.records_from_entries(entries, headers) if sent is None else b""
-            batch = sent or batches.seal_records(records, m, self.codec or _NONE)
-            if len(batch) + batches.STORED_HEAD.size + (m + 7) // 8 > self.max_entry:
+        # the stored batches: a producer's batch as sent, else the entries' records cut
+        # into batches of at most STORED_BATCH_RECORDS (a read of a few records costs
+        # the reader work in proportion to the batch holding them)
+        chunks: list[tuple[int, int, bytes]] = []
+        if m and sent is not None:
+            chunks.append((0, m, sent))
+        elif m:
+            codec = self.codec or _NONE
+            for i in range(0, m, STORED_BATCH_RECORDS):
+                j = min(m, i + STORED_BATCH_RECORDS)
+                records = batches.records_from_entries(entries[i:j], headers[i:j])
+                chunks.append((i, j, batches.seal_records(records, j - i, codec)))
+        for i, j, batch in chunks:
+            if len(batch) + batches.STORED_HEAD.size + (j - i + 7) // 8 > self.max_entry:
                 raise MessageTooLarge(
-                    f"these {m} messages make a stored batch of {len(batch) + batches.STORED_HEAD.size} bytes, above "
-                    f"the {self.max_entry} a pull answer can carry: send them in smaller requests"
+                    f"these {j - i} messages make a stored batch of {len(batch) + batches.STORED_HEAD.size} bytes, "
+                    f"above the {self.max_entry} a pull answer can carry: send them in smaller requests"
                 )
         # ---- preconditions done; writes start
         w.wrote = True
@@ -103,8 +119,8 @@ class ProduceOp(WriteOp):
         scheduled = 0
         if dues is not None:
             scheduled = self._schedule(w, dues)
-        if m:
-            self._append(w, st, entries, batch, headers)
+        for i, j, batch in chunks:
+            self._append(w, st, entries[i:j], batch, headers[i:j], i)
         answer = wire.ProduceResponse(first_global if m else -1, first_queue if m else -1, m, scheduled)
         if pkey is not None:
             producers.record_answer(w, pkey, pstate, self.base_sequence, len(self.entries), answer)
@@ -137,7 +153,7 @@ class ProduceOp(WriteOp):
 
     def _append(
         self, w: WriteContext, st: QueueDraft, entries: Sequence[bytes], batch: bytes,
-        headers: Sequence[tuple[int, ...]],
+        headers: Sequence[tuple[int, ...]], first: int = 0,
     ) -> None:  # fmt: skip
         """Store ``batch`` (the entries' of ``headers``, not empty) at
         the log's end and the queue's (``st``): the stored batch, its queue-index
@@ -147,7 +163,7 @@ class ProduceOp(WriteOp):
         tid, qid, m = self.topic.topic_id, self.queue_id, len(headers)
         g, first_queue = w.next_global, st.next_offset
         pid = self.producer_id
-        seq = self.base_sequence if pid is not None else 0  # (without a producer id it means nothing)
+        seq = self.base_sequence + first if pid is not None else 0  # (without a producer id it means nothing)
         value = batches.encode_stored(tid, qid, first_queue, w.now, w.now, pid, seq, batch)
         w.txn.put(layout.global_key(g), value, db=w.db[b"messages"], append=True)
         w.txn.put(layout.qindex_key(tid, qid, first_queue), layout.pack_qindex_value(g, m), db=w.db[b"qindex"])

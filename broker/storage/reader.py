@@ -368,6 +368,7 @@ class StoreReader:
                     break
         if out:
             status = PullStatus.FOUND
+            out = _cut_to_range(out, offset, nxt)
         else:
             status = PullStatus.NO_MATCHED_MSG if exhausted else PullStatus.NO_NEW_MESSAGE
         return ReadResult(status, out, lo, max(hi, nxt), nxt)
@@ -652,6 +653,28 @@ def _scan_tags(
 
 def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
+
+
+def _cut_to_range(out: list[BatchRef], offset: int, nxt: int) -> list[BatchRef]:
+    """The answer's first and last batches cut to the records it delivers (queue
+    offsets ``offset`` .. ``nxt - 1``) when they are uncompressed and unfiltered: a
+    pull of 100 records from a batch of 10,000 sends those 100, not the whole batch
+    (compressed or masked batches go whole; the reader skips what it was not asked
+    for)."""
+    for i in (0, len(out) - 1) if len(out) > 1 else (0,):
+        g, value, mask = out[i]
+        if mask:
+            continue
+        h = batches.stored_head(value)
+        count = batches.BATCH_HEAD.unpack_from(value, batches.STORED_HEAD.size)[2]
+        first = max(0, offset - h.base_offset)
+        stop = min(count, nxt - h.base_offset)
+        if first == 0 and stop == count:
+            continue
+        cut = batches.slice_stored(value, first, stop)
+        if cut is not None:
+            out[i] = (g + first, cut, b"")
+    return out
 
 
 def mask_keeps(mask: bytes, i: int) -> bool:

@@ -519,6 +519,27 @@ def stored_batch(value: bytes | memoryview) -> memoryview:
     return memoryview(value)[STORED_HEAD.size :]
 
 
+def slice_stored(value: bytes, first: int, stop: int) -> bytes | None:
+    """A stored batch of only records ``first`` .. ``stop - 1`` of the uncompressed
+    stored batch ``value`` (its base offset moved by ``first``; sealed anew, with its
+    own checksums), or None when the batch is compressed (its records cannot be cut
+    without inflating them: readers take it whole). A pull that needs part of a large
+    batch sends this part instead of the whole batch. Raises CorruptRecord when the
+    batch does not decode (its checksums are not checked here: the caller's read did)."""
+    h = stored_head(value)
+    inner = stored_batch(value)
+    head = batch_head(inner, 1 << 62, verify=False)
+    if head.codec is not Codec.NONE:
+        return None
+    records = bytes(inner[BATCH_HEAD.size :])
+    b = record_bounds(records, head.count)
+    seq = h.base_sequence + first if h.producer_id is not None else 0
+    return encode_stored(
+        h.topic_id, h.queue_id, h.base_offset + first, h.first_ms, h.last_ms, h.producer_id, seq,
+        seal_records(records[b[first] : b[stop]], stop - first),
+    )  # fmt: skip
+
+
 def decode_stored(topic: str, global_base: int, value: bytes, max_records_len: int) -> list[Message]:
     """The consumer-side messages of a stored batch whose first global offset is
     ``global_base``. Raises CorruptRecord."""
