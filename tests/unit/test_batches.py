@@ -195,3 +195,21 @@ def test_threads_compress_and_decompress_at_once() -> None:
     for t in threads:
         t.join()
     assert not errors
+
+
+@given(st.lists(messages, min_size=1, max_size=20), st.data())
+def test_a_slice_of_a_stored_batch_holds_those_records_at_their_offsets(msgs: list[Message], data: st.DataObject) -> None:
+    from equeue.wire.batches import slice_stored
+
+    first = data.draw(st.integers(0, len(msgs) - 1))
+    stop = data.draw(st.integers(first + 1, len(msgs)))
+    value = encode_stored(4, 1, 100, 1_700_000_000_000, 1_700_000_000_000, bytes(range(16)), 50, encode_batch(msgs))
+    cut = slice_stored(value, first, stop)
+    assert cut is not None
+    h = stored_head(cut)
+    assert (h.base_offset, h.base_sequence) == (100 + first, 50 + first)
+    got = decode_stored("t", 1000 + first, cut, LIMIT)
+    assert [_fields(m) for m in got] == [_fields(m) for m in msgs[first:stop]]
+    assert [(m.queue_offset, m.global_offset) for m in got] == [(100 + i, 1000 + i) for i in range(first, stop)]
+    zipped = encode_stored(4, 1, 100, 1, 1, None, 0, encode_batch(msgs, Codec.ZSTD))
+    assert slice_stored(zipped, first, stop) is None  # compressed: goes whole
