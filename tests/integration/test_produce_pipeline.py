@@ -150,9 +150,8 @@ async def test_commit_writes_what_was_fed_and_a_bad_request_queues_nothing(broke
     assert [(f.request_id, f.code) for f in answers.frames] == [(1, ErrorCode.OK)]
 
 
-async def test_a_produce_to_a_new_topic_is_decoded_once_and_queued_after_its_creation(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The payloads the produce handler decodes from now on (its ``_decode`` wrapped)."""
     from equeue.broker.handlers import produce
 
     decoded: list[bytes] = []
@@ -163,6 +162,13 @@ async def test_a_produce_to_a_new_topic_is_decoded_once_and_queued_after_its_cre
         return decode(buf)
 
     monkeypatch.setattr(produce, "_decode", counting)
+    return decoded
+
+
+async def test_a_produce_to_a_new_topic_is_decoded_once_and_queued_after_its_creation(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    decoded = _count_decodes(monkeypatch)
     answers = Answers()
     with trio.fail_after(10):
         with answers.open(broker) as pipeline:
@@ -182,17 +188,9 @@ async def test_a_produce_to_a_new_topic_is_decoded_once_and_queued_after_its_cre
 
 async def test_the_general_path_decodes_once_and_answers(broker: Broker, monkeypatch: pytest.MonkeyPatch) -> None:
     """``ProduceHandler.handle`` (a request task), for a topic it must create first."""
-    from equeue.broker.handlers import produce
     from equeue.broker.handlers.context import RequestContext
 
-    decoded: list[bytes] = []
-    decode = produce._decode
-
-    def counting(buf: bytes) -> wire.ProduceRequest:
-        decoded.append(buf)
-        return decode(buf)
-
-    monkeypatch.setattr(produce, "_decode", counting)
+    decoded = _count_decodes(monkeypatch)
     with trio.fail_after(10):
         parts = await broker.handlers.produce.handle(_payload("other", b"x"), RequestContext(1))
     assert wire.ProduceResponse.decode(b"".join(parts)).first_queue == 0

@@ -72,12 +72,8 @@ def test_sizes_and_durations_read_as_a_person_would() -> None:
     assert [duration(12), duration(423), duration(7380), duration(3 * 86400 + 4 * 3600)] == ["12s", "7m 3s", "2h 3m", "3d 4h"]
 
 
-class _Defective(Sampler):
-    """A sampler whose broker part has a defect (an IndexError) and whose other parts
-    read nothing: the round must go on, and the defect be logged once while it lasts."""
-
-    async def _brokers(self, router: object) -> None:
-        raise IndexError("list index out of range")
+class _BrokersOnly(Sampler):
+    """A sampler whose parts other than the brokers' read nothing."""
 
     async def _topics(self, router: object) -> None:
         pass
@@ -87,6 +83,14 @@ class _Defective(Sampler):
 
     async def _cluster(self, router: object) -> None:
         pass
+
+
+class _Defective(_BrokersOnly):
+    """A sampler whose broker part has a defect (an IndexError) and whose other parts
+    read nothing: the round must go on, and the defect be logged once while it lasts."""
+
+    async def _brokers(self, router: object) -> None:
+        raise IndexError("list index out of range")
 
 
 async def test_a_defect_in_one_part_is_logged_once_and_the_sampler_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -111,7 +115,7 @@ def _row(address: str, messages_in: int) -> BrokerStatsRow:
     return BrokerStatsRow("", "b", address, stats)
 
 
-class _Brokers(Sampler):
+class _Brokers(_BrokersOnly):
     """A sampler whose broker part reads ``rows`` (set by the test) and whose other
     parts read nothing."""
 
@@ -119,15 +123,6 @@ class _Brokers(Sampler):
 
     async def _broker_rows(self, router: object) -> list[BrokerStatsRow]:
         return self.rows
-
-    async def _topics(self, router: object) -> None:
-        pass
-
-    async def _groups(self, router: object) -> None:
-        pass
-
-    async def _cluster(self, router: object) -> None:
-        pass
 
 
 async def test_a_broker_no_longer_listed_is_forgotten() -> None:
