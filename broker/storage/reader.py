@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import compress
-from typing import Any
+from typing import Any, Final
 
 import attrs
 import lmdb
@@ -246,12 +246,12 @@ class StoreReader:
         tag_filter: frozenset[bytes] | None = None,
         verify: bool = True,
     ) -> ReadResult:
-        """Read the stored batches of a queue from ``offset``: up to ``max_messages``
-        records and ``max_bytes`` of stored batches. Batches are sent whole; the first
-        always goes, and when it holds more than ``max_messages`` records from
-        ``offset`` the answer ends inside it (``next_offset``: the reader delivers the
-        records from ``offset`` below ``next_offset``). A later batch goes only when
-        all its records fit both budgets.
+        """Read the stored batches of a queue from ``offset``: exactly ``max_messages``
+        records when the queue holds them, within ``max_bytes`` of stored batches.
+        Batches go whole (:func:`_cut_to_range` trims large ones); the first always
+        goes, a later one when it fits ``max_bytes``, and the answer ends inside the
+        batch that holds more records than are left to deliver (``next_offset``: the
+        reader delivers the records from ``offset`` below ``next_offset``).
 
         Records an operator skipped, and with a ``tag_filter`` the records whose tags
         it does not hold, are masked out (a batch with none left is not sent). A
@@ -342,9 +342,9 @@ class StoreReader:
                         raise _corrupt(info, queue_id, offset, base, count, str(poison))
                 n = count - first if keep is None else len(keep)
                 room = max_messages - delivered
-                if out and (n > room or size + len(value) > max_bytes) and n:
+                if out and n and size + len(value) > max_bytes:
                     break
-                if n > room:  # the first batch holds more than asked: the answer ends inside it
+                if n > room:  # more than asked for: the answer ends inside this batch
                     cut = first + room - 1 if keep is None else keep[room - 1]
                     nxt = base + cut + 1
                     out.append((g, value, b"" if keep is None else wire.mask_of(count, keep[:room])))
@@ -655,21 +655,28 @@ def _tag_bytes(tags: str | None) -> bytes | None:
     return None if tags is None else tags.encode()
 
 
+#: a batch is cut to the records a pull delivers only when that leaves out about this
+#: many bytes or more (cutting walks the batch's records and seals a copy; below it,
+#: sending the batch whole costs less, and its reader skips the rest)
+CUT_SAVES_BYTES: Final = 64 << 10
+
+
 def _cut_to_range(out: list[BatchRef], offset: int, nxt: int) -> list[BatchRef]:
     """The answer's first and last batches cut to the records it delivers (queue
-    offsets ``offset`` .. ``nxt - 1``) when they are uncompressed and unfiltered: a
-    pull of 100 records from a batch of 10,000 sends those 100, not the whole batch
-    (compressed or masked batches go whole; the reader skips what it was not asked
-    for)."""
+    offsets ``offset`` .. ``nxt - 1``) when they are uncompressed, unfiltered and
+    the cut leaves out :data:`CUT_SAVES_BYTES` or more (estimated from the batch's
+    size and record count): a pull of 100 records from a batch of 10,000 sends those
+    100, not the whole batch. Other batches go whole; the reader skips what it was
+    not asked for."""
     for i in (0, len(out) - 1) if len(out) > 1 else (0,):
         g, value, mask = out[i]
-        if mask:
+        if mask or len(value) < CUT_SAVES_BYTES:
             continue
         h = batches.stored_head(value)
         count = batches.BATCH_HEAD.unpack_from(value, batches.STORED_HEAD.size)[2]
         first = max(0, offset - h.base_offset)
         stop = min(count, nxt - h.base_offset)
-        if first == 0 and stop == count:
+        if len(value) * (count - (stop - first)) < CUT_SAVES_BYTES * count:
             continue
         cut = batches.slice_stored(value, first, stop)
         if cut is not None:

@@ -22,7 +22,7 @@ in front of the batch, keyed by the batch's first global offset::
     first ms + its ts delta.
 
 A **record** (inside ``records``, uncompressed), compact with varints (unsigned
-LEB128) as Kafka's v2 records are::
+LEB128, at most 9 bytes) as Kafka's v2 records are::
 
     length varint (the bytes after it) | attrs u8
     | [ts delta varint       if attrs & 32] | [reconsume varint      if attrs & 16]
@@ -68,6 +68,7 @@ A_PROPS: Final = 8
 A_RECONSUME: Final = 16
 A_TS: Final = 32
 _A_KNOWN: Final = 63
+_A_KEY_ONLY: Final = A_KEY
 
 
 class Codec(enum.IntEnum):
@@ -112,7 +113,8 @@ def _uvarint(n: int) -> bytes:
 
 def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
     """(value, position after it). Raises IndexError past the end, CorruptRecord
-    for a varint longer than 10 bytes."""
+    for a varint longer than 9 bytes (63 bits hold every field of a record, and an
+    int64 column of a vectorised reader holds them too)."""
     b = buf[pos]
     if b < 0x80:
         return b, pos + 1
@@ -125,8 +127,8 @@ def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
         if b < 0x80:
             return n, pos + 1
         shift += 7
-        if shift > 63:
-            raise CorruptRecord("varint longer than 10 bytes")
+        if shift > 56:
+            raise CorruptRecord("varint longer than 9 bytes")
 
 
 # ---------------------------------------------------------------- records
@@ -168,7 +170,10 @@ def _encode_props(props: Mapping[str, str]) -> bytes:
     return b"".join(out)
 
 
-def _decode_props(buf: bytes) -> dict[str, str]:
+def decode_record_props(buf: bytes) -> dict[str, str]:
+    """A record's properties block (its repeated varint-length name and value pairs).
+    Raises CorruptRecord when a pair overruns the block, IndexError when a length is
+    cut off, UnicodeDecodeError for a name or value that is not UTF-8."""
     out: dict[str, str] = {}
     pos, end = 0, len(buf)
     while pos < end:
@@ -224,47 +229,78 @@ def decode_records_into(
     s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
     uvarint = _read_uvarint
     pos, size = 0, len(records)
+    # the records before ``start`` are stepped over by their lengths alone
+    lo = min(count, max(0, start - base))
+    hi = max(lo, min(count, stop - base))
     try:
-        for i in range(count):
-            n, pos = uvarint(records, pos)
+        for _ in range(lo):
+            n = records[pos]
+            if n < 0x80:
+                pos += n + 1
+            else:
+                n, pos = uvarint(records, pos)
+                pos += n
+        if pos > size:
+            raise CorruptRecord("a record overruns its batch")
+        # varints below 128 (nearly every length and small field) are read inline:
+        # a call per field costs as much as the rest of a record's decoding
+        for i in range(lo, hi):
+            n = records[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = uvarint(records, pos)
             e = pos + n
             if e > size or n < 1:
                 raise CorruptRecord(f"record {i} overruns its batch")
-            qoff = base + i
-            if qoff < start or qoff >= stop or (mask and not mask[i >> 3] >> (i & 7) & 1):
+            if mask and not mask[i >> 3] >> (i & 7) & 1:
                 pos = e
                 continue
             a = records[pos]
             pos += 1
             m = new(cls)
-            if a & ~_A_KNOWN:
-                raise CorruptRecord(f"unknown record attributes {a:#x}")
             ts = rc = deliver = 0
-            if a & A_TS:
-                ts, pos = uvarint(records, pos)
-            if a & A_RECONSUME:
-                rc, pos = uvarint(records, pos)
-            if a & A_DELIVER:
-                deliver, pos = uvarint(records, pos)
-            if a & A_KEY:
-                kl, pos = uvarint(records, pos)
-                s_key(m, records[pos : pos + kl].decode())
-                pos += kl
+            if a & ~_A_KEY_ONLY:  # anything but a key: the general path
+                if a & ~_A_KNOWN:
+                    raise CorruptRecord(f"unknown record attributes {a:#x}")
+                if a & A_TS:
+                    ts, pos = uvarint(records, pos)
+                if a & A_RECONSUME:
+                    rc, pos = uvarint(records, pos)
+                if a & A_DELIVER:
+                    deliver, pos = uvarint(records, pos)
+                if a & A_KEY:
+                    kl, pos = uvarint(records, pos)
+                    s_key(m, records[pos : pos + kl].decode())
+                    pos += kl
+                else:
+                    s_key(m, None)
+                if a & A_TAGS:
+                    tl, pos = uvarint(records, pos)
+                    s_tags(m, records[pos : pos + tl].decode())
+                    pos += tl
+                else:
+                    s_tags(m, None)
+                if a & A_PROPS:
+                    pl, pos = uvarint(records, pos)
+                    if pos + pl > e:
+                        raise CorruptRecord(f"record {i}'s properties overrun it")
+                    s_props(m, decode_record_props(records[pos : pos + pl]))
+                    pos += pl
+                else:
+                    s_props(m, {})
             else:
-                s_key(m, None)
-            if a & A_TAGS:
-                tl, pos = uvarint(records, pos)
-                s_tags(m, records[pos : pos + tl].decode())
-                pos += tl
-            else:
+                if a:
+                    kl = records[pos]
+                    if kl < 0x80:
+                        pos += 1
+                    else:
+                        kl, pos = uvarint(records, pos)
+                    s_key(m, records[pos : pos + kl].decode())
+                    pos += kl
+                else:
+                    s_key(m, None)
                 s_tags(m, None)
-            if a & A_PROPS:
-                pl, pos = uvarint(records, pos)
-                if pos + pl > e:
-                    raise CorruptRecord(f"record {i}'s properties overrun it")
-                s_props(m, _decode_props(records[pos : pos + pl]))
-                pos += pl
-            else:
                 s_props(m, {})
             if pos > e:
                 raise CorruptRecord(f"record {i}'s fields overrun it")
@@ -272,7 +308,7 @@ def decode_records_into(
             s_deliver(m, deliver)
             s_topic(m, topic)
             s_qid(m, qid)
-            s_qoff(m, qoff)
+            s_qoff(m, base + i)
             s_global(m, gbase + i)
             s_ts(m, first_ms + ts)
             s_rc(m, rc)
@@ -280,6 +316,13 @@ def decode_records_into(
             pos = e
             if len(out) >= cap:
                 return  # the rest is not delivered: not decoded either
+        for _ in range(hi, count):
+            n = records[pos]
+            if n < 0x80:
+                pos += n + 1
+            else:
+                n, pos = uvarint(records, pos)
+                pos += n
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
     except UnicodeDecodeError as exc:
@@ -366,12 +409,17 @@ def record_bounds(records: bytes, count: int) -> list[int]:
     needs one record of a large batch). Raises CorruptRecord when they overrun the
     section or do not end exactly at its end."""
     out = [0]
+    append, uvarint = out.append, _read_uvarint
     pos, end = 0, len(records)
     try:
         for _ in range(count):
-            n, p = _read_uvarint(records, pos)
-            pos = p + n
-            out.append(pos)
+            n = records[pos]
+            if n < 0x80:  # inline: a call per record costs more than the rest
+                pos += n + 1
+            else:
+                n, pos = uvarint(records, pos)
+                pos += n
+            append(pos)
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
     if pos != end:

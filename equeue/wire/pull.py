@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Final
 
 import attrs
@@ -235,6 +235,55 @@ def frame_pull_batches(buf: bytes | bytearray | memoryview) -> tuple[PullHead, l
     return head, out
 
 
+@attrs.frozen(slots=True)
+class PulledBatch:
+    """One stored batch of a batch-layout answer, its headers checked and its records
+    decompressed: record ``i`` of ``records`` is queue offset ``base + i``, global
+    offset ``global_base + i``; ``mask`` b"" delivers every record."""
+
+    global_base: int
+    queue_id: int
+    base: int
+    count: int
+    first_ms: int
+    mask: bytes
+    records: bytes
+
+
+def checked_batches(
+    topic: str, items: Sequence[tuple[int, bytes, bytes]], start: int, stop: int, verify: bool = True
+) -> Iterator[PulledBatch]:
+    """The batches of :func:`frame_pull_batches`'s ``items`` that hold queue offsets in
+    [``start``, ``stop``), each checked when it is reached (stored header crc, batch
+    header, mask length, with ``verify`` the batch crc) and decompressed (capped at
+    :data:`MAX_RECORDS_LEN`): the batch half of the one decoder, shared by the
+    consumer's :func:`decode_pull_batches` and the Spark reader's columns.
+
+    Raises CorruptRecord naming the batch's position (topic, queue, queue offset,
+    global offset); RemoteProtocolError for a mask that does not fit its batch."""
+    for g, mask, value in items:
+        try:
+            sh = stored_head(value)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
+        base = sh.base_offset
+        try:
+            bh = batch_head(stored_batch(value), MAX_RECORDS_LEN, verify=verify)
+            if mask and len(mask) != (bh.count + 7) // 8:
+                raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
+            if base >= stop or base + bh.count <= start:
+                continue
+            records = batch_records(stored_batch(value), bh)
+        except CorruptRecord as exc:
+            raise batch_error(topic, sh.queue_id, base, g, exc) from None
+        yield PulledBatch(g, sh.queue_id, base, bh.count, sh.first_ms, mask, records)
+
+
+def batch_error(topic: str, queue_id: int, base: int, global_base: int, exc: CorruptRecord) -> CorruptRecord:
+    """``exc`` of a batch or one of its records, naming where the batch is."""
+    return CorruptRecord(f"corrupt batch of {topic}/{queue_id} at offset {base} (global offset {global_base}): {exc}")
+
+
 def decode_pull_batches(
     topic: str,
     buf: bytes | bytearray | memoryview,
@@ -264,30 +313,15 @@ def decode_pull_batches(
     stop = head.next_offset if end is None else (1 << 64 if end < 0 else min(end, head.next_offset))
     cap = 1 << 62 if limit is None else max(1, limit)
     nxt = head.next_offset
-    for g, mask, value in items:
-        if len(out) >= cap:
+    for b in checked_batches(topic, items, start, stop, verify):
+        try:
+            decode_records_into(out, b.records, b.count, b.mask, topic, b.queue_id, b.base, b.global_base,
+                                b.first_ms, start, stop, cap)  # fmt: skip
+        except CorruptRecord as exc:
+            raise batch_error(topic, b.queue_id, b.base, b.global_base, exc) from None
+        if len(out) >= cap:  # the batches after it are not even checked
             nxt = min(nxt, out[-1].queue_offset + 1)
             break
-        try:
-            sh = stored_head(value)
-        except CorruptRecord as exc:
-            raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
-        base = sh.base_offset
-        try:
-            bh = batch_head(stored_batch(value), MAX_RECORDS_LEN, verify=verify)
-            if mask and len(mask) != (bh.count + 7) // 8:
-                raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
-            if base >= stop or base + bh.count <= start:
-                continue
-            records = batch_records(stored_batch(value), bh)
-            decode_records_into(out, records, bh.count, mask, topic, sh.queue_id, base, g, sh.first_ms, start, stop, cap)
-        except CorruptRecord as exc:
-            raise CorruptRecord(
-                f"corrupt batch of {topic}/{sh.queue_id} at offset {base} (global offset {g}): {exc}"
-            ) from None
-    else:
-        if len(out) >= cap:
-            nxt = min(nxt, out[-1].queue_offset + 1)
     return head.status, head.min_offset, head.max_offset, nxt, out
 
 

@@ -71,31 +71,49 @@ def test_a_produce_is_one_stored_batch_and_reads_back_message_for_message(store:
     assert (h.topic_id, h.queue_id, h.base_offset, h.first_ms, h.last_ms) == (info.topic_id, 0, 5, 1_000, 1_000)
 
 
-def test_a_read_sends_the_records_asked_for_and_counts_them_from_the_offset(store: Store) -> None:
-    """Whole batches in the middle; the first and last cut to the records delivered
-    (an uncompressed batch: sealed anew, its base moved), so a small pull of a large
-    batch does not carry all of it."""
+def test_a_read_delivers_exactly_what_was_asked_counting_from_the_offset(store: Store) -> None:
+    """Small batches go whole, and ``max_messages`` is exact: the answer ends inside
+    the batch (first or later) that holds more than is left to deliver."""
     info = _topic(store)
     for i in range(3):
         store.write([ProduceOp(info, 0, _entries(10, 10 * i))]).settled()
-    r = store.read_queue(info, 0, 7, 3, 1 << 20)  # 3 of batch 0 from offset 7: those 3 go
-    assert [g for g, _v, _m in r.batches] == [7] and r.next_offset == 10
-    assert stored_head(r.batches[0][1]).base_offset == 7
+    r = store.read_queue(info, 0, 7, 3, 1 << 20)  # 3 of batch 0 from offset 7
+    assert [g for g, _v, _m in r.batches] == [0] and r.next_offset == 10
     assert [m.queue_offset for m in messages_of(info.name, r.batches, 7)] == [7, 8, 9]
-    r = store.read_queue(info, 0, 7, 13, 1 << 20)  # 3 + 10 fit; the third batch would pass 13
-    assert [g for g, _v, _m in r.batches] == [7, 10] and r.next_offset == 20
+    r = store.read_queue(info, 0, 7, 13, 1 << 20)  # 3 + 10 fill it exactly
+    assert [g for g, _v, _m in r.batches] == [0, 10] and r.next_offset == 20
+    r = store.read_queue(info, 0, 7, 8, 1 << 20)  # 3 + 5: the answer ends inside the second batch
+    assert [g for g, _v, _m in r.batches] == [0, 10] and r.next_offset == 15
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 7, r.next_offset)] == list(range(7, 15))
     r = store.read_queue(info, 0, 2, 5, 1 << 20)  # inside one batch: records 2..6 only
-    assert [m.queue_offset for m in messages_of(info.name, r.batches, 2)] == [2, 3, 4, 5, 6]
-    assert len(r.batches[0][1]) < len(store.read_queue(info, 0, 0, 10, 1 << 20).batches[0][1])
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 2, r.next_offset)] == [2, 3, 4, 5, 6]
     r = store.read_queue(info, 0, 0, 1, 1 << 20)  # at least one batch, the answer ending inside it
     assert len(r.batches) == 1 and r.next_offset == 1
-    r = store.read_queue(info, 0, 4, 3, 1 << 20)
-    assert [m.queue_offset for m in messages_of(info.name, r.batches, 4, r.next_offset)] == [4, 5, 6]
     size = len(r.batches[0][1])
     r = store.read_queue(info, 0, 0, 100, size + 1)  # bytes: the second batch would pass them
-    assert len(r.batches) == 1
+    assert len(r.batches) == 1 and r.next_offset == 10
     assert store.read_queue(info, 0, 30, 10, 1 << 20).status is PullStatus.NO_NEW_MESSAGE
     assert store.read_queue(info, 0, 31, 10, 1 << 20).status is PullStatus.OFFSET_OVERFLOW
+
+
+def test_a_small_pull_of_a_large_batch_carries_only_its_records(store: Store) -> None:
+    """A batch whose left-out records weigh CUT_SAVES_BYTES or more is cut to the
+    records delivered (sealed anew, its base moved); the middle of an answer is whole."""
+    info = _topic(store)
+    big = [wire.encode_entry(Message(bytes([i]) * 20_000)) for i in range(10)]  # ~200 kB batches
+    for _ in range(3):
+        store.write([ProduceOp(info, 0, big)]).settled()
+    r = store.read_queue(info, 0, 7, 3, 1 << 30)  # 3 of 10: 140 kB left out, so cut
+    assert [g for g, _v, _m in r.batches] == [7] and r.next_offset == 10
+    assert stored_head(r.batches[0][1]).base_offset == 7
+    assert [m.body[0] for m in messages_of(info.name, r.batches, 7)] == [7, 8, 9]
+    assert len(r.batches[0][1]) < 70_000
+    r = store.read_queue(info, 0, 8, 13, 1 << 30)  # 2 + 10 + 1: both ends cut, the middle whole
+    assert [g for g, _v, _m in r.batches] == [8, 10, 20] and r.next_offset == 21
+    assert [stored_head(v).base_offset for _g, v, _m in r.batches] == [8, 10, 20]
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 8, r.next_offset)] == list(range(8, 21))
+    r = store.read_queue(info, 0, 1, 9, 1 << 30)  # 9 of 10: one record left out is not worth a cut
+    assert [g for g, _v, _m in r.batches] == [0] and stored_head(r.batches[0][1]).base_offset == 0
 
 
 def test_skips_and_tag_filters_are_masks(store: Store) -> None:

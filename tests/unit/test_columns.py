@@ -16,7 +16,8 @@ from equeue import Message, wire  # noqa: E402
 from equeue.errors import CorruptRecord  # noqa: E402
 from equeue.protocol import PullStatus  # noqa: E402
 from equeue.spark.columns import batches_batch  # noqa: E402
-from equeue.wire.batches import Codec, encode_batch, encode_stored  # noqa: E402
+from equeue.wire import batches as layout  # noqa: E402
+from equeue.wire.batches import Codec, encode_batch, encode_record, encode_stored, seal_records  # noqa: E402
 
 SCHEMA = pa.schema(
     [
@@ -42,15 +43,29 @@ messages = st.builds(
 )
 
 
-def batches_answer(msgs: list[Message], cuts: list[int], first: int, nxt: int, codec: str = "none") -> bytes:
-    """``msgs`` at queue offsets 40.. (global 1000..), stored as batches split at ``cuts``."""
+def batches_answer(
+    msgs: list[Message], cuts: list[int], first: int, nxt: int, codec: str = "none", dropped: frozenset[int] = frozenset()
+) -> bytes:
+    """``msgs`` at queue offsets 40.. (global 1000..), stored as batches split at
+    ``cuts``; the records at the indexes ``dropped`` masked out."""
     bounds = [0, *sorted(set(c for c in cuts if 0 < c < len(msgs))), len(msgs)]
     batches = [
         (1000 + a, encode_stored(7, 2, 40 + a, 1_700_000_000_000, 1_700_000_000_000, None, 0,
-                                 encode_batch(msgs[a:b], Codec.parse(codec))), b"")
+                                 encode_batch(msgs[a:b], Codec.parse(codec))),
+         wire.mask_of(b - a, [i - a for i in range(a, b) if i not in dropped]) if dropped else b"")
         for a, b in itertools.pairwise(bounds)
     ]  # fmt: skip
     return b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, nxt, batches))
+
+
+def rows_of(batch: pa.RecordBatch) -> list[tuple[object, ...]]:
+    return [(r["topic"], r["queue_id"], r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"],
+             dict(r["properties"]), int(r["timestamp"].timestamp() * 1000)) for r in batch.to_pylist()]  # fmt: skip
+
+
+def decoded(msgs: list[Message]) -> list[tuple[object, ...]]:
+    return [("orders", 2, m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties, m.timestamp)
+            for m in msgs]  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)
@@ -60,16 +75,118 @@ def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObj
     first = data.draw(st.integers(40, 40 + len(msgs) - 1))
     end = data.draw(st.integers(first + 1, 40 + len(msgs) + 2))
     nxt = data.draw(st.integers(first, 40 + len(msgs)))
-    buf = batches_answer(msgs, cuts, first, nxt, data.draw(st.sampled_from(["none", "zstd", "lz4"])))
+    dropped = frozenset(data.draw(st.lists(st.integers(0, len(msgs) - 1), max_size=4)))
+    codec = data.draw(st.sampled_from(["none", "zstd", "lz4"]))
+    buf = batches_answer(msgs, cuts, first, nxt, codec, dropped)
     rows, reached = batches_batch(buf, "orders", 2, first, end, SCHEMA)
     assert reached == max(first, min(nxt, end))
     want = wire.decode_pull_batches("orders", buf, first, True, reached)[4]
-    assert [m.queue_offset for m in want] == list(range(first, reached))
-    assert [(r["topic"], r["queue_id"], r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"],
-             dict(r["properties"]), int(r["timestamp"].timestamp() * 1000)) for r in rows.to_pylist()] == [
-        ("orders", 2, m.queue_offset, m.global_offset, m.key, m.tags, m.body, m.properties, m.timestamp)
-        for m in want]  # fmt: skip
-    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in msgs[first - 40 : reached - 40]]
+    assert [m.queue_offset for m in want] == [o for o in range(first, reached) if o - 40 not in dropped]
+    assert rows_of(rows) == decoded(want)
+    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in want]
+
+
+def _record_bytes(msgs: list[Message]) -> bytes:
+    return b"".join(encode_record(m, ts_delta=i) for i, m in enumerate(msgs))
+
+
+@settings(max_examples=300, deadline=None)
+@given(msgs=st.lists(messages, min_size=1, max_size=6), data=st.data())
+def test_a_damaged_record_is_refused_by_both_decoders_alike(msgs: list[Message], data: st.DataObject) -> None:
+    """Records damaged inside a batch whose checksums hold (as a buggy or hostile
+    writer would seal them): the columns refuse exactly what the decoder refuses,
+    and agree on everything else."""
+    records = bytearray(_record_bytes(msgs))
+    for _ in range(data.draw(st.integers(1, 3))):
+        how = data.draw(st.sampled_from(["flip", "cut", "grow"]))
+        if how == "flip" and records:
+            at = data.draw(st.integers(0, len(records) - 1))
+            records[at] = data.draw(st.integers(0, 255))
+        elif how == "cut" and len(records) > 1:
+            del records[data.draw(st.integers(0, len(records) - 1))]
+        else:
+            records.insert(data.draw(st.integers(0, len(records))), data.draw(st.integers(0, 255)))
+    count = len(msgs) + data.draw(st.integers(-1, 1)) or 1
+    stored = encode_stored(7, 2, 40, 1_700_000_000_000, 1_700_000_000_000, None, 0, seal_records(bytes(records), count))
+    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 40 + count, [(1000, stored, b"")]))
+    try:
+        want = decoded(wire.decode_pull_batches("orders", buf, 40, True)[4])
+    except CorruptRecord:
+        with pytest.raises(CorruptRecord, match="corrupt record in the pull answer"):
+            batches_batch(buf, "orders", 2, 40, 40 + count, SCHEMA)
+    else:
+        assert rows_of(batches_batch(buf, "orders", 2, 40, 40 + count, SCHEMA)[0]) == want
+
+
+def _rec(body: bytes) -> bytes:
+    """A record of ``body`` (attributes onwards), its length prefix in front."""
+    return bytes((len(body),)) + body
+
+
+GOOD = _rec(b"\x00ok")
+LONG = _rec(bytes((layout.A_KEY, 60)) + b"k" * 60 + b"b" * 60)  # a key and a body of plain text
+DAMAGED = {
+    "unknown attribute bit": (_rec(b"\x40ok"), 1),
+    "empty record": (b"\x00", 1),
+    "key overruns the record": (_rec(bytes((layout.A_KEY, 50)) + b"kk"), 1),
+    "tags overrun the record": (_rec(bytes((layout.A_TAGS, 9)) + b"t"), 1),
+    "properties overrun the record": (_rec(bytes((layout.A_PROPS, 7)) + b"\x01a"), 1),
+    "a property overruns its block": (_rec(bytes((layout.A_PROPS, 3, 1)) + b"a" + b"\x05"), 1),
+    "a varint cut off by the record's end": (_rec(bytes((layout.A_TS | layout.A_KEY,)) + b"\x80"), 1),
+    "a varint cut off, the body next": (_rec(bytes((layout.A_DELIVER,)) + b"\x80"), 1),
+    "key not UTF-8": (_rec(bytes((layout.A_KEY, 1)) + b"\xff"), 1),
+    "tags not UTF-8": (_rec(bytes((layout.A_TAGS, 2)) + b"\xc3\x28"), 1),
+    "property not UTF-8": (_rec(bytes((layout.A_PROPS, 4, 1)) + b"\xff" + b"\x01v"), 1),
+    "more records than counted": (GOOD + GOOD, 1),
+    "fewer records than counted": (GOOD, 2),
+    "a record longer than the batch": (b"\x09\x00ok", 1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_each_kind_of_damage_is_refused_by_both_decoders(case: str) -> None:
+    """Damage inside a batch whose checksums hold, one kind at a time, after a good
+    record: both decoders refuse it."""
+    records, count = DAMAGED[case]
+    if case not in ("fewer records than counted", "a record longer than the batch"):
+        records += LONG * 2  # valid text after the damage: a read past a record finds no other fault
+        count += 2
+    stored = encode_stored(7, 2, 40, 0, 0, None, 0, seal_records(LONG + records, count + 1))
+    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 42 + count, [(1000, stored, b"")]))
+    with pytest.raises(CorruptRecord):
+        wire.decode_pull_batches("orders", buf, 40, True)
+    with pytest.raises(CorruptRecord, match="corrupt record in the pull answer"):
+        batches_batch(buf, "orders", 2, 40, 41 + count, SCHEMA)
+
+
+def test_records_counted_into_the_wrong_batch_are_refused_by_both_decoders() -> None:
+    """Two batches whose counts are off by one each way: the total matches, each
+    batch does not."""
+    one = encode_stored(7, 2, 40, 0, 0, None, 0, seal_records(GOOD + GOOD, 1))
+    two = encode_stored(7, 2, 41, 0, 0, None, 0, seal_records(GOOD, 2))
+    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 43, [(1000, one, b""), (1001, two, b"")]))
+    with pytest.raises(CorruptRecord):
+        wire.decode_pull_batches("orders", buf, 40, True)
+    with pytest.raises(CorruptRecord, match="corrupt record in the pull answer"):
+        batches_batch(buf, "orders", 2, 40, 43, SCHEMA)
+
+
+def test_a_varint_of_ten_bytes_is_refused_by_both_decoders() -> None:
+    """At most 9 bytes (63 bits): the decoder and the columns' int64 arrays agree."""
+    for size, ok in ((9, True), (10, False)):
+        varint = b"\x81" * (size - 1) + b"\x01"
+        rest = bytes((layout.A_RECONSUME,)) + varint + b"body"
+        records = bytes((len(rest),)) + rest
+        stored = encode_stored(7, 2, 40, 0, 0, None, 0, seal_records(records, 1))
+        buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 41, [(1000, stored, b"")]))
+        if ok:
+            (msg,) = wire.decode_pull_batches("orders", buf, 40, True)[4]
+            assert rows_of(batches_batch(buf, "orders", 2, 40, 41, SCHEMA)[0]) == decoded([msg])
+        else:
+            with pytest.raises(CorruptRecord, match="9 bytes"):
+                wire.decode_pull_batches("orders", buf, 40, True)
+            with pytest.raises(CorruptRecord, match="9 bytes"):
+                batches_batch(buf, "orders", 2, 40, 41, SCHEMA)
 
 
 def test_batches_batch_refuses_another_queue_and_damage() -> None:
