@@ -44,7 +44,7 @@ import enum
 import struct
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import attrs
 import lz4.frame
@@ -452,10 +452,10 @@ def seal_records(records: bytes, count: int, codec: Codec = Codec.NONE) -> bytes
     return BATCH_HEAD.pack(BATCH_MAGIC, codec, count, zlib.crc32(carried), len(records)) + carried
 
 
-@attrs.frozen(slots=True)
-class BatchHead:
+class BatchHead(NamedTuple):
     """A batch's header, checked: its codec, record count, the crc32 of the records
-    as carried, and their size uncompressed."""
+    as carried, and their size uncompressed (a named tuple: read once per batch on
+    the consumer's path, where an attrs instance costs a microsecond more)."""
 
     codec: Codec
     count: int
@@ -536,9 +536,8 @@ def encode_stored(
     return struct.pack(">I", zlib.crc32(rest)) + rest + batch
 
 
-@attrs.frozen(slots=True)
-class StoredHead:
-    """A stored batch's header (the broker's fields)."""
+class StoredHead(NamedTuple):
+    """A stored batch's header (the broker's fields; a named tuple, as BatchHead)."""
 
     topic_id: int
     queue_id: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import attrs
 
@@ -235,11 +235,11 @@ def frame_pull_batches(buf: bytes | bytearray | memoryview) -> tuple[PullHead, l
     return head, out
 
 
-@attrs.frozen(slots=True)
-class PulledBatch:
+class PulledBatch(NamedTuple):
     """One stored batch of a batch-layout answer, its headers checked and its records
     decompressed: record ``i`` of ``records`` is queue offset ``base + i``, global
-    offset ``global_base + i``; ``mask`` b"" delivers every record."""
+    offset ``global_base + i``; ``mask`` b"" delivers every record (a named tuple:
+    one per batch on the consumer's path)."""
 
     global_base: int
     queue_id: int
@@ -268,12 +268,13 @@ def checked_batches(
             raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
         base = sh.base_offset
         try:
-            bh = batch_head(stored_batch(value), MAX_RECORDS_LEN, verify=verify)
+            inner = stored_batch(value)
+            bh = batch_head(inner, MAX_RECORDS_LEN, verify=verify)
             if mask and len(mask) != (bh.count + 7) // 8:
                 raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
             if base >= stop or base + bh.count <= start:
                 continue
-            records = batch_records(stored_batch(value), bh)
+            records = batch_records(inner, bh)
         except CorruptRecord as exc:
             raise batch_error(topic, sh.queue_id, base, g, exc) from None
         yield PulledBatch(g, sh.queue_id, base, bh.count, sh.first_ms, mask, records)
