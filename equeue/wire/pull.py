@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Sequence
-from typing import Final, NamedTuple
+from typing import Final
 
 import attrs
 
@@ -235,11 +235,11 @@ def frame_pull_batches(buf: bytes | bytearray | memoryview) -> tuple[PullHead, l
     return head, out
 
 
-class PulledBatch(NamedTuple):
+@attrs.frozen(slots=True)
+class PulledBatch:
     """One stored batch of a batch-layout answer, its headers checked and its records
     decompressed: record ``i`` of ``records`` is queue offset ``base + i``, global
-    offset ``global_base + i``; ``mask`` b"" delivers every record (a named tuple:
-    one per batch on the consumer's path)."""
+    offset ``global_base + i``; ``mask`` b"" delivers every record."""
 
     global_base: int
     queue_id: int

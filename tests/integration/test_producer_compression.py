@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import trio
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from equeue import ConfigError
 from equeue.broker import Broker, EmbeddedBroker
@@ -69,22 +69,15 @@ def test_cli_produce_compression(embedded_broker: EmbeddedBroker, tmp_path: Path
     runner = CliRunner()
     assert embedded_broker._broker is not None
     stats = embedded_broker._broker.stats
+
+    def produce(codec: str) -> Result:
+        args = ["produce", "cli", "--file", str(src), "--compression", codec, "-b", embedded_broker.address]
+        return runner.invoke(app, args)
+
     sent: dict[str, int] = {}
     for codec in ("none", "zstd", "lz4"):
         before = stats.bytes_in
-        res = runner.invoke(
-            app,
-            [
-                "produce",
-                "cli",
-                "--file",
-                str(src),
-                "--compression",
-                codec,
-                "-b",
-                embedded_broker.address,
-            ],
-        )
+        res = produce(codec)
         assert res.exit_code == 0 and "sent 300 messages" in res.output, res.output
         sent[codec] = stats.bytes_in - before
     assert sent["zstd"] < sent["none"] / 4 and sent["lz4"] < sent["none"] / 2, sent
@@ -92,19 +85,7 @@ def test_cli_produce_compression(embedded_broker: EmbeddedBroker, tmp_path: Path
     assert b is not None
     got = [m for q in range(4) for m in stored(b, "cli", q)[0]]  # auto-created with 4 queues
     assert len(got) == 900
-    res = runner.invoke(
-        app,
-        [
-            "produce",
-            "cli",
-            "--file",
-            str(src),
-            "--compression",
-            "gzip",
-            "-b",
-            embedded_broker.address,
-        ],
-    )
+    res = produce("gzip")
     assert res.exit_code == 1
     assert res.stderr.strip().splitlines() == [
         "error: --compression: unknown compression 'gzip': choose none, zstd or lz4"

@@ -42,18 +42,22 @@ def old_store(tmp_path_factory: pytest.TempPathFactory) -> Any:
         yield c
 
 
+def _row(topic: str, m: Message) -> dict[str, Any]:
+    """A message as the fixture's manifest lists it."""
+    return {
+        "topic": topic, "queue": m.queue_id, "queue_offset": m.queue_offset, "global_offset": m.global_offset,
+        "key": m.key, "tags": m.tags, "properties": m.properties, "timestamp": m.timestamp,
+        "reconsume_times": m.reconsume_times, "body": base64.b64encode(m.body).decode(),
+    }  # fmt: skip
+
+
 def _pulled(c: Client, topic: str) -> list[dict[str, Any]]:
     out = []
     for q in range(c.describe_topic(topic).info.queues):
         off = 0
         while (r := c.pull(wire.PullRequest(topic, q, off, max_messages=7))).messages:
             for m in r.messages:
-                out.append({
-                    "topic": topic, "queue": m.queue_id, "queue_offset": m.queue_offset,
-                    "global_offset": m.global_offset, "key": m.key, "tags": m.tags, "properties": m.properties,
-                    "timestamp": m.timestamp, "reconsume_times": m.reconsume_times,
-                    "body": base64.b64encode(m.body).decode(),
-                })  # fmt: skip
+                out.append(_row(topic, m))
             off = r.messages[-1].queue_offset + 1
     return out
 
@@ -115,12 +119,7 @@ def _read_all(s: Store, topic: str) -> list[dict[str, Any]]:
             if not r.batches:
                 break
             for m in msgs:
-                out.append({
-                    "topic": topic, "queue": m.queue_id, "queue_offset": m.queue_offset,
-                    "global_offset": m.global_offset, "key": m.key, "tags": m.tags, "properties": m.properties,
-                    "timestamp": m.timestamp, "reconsume_times": m.reconsume_times,
-                    "body": base64.b64encode(m.body).decode(),
-                })  # fmt: skip
+                out.append(_row(topic, m))
             off = r.next_offset
     return out
 
