@@ -38,7 +38,26 @@ __all__ = ["batches_batch"]
 #: a varint read here is at most 9 bytes (63 bits): every length and time fits, and an
 #: int64 column cannot hold more
 _VARINT_BYTES: Final = 9
-_INT32_MAX: Final = np.iinfo(np.int32).max
+
+
+#: the latest store time (ms) a timestamp[us] column holds
+_MAX_MS: Final = (2**63 - 1) // 1000
+#: the most bytes of records decoded into one Arrow batch (its binary columns use
+#: int32 offsets); an answer whose records decompress to more becomes several batches
+_CHUNK_BYTES: Final = 1 << 30
+
+
+class _OtherQueue(Exception):
+    """A batch that delivers records belongs to another queue than the one read."""
+
+
+def _int64(values: Sequence[int]) -> np.ndarray:
+    """``values`` as an int64 array. Raises CorruptRecord for one beyond int64 (a
+    broker never stores such an offset or time)."""
+    try:
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        raise CorruptRecord("an offset or store time beyond 2**63") from None
 
 
 def _varints(buf: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -160,8 +179,6 @@ def _columns(
     mask bit is set) as one Arrow batch. Raises CorruptRecord, without saying which
     batch (the caller does)."""
     data = b"".join(b.records for b in got)
-    if len(data) > _INT32_MAX:
-        raise CorruptRecord("the answer's records exceed 2 GiB")
     counts = np.array([b.count for b in got], dtype=np.int64)
     total = int(counts.sum())
     # where every record starts: the one pass over the length prefixes, across the
@@ -172,7 +189,7 @@ def _columns(
         raise CorruptRecord("a batch holds more or fewer records than it says")
     which = np.repeat(np.arange(len(got)), counts)
     index = np.arange(total, dtype=np.int64) - np.repeat(ends_at - counts, counts)
-    qoff = np.array([b.base for b in got], dtype=np.int64)[which] + index
+    qoff = _int64([b.base for b in got])[which] + index
     keep = (qoff >= first) & (qoff < stop)
     if any(b.mask for b in got):
         keep &= _bits(got)
@@ -180,6 +197,8 @@ def _columns(
     n = sel.size
     starts, ends = bounds[sel], bounds[sel + 1]
     which, index, qoff = which[sel], index[sel], qoff[sel]
+    if any(got[i].queue_id != queue_id for i in np.unique(which).tolist()):
+        raise _OtherQueue
 
     buf = np.frombuffer(data, np.uint8)
     length, at = _varints(buf, starts)
@@ -203,8 +222,10 @@ def _columns(
     key_at, key_end, at = _field(buf, at, ends, has_key)
     tags_at, tags_end, at = _field(buf, at, ends, has_tags)
     props_at, props_end, at = _field(buf, at, ends, has_props)
-    first_ms = np.array([b.first_ms for b in got], dtype=np.int64)[which]
-    globals_ = np.array([b.global_base for b in got], dtype=np.int64)[which] + index
+    first_ms = _int64([b.first_ms for b in got])[which]
+    globals_ = _int64([b.global_base for b in got])[which] + index
+    if ((ts > _MAX_MS - first_ms) | (globals_ < 0)).any():
+        raise CorruptRecord("a record's store time or global offset is out of range")
     columns = [
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(queue_id, pa.int32()), n),
@@ -221,15 +242,16 @@ def _columns(
 
 def batches_batch(
     payload: bytes, topic: str, queue_id: int, first: int, end: int, schema: pa.Schema
-) -> tuple[pa.RecordBatch, int]:
+) -> tuple[list[pa.RecordBatch], int]:
     """The records of a batch-layout pull answer (``wire.PULL_BATCHES``) at queue
-    offsets ``first`` up to ``end`` and the answer's next offset, as one Arrow batch,
-    and the offset this reader goes on from (``min(next offset, end)``, at least
-    ``first``).
+    offsets ``first`` up to ``end`` and the answer's next offset, as Arrow batches
+    (one, or several when the records decompress to more than :data:`_CHUNK_BYTES`;
+    none when nothing is delivered), and the offset this reader goes on from
+    (``min(next offset, end)``, at least ``first``).
 
     Raises CorruptRecord for a batch or record that does not decode (naming the
-    answer's queue and offsets), an answer that is malformed, or one that holds
-    batches of another queue.
+    answer's queue and offsets), an answer that is malformed, or one whose records
+    delivered belong to another queue.
     """
     where = f"{topic}/{queue_id} offsets [{first}, {end})"
     try:
@@ -238,11 +260,22 @@ def batches_batch(
         got = list(wire.checked_batches(topic, items, first, stop))
     except RemoteProtocolError as exc:
         raise CorruptRecord(f"pull answer for {where} is malformed: {exc}") from exc
-    if any(b.queue_id != queue_id for b in got):
-        raise CorruptRecord(f"pull answer for {where} holds records of another queue")
-    if not got:
-        return pa.RecordBatch.from_pylist([], schema=schema), stop
+    chunks: list[list[wire.PulledBatch]] = []
+    size = _CHUNK_BYTES
+    for b in got:  # a stored batch decompresses to at most MAX_RECORDS_LEN, well below a chunk
+        if size + len(b.records) > _CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(b)
+        size += len(b.records)
+    out: list[pa.RecordBatch] = []
     try:
-        return _columns(got, topic, queue_id, first, stop, schema), stop
+        for chunk in chunks:
+            batch = _columns(chunk, topic, queue_id, first, stop, schema)
+            if batch.num_rows:
+                out.append(batch)
+    except _OtherQueue:
+        raise CorruptRecord(f"pull answer for {where} holds records of another queue") from None
     except CorruptRecord as exc:
         raise CorruptRecord(f"corrupt record in the pull answer for {where}: {exc}") from None
+    return out, stop

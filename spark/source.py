@@ -243,7 +243,7 @@ def _read_range(
                     continue
                 # batches may start below the offset asked for and end past it: this
                 # keeps [pos, min(next offset, end)), so nothing is yielded twice
-                batch, reached = batches_batch(payload, topic, qid, pos, end, schema)
+                batches, reached = batches_batch(payload, topic, qid, pos, end, schema)
                 pos = max(pos, reached)
                 if pos < end and (not asked or asked[0] > pos):
                     # a short answer (byte cap): the pulls sent after it start too far on,
@@ -252,8 +252,7 @@ def _read_range(
                 else:
                     fill()
                 done[0] = pos
-                if batch.num_rows:
-                    yield batch
+                yield from batches
                 if pos >= end:
                     return
             elif status is PullStatus.OFFSET_TOO_SMALL:

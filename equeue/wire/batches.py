@@ -236,9 +236,13 @@ def decode_records_into(
         for _ in range(lo):
             n = records[pos]
             if n < 0x80:
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n + 1
-            else:
+            else:  # a longer varint, of 0 too when it is not minimal
                 n, pos = uvarint(records, pos)
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n
         if pos > size:
             raise CorruptRecord("a record overruns its batch")
@@ -319,9 +323,13 @@ def decode_records_into(
         for _ in range(hi, count):
             n = records[pos]
             if n < 0x80:
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n + 1
-            else:
+            else:  # a longer varint, of 0 too when it is not minimal
                 n, pos = uvarint(records, pos)
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
@@ -407,7 +415,8 @@ def record_bounds(records: bytes, count: int) -> list[int]:
     last one ends (``count + 1`` positions): record i is ``records[b[i]:b[i + 1]]``, one
     record for :func:`decode_records`. Reads only the length prefixes (a lookup that
     needs one record of a large batch). Raises CorruptRecord when they overrun the
-    section or do not end exactly at its end."""
+    section, do not end exactly at its end, or a record is empty (every record holds
+    at least its attributes byte)."""
     out = [0]
     append, uvarint = out.append, _read_uvarint
     pos, end = 0, len(records)
@@ -415,9 +424,13 @@ def record_bounds(records: bytes, count: int) -> list[int]:
         for _ in range(count):
             n = records[pos]
             if n < 0x80:  # inline: a call per record costs more than the rest
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n + 1
-            else:
+            else:  # a longer varint, of 0 too when it is not minimal
                 n, pos = uvarint(records, pos)
+                if not n:
+                    raise CorruptRecord("an empty record")
                 pos += n
             append(pos)
     except IndexError:

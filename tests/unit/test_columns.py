@@ -18,6 +18,7 @@ from equeue.protocol import PullStatus  # noqa: E402
 from equeue.spark.columns import batches_batch  # noqa: E402
 from equeue.wire import batches as layout  # noqa: E402
 from equeue.wire.batches import Codec, encode_batch, encode_record, encode_stored, seal_records  # noqa: E402
+from equeue.wire.batches import _uvarint as batches_uvarint  # noqa: E402
 
 SCHEMA = pa.schema(
     [
@@ -58,9 +59,12 @@ def batches_answer(
     return b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, nxt, batches))
 
 
-def rows_of(batch: pa.RecordBatch) -> list[tuple[object, ...]]:
+def rows_of(batches: list[pa.RecordBatch]) -> list[tuple[object, ...]]:
+    """The rows of the reader's batches, the timestamp as integer milliseconds (exact)."""
+    table = pa.Table.from_batches(batches, SCHEMA)
+    ms = [None if t is None else t // 1000 for t in table.column("timestamp").cast(pa.int64()).to_pylist()]
     return [(r["topic"], r["queue_id"], r["queue_offset"], r["global_offset"], r["key"], r["tags"], r["body"],
-             dict(r["properties"]), int(r["timestamp"].timestamp() * 1000)) for r in batch.to_pylist()]  # fmt: skip
+             dict(r["properties"]), t) for r, t in zip(table.to_pylist(), ms, strict=True)]  # fmt: skip
 
 
 def decoded(msgs: list[Message]) -> list[tuple[object, ...]]:
@@ -83,7 +87,7 @@ def test_batches_batch_matches_the_decoder(msgs: list[Message], data: st.DataObj
     want = wire.decode_pull_batches("orders", buf, first, True, reached)[4]
     assert [m.queue_offset for m in want] == [o for o in range(first, reached) if o - 40 not in dropped]
     assert rows_of(rows) == decoded(want)
-    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in want]
+    assert [r[6] for r in rows_of(rows)] == [m.body for m in want]
 
 
 def _record_bytes(msgs: list[Message]) -> bytes:
@@ -107,15 +111,19 @@ def test_a_damaged_record_is_refused_by_both_decoders_alike(msgs: list[Message],
         else:
             records.insert(data.draw(st.integers(0, len(records))), data.draw(st.integers(0, 255)))
     count = len(msgs) + data.draw(st.integers(-1, 1)) or 1
+    mask = b""
+    if data.draw(st.booleans()):
+        mask = wire.mask_of(count, data.draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=count)))
+    first = 40 + data.draw(st.integers(0, count - 1))
     stored = encode_stored(7, 2, 40, 1_700_000_000_000, 1_700_000_000_000, None, 0, seal_records(bytes(records), count))
-    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 40 + count, [(1000, stored, b"")]))
+    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 40 + count, [(1000, stored, mask)]))
     try:
-        want = decoded(wire.decode_pull_batches("orders", buf, 40, True)[4])
+        want = decoded(wire.decode_pull_batches("orders", buf, first, True)[4])
     except CorruptRecord:
         with pytest.raises(CorruptRecord, match="corrupt record in the pull answer"):
-            batches_batch(buf, "orders", 2, 40, 40 + count, SCHEMA)
+            batches_batch(buf, "orders", 2, first, 40 + count, SCHEMA)
     else:
-        assert rows_of(batches_batch(buf, "orders", 2, 40, 40 + count, SCHEMA)[0]) == want
+        assert rows_of(batches_batch(buf, "orders", 2, first, 40 + count, SCHEMA)[0]) == want
 
 
 def _rec(body: bytes) -> bytes:
@@ -159,6 +167,56 @@ def test_each_kind_of_damage_is_refused_by_both_decoders(case: str) -> None:
         batches_batch(buf, "orders", 2, 40, 41 + count, SCHEMA)
 
 
+@pytest.mark.parametrize("empty", [b"\x00", b"\x80\x00"])
+@pytest.mark.parametrize("where", ["before the range", "masked out", "after the range"])
+def test_an_empty_record_is_refused_wherever_it_is(empty: bytes, where: str) -> None:
+    """A record of length 0 (one byte, or a longer varint of 0) is corrupt even when
+    it is not delivered: both decoders refuse the batch, whatever offset the read
+    starts from."""
+    records = LONG + empty + LONG
+    mask = wire.mask_of(3, [0, 2]) if where == "masked out" else b""
+    first, end = {"before the range": (42, 43), "masked out": (40, 43), "after the range": (40, 41)}[where]
+    stored = encode_stored(7, 2, 40, 0, 0, None, 0, seal_records(records, 3))
+    buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, end, [(1000, stored, mask)]))
+    with pytest.raises(CorruptRecord, match=r"empty record|overruns"):
+        wire.decode_pull_batches("orders", buf, first, True)
+    with pytest.raises(CorruptRecord, match="corrupt record in the pull answer"):
+        batches_batch(buf, "orders", 2, first, end, SCHEMA)
+
+
+def test_a_batch_of_another_queue_counts_only_when_it_delivers() -> None:
+    """Like the consumer's decoder, the reader refuses an answer whose delivered
+    records belong to another queue, and ignores such a batch when the mask keeps none
+    of its records."""
+    ours = encode_stored(7, 2, 40, 0, 0, None, 0, seal_records(LONG, 1))
+    other = encode_stored(7, 3, 41, 0, 0, None, 0, seal_records(LONG, 1))
+    for mask, refused in ((b"", True), (b"\x00", False)):
+        buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 42, [(1000, ours, b""), (1001, other, mask)]))
+        if refused:
+            with pytest.raises(CorruptRecord, match="another queue"):
+                batches_batch(buf, "orders", 2, 40, 42, SCHEMA)
+        else:
+            (batch,), reached = batches_batch(buf, "orders", 2, 40, 42, SCHEMA)
+            assert (batch.num_rows, reached) == (1, 42)
+
+
+def test_store_times_beyond_a_timestamp_column_are_refused() -> None:
+    """A store-time delta that overflows the microsecond timestamp column is a corrupt
+    record for the reader (the broker never writes one), not a wrapped-around time."""
+    for delta, ok in ((1 << 20, True), (1 << 62, False)):
+        varint = batches_uvarint(delta)
+        rest = bytes((layout.A_TS,)) + varint + b"body"
+        stored = encode_stored(7, 2, 40, 1_700_000_000_000, 1_700_000_000_000, None, 0,
+                               seal_records(bytes((len(rest),)) + rest, 1))  # fmt: skip
+        buf = b"".join(wire.encode_pull_batches(PullStatus.FOUND, 0, 99, 41, [(1000, stored, b"")]))
+        if ok:
+            (msg,) = wire.decode_pull_batches("orders", buf, 40, True)[4]
+            assert rows_of(batches_batch(buf, "orders", 2, 40, 41, SCHEMA)[0]) == decoded([msg])
+        else:
+            with pytest.raises(CorruptRecord, match="out of range"):
+                batches_batch(buf, "orders", 2, 40, 41, SCHEMA)
+
+
 def test_records_counted_into_the_wrong_batch_are_refused_by_both_decoders() -> None:
     """Two batches whose counts are off by one each way: the total matches, each
     batch does not."""
@@ -199,3 +257,17 @@ def test_batches_batch_refuses_another_queue_and_damage() -> None:
     bad[-1] ^= 1
     with pytest.raises(CorruptRecord, match="checksum"):
         batches_batch(bytes(bad), "t", 2, 40, 42, SCHEMA)
+
+
+def test_an_answer_larger_than_a_chunk_becomes_several_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records that decompress to more than one Arrow batch's int32 offsets can hold
+    (a chunk, 1 GiB; 200 bytes here) come back as several batches, each whole stored
+    batch in one of them, the rows those of the decoder."""
+    from equeue.spark import columns
+
+    monkeypatch.setattr(columns, "_CHUNK_BYTES", 200)
+    msgs = [Message(bytes([i]) * 30, key=f"k{i}") for i in range(12)]
+    buf = batches_answer(msgs, [3, 6, 9], 40, 52)
+    got, reached = batches_batch(buf, "orders", 2, 41, 52, SCHEMA)
+    assert reached == 52 and len(got) > 1
+    assert rows_of(got) == decoded(wire.decode_pull_batches("orders", buf, 41, True)[4])

@@ -88,9 +88,10 @@ def test_whatever_the_validator_accepts_every_reader_serves(entries: list[bytes]
     *_, msgs = wire.decode_pull_batches("t", answer, 40, True)
     assert len(msgs) == len(entries)
     assert [m.body for m in msgs] == [wire.entry_fields(e, 0, len(e))[3] for e in entries]
-    rows, _ = batches_batch(answer, "t", 2, 40, 40 + len(entries), SCHEMA)
-    assert [r["body"] for r in rows.to_pylist()] == [m.body for m in msgs]
-    assert [dict(r["properties"]) for r in rows.to_pylist()] == [m.properties for m in msgs]
+    batches, _ = batches_batch(answer, "t", 2, 40, 40 + len(entries), SCHEMA)
+    rows = pa.Table.from_batches(batches, SCHEMA).to_pylist()
+    assert [r["body"] for r in rows] == [m.body for m in msgs]
+    assert [dict(r["properties"]) for r in rows] == [m.properties for m in msgs]
 
 
 @settings(max_examples=200, deadline=None)
