@@ -18,7 +18,7 @@ if __name__ != "equeue.producer":  # this folder is mapped to equeue.producer; a
 
 from equeue.client import AsyncClient, Client
 from equeue.models import Message, SendResult
-from equeue.producer._batch import SendHandle
+from equeue.producer._batch import DeliveryCallback, DoneCallback, SendHandle
 from equeue.producer.async_producer import AsyncProducer
 from equeue.producer.options import OnFull, ProducerOptions, QueueSelector
 from equeue.producer.stats import SendStats
@@ -28,6 +28,8 @@ __all__ = [
     "AsyncClient",
     "AsyncProducer",
     "Client",
+    "DeliveryCallback",
+    "DoneCallback",
     "Message",
     "OnFull",
     "Producer",

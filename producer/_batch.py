@@ -6,24 +6,43 @@ sent as one idempotent produce request with one base sequence. Every message of 
 batch gets a :class:`SendHandle` that points at (batch, index); resolving the batch
 resolves all of its handles at once, and a handle builds its :class:`SendResult`
 only when asked (cheap when nobody looks).
+
+Callbacks (``send_async(on_delivery=...)``, :meth:`SendHandle.add_done_callback`) are
+kept per batch, in a list made only when one is registered, and run by the lane on
+the loop thread once the batch is released (:meth:`_Batch.run_callbacks`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import trio
 
 from equeue import wire
 from equeue.errors import ConfigError, OperationTimeout
+from equeue.logs import RateLimitedLog
 from equeue.models import SendResult
 from equeue.times import epoch_ms
 
-__all__ = ["SendHandle", "deliver_at_ms"]
+__all__ = ["DeliveryCallback", "DoneCallback", "SendHandle", "deliver_at_ms"]
+
+#: ``on_delivery(result, error)``: exactly one of the two is None (the SendResult of a
+#: stored or scheduled message, or the error its send failed with)
+DeliveryCallback = Callable[[SendResult | None, BaseException | None], object]
+#: ``fn(handle)``, given to :meth:`SendHandle.add_done_callback`
+DoneCallback = Callable[["SendHandle"], object]
+#: one registered callback: (fn, index in the batch, the handle for a done callback
+#: or None for a delivery callback)
+_Callback = tuple[Callable[..., object], int, "SendHandle | None"]
+
+log = logging.getLogger("equeue.producer")
+#: a raising callback is logged at most once per 10 s per topic
+_callback_errors = RateLimitedLog(log, 10.0, time.monotonic)
 
 def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | None) -> int:
     """The entry's due time in ms since the epoch (0 = deliver now).
@@ -70,12 +89,15 @@ class _Batch:
         "answer",
         "attempts",
         "batch",
+        "callbacks",
+        "called",
         "deadline",
         "delayed",
         "entries",
         "error",
         "finished",
         "first_at",
+        "lock",
         "nbytes",
         "pid",
         "queue_id",
@@ -86,7 +108,9 @@ class _Batch:
         "topic",
     )  # fmt: skip
 
-    def __init__(self, topic: str, queue_id: int, delayed: bool, deadline: float, now: float) -> None:
+    def __init__(
+        self, topic: str, queue_id: int, delayed: bool, deadline: float, now: float, lock: threading.Lock
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.entries: list[bytes] = []
@@ -111,6 +135,12 @@ class _Batch:
         #: batches are awaited in trio, and a threading.Event costs a lock and a
         #: condition to build
         self.thdone: threading.Event | None = None
+        #: the buffer lock: guards ``callbacks`` and ``called``
+        self.lock = lock
+        #: registered callbacks, in order (None: none); taken by the lane when it
+        #: releases the finished batch, which sets ``called``
+        self.callbacks: list[_Callback] | None = None
+        self.called = False
 
     def thread_event(self) -> threading.Event:
         """The event a blocking caller waits on (any thread); set once finished."""
@@ -136,6 +166,36 @@ class _Batch:
         if ev is not None:
             ev.set()
 
+    def add_callback(self, cb: _Callback) -> bool:
+        """Register ``cb`` (the caller holds ``lock``); False when the batch's callbacks
+        already ran (the caller then runs it itself, with :meth:`run_callbacks`)."""
+        if self.called:
+            return False
+        cbs = self.callbacks
+        if cbs is None:
+            self.callbacks = [cb]
+        else:
+            cbs.append(cb)
+        return True
+
+    def run_callbacks(self, callbacks: list[_Callback]) -> None:
+        """Call ``callbacks`` in order with the batch's outcome (finished batch). An
+        Exception a callback raises is logged (rate-limited) and swallowed: the
+        producer goes on, and so do the callbacks after it."""
+        for fn, index, handle in callbacks:
+            try:
+                if handle is not None:
+                    fn(handle)
+                elif self.error is not None:
+                    fn(None, self.error)
+                else:
+                    fn(self.result(index), None)
+            except Exception as exc:
+                _callback_errors.log(
+                    logging.ERROR, self.topic, "a send callback on %s raised (ignored): %r",
+                    self.topic, exc, exc_info=exc,
+                )  # fmt: skip
+
     def result(self, index: int) -> SendResult:
         if self.error is not None:
             raise self.error
@@ -158,6 +218,8 @@ class SendHandle:
     raised: a mapped broker error, ConnectionBroken after the retries,
     OperationTimeout after ``send_timeout``, ClientClosed if the producer closed
     first.
+
+    :meth:`add_done_callback` registers a function called once the send finished.
     """
 
     __slots__ = ("_batch", "_index")
@@ -188,6 +250,26 @@ class SendHandle:
         if not b.finished and not b.thread_event().wait(timeout):
             raise OperationTimeout(f"send not finished after {timeout} s")
         return b.error
+
+    def add_done_callback(self, fn: DoneCallback) -> None:
+        """Call ``fn(handle)`` once, when the send finished (stored or failed).
+
+        Callbacks run in registration order on the producer's trio loop thread (the
+        thread of ``AsyncProducer``'s loop, or the sync ``Producer``'s loop thread),
+        right after the outcome is known: before a trio task awaiting the handle
+        resumes and before a ``flush`` waiting for it returns (a thread blocked in
+        :meth:`result` may wake first). Keep them quick and non-blocking. If the handle's callbacks already ran, ``fn``
+        is called at once, on the calling thread. An Exception ``fn`` raises is logged
+        (rate-limited) and swallowed. Raises TypeError if ``fn`` is not callable.
+        """
+        if not callable(fn):
+            raise TypeError(f"callback must be callable, not {type(fn).__name__}")
+        b = self._batch
+        cb: _Callback = (fn, self._index, self)
+        with b.lock:
+            if b.add_callback(cb):
+                return
+        b.run_callbacks([cb])
 
     async def wait(self) -> SendResult:
         """Wait (in trio) until the send finished; return or raise as :meth:`result`."""

@@ -507,13 +507,17 @@ class _Lane:
             self._release(b)
 
     def _release(self, b: _Batch) -> None:
-        """A batch finished: count its outcome and free its buffer bytes, once (loop thread)."""
+        """A batch finished: count its outcome, free its buffer bytes, then run its
+        callbacks, once (loop thread; the callbacks outside the lock, so they may send)."""
         with self.lock:
             if b not in self.pending:
                 return
             self.pending.discard(b)
+            callbacks, b.callbacks, b.called = b.callbacks, None, True
         if b.error is not None:
             self.stats.failed_batch(len(b.entries), b.error)
         elif b.answer is not None:
             self.stats.answered(len(b.entries), b.answer)
         self.buffer.release(b.nbytes)
+        if callbacks is not None:
+            b.run_callbacks(callbacks)

@@ -15,6 +15,11 @@ Batching: messages accumulate per queue for ``linger`` seconds or up to
 unacknowledged entries are held (:mod:`equeue.producer.buffer`): beyond that
 ``send_async`` waits (or raises BufferFull with ``on_full="raise"``). Options:
 :class:`~equeue.producer.options.ProducerOptions`.
+
+Delivery callbacks: ``send_async(..., on_delivery=fn)`` calls ``fn(result, error)``
+once, on the loop thread, when the message is stored or its send failed for good
+(:meth:`equeue.producer._batch._Batch.run_callbacks`); ``flush`` returns how many
+messages still wait for their outcome.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
 from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
 from equeue.models import Message, SendResult
-from equeue.producer._batch import SendHandle, _Batch, deliver_at_ms
+from equeue.producer._batch import DeliveryCallback, SendHandle, _Batch, deliver_at_ms
 from equeue.producer._lane import _Lane
 from equeue.producer.buffer import Buffer
 from equeue.producer.options import OnFull, ProducerOptions, new_producer_id
@@ -166,18 +171,25 @@ class AsyncProducer:
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
         deliver_at: dt.datetime | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle:
         """Buffer one message; return a handle to ``await`` for its SendResult.
 
         Waits only to learn a new topic's queue count, or for buffer space when
         ``max_buffered_bytes`` are pending (raises BufferFull instead with
-        ``on_full="raise"``). Validation errors are raised here; send errors by
-        the handle.
+        ``on_full="raise"``). Validation errors are raised here (TypeError for an
+        ``on_delivery`` that is not callable); send errors by the handle.
+
+        ``on_delivery(result, error)`` is called exactly once, on this producer's trio
+        loop thread, when the message is stored or scheduled (``result``, ``error`` None)
+        or its send failed for good, the producer's close included (``result`` None,
+        ``error`` the EQueueError the handle raises). It must be quick and must not
+        block or await; an Exception it raises is logged (rate-limited) and swallowed.
         """
         due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
-        h = self.try_submit(topic, body, key, tags, properties, due, False)
+        h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is None:
-            h = await self._submit(topic, body, key, tags, properties, due, False)
+            h = await self._submit(topic, body, key, tags, properties, due, False, on_delivery)
         elif h._index == 0:
             # yield once per new batch (not per message): lets the lanes run
             await trio.lowlevel.checkpoint()
@@ -193,11 +205,13 @@ class AsyncProducer:
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
         deliver_at: dt.datetime | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle:
         """Like :meth:`send_async` but never waits: raises BufferFull when the buffer
-        is full, and trio.WouldBlock when the topic's queue count is not known yet."""
+        is full, and trio.WouldBlock when the topic's queue count is not known yet.
+        Usable from a delivery callback (which must not await)."""
         due = deliver_at_ms(delay, deliver_at)
-        h = self.try_submit(topic, body, key, tags, properties, due, False)
+        h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is None:
             if self._routes.get(topic) is None:
                 raise trio.WouldBlock
@@ -237,13 +251,27 @@ class AsyncProducer:
                 await b.tdone.wait()
         return [b.result(i) for b, i in placed]
 
-    async def flush(self) -> None:
+    async def flush(self) -> int:
         """Send everything buffered now and wait until all of it is answered (stored
-        or failed: failures are reported by the handles, not raised here)."""
+        or failed: failures are reported by the handles and delivery callbacks, not
+        raised here; the callbacks of those messages have run when it returns).
+
+        Returns :meth:`pending_messages` then: 0 unless other tasks or threads sent
+        meanwhile. There is no timeout parameter: bound it with a trio cancel scope
+        (``with trio.move_on_after(5): await p.flush()``), and read
+        :meth:`pending_messages` after a timeout.
+        """
         batches = self._seal_lanes(self._routes.lanes())
         for b in batches:
             if not b.finished:
                 await b.tdone.wait()
+        return self.pending_messages()
+
+    def pending_messages(self) -> int:
+        """How many messages are buffered or in flight, their outcome not known yet
+        (any thread). A message counts until its batch is answered or fails for good."""
+        with self.lock:
+            return sum(len(b.entries) for lane in self._routes.lanes() for b in lane.pending)
 
     async def queue_count(self, topic: str) -> int:
         """The topic's queue count as this producer routes with it (fetched if unknown)."""
@@ -269,13 +297,19 @@ class AsyncProducer:
         properties: dict[str, Any] | None,
         due: int,
         seal: bool,
+        on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle | None:
         """Route, encode and buffer one message without waiting (any thread).
 
         Returns None when the topic's queue count is not known yet or the buffer is
         full (with ``on_full="block"``); the caller then awaits :meth:`_submit`.
-        Raises validation errors, BufferFull, ClientClosed.
+        ``on_delivery`` is registered on the batch under the buffer lock, before the
+        batch can be sent, so it always runs on the loop thread.
+        Raises validation errors (TypeError: ``on_delivery`` not callable),
+        BufferFull, ClientClosed.
         """
+        if on_delivery is not None and not callable(on_delivery):
+            raise TypeError(f"on_delivery must be callable, not {type(on_delivery).__name__}")
         if self._closed:
             raise ClientClosed("the producer is closed")
         route = self._routes.topics.get(topic)
@@ -303,6 +337,8 @@ class AsyncProducer:
             else:
                 lane, b, kick = self._place(route.lanes, topic, qid, entry, delayed)
             idx = len(b.entries) - 1
+            if on_delivery is not None:  # b is the lane's open batch: not finished, not sent
+                b.add_callback((on_delivery, idx, None))
             if seal:
                 lane.sendq.append(b)
                 lane.open = None
@@ -429,7 +465,7 @@ class AsyncProducer:
         new = b is None
         if b is None:
             now = time.monotonic()
-            b = lane.open = _Batch(topic, qid, delayed, now + self.options.send_timeout, now)
+            b = lane.open = _Batch(topic, qid, delayed, now + self.options.send_timeout, now, self.lock)
             lane.pending.add(b)
         b.entries.append(entry)
         b.nbytes += n
@@ -444,9 +480,10 @@ class AsyncProducer:
         properties: dict[str, Any] | None,
         due: int,
         seal: bool,
+        on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle:
         while True:
-            h = self.try_submit(topic, body, key, tags, properties, due, seal)
+            h = self.try_submit(topic, body, key, tags, properties, due, seal, on_delivery)
             if h is not None:
                 return h
             if self._routes.get(topic) is None:

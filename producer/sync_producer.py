@@ -14,9 +14,9 @@ import attrs
 import trio
 
 from equeue.client.syncfront import SyncFront
-from equeue.errors import ClientClosed, ConfigError, OperationTimeout
+from equeue.errors import ClientClosed, ConfigError
 from equeue.models import Message, SendResult
-from equeue.producer._batch import SendHandle, deliver_at_ms
+from equeue.producer._batch import DeliveryCallback, SendHandle, deliver_at_ms
 from equeue.producer.async_producer import AsyncProducer, Body, Delay
 from equeue.producer.options import ProducerOptions
 from equeue.producer.stats import SendStats
@@ -108,37 +108,51 @@ class Producer(SyncFront[AsyncProducer]):
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
         deliver_at: dt.datetime | None = None,
+        on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle:
         """Buffer one message; return a handle (``handle.result(timeout)``).
 
         Buffers directly from the calling thread (no hop to the loop) unless the
         topic is new or the buffer is full; then blocks (or raises BufferFull).
+
+        ``on_delivery(result, error)`` is called once when the message is stored
+        (``error`` None) or failed for good (``result`` None), as in
+        AsyncProducer.send_async: on the producer's loop thread, not the caller's.
+        It must be quick and must not block (no ``send``, ``flush``, ``close`` or
+        ``result()`` there: they wait on that very thread); an Exception it raises is
+        logged (rate-limited) and swallowed.
         """
         due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
         loop, core = self._ensure()
-        h = core.try_submit(topic, body, key, tags, properties, due, False)
+        h = core.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is not None:
             return h
-        return loop.run(lambda: core._submit(topic, body, key, tags, properties, due, False))
+        return loop.run(lambda: core._submit(topic, body, key, tags, properties, due, False, on_delivery))
 
     def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
         """Send messages grouped per queue; block until all are stored."""
         msgs = list(messages)
         return self._call(lambda core: core.send_batch(topic, msgs))
 
-    def flush(self, timeout: float | None = None) -> None:
-        """Block until everything buffered so far is answered.
-
-        Raises OperationTimeout when ``timeout`` seconds pass first.
+    def flush(self, timeout: float | None = None) -> int:
+        """Block until everything buffered so far is answered, or ``timeout`` seconds
+        passed; return how many messages still wait for their outcome
+        (:meth:`pending_messages`): 0 when all were answered (stored or failed: the
+        failures are reported by the handles and delivery callbacks, which have run
+        for the answered messages by then), as confluent-kafka's ``flush`` does.
         """
 
-        async def run(core: AsyncProducer) -> None:
-            with trio.move_on_after(timeout if timeout is not None else float("inf")) as cs:
-                await core.flush()
-            if cs.cancelled_caught:
-                raise OperationTimeout(f"flush did not finish within {timeout} s")
+        async def run(core: AsyncProducer) -> int:
+            with trio.move_on_after(timeout if timeout is not None else float("inf")):
+                return await core.flush()
+            return core.pending_messages()
 
-        self._call(run)
+        return self._call(run)
+
+    def pending_messages(self) -> int:
+        """Messages buffered or in flight, their outcome not known yet (see
+        AsyncProducer.pending_messages)."""
+        return self._ensure()[1].pending_messages()
 
     def queue_count(self, topic: str) -> int:
         return self._call(lambda core: core.queue_count(topic))

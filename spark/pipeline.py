@@ -32,6 +32,7 @@ from rich.table import Table
 
 from equeue.broker import BrokerConfig, EmbeddedBroker
 from equeue.consumer import Consumer
+from equeue.errors import OperationTimeout
 from equeue.producer import Client, Producer
 
 console = Console(stderr=False)
@@ -73,7 +74,9 @@ def produce_orders(brokers: str, n: int, seed: int = 7) -> tuple[int, int, int]:
                 delayed += 1
             else:
                 p.send_async("orders", body, key=customer, tags=category)
-        p.flush(60)
+        left = p.flush(60)
+        if left:
+            raise OperationTimeout(f"{left} orders still unanswered after 60 s")
     return n, total, delayed
 
 

@@ -246,7 +246,7 @@ def test_a_spark_range_read_goes_on_at_the_new_leader(replicas: Replicas) -> Non
     with Producer(replicas.bootstrap) as p:
         for i in range(n):
             p.send_async("s", f"{i:08d}".encode() + b"x" * 200)
-        p.flush(120)
+        assert p.flush(120) == 0
     _, leader = replicas.leader()
     part = RangePartition("s", 0, 0, n, leader.address, GROUP)
     offsets: list[int] = []
