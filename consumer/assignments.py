@@ -4,7 +4,9 @@
 by lease, plus the leases being revoked. It starts a queue (its pull loop), revokes
 one (stop pulling, drop what waits, let the handlers of what was handed out finish,
 commit, and only then release the lease), drops one whose lease was lost (commit
-nothing), and commits them all (periodically, and on close).
+nothing), and commits them all (periodically, and on close). The application's pause
+of a queue's fetching (:meth:`Assignments.pause`) lives on its ProcessQueue, so it goes
+with the queue when the queue is revoked or lost.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from equeue.consumer.dispatch import Dispatcher
 from equeue.consumer.options import ConsumerOptions
 from equeue.consumer.process import Lease, ProcessQueue, lease_name
 from equeue.consumer.pull import PullEnd, PullLoop
-from equeue.errors import EQueueError
+from equeue.errors import ConfigError, EQueueError
 
 log = logging.getLogger("equeue.consumer")
 
@@ -66,6 +68,37 @@ class Assignments:
     def retry_held(self) -> bool:
         """A queue of the group's retry topic is consumed here."""
         return any(q.retry for q in self.queues.values())
+
+    def assigned(self) -> set[Lease]:
+        """The queues consumed here now (not those being handed back)."""
+        return {lease for lease, q in self.queues.items() if not q.stopped}
+
+    def _assigned(self, leases: list[Lease], what: str) -> list[ProcessQueue]:
+        """The ProcessQueues of ``leases``; ConfigError naming those not assigned here."""
+        qs = [self.queues.get(lease) for lease in leases]
+        missing = [lease for lease, q in zip(leases, qs, strict=True) if q is None or q.stopped]
+        if missing:
+            names = ", ".join(lease_name(lease) for lease in missing)
+            raise ConfigError(f"cannot {what} {names}: not assigned to this consumer (assigned: "
+                              f"{', '.join(sorted(lease_name(x) for x in self.assigned())) or 'none'})")  # fmt: skip
+        return [q for q in qs if q is not None]
+
+    def pause(self, leases: list[Lease]) -> None:
+        """Stop fetching from ``leases`` (all assigned here, or ConfigError and none is
+        paused); what they buffered is still handed out."""
+        for q in self._assigned(leases, "pause"):
+            q.hold()
+
+    def resume(self, leases: list[Lease]) -> None:
+        """Fetch from ``leases`` again (all assigned here, or ConfigError and none is
+        resumed); resuming a queue not paused does nothing."""
+        o = self.options
+        for q in self._assigned(leases, "resume"):
+            q.unhold(o.max_buffered_messages, o.max_buffered_bytes)
+
+    def paused(self) -> set[Lease]:
+        """The queues assigned here whose fetching the application paused."""
+        return {lease for lease, q in self.queues.items() if q.held and not q.stopped}
 
     def start(self, lease: Lease, *, retry: bool) -> None:
         """Begin consuming a queue (its lease is held, or broadcast mode)."""

@@ -32,8 +32,8 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import trio
 
@@ -47,13 +47,14 @@ from equeue.consumer.dispatch import Dispatcher, Item
 from equeue.consumer.ending import EndWatch, watch_idle
 from equeue.consumer.invoke import Handler, make_invoker
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
+from equeue.consumer.process import Lease
 from equeue.consumer.pull import LOG_INTERVAL, PullLoop
 from equeue.consumer.rebalance import Coordinator
 from equeue.consumer.routed import RoutedCalls
 from equeue.consumer.sendback import SendBack
 from equeue.consumer.stats import ConsumerStatistics, Counters
 from equeue.consumer.workers import Workers
-from equeue.errors import ConfigError, EQueueError
+from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.logs import RateLimitedLog
 from equeue.models import Message
 from equeue.names import is_ephemeral, validate_group, validate_topic
@@ -65,6 +66,26 @@ __all__ = ["AsyncConsumer", "ConsumerStatistics"]
 
 #: seconds between the router's own route refreshes (each rebalance refreshes too)
 ROUTE_REFRESH = 30.0
+
+T = TypeVar("T")
+
+
+def _queue_list(queues: Iterable[tuple[str, int]]) -> list[Lease]:
+    """``queues`` as a list of ``(topic, queue_id)`` tuples; TypeError for anything else
+    (a lone tuple too: it is one queue, not a collection of them)."""
+    if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable):
+        raise TypeError(f"queues must be a collection of (topic, queue_id) tuples, got {queues!r}")
+    if isinstance(queues, tuple) and len(queues) == 2 and isinstance(queues[0], str):
+        raise TypeError(f"queues must be a collection of (topic, queue_id) tuples: pass [{queues!r}]")
+    out: list[Lease] = []
+    for item in queues:
+        if not (
+            isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+            and isinstance(item[1], int) and not isinstance(item[1], bool)
+        ):  # fmt: skip
+            raise TypeError(f"a queue is a (topic, queue_id) tuple, got {item!r}")
+        out.append((item[0], item[1]))
+    return out
 
 
 class _Iteration:
@@ -380,6 +401,54 @@ class AsyncConsumer:
         or a restart, redelivers it). The ``done`` before it are done."""
         self._iter_settle(it, done)
         self._consuming = False
+
+    # ------------------------------------------------------------------ pausing fetching
+    def _on_own_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on this consumer's loop: directly when called there (or before
+        entry), else from this thread through the loop (a sync handler's worker thread,
+        the blocking front's thread). ClientClosed once the loop has ended."""
+        token = self._token
+        if token is None or _on_loop(token):
+            return fn(*args)
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=token)
+        except trio.RunFinishedError:
+            raise ClientClosed("the consumer's event loop is not running") from None
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The queues this member consumes now, as ``(topic, queue_id)`` tuples (in
+        clustering mode, those whose lease it holds; the queues of the group's retry
+        topic among them). Callable from any thread."""
+        return self._on_own_loop(self.assignments.assigned)
+
+    def pause(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Stop fetching from ``queues`` (``(topic, queue_id)`` tuples) until :meth:`resume`,
+        e.g. for back-pressure on what a queue's messages feed (docs/consumer.md,
+        "Pausing and resuming fetching"). Idempotent; callable from a handler or any thread.
+
+        Only fetching stops: messages already buffered from those queues are still handed
+        to the handler, and their offsets committed; the answer of a pull in flight is
+        dropped (its messages are pulled again on resume); heartbeats go on, so the queues'
+        leases are kept. A pause lasts while the queue stays assigned: it is gone once the
+        queue is revoked or lost (a queue assigned again starts unpaused).
+
+        Raises TypeError when ``queues`` is not a collection of ``(topic, queue_id)``
+        tuples, ConfigError (nothing paused) when one is not assigned to this member
+        (:meth:`assignment`)."""
+        leases = _queue_list(queues)
+        self._on_own_loop(self.assignments.pause, leases)
+
+    def resume(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Fetch from ``queues`` again, from where each stood (the messages after the
+        last one delivered). Resuming a queue not paused does nothing. Raises as
+        :meth:`pause` (ConfigError for a queue not assigned: a pause revoked with its
+        queue is already gone)."""
+        leases = _queue_list(queues)
+        self._on_own_loop(self.assignments.resume, leases)
+
+    def paused(self) -> set[tuple[str, int]]:
+        """The assigned queues whose fetching is paused (:meth:`pause`)."""
+        return self._on_own_loop(self.assignments.paused)
 
     # ------------------------------------------------------------------ offsets
     async def commit(self) -> None:

@@ -2,8 +2,9 @@
 
 One :class:`ProcessQueue` exists for every queue this member consumes: where its
 pull loop stands, what is outstanding (the :class:`~equeue.consumer.offsets.OffsetWindow`,
-what may be committed), whether it is paused for flow control, and what is in the
-hands of handlers. Leases are ``(topic, queue id)`` tuples; the wire carries them as
+what may be committed), whether it is paused (for flow control, or held by the
+application: :meth:`equeue.consumer.AsyncConsumer.pause`), and what is in the hands of
+handlers. Leases are ``(topic, queue id)`` tuples; the wire carries them as
 ``"topic/queue"`` strings, converted only at the edge (:func:`lease_name`,
 :func:`parse_lease`).
 """
@@ -54,8 +55,12 @@ class ProcessQueue:
         self.buffered_bytes = 0
         self.peak_buffered = 0
         self.batch = batch
+        #: the pull loop waits in :meth:`pause` (for flow control, or while held)
         self.paused = False
         self.resume = trio.Event()
+        #: the application paused this queue's fetching (:meth:`hold`, :meth:`unhold`):
+        #: the pull loop waits in :meth:`pause` until it is released, whatever the buffer
+        self.held = False
         self.stopped = False
         self.scope = trio.CancelScope()
         #: messages handed to handlers and not finished
@@ -93,7 +98,8 @@ class ProcessQueue:
         return len(self.window) >= max_messages or self.buffered_bytes >= max_bytes
 
     async def pause(self) -> None:
-        """Wait until enough outstanding messages are done (or the queue stops)."""
+        """Wait until enough outstanding messages are done and the queue is not held
+        (or the queue stops)."""
         self.paused = True
         self.resume = trio.Event()
         await self.resume.wait()
@@ -101,10 +107,27 @@ class ProcessQueue:
     def _maybe_resume(self, max_messages: int, max_bytes: int) -> None:
         """A paused queue pulls again once it is down to half its limits (hysteresis:
         resuming at the limit would pull a message or two per round trip whenever the
-        handlers are the bottleneck, which costs far more per message than a batch)."""
+        handlers are the bottleneck, which costs far more per message than a batch).
+        A held queue stays paused whatever its buffer (:meth:`unhold` looks again)."""
+        if self.held:
+            return
         if len(self.window) <= max_messages // 2 and self.buffered_bytes <= max_bytes // 2:
             self.paused = False
             self.resume.set()
+
+    def hold(self) -> None:
+        """The application paused fetching: the pull loop pulls nothing more from its
+        next turn on (it drops the answer of a pull in flight, whose messages are pulled
+        again once released). What is buffered is still handed out, and finishes."""
+        self.held = True
+
+    def unhold(self, max_messages: int, max_bytes: int) -> None:
+        """Fetching may go on (idempotent): the pull loop resumes where it stood, at
+        once, or -- when the buffer is still above half its limits -- as flow control
+        would, once enough of it is done."""
+        self.held = False
+        if self.paused:
+            self._maybe_resume(max_messages, max_bytes)
 
     def stop(self) -> None:
         """Stop pulling (idempotent); buffered messages are dropped by the dispatcher."""

@@ -1,5 +1,6 @@
 """The pull loop of one queue: long-poll the broker, hand batches to the dispatcher,
-pause while too much is outstanding (flow control), quarantine corrupt records.
+pause while too much is outstanding (flow control) or while the application holds the
+queue (:meth:`equeue.consumer.AsyncConsumer.pause`), quarantine corrupt records.
 
 One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs for
 one :class:`~equeue.consumer.process.ProcessQueue` until the queue is stopped or its lease
@@ -100,7 +101,9 @@ class PullLoop:
 
     async def run(self, q: ProcessQueue) -> PullEnd:
         """Long-poll ``q`` until it is stopped: resolve the start offset, then pull,
-        deliver, pause while the queue holds too much (flow control).
+        deliver, pause while the queue holds too much (flow control) or is held by the
+        application (an answer that comes back while held is dropped, not delivered:
+        the window stays, and the same messages are pulled again once released).
 
         Transient errors are retried with backoff; a corrupt record is quarantined
         (:meth:`_quarantine`)."""
@@ -140,6 +143,9 @@ class PullLoop:
         #: many records one at a time, to find which one (and skip only it)
         single = 0
         while not q.stopped:
+            if q.held:  # the application paused this queue (AsyncConsumer.pause)
+                await q.pause()
+                continue
             if q.full(max_messages, max_bytes):
                 counters.paused += 1
                 await q.pause()
@@ -210,10 +216,12 @@ class PullLoop:
             regained = False
             if q.suspended and self.resume is not None:
                 self.resume(q)
-            if single:
-                single -= 1
             if q.stopped:
                 break
+            if q.held:  # paused while the pull was out: drop the answer, pull it again on resume
+                continue
+            if single:
+                single -= 1
             if msgs:
                 deliver(q, msgs, nxt)
                 if len(msgs) >= n:

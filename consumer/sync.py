@@ -26,7 +26,7 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any, Generic, TypeVar
@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from equeue.client.syncfront import LoopThread, SyncFront
-from equeue.consumer.core import AsyncConsumer, ConsumerStatistics, log
+from equeue.consumer.core import AsyncConsumer, ConsumerStatistics, _queue_list, log
 from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
 from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
@@ -360,6 +360,28 @@ class Consumer(SyncFront[AsyncConsumer]):
             core._nursery.start_soon(commit)
             return
         self._call(lambda core: core.commit())
+
+    def assignment(self) -> set[tuple[str, int]]:
+        """The queues this member consumes now (:meth:`AsyncConsumer.assignment`);
+        joins the group first if needed."""
+        return self._ensure()[1].assignment()
+
+    def pause(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Stop fetching from ``queues`` until :meth:`resume`; buffered messages are
+        still handled (:meth:`AsyncConsumer.pause`, which raises the same errors).
+        Callable from a handler or any thread; joins the group first if needed (a bad
+        ``queues`` raises TypeError before)."""
+        leases = _queue_list(queues)
+        self._ensure()[1].pause(leases)
+
+    def resume(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Fetch from ``queues`` again (:meth:`AsyncConsumer.resume`)."""
+        leases = _queue_list(queues)
+        self._ensure()[1].resume(leases)
+
+    def paused(self) -> set[tuple[str, int]]:
+        """The assigned queues whose fetching is paused (:meth:`AsyncConsumer.paused`)."""
+        return self._ensure()[1].paused()
 
     def statistics(self) -> ConsumerStatistics:
         if self._on_loop():
