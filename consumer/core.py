@@ -54,11 +54,12 @@ from equeue.consumer.routed import RoutedCalls
 from equeue.consumer.sendback import SendBack
 from equeue.consumer.stats import ConsumerStatistics, Counters
 from equeue.consumer.workers import Workers
-from equeue.errors import ClientClosed, ConfigError, EQueueError
+from equeue.errors import ClientClosed, ConfigError, EQueueError, SerializationError
 from equeue.logs import RateLimitedLog
 from equeue.models import Message
 from equeue.names import is_ephemeral, validate_group, validate_topic
 from equeue.protocol import PushCode
+from equeue.serde import deserialize_into
 
 log = logging.getLogger("equeue.consumer")
 
@@ -382,12 +383,23 @@ class AsyncConsumer:
         """The first ``done`` messages of the batch handed out last are done, the rest
         go back first in line; wait for the next batch of up to ``limit`` messages of
         one queue (None once stopped). One loop hand-off per batch for the blocking
-        iterator."""
+        iterator.
+
+        With deserializers, each message is deserialized here; a message one fails on
+        is handed out all the same, its ``value``/``key_value`` raising the
+        SerializationError (iteration has no retry path: the loop body decides)."""
         self._iter_settle(it, done)
         item = await self.dispatcher.next_batch(limit)
         if item is None:
             return None
         it.current = item
+        o = self.options
+        if o.value_deserializer is not None or o.key_deserializer is not None:
+            for m in item[1]:
+                try:
+                    deserialize_into(m, o.key_deserializer, o.value_deserializer)
+                except SerializationError as exc:
+                    m._set_failed(exc)
         return item[1]
 
     def _iter_settle(self, it: _Iteration, done: int) -> None:

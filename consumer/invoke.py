@@ -9,6 +9,13 @@ highest offset) and report ``(processed, [(index, exception), ...])``. A chunk e
 early on stop or revoke only when it holds the queue's highest handed-out offset
 (:attr:`equeue.consumer.process.ProcessQueue.taken_top`); ``stop_on_failure`` (orderly mode)
 ends it at the first failure.
+
+Deserializers (``value_deserializer`` / ``key_deserializer``): :func:`deserializing`
+wraps the handler so each message is deserialized (:func:`equeue.serde.deserialize_into`)
+just before its handler call, in the same place (thread or loop) and under the same
+``try``: a deserializer that raises is a failure of that message's handler call (retry,
+then dead letter), and the handler never sees it. Without deserializers the handler runs
+unwrapped, and the record decoder never pays for them.
 """
 
 from __future__ import annotations
@@ -24,10 +31,11 @@ import trio
 from equeue.consumer.options import ConsumerOptions, HandlerThreads
 from equeue.consumer.process import ProcessQueue
 from equeue.models import Message
+from equeue.serde import deserialize_into
 
 log = logging.getLogger("equeue.consumer")
 
-__all__ = ["ChunkResult", "Handler", "Invoke", "SyncPlacement", "make_invoker"]
+__all__ = ["ChunkResult", "Handler", "Invoke", "SyncPlacement", "deserializing", "make_invoker"]
 
 Handler = Callable[[Message], Any]
 #: (processed count, [(index, exception), ...]) of one chunk
@@ -103,10 +111,35 @@ class SyncPlacement:
         log.info("sync handler %s: running it in worker threads%s", why, "" if forever else " again")
 
 
+def deserializing(handler: Handler, options: ConsumerOptions, is_async: bool) -> Handler:
+    """``handler`` itself without deserializers; else a handler of the same kind (async
+    or sync, by ``is_async``) that deserializes the message first (raising
+    SerializationError, which the invokers count as the handler's failure)."""
+    kd, vd = options.key_deserializer, options.value_deserializer
+    if kd is None and vd is None:
+        return handler
+    if is_async:
+
+        async def deserialize_then_await(m: Message) -> Any:
+            deserialize_into(m, kd, vd)
+            return await handler(m)
+
+        return deserialize_then_await
+
+    def deserialize_then_call(m: Message) -> Any:
+        deserialize_into(m, kd, vd)
+        return handler(m)
+
+    return deserialize_then_call
+
+
 def make_invoker(handler: Handler, options: ConsumerOptions, state: Stopping) -> tuple[Invoke, SyncPlacement | None]:
-    """The invoke call for ``handler`` and, for a sync handler, its placement."""
+    """The invoke call for ``handler`` (wrapped by :func:`deserializing` when the
+    options name deserializers) and, for a sync handler, its placement."""
     call = getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
+    is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+    handler = deserializing(handler, options, is_async)
+    if is_async:
 
         async def invoke_async(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
             fails: list[tuple[int, BaseException]] = []

@@ -19,6 +19,7 @@ from equeue.allocation import get_strategy
 from equeue.config import DEFAULTS, StartFrom, optional_positive, positive, to_enum
 from equeue.errors import ConfigError
 from equeue.security import ClientSecurity
+from equeue.serde import Deserializer, KeyDeserializer
 from equeue.times import as_utc, parse_time
 
 __all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
@@ -82,6 +83,12 @@ def _delays(value: Any) -> tuple[float, ...]:
     if not out or any(not math.isfinite(v) or v < 0 for v in out):
         raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0 (finite)")
     return out
+
+
+def _optional_callable(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: None or a callable. Raises ConfigError naming the option."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{attr.name} must be callable or None, got {value!r}")
 
 
 def _reconsume_times(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -148,6 +155,13 @@ class ConsumerOptions:
     #: check record checksums in the consumer instead of the broker (which then skips
     #: its check on read: the pull says PULL_CLIENT_VERIFIES)
     verify_checksums: bool = False
+    #: makes ``Message.value`` of each message from its body bytes (:mod:`equeue.serde`,
+    #: e.g. ``json_deserializer``), before the handler is called; a failure is a
+    #: handler failure (docs/consumer.md, "Serializers"). None: ``value`` is the body
+    value_deserializer: Deserializer | None = attrs.field(default=None, validator=_optional_callable)
+    #: makes ``Message.key_value`` from the key text (a None key stays None).
+    #: None: ``key_value`` is the key
+    key_deserializer: KeyDeserializer | None = attrs.field(default=None, validator=_optional_callable)
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None

@@ -58,6 +58,7 @@ Every error a user can catch derives from :class:`EQueueError`::
     ├── StoreDamaged                  the store cannot be opened safely (at start; code 28)
     │   └── StoreTruncated            data.mdb is shorter than its pages (code 29)
     ├── AuthenticationError           the handshake's SCRAM exchange did not succeed
+    ├── SerializationError            a producer's serializer or a consumer's deserializer failed (also a ValueError)
     └── ConfigError                   invalid configuration or argument
 
 Expected outcomes (no new message, offset too small...) are *status values*, not
@@ -116,6 +117,7 @@ __all__ = [
     "QueueUnavailable",
     "RemoteProtocolError",
     "ReservedTopic",
+    "SerializationError",
     "StaleEpoch",
     "StartupError",
     "StoreDamaged",
@@ -237,6 +239,13 @@ class StoreTruncated(StoreDamaged):
 
 class ConfigError(EQueueError, ValueError):
     """An invalid configuration value or argument (raised before anything is sent)."""
+
+
+class SerializationError(EQueueError, ValueError):
+    """A serializer or deserializer (:mod:`equeue.serde`) raised, or returned the wrong
+    type. The message names it (and, consuming, the message's position); the original
+    error is its ``__cause__``. Producing, it is raised by the send call before anything
+    is buffered; consuming, it counts as a handler failure (retry, then dead letter)."""
 
 
 class ClientClosed(EQueueError):

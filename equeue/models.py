@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -13,6 +14,7 @@ __all__ = [
     "Message",
     "PullResult",
     "SendResult",
+    "check_props",
     "to_body",
     "to_key",
 ]
@@ -46,20 +48,67 @@ def to_key(value: str | bytes | None) -> str | None:
     return str(value)
 
 
-def _to_props(value: dict[str, Any] | None) -> dict[str, str]:
+def check_props(props: Mapping[Any, Any]) -> None:
+    """Properties are text: every name and every value a ``str``. Raises TypeError
+    naming the first property that is not (nothing is converted: ``str(1)`` and
+    ``str(None)`` would store text the sender did not write)."""
+    for k, v in props.items():
+        if type(k) is not str and not isinstance(k, str):
+            raise TypeError(f"property names must be str, not {type(k).__name__} ({k!r})")
+        if type(v) is not str and not isinstance(v, str):
+            raise TypeError(f"property {k!r} must be a str, not {type(v).__name__}")
+
+
+def _to_props(value: Mapping[str, str] | None) -> dict[str, str]:
+    """A copy of ``value`` (None: empty). Raises TypeError for a name or value that is
+    not a str (:func:`check_props`)."""
     if not value:
         return {}
-    return {str(k): str(v) for k, v in value.items()}
+    check_props(value)
+    return dict(value)
+
+
+class _Decoded:
+    """Slots for what a consumer's deserializers made of a message (``Message.value``,
+    ``Message.key_value``). Outside the attrs fields on purpose: the record decoder
+    fills a Message through its attrs slots only, and these stay unset (no cost) unless
+    deserializers are configured; equality and repr ignore them."""
+
+    __slots__ = ("_key_value", "_value")
+    _key_value: Any
+    _value: Any
+
+    def _set_value(self, value: Any) -> None:
+        self._value = value
+
+    def _set_key_value(self, value: Any) -> None:
+        self._key_value = value
+
+    def _set_failed(self, error: Exception) -> None:
+        """A deserializer raised ``error``: ``value`` and ``key_value`` raise it."""
+        self._value = self._key_value = _Failed(error)
+
+
+class _Failed:
+    """What a deserializer raised on a message handed out by iteration: kept in the
+    ``_Decoded`` slots and raised again when ``value`` or ``key_value`` is read."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
 
 
 @attrs.define(slots=True, eq=True)
-class Message:
+class Message(_Decoded):
     """A message: what a producer sends and what a consumer receives.
 
     Produce side: ``body`` (bytes, or str encoded as UTF-8), optional ``key``
     (routes to ``hash(key) mod queues``), ``tags`` (one tag string, filtered by
-    consumers) and ``properties``; ``deliver_at`` (epoch ms, 0 = now) for delayed
-    delivery. Consume side: the broker fills in where it is stored.
+    consumers) and ``properties`` (str names to str values; anything else raises
+    TypeError); ``deliver_at`` (epoch ms, 0 = now) for delayed delivery. Consume side:
+    the broker fills in where it is stored, and a consumer with deserializers sets
+    :attr:`value` and :attr:`key_value`.
     """
 
     body: bytes = attrs.field(converter=to_body)
@@ -86,9 +135,52 @@ class Message:
         return dt.datetime.fromtimestamp(self.timestamp / 1000, tz=dt.UTC)
 
     @property
+    def value(self) -> Any:
+        """The body as the consumer's ``value_deserializer`` made it; the body bytes
+        when none is configured. Raises SerializationError when the deserializer failed
+        on this message (iteration hands such messages out; a handler never gets one)."""
+        try:
+            v = self._value
+        except AttributeError:
+            return self.body
+        if type(v) is _Failed:
+            raise v.error
+        return v
+
+    @property
+    def key_value(self) -> Any:
+        """The key as the consumer's ``key_deserializer`` made it; the key text (or
+        None) when none is configured or the message has no key. Raises
+        SerializationError when a deserializer failed on this message (as :attr:`value`)."""
+        try:
+            v = self._key_value
+        except AttributeError:
+            return self.key
+        if type(v) is _Failed:
+            raise v.error
+        return v
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The fields, and the deserialized key and value when set (pickle, copy)."""
+        state = {name: getattr(self, name) for name in _FIELD_NAMES}
+        for name in _Decoded.__slots__:
+            try:
+                state[name] = getattr(self, name)
+            except AttributeError:
+                pass
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    @property
     def origin_topic(self) -> str:
         """The topic this message was first produced to (differs for retries)."""
         return self.properties.get(PROP_ORIGIN_TOPIC, self.topic)
+
+
+_FIELD_NAMES = tuple(f.name for f in attrs.fields(Message))
 
 
 @attrs.frozen(slots=True)

@@ -20,6 +20,11 @@ Delivery callbacks: ``send_async(..., on_delivery=fn)`` calls ``fn(result, error
 once, on the loop thread, when the message is stored or its send failed for good
 (:meth:`equeue.producer._batch._Batch.run_callbacks`); ``flush`` returns how many
 messages still wait for their outcome.
+
+Serializers: with ``value_serializer`` / ``key_serializer`` set (:mod:`equeue.serde`),
+the send calls take any value and key and serialize them first, on the calling thread,
+before anything is routed or buffered (:attr:`AsyncProducer.serialize`); a failure raises
+SerializationError there.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from equeue.producer.options import OnFull, ProducerOptions, new_producer_id
 from equeue.producer.routes import Route, Routes
 from equeue.producer.stats import SendStats
 from equeue.routing import key_bytes_hash
+from equeue.serde import Serialize, make_serialize
 from equeue.wire import pack_entry
 from equeue.wire.entries import ENTRY_HEADER
 
@@ -75,6 +81,9 @@ class AsyncProducer:
         self.brokers = brokers
         self.options = options
         self.producer_id = options.producer_id or new_producer_id()
+        #: ``(value, key) -> (body, key text)`` from the options' serializers; None
+        #: without any (the send calls then check this once and take bodies as they are)
+        self.serialize: Serialize | None = make_serialize(options.key_serializer, options.value_serializer)
         self.client = AsyncClient(brokers, connect_timeout=options.connect_timeout, security=options.security)
         self._buffer = Buffer(options.max_buffered_bytes, options.on_full)
         #: guards lanes' open/sendq/pending and the buffer count (submitting threads)
@@ -142,9 +151,9 @@ class AsyncProducer:
     async def send(
         self,
         topic: str,
-        body: Body,
+        body: Body | Any,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         tags: str | None = None,
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
@@ -152,21 +161,26 @@ class AsyncProducer:
     ) -> SendResult:
         """Send one message and wait until it is stored (or scheduled).
 
-        Raises InvalidName/ReservedTopic, MessageTooLarge, ConfigError before
-        sending; TopicNotFound, DelayTooLong and the other mapped broker errors;
+        ``body`` is bytes or str (UTF-8), or any value the ``value_serializer`` takes;
+        ``key`` str or UTF-8 bytes, or any value the ``key_serializer`` takes.
+        Raises InvalidName/ReservedTopic, MessageTooLarge, ConfigError,
+        SerializationError (a serializer failed), TypeError (a property name or value
+        that is not a str) before sending; TopicNotFound, DelayTooLong and the other mapped broker errors;
         ConnectionBroken/BrokerBusy after ``retries``; OperationTimeout after
         ``send_timeout``; ClientClosed once closed.
         """
         due = deliver_at_ms(delay, deliver_at)
+        if self.serialize is not None:
+            body, key = self.serialize(body, key)
         h = await self._submit(topic, body, key, tags, properties, due, True)
         return await h.wait()
 
     async def send_async(
         self,
         topic: str,
-        body: Body,
+        body: Body | Any,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         tags: str | None = None,
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
@@ -178,7 +192,9 @@ class AsyncProducer:
         Waits only to learn a new topic's queue count, or for buffer space when
         ``max_buffered_bytes`` are pending (raises BufferFull instead with
         ``on_full="raise"``). Validation errors are raised here (TypeError for an
-        ``on_delivery`` that is not callable); send errors by the handle.
+        ``on_delivery`` that is not callable or a property that is not a str,
+        SerializationError when a serializer fails: nothing is buffered then); send
+        errors by the handle.
 
         ``on_delivery(result, error)`` is called exactly once, on this producer's trio
         loop thread, when the message is stored or scheduled (``result``, ``error`` None)
@@ -187,6 +203,8 @@ class AsyncProducer:
         block or await; an Exception it raises is logged (rate-limited) and swallowed.
         """
         due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
+        if self.serialize is not None:
+            body, key = self.serialize(body, key)
         h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is None:
             h = await self._submit(topic, body, key, tags, properties, due, False, on_delivery)
@@ -198,9 +216,9 @@ class AsyncProducer:
     def send_nowait(
         self,
         topic: str,
-        body: Body,
+        body: Body | Any,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         tags: str | None = None,
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
@@ -211,6 +229,8 @@ class AsyncProducer:
         is full, and trio.WouldBlock when the topic's queue count is not known yet.
         Usable from a delivery callback (which must not await)."""
         due = deliver_at_ms(delay, deliver_at)
+        if self.serialize is not None:
+            body, key = self.serialize(body, key)
         h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is None:
             if self._routes.get(topic) is None:
@@ -218,7 +238,7 @@ class AsyncProducer:
             raise self._buffer.full_error()
         return h
 
-    async def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
+    async def send_batch(self, topic: str, messages: Iterable[Message | Body | Any]) -> list[SendResult]:
         """Send messages (routed one by one), grouped per queue into as few requests
         as ``max_batch_bytes`` allows; wait for all. Results are in input order.
 
@@ -229,9 +249,16 @@ class AsyncProducer:
         submitted one by one, waiting for space as ``send_async`` does; with
         ``on_full="raise"`` it raises BufferFull instead and sends none of them.
 
+        With a ``value_serializer``, every item but a Message is a value and is
+        serialized first (a SerializationError then sends none of them); a Message is
+        sent as it is (its body and key are wire form already).
+
         Raises the first failure (messages of other queues may have been stored).
         """
         msgs = messages if isinstance(messages, list) else list(messages)
+        serialize = self.serialize
+        if serialize is not None and self.options.value_serializer is not None:
+            msgs = [m if isinstance(m, Message) else serialize(m, None)[0] for m in msgs]
         if msgs and self._routes.get(topic) is None:
             await self._route(topic)  # first: every message is then validated before any is sent
         placed = self._submit_many(topic, msgs)
@@ -381,7 +408,8 @@ class AsyncProducer:
         due: int,
     ) -> tuple[int, bytes]:
         """One message's queue and entry. Raises ConfigError (a body or key of the
-        wrong type) and MessageTooLarge (over ``max_message_bytes``)."""
+        wrong type), TypeError (a property name or value that is not a str: the entry
+        encoder checks them) and MessageTooLarge (over ``max_message_bytes``)."""
         options = self.options
         if type(body) is bytes:
             data: bytes = body  # type: ignore[assignment]
@@ -407,8 +435,6 @@ class AsyncProducer:
             qid = key_bytes_hash(kb) % route.count  # Route.select's common case, inline
         else:
             qid = route.select(kb, options, data, tags, properties, due)
-        if properties:
-            properties = {str(k): str(v) for k, v in properties.items()}
         entry = pack_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
         if len(entry) - ENTRY_HEADER.size > options.max_message_bytes:  # the broker counts it all
             raise MessageTooLarge(

@@ -66,9 +66,9 @@ class Producer(SyncFront[AsyncProducer]):
     def send(
         self,
         topic: str,
-        body: Body,
+        body: Body | Any,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         tags: str | None = None,
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
@@ -76,13 +76,17 @@ class Producer(SyncFront[AsyncProducer]):
     ) -> SendResult:
         """Send one message and block until it is stored (see AsyncProducer.send).
 
-        The message is buffered and its batch sealed from the calling thread, which
+        ``body`` and ``key`` are serialized first when the options name serializers
+        (SerializationError, raised here). The message is buffered and its batch
+        sealed from the calling thread, which
         then blocks on the batch's thread event (set by the loop when the answer
         arrives): no round trip through ``trio.from_thread`` unless the topic is new
         or the buffer is full.
         """
         due = deliver_at_ms(delay, deliver_at)
         loop, core = self._ensure()
+        if core.serialize is not None:
+            body, key = core.serialize(body, key)
         h = core.try_submit(topic, body, key, tags, properties, due, True)
         if h is None:
 
@@ -101,9 +105,9 @@ class Producer(SyncFront[AsyncProducer]):
     def send_async(
         self,
         topic: str,
-        body: Body,
+        body: Body | Any,
         *,
-        key: str | bytes | None = None,
+        key: str | bytes | Any | None = None,
         tags: str | None = None,
         properties: dict[str, Any] | None = None,
         delay: Delay = None,
@@ -124,13 +128,16 @@ class Producer(SyncFront[AsyncProducer]):
         """
         due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
         loop, core = self._ensure()
+        if core.serialize is not None:
+            body, key = core.serialize(body, key)
         h = core.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
         if h is not None:
             return h
         return loop.run(lambda: core._submit(topic, body, key, tags, properties, due, False, on_delivery))
 
-    def send_batch(self, topic: str, messages: Iterable[Message | Body]) -> list[SendResult]:
-        """Send messages grouped per queue; block until all are stored."""
+    def send_batch(self, topic: str, messages: Iterable[Message | Body | Any]) -> list[SendResult]:
+        """Send messages grouped per queue; block until all are stored (values are
+        serialized as in AsyncProducer.send_batch)."""
         msgs = list(messages)
         return self._call(lambda core: core.send_batch(topic, msgs))
 

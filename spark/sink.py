@@ -177,7 +177,10 @@ class _Publisher:
             if isinstance(key, bytes | bytearray):
                 key = bytes(key).decode("utf-8", "replace")
             p = props[i] if props is not None else None
-            self.add(topic, body, key, tags[i] if tags is not None else None, dict(p) if p else None)
+            # a null map value is an absent property (properties are text: str(None) would
+            # store "None"); any other non-string value raises TypeError naming it
+            p = {k: v for k, v in dict(p).items() if v is not None} if p else None
+            self.add(topic, body, key, tags[i] if tags is not None else None, p or None)
 
     def add(
         self,

@@ -51,7 +51,7 @@ import lz4.frame
 import zstandard
 
 from equeue.errors import CorruptRecord, InvalidMessage
-from equeue.models import Message
+from equeue.models import Message, check_props
 from equeue.wire.entries import ENTRY_HEADER, decode_props
 
 BATCH_HEAD: Final = struct.Struct(">BBIII")  # magic, codec, count, crc32, records_len
@@ -163,8 +163,12 @@ def encode_record(msg: Message, ts_delta: int = 0) -> bytes:
 
 
 def _encode_props(props: Mapping[str, str]) -> bytes:
+    """A record's properties block. Raises TypeError naming a property whose name or
+    value is not a str."""
     out: list[bytes] = []
     for k, v in props.items():
+        if type(k) is not str or type(v) is not str:
+            check_props({k: v})  # raises TypeError naming it (str subclasses pass)
         kb, vb = k.encode(), v.encode()
         out += (_uvarint(len(kb)), kb, _uvarint(len(vb)), vb)
     return b"".join(out)

@@ -21,7 +21,7 @@ from typing import Final
 import attrs
 
 from equeue.errors import ConfigError, CorruptRecord, InvalidMessage, MessageTooLarge
-from equeue.models import Message
+from equeue.models import Message, check_props
 from equeue.wire._prims import _U32, _bad
 
 ENTRY_HEADER: Final = struct.Struct(">IBQHHHI")  # len, flags, deliver_at, reconsume, klen, tlen, plen
@@ -32,11 +32,14 @@ _PROP_V = struct.Struct(">I")
 
 
 def encode_props(props: Mapping[str, str]) -> bytes:
-    """The properties block of an entry: repeated (u16 klen, key, u32 vlen, value)."""
+    """The properties block of an entry: repeated (u16 klen, key, u32 vlen, value).
+    Raises TypeError naming a property whose name or value is not a str."""
     if not props:
         return b""
     parts: list[bytes] = []
     for k, v in props.items():
+        if type(k) is not str or type(v) is not str:
+            check_props({k: v})  # raises TypeError naming it (str subclasses pass)
         kb, vb = k.encode(), v.encode()
         parts += (_PROP_K.pack(len(kb)), kb, _PROP_V.pack(len(vb)), vb)
     return b"".join(parts)

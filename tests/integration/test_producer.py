@@ -96,7 +96,7 @@ async def test_queue_selector_and_properties(broker: Broker) -> None:
     with trio.fail_after(20):
         async with AsyncClient(broker.address) as c, AsyncProducer(broker.address, queue_selector=selector) as p:
             await c.create_topic("sel", 3)
-            r = await p.send("sel", b"body", key="k", tags="paid", properties={"n": 1})
+            r = await p.send("sel", b"body", key="k", tags="paid", properties={"n": "1"})
             assert r.queue_id == 2 and seen == [(3, "k")]
             (m,) = await read_queue(c, "sel", 2)
             assert (m.body, m.key, m.tags, m.properties) == (b"body", "k", "paid", {"n": "1"})
