@@ -65,7 +65,9 @@ KeyDeserializer = Callable[[str], Any]
 #: what :func:`make_serialize` builds: ``(value, key) -> (body, key text)``
 Serialize = Callable[[Any, Any], tuple[bytes, str | None]]
 
-_json_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+_json_encoder = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False
+)
 _json_decoder = json.JSONDecoder()
 
 
@@ -94,7 +96,7 @@ def json_key_deserializer(key: str) -> Any:
 
 def msgpack_serializer(value: Any) -> bytes:
     """``value`` as msgpack (str as the str type, bytes as the bin type). Raises
-    TypeError for a value msgpack cannot hold."""
+    TypeError for a value msgpack cannot hold, OverflowError for an int beyond 64 bits."""
     return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
 
 
@@ -133,7 +135,9 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-def make_serialize(key_serializer: KeySerializer | None, value_serializer: Serializer | None) -> Serialize | None:
+def make_serialize(
+    key_serializer: KeySerializer | None, value_serializer: Serializer | None
+) -> Serialize | None:
     """The producer's one serializing step, ``(value, key) -> (body, key)``, or None
     when neither serializer is set (the producer then takes bodies and keys as they
     are: its hot path pays one ``is None`` check).
@@ -175,7 +179,9 @@ def make_serialize(key_serializer: KeySerializer | None, value_serializer: Seria
     return serialize
 
 
-def deserialize_into(msg: Message, key_deserializer: KeyDeserializer | None, value_deserializer: Deserializer | None) -> None:
+def deserialize_into(
+    msg: Message, key_deserializer: KeyDeserializer | None, value_deserializer: Deserializer | None
+) -> None:
     """Deserialize ``msg``'s key and body and keep them on it (``msg.key_value``,
     ``msg.value``; ``msg.key`` and ``msg.body`` are left as they are). A ``None`` key
     stays None. Raises SerializationError naming the deserializer and the message's

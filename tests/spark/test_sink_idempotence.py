@@ -208,3 +208,24 @@ def test_the_compression_option_compresses_each_request(broker: EmbeddedBroker) 
         for _, v, _ in store.read_queue(store.topic("out"), q, 0, 1000, 1 << 30).batches
     }
     assert codecs == {Codec.ZSTD}
+
+
+def test_property_maps_null_values_are_left_out_and_others_must_be_text(broker: EmbeddedBroker) -> None:
+    import pyarrow as pa
+
+    with Client(broker.address) as c:
+        c.create_topic("out", 1)
+    pub = sink._Publisher(broker.address, "out", b"\x02" * 16, 0)
+    props = pa.array([[("a", "1"), ("gone", None)], None], type=pa.map_(pa.string(), pa.string()))
+    pub.add_batch(pa.RecordBatch.from_arrays([pa.array([b"x", b"y"]), props], names=["body", "properties"]))
+    with pytest.raises(TypeError, match="property 'n' must be a str, not int"):
+        pub.add_batch(
+            pa.RecordBatch.from_arrays(
+                [pa.array([b"z"]), pa.array([[("n", 1)]], type=pa.map_(pa.string(), pa.int64()))],
+                names=["body", "properties"],
+            )
+        )
+    assert pub.close().rows == 2
+    with Client(broker.address) as c:
+        r = c.pull(wire.PullRequest("out", 0, 0, 10))
+        assert [(m.body, m.properties) for m in r.messages] == [(b"x", {"a": "1"}), (b"y", {})]
