@@ -326,7 +326,9 @@ class AsyncProducer:
         seal: bool,
         on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle | None:
-        """Route, encode and buffer one message without waiting (any thread).
+        """Route, encode and buffer one message without waiting (any thread). ``body``
+        and ``key`` are wire form (bytes or str, str or bytes): the public send calls
+        apply :attr:`serialize` before calling it.
 
         Returns None when the topic's queue count is not known yet or the buffer is
         full (with ``on_full="block"``); the caller then awaits :meth:`_submit`.
