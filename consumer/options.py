@@ -21,7 +21,7 @@ from equeue.errors import ConfigError
 from equeue.security import ClientSecurity
 from equeue.times import as_utc, parse_time
 
-__all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
+__all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "Listener", "StartFrom"]
 
 
 class ConsumeMode(StrEnum):
@@ -82,6 +82,17 @@ def _delays(value: Any) -> tuple[float, ...]:
     if not out or any(not math.isfinite(v) or v < 0 for v in out):
         raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0 (finite)")
     return out
+
+
+#: a rebalance listener: called with a set of ``(topic, queue_id)`` tuples; a sync function
+#: or an async one (docs/consumer.md, "Rebalance listeners")
+Listener = Callable[[set[tuple[str, int]]], Any]
+
+
+def _listener(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
+    """attrs validator: None or a callable. Raises ConfigError."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{attr.name} must be a function taking a set of (topic, queue_id) tuples, got {value!r}")
 
 
 def _reconsume_times(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -151,6 +162,15 @@ class ConsumerOptions:
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None
+    #: rebalance listeners (docs/consumer.md, "Rebalance listeners"): the queues this
+    #: member was given (lease held, before their first message is handed out) ...
+    on_assigned: Listener | None = attrs.field(default=None, validator=_listener)
+    #: ... the queues it hands back (pulls stopped, handlers done, before the commit and
+    #: the release; on close: every queue, before the leave) ...
+    on_revoked: Listener | None = attrs.field(default=None, validator=_listener)
+    #: ... the queues whose lease it lost (expired, or the broker gave it to another
+    #: member): nothing of them is committed; another member may hold them already
+    on_lost: Listener | None = attrs.field(default=None, validator=_listener)
 
     def __attrs_post_init__(self) -> None:
         if self.max_pull_batch < self.pull_batch:
