@@ -7,10 +7,23 @@ commit, and only then release the lease), drops one whose lease was lost (commit
 nothing), and commits them all (periodically, and on close). The application's pause
 of a queue's fetching (:meth:`Assignments.pause`) lives on its ProcessQueue, so it goes
 with the queue when the queue is revoked or lost.
+
+Rebalance listeners (``on_assigned``, ``on_revoked``, ``on_lost`` of
+:class:`~equeue.consumer.options.ConsumerOptions`; docs/consumer.md, "Rebalance
+listeners") run in tasks of the member's nursery, one call per step: the queues started
+(revoked, lost) in one synchronous step -- a rebalance round's apply, a loop of
+expiries -- are batched into one call. A started queue's pull loop begins only once
+``on_assigned`` returned, so no message of it is handed out before; a revoked queue's
+``on_revoked`` runs after its handlers finished (or ``revoke_timeout``) and before its
+commit and release, so the lease is still held meanwhile and what it commits counts;
+a queue's end (``on_revoked`` or ``on_lost``, exactly one of them) is announced only
+after its ``on_assigned`` returned. A raising listener is logged (rate-limited) and the
+step goes on.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -19,12 +32,16 @@ import trio
 
 from equeue.consumer.commit import CommitStatus, Committer
 from equeue.consumer.dispatch import Dispatcher
-from equeue.consumer.options import ConsumerOptions
+from equeue.consumer.options import ConsumerOptions, Listener
 from equeue.consumer.process import Lease, ProcessQueue, lease_name
 from equeue.consumer.pull import PullEnd, PullLoop
 from equeue.errors import ConfigError, EQueueError
+from equeue.logs import RateLimitedLog
 
 log = logging.getLogger("equeue.consumer")
+
+#: seconds between two logs of one listener's failures
+LISTENER_LOG_INTERVAL = 10.0
 
 __all__ = ["Assignments"]
 
@@ -53,9 +70,14 @@ class Assignments:
         self.on_lost = on_lost
         self.queues: dict[Lease, ProcessQueue] = {}
         self.revoking: set[Lease] = set()
-        #: the member is closing: no revoke, no new queue
+        #: the member is closing: no revoke, no new queue (heartbeats go on, keeping the leases)
         self.closing = False
+        #: the member is leaving: no heartbeat is sent any more (:meth:`Coordinator.wait_idle`)
+        self.leaving = False
         self._nursery: trio.Nursery | None = None
+        #: queues started (revoked, lost) in the current step, by kind: one listener call each
+        self._batches: dict[str, list[ProcessQueue]] = {}
+        self._listener_logs = RateLimitedLog(log, LISTENER_LOG_INTERVAL, trio.current_time)
 
     def open(self, nursery: trio.Nursery) -> None:
         """Run this member's queue tasks in ``nursery`` from now on."""
@@ -101,44 +123,131 @@ class Assignments:
         return {lease for lease, q in self.queues.items() if q.held and not q.stopped}
 
     def start(self, lease: Lease, *, retry: bool) -> None:
-        """Begin consuming a queue (its lease is held, or broadcast mode)."""
+        """Begin consuming a queue (its lease is held, or broadcast mode): its pull loop
+        starts once ``on_assigned`` (if any) returned."""
         assert self._nursery is not None
         q = ProcessQueue(*lease, retry=retry, batch=self.options.pull_batch)
         self.queues[lease] = q
         log.info("consumer %s: consuming %s", self.consumer_id, q.key)
-        self._nursery.start_soon(self._consume, q)
+        if self.options.on_assigned is None:
+            q.announced = True
+            q.assigned.set()
+            self._nursery.start_soon(self._consume, q)
+        else:
+            self._later("assigned", q, self._start_batch)
+
+    async def _start_batch(self, qs: list[ProcessQueue]) -> None:
+        """``on_assigned`` for the queues started in one step (those not stopped
+        meanwhile), then their pull loops."""
+        fresh = [q for q in qs if not q.stopped]
+        try:
+            for q in fresh:
+                q.announced = True
+            if fresh and self.options.on_assigned is not None:
+                await self.notify("on_assigned", self.options.on_assigned, fresh)
+        finally:
+            for q in qs:
+                q.assigned.set()
+        assert self._nursery is not None
+        for q in qs:
+            if not q.stopped:
+                self._nursery.start_soon(self._consume, q)
+
+    def _later(self, kind: str, q: ProcessQueue, run: Callable[[list[ProcessQueue]], Awaitable[None]]) -> None:
+        """Add ``q`` to the current batch of ``kind``; the first of a batch schedules
+        ``run(batch)``, which starts once the current step yields: the queues of one
+        step make one listener call."""
+        assert self._nursery is not None
+        batch = self._batches.get(kind)
+        if batch is None:
+            batch = self._batches[kind] = []
+
+            async def take() -> None:
+                if self._batches.get(kind) is batch:
+                    del self._batches[kind]
+                await run(batch)
+
+            self._nursery.start_soon(take)
+        batch.append(q)
+
+    async def notify(self, name: str, fn: Listener, qs: list[ProcessQueue]) -> None:
+        """Call listener ``fn`` with the leases of ``qs`` (a set), awaiting it if it is
+        async. An Exception it raises is logged (rate-limited) and swallowed: the
+        rebalance goes on (a lease is never left held because of it)."""
+        leases = {q.lease for q in qs}
+        try:
+            result = fn(set(leases))
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            self._listener_logs.log(
+                logging.ERROR, name, "consumer %s: %s(%s) raised (ignored; the rebalance goes on): %r",
+                self.consumer_id, name, sorted(leases), exc, exc_info=exc,
+            )  # fmt: skip
+
+    async def farewell(self, qs: list[ProcessQueue], name: str, fn: Listener | None, *, wait: bool = False) -> None:
+        """Announce the end of ``qs`` with ``fn`` (``on_revoked`` or ``on_lost``): after
+        their ``on_assigned`` returned (and, with ``wait``, after their handlers finished
+        or ``revoke_timeout``), once per queue (a queue another call announces already is
+        waited for, not announced again); returns once every queue's end is announced."""
+        for q in qs:
+            await q.assigned.wait()
+        mine = [q for q in qs if q.announced and not q.farewell]
+        for q in mine:
+            q.farewell = True
+        try:
+            if wait and mine and fn is not None:
+                await self.wait_handlers(mine, self.options.revoke_timeout)
+            if mine and fn is not None:
+                await self.notify(name, fn, mine)
+        finally:
+            for q in mine:
+                q.farewell_done.set()
+        for q in qs:
+            if q.announced:
+                await q.farewell_done.wait()
 
     async def _consume(self, q: ProcessQueue) -> None:
         if await self.pull.run(q) is PullEnd.LEASE_LOST:
             self.lease_lost(q)
 
     def revoke(self, q: ProcessQueue) -> None:
-        """Hand a queue back: stop pulling, wait for its handlers, commit, release."""
+        """Hand a queue back: stop pulling, wait for its handlers, ``on_revoked``, commit,
+        release (the queues revoked in one step together)."""
         if q.lease in self.revoking or self.closing:
             return
         self.revoking.add(q.lease)
         q.stop()
         self.dispatcher.drop(q)
-        assert self._nursery is not None
-        self._nursery.start_soon(self._revoke, q)
+        self._later("revoked", q, self._revoke)
 
-    async def _revoke(self, q: ProcessQueue) -> None:
+    async def _revoke(self, qs: list[ProcessQueue]) -> None:
         try:
-            if not await self.wait_handlers([q], self.options.revoke_timeout):
-                log.warning("revoke %s: %d handlers still running after %.1f s; releasing anyway",
-                            q.key, q.inflight, self.options.revoke_timeout)  # fmt: skip
-            try:
-                if await self.committer.commit(q) is CommitStatus.LEASE_LOST:
-                    self.lease_lost(q)
-                    return
-                await self.client.release_queues(self.group, self.consumer_id, [q.key])
-            except EQueueError as exc:
-                log.warning("revoke %s: %s (the lease expires with the member)", q.key, exc)
-            log.info("consumer %s: released %s", self.consumer_id, q.key)
+            if not await self.wait_handlers(qs, self.options.revoke_timeout):
+                for q in qs:
+                    if q.inflight:
+                        log.warning("revoke %s: %d handlers still running after %.1f s; releasing anyway",
+                                    q.key, q.inflight, self.options.revoke_timeout)  # fmt: skip
+            await self.farewell(qs, "on_revoked", self.options.on_revoked)
+            async with trio.open_nursery() as nursery:
+                for q in qs:
+                    nursery.start_soon(self._hand_back, q)
         finally:
-            self.revoking.discard(q.lease)
-            if self.queues.get(q.lease) is q:
-                del self.queues[q.lease]
+            for q in qs:
+                self.revoking.discard(q.lease)
+                if self.queues.get(q.lease) is q:
+                    del self.queues[q.lease]
+
+    async def _hand_back(self, q: ProcessQueue) -> None:
+        """Commit a revoked queue, then release its lease."""
+        try:
+            if await self.committer.commit(q) is CommitStatus.LEASE_LOST:
+                self.lease_lost(q)
+                return
+            await self.client.release_queues(self.group, self.consumer_id, [q.key])
+        except EQueueError as exc:
+            log.warning("revoke %s: %s (the lease expires with the member)", q.key, exc)
+        log.info("consumer %s: released %s", self.consumer_id, q.key)
 
     @staticmethod
     async def wait_handlers(queues: list[ProcessQueue], timeout: float) -> bool:
@@ -158,7 +267,21 @@ class Assignments:
             log.warning("consumer %s: lost the lease of %s; stopping it", self.consumer_id, q.key)
         q.stop()
         self.dispatcher.drop(q)
+        o = self.options
+        if (o.on_lost is not None or o.on_revoked is not None) and not q.farewell and self._nursery is not None:
+            self._later("lost", q, self._lost)  # its end is announced by on_lost, not on_revoked
         self.on_lost()
+
+    async def _lost(self, qs: list[ProcessQueue]) -> None:
+        """``on_lost`` for queues whose lease was lost, once their handlers finished
+        (or ``revoke_timeout``); not for those whose end is announced already."""
+        await self.farewell(qs, "on_lost", self.options.on_lost, wait=True)
+
+    async def revoke_all(self) -> None:
+        """Closing: ``on_revoked`` for every queue consumed here whose end is not yet
+        announced (waiting for those another call announces), before the final commit
+        and the leave. The queues are stopped and their handlers waited for already."""
+        await self.farewell(list(self.queues.values()), "on_revoked", self.options.on_revoked)
 
     def release_later(self, leases: list[Lease]) -> None:
         """Release leases held but not consumed (granted after the allocation moved on)."""

@@ -107,6 +107,10 @@ def _on_loop(token: trio.lowlevel.TrioToken) -> bool:
 class AsyncConsumer:
     """A member of a consumer group (trio). See docs/consumer.md.
 
+    Rebalance listeners are options: ``on_assigned``, ``on_revoked``, ``on_lost``, each
+    called with a set of ``(topic, queue_id)`` tuples, sync (on the loop) or async
+    (awaited in a task of the consumer); see docs/consumer.md, "Rebalance listeners".
+
     ``async with AsyncConsumer(brokers, group, topics, ...) as c: await c.run(handler)``
     or ``async for msg in c: ...``. Raises ConfigError for invalid arguments; entering
     raises ConnectionBroken when no broker is reachable.
@@ -280,8 +284,9 @@ class AsyncConsumer:
         self.dispatcher.stop()
 
     async def aclose(self) -> None:
-        """Stop pulling, wait for running handlers (up to ``close_timeout``), commit,
-        leave the group. Idempotent; never raises for broker trouble (it logs).
+        """Stop pulling, wait for running handlers (up to ``close_timeout``), call
+        ``on_revoked`` for every queue still consumed (heartbeats go on meanwhile),
+        commit, leave the group. Idempotent; never raises for broker trouble (it logs).
 
         Chunks already handed to handlers run to their end (but the one holding a
         queue's highest handed-out offset), so what is committed covers everything
@@ -309,6 +314,10 @@ class AsyncConsumer:
             # shielded: a close made by a handler (inside the run scope cancelled just
             # above) still commits and leaves; each step is bounded
             with trio.CancelScope(shield=not cancelled):
+                # on_revoked for every queue before the commit and the leave (heartbeats go
+                # on meanwhile: the leases stay held while it runs)
+                await a.revoke_all()
+                a.leaving = True
                 if self.client.connected or a.queues:
                     with trio.move_on_after(self.options.connect_timeout + 5):
                         # a round still heartbeating (with this member's leases) would register
@@ -321,6 +330,7 @@ class AsyncConsumer:
         except EQueueError as exc:
             log.warning("close: could not commit/leave cleanly: %s", exc)
         finally:
+            a.leaving = True
             self._closed.set()
             if self._nursery is not None:
                 self._nursery.cancel_scope.cancel()

@@ -22,7 +22,7 @@ from equeue.security import ClientSecurity
 from equeue.serde import Deserializer, KeyDeserializer
 from equeue.times import as_utc, parse_time
 
-__all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "StartFrom"]
+__all__ = ["ConsumeMode", "ConsumerOptions", "HandlerThreads", "Listener", "StartFrom"]
 
 
 class ConsumeMode(StrEnum):
@@ -89,6 +89,11 @@ def _optional_callable(_inst: object, attr: attrs.Attribute[Any], value: object)
     """attrs validator: None or a callable. Raises ConfigError naming the option."""
     if value is not None and not callable(value):
         raise ConfigError(f"{attr.name} must be callable or None, got {value!r}")
+
+
+#: a rebalance listener: called with a set of ``(topic, queue_id)`` tuples; a sync function
+#: or an async one (docs/consumer.md, "Rebalance listeners")
+Listener = Callable[[set[tuple[str, int]]], Any]
 
 
 def _reconsume_times(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
@@ -165,6 +170,15 @@ class ConsumerOptions:
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None
+    #: rebalance listeners (docs/consumer.md, "Rebalance listeners"): the queues this
+    #: member was given (lease held, before their first message is handed out) ...
+    on_assigned: Listener | None = attrs.field(default=None, validator=_optional_callable)
+    #: ... the queues it hands back (pulls stopped, handlers done, before the commit and
+    #: the release; on close: every queue, before the leave) ...
+    on_revoked: Listener | None = attrs.field(default=None, validator=_optional_callable)
+    #: ... the queues whose lease it lost (expired, or the broker gave it to another
+    #: member): nothing of them is committed; another member may hold them already
+    on_lost: Listener | None = attrs.field(default=None, validator=_optional_callable)
 
     def __attrs_post_init__(self) -> None:
         if self.max_pull_batch < self.pull_batch:

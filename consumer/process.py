@@ -75,6 +75,17 @@ class ProcessQueue:
         #: changed): nothing buffered is handed out until a pull or a heartbeat answered
         #: there confirms it (another member may hold it at a new leader)
         self.suspended = False
+        #: rebalance listeners (:class:`equeue.consumer.assignments.Assignments`): the
+        #: queue was handed to the application (its ``on_assigned`` called, or none is
+        #: set), so its end is announced too (``on_revoked`` or ``on_lost``) ...
+        self.announced = False
+        #: ... set once that step is over (``on_assigned`` returned, or the queue was
+        #: stopped before it): an end is announced only after it ...
+        self.assigned = trio.Event()
+        #: ... an end is being (or was) announced, by one callback only ...
+        self.farewell = False
+        #: ... and that callback returned
+        self.farewell_done = trio.Event()
 
     def __repr__(self) -> str:
         return f"<ProcessQueue {self.key} next={self.window.end} outstanding={len(self.window)}>"

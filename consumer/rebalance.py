@@ -6,7 +6,9 @@ subscribed to each topic (:mod:`equeue.allocation`, per topic), acquires leases 
 queues newly assigned to it (the broker grants a lease only when no other live member
 holds it, so a queue changes hands only after its old owner committed and released),
 and revokes the queues no longer assigned (stop pulling, wait for running handlers,
-commit, release). Every member also consumes the group's retry topic.
+``on_revoked``, commit, release). While the member closes, rounds only heartbeat
+(keeping its leases while handlers and ``on_revoked`` finish); once it leaves, none
+is sent. Every member also consumes the group's retry topic.
 
 Across broker groups (docs/cluster.md, "Consumer groups across broker groups"): each
 round first refreshes the routes, then heartbeats to every available group owning
@@ -155,7 +157,7 @@ class Coordinator:
                 await self._round_done.wait()
 
     async def wait_idle(self) -> None:
-        """Wait until no round is running. With ``assignments.closing`` set, a round
+        """Wait until no round is running. With ``assignments.leaving`` set, a round
         begun later sends nothing, so after this no heartbeat of this member is in
         flight (one answered after the member's LEAVE_GROUP would register it again)."""
         while self._finished < self._begun:
@@ -216,7 +218,7 @@ class Coordinator:
         """One round: heartbeat, compute the allocation, start/revoke queues, acquire."""
         self._begun += 1
         try:
-            if not self.assignments.closing:
+            if not self.assignments.leaving:
                 await self._round()
         finally:
             self._finished += 1
@@ -237,6 +239,9 @@ class Coordinator:
         # over): rounds repeat every RETRY_INTERVAL until it answers
         owners = {g for t in self.topics if (r := self.router.cached(t)) is not None for g in r.owners}
         self.unreached = {g for g in self.unreached if g in owners} | (owners - set(clients))
+        if a.closing:  # handlers finishing, on_revoked running: keep the leases, change nothing
+            await self._fan_out(clients, [])
+            return
         if self.options.mode == ConsumeMode.BROADCAST:
             self._apply_broadcast(await self._fan_out(clients, []))
             return

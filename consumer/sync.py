@@ -22,6 +22,7 @@ step is done) when SIGINT has Python's default handler, as in the CLI.
 
 from __future__ import annotations
 
+import inspect
 import queue
 import signal
 import threading
@@ -40,6 +41,10 @@ from equeue.errors import ClientClosed, EQueueError
 from equeue.models import Message
 
 __all__ = ["Consumer"]
+
+#: the rebalance listeners (:class:`equeue.consumer.options.ConsumerOptions`): plain
+#: functions here, run in a worker thread of the loop (:meth:`Consumer._listener`)
+LISTENERS = ("on_assigned", "on_revoked", "on_lost")
 
 T = TypeVar("T")
 
@@ -193,10 +198,17 @@ class _Loop(LoopThread):
 class Consumer(SyncFront[AsyncConsumer]):
     """A member of a consumer group (blocking). Same arguments as
     :class:`~equeue.consumer.core.AsyncConsumer`; joins the group on the first
-    :meth:`run` or iteration. Raises ConfigError for invalid arguments."""
+    :meth:`run` or iteration. The rebalance listeners (``on_assigned``, ``on_revoked``,
+    ``on_lost``) are plain functions, each call run in a worker thread of the loop
+    (docs/consumer.md, "Rebalance listeners"). Raises ConfigError for invalid
+    arguments, TypeError for an async listener."""
 
     def __init__(self, brokers: str | Sequence[str], group: str, topics: str | Sequence[str], **kwargs: Any) -> None:
         super().__init__()
+        for name in LISTENERS:
+            fn = kwargs.get(name)
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(f"{name}: the blocking Consumer calls plain functions (async ones are for AsyncConsumer)")
         probe = AsyncConsumer(brokers, group, topics, **kwargs)  # validates; no I/O
         kwargs["consumer_id"] = probe.consumer_id
         self.consumer_id = probe.consumer_id
@@ -210,10 +222,44 @@ class Consumer(SyncFront[AsyncConsumer]):
         self._joining: _Pending[AsyncConsumer] | None = None
         #: stop() before the core existed: applied once joined
         self._stop_requested = False
+        #: ``core``: set in a listener's thread while it runs (:meth:`_listener`)
+        self._local = threading.local()
 
     def _make_core(self) -> AsyncConsumer:
         self._token = trio.lowlevel.current_trio_token()  # runs on the loop
-        return AsyncConsumer(*self._args, **self._kwargs)
+        cell: list[AsyncConsumer] = []
+        kwargs = dict(self._kwargs)
+        for name in LISTENERS:
+            if kwargs.get(name) is not None:
+                kwargs[name] = self._listener(kwargs[name], cell)
+        core = AsyncConsumer(*self._args, **kwargs)
+        cell.append(core)
+        return core
+
+    def _listener(self, fn: Callable[[set[tuple[str, int]]], Any], cell: list[AsyncConsumer]
+                  ) -> Callable[[set[tuple[str, int]]], Awaitable[None]]:  # fmt: skip
+        """``fn`` as the core's (async) listener: called in a worker thread of the loop,
+        awaited by the core's task, so it may block and call this consumer's methods
+        (:meth:`commit` too, during the close as well: see :meth:`_core_here`)."""
+
+        def call(queues: set[tuple[str, int]]) -> None:
+            self._local.core = cell[0] if cell else None
+            try:
+                fn(queues)
+            finally:
+                self._local.core = None
+
+        async def listener(queues: set[tuple[str, int]]) -> None:
+            await trio.to_thread.run_sync(call, queues)
+
+        return listener
+
+    def _core_here(self) -> AsyncConsumer:
+        """The core to call: in a rebalance listener's thread, the core that called it
+        (even while closing: its ``on_revoked`` may still commit), else the joined core
+        (joining first if needed)."""
+        core: AsyncConsumer | None = getattr(self._local, "core", None)
+        return core if core is not None else self._ensure()[1]
 
     async def _keep_open(self, task_status: trio.TaskStatus[AsyncConsumer] = trio.TASK_STATUS_IGNORED) -> None:
         """Build the core and keep it entered (joined) until the loop closes."""
@@ -359,12 +405,16 @@ class Consumer(SyncFront[AsyncConsumer]):
 
             core._nursery.start_soon(commit)
             return
+        listening: AsyncConsumer | None = getattr(self._local, "core", None)
+        if listening is not None:  # in a rebalance listener (a worker thread of the loop)
+            trio.from_thread.run(listening.commit, trio_token=self._token)
+            return
         self._call(lambda core: core.commit())
 
     def assignment(self) -> set[tuple[str, int]]:
         """The queues this member consumes now (:meth:`AsyncConsumer.assignment`);
         joins the group first if needed."""
-        return self._ensure()[1].assignment()
+        return self._core_here().assignment()
 
     def pause(self, queues: Iterable[tuple[str, int]]) -> None:
         """Stop fetching from ``queues`` until :meth:`resume`; buffered messages are
@@ -372,21 +422,24 @@ class Consumer(SyncFront[AsyncConsumer]):
         Callable from a handler or any thread; joins the group first if needed (a bad
         ``queues`` raises TypeError before)."""
         leases = _queue_list(queues)
-        self._ensure()[1].pause(leases)
+        self._core_here().pause(leases)
 
     def resume(self, queues: Iterable[tuple[str, int]]) -> None:
         """Fetch from ``queues`` again (:meth:`AsyncConsumer.resume`)."""
         leases = _queue_list(queues)
-        self._ensure()[1].resume(leases)
+        self._core_here().resume(leases)
 
     def paused(self) -> set[tuple[str, int]]:
         """The assigned queues whose fetching is paused (:meth:`AsyncConsumer.paused`)."""
-        return self._ensure()[1].paused()
+        return self._core_here().paused()
 
     def statistics(self) -> ConsumerStatistics:
         if self._on_loop():
             assert self._core is not None
             return self._core.statistics()
+        listening: AsyncConsumer | None = getattr(self._local, "core", None)
+        if listening is not None:
+            return trio.from_thread.run_sync(listening.statistics, trio_token=self._token)
         loop, core = self._ensure()
         return loop.run_sync(core.statistics)
 
@@ -397,8 +450,8 @@ class Consumer(SyncFront[AsyncConsumer]):
 
         Ctrl-C does not cut it short: a join still in progress (from another thread)
         is waited for, and the close runs to its end (it is bounded: ``close_timeout``
-        for the handlers, then the commit and the leave within ``connect_timeout`` +
-        5 s each) before a KeyboardInterrupt that arrived meanwhile is raised."""
+        for the handlers, then ``on_revoked`` if set, then the commit and the leave
+        within ``connect_timeout`` + 5 s each) before a KeyboardInterrupt that arrived meanwhile is raised."""
         if self._on_loop():
             self._close_pending = True
             self.stop()
