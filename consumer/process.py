@@ -151,7 +151,10 @@ class ProcessQueue:
         outstanding until done."""
         self.epoch += 1
         if dropped:
-            self.finish_many(dropped, size, max_messages, max_bytes)
+            self.window.forget(dropped)
+            self.buffered_bytes -= size
+            if self.paused:
+                self._maybe_resume(max_messages, max_bytes)
         self.window.jump(offset)
         self.started = True  # a start offset still being resolved is not wanted any more
         self.at_end = False
