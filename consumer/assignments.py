@@ -122,6 +122,29 @@ class Assignments:
         """The queues assigned here whose fetching the application paused."""
         return {lease for lease, q in self.queues.items() if q.held and not q.stopped}
 
+    def seek(self, lease: Lease, offset: int) -> None:
+        """The next message of ``lease`` handed out is the one at ``offset``: what it
+        buffered is dropped, a pull in flight discarded (ConfigError when not assigned)."""
+        (q,) = self._assigned([lease], "seek")
+        dropped, size = self.dispatcher.drop(q)
+        o = self.options
+        q.seek(offset, dropped, size, o.max_buffered_messages, o.max_buffered_bytes)
+
+    def assign_manually(self, leases: list[Lease]) -> None:
+        """Manual assignment (no group): consume exactly ``leases``. Queues no longer
+        given are stopped (what they buffered is dropped; nothing is committed or
+        released: there is no lease), new ones start."""
+        wanted = set(leases)
+        for lease, q in list(self.queues.items()):
+            if lease not in wanted:
+                del self.queues[lease]
+                q.stop()
+                self.dispatcher.drop(q)
+                log.info("consumer %s: no longer consuming %s", self.consumer_id, q.key)
+        for lease in leases:
+            if lease not in self.queues:
+                self.start(lease, retry=False)
+
     def start(self, lease: Lease, *, retry: bool) -> None:
         """Begin consuming a queue (its lease is held, or broadcast mode): its pull loop
         starts once ``on_assigned`` (if any) returned."""

@@ -35,6 +35,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+import attrs
 import trio
 
 from equeue.client.connection import AsyncClient
@@ -96,6 +97,23 @@ class _Iteration:
         self.current: Item | None = None
 
 
+#: default of :meth:`AsyncConsumer.poll`'s ``max_messages`` (Kafka's ``max.poll.records``)
+MAX_POLL = 500
+
+#: :attr:`AsyncConsumer._consuming`'s values: how the application takes messages
+RUN, ITERATION, POLL = "run", "iteration", "poll"
+
+
+def _busy(how: str, wanted: str) -> RuntimeError:
+    if how == POLL or wanted == POLL:
+        return RuntimeError(
+            f"this consumer is consumed with {how}{'()' if how != ITERATION else ''}: poll() cannot be mixed with "
+            "run() or iteration on one consumer (polled messages are done only at the next poll, "
+            "commit or close); use one consumer per way of consuming"
+        )
+    return RuntimeError(f"this consumer is already consuming ({how})")
+
+
 def _on_loop(token: trio.lowlevel.TrioToken) -> bool:
     """True when called from the trio run that ``token`` belongs to."""
     try:
@@ -112,15 +130,17 @@ class AsyncConsumer:
     (awaited in a task of the consumer); see docs/consumer.md, "Rebalance listeners".
 
     ``async with AsyncConsumer(brokers, group, topics, ...) as c: await c.run(handler)``
-    or ``async for msg in c: ...``. Raises ConfigError for invalid arguments; entering
-    raises ConnectionBroken when no broker is reachable.
+    or ``async for msg in c: ...`` or ``await c.poll()``. ``group=None`` (no topics)
+    makes a consumer for manual assignment (:meth:`assign`): no group, no rebalance, no
+    lease, no commit. Raises ConfigError for invalid arguments; entering raises
+    ConnectionBroken when no broker is reachable.
     """
 
     def __init__(
         self,
         brokers: str | Sequence[str],
-        group: str,
-        topics: str | Sequence[str],
+        group: str | None,
+        topics: str | Sequence[str] = (),
         *,
         mode: ConsumeMode | str = ConsumeMode.CLUSTERING,
         start_from: StartFrom | str | dt.datetime = StartFrom.LATEST,
@@ -130,9 +150,13 @@ class AsyncConsumer:
         allocation: Any = "average",
         **options: Any,
     ) -> None:
-        self.group = validate_group(group)
+        #: no group: manual assignment (:meth:`assign`) only
+        self.manual = group is None
+        self.group = None if group is None else validate_group(group)
         names = [topics] if isinstance(topics, str) else list(topics)
-        if not names:
+        if self.manual and names:
+            raise ConfigError("a consumer without a group subscribes to no topic: give it its queues with assign()")
+        if not self.manual and not names:
             raise ConfigError("subscribe to at least one topic")
         self.topics = [validate_topic(t, allow_internal=True) for t in dict.fromkeys(names)]
         self.options = o = ConsumerOptions.build(
@@ -151,28 +175,42 @@ class AsyncConsumer:
         self.calls = RoutedCalls(self.router, RetryPolicy(attempts=3, timeout=o.connect_timeout + 5))
         self.closing = False
         self._closed = trio.Event()
-        self._consuming = False
+        #: how messages are taken now (RUN, ITERATION), or POLL once polled (for good)
+        self._consuming: str | None = None
+        #: what the last poll() returned: done at the next poll, commit or close
+        self._polled: list[Item] = []
+        #: manual assignment: assign() was called (stop_at_end watches from then on)
+        self._assigned_once = False
         self._run_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._nursery_cm: Any = None
         #: the loop this consumer runs on (set on entry): stop() from another thread goes through it
         self._token: trio.lowlevel.TrioToken | None = None
-        clustering = o.mode == ConsumeMode.CLUSTERING
-        ephemeral = is_ephemeral(self.group)
+        if self.manual:
+            if o.mode != ConsumeMode.CLUSTERING:
+                raise ConfigError("a consumer without a group has no mode: it reads the queues assign() gives it")
+            if any(fn is not None for fn in (o.on_assigned, o.on_revoked, o.on_lost)):
+                raise ConfigError("a consumer without a group has no rebalance: on_assigned/on_revoked/on_lost "
+                                  "are for group members")  # fmt: skip
+            # nothing to commit to: each queue starts at start_from, or where seek() puts it
+            o = self.options = attrs.evolve(o, commit_offsets=False)
+        group_name = self.group or ""
+        clustering = o.mode == ConsumeMode.CLUSTERING and not self.manual
+        ephemeral = is_ephemeral(group_name)
         if ephemeral and not clustering:
             raise ConfigError(
                 f"group {self.group!r} is ephemeral (its offsets live in the brokers' memory): broadcast mode "
                 "keeps a member's offsets on its own disk; use clustering mode or a group without '#ephemeral'"
             )
-        store = None if clustering else BroadcastOffsetStore(o.state_dir or default_state_dir(), self.group)
+        store = None if clustering or self.manual else BroadcastOffsetStore(o.state_dir or default_state_dir(), group_name)
         self._store = store
         self.counters = Counters()
         logs = RateLimitedLog(log, LOG_INTERVAL, trio.current_time)
         self.dispatcher = Dispatcher(o, self.counters)
-        committer = Committer(self.calls, self.group, self.consumer_id, o, store,
+        committer = Committer(self.calls, group_name, self.consumer_id, o, store,
                               regain=lambda: self.coordinator.heartbeat_now())  # fmt: skip
         self._send_back = SendBack(
-            self.calls, self.group, o, self.counters, self._retry_sent, logs
+            self.calls, group_name, o, self.counters, self._retry_sent, logs
         )
         #: stop_at_end: stops the member once its queues are read to the end
         self._end_watch = EndWatch(
@@ -182,22 +220,22 @@ class AsyncConsumer:
         poke = self._end_watch.poke if self._end_watch is not None else None
         self.dispatcher.on_progress = poke
         pull = PullLoop(
-            self.router.client_for, self.router.endpoint, self.router.settle, o, self.group if clustering else "", self.consumer_id if clustering else "",
+            self.router.client_for, self.router.endpoint, self.router.settle, o, group_name if clustering else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
             resume=self.dispatcher.resume, on_end=poke,
         )  # fmt: skip
         self.assignments = Assignments(
-            self.calls, self.group, self.consumer_id, o, committer, self.dispatcher, pull,
+            self.calls, group_name, self.consumer_id, o, committer, self.dispatcher, pull,
             on_lost=lambda: self.coordinator.trigger(),
         )  # fmt: skip
         self.coordinator = Coordinator(
-            self.router, self.group, self.consumer_id, self.topics, o, self.assignments,
+            self.router, group_name, self.consumer_id, self.topics, o, self.assignments,
             counters=self.counters, on_round=poke,
         )
         self._workers = Workers(self.dispatcher, o, self.counters, self._send_back,
-                                local_retry=store is not None or ephemeral)  # fmt: skip
+                                local_retry=not clustering or ephemeral)  # fmt: skip
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> AsyncConsumer:
@@ -219,14 +257,16 @@ class AsyncConsumer:
         try:
             if self._store is not None:
                 await trio.to_thread.run_sync(self._store.load)
-            await self.coordinator.rebalance()
+            if not self.manual:
+                await self.coordinator.rebalance()
         except BaseException as exc:
             await self.__aexit__(type(exc), exc, exc.__traceback__)
             raise
-        self._nursery.start_soon(self.coordinator.run)
-        self._nursery.start_soon(self.coordinator.expire_loop)
+        if not self.manual:  # manual assignment: no membership, no lease
+            self._nursery.start_soon(self.coordinator.run)
+            self._nursery.start_soon(self.coordinator.expire_loop)
         self._nursery.start_soon(self.assignments.commit_loop)
-        if self._end_watch is not None:
+        if self._end_watch is not None and not self.manual:  # manual: from the first assign()
             self._nursery.start_soon(self._end_watch.run)
         if self.options.idle_timeout is not None:
             self.dispatcher.activity = trio.current_time()
@@ -301,6 +341,7 @@ class AsyncConsumer:
         # so a shielded commit would only wait for answers that cannot come
         cancelled = trio.current_effective_deadline() == -math.inf
         self.assignments.closing = True
+        self._poll_settle()  # what poll() returned counts as processed (Kafka's close)
         self.stop()
         a = self.assignments
         try:
@@ -318,7 +359,7 @@ class AsyncConsumer:
                 # on meanwhile: the leases stay held while it runs)
                 await a.revoke_all()
                 a.leaving = True
-                if self.client.connected or a.queues:
+                if not self.manual and (self.client.connected or a.queues):
                     with trio.move_on_after(self.options.connect_timeout + 5):
                         # a round still heartbeating (with this member's leases) would register
                         # the member again after its leave: a ghost holding its queues until the
@@ -326,7 +367,7 @@ class AsyncConsumer:
                         await self.coordinator.wait_idle()
                     with trio.move_on_after(self.options.connect_timeout + 5):
                         await self.commit()
-                        await self.calls.leave_group(self.group, self.consumer_id)
+                        await self.calls.leave_group(self.group or "", self.consumer_id)
         except EQueueError as exc:
             log.warning("close: could not commit/leave cleanly: %s", exc)
         finally:
@@ -346,10 +387,10 @@ class AsyncConsumer:
         handlers run"). Raises RuntimeError if already consuming.
         """
         if self._consuming:
-            raise RuntimeError("this consumer is already consuming (run or iteration)")
+            raise _busy(self._consuming, RUN)
         if self._stopping:
             return
-        self._consuming = True
+        self._consuming = RUN
         invoke, placement = make_invoker(handler, self.options, self.dispatcher)
         try:
             with trio.CancelScope() as scope:
@@ -357,7 +398,7 @@ class AsyncConsumer:
                 await self._workers.run(invoke, placement)
         finally:
             self._run_scope = None
-            self._consuming = False
+            self._consuming = None
 
     def _retry_sent(self) -> None:
         if not self.assignments.retry_held():
@@ -380,8 +421,8 @@ class AsyncConsumer:
 
     def _iter_begin(self) -> _Iteration:
         if self._consuming:
-            raise RuntimeError("this consumer is already consuming (run or iteration)")
-        self._consuming = True
+            raise _busy(self._consuming, ITERATION)
+        self._consuming = ITERATION
         return _Iteration()
 
     async def _iter_next(self, it: _Iteration) -> Message | None:
@@ -403,14 +444,19 @@ class AsyncConsumer:
         if item is None:
             return None
         it.current = item
+        self._deserialize(item[1])
+        return item[1]
+
+    def _deserialize(self, msgs: list[Message]) -> None:
+        """Iteration and poll: deserialize each message as it is handed out; one a
+        deserializer fails on keeps the error (its ``value`` raises it)."""
         o = self.options
         if o.value_deserializer is not None or o.key_deserializer is not None:
-            for m in item[1]:
+            for m in msgs:
                 try:
                     deserialize_into(m, o.key_deserializer, o.value_deserializer)
                 except SerializationError as exc:
                     m._set_failed(exc)
-        return item[1]
 
     def _iter_settle(self, it: _Iteration, done: int) -> None:
         cur, it.current = it.current, None
@@ -422,7 +468,56 @@ class AsyncConsumer:
         rest of its batch) is not done; put it back first in line (a later iteration,
         or a restart, redelivers it). The ``done`` before it are done."""
         self._iter_settle(it, done)
-        self._consuming = False
+        self._consuming = None
+
+    # ------------------------------------------------------------------ poll
+    async def poll(self, max_messages: int = MAX_POLL) -> list[Message]:
+        """The next batch of up to ``max_messages`` messages (Kafka's ``poll``), waiting
+        for at least one; ``[]`` once the consumer is stopped. What the previous poll
+        returned is done now (commit-on-poll: it is committed with the next commit,
+        periodic, :meth:`commit`, :meth:`commit_async` or the close).
+
+        No timeout parameter: the caller bounds the wait with a trio cancel scope
+        (``with trio.move_on_after(1): msgs = await c.poll()``); a wait cancelled so took
+        nothing (what the previous poll returned is done all the same). The blocking
+        :meth:`Consumer.poll` has the timeout.
+
+        A batch is made of the chunks ready in the consumer's buffer, first from the
+        queue first in line; with deserializers each message is deserialized here, and
+        one a deserializer fails on is returned all the same (its ``value`` raises).
+
+        Raises TypeError/ConfigError for a bad ``max_messages``, RuntimeError when the
+        consumer is consumed with :meth:`run` or iteration (poll cannot be mixed with
+        them: once polled, a consumer is consumed by poll only)."""
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+            raise TypeError(f"max_messages must be an int, got {max_messages!r}")
+        if max_messages < 1:
+            raise ConfigError(f"max_messages must be >= 1, got {max_messages}")
+        if self._consuming not in (None, POLL):
+            raise _busy(self._consuming, POLL)
+        self._consuming = POLL
+        self._poll_settle()
+        first = await self.dispatcher.next_batch(max_messages)
+        if first is None:
+            return []
+        items = [first]
+        n = len(first[1])
+        while n < max_messages:  # more that is ready now, without waiting
+            item = self.dispatcher.take(max_messages - n)
+            if item is None:
+                break
+            items.append(item)
+            n += len(item[1])
+        self._polled = items
+        msgs = first[1] if len(items) == 1 else [m for item in items for m in item[1]]
+        self._deserialize(msgs)
+        return msgs
+
+    def _poll_settle(self) -> None:
+        """What the last poll returned is done (its queue's window moves on)."""
+        items, self._polled = self._polled, []
+        for item in items:
+            self.dispatcher.settle(item, len(item[1]))
 
     # ------------------------------------------------------------------ pausing fetching
     def _on_own_loop(self, fn: Callable[..., T], *args: Any) -> T:
@@ -440,7 +535,8 @@ class AsyncConsumer:
     def assignment(self) -> set[tuple[str, int]]:
         """The queues this member consumes now, as ``(topic, queue_id)`` tuples (in
         clustering mode, those whose lease it holds; the queues of the group's retry
-        topic among them). Callable from any thread."""
+        topic among them; without a group, those :meth:`assign` gave). Callable from
+        any thread."""
         return self._on_own_loop(self.assignments.assigned)
 
     def pause(self, queues: Iterable[tuple[str, int]]) -> None:
@@ -475,9 +571,103 @@ class AsyncConsumer:
     # ------------------------------------------------------------------ offsets
     async def commit(self) -> None:
         """Commit every queue whose committable offset moved (also done periodically,
-        on revoke and on close)."""
+        on revoke and on close). What the last :meth:`poll` returned counts as done
+        first, so it is committed too. Raises the first commit error (EQueueError)."""
+        self._poll_settle()
         await self.assignments.commit_all()
 
+    def commit_async(self, callback: Callable[[EQueueError | None], Any] | None = None) -> None:
+        """Start a commit, as :meth:`commit` does, without waiting for it: it runs in a
+        task of the consumer (what the last :meth:`poll` returned is marked done at once,
+        so the commit covers it). Callable from a handler or any thread.
+
+        Its outcome: ``callback(None)`` once done, ``callback(error)`` when it failed
+        (an EQueueError); without a callback a failure is logged (WARNING), as a
+        periodic commit's is. The callback runs on the consumer's loop: keep it quick;
+        what it raises is logged. Commits of one queue never overlap, so a later commit
+        never lands before an earlier one. Raises ClientClosed when the consumer is
+        closed or not entered."""
+        self._on_own_loop(self._start_commit, callback)
+
+    def _start_commit(self, callback: Callable[[EQueueError | None], Any] | None) -> None:
+        if self._nursery is None or self._closed.is_set():
+            raise ClientClosed("the consumer is not open: commit_async needs its running loop")
+        self._poll_settle()
+
+        async def commit() -> None:
+            error: EQueueError | None = None
+            try:
+                await self.assignments.commit_all()
+            except EQueueError as exc:
+                error = exc
+            if callback is None:
+                if error is not None:
+                    log.warning("offset commit failed: %s", error)
+                return
+            try:
+                callback(error)
+            except Exception:
+                log.exception("commit_async callback raised (ignored)")
+
+        self._nursery.start_soon(commit)
+
+    # ------------------------------------------------------------------ positions
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Fetch ``topic``/``queue_id`` from ``offset`` next (Kafka's ``seek``): the
+        messages of that queue still buffered (pulled, not handed out) are dropped, a
+        pull in flight is discarded, and the next message of that queue handed out is the
+        one at ``offset`` (or the first retained after it; past the end: the end).
+        Messages already handed out (a running handler's, what the last poll returned)
+        are not affected.
+
+        Commits are not made by a seek: the committed offset moves only as messages are
+        processed (or counted done by the next poll) and committed; once what was handed
+        out before is done, the next commit commits the new position. A group member's
+        commit never moves its group's offset back at the broker, so after seeking back
+        the committed offset stays where it was until processing passes it.
+
+        Callable from a handler or any thread. Raises TypeError for a bad argument,
+        ConfigError when the queue is not assigned to this consumer (:meth:`assignment`)
+        or ``offset`` is negative."""
+        if not isinstance(topic, str):
+            raise TypeError(f"topic must be a str, got {topic!r}")
+        for name, value in (("queue_id", queue_id), ("offset", offset)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+        if offset < 0:
+            raise ConfigError(f"offset must be >= 0, got {offset}")
+        self._on_own_loop(self.assignments.seek, (topic, queue_id), offset)
+
+    def assign(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Consume exactly ``queues`` (``(topic, queue_id)`` tuples; Kafka's ``assign``):
+        a consumer made with ``group=None`` only. Queues newly given start at
+        ``start_from`` (then :meth:`seek` them), queues no longer given are stopped
+        (what was buffered from them is dropped), queues given again go on where they
+        stood. No rebalance, no lease, no commit. Callable from any thread once entered.
+
+        Raises TypeError for a bad ``queues``, ConfigError for a consumer of a group
+        (its queues come from the group) or an invalid topic name, ClientClosed before
+        entry or once closed."""
+        leases = _queue_list(queues)
+        if not self.manual:
+            raise ConfigError(f"assign() is for a consumer without a group; members of group {self.group!r} "
+                              "get their queues from the group (subscription)")  # fmt: skip
+        for topic, _ in leases:
+            validate_topic(topic)
+        self._on_own_loop(self._assign, leases)
+
+    def _assign(self, leases: list[Lease]) -> None:
+        if self._nursery is None or self.closing:
+            raise ClientClosed("the consumer is not open: enter it (async with) before assign()")
+        first = not self._assigned_once
+        self._assigned_once = True
+        self.assignments.assign_manually(leases)
+        if self._end_watch is not None:
+            if first:
+                self._nursery.start_soon(self._end_watch.run)
+            self._end_watch.poke()
+
+    # ------------------------------------------------------------------ pausing fetching
     # ------------------------------------------------------------------ misc
     def _on_push(self, code: int, payload: bytes) -> None:
         if code == PushCode.GROUP_CHANGED:

@@ -144,11 +144,20 @@ class Dispatcher:
         if self.on_progress is not None:
             self.on_progress()
 
-    def drop(self, q: ProcessQueue) -> None:
-        """Forget what a stopped queue still has waiting (it was never handed out)."""
+    def drop(self, q: ProcessQueue) -> tuple[list[int], int]:
+        """Forget what ``q`` still has waiting (it was never handed out): a stopped
+        queue's, or a seek's. The offsets dropped and their body bytes."""
+        offs: list[int] = []
+        size = 0
         if any(item[0] is q for item in self._ready):
+            for item in self._ready:
+                if item[0] is q:
+                    pos = item[3]
+                    offs.extend(item[2][pos:])
+                    size += sum([len(m.body) for m in item[1][pos:]])
             self._ready = deque(item for item in self._ready if item[0] is not q)
             self.ready_count = sum(len(item[1]) - item[3] for item in self._ready)
+        return offs, size
 
     # ------------------------------------------------------------------ iteration
     async def next_batch(self, limit: int) -> Item | None:

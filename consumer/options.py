@@ -16,7 +16,14 @@ from typing import Any
 import attrs
 
 from equeue.allocation import get_strategy
-from equeue.config import DEFAULTS, StartFrom, optional_positive, positive, to_enum
+from equeue.config import (
+    DEFAULTS,
+    StartFrom,
+    optional_callable,
+    optional_positive,
+    positive,
+    to_enum,
+)
 from equeue.errors import ConfigError
 from equeue.security import ClientSecurity
 from equeue.serde import Deserializer, KeyDeserializer
@@ -83,12 +90,6 @@ def _delays(value: Any) -> tuple[float, ...]:
     if not out or any(not math.isfinite(v) or v < 0 for v in out):
         raise ConfigError("retry_delays must be a non-empty sequence of seconds >= 0 (finite)")
     return out
-
-
-def _optional_callable(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    """attrs validator: None or a callable. Raises ConfigError naming the option."""
-    if value is not None and not callable(value):
-        raise ConfigError(f"{attr.name} must be callable or None, got {value!r}")
 
 
 #: a rebalance listener: called with a set of ``(topic, queue_id)`` tuples; a sync function
@@ -163,22 +164,22 @@ class ConsumerOptions:
     #: makes ``Message.value`` of each message from its body bytes (:mod:`equeue.serde`,
     #: e.g. ``json_deserializer``), before the handler is called; a failure is a
     #: handler failure (docs/consumer.md, "Serializers"). None: ``value`` is the body
-    value_deserializer: Deserializer | None = attrs.field(default=None, validator=_optional_callable)
+    value_deserializer: Deserializer | None = attrs.field(default=None, validator=optional_callable)
     #: makes ``Message.key_value`` from the key text (a None key stays None).
     #: None: ``key_value`` is the key
-    key_deserializer: KeyDeserializer | None = attrs.field(default=None, validator=_optional_callable)
+    key_deserializer: KeyDeserializer | None = attrs.field(default=None, validator=optional_callable)
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None
     #: rebalance listeners (docs/consumer.md, "Rebalance listeners"): the queues this
     #: member was given (lease held, before their first message is handed out) ...
-    on_assigned: Listener | None = attrs.field(default=None, validator=_optional_callable)
+    on_assigned: Listener | None = attrs.field(default=None, validator=optional_callable)
     #: ... the queues it hands back (pulls stopped, handlers done, before the commit and
     #: the release; on close: every queue, before the leave) ...
-    on_revoked: Listener | None = attrs.field(default=None, validator=_optional_callable)
+    on_revoked: Listener | None = attrs.field(default=None, validator=optional_callable)
     #: ... the queues whose lease it lost (expired, or the broker gave it to another
     #: member): nothing of them is committed; another member may hold them already
-    on_lost: Listener | None = attrs.field(default=None, validator=_optional_callable)
+    on_lost: Listener | None = attrs.field(default=None, validator=optional_callable)
 
     def __attrs_post_init__(self) -> None:
         if self.max_pull_batch < self.pull_batch:

@@ -63,6 +63,10 @@ class ProcessQueue:
         self.held = False
         self.stopped = False
         self.scope = trio.CancelScope()
+        #: bumped by :meth:`seek`: a pull answer of an older epoch is dropped
+        self.epoch = 0
+        #: the pull in flight (:meth:`seek` cancels it)
+        self.pull_scope: trio.CancelScope | None = None
         #: messages handed to handlers and not finished
         self.inflight = 0
         #: the highest offset handed to a handler: on stop or revoke only the chunk holding
@@ -139,6 +143,23 @@ class ProcessQueue:
         self.held = False
         if self.paused:
             self._maybe_resume(max_messages, max_bytes)
+
+    def seek(self, offset: int, dropped: list[int], size: int, max_messages: int, max_bytes: int) -> None:
+        """The next pull starts at ``offset`` (the application's seek): ``dropped``
+        (buffered, never handed out; ``size`` body bytes) leave the window as if done,
+        a pull in flight is cancelled and its answer dropped. Messages handed out stay
+        outstanding until done."""
+        self.epoch += 1
+        if dropped:
+            self.window.forget(dropped)
+            self.buffered_bytes -= size
+            if self.paused:
+                self._maybe_resume(max_messages, max_bytes)
+        self.window.jump(offset)
+        self.started = True  # a start offset still being resolved is not wanted any more
+        self.at_end = False
+        if self.pull_scope is not None:
+            self.pull_scope.cancel()
 
     def stop(self) -> None:
         """Stop pulling (idempotent); buffered messages are dropped by the dispatcher."""

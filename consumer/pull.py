@@ -122,6 +122,8 @@ class PullLoop:
                 log.warning("queue %s: cannot resolve start offset (%s); retrying", q.key, exc)
                 await trio.sleep(DEFAULT_POLICY.delay(attempt))
                 continue
+            if q.started:  # the application's seek placed it meanwhile
+                break
             q.window.jump(start)
             q.started = True
 
@@ -157,11 +159,17 @@ class PullLoop:
             hold = 0 if o.stop_at_end and not q.at_end else hold_ms
             req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold, self.group,
                                    self.consumer_id, tags, flags)  # fmt: skip
+            epoch = q.epoch
             try:
-                if client is None:
-                    endpoint = self.endpoint(q.topic, q.queue_id)
-                    client = await self.client_for(q.topic, q.queue_id)
-                payload = await client.request(RequestCode.PULL, req.encode())
+                with trio.CancelScope() as pulling:
+                    q.pull_scope = pulling
+                    if client is None:
+                        endpoint = self.endpoint(q.topic, q.queue_id)
+                        client = await self.client_for(q.topic, q.queue_id)
+                    payload = await client.request(RequestCode.PULL, req.encode())
+                q.pull_scope = None
+                if pulling.cancelled_caught or q.epoch != epoch:  # a seek: pull from its offset
+                    continue
             except NotQueueOwner:
                 if regained or self.regain is None:
                     return PullEnd.LEASE_LOST

@@ -106,15 +106,17 @@ class SendBack:
         self.logs = logs
         self.policy = policy
         self._delays_ms = [int(d * 1000) for d in options.retry_delays]
-        #: an ephemeral group: nothing goes to the broker, a message given up on is dropped
-        self.ephemeral = is_ephemeral(group)
+        #: an ephemeral group, or no group (manual assignment): nothing goes to the broker,
+        #: a message given up on is dropped
+        self.ephemeral = not group or is_ephemeral(group)
+        self._why = f"ephemeral group {group}" if group else "a consumer without a group"
 
     def _drop_ephemeral(self, where: tuple[str, int, int], what: str, detail: str = "") -> SendBackResult:
         self.counters.dropped += 1
         self.logs.log(
             logging.ERROR, f"dropped {where[0]}",
-            "%s %s/%d@%d%s: group %s is ephemeral (no retry or dead-letter topic); dropping it",
-            what, *where, detail, self.group,
+            "%s %s/%d@%d%s: %s has no retry or dead-letter topic; dropping it",
+            what, *where, detail, self._why,
         )  # fmt: skip
         return SendBackResult.DROPPED
 

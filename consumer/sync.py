@@ -35,9 +35,9 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from equeue.client.syncfront import LoopThread, SyncFront
-from equeue.consumer.core import AsyncConsumer, ConsumerStatistics, _queue_list, log
+from equeue.consumer.core import MAX_POLL, AsyncConsumer, ConsumerStatistics, _queue_list, log
 from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
-from equeue.errors import ClientClosed, EQueueError
+from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.models import Message
 
 __all__ = ["Consumer"]
@@ -200,10 +200,13 @@ class Consumer(SyncFront[AsyncConsumer]):
     :class:`~equeue.consumer.core.AsyncConsumer`; joins the group on the first
     :meth:`run` or iteration. The rebalance listeners (``on_assigned``, ``on_revoked``,
     ``on_lost``) are plain functions, each call run in a worker thread of the loop
-    (docs/consumer.md, "Rebalance listeners"). Raises ConfigError for invalid
-    arguments, TypeError for an async listener."""
+    (docs/consumer.md, "Rebalance listeners"). ``group=None`` (no topics): manual
+    assignment with :meth:`assign`. Raises ConfigError for invalid arguments, TypeError
+    for an async listener."""
 
-    def __init__(self, brokers: str | Sequence[str], group: str, topics: str | Sequence[str], **kwargs: Any) -> None:
+    def __init__(
+        self, brokers: str | Sequence[str], group: str | None, topics: str | Sequence[str] = (), **kwargs: Any
+    ) -> None:
         super().__init__()
         for name in LISTENERS:
             fn = kwargs.get(name)
@@ -214,6 +217,7 @@ class Consumer(SyncFront[AsyncConsumer]):
         self.consumer_id = probe.consumer_id
         self.group = probe.group
         self.topics = probe.topics
+        self.manual = probe.manual
         self._args = (brokers, group, topics)
         self._kwargs = kwargs
         self._token: trio.lowlevel.TrioToken | None = None
@@ -381,6 +385,50 @@ class Consumer(SyncFront[AsyncConsumer]):
                 except (trio.RunFinishedError, ClientClosed):
                     pass
 
+    def poll(self, timeout: float, max_messages: int = MAX_POLL) -> list[Message]:
+        """Wait up to ``timeout`` seconds for messages; return a batch of up to
+        ``max_messages`` (``[]`` when none came in time, or once stopped or closed).
+        What the previous poll returned is done now (commit-on-poll, as
+        :meth:`AsyncConsumer.poll`: committed with the next commit, periodic,
+        :meth:`commit`, :meth:`commit_async` or :meth:`close`). ``timeout=0`` returns
+        what is buffered already. Joins the group first if needed (not counted in the
+        timeout). Ctrl-C while waiting cancels the wait (nothing is taken) before
+        KeyboardInterrupt is raised.
+
+        Raises ConfigError for a negative or NaN ``timeout`` (and as
+        :meth:`AsyncConsumer.poll`: RuntimeError when mixed with :meth:`run` or iteration)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be seconds (a number), got {timeout!r}")
+        if not timeout >= 0:
+            raise ConfigError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+            raise TypeError(f"max_messages must be an int, got {max_messages!r}")
+        if max_messages < 1:
+            raise ConfigError(f"max_messages must be >= 1, got {max_messages}")
+        if self._closed:
+            return []
+        if self._on_loop() or getattr(self._local, "core", None) is not None:
+            raise RuntimeError("poll() cannot be called from a handler or a rebalance listener of this consumer")
+        loop, core = self._ensure()
+        assert isinstance(loop, _Loop)
+
+        async def poll() -> list[Message]:
+            with trio.move_on_after(timeout):
+                return await core.poll(max_messages)
+            return []
+
+        pending = loop.submit(poll)
+        try:
+            return pending.wait()
+        except KeyboardInterrupt:
+            pending.cancel()  # core.poll takes nothing once cancelled: nothing is lost
+            pending.wait_through_interrupts()
+            raise
+        except (_Cancelled, trio.Cancelled, trio.RunFinishedError, ClientClosed):
+            if self._closed:
+                return []
+            raise
+
     def stop(self) -> None:
         """Stop handing out messages; :meth:`run` returns (safe from a handler, another
         thread or a signal handler: it never blocks). Before the group is joined, it
@@ -410,6 +458,26 @@ class Consumer(SyncFront[AsyncConsumer]):
             trio.from_thread.run(listening.commit, trio_token=self._token)
             return
         self._call(lambda core: core.commit())
+
+    def commit_async(self, callback: Callable[[EQueueError | None], Any] | None = None) -> None:
+        """Start a commit and return at once (:meth:`AsyncConsumer.commit_async`): what
+        the last :meth:`poll` returned is marked done now, the commit runs on the
+        consumer's loop. ``callback(None)`` or ``callback(error)`` is called on the
+        loop thread once it is over (keep it quick: the loop waits meanwhile); without
+        a callback a failure is logged. Joins the group first if needed."""
+        self._core_here().commit_async(callback)
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Fetch that queue from ``offset`` next (:meth:`AsyncConsumer.seek`, which
+        raises the same errors); joins the group first if needed."""
+        self._core_here().seek(topic, queue_id, offset)
+
+    def assign(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Consume exactly ``queues`` (a consumer made with ``group=None``:
+        :meth:`AsyncConsumer.assign`, which raises the same errors); starts the
+        consumer's loop first if needed."""
+        leases = _queue_list(queues)
+        self._core_here().assign(leases)
 
     def assignment(self) -> set[tuple[str, int]]:
         """The queues this member consumes now (:meth:`AsyncConsumer.assignment`);

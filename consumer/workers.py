@@ -160,6 +160,8 @@ class Workers:
         if self.local_retry and m.reconsume_times >= o.max_reconsume_times:
             if await self.send_back.send(m, (q.topic, q.queue_id, off)) is not SendBackResult.UNSENT:
                 q.finish(off, len(m.body), o.max_buffered_messages, o.max_buffered_bytes)
+                if self.dispatcher.on_progress is not None:  # stop_at_end: this may have been the last
+                    self.dispatcher.on_progress()
                 return
         if not await self._pause(m) or q.stopped:
             return

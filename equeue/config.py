@@ -198,6 +198,12 @@ def host_name(_inst: object, attr: attrs.Attribute, value: object) -> None:  # t
         raise ConfigError(f"{attr.name} must be a host name or address, got {value!r}")
 
 
+def optional_callable(_inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
+    """attrs validator: None or a callable (a hook option). Raises ConfigError naming the option."""
+    if value is not None and not callable(value):
+        raise ConfigError(f"{attr.name} must be callable or None, got {value!r}")
+
+
 def optional_positive(inst: object, attr: attrs.Attribute, value: object) -> None:  # type: ignore[type-arg]
     """attrs validator: None (no limit) or a number > 0. Raises ConfigError."""
     if value is not None:

@@ -187,19 +187,18 @@ def deserialize_into(
     stays None. Raises SerializationError naming the deserializer and the message's
     position, its error chained (the consumer treats it as a handler failure)."""
     if value_deserializer is not None:
-        try:
-            msg._set_value(value_deserializer(msg.body))
-        except Exception as exc:
-            raise SerializationError(
-                f"value_deserializer {_name(value_deserializer)} failed on {_where(msg)}: {exc!r}"
-            ) from exc
+        msg._set_value(_deserialized("value_deserializer", value_deserializer, msg.body, msg))
     if key_deserializer is not None and msg.key is not None:
-        try:
-            msg._set_key_value(key_deserializer(msg.key))
-        except Exception as exc:
-            raise SerializationError(
-                f"key_deserializer {_name(key_deserializer)} failed on {_where(msg)}: {exc!r}"
-            ) from exc
+        msg._set_key_value(_deserialized("key_deserializer", key_deserializer, msg.key, msg))
+
+
+def _deserialized(option: str, fn: Callable[[Any], Any], data: Any, msg: Message) -> Any:
+    """``fn(data)``; SerializationError naming the option, ``fn`` and ``msg``'s position
+    (the error chained) when it raises."""
+    try:
+        return fn(data)
+    except Exception as exc:
+        raise SerializationError(f"{option} {_name(fn)} failed on {_where(msg)}: {exc!r}") from exc
 
 
 def _where(msg: Message) -> str:

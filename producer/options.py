@@ -17,6 +17,7 @@ from typing import Any
 import attrs
 
 from equeue.client.retry import RetryPolicy
+from equeue.config import optional_callable
 from equeue.errors import ConfigError
 from equeue.models import Message
 from equeue.security import ClientSecurity
@@ -109,12 +110,6 @@ def _selector(_inst: object, _attr: attrs.Attribute[Any], value: object) -> None
         raise ConfigError(f"queue_selector must be callable(queue_count, message), got {value!r}")
 
 
-def _optional_callable(_inst: object, attr: attrs.Attribute[Any], value: object) -> None:
-    """attrs validator: None or a callable. Raises ConfigError naming the option."""
-    if value is not None and not callable(value):
-        raise ConfigError(f"{attr.name} must be callable or None, got {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class ProducerOptions:
     """How a producer sends (every field is also a keyword argument of the producers).
@@ -165,10 +160,10 @@ class ProducerOptions:
     compression: Codec = attrs.field(default=Codec.NONE, converter=_to_codec)
     #: turns each sent value into the body bytes (:mod:`equeue.serde`, e.g.
     #: ``json_serializer``); None: bodies are bytes or str, sent as they are
-    value_serializer: Serializer | None = attrs.field(default=None, validator=_optional_callable)
+    value_serializer: Serializer | None = attrs.field(default=None, validator=optional_callable)
     #: turns each sent key into the key *text* (keys are str on the wire, e.g.
     #: ``json_key_serializer``); None: keys are str or UTF-8 bytes. A None key stays None
-    key_serializer: KeySerializer | None = attrs.field(default=None, validator=_optional_callable)
+    key_serializer: KeySerializer | None = attrs.field(default=None, validator=optional_callable)
     #: TLS settings and credentials (None: from the ``EQUEUE_*`` environment, see
     #: :mod:`equeue.security`)
     security: ClientSecurity | None = None

@@ -203,6 +203,25 @@ assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic"
 _NO_END: Final = 1 << 64
 
 
+def _skip_records(records: bytes, pos: int, n: int) -> int:
+    """The position after the ``n`` records from ``pos``, stepped over by their length
+    prefixes (one-byte varints inline). Raises CorruptRecord for an empty record,
+    IndexError past the end."""
+    uvarint = _read_uvarint
+    for _ in range(n):
+        size = records[pos]
+        if size < 0x80:
+            if not size:
+                raise CorruptRecord("an empty record")
+            pos += size + 1
+        else:  # a longer varint, of 0 too when it is not minimal
+            size, pos = uvarint(records, pos)
+            if not size:
+                raise CorruptRecord("an empty record")
+            pos += size
+    return pos
+
+
 def decode_records_into(
     out: list[Message],
     records: bytes,
@@ -237,17 +256,7 @@ def decode_records_into(
     lo = min(count, max(0, start - base))
     hi = max(lo, min(count, stop - base))
     try:
-        for _ in range(lo):
-            n = records[pos]
-            if n < 0x80:
-                if not n:
-                    raise CorruptRecord("an empty record")
-                pos += n + 1
-            else:  # a longer varint, of 0 too when it is not minimal
-                n, pos = uvarint(records, pos)
-                if not n:
-                    raise CorruptRecord("an empty record")
-                pos += n
+        pos = _skip_records(records, 0, lo)
         if pos > size:
             raise CorruptRecord("a record overruns its batch")
         # varints below 128 (nearly every length and small field) are read inline:
@@ -324,17 +333,7 @@ def decode_records_into(
             pos = e
             if len(out) >= cap:
                 return  # the rest is not delivered: not decoded either
-        for _ in range(hi, count):
-            n = records[pos]
-            if n < 0x80:
-                if not n:
-                    raise CorruptRecord("an empty record")
-                pos += n + 1
-            else:  # a longer varint, of 0 too when it is not minimal
-                n, pos = uvarint(records, pos)
-                if not n:
-                    raise CorruptRecord("an empty record")
-                pos += n
+        pos = _skip_records(records, pos, count - hi)
     except IndexError:
         raise CorruptRecord("a record is truncated") from None
     except UnicodeDecodeError as exc:
