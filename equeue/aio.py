@@ -14,7 +14,12 @@ Cancellation follows asyncio's rules: cancelling a task awaiting a call raises
 CancelledError in it once the call, cancelled on the trio loop, ended there; what was already handed
 over stays done. A send whose message is already buffered is still sent (only the wait
 is abandoned); a cancelled ``run`` stops handing out messages and the handlers
-running are cancelled, their messages left uncommitted (delivered again). ``async with``
+running are cancelled, the messages of their chunks left uncommitted (delivered again).
+
+``run`` crosses threads once per chunk, not per message: the core hands a whole chunk to
+the asyncio loop (:class:`equeue.consumer.invoke.ChunkHandler`), the handler is awaited
+on each of its messages there, and the chunk's result crosses back. Iteration takes a
+batch per crossing and yields from it. ``async with``
 (or :meth:`aclose`) closes the core (flush; commit and leave) and ends the loop thread;
 an object never closed ends its loop thread when collected or at exit, without flushing
 or committing (see docs/asyncio.md).
@@ -46,6 +51,8 @@ from equeue.client.syncfront import CallCancelled, LoopThread
 from equeue.consumer.core import AsyncConsumer as _TrioConsumer
 from equeue.consumer.core import ConsumerStatistics, _Iteration
 from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
+from equeue.consumer.invoke import ChunkHandler, Invoke, Stopping, deserializing, run_chunks
+from equeue.consumer.options import ConsumerOptions
 from equeue.errors import ClientClosed
 from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, SendHandle, deliver_at_ms
@@ -375,6 +382,18 @@ def _to_asyncio(fn: Callable[..., Any], aio: asyncio.AbstractEventLoop) -> Calla
     return bridged
 
 
+def _chunks_on_asyncio(handler: Callable[[Message], Awaitable[Any]], aio: asyncio.AbstractEventLoop) -> ChunkHandler:
+    """The async ``handler`` as the core's :class:`ChunkHandler`: each chunk crosses to
+    the asyncio loop ``aio`` once, runs there through the trio SDK's own chunk loop
+    (:func:`run_chunks`: in turn, the stop and ``stop_on_failure`` rules, deserializers
+    applied under the same ``try``), and its ChunkResult crosses back once."""
+
+    def make(options: ConsumerOptions, state: Stopping) -> Invoke:
+        return _to_asyncio(run_chunks(deserializing(handler, options, True), state), aio)
+
+    return ChunkHandler(make)
+
+
 class AsyncConsumer(_Front[_TrioConsumer]):
     """A member of a consumer group, for asyncio. Same arguments and semantics as the
     trio :class:`equeue.consumer.AsyncConsumer` (leases, retries, dead letters, commit
@@ -424,12 +443,14 @@ class AsyncConsumer(_Front[_TrioConsumer]):
         raising means retry (as in the trio SDK). Up to ``concurrency`` handlers run
         at once (orderly: one per queue). Cancelling the task running it stops the
         run: the handlers running are cancelled and their messages are delivered
-        again. Raises TypeError for a handler that is not a coroutine function."""
+        again. Messages reach this loop a chunk at a time (one thread hop there and one
+        back per chunk, not per message); a chunk's messages are handled in turn, as in
+        the trio SDK. Raises TypeError for a handler that is not a coroutine function."""
         call = getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
         if not (inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)):
             raise TypeError("AsyncConsumer.run takes a coroutine function (async def handler(msg))")
         _, core = self._ready()
-        await self._call(core.run, _to_asyncio(handler, asyncio.get_running_loop()))
+        await self._call(core.run, _chunks_on_asyncio(handler, asyncio.get_running_loop()))
 
     def __aiter__(self) -> AsyncIterator[Message]:
         """Iterate messages; one is done when the loop asks for the next. Breaking out

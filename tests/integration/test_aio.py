@@ -130,6 +130,63 @@ def test_worker_async_handler_commits(embedded_broker: EmbeddedBroker) -> None:
     asyncio.run(main())
 
 
+def test_chunk_failure_goes_to_retry_and_dead_letter(embedded_broker: EmbeddedBroker) -> None:
+    """A chunk crosses to the asyncio loop once (its handler calls share one task); a
+    message failing inside it is retried, then dead-lettered, while the rest of its chunk
+    is processed once and committed."""
+    addr = embedded_broker.address
+    n = 300
+
+    async def main() -> None:
+        async with AsyncClient(addr) as c:
+            await c.create_topic("chunked", 1)
+        async with AsyncProducer(addr) as p:
+            for i in range(n):
+                await p.send_async("chunked", f"c{i}")
+            await p.flush()
+        per_task: dict[asyncio.Task[Any], list[str]] = {}
+        poison: list[Message] = []
+        calls: list[str] = []
+        async with AsyncConsumer(addr, "g-chunked", "chunked", start_from="earliest", max_reconsume_times=1,
+                                 retry_delays=[0.05], **FAST) as con:  # fmt: skip
+
+            async def handler(msg: Message) -> None:
+                task = asyncio.current_task()
+                assert task is not None
+                seen = per_task.setdefault(task, [])
+                seen.append(msg.text)
+                calls.append(msg.text)
+                if not poison and len(seen) > 1 and msg.reconsume_times == 0:
+                    poison.append(msg)  # not the first of its chunk: its chunk goes on after it
+                if poison and msg.text == poison[0].text:
+                    raise RuntimeError("poison")
+
+            running = asyncio.ensure_future(con.run(handler))
+
+            async def settled() -> bool:
+                st = con.statistics()
+                return st.dead_lettered == 1 and st.consumed >= n - 1
+
+            await wait_for(settled)
+            await con.commit()
+            con.stop()
+            await running
+        bad = poison[0]
+        chunk = next(seen for seen in per_task.values() if bad.text in seen)
+        assert len(chunk) > 1 and len(per_task) < len(calls)  # chunks, not one hop per message
+        assert calls.count(bad.text) == 2  # first try, then once from the retry topic
+        others = [t for t in calls if t != bad.text]
+        assert sorted(others) == sorted(f"c{i}" for i in range(n) if f"c{i}" != bad.text)  # each once
+        async with AsyncClient(addr) as c:
+            assert await c.query_offset("g-chunked", "chunked", 0) == n
+            page = await c.dlq_list("g-chunked")
+            assert [(d.origin_topic, d.origin_offset, d.reconsume_times) for d in page.letters] == [
+                ("chunked", bad.queue_offset, 1)
+            ]
+
+    asyncio.run(main())
+
+
 def test_cancel_send_and_run_timeout(embedded_broker: EmbeddedBroker) -> None:
     addr = embedded_broker.address
 
