@@ -15,6 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+import outcome
 import trio
 
 from equeue.errors import ClientClosed
@@ -22,7 +23,11 @@ from equeue.errors import ClientClosed
 T = TypeVar("T")
 A = TypeVar("A")
 
-__all__ = ["LoopThread", "SyncFront"]
+__all__ = ["CallCancelled", "LoopThread", "SyncFront"]
+
+class CallCancelled(Exception):
+    """The outcome of a :meth:`LoopThread.start_call` call cancelled by its canceller."""
+
 
 #: bumped in a forked child: a loop made before the fork is not running there
 _fork_generation = 0
@@ -95,21 +100,67 @@ class LoopThread:
 
     def open_async(self, factory: Callable[[], A]) -> A:
         """Create ``factory()`` on the loop and keep it entered (``async with``) until close."""
-        holder: dict[str, Any] = {}
+        return self.run(self.start_entered, factory)
 
-        async def opener(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def start_entered(self, factory: Callable[[], A]) -> A:
+        """On the loop: create ``factory()``, enter it (``async with``) in a task of the
+        loop's nursery that keeps it entered until the loop closes, and return it once
+        entered (raises what entering raised)."""
+
+        async def opener(task_status: trio.TaskStatus[A] = trio.TASK_STATUS_IGNORED) -> None:
             obj = factory()
             async with obj:  # type: ignore[attr-defined]
-                holder["obj"] = obj
-                task_status.started()
+                task_status.started(obj)
                 await trio.sleep_forever()
 
-        async def start() -> None:
-            assert self._nursery is not None
-            await self._nursery.start(opener)
+        assert self._nursery is not None
+        return await self._nursery.start(opener)  # type: ignore[no-any-return]
 
-        self.run(start)
-        return holder["obj"]  # type: ignore[no-any-return]
+    def start_call(
+        self, afn: Callable[..., Awaitable[T]], *args: Any, on_done: Callable[[outcome.Outcome[T]], object]
+    ) -> Callable[[], None]:
+        """Start ``await afn(*args)`` in a task of the loop without waiting (any thread);
+        ``on_done(outcome)`` is called on the loop thread once it ended (its value or
+        error; ClientClosed when the loop closed under it). Returns a function that
+        cancels the call (from any thread; the outcome is then :class:`CallCancelled`
+        unless it ended first). Raises ClientClosed when the loop is not running.
+
+        The non-blocking twin of :meth:`run`, for fronts whose caller must not block
+        (the asyncio front, :mod:`equeue.aio`)."""
+        token = self._token
+        if not self.alive or token is None:
+            raise ClientClosed("the client's event loop is not running (closed or forked)")
+        scope = trio.CancelScope()
+
+        async def task() -> None:
+            result: outcome.Outcome[T] = outcome.Error(CallCancelled("the call was cancelled"))
+            try:
+                with scope:
+                    result = outcome.Value(await afn(*args))
+            except trio.Cancelled:  # the loop closes
+                on_done(outcome.Error(ClientClosed("the client's event loop closed")))
+                raise
+            except BaseException as exc:  # handed to on_done, raised by the caller
+                result = outcome.Error(exc)
+            on_done(result)
+
+        def spawn() -> None:
+            if self._nursery is None or not self._running:
+                on_done(outcome.Error(ClientClosed("the client's event loop is not running")))
+                return
+            self._nursery.start_soon(task, name=getattr(afn, "__qualname__", "front call"))
+
+        def cancel() -> None:
+            try:
+                token.run_sync_soon(scope.cancel)
+            except trio.RunFinishedError:
+                pass
+
+        try:
+            token.run_sync_soon(spawn)
+        except trio.RunFinishedError:
+            raise ClientClosed("the client's event loop is not running") from None
+        return cancel
 
     def close(self) -> None:
         if self.pid != os.getpid():

@@ -46,7 +46,7 @@ from equeue.consumer.broadcast_store import BroadcastOffsetStore, default_state_
 from equeue.consumer.commit import Committer
 from equeue.consumer.dispatch import Dispatcher, Item
 from equeue.consumer.ending import EndWatch, watch_idle
-from equeue.consumer.invoke import Handler, make_invoker
+from equeue.consumer.invoke import ChunkHandler, Handler, make_invoker
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
 from equeue.consumer.process import Lease
 from equeue.consumer.pull import LOG_INTERVAL, PullLoop
@@ -377,14 +377,16 @@ class AsyncConsumer:
                 self._nursery.cancel_scope.cancel()
 
     # ------------------------------------------------------------------ consuming
-    async def run(self, handler: Handler) -> None:
+    async def run(self, handler: Handler | ChunkHandler) -> None:
         """Hand every message to ``handler`` until :meth:`stop` or :meth:`aclose`.
 
         ``handler(msg)`` returning means done; raising means retry (see docs). Async
         handlers run as tasks, sync ones in worker threads, up to ``concurrency`` at
         once (orderly: one per queue) — or, with ``handler_threads="auto"``, inline on
         this loop, one at a time, once they prove fast (docs/consumer.md, "Where
-        handlers run"). Raises RuntimeError if already consuming.
+        handlers run"). A front running handlers on another loop passes a
+        :class:`equeue.consumer.invoke.ChunkHandler` (whole chunks per call). Raises
+        RuntimeError if already consuming.
         """
         if self._consuming:
             raise _busy(self._consuming, RUN)

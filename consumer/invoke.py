@@ -10,6 +10,12 @@ early on stop or revoke only when it holds the queue's highest handed-out offset
 (:attr:`equeue.consumer.process.ProcessQueue.taken_top`); ``stop_on_failure`` (orderly mode)
 ends it at the first failure.
 
+A front that runs handlers elsewhere (the asyncio front, on the asyncio loop) hands
+:meth:`equeue.consumer.AsyncConsumer.run` a :class:`ChunkHandler` instead of a handler:
+its own invoke call, given whole chunks, so it crosses to its loop once per chunk rather
+than once per message; :func:`run_chunks` is the chunk loop it runs there (the one async
+handlers run through here).
+
 Deserializers (``value_deserializer`` / ``key_deserializer``): :func:`deserializing`
 wraps the handler so each message is deserialized (:func:`equeue.serde.deserialize_into`)
 just before its handler call, in the same place (thread or loop) and under the same
@@ -35,7 +41,16 @@ from equeue.serde import deserialize_into
 
 log = logging.getLogger("equeue.consumer")
 
-__all__ = ["ChunkResult", "Handler", "Invoke", "SyncPlacement", "deserializing", "make_invoker"]
+__all__ = [
+    "ChunkHandler",
+    "ChunkResult",
+    "Handler",
+    "Invoke",
+    "SyncPlacement",
+    "deserializing",
+    "make_invoker",
+    "run_chunks",
+]
 
 Handler = Callable[[Message], Any]
 #: (processed count, [(index, exception), ...]) of one chunk
@@ -133,28 +148,53 @@ def deserializing(handler: Handler, options: ConsumerOptions, is_async: bool) ->
     return deserialize_then_call
 
 
-def make_invoker(handler: Handler, options: ConsumerOptions, state: Stopping) -> tuple[Invoke, SyncPlacement | None]:
+class ChunkHandler:
+    """A handler given as its own invoke call, for a front that runs handlers on
+    another event loop: ``make(options, state)`` returns the :data:`Invoke` call the
+    workers await once per chunk (it must apply the stop and ``stop_on_failure`` rules
+    of :func:`run_chunks`, and the deserializers: :func:`deserializing`)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[ConsumerOptions, Stopping], Invoke]) -> None:
+        self.make = make
+
+
+def run_chunks(handler: Handler, state: Stopping) -> Invoke:
+    """The invoke call awaiting the async ``handler`` on each message of a chunk in
+    turn. It awaits nothing but the handler, so it runs under any event loop (trio
+    here; asyncio for the asyncio front's :class:`ChunkHandler`). A handler's Exception
+    is that message's failure; BaseException (a cancellation) propagates."""
+
+    async def invoke_async(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
+        fails: list[tuple[int, BaseException]] = []
+        for i, m in enumerate(msgs):
+            if (state.stopping or q.stopped) and q.taken_top <= top:
+                return i, fails
+            try:
+                await handler(m)
+            except Exception as exc:
+                fails.append((i, exc))
+                if stop_on_failure:
+                    return i + 1, fails
+        return len(msgs), fails
+
+    return invoke_async
+
+
+def make_invoker(
+    handler: Handler | ChunkHandler, options: ConsumerOptions, state: Stopping
+) -> tuple[Invoke, SyncPlacement | None]:
     """The invoke call for ``handler`` (wrapped by :func:`deserializing` when the
-    options name deserializers) and, for a sync handler, its placement."""
+    options name deserializers) and, for a sync handler, its placement; a
+    :class:`ChunkHandler`'s own call as it is."""
+    if isinstance(handler, ChunkHandler):
+        return handler.make(options, state), None
     call = getattr(handler, "__call__", None)  # noqa: B004 - async callable objects
     is_async = inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
     handler = deserializing(handler, options, is_async)
     if is_async:
-
-        async def invoke_async(q: ProcessQueue, msgs: list[Message], top: int, stop_on_failure: bool) -> ChunkResult:
-            fails: list[tuple[int, BaseException]] = []
-            for i, m in enumerate(msgs):
-                if (state.stopping or q.stopped) and q.taken_top <= top:
-                    return i, fails
-                try:
-                    await handler(m)
-                except Exception as exc:
-                    fails.append((i, exc))
-                    if stop_on_failure:
-                        return i + 1, fails
-            return len(msgs), fails
-
-        return invoke_async, None
+        return run_chunks(handler, state), None
 
     place = SyncPlacement(options.handler_threads == HandlerThreads.AUTO)
     clock = time.perf_counter
