@@ -60,6 +60,7 @@ from equeue.broker.stats import Counters, Statistics
 from equeue.broker.storage import ScanBudget, Store, WriteOutcome
 from equeue.broker.thread_answer import answer_parked_pulls
 from equeue.broker.tls import TlsAcceptor, server_context
+from equeue.client.lifetime import StackOwner
 from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig
 from equeue.errors import ConfigError, ErrorCode, NotLeader, StartupError
@@ -144,7 +145,7 @@ class _ReplicatedHooks(NoHooks):
         self._broker._staging.flush()
 
 
-class Broker:
+class Broker(StackOwner):
     """An equeue broker. Use ``async with Broker(cfg) as b`` or ``await b.serve()``.
 
     Its parts (``store``, ``appender``, ``groups``, ``parked``, ``stats``,
@@ -351,19 +352,12 @@ class Broker:
             raise ConfigError("TLS is off (no tls_cert): nothing to reload")
         self._tls.reload(self.config)
 
-    async def __aenter__(self) -> Broker:
-        self._nursery_cm = trio.open_nursery()
-        nursery = await self._nursery_cm.__aenter__()
-        try:
-            await nursery.start(self.serve)
-        except BaseException:
-            await self._nursery_cm.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> bool | None:
-        self.stop()
-        return await self._nursery_cm.__aexit__(*exc)  # type: ignore[arg-type]
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        """Serve in a nursery of the stack until exit, which stops gracefully and waits.
+        A failed start raises its own error (the nursery is closed first)."""
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        await nursery.start(self.serve)
+        stack.callback(self.stop)
 
     @property
     def address(self) -> str:

@@ -26,6 +26,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 import attrs
@@ -33,6 +34,7 @@ import trio
 
 from equeue import control, wire
 from equeue.client.handshake import authenticate
+from equeue.client.lifetime import StackOwner
 from equeue.client.link import PendingReply, _Link, _Slot, parse_brokers
 from equeue.client.tls import client_context, handshake_error
 from equeue.codec import DEFAULT_MAX_FRAME, NEED_DATA, Hello, HelloAck, Push, Response
@@ -75,7 +77,7 @@ def _compression_setting(value: str | None) -> str | None:
     return setting
 
 
-class AsyncClient:
+class AsyncClient(StackOwner):
     """A trio client for one equeue cluster (a list of broker addresses)."""
 
     def __init__(
@@ -101,7 +103,6 @@ class AsyncClient:
         self._link: _Link | None = None
         self._connect_lock = trio.Lock()
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         self._closed = False
         #: :meth:`cork` depth; while above 0, :meth:`send_request_nowait` collects
         #: frames in ``_corked`` and :meth:`uncork` writes them with one write
@@ -112,18 +113,11 @@ class AsyncClient:
         self.connection_epoch = 0
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> AsyncClient:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        cm, self._nursery_cm = self._nursery_cm, None
-        try:
-            await self.aclose()  # may raise Cancelled in a cancelled task: close the nursery anyway
-        finally:
-            result: bool | None = await cm.__aexit__(*exc)
-        return result
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        # on exit, close the connection (which cancels the reader) before the nursery
+        # waits; should that raise (Cancelled in a cancelled task), the nursery still closes
+        stack.push_async_callback(self.aclose)
 
     async def aclose(self) -> None:
         """Close the connection; pending requests fail with ClientClosed."""

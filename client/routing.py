@@ -48,13 +48,15 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from contextlib import AsyncExitStack
+from typing import TypeVar
 
 import attrs
 import trio
 
 from equeue import control
 from equeue.client.connection import AsyncClient, PushHandler
+from equeue.client.lifetime import StackOwner
 from equeue.client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue.errors import (
     ClientClosed,
@@ -211,7 +213,7 @@ class _GroupClient:
         self.ready = trio.Event()
 
 
-class Router:
+class Router(StackOwner):
     """The route table of one client and a connection per owner group (module docstring).
 
     ``async with Router(bootstrap, refresh_interval=30.0) as router`` (the bootstrap
@@ -240,7 +242,6 @@ class Router:
         self._clients: dict[str, _GroupClient] = {}
         self._listeners: list[Callable[[], None]] = []
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         self._refresh_lock = trio.Lock()
         self._refresh_now = trio.Event()
         #: trio time the last refresh began and the topics it asked for (callers that
@@ -249,20 +250,18 @@ class Router:
         self._last_topics: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> Router:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        stack.callback(self._closing)
         self._nursery.start_soon(self._refresher)
-        return self
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        cm, self._nursery_cm = self._nursery_cm, None
+    def _closing(self) -> None:
+        """On exit, before the nursery waits: no new group connection from now on, the
+        refresher and the groups' connections cancelled."""
         nursery, self._nursery = self._nursery, None
         if nursery is not None:
             nursery.cancel_scope.cancel()
         self._clients.clear()
-        result: bool | None = await cm.__aexit__(*exc)
-        return result
 
     async def aclose(self) -> None:
         """Close every group's connection (the bootstrap client is its owner's to

@@ -54,8 +54,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import Any
+from contextlib import AsyncExitStack
 
 import attrs
 import trio
@@ -71,6 +70,7 @@ from equeue.broker.cluster.etcd import (
     put_op,
 )
 from equeue.broker.cluster.membership import Membership
+from equeue.client.lifetime import StackOwner, enter_cancelled_nursery
 from equeue.errors import ClusterDataInvalid, ClusterUnavailable
 from equeue.logs import RateLimitedLog
 from equeue.placement import (
@@ -120,7 +120,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class GroupElection:
+class GroupElection(StackOwner):
     """``async with GroupElection(etcd, group=g, broker_id=b, address=a, membership=m,
     ttl=5, eligible=f) as e:`` watch, campaign, fence (see the module docstring).
 
@@ -198,26 +198,16 @@ class GroupElection:
         self._bad = RateLimitedLog(log, 30.0, trio.current_time)
         self._outage_since: float | None = None
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> GroupElection:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        """Watch and campaign until exit. Leadership itself ends with the membership
+        lease (revoked on a clean stop right after), so exit makes no etcd call."""
+        self._nursery = await enter_cancelled_nursery(stack)
         self._nursery.start_soon(self._watch, name=f"election watch {self.group}")
         self._nursery.start_soon(self._campaign, name=f"election campaign {self.group}")
         self._nursery.start_soon(self._follow_lease, name=f"election lease {self.group}")
         self._nursery.start_soon(self._fence_watch, name=f"election fence {self.group}")
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        """Stop watching and campaigning. Leadership itself ends with the membership
-        lease (revoked on a clean stop right after), so no etcd call here."""
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        return await self._nursery_cm.__aexit__(et, ev, tb)
 
     # ------------------------------------------------------------------ reading
     def is_leader(self) -> bool:

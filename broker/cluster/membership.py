@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any
+from contextlib import AsyncExitStack
 
 import trio
 
 from equeue.broker.cluster.etcd import EtcdClient, compare_create, delete_op, put_op
+from equeue.client.lifetime import StackOwner, enter_cancelled_nursery
 from equeue.errors import BrokerIdConflict, ClusterDataInvalid, ClusterUnavailable, ConfigError
 from equeue.placement import (
     BrokerRecord,
@@ -66,7 +66,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Membership:
+class Membership(StackOwner):
     """``async with Membership(etcd, record, ttl=5) as m: await m.wait_registered()``.
 
     Entering starts a task (in the object's own nursery) that registers the broker
@@ -106,7 +106,6 @@ class Membership:
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
 
     @property
     def lease_id(self) -> int | None:
@@ -128,21 +127,12 @@ class Membership:
         """Return once the broker registered for the first time."""
         await self._first.wait()
 
-    async def __aenter__(self) -> Membership:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        # pushed first, so it runs last: the lease is revoked once the renewals ended
+        # (whether or not the nursery's exit raised)
+        stack.push_async_callback(self._step_down)
+        self._nursery = await enter_cancelled_nursery(stack)
         self._nursery.start_soon(self._run, name=f"membership {self.key}")
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        try:
-            return await self._nursery_cm.__aexit__(et, ev, tb)
-        finally:
-            await self._step_down()
 
     async def _step_down(self) -> None:
         lease, self.lease = self.lease, 0

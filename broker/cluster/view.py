@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from types import MappingProxyType, TracebackType
-from typing import Any
+from contextlib import AsyncExitStack
+from types import MappingProxyType
 
 import attrs
 import trio
 
 from equeue.broker.cluster.etcd import EtcdClient, KeyValue, WatchEvent
+from equeue.client.lifetime import StackOwner, enter_cancelled_nursery
 from equeue.errors import ClusterDataInvalid, ClusterUnavailable
 from equeue.logs import RateLimitedLog
 from equeue.placement import (
@@ -113,7 +114,7 @@ class Snapshot:
     paused_groups: frozenset[str] = frozenset()
 
 
-class ClusterView:
+class ClusterView(StackOwner):
     """``async with ClusterView(etcd) as view: await view.ready.wait()``.
 
     Entering starts the load-and-watch task in the view's own nursery and returns at
@@ -149,21 +150,11 @@ class ClusterView:
         self._outage_since: float | None = None
         self._reminded = 0.0
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None  # trio's nursery manager, opened on entry
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> ClusterView:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        self._nursery = await enter_cancelled_nursery(stack)
         self._nursery.start_soon(self._run, name="cluster view")
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._nursery is not None
-        self._nursery.cancel_scope.cancel()
-        return await self._nursery_cm.__aexit__(et, ev, tb)
 
     # ------------------------------------------------------------------ reading
     @property

@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection
-from types import TracebackType
+from contextlib import AsyncExitStack
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -49,6 +49,7 @@ from equeue.broker.replication.leader import (
     LogTrimmer,
 )
 from equeue.broker.storage import WriteOutcome
+from equeue.client.lifetime import StackOwner, enter_cancelled_nursery
 from equeue.config import BrokerConfig
 from equeue.errors import (
     BadRequest,
@@ -158,7 +159,7 @@ def eligible(replication: RoleReplication) -> bool:
     return replication.position >= replication.consistent_at
 
 
-class ReplicaRole:
+class ReplicaRole(StackOwner):
     """Leader or follower of one broker group; see the module docstring. Raises
     ValueError when ``store`` is not replicated (it has no ``replication``)."""
 
@@ -190,7 +191,6 @@ class ReplicaRole:
         #: (leader address, epoch) followed now
         self._following: tuple[str, int] | None = None
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         #: set once leading with the leader duties' first pass done (start-up waits for it)
         self._ready = trio.Event()
         #: leadership taken (epochs led), for tests and statistics
@@ -206,24 +206,19 @@ class ReplicaRole:
         self._led_hw = 0
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> ReplicaRole:
-        self._nursery_cm = trio.open_nursery()
-        self._nursery = await self._nursery_cm.__aenter__()
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        self._nursery = await enter_cancelled_nursery(stack)
+        # on exit (or a cancelled entry), stop serving before the tasks are cancelled
+        stack.callback(self._shutting_down)
         # only a serving leader writes its store through client ops
         self._appender.refuse(NotLeader(self._not_leader_text()))
         self._nursery.start_soon(self._drive, name=f"replica role {self.group}")
         if self._election.is_leader():  # a leader serves once its first duties ran (topics materialized)
             with trio.move_on_after(START_TIMEOUT):
                 await self._ready.wait()
-        return self
 
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        assert self._nursery is not None
+    def _shutting_down(self) -> None:
         self._stop_serving(BrokerShuttingDown("the broker is stopping: retry at the group's new leader"))
-        self._nursery.cancel_scope.cancel()
-        return await self._nursery_cm.__aexit__(et, ev, tb)  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ serving
     def check_serving(self) -> None:
