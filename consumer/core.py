@@ -32,13 +32,15 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from equeue.client.connection import AsyncClient
+from equeue.client.lifetime import StackOwner
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import Router
 from equeue.consumer.assignments import Assignments
@@ -90,6 +92,25 @@ def _queue_list(queues: Iterable[tuple[str, int]]) -> list[Lease]:
     return out
 
 
+@asynccontextmanager
+async def _task_nursery() -> AsyncGenerator[trio.Nursery, None]:
+    """A nursery for an object's tasks, entered in the task that enters the object:
+    the body of its ``async with`` runs inside the nursery's cancel scope, so the
+    nursery absorbs a Cancelled of its own scope (the object cancelling itself), while
+    any other exception of the body is not handed to it (a trio nursery would wrap it
+    in an ExceptionGroup) but raised unchanged once the nursery closed."""
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            yield nursery
+        except trio.Cancelled:
+            raise
+        except BaseException as exc:  # re-raised below, after the nursery
+            body_error = exc
+    if body_error is not None:
+        raise body_error
+
+
 class _Iteration:
     __slots__ = ("current",)
 
@@ -122,7 +143,7 @@ def _on_loop(token: trio.lowlevel.TrioToken) -> bool:
         return False
 
 
-class AsyncConsumer:
+class AsyncConsumer(StackOwner):
     """A member of a consumer group (trio). See docs/consumer.md.
 
     Rebalance listeners are options: ``on_assigned``, ``on_revoked``, ``on_lost``, each
@@ -183,7 +204,6 @@ class AsyncConsumer:
         self._assigned_once = False
         self._run_scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
-        self._nursery_cm: Any = None
         #: the loop this consumer runs on (set on entry): stop() from another thread goes through it
         self._token: trio.lowlevel.TrioToken | None = None
         if self.manual:
@@ -238,70 +258,42 @@ class AsyncConsumer:
                                 local_retry=not clustering or ephemeral)  # fmt: skip
 
     # ------------------------------------------------------------------ lifetime
-    async def __aenter__(self) -> AsyncConsumer:
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        """Open the connections and the consumer's nursery on ``stack``, join (unless
+        assigned by hand) and start the background tasks. Exit (the stack unwinding, in
+        reverse) closes (:meth:`aclose`), cancels the tasks, closes the nursery, then the
+        route table and the connection; those two never see the body's exception.
+
+        The consumer's nursery is entered in the caller's task, so cancelling it (as
+        :meth:`aclose` does) cancels the rest of the ``async with`` body too, as for a
+        nursery's body: that Cancelled is absorbed by the nursery (the ``async with``
+        ends quietly). Other exceptions of the body pass through unchanged
+        (:func:`_task_nursery`)."""
         self._token = trio.lowlevel.current_trio_token()
         await self.client.__aenter__()
-        try:
-            await self.router.__aenter__()
-        except BaseException:
-            await self.client.__aexit__(None, None, None)
-            raise
-        try:
-            self._nursery_cm = trio.open_nursery()
-            self._nursery = await self._nursery_cm.__aenter__()
-        except BaseException:
-            await self.router.__aexit__(None, None, None)
-            await self.client.__aexit__(None, None, None)
-            raise
-        self.assignments.open(self._nursery)
-        try:
-            if self._store is not None:
-                await trio.to_thread.run_sync(self._store.load)
-            if not self.manual:
-                await self.coordinator.rebalance()
-        except BaseException as exc:
-            await self.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+        stack.push_async_callback(self.client.__aexit__, None, None, None)
+        await self.router.__aenter__()
+        stack.push_async_callback(self.router.__aexit__, None, None, None)
+        stack.push_async_callback(self.router.aclose)
+        nursery = self._nursery = await stack.enter_async_context(_task_nursery())
+        stack.callback(nursery.cancel_scope.cancel)
+        stack.push_async_callback(self.aclose)
+        self.assignments.open(nursery)
+        if self._store is not None:
+            await trio.to_thread.run_sync(self._store.load)
+        if not self.manual:
+            await self.coordinator.rebalance()
         if not self.manual:  # manual assignment: no membership, no lease
-            self._nursery.start_soon(self.coordinator.run)
-            self._nursery.start_soon(self.coordinator.expire_loop)
-        self._nursery.start_soon(self.assignments.commit_loop)
+            nursery.start_soon(self.coordinator.run)
+            nursery.start_soon(self.coordinator.expire_loop)
+        nursery.start_soon(self.assignments.commit_loop)
         if self._end_watch is not None and not self.manual:  # manual: from the first assign()
-            self._nursery.start_soon(self._end_watch.run)
+            nursery.start_soon(self._end_watch.run)
         if self.options.idle_timeout is not None:
             self.dispatcher.activity = trio.current_time()
-            self._nursery.start_soon(
+            nursery.start_soon(
                 watch_idle, self.dispatcher, self.assignments.queues, self.options.idle_timeout, self.stop
             )
-        return self
-
-    async def __aexit__(self, *exc: Any) -> bool:
-        """Close (:meth:`aclose`), then end the background tasks and the connections.
-
-        The consumer's nursery was opened in the caller's task, so cancelling it (as
-        :meth:`aclose` does) cancels the rest of the ``async with`` body too, as for a
-        nursery's body: that Cancelled is handed to the nursery, which absorbs it here
-        (the ``async with`` ends quietly). Other exceptions pass through unchanged."""
-        suppressed = False
-        try:
-            await self.aclose()
-        finally:
-            if self._nursery is not None:
-                self._nursery.cancel_scope.cancel()
-            cm, self._nursery_cm = self._nursery_cm, None
-            try:
-                if cm is not None:
-                    mine = exc if isinstance(exc[1], trio.Cancelled) else (None, None, None)
-                    # a nursery's __aexit__ answers True whenever it has nothing to raise: only
-                    # the body's own Cancelled, handed to it, may be absorbed (never another error)
-                    suppressed = bool(await cm.__aexit__(*mine)) and mine[1] is not None
-            finally:
-                try:
-                    await self.router.aclose()
-                    await self.router.__aexit__(None, None, None)
-                finally:
-                    await self.client.__aexit__(None, None, None)
-        return suppressed
 
     @property
     def _stopping(self) -> bool:

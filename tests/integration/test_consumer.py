@@ -78,6 +78,26 @@ async def test_run_handles_everything_and_close_commits(broker: Broker) -> None:
             assert d.members == [] and all(q.lag == 0 for q in d.queues)
 
 
+async def test_the_async_with_body_s_error_passes_unchanged_and_close_leaves(broker: Broker) -> None:
+    """An exception of the ``async with`` body comes out as itself (not wrapped in an
+    ExceptionGroup by the consumer's nursery), after the consumer closed and left; a
+    consumer closing itself (its own cancellation of the body) ends the block quietly."""
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("orders", 2)
+            with pytest.raises(KeyError, match="boom"):
+                async with AsyncConsumer(broker.address, "g", "orders", **FAST) as con:
+                    await wait_until(lambda: len(con.assignment()) == 2)
+                    raise KeyError("boom")
+            assert (await c.describe_group("g")).members == []
+            reached = False
+            async with AsyncConsumer(broker.address, "g", "orders", **FAST) as con:
+                await con.aclose()  # cancels the rest of the body, as a nursery would
+                await trio.sleep_forever()
+                reached = True
+            assert not reached and (await c.describe_group("g")).members == []
+
+
 def test_sync_run_and_iterator_form(embedded_broker: EmbeddedBroker) -> None:
     addr = embedded_broker.address
     with Client(addr) as c:
