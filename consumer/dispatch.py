@@ -21,7 +21,7 @@ from equeue.consumer.retry import as_origin
 from equeue.consumer.stats import Counters
 from equeue.models import Message
 
-__all__ = ["CHUNK_SECONDS", "MAX_CHUNK", "Dispatcher", "Item"]
+__all__ = ["CHUNK_SECONDS", "MAX_CHUNK", "Dispatcher", "Item", "chunk_size"]
 
 MAX_CHUNK = 512
 #: a chunk is sized to hold about this much handler time (amortises the thread hand-off
@@ -29,6 +29,13 @@ MAX_CHUNK = 512
 CHUNK_SECONDS = 0.002
 #: (queue, messages, their offsets) handed out together
 Item = tuple[ProcessQueue, list[Message], list[int]]
+
+
+def chunk_size(seconds_per_message: float) -> int:
+    """How many messages to hand over at once to a body taking ``seconds_per_message``
+    each (a moving average): about :data:`CHUNK_SECONDS` of its time, 1 to :data:`MAX_CHUNK`
+    (the dispatcher's chunks, and the batches of the blocking and asyncio iterators)."""
+    return max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / max(seconds_per_message, 1e-7))))
 
 
 class Dispatcher:
@@ -61,7 +68,7 @@ class Dispatcher:
 
     def chunk(self) -> int:
         """Messages per chunk: about CHUNK_SECONDS of handler time."""
-        return max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / max(self.handler_time, 1e-7))))
+        return chunk_size(self.handler_time)
 
     def deliver(self, q: ProcessQueue, msgs: list[Message], nxt: int) -> None:
         """A pull loop got ``msgs`` (the next pull starts at ``nxt``)."""

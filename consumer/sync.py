@@ -36,7 +36,7 @@ import trio
 
 from equeue.client.syncfront import LoopThread, SyncFront
 from equeue.consumer.core import MAX_POLL, AsyncConsumer, ConsumerStatistics, _queue_list, log
-from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
+from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.models import Message
 
@@ -352,7 +352,7 @@ class Consumer(SyncFront[AsyncConsumer]):
         done = 0
         try:
             while True:
-                limit = max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / max(per_msg, 1e-7))))
+                limit = chunk_size(per_msg)
                 # once handed over, the loop owns the count (an interrupted hand-off may
                 # or may not have settled it: then those messages are redelivered)
                 settled, done = done, 0

@@ -41,7 +41,7 @@ from collections.abc import (
     Sequence,
 )
 from concurrent.futures import Future
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import outcome
 import trio
@@ -50,7 +50,7 @@ from equeue.client.connection import AsyncClient as _TrioClient
 from equeue.client.syncfront import CallCancelled, LoopThread
 from equeue.consumer.core import AsyncConsumer as _TrioConsumer
 from equeue.consumer.core import ConsumerStatistics, _Iteration
-from equeue.consumer.dispatch import CHUNK_SECONDS, MAX_CHUNK
+from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.consumer.invoke import ChunkHandler, Invoke, Stopping, deserializing, run_chunks
 from equeue.consumer.options import ConsumerOptions
 from equeue.errors import ClientClosed
@@ -81,6 +81,20 @@ class _Front(Generic[C]):
 
     def _make_core(self) -> C:  # pragma: no cover - interface
         raise NotImplementedError
+
+    async def start(self) -> Self:
+        """Start the loop thread and open the core on it (``async with`` does it)."""
+        await self._open()
+        return self
+
+    async def aclose(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def _open(self) -> C:
         """Start the loop thread and enter the core on it (once)."""
@@ -240,17 +254,6 @@ class AsyncProducer(_Front[_TrioProducer]):
 
     def _make_core(self) -> _TrioProducer:
         return self._trio
-
-    async def start(self) -> AsyncProducer:
-        """Start the loop thread and open the producer (``async with`` does it)."""
-        await self._open()
-        return self
-
-    async def __aenter__(self) -> AsyncProducer:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     @property
     def producer_id(self) -> bytes:
@@ -424,18 +427,12 @@ class AsyncConsumer(_Front[_TrioConsumer]):
                 kwargs[name] = _to_asyncio(kwargs[name], self._aio)
         return _TrioConsumer(*self._args, **kwargs)
 
-    async def start(self) -> AsyncConsumer:
+    async def start(self) -> Self:
         """Join the group (``async with`` does it). Raises ConnectionBroken when no
         broker is reachable."""
         self._aio = asyncio.get_running_loop()
         await self._open()
         return self
-
-    async def __aenter__(self) -> AsyncConsumer:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def run(self, handler: Callable[[Message], Awaitable[Any]]) -> None:
         """Await ``handler(msg)`` (a coroutine function, run on this asyncio loop) for
@@ -467,7 +464,7 @@ class AsyncConsumer(_Front[_TrioConsumer]):
         done = 0
         try:
             while True:
-                limit = max(1, min(MAX_CHUNK, int(CHUNK_SECONDS / max(per_msg, 1e-7))))
+                limit = chunk_size(per_msg)
                 settled, done = done, 0
                 try:
                     batch = await self._call(core._iter_next_batch, it, settled, limit)
@@ -567,16 +564,6 @@ class AsyncClient(_Front[_TrioClient]):
 
     def _make_core(self) -> _TrioClient:
         return _TrioClient(self.brokers, **self._kwargs)
-
-    async def start(self) -> AsyncClient:
-        await self._open()
-        return self
-
-    async def __aenter__(self) -> AsyncClient:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the connections and end the loop thread. Idempotent."""
