@@ -516,6 +516,15 @@ class AsyncConsumer(_Front[_TrioConsumer]):
     def paused(self) -> set[tuple[str, int]]:
         return self._ready()[1].paused()
 
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """Fetch that queue from ``offset`` next (raises as the trio ``seek``)."""
+        self._ready()[1].seek(topic, queue_id, offset)
+
+    def assign(self, queues: Iterable[tuple[str, int]]) -> None:
+        """Consume exactly ``queues`` (a consumer made with ``group=None``; raises as
+        the trio ``assign``)."""
+        self._ready()[1].assign(queues)
+
     def statistics(self) -> ConsumerStatistics:
         loop, core = self._ready()
         return loop.run_sync(core.statistics)
@@ -548,6 +557,7 @@ def _forward(
 
     forward.__name__ = forward.__qualname__ = name
     forward.__doc__ = method.__doc__
+    forward.__wrapped__ = method  # type: ignore[attr-defined]  # inspect.signature: the trio one
     return forward
 
 
@@ -597,3 +607,11 @@ class AsyncClient(_Front[_TrioClient]):
     dlq_resend = _forward(_TrioClient.dlq_resend)
     skip_message = _forward(_TrioClient.skip_message)
     list_skipped = _forward(_TrioClient.list_skipped)
+    request = _forward(_TrioClient.request)
+    call = _forward(_TrioClient.call)
+    produce = _forward(_TrioClient.produce)
+    heartbeat = _forward(_TrioClient.heartbeat)
+    leave_group = _forward(_TrioClient.leave_group)
+    release_queues = _forward(_TrioClient.release_queues)
+    replica_digest = _forward(_TrioClient.replica_digest)
+    send_back = _forward(_TrioClient.send_back)

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from equeue import ClientClosed, Message
+from equeue import ClientClosed, Message, control
 from equeue.aio import AsyncClient, AsyncConsumer, AsyncProducer
 from equeue.broker import EmbeddedBroker
 
@@ -270,3 +270,33 @@ def test_uvloop(embedded_broker: EmbeddedBroker) -> None:
             await con.run(handler)
 
     uvloop.run(main())
+
+
+def test_manual_assignment_seek_and_low_level_calls(embedded_broker: EmbeddedBroker) -> None:
+    """The asyncio consumer's assign and seek, and the client's request-level methods
+    (call, send_back), forward to the trio cores."""
+    addr = embedded_broker.address
+
+    async def main() -> None:
+        async with AsyncClient(addr) as c:
+            await c.create_topic("man", 1)
+        async with AsyncProducer(addr) as p:
+            for i in range(5):
+                await p.send("man", f"m{i}")
+        async with AsyncConsumer(addr, None, (), start_from="earliest", **FAST) as con:
+            con.assign([("man", 0)])
+            assert con.assignment() == {("man", 0)}
+            con.seek("man", 0, 3)
+            got: list[str] = []
+            async for msg in con:
+                got.append(msg.text)
+                if msg.text == "m4":
+                    con.stop()
+            assert got == ["m3", "m4"]
+        async with AsyncClient(addr) as c:
+            stats = await c.call(control.QueueOffsets("man", 0), control.QueueStats)
+            assert stats.max_offset == 5
+            answer = await c.send_back("g-man", "man", 0, 1, reconsume_times=0)
+            assert isinstance(answer, control.SendBackAnswer)
+
+    asyncio.run(main())
