@@ -513,6 +513,13 @@ class AsyncConsumer(StackOwner):
         for item in items:
             self.dispatcher.settle(item, len(item[1]))
 
+    def _poll_undo(self) -> None:
+        """What the last poll returned never reached the application (a Ctrl-C took the
+        blocking front's wait): none of it is done; it goes back first in line, in order."""
+        items, self._polled = self._polled, []
+        for item in reversed(items):
+            self.dispatcher.settle(item, 0)
+
     # ------------------------------------------------------------------ pausing fetching
     def _on_own_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on this consumer's loop: directly when called there (or before
@@ -576,7 +583,8 @@ class AsyncConsumer(StackOwner):
         so the commit covers it). Callable from a handler or any thread.
 
         Its outcome: ``callback(None)`` once done, ``callback(error)`` when it failed
-        (an EQueueError); without a callback a failure is logged (WARNING), as a
+        (an EQueueError; ClientClosed when the consumer closed before the commit
+        ended); without a callback a failure is logged (WARNING), as a
         periodic commit's is. The callback runs on the consumer's loop: keep it quick;
         what it raises is logged. Commits of one queue never overlap, so a later commit
         never lands before an earlier one. Raises ClientClosed when the consumer is
@@ -594,6 +602,13 @@ class AsyncConsumer(StackOwner):
                 await self.assignments.commit_all()
             except EQueueError as exc:
                 error = exc
+            except trio.Cancelled:  # the consumer closed first: the callback still hears of it
+                if callback is not None:
+                    try:
+                        callback(ClientClosed("the consumer closed before the commit ended"))
+                    except Exception:
+                        log.exception("commit_async callback raised (ignored)")
+                raise
             if callback is None:
                 if error is not None:
                     log.warning("offset commit failed: %s", error)

@@ -135,6 +135,11 @@ class _Pending(Generic[T]):
             except KeyboardInterrupt:
                 interrupted = True
 
+    def took_messages(self) -> bool:
+        """Whether the call ended (before a cancel landed) with a non-empty list (a
+        batch the waiter never received when it was interrupted)."""
+        return self._done and self._error is None and isinstance(self._value, list) and bool(self._value)
+
     def cancel(self) -> None:
         """Cancel the call (its outcome becomes :class:`_Cancelled` unless it ended first)."""
         self._cancel = True  # before reading the scope: a call starting now sees the flag
@@ -421,8 +426,10 @@ class Consumer(SyncFront[AsyncConsumer]):
         try:
             return pending.wait()
         except KeyboardInterrupt:
-            pending.cancel()  # core.poll takes nothing once cancelled: nothing is lost
+            pending.cancel()  # a wait cancelled takes nothing
             pending.wait_through_interrupts()
+            if pending.took_messages():  # it had returned a batch before the cancel landed
+                loop.run_sync(core._poll_undo)  # not handed out: back first in line
             raise
         except (_Cancelled, trio.Cancelled, trio.RunFinishedError, ClientClosed):
             if self._closed:

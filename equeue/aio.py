@@ -28,6 +28,7 @@ or committing (see docs/asyncio.md).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import inspect
 import time
@@ -77,6 +78,10 @@ class _Front(Generic[C]):
     def __init__(self) -> None:
         self._loop: LoopThread | None = None
         self._core: C | None = None
+        #: set when a close starts (a second close returns at once); calls still go
+        #: through meanwhile (a rebalance listener committing during the close)
+        self._closing = False
+        #: set once the close ended: calls raise ClientClosed
         self._closed = False
 
     def _make_core(self) -> C:  # pragma: no cover - interface
@@ -98,7 +103,7 @@ class _Front(Generic[C]):
 
     async def _open(self) -> C:
         """Start the loop thread and enter the core on it (once)."""
-        if self._closed:
+        if self._closed or self._closing:
             raise ClientClosed(f"{type(self).__name__} is closed")
         if self._core is not None:
             return self._core
@@ -157,12 +162,15 @@ class _Front(Generic[C]):
 
     async def _close(self, fn: Callable[[C], Awaitable[Any]]) -> None:
         """Run ``fn(core)`` on the loop (shielded from the caller's cancellation: a close
-        runs to its end), then end the loop thread. Idempotent."""
-        if self._closed:
+        runs to its end), then end the loop thread. Idempotent. The front's calls go
+        through until it ended (listeners may commit during the close), then raise
+        ClientClosed."""
+        if self._closed or self._closing:
             return
-        self._closed = True
+        self._closing = True
         loop, core = self._loop, self._core
         if loop is None:
+            self._closed = True
             return
         try:
             if core is not None and loop.alive:
@@ -173,6 +181,7 @@ class _Front(Generic[C]):
                     await closing  # the close goes on; the cancellation is raised after it
                     raise
         finally:
+            self._closed = True
             self._core = None
             self._loop = None
             loop.close()
@@ -192,11 +201,14 @@ class AioSendHandle:
     then: no hop to the asyncio loop is made for handles never awaited (a
     ``flush`` waits for them all). Cancelling the wait leaves the send going on."""
 
-    __slots__ = ("handle",)
+    __slots__ = ("_fut", "handle")
 
     def __init__(self, handle: SendHandle) -> None:
         #: the core's handle (``done()``, ``add_done_callback`` run on the trio loop thread)
         self.handle = handle
+        #: set when the send finishes; made by the first wait (one callback per handle,
+        #: however often a wait is cancelled and awaited again)
+        self._fut: asyncio.Future[None] | None = None
 
     def done(self) -> bool:
         """Whether the send finished (stored, or failed)."""
@@ -208,16 +220,18 @@ class AioSendHandle:
         if h.done():
             return h._batch.result(h._index)
         aio = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = aio.create_future()
+        fut = self._fut
+        if fut is None or fut.get_loop() is not aio:
+            fut = self._fut = aio.create_future()
 
-        def wake(_: SendHandle) -> None:  # on the trio loop thread (or here, if done)
-            try:
-                aio.call_soon_threadsafe(_set_none, fut)
-            except RuntimeError:  # the asyncio loop is closed: nobody waits
-                pass
+            def wake(_: SendHandle) -> None:  # on the trio loop thread (or here, if done)
+                try:
+                    aio.call_soon_threadsafe(_set_none, fut)
+                except RuntimeError:  # the asyncio loop is closed: nobody waits
+                    pass
 
-        h.add_done_callback(wake)
-        await fut
+            h.add_done_callback(wake)
+        await asyncio.shield(fut)  # a cancelled wait leaves the future for the next one
         return h._batch.result(h._index)
 
     def __await__(self) -> Generator[Any, None, SendResult]:
@@ -348,7 +362,8 @@ class AsyncProducer(_Front[_TrioProducer]):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        """True once a close started."""
+        return self._closed or self._closing
 
 
 def _to_asyncio(fn: Callable[..., Any], aio: asyncio.AbstractEventLoop) -> Callable[..., Awaitable[Any]]:
@@ -373,14 +388,20 @@ def _to_asyncio(fn: Callable[..., Any], aio: asyncio.AbstractEventLoop) -> Calla
             except trio.RunFinishedError:
                 pass
 
-        cf = asyncio.run_coroutine_threadsafe(target(*args), aio)
+        try:
+            cf = asyncio.run_coroutine_threadsafe(target(*args), aio)
+        except RuntimeError as exc:  # the asyncio loop is closed
+            raise ClientClosed(f"the asyncio loop that runs the handler is closed ({exc})") from None
         cf.add_done_callback(wake)
         try:
             await done.wait()
         except trio.Cancelled:
             cf.cancel()
             raise
-        return cf.result()
+        try:
+            return cf.result()
+        except concurrent.futures.CancelledError:  # its asyncio task was cancelled (a loop shutting down)
+            raise ClientClosed("the handler's asyncio task was cancelled") from None
 
     return bridged
 
@@ -469,7 +490,7 @@ class AsyncConsumer(_Front[_TrioConsumer]):
                 try:
                     batch = await self._call(core._iter_next_batch, it, settled, limit)
                 except ClientClosed:
-                    if self._closed:
+                    if self._closed or self._closing:
                         return
                     raise
                 if batch is None:

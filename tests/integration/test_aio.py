@@ -300,3 +300,48 @@ def test_manual_assignment_seek_and_low_level_calls(embedded_broker: EmbeddedBro
             assert isinstance(answer, control.SendBackAnswer)
 
     asyncio.run(main())
+
+
+def test_aclosing_ends_an_iteration_at_break_and_listeners_commit_during_the_close(
+    embedded_broker: EmbeddedBroker,
+) -> None:
+    """``contextlib.aclosing`` ends the iteration at ``break`` (a new one may start at
+    once, and a commit covers the messages handled); during the close an ``on_revoked``
+    listener can still call the front (here: commit)."""
+    from contextlib import aclosing
+
+    addr = embedded_broker.address
+    revoked: list[set[tuple[str, int]]] = []
+    consumers: list[AsyncConsumer] = []
+
+    async def on_revoked(queues: set[tuple[str, int]]) -> None:
+        await consumers[0].commit()  # during the close: the front still takes calls
+        revoked.append(queues)
+
+    async def main() -> None:
+        async with AsyncClient(addr) as c:
+            await c.create_topic("ac", 1)
+        async with AsyncProducer(addr) as p:
+            await p.send_batch("ac", [f"m{i}" for i in range(10)])
+        fast = {**FAST, "commit_interval": 60.0}
+        con = AsyncConsumer(addr, "g-ac", "ac", start_from="earliest", on_revoked=on_revoked, **fast)
+        consumers.append(con)
+        async with con:
+            seen: list[str] = []
+            async with aclosing(aiter(con)) as messages:
+                async for msg in messages:
+                    seen.append(msg.text)
+                    if len(seen) == 3:
+                        break
+            await con.commit()  # m0, m1 are done; m2 (the one broken on) is not
+            async with AsyncClient(addr) as c:
+                assert await c.query_offset("g-ac", "ac", 0) == 2
+            async with aclosing(aiter(con)) as messages:  # a new iteration at once
+                async for msg in messages:
+                    seen.append(msg.text)
+                    if msg.text == "m9":
+                        break
+            assert seen == ["m0", "m1", "m2", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9"]
+        assert revoked == [{("ac", 0)}]
+
+    asyncio.run(main())

@@ -304,3 +304,25 @@ async def test_manual_run_retries_in_place_then_drops_and_stops_at_end(tmp_path:
                     await con.run(handler)  # returns once the assigned queue is read and handled
                     assert sorted(calls) == ["m0", "m1", "m1", "m2"]  # m1: tried, retried once, dropped
                     assert con.statistics().dropped == 1
+
+
+def test_a_batch_whose_poll_was_interrupted_is_delivered_again(embedded_broker: EmbeddedBroker) -> None:
+    """A Ctrl-C that lands after the loop's poll returned a batch, and before the
+    waiting thread received it: the batch is put back first in line, not counted done
+    (so not committed), and the next poll returns it, in order."""
+    addr = embedded_broker.address
+    with Client(addr) as c:
+        c.create_topic("pi", 1)
+        c.produce(wire.ProduceRequest("pi", 0, entries("m", 6)))
+    with Consumer(addr, "gpi", "pi", start_from="earliest", commit_interval=60.0, **{
+        k: v for k, v in FAST.items() if k != "commit_interval"}) as con:  # fmt: skip
+        first = poll_until(con, 3, max_messages=3)
+        assert [m.text for m in first] == ["m0", "m1", "m2"]
+        loop, core = con._ensure()
+        taken = loop.run(lambda: core.poll(3))  # the loop's poll returned this batch...
+        assert [m.text for m in taken] == ["m3", "m4", "m5"]
+        loop.run_sync(core._poll_undo)  # ...and the interrupted front put it back
+        con.commit()  # what was polled before is done; the batch put back is not
+        with Client(addr) as c:
+            assert c.query_offset("gpi", "pi", 0) == 3
+        assert [m.text for m in poll_until(con, 3, max_messages=3)] == ["m3", "m4", "m5"]
