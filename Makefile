@@ -54,7 +54,7 @@ test-fast: install etcd-install
 # equeue/broker, equeue/client, ... are symlinks to the top-level folders (the wheel maps them
 # with setuptools' package-dir), so mypy and import-linter read the package as it is installed
 check: install
-	$(VENV)/bin/ruff check equeue client broker producer consumer spark tests bench
+	$(VENV)/bin/ruff check equeue client broker producer consumer spark aio tests bench
 	$(VENV)/bin/mypy -p equeue
 	$(VENV)/bin/lint-imports
 

@@ -99,7 +99,7 @@ def test_old_top_level_names_are_gone_and_spark_says_what_to_install(
 ) -> None:
     _, venv = wheel_venv
     python = str(venv / "bin" / "python")
-    for old in ("broker", "client", "producer", "consumer", "spark"):
+    for old in ("broker", "client", "producer", "consumer", "spark", "aio"):
         result = subprocess.run([python, "-c", f"import {old}"], cwd=tmp_path, capture_output=True, text=True)
         assert result.returncode != 0 and "ModuleNotFoundError" in result.stderr, (old, result.stderr)
     result = subprocess.run([python, "-c", "import equeue.spark"], cwd=tmp_path, capture_output=True, text=True)

@@ -46,7 +46,7 @@ _NOWAIT = "never blocks and is callable on the trio loop only; the front's send_
 DIFFERENCES: dict[tuple[str, str], str] = {
     **{
         (front, name): _LOOP
-        for front in ("equeue.client.sync.Client", "equeue.aio.AsyncClient")
+        for front in ("equeue.client.sync.Client", "equeue.aio.front.AsyncClient")
         for name in (
             "answer",
             "can_send_now",
@@ -69,14 +69,14 @@ DIFFERENCES: dict[tuple[str, str], str] = {
         for name in ("__aenter__", "__aexit__")
     },
     ("equeue.consumer.sync.Consumer", "__aiter__"): "a blocking front iterates with __iter__",
-    ("equeue.aio.AsyncClient", "__aexit__"): "takes *exc: asyncio's exit needs no exception names",
+    ("equeue.aio.front.AsyncClient", "__aexit__"): "takes *exc: asyncio's exit needs no exception names",
     (
-        "equeue.aio.AsyncConsumer",
+        "equeue.aio.front.AsyncConsumer",
         "__aexit__",
     ): "takes *exc: asyncio's exit needs no exception names",
     **{
         (front, name): _NOWAIT
-        for front in ("equeue.producer.sync_producer.Producer", "equeue.aio.AsyncProducer")
+        for front in ("equeue.producer.sync_producer.Producer", "equeue.aio.front.AsyncProducer")
         for name in ("send_nowait", "try_submit")
     },
     ("equeue.producer.sync_producer.Producer", "flush"): (
@@ -87,8 +87,8 @@ DIFFERENCES: dict[tuple[str, str], str] = {
         "poll(timeout, max_messages): a blocking caller bounds the wait with a timeout; "
         "the async poll is bounded by the caller's cancel scope"
     ),
-    ("equeue.aio.AsyncConsumer", "poll"): "not yet in the asyncio front (it iterates: async for)",
-    ("equeue.aio.AsyncConsumer", "commit_async"): (
+    ("equeue.aio.front.AsyncConsumer", "poll"): "not yet in the asyncio front (it iterates: async for)",
+    ("equeue.aio.front.AsyncConsumer", "commit_async"): (
         "not yet in the asyncio front (its callback would need a crossing to the asyncio loop)"
     ),
 }
