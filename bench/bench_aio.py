@@ -31,8 +31,10 @@ BODY = b"x" * 100
 FAST: dict[str, Any] = dict(heartbeat_interval=0.5, rebalance_interval=0.5, commit_interval=1.0)
 
 
-async def p1_trio(addr: str, topic: str, n: int) -> float:
-    async with AsyncProducer(addr) as p:
+async def p1(producer: Any, addr: str, topic: str, n: int) -> float:
+    """P1 with ``producer`` (the trio AsyncProducer under trio.run, or equeue.aio's
+    under asyncio.run: the same calls)."""
+    async with producer(addr) as p:
         t0 = time.perf_counter()
         for _ in range(n):
             await p.send_async(topic, BODY)
@@ -40,17 +42,9 @@ async def p1_trio(addr: str, topic: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
-async def p1_aio(addr: str, topic: str, n: int) -> float:
-    async with aio.AsyncProducer(addr) as p:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            await p.send_async(topic, BODY)
-        await p.flush()
-        return n / (time.perf_counter() - t0)
-
-
-async def c1_trio(addr: str, topic: str, group: str, n: int) -> float:
-    async with AsyncConsumer(addr, group, topic, start_from="earliest", **FAST) as con:
+async def c1(consumer: Any, addr: str, topic: str, group: str, n: int) -> float:
+    """C1 with ``consumer`` (trio's AsyncConsumer, or equeue.aio's), a no-op async handler."""
+    async with consumer(addr, group, topic, start_from="earliest", **FAST) as con:
         count = 0
         t0 = time.perf_counter()
 
@@ -61,22 +55,7 @@ async def c1_trio(addr: str, topic: str, group: str, n: int) -> float:
                 con.stop()
 
         await con.run(handler)
-        return n / (time.perf_counter() - t0)
-
-
-async def c1_aio(addr: str, topic: str, group: str, n: int) -> float:
-    async with aio.AsyncConsumer(addr, group, topic, start_from="earliest", **FAST) as con:
-        count = 0
-        t0 = time.perf_counter()
-
-        async def handler(m: Message) -> None:
-            nonlocal count
-            count += 1
-            if count == n:
-                con.stop()
-
-        await con.run(handler)
-        return n / (time.perf_counter() - t0)
+        return float(n / (time.perf_counter() - t0))
 
 
 def pct(xs: list[float]) -> str:
@@ -161,10 +140,10 @@ def main() -> None:
         if a.no_throughput:
             a.messages = 0
         if a.messages:
-            print(f"P1 trio : {trio.run(p1_trio, addr, 'p1t', a.messages):,.0f} msg/s")
-            print(f"P1 aio  : {asyncio.run(p1_aio(addr, 'p1a', a.messages)):,.0f} msg/s")
-            print(f"C1 trio : {trio.run(c1_trio, addr, 'p1t', 'c1', a.messages):,.0f} msg/s")
-            print(f"C1 aio  : {asyncio.run(c1_aio(addr, 'p1a', 'c1', a.messages)):,.0f} msg/s")
+            print(f"P1 trio : {trio.run(p1, AsyncProducer, addr, 'p1t', a.messages):,.0f} msg/s")
+            print(f"P1 aio  : {asyncio.run(p1(aio.AsyncProducer, addr, 'p1a', a.messages)):,.0f} msg/s")
+            print(f"C1 trio : {trio.run(c1, AsyncConsumer, addr, 'p1t', 'c1', a.messages):,.0f} msg/s")
+            print(f"C1 aio  : {asyncio.run(c1(aio.AsyncConsumer, addr, 'p1a', 'c1', a.messages)):,.0f} msg/s")
         print(f"L1 trio : {trio.run(l1_trio, addr, 'l1t', a.rate, a.seconds)}")
         print(f"L1 aio  : {asyncio.run(l1_aio(addr, 'l1a', a.rate, a.seconds))}")
         print(f"call trio direct : {1e6 * trio.run(bridge_trio, 100_000):.2f} us")
