@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from equeue import aio
 from equeue.broker import EmbeddedBroker
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.models import Message
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from tests.conftest import make_config
 
 BODY = b"x" * 100

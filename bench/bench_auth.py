@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from equeue import Message, wire  # noqa: E402
 from equeue.acl import Acl, UsersFile  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
-from equeue.producer import AsyncClient  # noqa: E402
+from equeue.client import AsyncClient  # noqa: E402
 from equeue.protocol import RequestCode  # noqa: E402
 from equeue.security import ClientSecurity  # noqa: E402
 from equeue.users import make_user, update_users_file  # noqa: E402

@@ -38,9 +38,10 @@ sys.path.insert(0, str(ROOT))
 from equeue import Message  # noqa: E402
 from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.client import Client  # noqa: E402
 from equeue.consumer import Consumer  # noqa: E402
 from equeue.control import TopicRoute  # noqa: E402
-from equeue.producer import Client, Producer  # noqa: E402
+from equeue.producer import Producer  # noqa: E402
 from equeue.routing import queue_for_key  # noqa: E402
 
 _TICK = os.sysconf("SC_CLK_TCK")

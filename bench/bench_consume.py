@@ -32,8 +32,8 @@ import trio  # noqa: E402
 
 from equeue import Message, wire  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.client import AsyncClient  # noqa: E402
 from equeue.consumer import AsyncConsumer, Consumer  # noqa: E402
-from equeue.producer import AsyncClient  # noqa: E402
 
 FAST = dict(heartbeat_interval=0.5, rebalance_interval=0.5, commit_interval=1.0)
 

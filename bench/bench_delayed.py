@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from equeue import Message, PullStatus, wire  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
-from equeue.producer import AsyncClient  # noqa: E402
+from equeue.client import AsyncClient  # noqa: E402
 
 QUEUES = 4
 

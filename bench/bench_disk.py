@@ -34,9 +34,10 @@ import lmdb
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from equeue import Message, wire
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
 from equeue.broker.storage.layout import DATABASES
-from equeue.producer import Client
+from equeue.client import Client
+from equeue.config import BrokerConfig
 from equeue.wire.batches import Codec, encode_batch
 
 CATEGORIES = ("books", "games", "garden", "music", "toys")

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from equeue import Message, wire
 from equeue.broker.process import BrokerProcess
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 from tests.hostile.http_attacks import (
     http_status,
     idle_connections,

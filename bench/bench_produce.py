@@ -34,7 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from equeue.broker.process import BrokerProcess  # noqa: E402
-from equeue.producer import AsyncProducer, Client, Message, Producer  # noqa: E402
+from equeue.client import Client  # noqa: E402
+from equeue.models import Message  # noqa: E402
+from equeue.producer import AsyncProducer, Producer  # noqa: E402
 
 
 class BrokerProc(BrokerProcess):

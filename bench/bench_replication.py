@@ -39,9 +39,10 @@ from bench_cluster import cpu_seconds, pct  # noqa: E402
 
 from equeue.broker.cluster.etcdproc import EtcdProcess  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.client import Client  # noqa: E402
 from equeue.control import ReplicationStatus, ReplicationStatusRequest  # noqa: E402
 from equeue.errors import EQueueError  # noqa: E402
-from equeue.producer import Client, Producer  # noqa: E402
+from equeue.producer import Producer  # noqa: E402
 
 BODY = b"x" * 100
 

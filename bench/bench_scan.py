@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from equeue import Message, wire
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import CreateTopicOp, ProduceOp, Store
+from equeue.client import AsyncClient
 from equeue.control import TopicInfo
-from equeue.producer import AsyncClient
 
 KEY, COLLIDER = "plumless", "buckeroo"  # crc32("plumless") == crc32("buckeroo")
 

@@ -72,7 +72,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 from equeue.broker.process import BrokerProcess  # noqa: E402
-from equeue.producer import AsyncProducer, Client, Message  # noqa: E402
+from equeue.client import Client  # noqa: E402
+from equeue.models import Message  # noqa: E402
+from equeue.producer import AsyncProducer  # noqa: E402
 
 TOPIC = "orders"
 NQ = 4

@@ -20,8 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from equeue import Message, wire
-from equeue.broker import BrokerConfig, EmbeddedBroker
-from equeue.producer import Client
+from equeue.broker import EmbeddedBroker
+from equeue.client import Client
+from equeue.config import BrokerConfig
 
 
 def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:

@@ -45,8 +45,10 @@ import trustme  # noqa: E402
 
 from equeue.acl import Acl, UsersFile  # noqa: E402
 from equeue.broker.process import BrokerProcess  # noqa: E402
+from equeue.client import Client  # noqa: E402
 from equeue.consumer import AsyncConsumer, Consumer  # noqa: E402
-from equeue.producer import AsyncProducer, Client, Message, Producer  # noqa: E402
+from equeue.models import Message  # noqa: E402
+from equeue.producer import AsyncProducer, Producer  # noqa: E402
 from equeue.security import ClientSecurity, Credentials, TlsSettings  # noqa: E402
 from equeue.users import make_user, update_users_file  # noqa: E402
 

@@ -36,7 +36,7 @@ def broker_proc(q: Any, done: Any, flush: str) -> None:
     import equeue.broker.handlers.produce as hd
     import equeue.broker.server as srv
     import equeue.broker.storage as st
-    from equeue.broker import BrokerConfig
+    from equeue.config import BrokerConfig
 
     ev: list[tuple[str, int]] = []
     now = time.time_ns
@@ -79,7 +79,7 @@ def main() -> None:
     import bench_consume
 
     from equeue import wire
-    from equeue.producer import AsyncClient
+    from equeue.client import AsyncClient
     from equeue.protocol import RequestCode
 
     q: Any = mp.Queue()

@@ -2,7 +2,8 @@
 long-poll pull, sliding-window offsets, flow control, retry and dead letters.
 
 ``Consumer`` (blocking) and ``AsyncConsumer`` (trio) share one core. See
-docs/consumer.md.
+docs/consumer.md. It exports only its own names: ``Message`` and ``StartFrom`` come from
+:mod:`equeue` (``StartFrom`` lives in :mod:`equeue.config`, which the broker reads too).
 """
 
 if __name__ != "equeue.consumer":  # this folder is mapped to equeue.consumer; a second name would load it twice
@@ -10,9 +11,8 @@ if __name__ != "equeue.consumer":  # this folder is mapped to equeue.consumer; a
 
 
 from equeue.consumer.core import AsyncConsumer, ConsumerStatistics
-from equeue.consumer.options import ConsumeMode, ConsumerOptions, HandlerThreads, StartFrom
+from equeue.consumer.options import ConsumeMode, ConsumerOptions, HandlerThreads
 from equeue.consumer.sync import Consumer
-from equeue.models import Message
 
 __all__ = [
     "AsyncConsumer",
@@ -21,6 +21,4 @@ __all__ = [
     "ConsumerOptions",
     "ConsumerStatistics",
     "HandlerThreads",
-    "Message",
-    "StartFrom",
 ]

@@ -6,7 +6,8 @@ with no I/O; the SDK, the broker and the Spark connector are its subpackages:
     from equeue import Producer, Consumer, Message       # the blocking SDK
     from equeue import AsyncProducer, AsyncConsumer      # the trio SDK
     from equeue import Client, AsyncClient               # admin requests
-    from equeue.broker import EmbeddedBroker, BrokerConfig
+    from equeue.config import BrokerConfig
+    from equeue.broker import EmbeddedBroker
     from equeue import spark                             # needs the ``spark`` extra
 
 The SDK names are loaded on first use, so ``import equeue`` stays light (no trio, no sockets).
@@ -33,7 +34,7 @@ _LAZY = {
     "Consumer": "equeue.consumer",
     "AsyncConsumer": "equeue.consumer",
     "ConsumerOptions": "equeue.consumer",
-    "StartFrom": "equeue.consumer",
+    "StartFrom": "equeue.config",
     "Client": "equeue.client",
     "AsyncClient": "equeue.client",
 }
@@ -41,7 +42,8 @@ _LAZY = {
 if TYPE_CHECKING:
     __version__: str
     from equeue.client import AsyncClient, Client
-    from equeue.consumer import AsyncConsumer, Consumer, ConsumerOptions, StartFrom
+    from equeue.config import StartFrom
+    from equeue.consumer import AsyncConsumer, Consumer, ConsumerOptions
     from equeue.producer import AsyncProducer, Producer, ProducerOptions, SendHandle
 
 

@@ -9,15 +9,15 @@
 - :mod:`equeue.producer._lane`: the ordered, pipelined, idempotent send path of one queue;
 - :mod:`equeue.producer._batch`: batches, due times and :class:`SendHandle`.
 
-``AsyncClient`` and ``Client`` are re-exported from :mod:`equeue.client`.
+It exports only its own names: ``Message`` and ``SendResult`` come from :mod:`equeue`
+(:mod:`equeue.models`), ``Client`` and ``AsyncClient`` from :mod:`equeue.client`
+(tests/unit/test_sdk_exports.py keeps it so).
 """
 
 if __name__ != "equeue.producer":  # this folder is mapped to equeue.producer; a second name would load it twice
     raise ImportError(f"import this package as equeue.producer, not {__name__}")
 
 
-from equeue.client import AsyncClient, Client
-from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, DoneCallback, SendHandle
 from equeue.producer.async_producer import AsyncProducer
 from equeue.producer.options import OnFull, ProducerOptions, QueueSelector
@@ -25,17 +25,13 @@ from equeue.producer.stats import SendStats
 from equeue.producer.sync_producer import Producer
 
 __all__ = [
-    "AsyncClient",
     "AsyncProducer",
-    "Client",
     "DeliveryCallback",
     "DoneCallback",
-    "Message",
     "OnFull",
     "Producer",
     "ProducerOptions",
     "QueueSelector",
     "SendHandle",
-    "SendResult",
     "SendStats",
 ]

@@ -30,10 +30,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
+from equeue.client import Client
+from equeue.config import BrokerConfig
 from equeue.consumer import Consumer
 from equeue.errors import OperationTimeout
-from equeue.producer import Client, Producer
+from equeue.producer import Producer
 
 console = Console(stderr=False)
 

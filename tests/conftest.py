@@ -47,8 +47,9 @@ import pytest
 import trio
 from hypothesis import settings
 
-from equeue.broker import Broker, BrokerConfig, EmbeddedBroker, open_broker
+from equeue.broker import Broker, EmbeddedBroker, open_broker
 from equeue.broker.process import BrokerProcess
+from equeue.config import BrokerConfig
 
 settings.register_profile("equeue", deadline=None)
 settings.load_profile("equeue")

@@ -233,7 +233,7 @@ def role_setup(a: dict[str, Any]) -> dict[str, Any]:
     """Create topic ``orders`` with 4 queues (the group is created by its first member)."""
     import trio
 
-    from equeue.producer import AsyncClient
+    from equeue.client import AsyncClient
 
     async def main() -> dict[str, Any]:
         async with AsyncClient(_addr()) as c:
@@ -258,7 +258,8 @@ def role_produce(a: dict[str, Any]) -> dict[str, Any]:
     payloads, _queues = C.make_messages(n, size, a.get("seed", 1))
     keys = _keys(n)
     mode = a.get("pub_mode", "gather")
-    from equeue.producer import AsyncProducer, Message, Producer
+    from equeue.models import Message
+    from equeue.producer import AsyncProducer, Producer
 
     with RssSampler() as rss:
         if _api(a) == "sync":
@@ -590,7 +591,7 @@ def role_check(a: dict[str, Any]) -> dict[str, Any]:
     """Per-queue max offsets, group commits, broker stats and RSS after the run."""
     import trio
 
-    from equeue.producer import AsyncClient
+    from equeue.client import AsyncClient
 
     async def main() -> dict[str, Any]:
         async with AsyncClient(_addr()) as c:

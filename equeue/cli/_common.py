@@ -85,9 +85,9 @@ def run_app(app: typer.Typer) -> None:
 
 @contextmanager
 def client(broker: str) -> Iterator[Any]:
-    """A blocking :class:`equeue.producer.Client` (the client's own defaults); errors
+    """A blocking :class:`equeue.client.Client` (the client's own defaults); errors
     become one-line failures."""
-    from equeue.producer import Client
+    from equeue.client import Client
 
     c = Client(broker)
     try:

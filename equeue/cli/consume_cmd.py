@@ -66,7 +66,7 @@ def _idle_seconds(text: str | None) -> float | None:
 
 def _topic_exists(broker: str, topic: str) -> bool:
     """Whether the cluster (or broker) has ``topic`` (GET_ROUTES, never creating it)."""
-    from equeue.producer import Client
+    from equeue.client import Client
 
     with Client(broker) as c:
         return topic not in c.get_routes([topic]).missing

@@ -23,9 +23,9 @@ from equeue.broker import Broker, open_broker
 from equeue.broker.cluster.etcd import prefix_range_end
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
+from equeue.client import AsyncClient
 from equeue.errors import ClusterUnavailable, NotOwner, QueueUnavailable
 from equeue.names import retry_topic
-from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until, wait_until_sync
 
 

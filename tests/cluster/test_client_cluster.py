@@ -24,10 +24,11 @@ from equeue import control
 from equeue.broker import Broker, open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.client.routing import Router
 from equeue.consumer import AsyncConsumer
 from equeue.errors import QueueUnavailable
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from equeue.routing import queue_for_key
 from tests.conftest import make_config, wait_until
 

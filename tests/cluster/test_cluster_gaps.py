@@ -25,13 +25,13 @@ from equeue import Message, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import Broker, open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.client.retry import RetryPolicy
 from equeue.consumer import AsyncConsumer
 from equeue.consumer.routed import RoutedCalls
 from equeue.errors import NotAuthorized, QueueUnavailable, TopicNotFound
 from equeue.names import dlq_topic
 from equeue.placement import TopicPlacement, encode_topic, topic_key
-from equeue.producer import AsyncClient
 from equeue.security import ClientSecurity
 from equeue.users import make_user, update_users_file
 from tests.cluster.conftest import recover_alone

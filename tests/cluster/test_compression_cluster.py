@@ -14,10 +14,11 @@ import trio
 from equeue.broker import Broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.client.admin import describe_topic
 from equeue.client.routing import Router
 from equeue.placement import topic_key
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from equeue.wire.batches import Codec, batch_head
 from tests.cluster.conftest import open_groups
 from tests.conftest import wait_until

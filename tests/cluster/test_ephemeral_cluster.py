@@ -13,8 +13,8 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
-from equeue.producer import AsyncClient
 from tests.cluster.conftest import open_groups
 from tests.conftest import wait_until
 

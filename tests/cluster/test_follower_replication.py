@@ -23,8 +23,8 @@ from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import layout
 from equeue.broker.storage.layout import FORMAT_VERSION
+from equeue.client import AsyncClient
 from equeue.errors import BadRequest, NotAReplica
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity, Credentials, TlsSettings
 from equeue.users import make_user, update_users_file

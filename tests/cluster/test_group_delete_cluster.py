@@ -17,8 +17,8 @@ from equeue import Message, wire
 from equeue.broker import Broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
-from equeue.producer import AsyncClient
 from tests.cluster.conftest import open_groups
 
 GROUPS = ("g1", "g2", "g3")

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from equeue import wire
 from equeue.broker import open_broker
 from equeue.broker.cluster.etcdproc import EtcdProcess
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 from tests.conftest import make_config, wait_until
 from tests.integration.test_server import batch
 

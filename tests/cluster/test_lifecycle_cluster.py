@@ -19,9 +19,10 @@ import trio
 
 from equeue import Message
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.names import dlq_topic, retry_topic
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from equeue.routing import queue_for_key
 from tests.cluster.test_client_cluster import GROUPS, cli, cluster
 from tests.conftest import wait_until

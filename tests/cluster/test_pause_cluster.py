@@ -13,6 +13,7 @@ import trio
 from equeue import Message, wire
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.client.admin import (
     describe_group,
     describe_topic,
@@ -25,7 +26,7 @@ from equeue.client.admin import (
 from equeue.client.routing import Router
 from equeue.errors import TopicNotFound, TopicPaused
 from equeue.placement import pause_key, topic_key
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from equeue.protocol import PullStatus
 from tests.cluster.conftest import open_groups
 from tests.conftest import wait_until

@@ -23,8 +23,9 @@ import pytest
 from equeue import Message, control, wire
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
+from equeue.client import Client
 from equeue.errors import EQueueError, NotEnoughReplicas, NotLeader
-from equeue.producer import Client, Producer
+from equeue.producer import Producer
 from tests.conftest import wait_until_sync
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]

@@ -16,9 +16,9 @@ from equeue import Message, wire
 from equeue.broker import Broker, open_broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.errors import BadRequest
 from equeue.placement import topic_key
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from tests.conftest import make_config, wait_until
 

@@ -21,11 +21,11 @@ from equeue import Message, wire
 from equeue.broker import Broker, open_broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
+from equeue.client import AsyncClient
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import Router
 from equeue.errors import ClusterUnavailable
 from equeue.placement import CLUSTER_KEY, decode_cluster
-from equeue.producer import AsyncClient
 from tests.chaos.etcdproxy import EtcdProxyProcess, set_mode
 from tests.cluster.conftest import recover_alone
 from tests.conftest import make_config, wait_until

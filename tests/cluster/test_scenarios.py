@@ -39,10 +39,11 @@ import pytest
 from equeue import Message, wire
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
+from equeue.client import Client
 from equeue.consumer import Consumer
 from equeue.control import ClusterStatus, TopicRoute
 from equeue.errors import EQueueError, ErrorCode, QueueUnavailable
-from equeue.producer import Client, Producer
+from equeue.producer import Producer
 from equeue.routing import queue_for_key
 from tests.conftest import ROOT, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order

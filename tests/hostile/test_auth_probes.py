@@ -22,9 +22,9 @@ import trio
 from equeue import Message, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import Broker, open_broker
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ErrorCode, NotAuthorized
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from equeue.security import ClientSecurity
 from equeue.users import make_user, update_users_file

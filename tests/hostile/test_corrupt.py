@@ -26,8 +26,8 @@ from equeue.broker.storage import CreateTopicOp, ProduceOp, RetentionOp, Store, 
 from equeue.broker.storage.filecheck import DATA_FILE, _free_pages
 from equeue.broker.storage.skips import SkipRecordOp
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.errors import CorruptRecord, MessageNotFound, StoreDamaged, StoreError, StoreTruncated
-from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus
 from equeue.wire import batches
 from tests.conftest import wait_until_sync
@@ -373,7 +373,7 @@ async def test_a_pull_moves_past_a_skipped_last_record(broker: Broker) -> None:
 
 
 def test_message_skip_cli(embedded_broker: object) -> None:
-    from equeue.producer import Client
+    from equeue.client import Client
 
     address = embedded_broker.address  # type: ignore[attr-defined]
     with Client(address) as c:

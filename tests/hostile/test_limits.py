@@ -28,10 +28,10 @@ from equeue.broker.connection import MAX_REQUESTS_IN_PROGRESS
 from equeue.broker.http import render_broker
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import Store, WriteOp, WriteOutcome
+from equeue.client import AsyncClient
 from equeue.codec import NEED_DATA, Connection, Hello, HelloAck, Request, Response, Role
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ConnectionBroken, ErrorCode, TooManyPulls
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from tests.conftest import make_config, wait_until
 

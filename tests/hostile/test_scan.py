@@ -27,11 +27,11 @@ from equeue import Message, wire
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage import CreateTopicOp, ProduceOp, ScanBudget, Store, messages_of
 from equeue.broker.storage.skips import SkipRecordOp
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.control import TopicInfo
 from equeue.errors import BadRequest
 from equeue.models import PullResult
-from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus
 from equeue.routing import key_hash
 from tests.conftest import wait_until

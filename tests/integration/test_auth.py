@@ -23,8 +23,8 @@ import trio
 from equeue import Message, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import Broker, open_broker
+from equeue.client import AsyncClient
 from equeue.errors import AuthFailed, AuthRequired, ErrorCode, NotAuthorized
-from equeue.producer import AsyncClient
 from equeue.security import ClientSecurity
 from equeue.users import make_user, read_users_file, update_users_file
 from tests.conftest import ROOT, make_config, wait_until, wait_until_sync
@@ -285,7 +285,7 @@ def test_sighup_reloads_the_users_file_and_keeps_the_broker(tmp_path: Path, brok
     """``kill -HUP`` re-reads the users file (SIGHUP would end an unprepared process)."""
     import signal
 
-    from equeue.producer import Client
+    from equeue.client import Client
 
     users = tmp_path / "users.json"
     write_users(users, {})

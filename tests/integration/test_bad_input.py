@@ -14,6 +14,7 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker
+from equeue.client import AsyncClient
 from equeue.codec import HEADER, MAGIC, PROTOCOL_VERSION
 from equeue.errors import (
     ErrorCode,
@@ -24,7 +25,6 @@ from equeue.errors import (
     ReservedTopic,
     UnknownRequest,
 )
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from tests.conftest import wait_until
 

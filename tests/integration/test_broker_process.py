@@ -6,8 +6,8 @@ import threading
 from pathlib import Path
 
 from equeue.broker.process import BrokerProcess
+from equeue.client import Client
 from equeue.errors import EQueueError
-from equeue.producer import Client
 
 
 def fake_python(tmp_path: Path, body: str) -> str:

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 import trustme
 
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
 from equeue.broker.process import BrokerProcess
+from equeue.config import BrokerConfig
 from equeue.errors import ConfigError, StartupError
 from tests.conftest import wait_until_sync
 
@@ -144,7 +145,7 @@ def test_http_port_0_in_embedded_use(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ --config FILE
 
 def test_a_config_file_sets_the_broker_and_the_command_line_overrides_it(tmp_path: Path) -> None:
-    from equeue.producer import Client
+    from equeue.client import Client
 
     f = tmp_path / "broker.toml"
     f.write_text(

@@ -22,8 +22,8 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer
-from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until_sync
 from tests.integration.cli_child import Child
 

@@ -15,9 +15,9 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer
 from equeue.names import retry_topic
-from equeue.producer import AsyncClient, Client
 from tests.integration.cli_child import child_env, consume
 
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
 from equeue.cli import app
+from equeue.client import Client
 from equeue.errors import InvalidName
-from equeue.producer import Client
 from tests.conftest import wait_until_sync
 from tests.integration.cli_child import Child, consume
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner, Result
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
 from equeue.cli import app
-from equeue.producer import Client
+from equeue.client import Client
 
 #: an address nothing listens on
 NOWHERE = "127.0.0.1:1"

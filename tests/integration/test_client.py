@@ -8,7 +8,7 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 from tests.conftest import wait_until
 
 

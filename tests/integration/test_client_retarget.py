@@ -13,8 +13,8 @@ import trio
 
 from equeue import wire
 from equeue.broker import Broker, open_broker
+from equeue.client import AsyncClient
 from equeue.errors import ConnectionBroken, TopicNotFound
-from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 

@@ -13,7 +13,7 @@ import trio
 
 from equeue import Message, control, wire
 from equeue.broker import Broker
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 
 
 async def test_a_stale_holds_late_commit_does_not_move_the_group_back(broker: Broker) -> None:

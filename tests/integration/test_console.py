@@ -21,8 +21,8 @@ from equeue import Message, __version__, control, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker import EmbeddedBroker
 from equeue.cli.console import Console, ConsoleConfig
+from equeue.client import Client
 from equeue.errors import TopicPaused
-from equeue.producer import Client
 from equeue.security import ClientSecurity
 from equeue.users import make_user, update_users_file
 from tests.conftest import make_config, wait_until_sync

@@ -14,11 +14,11 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.consumer.offsets import OffsetWindow
 from equeue.models import PROP_ORIGIN_TOPIC
 from equeue.names import dlq_topic
-from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until, wait_wall_clock_past
 
 FAST: dict[str, Any] = dict(

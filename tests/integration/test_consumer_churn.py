@@ -13,8 +13,8 @@ import pytest
 
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
+from equeue.client import Client
 from equeue.consumer import Consumer
-from equeue.producer import Client
 from tests.conftest import make_config
 
 TOTAL, QUEUES, MEMBERS, CHURN_EVERY = 16_000, 8, 4, 1_000

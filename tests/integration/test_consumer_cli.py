@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
 from equeue.cli import app
+from equeue.client import Client
 from equeue.consumer import Consumer
 from equeue.names import dlq_topic
-from equeue.producer import Client
 
 runner = CliRunner()
 

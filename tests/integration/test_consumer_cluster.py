@@ -14,7 +14,7 @@ import pytest
 
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
-from equeue.producer import Client
+from equeue.client import Client
 from tests.conftest import ROOT, make_config, wait_until_sync
 from tests.integration.test_consumer import check_no_overlap_and_order
 

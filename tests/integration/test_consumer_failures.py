@@ -12,8 +12,8 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker, open_broker
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
-from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 FAST: dict[str, Any] = dict(heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.1, pull_hold=1.0)

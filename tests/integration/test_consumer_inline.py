@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.consumer.offsets import OffsetWindow
-from equeue.producer import AsyncClient, Client
 from tests.conftest import wait_until_sync
 
 FAST: dict[str, Any] = dict(

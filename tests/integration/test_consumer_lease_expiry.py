@@ -15,9 +15,10 @@ from pathlib import Path
 import trio
 
 from equeue.broker.process import BrokerProcess
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.models import Message
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from tests.conftest import wait_until
 
 N = 300

@@ -17,9 +17,9 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker, open_broker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.errors import ConfigError
-from equeue.producer import AsyncClient, Client
 from tests.conftest import make_config, wait_until, wait_until_sync
 
 #: fast rounds; no periodic commit (a commit the test sees is one a listener or a revoke made)

@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from equeue import Message, PullStatus, wire
+from equeue.client import AsyncClient
 from equeue.errors import EQueueError
 from equeue.models import PullResult
-from equeue.producer import AsyncClient
 from tests.conftest import wait_until
 
 QUEUES = 4

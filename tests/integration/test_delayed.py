@@ -16,8 +16,8 @@ from equeue.broker import Broker, open_broker
 from equeue.broker import server as server_mod
 from equeue.broker.lifecycle import Lifecycle
 from equeue.broker.longpoll import ParkedPulls
+from equeue.client import AsyncClient
 from equeue.errors import DelayTooLong
-from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 

@@ -12,10 +12,10 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
+from equeue.client import AsyncClient, Client
 from equeue.errors import BadRequest, MessageNotFound, TopicNotFound
 from equeue.models import PROP_ORIGIN_OFFSET, PROP_ORIGIN_QUEUE, PROP_ORIGIN_TOPIC, PROP_RETRY_GROUP
 from equeue.names import dlq_topic, retry_topic
-from equeue.producer import AsyncClient, Client
 
 
 async def _dead_letters(c: AsyncClient, group: str, n: int) -> list[int]:

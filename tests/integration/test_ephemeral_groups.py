@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from equeue import Message, control, wire
 from equeue.broker import Broker, open_broker
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ConfigError, EphemeralGroup, GroupHasMembers, GroupNotFound
-from equeue.producer import AsyncClient
 from tests.conftest import make_config, wait_until
 
 G = "e#ephemeral"

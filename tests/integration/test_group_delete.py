@@ -15,9 +15,9 @@ from equeue import Message, control, wire
 from equeue.broker import EmbeddedBroker, open_broker
 from equeue.cli import app
 from equeue.cli.consume_cmd import TEMP_GROUP_PREFIX
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.errors import GroupHasMembers, GroupNotFound, InvalidName
-from equeue.producer import AsyncClient, Client
 from tests.conftest import make_config, wait_until_sync
 from tests.integration.cli_child import Child, consume
 

@@ -19,7 +19,7 @@ from equeue import control, wire
 from equeue.broker import open_broker
 from equeue.broker.http import MAX_REQUEST_HEAD, REQUEST_TIMEOUT, Readiness, replica_readiness
 from equeue.broker.storage import CreateTopicOp, Store
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 from tests.conftest import make_config, wait_until
 from tests.integration.test_server import batch
 

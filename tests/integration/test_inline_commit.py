@@ -28,6 +28,7 @@ from equeue.broker import Broker, open_broker
 from equeue.broker import storage as st
 from equeue.broker.appender import Appender
 from equeue.broker.http import render_broker
+from equeue.client import AsyncClient
 from equeue.errors import (
     BrokerShuttingDown,
     EQueueError,
@@ -36,7 +37,8 @@ from equeue.errors import (
     StoreFull,
     TopicNotFound,
 )
-from equeue.producer import AsyncClient, AsyncProducer, SendResult
+from equeue.models import SendResult
+from equeue.producer import AsyncProducer
 from tests.conftest import make_config, wait_until, wait_until_sync
 from tests.integration.test_crash import QUEUES, produce_until_killed, read_all
 

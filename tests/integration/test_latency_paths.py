@@ -19,9 +19,10 @@ from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.broker import storage as st
 from equeue.broker.appender import Appender
+from equeue.client import AsyncClient
 from equeue.codec import HEADER, NEED_DATA, Connection, Hello, Request, Response, Role
 from equeue.errors import BrokerShuttingDown, ErrorCode, OperationTimeout
-from equeue.producer import AsyncClient, AsyncProducer, Producer
+from equeue.producer import AsyncProducer, Producer
 from equeue.protocol import RequestCode
 from tests.conftest import wait_until
 

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from equeue import Message, PullStatus, wire
-from equeue.producer import AsyncClient
+from equeue.client import AsyncClient
 from tests.conftest import wait_wall_clock_past
 from tests.conftest import wall_ms as now_ms
 

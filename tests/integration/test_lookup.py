@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
+from equeue.client import AsyncClient, Client
 from equeue.errors import MessageNotFound, QueueNotFound, TopicNotFound
-from equeue.producer import AsyncClient, Client
 
 
 async def test_get_by_queue_and_global_offset(broker: Broker) -> None:

@@ -16,10 +16,11 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import Broker, open_broker
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ReservedTopic, TopicNotFound, TopicPaused
 from equeue.logs import formatter
-from equeue.producer import AsyncClient, AsyncProducer
+from equeue.producer import AsyncProducer
 from equeue.protocol import PullStatus
 from tests.conftest import make_config, wait_until, wait_wall_clock_past, wall_ms
 

@@ -15,9 +15,9 @@ import trio
 from equeue import Message, wire
 from equeue.broker import Broker, open_broker
 from equeue.broker.handlers.produce import ProducePipeline
+from equeue.client import AsyncClient
 from equeue.codec import Connection, Hello, HelloAck, Response, Role, encode_handshake_answer
 from equeue.errors import BadRequest, ErrorCode, TopicNotFound
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from tests.conftest import make_config, wait_until
 from tests.hostile.test_limits import Raw

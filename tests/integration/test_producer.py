@@ -29,7 +29,9 @@ from equeue import (
     wire,
 )
 from equeue.broker import Broker, EmbeddedBroker
-from equeue.producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+from equeue.client import AsyncClient, Client
+from equeue.models import SendResult
+from equeue.producer import AsyncProducer, Producer
 from equeue.producer._batch import deliver_at_ms
 from equeue.routing import queue_for_key
 from tests.conftest import wait_until_sync

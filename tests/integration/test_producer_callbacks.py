@@ -13,15 +13,9 @@ import trio
 
 from equeue import ClientClosed, DelayTooLong
 from equeue.broker import Broker, EmbeddedBroker
-from equeue.producer import (
-    AsyncClient,
-    AsyncProducer,
-    Client,
-    DeliveryCallback,
-    Producer,
-    SendHandle,
-    SendResult,
-)
+from equeue.client import AsyncClient, Client
+from equeue.models import SendResult
+from equeue.producer import AsyncProducer, DeliveryCallback, Producer, SendHandle
 
 #: a delay beyond the broker's default ``max_delay`` (40 days): refused by the broker,
 #: so the send fails in its handle (not before sending)

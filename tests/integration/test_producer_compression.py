@@ -13,7 +13,8 @@ from typer.testing import CliRunner, Result
 from equeue import ConfigError
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
-from equeue.producer import AsyncClient, AsyncProducer, ProducerOptions
+from equeue.client import AsyncClient
+from equeue.producer import AsyncProducer, ProducerOptions
 from equeue.wire.batches import Codec, batch_head
 from tests.integration.test_produce_batches import stored
 from tests.integration.test_producer import read_queue

@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import trio
 
-from equeue.producer import AsyncClient, AsyncProducer, Message
+from equeue.client import AsyncClient
+from equeue.models import Message
+from equeue.producer import AsyncProducer
 
 BATCHES = 20
 

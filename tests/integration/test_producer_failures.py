@@ -11,9 +11,11 @@ import trio
 
 from equeue import EQueueError, Message, PullStatus, wire
 from equeue.broker import Broker
+from equeue.client import AsyncClient, Client
 from equeue.codec import HEADER, encode_response
 from equeue.errors import ConnectionBroken, ErrorCode
-from equeue.producer import AsyncClient, AsyncProducer, Client, Producer, SendResult
+from equeue.models import SendResult
+from equeue.producer import AsyncProducer, Producer
 from equeue.protocol import RequestCode
 from tests.conftest import wait_until, wait_until_sync
 

@@ -9,8 +9,8 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import Broker
+from equeue.client import AsyncClient
 from equeue.errors import BadRequest
-from equeue.producer import AsyncClient
 from equeue.protocol import PullStatus, RequestCode
 
 

@@ -28,8 +28,9 @@ from equeue import control, wire
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
 from equeue.cli import app
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer
-from equeue.producer import AsyncClient, AsyncProducer, Client, Producer
+from equeue.producer import AsyncProducer, Producer
 from tests.conftest import wait_until, wait_until_sync
 
 GROUP = "g1"

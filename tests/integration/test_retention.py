@@ -15,8 +15,8 @@ import trio
 from equeue import Message, PullStatus, wire
 from equeue.broker import Broker, open_broker
 from equeue.broker.storage import layout
+from equeue.client import AsyncClient
 from equeue.errors import MessageNotFound
-from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 

@@ -20,8 +20,8 @@ from equeue import Message, wire
 from equeue.broker import Broker, open_broker
 from equeue.broker.storage import Store
 from equeue.cli import app
+from equeue.client import AsyncClient
 from equeue.errors import BadRequest, ConfigError, ErrorCode
-from equeue.producer import AsyncClient
 from equeue.protocol import RequestCode
 from tests.conftest import make_config
 

@@ -10,8 +10,8 @@ import trio
 
 from equeue import control
 from equeue.broker import Broker, open_broker
+from equeue.client import AsyncClient
 from equeue.errors import BadRequest, InvalidName
-from equeue.producer import AsyncClient
 from tests.conftest import make_config
 
 

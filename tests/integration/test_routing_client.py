@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from equeue.broker import Broker, EmbeddedBroker
 from equeue.cli import app
+from equeue.client import AsyncClient, Client
 from equeue.client.routing import BOOTSTRAP, Router
 from equeue.consumer import AsyncConsumer
 from equeue.errors import QueueNotFound, TopicNotFound
-from equeue.producer import AsyncClient, AsyncProducer, Client
+from equeue.producer import AsyncProducer
 from equeue.protocol import RequestCode
 
 

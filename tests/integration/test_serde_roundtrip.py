@@ -13,9 +13,10 @@ import trio
 
 from equeue import Message, PullStatus, SerializationError, wire
 from equeue.broker import Broker, EmbeddedBroker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.names import dlq_topic
-from equeue.producer import AsyncClient, AsyncProducer, Client, Producer
+from equeue.producer import AsyncProducer, Producer
 from equeue.serde import (
     json_deserializer,
     json_key_deserializer,

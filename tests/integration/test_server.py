@@ -9,8 +9,8 @@ import trio
 
 from equeue import Message, PullStatus, control, wire
 from equeue.broker import Broker
+from equeue.client import AsyncClient
 from equeue.models import PullResult
-from equeue.producer import AsyncClient
 from tests.conftest import wait_until
 
 

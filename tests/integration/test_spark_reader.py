@@ -12,8 +12,8 @@ pa = pytest.importorskip("pyarrow")
 pytest.importorskip("numpy")
 
 from equeue import Message, wire  # noqa: E402
+from equeue.client import Client  # noqa: E402
 from equeue.errors import ConnectionBroken, TopicNotFound  # noqa: E402
-from equeue.producer import Client  # noqa: E402
 from equeue.spark import source  # noqa: E402
 from equeue.spark.puller import RETRIES, Puller  # noqa: E402
 from equeue.spark.source import RangePartition, read_range  # noqa: E402

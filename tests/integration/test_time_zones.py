@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker
 from equeue.cli import app
+from equeue.client import Client
 from equeue.consumer import Consumer
-from equeue.producer import Client
 from equeue.producer._batch import deliver_at_ms
 from equeue.times import epoch_ms, parse_time, parse_time_ms
 from tests.conftest import wait_until_sync, wall_ms

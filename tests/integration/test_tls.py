@@ -28,11 +28,12 @@ from typer.testing import CliRunner
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker, open_broker
 from equeue.cli import app
+from equeue.client import AsyncClient, Client
 from equeue.client.retry import is_transient
 from equeue.config import BrokerConfig
 from equeue.consumer import AsyncConsumer
 from equeue.errors import ConfigError, ConnectionBroken, TlsError
-from equeue.producer import AsyncClient, AsyncProducer, Client
+from equeue.producer import AsyncProducer
 from equeue.security import ClientSecurity, TlsSettings
 from tests.conftest import make_config, wait_until
 from tests.integration.test_server import free_port

@@ -6,7 +6,8 @@ import tempfile
 from pathlib import Path
 
 from equeue import Consumer, Message, Producer
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
+from equeue.config import BrokerConfig
 
 with tempfile.TemporaryDirectory() as d, EmbeddedBroker(BrokerConfig(data_dir=Path(d), port=0)) as b:
     with Producer(b.address) as p:

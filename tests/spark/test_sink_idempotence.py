@@ -16,10 +16,11 @@ import pytest
 pytest.importorskip("pyspark")
 
 from equeue import wire
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
+from equeue.client import Client
 from equeue.codec import HEADER
+from equeue.config import BrokerConfig
 from equeue.errors import ConnectionBroken
-from equeue.producer import Client
 from equeue.protocol import RequestCode
 from equeue.routing import queue_for_key
 from equeue.spark import sink

@@ -22,8 +22,9 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 
 from equeue import Message, wire  # noqa: E402
-from equeue.broker import BrokerConfig, EmbeddedBroker  # noqa: E402
-from equeue.producer import Client  # noqa: E402
+from equeue.broker import EmbeddedBroker  # noqa: E402
+from equeue.client import Client  # noqa: E402
+from equeue.config import BrokerConfig  # noqa: E402
 from tests.conftest import wait_until_sync  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]

@@ -21,8 +21,9 @@ trustme = pytest.importorskip("trustme")
 
 from equeue import Message, wire  # noqa: E402
 from equeue.acl import Acl, UsersFile  # noqa: E402
-from equeue.broker import BrokerConfig, EmbeddedBroker  # noqa: E402
-from equeue.producer import Client  # noqa: E402
+from equeue.broker import EmbeddedBroker  # noqa: E402
+from equeue.client import Client  # noqa: E402
+from equeue.config import BrokerConfig  # noqa: E402
 from equeue.security import ClientSecurity, Credentials, TlsSettings  # noqa: E402
 from equeue.users import make_user, update_users_file  # noqa: E402
 

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from equeue import Message, wire
-from equeue.broker import BrokerConfig, EmbeddedBroker
+from equeue.broker import EmbeddedBroker
 from equeue.broker.storage import ProduceOp, Store, convert, layout
-from equeue.producer import Client
+from equeue.client import Client
+from equeue.config import BrokerConfig
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "store_format2"
 

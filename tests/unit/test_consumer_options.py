@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from equeue.consumer import ConsumeMode, ConsumerOptions, HandlerThreads, StartFrom
+from equeue.config import StartFrom
+from equeue.consumer import ConsumeMode, ConsumerOptions, HandlerThreads
 from equeue.consumer.process import lease_name, parse_lease
 from equeue.errors import ConfigError
 

@@ -27,6 +27,7 @@ import trio
 from equeue import Message, wire
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
+from equeue.client import Client
 from equeue.control import (
     ClusterStatus,
     ClusterStatusRequest,
@@ -34,7 +35,6 @@ from equeue.control import (
     ReplicationStatusRequest,
 )
 from equeue.errors import EQueueError
-from equeue.producer import Client
 from tests.conftest import ROOT, in_threads, wait_until_sync
 
 #: the lease TTL every replica runs with (failover within a few seconds)
