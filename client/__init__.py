@@ -4,6 +4,8 @@ It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 ``producer`` and ``consumer`` both use it without importing each other:
 
 - :mod:`equeue.client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`equeue.client.admin`: :class:`AsyncAdminClient`, the admin requests that span a cluster;
+- :mod:`equeue.client.sync_admin`: :class:`AdminClient`, its blocking twin;
 - :mod:`equeue.client.link`: one live connection and its pending answers;
 - :mod:`equeue.client.retry`: the one retry policy;
 - :mod:`equeue.client.sync`: :class:`Client`, its blocking twin;
@@ -14,7 +16,9 @@ if __name__ != "equeue.client":  # this folder is mapped to equeue.client; a sec
     raise ImportError(f"import this package as equeue.client, not {__name__}")
 
 
+from equeue.client.admin import AsyncAdminClient
 from equeue.client.connection import AsyncClient, PendingReply, parse_brokers
 from equeue.client.sync import Client
+from equeue.client.sync_admin import AdminClient
 
-__all__ = ["AsyncClient", "Client", "PendingReply", "parse_brokers"]
+__all__ = ["AdminClient", "AsyncAdminClient", "AsyncClient", "Client", "PendingReply", "parse_brokers"]

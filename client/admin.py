@@ -1,16 +1,22 @@
-"""The admin requests that span a cluster: ask each broker group and merge.
+"""The admin client: requests that span a cluster, asking each broker group and merging.
 
-The CLI and the web console share these functions (they were the CLI's private
-helpers), so both show and change the same state the same way.
+:class:`AsyncAdminClient` (trio, ``async with AsyncAdminClient(brokers) as admin``) has one
+typed method per admin operation: topics (list, create, alter, describe, delete, pause,
+resume), consumer groups (list, describe, delete, reset offsets, pause, resume), dead
+letters (list, resend), message lookups (by offset, key, time; skipped records) and the
+cluster (status, health, stats, replica verification, recovery, hand-over). Its blocking
+twin is :class:`equeue.client.sync_admin.AdminClient`. The CLI and the web console use it,
+so both show and change the same state the same way.
 
 In a cluster every broker group answers only for the queues it owns (docs/cluster.md,
-"Administration"), so commands that show or change per-queue state fan out through a
-:class:`equeue.client.routing.Router` and merge the answers here. Each request goes through
-:meth:`~equeue.client.routing.Router.call` or :meth:`~equeue.client.routing.Router.call_group`, so a
-group failing over to another replica (NOT_LEADER, a broken connection) is waited out
-and the request is made again at its new leader. Standalone there is one
-group (the broker given with ``--broker``) and each function makes one request, as
-before. :func:`run_routed` runs one of them in a private trio loop.
+"Administration"), so operations that show or change per-queue state fan out through the
+client's :class:`equeue.client.routing.Router` and merge the answers here. Each request goes
+through :meth:`~equeue.client.routing.Router.call` or
+:meth:`~equeue.client.routing.Router.call_group`, so a group failing over to another replica
+(NOT_LEADER, a broken connection) is waited out and the request is made again at its new
+leader. Topic administration goes to any group's leader (it writes etcd). Standalone there is
+one group (the bootstrap broker) and each operation makes one request. :func:`run_routed`
+runs one call of an admin client in a private trio loop (the CLI's commands).
 
 Errors: the mapped :class:`~equeue.errors.EQueueError` of a failing group (a read
 that some groups answered names the others in its result instead, where it says so).
@@ -20,7 +26,8 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
 from typing import TypeVar
 
 import attrs
@@ -28,6 +35,8 @@ import trio
 
 from equeue import control
 from equeue.client.connection import AsyncClient
+from equeue.client.lifetime import StackOwner
+from equeue.client.retry import DEFAULT_POLICY, RetryPolicy
 from equeue.client.routing import Router
 from equeue.errors import (
     ConfigError,
@@ -39,11 +48,13 @@ from equeue.errors import (
 )
 from equeue.models import PullResult
 from equeue.names import is_ephemeral, validate_group
+from equeue.security import ClientSecurity
 
 T = TypeVar("T")
 
 __all__ = [
     "VERIFY_POLL",
+    "AsyncAdminClient",
     "BrokerHealth",
     "BrokerStatsRow",
     "ClusterReport",
@@ -51,45 +62,29 @@ __all__ = [
     "GroupVerdict",
     "MergedDlqPage",
     "MergedTopic",
+    "RecoveryCandidate",
+    "RecoveryPlan",
+    "ReplicaAnswer",
     "Verdict",
     "VerifyReport",
-    "at_any_leader",
-    "broker_stats",
-    "cluster_report",
     "compare_digests",
-    "delete_group",
-    "describe_group",
-    "describe_topic",
-    "dlq_list",
-    "dlq_resend",
-    "find_by_key",
-    "get_message",
     "judge",
-    "list_groups",
-    "list_skipped",
-    "offset_for_time",
-    "pause_group",
-    "pause_topic",
-    "reset_offsets",
-    "resume_group",
-    "resume_topic",
     "run_routed",
-    "verify_cluster",
 ]
 
 
-def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
-    """``fn(router)`` in a fresh trio loop, the router bootstrapped from ``broker``."""
+def run_routed(broker: str, fn: Callable[[AsyncAdminClient], Awaitable[T]]) -> T:
+    """``await fn(admin)`` in a fresh trio loop, ``admin`` an :class:`AsyncAdminClient`
+    bootstrapped from ``broker`` (one CLI command). Raises what ``fn`` raises (an
+    EQueueError as it is, not wrapped in an exception group)."""
 
     async def main() -> T:
         error: EQueueError | None = None
-        async with AsyncClient(broker) as c, Router(c, refresh_interval=60.0) as router:
+        async with AsyncAdminClient(broker) as admin:
             try:
-                result = await fn(router)
+                result = await fn(admin)
             except EQueueError as exc:  # raised outside the nurseries: not wrapped in a group
                 error = exc
-            finally:
-                await router.aclose()
         if error is not None:
             raise error
         return result
@@ -98,7 +93,7 @@ def run_routed(broker: str, fn: Callable[[Router], Awaitable[T]]) -> T:
 
 
 # ---------------------------------------------------------------------- any leader
-async def at_any_leader(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
+async def _at_any_leader(router: Router, fn: Callable[[AsyncClient], Awaitable[T]]) -> T:
     """``fn`` at the bootstrap broker; if it is a follower (NOT_LEADER: it serves no
     client request, docs/cluster.md, "Replicas, acks, failover"), at the leader of each live group in turn
     (the first that answers). For topic administration, which any leader serves (it
@@ -129,21 +124,21 @@ class MergedTopic:
     store_bytes: int
 
 
-async def describe_topic(router: Router, name: str) -> MergedTopic:
+async def _describe_topic(router: Router, name: str) -> MergedTopic:
     """DESCRIBE_TOPIC at every owner group of ``name``; each queue's row from its owner.
     Raises TopicNotFound.
 
     A topic that grew since the router last read its route is answered with queue ids
     the held route does not have: the route is read again and the topic asked again
     (once; a topic still growing under the second read shows the new queues as unknown)."""
-    merged = await _describe_topic(router, name, await router.route(name))
+    merged = await _describe_topic_at(router, name, await router.route(name))
     if merged.info.queues > len(merged.owners):
         await router.refresh([name])
-        merged = await _describe_topic(router, name, await router.route(name))
+        merged = await _describe_topic_at(router, name, await router.route(name))
     return merged
 
 
-async def _describe_topic(router: Router, name: str, route: control.TopicRoute) -> MergedTopic:
+async def _describe_topic_at(router: Router, name: str, route: control.TopicRoute) -> MergedTopic:
     grown = 0
     stats: dict[int, control.QueueStats] = {}
     delayed = store_bytes = 0
@@ -184,7 +179,7 @@ async def _each_group(router: Router, fn: Callable[[AsyncClient], Awaitable[T]])
     return {name: out[name] for name in sorted(out)}
 
 
-async def list_groups(router: Router) -> list[control.GroupSummary]:
+async def _list_groups(router: Router) -> list[control.GroupSummary]:
     """Every consumer group known to any broker group (members: the most any reports)."""
     merged: dict[str, control.GroupSummary] = {}
     for answer in (await _each_group(router, lambda c: c.list_groups())).values():
@@ -200,7 +195,7 @@ async def list_groups(router: Router) -> list[control.GroupSummary]:
     return [merged[name] for name in sorted(merged)]
 
 
-async def describe_group(router: Router, group: str) -> control.GroupDescription:
+async def _describe_group(router: Router, group: str) -> control.GroupDescription:
     """DESCRIBE_GROUP at every broker group: members merged by consumer id, each
     queue's row from its owner (``broker_group`` says which), generation summed.
     Raises InvalidName for a name no group can have, GroupNotFound when no broker
@@ -208,7 +203,7 @@ async def describe_group(router: Router, group: str) -> control.GroupDescription
     validate_group(group)
     answers = await _each_group(router, lambda c: c.describe_group(group))
     if not any(d.members or d.queues for d in answers.values()) and group not in {
-        g.group for g in await list_groups(router)
+        g.group for g in await _list_groups(router)
     }:
         raise GroupNotFound(f"no such group {group!r}: no broker group has a live member or a committed offset of it")
     members: dict[str, control.MemberInfo] = {}
@@ -236,7 +231,7 @@ async def _delete_here(c: AsyncClient, group: str, force: bool) -> control.Delet
         return None  # nothing of it at this broker group
 
 
-async def delete_group(router: Router, group: str, force: bool) -> dict[str, control.DeleteGroupAnswer]:
+async def _delete_group(router: Router, group: str, force: bool) -> dict[str, control.DeleteGroupAnswer]:
     """DELETE_GROUP at every broker group (offsets live with each queue's owner, state
     at every group its members heartbeat to); the answers of the groups that had
     something of it. Without ``force`` the live members are looked for first, at every
@@ -246,7 +241,7 @@ async def delete_group(router: Router, group: str, force: bool) -> dict[str, con
     GroupHasMembers, GroupNotFound when no broker group knows the group."""
     validate_group(group)
     if not force:
-        live = (await describe_group(router, group)).members  # GroupNotFound: known nowhere
+        live = (await _describe_group(router, group)).members  # GroupNotFound: known nowhere
         if live:
             names = ", ".join(m.consumer_id for m in live)
             raise GroupHasMembers(f"group {group!r} has {len(live)} live member(s) ({names}); stop them first "
@@ -258,7 +253,7 @@ async def delete_group(router: Router, group: str, force: bool) -> dict[str, con
     return found
 
 
-async def reset_offsets(
+async def _reset_offsets(
     router: Router, group: str, topic: str, to: control.ResetTarget, timestamp_ms: int, force: bool
 ) -> dict[int, int]:
     """RESET_OFFSETS at every owner group of ``topic``; each queue's new offset from its owner."""
@@ -273,29 +268,29 @@ async def reset_offsets(
 
 
 # ---------------------------------------------------------------------- pause and resume
-async def pause_topic(router: Router, topic: str) -> control.PauseAnswer:
+async def _pause_topic(router: Router, topic: str) -> control.PauseAnswer:
     """Refuse ``topic``'s produce (TOPIC_PAUSED) everywhere. Standalone, the broker
     keeps it in its store; in a cluster any group's leader writes it to etcd, which
     every broker group watches. Raises TopicNotFound, ReservedTopic, NotAuthorized."""
-    return await at_any_leader(router, lambda c: c.pause_topic(topic))
+    return await _at_any_leader(router, lambda c: c.pause_topic(topic))
 
 
-async def resume_topic(router: Router, topic: str) -> control.PauseAnswer:
+async def _resume_topic(router: Router, topic: str) -> control.PauseAnswer:
     """Accept ``topic``'s produce again (``changed`` False: it was not paused)."""
-    return await at_any_leader(router, lambda c: c.resume_topic(topic))
+    return await _at_any_leader(router, lambda c: c.resume_topic(topic))
 
 
-async def pause_group(router: Router, group: str) -> control.PauseAnswer:
+async def _pause_group(router: Router, group: str) -> control.PauseAnswer:
     """Hold consumer group ``group``'s pulls at every broker group (nothing delivered;
     offsets, members and leases kept). Raises InvalidName, NotAuthorized."""
     validate_group(group)
-    return await at_any_leader(router, lambda c: c.pause_group(group))
+    return await _at_any_leader(router, lambda c: c.pause_group(group))
 
 
-async def resume_group(router: Router, group: str) -> control.PauseAnswer:
+async def _resume_group(router: Router, group: str) -> control.PauseAnswer:
     """Deliver to ``group`` again: its held pulls read at once."""
     validate_group(group)
-    return await at_any_leader(router, lambda c: c.resume_group(group))
+    return await _at_any_leader(router, lambda c: c.resume_group(group))
 
 
 # ---------------------------------------------------------------------- dead letters
@@ -309,7 +304,7 @@ class MergedDlqPage:
     done: bool
 
 
-async def dlq_list(router: Router, group: str, queue_id: int, offset: int, limit: int) -> MergedDlqPage:
+async def _dlq_list(router: Router, group: str, queue_id: int, offset: int, limit: int) -> MergedDlqPage:
     """One page of the group's dead letters from the cursor, from every broker group,
     in (queue, offset) order; the cursor continues after the last letter shown."""
     pages = await _each_group(router, lambda c: c.dlq_list(group, queue_id, offset, limit))
@@ -326,7 +321,7 @@ async def dlq_list(router: Router, group: str, queue_id: int, offset: int, limit
     return MergedDlqPage(shown, q, o, done)
 
 
-async def dlq_resend(router: Router, group: str, ids: list[int], all_letters: bool, broker_group: str | None) -> control.DlqResendAnswer:
+async def _dlq_resend(router: Router, group: str, ids: list[int], all_letters: bool, broker_group: str | None) -> control.DlqResendAnswer:
     """DLQ_RESEND at every broker group (``--all``) or at ``broker_group``: letter ids
     are offsets in one broker's store, so a cluster with several groups needs it with
     ids. Raises ConfigError when it is missing there."""
@@ -347,7 +342,7 @@ async def dlq_resend(router: Router, group: str, ids: list[int], all_letters: bo
 
 
 # ---------------------------------------------------------------------- messages
-async def get_message(
+async def _get_message(
     router: Router, topic: str, queue_id: int, queue_offset: int, global_offset: int, broker_group: str | None
 ) -> PullResult:
     """GET_MESSAGE at the queue's owner, or (by global offset, an offset in one
@@ -365,7 +360,7 @@ async def get_message(
     return await router.call_group(broker_group, lambda c: c.get_message(topic, global_offset=global_offset))
 
 
-async def find_by_key(router: Router, topic: str, key: str, limit: int, before: int) -> PullResult:
+async def _find_by_key(router: Router, topic: str, key: str, limit: int, before: int) -> PullResult:
     """FIND_BY_KEY at every owner group of ``topic``, newest first, at most ``limit``.
     ``before`` and the continuation offset are per broker: with several groups the
     continuation is not given (``next_offset`` 0)."""
@@ -381,13 +376,13 @@ async def find_by_key(router: Router, topic: str, key: str, limit: int, before: 
     return attrs.evolve(results[0], messages=msgs, next_offset=0)
 
 
-async def offset_for_time(router: Router, topic: str, queue_id: int, timestamp_ms: int) -> int:
+async def _offset_for_time(router: Router, topic: str, queue_id: int, timestamp_ms: int) -> int:
     """OFFSET_FOR_TIME at the queue's owner: the first queue offset stored at or after
     ``timestamp_ms`` (the queue's end when none is)."""
     return await router.call(topic, queue_id, lambda c: c.offset_for_time(topic, queue_id, timestamp_ms))
 
 
-async def list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
+async def _list_skipped(router: Router, topic: str) -> dict[int, list[int]]:
     """The skipped offsets of ``topic`` from each queue's owner."""
     route = await router.route(topic)
     out: dict[int, list[int]] = {}
@@ -442,7 +437,7 @@ async def _health(client: AsyncClient, group: str, broker_id: str, address: str)
     return BrokerHealth(group, broker_id, address, True, round((time.perf_counter() - t0) * 1000, 2))
 
 
-async def cluster_report(router: Router, connect_timeout: float = 3.0) -> ClusterReport:
+async def _cluster_report(router: Router, connect_timeout: float = 3.0) -> ClusterReport:
     """CLUSTER_STATUS at the bootstrap broker, and STATS at every alive broker it lists
     (standalone: at the bootstrap itself), each over its own connection."""
     boot = router.bootstrap
@@ -502,7 +497,7 @@ async def _stats(client: AsyncClient, group: str, broker_id: str, address: str, 
         return BrokerStatsRow(group, broker_id, address, None, str(exc) or type(exc).__name__)
 
 
-async def broker_stats(router: Router, connect_timeout: float = 3.0) -> list[BrokerStatsRow]:
+async def _broker_stats(router: Router, connect_timeout: float = 3.0) -> list[BrokerStatsRow]:
     """STATS of every registered broker as CLUSTER_STATUS lists them, each over its own
     connection, concurrently (standalone: the bootstrap broker's). Raises what
     CLUSTER_STATUS raises at the bootstrap (NotAuthorized, ConnectionBroken)."""
@@ -630,7 +625,7 @@ async def _digest(b: control.BrokerStatus, boot: AsyncClient, connect_timeout: f
             return ReplicaAnswer(b.broker_id, b.address, None, str(exc) or type(exc).__name__)
 
 
-async def verify_cluster(router: Router, timeout: float, connect_timeout: float = 3.0) -> VerifyReport:
+async def _verify_cluster(router: Router, timeout: float, connect_timeout: float = 3.0) -> VerifyReport:
     """REPLICA_DIGEST of every live replica of every group (as CLUSTER_STATUS lists
     them), asked again every :data:`VERIFY_POLL` s until a group's replicas answer at
     one position (then compared: :func:`judge`) or ``timeout`` passes (INCOMPARABLE).
@@ -701,7 +696,7 @@ class RecoveryPlan:
     problem: str = ""
 
 
-async def plan_recovery(router: Router, group: str, leader: str = "", connect_timeout: float = 3.0) -> RecoveryPlan:
+async def _plan_recovery(router: Router, group: str, leader: str = "", connect_timeout: float = 3.0) -> RecoveryPlan:
     """Ask every live replica of ``group`` (as CLUSTER_STATUS lists them) for its
     REPLICATION_STATUS and plan the recovery (see :class:`RecoveryPlan`)."""
     boot = router.bootstrap
@@ -742,7 +737,7 @@ async def plan_recovery(router: Router, group: str, leader: str = "", connect_ti
     return RecoveryPlan(group, candidates, epoch, chosen.broker_id)
 
 
-async def recover_group(router: Router, plan: RecoveryPlan, connect_timeout: float = 3.0) -> control.ReplicationStatus:
+async def _recover_group(router: Router, plan: RecoveryPlan, connect_timeout: float = 3.0) -> control.ReplicationStatus:
     """Send the plan's CLUSTER_RECOVER to its leader-to-be. Raises BrokerError (the
     broker's refusal: etcd has a leader or a newer record, an epoch below its own)."""
     boot = router.bootstrap
@@ -752,7 +747,7 @@ async def recover_group(router: Router, plan: RecoveryPlan, connect_timeout: flo
 
 
 # ----------------------------------------------------------------------------- hand-over
-async def hand_over_group(router: Router, group: str, to: str = "", connect_timeout: float = 3.0) -> control.ReplicationStatus:
+async def _hand_over_group(router: Router, group: str, to: str = "", connect_timeout: float = 3.0) -> control.ReplicationStatus:
     """CLUSTER_HANDOVER to ``group``'s leader (as the route table names it). Raises
     ConfigError (no such group, or it has no leader now), BrokerError (the leader's
     refusal: not an in-sync follower, the target did not catch up in time)."""
@@ -766,3 +761,248 @@ async def hand_over_group(router: Router, group: str, to: str = "", connect_time
         raise ConfigError(f"group {group!r} has no leader now: nothing to hand over")
     async with AsyncClient(route.addresses[0], connect_timeout=connect_timeout, security=boot.security) as c:
         return await c.call(control.ClusterHandover(group, to), control.ReplicationStatus)
+
+
+# ----------------------------------------------------------------------------- the client
+class AsyncAdminClient(StackOwner):
+    """The trio admin client of one equeue cluster (module docstring).
+
+    ``async with AsyncAdminClient("host:5800,host2:5800") as admin`` opens a bootstrap
+    :class:`~equeue.client.connection.AsyncClient` and a
+    :class:`~equeue.client.routing.Router` over it (one connection per broker group, made
+    when first needed); leaving the block closes them. ``connect_timeout`` and
+    ``security`` are the bootstrap client's (None: from the ``EQUEUE_*`` environment),
+    ``refresh_interval`` the seconds between two route refreshes, ``policy`` how a request
+    is retried across a failover.
+
+    Every method raises ClientClosed outside the block, the broker's refusal as its
+    :class:`~equeue.errors.EQueueError` (NotAuthorized, TopicNotFound, ...) and
+    ConnectionBroken when no broker answers; bad arguments (an invalid group name, a
+    missing ``broker_group``) are refused before anything is sent.
+    """
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str] = "127.0.0.1:5800",
+        *,
+        connect_timeout: float = 5.0,
+        security: ClientSecurity | None = None,
+        refresh_interval: float = 60.0,
+        policy: RetryPolicy = DEFAULT_POLICY,
+    ) -> None:
+        self._client = AsyncClient(brokers, connect_timeout=connect_timeout, security=security)
+        self._router = Router(self._client, refresh_interval=refresh_interval, policy=policy)
+
+    async def _enter(self, stack: AsyncExitStack) -> None:
+        await stack.enter_async_context(self._client)
+        await stack.enter_async_context(self._router)
+        # on exit, close the groups' connections before the router's nursery cancels their tasks
+        stack.push_async_callback(self._router.aclose)
+
+    async def aclose(self) -> None:
+        """Close every connection (the groups' and the bootstrap's); later calls raise
+        ClientClosed. Idempotent; leaving the ``async with`` block does it too."""
+        await self._router.aclose()
+        await self._client.aclose()
+
+    @property
+    def client(self) -> AsyncClient:
+        """The bootstrap connection (single-broker requests: STATS of that broker, ...)."""
+        return self._client
+
+    @property
+    def router(self) -> Router:
+        """The route table and the per-group connections the operations fan out over."""
+        return self._router
+
+    # ------------------------------------------------------------------ topics
+    async def list_topics(self, include_internal: bool = True) -> list[control.TopicInfo]:
+        """Every topic (with ``include_internal``, the retry and dead-letter topics too),
+        from any group's leader."""
+        return await _at_any_leader(self._router, lambda c: c.list_topics(include_internal))
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int = 4,
+        *,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        exist_ok: bool = False,
+        compression: str | None = None,
+    ) -> control.TopicInfo:
+        """Create topic ``name`` with ``queues`` queues, at any group's leader (arguments
+        as :meth:`AsyncClient.create_topic <equeue.client.connection.AsyncClient.create_topic>`).
+        Raises TopicExists (unless ``exist_ok``), InvalidName, ConfigError (a bad
+        setting, before anything is sent)."""
+        return await _at_any_leader(self._router, lambda c: c.create_topic(
+            name, queues, retention_ms=retention_ms, retention_bytes=retention_bytes, exist_ok=exist_ok,
+            compression=compression,
+        ))  # fmt: skip
+
+    async def alter_topic(
+        self,
+        name: str,
+        *,
+        queues: int | None = None,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+        reset: Iterable[str] = (),
+        compression: str | None = None,
+    ) -> control.TopicInfo:
+        """Grow ``name``'s queue count and/or change its retention overrides or
+        compression, at any group's leader (arguments as
+        :meth:`AsyncClient.alter_topic <equeue.client.connection.AsyncClient.alter_topic>`).
+        Raises TopicNotFound, ConfigError (a shrink, a bad setting)."""
+        reset = list(reset)
+        return await _at_any_leader(self._router, lambda c: c.alter_topic(
+            name, queues=queues, retention_ms=retention_ms, retention_bytes=retention_bytes, reset=reset,
+            compression=compression,
+        ))  # fmt: skip
+
+    async def describe_topic(self, name: str) -> MergedTopic:
+        """``name``'s settings and each queue's stats from the group that owns it (None:
+        that group is down). Raises TopicNotFound."""
+        return await _describe_topic(self._router, name)
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete topic ``name`` (its messages are removed in the background), at any
+        group's leader. Raises TopicNotFound, ReservedTopic."""
+        await _at_any_leader(self._router, lambda c: c.delete_topic(name))
+
+    async def pause_topic(self, name: str) -> control.PauseAnswer:
+        """Refuse ``name``'s produce (TOPIC_PAUSED) at every broker group; consumers
+        still read what it holds. Raises TopicNotFound, ReservedTopic, NotAuthorized."""
+        return await _pause_topic(self._router, name)
+
+    async def resume_topic(self, name: str) -> control.PauseAnswer:
+        """Accept ``name``'s produce again (``changed`` False: it was not paused)."""
+        return await _resume_topic(self._router, name)
+
+    # ------------------------------------------------------------------ consumer groups
+    async def list_groups(self) -> list[control.GroupSummary]:
+        """Every consumer group known to any broker group, by name."""
+        return await _list_groups(self._router)
+
+    async def describe_group(self, group: str) -> control.GroupDescription:
+        """``group``'s live members and each queue's committed offset and lag, from every
+        broker group. Raises InvalidName, GroupNotFound."""
+        return await _describe_group(self._router, group)
+
+    async def delete_group(self, group: str, force: bool = False) -> dict[str, control.DeleteGroupAnswer]:
+        """Delete ``group``'s offsets and state at every broker group; the answers of the
+        broker groups that had something of it. Raises InvalidName, GroupNotFound,
+        GroupHasMembers (live members and not ``force``: nothing is deleted)."""
+        return await _delete_group(self._router, group, force)
+
+    async def reset_offsets(
+        self, group: str, topic: str, to: control.ResetTarget | str, timestamp_ms: int = 0, force: bool = False
+    ) -> dict[int, int]:
+        """Set ``group``'s committed offsets of ``topic`` to ``to`` (a
+        :class:`~equeue.control.ResetTarget` or its string; ``time`` takes
+        ``timestamp_ms``) at each queue's owner; the new offset of each queue. Raises
+        ConfigError for another target (before anything is sent), TopicNotFound,
+        GroupHasMembers while members are live (unless ``force``)."""
+        try:
+            target = control.ResetTarget(to)
+        except ValueError:
+            choices = ", ".join(t.value for t in control.ResetTarget)
+            raise ConfigError(f"reset target {to!r}: expected one of {choices}") from None
+        return await _reset_offsets(self._router, group, topic, target, timestamp_ms, force)
+
+    async def pause_group(self, group: str) -> control.PauseAnswer:
+        """Hold ``group``'s pulls at every broker group (nothing delivered; offsets,
+        members and leases kept). Raises InvalidName, NotAuthorized."""
+        return await _pause_group(self._router, group)
+
+    async def resume_group(self, group: str) -> control.PauseAnswer:
+        """Deliver to ``group`` again (``changed`` False: it was not paused)."""
+        return await _resume_group(self._router, group)
+
+    # ------------------------------------------------------------------ dead letters
+    async def dlq_list(self, group: str, queue_id: int = 0, offset: int = 0, limit: int = 100) -> MergedDlqPage:
+        """One page of ``group``'s dead letters from the cursor (``queue_id``,
+        ``offset``), from every broker group; the page's cursor continues after it."""
+        return await _dlq_list(self._router, group, queue_id, offset, limit)
+
+    async def dlq_resend(
+        self, group: str, ids: Sequence[int] = (), all_letters: bool = False, broker_group: str | None = None
+    ) -> control.DlqResendAnswer:
+        """Send ``group``'s dead letters ``ids`` (or every one: ``all_letters``) back to
+        their topic, each at most once. Letter ids are offsets in one broker group's
+        store: with ids and several groups, ``broker_group`` says which (ConfigError
+        when it is missing or not live)."""
+        return await _dlq_resend(self._router, group, list(ids), all_letters, broker_group)
+
+    # ------------------------------------------------------------------ messages
+    async def get_message(
+        self,
+        topic: str = "",
+        queue_id: int = -1,
+        queue_offset: int = -1,
+        global_offset: int = -1,
+        broker_group: str | None = None,
+    ) -> PullResult:
+        """The message at (``topic``, ``queue_id``, ``queue_offset``) from the queue's
+        owner, or, with ``queue_id`` -1, at ``global_offset`` of ``broker_group``'s store
+        (required when several groups are live: ConfigError)."""
+        if queue_id < 0 and global_offset < 0:
+            raise ConfigError("get_message: give a queue id and queue offset, or a global offset")
+        return await _get_message(self._router, topic, queue_id, queue_offset, global_offset, broker_group)
+
+    async def find_by_key(self, topic: str, key: str, limit: int = 32, before: int = -1) -> PullResult:
+        """Messages of ``topic`` with ``key`` from every owner group, newest first, at
+        most ``limit``, below global offset ``before`` (-1: all; one group only)."""
+        return await _find_by_key(self._router, topic, key, limit, before)
+
+    async def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset of the queue stored at or after ``timestamp_ms`` (the
+        queue's end when none is), from its owner."""
+        return await _offset_for_time(self._router, topic, queue_id, timestamp_ms)
+
+    async def skip_message(self, topic: str, queue_id: int, queue_offset: int) -> control.SkipAnswer:
+        """Make the queue's owner stop serving the record at ``queue_offset`` (consumers
+        stuck on a corrupt record move past it)."""
+        return await self._router.call(topic, queue_id, lambda c: c.skip_message(topic, queue_id, queue_offset))
+
+    async def list_skipped(self, topic: str) -> dict[int, list[int]]:
+        """The skipped offsets of ``topic`` by queue, from each queue's owner."""
+        return await _list_skipped(self._router, topic)
+
+    # ------------------------------------------------------------------ cluster
+    async def cluster_status(self) -> control.ClusterStatus:
+        """CLUSTER_STATUS as the bootstrap broker sees it (standalone: ``cluster``
+        false)."""
+        return await self._client.cluster_status()
+
+    async def cluster_report(self, connect_timeout: float = 3.0) -> ClusterReport:
+        """The cluster status, whether each registered broker answers (with its round
+        trip) and each group's replication state."""
+        return await _cluster_report(self._router, connect_timeout)
+
+    async def broker_stats(self, connect_timeout: float = 3.0) -> list[BrokerStatsRow]:
+        """STATS of every registered broker, concurrently (a row with ``error`` for one
+        that does not answer)."""
+        return await _broker_stats(self._router, connect_timeout)
+
+    async def verify_cluster(self, timeout: float = 30.0, connect_timeout: float = 3.0) -> VerifyReport:
+        """Compare the replicas of every group at one log position (REPLICA_DIGEST),
+        waiting at most ``timeout`` s for them to stand at one (see
+        :attr:`VerifyReport.exit_code`). Needs an admin user under authentication."""
+        return await _verify_cluster(self._router, timeout, connect_timeout)
+
+    async def plan_recovery(self, group: str, leader: str = "", connect_timeout: float = 3.0) -> RecoveryPlan:
+        """What recovering leaderless broker group ``group`` would write (its
+        ``problem`` says why nothing can be); ``leader``: the replica to make leader
+        (empty: the most advanced)."""
+        return await _plan_recovery(self._router, group, leader, connect_timeout)
+
+    async def recover_group(self, plan: RecoveryPlan, connect_timeout: float = 3.0) -> control.ReplicationStatus:
+        """Carry out ``plan`` (from :meth:`plan_recovery`). Raises BrokerError (the
+        broker's refusal: etcd has a leader or a newer record)."""
+        return await _recover_group(self._router, plan, connect_timeout)
+
+    async def hand_over_group(self, group: str, to: str = "", connect_timeout: float = 3.0) -> control.ReplicationStatus:
+        """Move ``group``'s leadership to in-sync follower ``to`` (empty: the leader
+        picks one). Raises ConfigError (no such group, no leader now), BrokerError."""
+        return await _hand_over_group(self._router, group, to, connect_timeout)

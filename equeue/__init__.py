@@ -5,7 +5,8 @@ with no I/O; the SDK, the broker and the Spark connector are its subpackages:
 
     from equeue import Producer, Consumer, Message       # the blocking SDK
     from equeue import AsyncProducer, AsyncConsumer      # the trio SDK
-    from equeue import Client, AsyncClient               # admin requests
+    from equeue import AdminClient, AsyncAdminClient     # cluster administration
+    from equeue import Client, AsyncClient               # one broker's requests
     from equeue.config import BrokerConfig
     from equeue.broker import EmbeddedBroker
     from equeue import spark                             # needs the ``spark`` extra
@@ -37,11 +38,13 @@ _LAZY = {
     "StartFrom": "equeue.config",
     "Client": "equeue.client",
     "AsyncClient": "equeue.client",
+    "AdminClient": "equeue.client",
+    "AsyncAdminClient": "equeue.client",
 }
 
 if TYPE_CHECKING:
     __version__: str
-    from equeue.client import AsyncClient, Client
+    from equeue.client import AdminClient, AsyncAdminClient, AsyncClient, Client
     from equeue.config import StartFrom
     from equeue.consumer import AsyncConsumer, Consumer, ConsumerOptions
     from equeue.producer import AsyncProducer, Producer, ProducerOptions, SendHandle
@@ -82,6 +85,8 @@ def __dir__() -> list[str]:
 __all__ = [
     *_errors_all,
     "DISTRIBUTION",
+    "AdminClient",
+    "AsyncAdminClient",
     "AsyncClient",
     "AsyncConsumer",
     "AsyncProducer",

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from rich.table import Table
 
 from equeue.config import DEFAULT_ADDRESS
 from equeue.errors import EQueueError
+
+if TYPE_CHECKING:  # imported when a command runs (the CLI starts without trio)
+    from equeue.client.admin import AsyncAdminClient
 
 
 class LogLevel(StrEnum):
@@ -112,25 +115,16 @@ def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
     return answer
 
 
-def routed(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """``await fn(router)`` over a :class:`equeue.client.routing.Router` bootstrapped from
-    ``broker`` (commands that ask every broker group and merge,
-    :mod:`equeue.client.admin`); errors become one-line failures."""
+def routed(broker: str, fn: Callable[[AsyncAdminClient], Awaitable[T]]) -> T:
+    """``await fn(admin)`` with an :class:`equeue.client.admin.AsyncAdminClient`
+    bootstrapped from ``broker``, in a private trio loop (commands that ask every broker
+    group and merge, or any group's leader); errors become one-line failures."""
     from equeue.client.admin import run_routed
 
     try:
         return run_routed(broker, fn)
     except EQueueError as exc:
         fail(str(exc))
-
-
-def leader(broker: str, fn: Callable[[Any], Awaitable[T]]) -> T:
-    """``await fn(client)`` at ``broker``, or, when it is a follower (NOT_LEADER), at
-    a group's leader (:func:`equeue.client.admin.at_any_leader`): topic administration,
-    which any leader serves. Errors become one-line failures."""
-    from equeue.client.admin import at_any_leader
-
-    return routed(broker, lambda router: at_any_leader(router, fn))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[str] = ()) -> None:

@@ -23,9 +23,7 @@ def register(app: typer.Typer) -> None:
         answered, round trip), each follower's position and lag as its leader sees
         it (REPLICATION_STATUS), etcd, the revision. Any broker of the cluster
         answers; standalone it shows one group ""."""
-        from equeue.client.admin import cluster_report
-
-        report = routed(broker, cluster_report)
+        report = routed(broker, lambda admin: admin.cluster_report())
         if as_json:
             print_json(report)
             return
@@ -98,9 +96,9 @@ def register(app: typer.Typer) -> None:
         differ (the parts are named); 2: could not compare (a replica unreachable, or
         no common position within --timeout). Needs an admin user when the brokers
         authenticate."""
-        from equeue.client.admin import Verdict, verify_cluster
+        from equeue.client.admin import Verdict
 
-        report = routed(broker, lambda router: verify_cluster(router, timeout))
+        report = routed(broker, lambda admin: admin.verify_cluster(timeout))
         if as_json:
             print_json(report)
             raise typer.Exit(report.exit_code)
@@ -134,9 +132,7 @@ def register(app: typer.Typer) -> None:
         Replicas that are down are not asked: start every replica you can first.
         Needs an admin user when the brokers authenticate."""
         from equeue.cli._common import fail
-        from equeue.client.admin import plan_recovery, recover_group
-
-        plan = routed(broker, lambda router: plan_recovery(router, group, leader))
+        plan = routed(broker, lambda admin: admin.plan_recovery(group, leader))
         if as_json and not yes:
             print_json(plan)
         elif not as_json:
@@ -155,7 +151,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"plan: ISR {{{plan.leader}}} at epoch {plan.epoch}; {plan.leader} takes over at "
                               f"epoch {plan.epoch + 1}. Add --yes to write it.", highlight=False)  # fmt: skip
             return
-        st = routed(broker, lambda router: recover_group(router, plan))
+        st = routed(broker, lambda admin: admin.recover_group(plan))
         if as_json:
             print_json(st)
             return
@@ -175,9 +171,7 @@ def register(app: typer.Typer) -> None:
         5 s, else it keeps leading and this fails), gives its leadership up to it and
         follows it. A leader stopped cleanly does the same on its own. Needs an admin
         user when the brokers authenticate."""
-        from equeue.client.admin import hand_over_group
-
-        st = routed(broker, lambda router: hand_over_group(router, group, to))
+        st = routed(broker, lambda admin: admin.hand_over_group(group, to))
         if as_json:
             print_json(st)
             return

@@ -34,9 +34,7 @@ def register(app: typer.Typer) -> None:
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Groups known to any broker group (live members or committed offsets); an
         ephemeral group (NAME#ephemeral) is listed while it has a live member."""
-        from equeue.client.admin import list_groups
-
-        groups = routed(broker, list_groups)
+        groups = routed(broker, lambda admin: admin.list_groups())
         if as_json:
             print_json(groups)
             return
@@ -50,10 +48,8 @@ def register(app: typer.Typer) -> None:
         """Members, and per queue: the broker group owning it, the member holding it,
         committed offset, max offset and lag (each row from the queue's owner). An
         unknown group is an error (no such group)."""
-        from equeue.client.admin import describe_group
-
         _group_name(group)
-        d = routed(broker, lambda r: describe_group(r, group))
+        d = routed(broker, lambda admin: admin.describe_group(group))
         if as_json:
             print_json(d)
             return
@@ -98,9 +94,7 @@ def register(app: typer.Typer) -> None:
                 ts, target = max(0, parse_time_ms(to)), ResetTarget.TIME
             except ConfigError as exc:
                 fail(f"--to must be earliest, latest or an ISO time: {exc}")
-        from equeue.client.admin import reset_offsets as reset
-
-        offsets = routed(broker, lambda r: reset(r, group, topic, target, ts, force))
+        offsets = routed(broker, lambda admin: admin.reset_offsets(group, topic, target, ts, force))
         if as_json:
             print_json({"group": group, "topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}})
             return
@@ -108,11 +102,8 @@ def register(app: typer.Typer) -> None:
               sorted(offsets.items()), right=["queue", "offset"])  # fmt: skip
 
     def _pause(group: str, paused: bool, broker: str, as_json: bool) -> None:
-        from equeue.client.admin import pause_group, resume_group
-
         _group_name(group)
-        fn = pause_group if paused else resume_group
-        answer = routed(broker, lambda r: fn(r, group))
+        answer = routed(broker, lambda admin: admin.pause_group(group) if paused else admin.resume_group(group))
         if as_json:
             print_json(answer)
             return
@@ -143,10 +134,8 @@ def register(app: typer.Typer) -> None:
         (refused while it has live members, unless --force). Its retry and dead-letter
         topics stay. An ephemeral group (NAME#ephemeral) exists only while it has live
         members: --force drops its in-memory offsets (it goes by itself with its last member)."""
-        from equeue.client.admin import delete_group
-
         _group_name(group)
-        answers = routed(broker, lambda r: delete_group(r, group, force))
+        answers = routed(broker, lambda admin: admin.delete_group(group, force))
         offsets = sum(a.offsets for a in answers.values())
         members = max((a.members for a in answers.values()), default=0)
         where = f" at {len(answers)} broker groups" if len(answers) > 1 else ""
@@ -170,11 +159,10 @@ def register(app: typer.Typer) -> None:
         broker group shown), origin, attempts, time, body, resent."""
         import base64
 
-        from equeue.client.admin import dlq_list as merged_list
         from equeue.names import validate_group
 
         validate_group(group)
-        page = routed(broker, lambda r: merged_list(r, group, queue, offset, limit))
+        page = routed(broker, lambda admin: admin.dlq_list(group, queue, offset, limit))
         texts = [
             f"(too big for a page: equeue message get %DLQ%{group} --global-offset {d.id}"
             f"{f' --broker-group {g}' if g else ''})"
@@ -215,13 +203,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Send dead letters back to their origin topic (fresh: 0 attempts), each at most
         once. ``--all`` resends at every broker group."""
-        from equeue.client.admin import dlq_resend as resend
         from equeue.names import validate_group
 
         validate_group(group)
         if not ids and not all_:
             fail("pass --id ID (repeatable) or --all")
-        ans = routed(broker, lambda r: resend(r, group, ids, all_, broker_group))
+        ans = routed(broker, lambda admin: admin.dlq_resend(group, ids, all_, broker_group))
         if as_json:
             print_json(ans)
             raise typer.Exit(1 if ans.failed else 0)

@@ -123,10 +123,8 @@ def register(app: typer.Typer) -> None:
             fail("give either --queue Q --offset O, or --global-offset G")
         if by_queue and (queue < 0 or offset < 0):
             fail("--queue and --offset go together (both >= 0)")
-        from equeue.client.admin import get_message
-
-        res = routed(broker, lambda r: get_message(r, topic, queue if by_queue else -1, offset, global_offset,
-                                                   broker_group))  # fmt: skip
+        res = routed(broker, lambda admin: admin.get_message(topic, queue if by_queue else -1, offset,
+                                                             global_offset, broker_group))  # fmt: skip
         if not res.messages:
             fail("message not found")
         m = res.messages[0]
@@ -151,9 +149,7 @@ def register(app: typer.Typer) -> None:
 
         Example: ``equeue message find orders --key user-42 --limit 10``.
         """
-        from equeue.client.admin import find_by_key
-
-        res = routed(broker, lambda r: find_by_key(r, topic, key, limit, before))
+        res = routed(broker, lambda admin: admin.find_by_key(topic, key, limit, before))
         msgs = res.messages
         if res.next_offset:
             typer.echo(f"search cut short by the broker's scan budget (many keys share this key's hash); "
@@ -196,7 +192,7 @@ def register(app: typer.Typer) -> None:
             f"Stop serving {topic}/{queue} offset {offset} to every consumer? (cannot be undone)", err=True
         ):
             fail("not skipped", code=1)
-        ans = routed(broker, lambda r: r.call(topic, queue, lambda c: c.skip_message(topic, queue, offset)))
+        ans = routed(broker, lambda admin: admin.skip_message(topic, queue, offset))
         if as_json:
             print_json(ans)
             return
@@ -215,9 +211,7 @@ def register(app: typer.Typer) -> None:
         broker: str = BROKER_OPTION,
     ) -> None:
         """List the records of TOPIC an operator skipped (``message skip``), by queue."""
-        from equeue.client.admin import list_skipped
-
-        by_queue = routed(broker, lambda r: list_skipped(r, topic))
+        by_queue = routed(broker, lambda admin: admin.list_skipped(topic))
         if as_json:
             print_json({str(q): offs for q, offs in by_queue.items()})
             return

@@ -12,7 +12,6 @@ from equeue.cli._common import (
     JSON_OPTION,
     fail,
     json_option,
-    leader,
     print_json,
     routed,
     table,
@@ -101,7 +100,7 @@ def register(app: typer.Typer) -> None:
         rms = _setting(retention, "--retention", parse_retention_ms)
         rbytes = _setting(retention_bytes, "--retention-bytes", parse_retention_bytes)
         codec = _compression(compression, allow_default=False)
-        info = leader(broker, lambda c: c.create_topic(
+        info = routed(broker, lambda admin: admin.create_topic(
             name, queues, retention_ms=rms, retention_bytes=rbytes, exist_ok=exist_ok, compression=codec
         ))  # fmt: skip
         _print_topic(info, as_json)
@@ -131,7 +130,7 @@ def register(app: typer.Typer) -> None:
             check_topic_settings(rms, rbytes, [r for r in reset if r != "compression"])
         except ConfigError as exc:
             fail(str(exc))
-        info = leader(broker, lambda c: c.alter_topic(
+        info = routed(broker, lambda admin: admin.alter_topic(
             name, queues=queues, retention_ms=rms, retention_bytes=rbytes, reset=reset, compression=codec
         ))  # fmt: skip
         _print_topic(info, as_json)
@@ -139,7 +138,7 @@ def register(app: typer.Typer) -> None:
     @topic_app.command("list")
     def list_(broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """List topics."""
-        topics = leader(broker, lambda c: c.list_topics())
+        topics = routed(broker, lambda admin: admin.list_topics())
         if as_json:
             print_json(topics)
             return
@@ -151,9 +150,7 @@ def register(app: typer.Typer) -> None:
     def describe(name: str, broker: str = BROKER_OPTION, as_json: bool = JSON_OPTION) -> None:
         """Per queue: owner broker group, retained range, message count and bytes;
         pending delayed messages. Each queue's row comes from the group owning it."""
-        from equeue.client.admin import describe_topic
-
-        d = routed(broker, lambda r: describe_topic(r, name))
+        d = routed(broker, lambda admin: admin.describe_topic(name))
         if as_json:
             print_json(d)
             return
@@ -171,10 +168,7 @@ def register(app: typer.Typer) -> None:
         )  # fmt: skip
 
     def _pause(name: str, paused: bool, broker: str, as_json: bool) -> None:
-        from equeue.client.admin import pause_topic, resume_topic
-
-        fn = pause_topic if paused else resume_topic
-        answer = routed(broker, lambda r: fn(r, name))
+        answer = routed(broker, lambda admin: admin.pause_topic(name) if paused else admin.resume_topic(name))
         if as_json:
             print_json(answer)
             return
@@ -197,7 +191,7 @@ def register(app: typer.Typer) -> None:
         name: str, broker: str = BROKER_OPTION, as_json: bool = json_option('{"topic": NAME, "deleted": true}')
     ) -> None:
         """Delete a topic and (in the background) its messages."""
-        leader(broker, lambda c: c.delete_topic(name))
+        routed(broker, lambda admin: admin.delete_topic(name))
         if as_json:
             print_json({"topic": name, "deleted": True})
         else:

@@ -50,7 +50,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 def report(cluster: LocalCluster) -> admin.ClusterReport:
-    return admin.run_routed(cluster.bootstrap, admin.cluster_report)
+    return admin.run_routed(cluster.bootstrap, lambda a: a.cluster_report())
 
 
 def caught_up(r: admin.ClusterReport) -> bool:
@@ -124,7 +124,7 @@ def test_overview_lists_every_broker(page: Any, cluster: LocalCluster) -> None:
 
 
 def test_topic_page_shows_each_queues_owner_group(page: Any, cluster: LocalCluster) -> None:
-    merged = admin.run_routed(cluster.bootstrap, lambda r: admin.describe_topic(r, TOPIC))
+    merged = admin.run_routed(cluster.bootstrap, lambda a: a.describe_topic(TOPIC))
     assert set(merged.owners) == {"g1", "g2"}  # placed over both groups
     follow(page.get_by_test_id("nav-topics"))
     follow(

@@ -3,7 +3,7 @@ the seeded broker of tests/browser/conftest.py (its own broker and console: a co
 that fails here must not take the other modules' pages with it).
 
 The console's route of the topic is read again when the broker answers with more
-queues than it holds (``equeue.client.admin.describe_topic``), so the page shows the new
+queues than it holds (``AsyncAdminClient.describe_topic``), so the page shows the new
 queue at once and the sampler reads it too; a defect in the sampler is logged, never
 the end of the console."""
 

@@ -15,8 +15,7 @@ from equeue.broker import Broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.client import AsyncClient
-from equeue.client.admin import describe_topic
-from equeue.client.routing import Router
+from equeue.client.admin import AsyncAdminClient
 from equeue.placement import topic_key
 from equeue.producer import AsyncProducer
 from equeue.wire.batches import Codec, batch_head
@@ -43,7 +42,7 @@ async def test_the_setting_lives_in_etcd_and_every_group_applies_it(tmp_path: Pa
         async with AsyncExitStack() as stack:
             brokers = await open_groups(stack, tmp_path, etcd, GROUPS)
             boot = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
-            router = await stack.enter_async_context(Router(boot, refresh_interval=60.0))
+            admin = await stack.enter_async_context(AsyncAdminClient(brokers["g1"].address))
             assert (await boot.create_topic("z", 2, compression="zstd")).compression == "zstd"
             owners = list((await boot.get_routes(["z"])).topics[0].owners)
             assert sorted(owners) == ["g1", "g2"]
@@ -62,7 +61,7 @@ async def test_the_setting_lives_in_etcd_and_every_group_applies_it(tmp_path: Pa
                 await wait_until(lambda b=b: b.store.topics["z"].compression == "lz4", what="lz4 materialized")
             await produce_to_both(brokers["g1"].address, 4)
             assert codecs(brokers, owners) == [Codec.LZ4, Codec.LZ4]
-            assert (await describe_topic(router, "z")).info.compression == "lz4"
+            assert (await admin.describe_topic("z")).info.compression == "lz4"
 
         # restarted, the groups still store lz4; a reset goes back to the brokers' --compression
         async with AsyncExitStack() as stack:

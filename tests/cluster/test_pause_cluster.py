@@ -14,16 +14,7 @@ from equeue import Message, wire
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.client import AsyncClient
-from equeue.client.admin import (
-    describe_group,
-    describe_topic,
-    list_groups,
-    pause_group,
-    pause_topic,
-    resume_group,
-    resume_topic,
-)
-from equeue.client.routing import Router
+from equeue.client.admin import AsyncAdminClient
 from equeue.errors import TopicNotFound, TopicPaused
 from equeue.placement import pause_key, topic_key
 from equeue.producer import AsyncProducer
@@ -47,10 +38,8 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
         async with AsyncExitStack() as stack:
             brokers = await open_groups(stack, tmp_path, etcd, GROUPS)
             boot = await stack.enter_async_context(AsyncClient(brokers["g1"].address))
-            router = await stack.enter_async_context(Router(boot, refresh_interval=60.0))
-            router2 = await stack.enter_async_context(  # bootstrapped at the other group
-                Router(await stack.enter_async_context(AsyncClient(brokers["g2"].address)), refresh_interval=60.0)
-            )
+            admin = await stack.enter_async_context(AsyncAdminClient(brokers["g1"].address))
+            admin2 = await stack.enter_async_context(AsyncAdminClient(brokers["g2"].address))  # at the other group
             await boot.create_topic("t", 2)
             owners = (await boot.get_routes(["t"])).topics[0].owners
             assert sorted(owners) == ["g1", "g2"]
@@ -59,7 +48,7 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
                 await c.produce(wire.ProduceRequest("t", q, [wire.encode_entry(Message(f"{q}"))]))
 
             # asked at g1, the pause is in etcd, and both groups refuse their queue's produce
-            assert (await pause_topic(router, "t")).changed
+            assert (await admin.pause_topic("t")).changed
             async with EtcdClient([etcd.endpoint]) as e:
                 assert await e.get(pause_key("topic", "t")) is not None
                 # a record that does not decode still pauses (the key is the pause), logged
@@ -68,16 +57,16 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
                 await wait_until(lambda b=b: b.handlers.pauses.group_paused("odd"), what="the odd pause honoured")
             for q, c in at.items():
                 await wait_until(lambda c=c, q=q: refused(c, "t", q), what=f"queue {q}'s owner refuses")
-            assert (await describe_topic(router, "t")).info.paused
+            assert (await admin.describe_topic("t")).info.paused
             # a producer waits; resumed (asked at g2), its sends to both groups go through
             async with AsyncProducer(brokers["g2"].address, send_timeout=30, retry_backoff=0.05, linger=0) as p:
                 handles = [await p.send_async("t", f"m{i}") for i in range(4)]  # round-robin: both queues
-                assert (await resume_topic(router2, "t")).changed
+                assert (await admin2.resume_topic("t")).changed
                 results = [await h for h in handles]
             assert {r.queue_id for r in results} == {0, 1}
 
             # a paused consumer group: pulls at both groups find nothing, and a held one wakes on resume
-            assert (await pause_group(router, "cg")).changed
+            assert (await admin.pause_group("cg")).changed
             for q, c in at.items():
 
                 async def empty(c: AsyncClient = c, q: int = q) -> bool:
@@ -85,8 +74,8 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
                     return r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset == 0
 
                 await wait_until(empty, what=f"queue {q}'s owner holds the group")
-            assert next(g for g in await list_groups(router) if g.group == "cg").paused
-            assert (await describe_group(router, "cg")).paused
+            assert next(g for g in await admin.list_groups() if g.group == "cg").paused
+            assert (await admin.describe_group("cg")).paused
             got: dict[int, int] = {}
             async with trio.open_nursery() as nursery:
                 for q, c in at.items():
@@ -100,11 +89,11 @@ async def test_a_pause_holds_at_every_broker_group(tmp_path: Path, etcd: EtcdPro
                 await wait_until(
                     lambda: all(b.handlers.pauses.held == 1 for b in brokers.values()), what="both pulls held"
                 )
-                assert (await resume_group(router2, "cg")).changed
+                assert (await admin2.resume_group("cg")).changed
                 # woken by the resume: well within their 60 s hold
                 await wait_until(lambda: len(got) == 2, timeout=10, what="the held pulls woken by the resume")
             assert got == {0: 3, 1: 3}
-            assert "cg" not in {g.group for g in await list_groups(router)}  # nothing else of it: gone
+            assert "cg" not in {g.group for g in await admin.list_groups()}  # nothing else of it: gone
 
 
 

@@ -474,7 +474,7 @@ async def test_a_lasting_sampler_failure_is_logged_once_not_every_round(nursery:
     from equeue.cli.console.sessions import open_link
 
     link = await open_link(nursery, "127.0.0.1:1", ClientSecurity(), probe=False)
-    sampler = Sampler(lambda: link.router, interval=0.1)
+    sampler = Sampler(lambda: link.admin, interval=0.1)
     with caplog.at_level(logging.WARNING, logger="equeue.cli.console"), trio.fail_after(30):
         for _ in range(3):
             await sampler.sample()

@@ -113,13 +113,13 @@ def test_cli_cluster_status_and_topic_describe_standalone(embedded_broker: Embed
 
 
 async def test_describe_topic_of_a_topic_grown_since_the_route_was_read(broker: Broker) -> None:
-    from equeue.client.admin import describe_topic
+    from equeue.client.admin import AsyncAdminClient
 
     with trio.fail_after(20):
-        async with AsyncClient(broker.address) as c, Router(c, refresh_interval=60) as router:
+        async with AsyncClient(broker.address) as c, AsyncAdminClient(broker.address) as admin:
             await c.create_topic("grown", 2)
-            assert len((await describe_topic(router, "grown")).queues) == 2  # the route is held now
+            assert len((await admin.describe_topic("grown")).queues) == 2  # the route is held now
             await c.alter_topic("grown", queues=3)
-            merged = await describe_topic(router, "grown")
+            merged = await admin.describe_topic("grown")
             assert merged.info.queues == 3 and len(merged.owners) == 3
             assert [q.queue_id for q in merged.queues if q is not None] == [0, 1, 2]

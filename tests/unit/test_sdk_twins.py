@@ -13,14 +13,17 @@ from typing import Any
 import pytest
 
 from equeue import aio
+from equeue.client.admin import AsyncAdminClient
 from equeue.client.connection import AsyncClient
 from equeue.client.sync import Client
+from equeue.client.sync_admin import AdminClient
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.producer import AsyncProducer, Producer
 
 #: (core, front) pairs: the blocking fronts and the asyncio fronts over the trio cores
 PAIRS: list[tuple[type, type]] = [
     (AsyncClient, Client),
+    (AsyncAdminClient, AdminClient),
     (AsyncProducer, Producer),
     (AsyncConsumer, Consumer),
     (AsyncClient, aio.AsyncClient),
@@ -34,6 +37,7 @@ PUBLIC_DUNDERS = ("__aenter__", "__aexit__", "__aiter__")
 #: the core's method renamed in every front (same parameters)
 RENAMED = {
     ("Client", "aclose"): "close",
+    ("AdminClient", "aclose"): "close",
     ("Producer", "aclose"): "close",
     ("Consumer", "aclose"): "close",
 }
@@ -63,12 +67,19 @@ DIFFERENCES: dict[tuple[str, str], str] = {
         (front, name): _WITH
         for front in (
             "equeue.client.sync.Client",
+            "equeue.client.sync_admin.AdminClient",
             "equeue.producer.sync_producer.Producer",
             "equeue.consumer.sync.Consumer",
         )
         for name in ("__aenter__", "__aexit__")
     },
     ("equeue.consumer.sync.Consumer", "__aiter__"): "a blocking front iterates with __iter__",
+    **{
+        ("equeue.client.sync_admin.AdminClient", name): (
+            "the admin client's trio connection and route table: usable on its own trio loop only"
+        )
+        for name in ("client", "router")
+    },
     ("equeue.aio.front.AsyncClient", "__aexit__"): "takes *exc: asyncio's exit needs no exception names",
     (
         "equeue.aio.front.AsyncConsumer",

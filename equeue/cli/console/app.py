@@ -49,9 +49,9 @@ from equeue.cli.console.failures import BadInput, describe, equeue_errors
 from equeue.cli.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
 from equeue.cli.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
 from equeue.cli.console.throttle import SignInThrottle
+from equeue.client.admin import AsyncAdminClient
 from equeue.client.connection import AsyncClient
 from equeue.client.httpserve import MAX_REQUEST_HEAD, HeadLimit
-from equeue.client.routing import Router
 from equeue.errors import (
     AuthenticationError,
     AuthRequired,
@@ -183,7 +183,7 @@ class SecurityHeaders:
 class Viewer:
     """Who asks, and through which connection: ``user`` None in open mode."""
 
-    router: Router
+    admin: AsyncAdminClient
     user: str | None
     csrf: str
 
@@ -227,7 +227,7 @@ class Console:
         #: that brokers which start authenticating answer AuthRequired (then: sign-in)
         self.anonymous: Link | None = None
         self.logs = RateLimitedLog(log, 10.0, trio.current_time)
-        self.sampler = Sampler(lambda: self.service.router if self.service else None,
+        self.sampler = Sampler(lambda: self.service.admin if self.service else None,
                                interval=config.sample_interval, window=config.window)  # fmt: skip
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader(_PACKAGE, "templates"),
@@ -349,7 +349,7 @@ class Console:
             with trio.move_on_after(PAGE_BUDGET):
                 await self.detect_mode()
         if self.mode == "open" and self.anonymous is not None:  # never the console's own credentials
-            return Viewer(self.anonymous.router, None, self._csrf(request))
+            return Viewer(self.anonymous.admin, None, self._csrf(request))
         if self.mode == "auth" and self.sessions is not None:
             session = self.sessions.get(request.session.get("sid"))
             if session is None:
@@ -357,7 +357,7 @@ class Console:
                 if request.headers.get("hx-request"):  # a refresh after expiry: the whole page goes
                     raise _Redirect(Response(status_code=200, headers={"hx-redirect": target}))
                 raise _Redirect(RedirectResponse(target, 303))
-            return Viewer(session.link.router, session.username, self._csrf(request))
+            return Viewer(session.link.admin, session.username, self._csrf(request))
         raise _Redirect(self.render(request, "error.html", 503, error=f"no broker answered at {self.config.brokers}: "
                                     "the console retries on the next request"))  # fmt: skip
 

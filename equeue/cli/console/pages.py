@@ -1,5 +1,5 @@
 """The console's pages and actions: each reads or changes the cluster through
-:mod:`equeue.client.admin` with the asking user's connection (:class:`Viewer`).
+:class:`~equeue.client.admin.AsyncAdminClient` of the asking user (:class:`Viewer`).
 
 Pages: overview (``/``), cluster, topics and a topic, consumer groups and a group,
 messages (lookups), dead letters of a group. Actions (POST, CSRF-checked): create,
@@ -26,7 +26,7 @@ from starlette.routing import Route
 from equeue import control
 from equeue.cli.console.failures import BadInput
 from equeue.cli.console.views import form_int, form_time_ms, render_body
-from equeue.client import admin
+from equeue.client.admin import AsyncAdminClient
 from equeue.errors import EQueueError, TopicNotFound
 from equeue.models import Message
 from equeue.names import validate_group
@@ -109,7 +109,7 @@ def routes(console: Console) -> list[Route]:
 
     # ------------------------------------------------------------------ overview
     async def overview(request: Request, v: Viewer) -> Response:
-        rows = await admin.broker_stats(v.router)
+        rows = await v.admin.broker_stats()
         rates = {
             r.address: (
                 sampler.broker_in[r.address][-1] if sampler.broker_in.get(r.address) else None,
@@ -123,7 +123,7 @@ def routes(console: Console) -> list[Route]:
 
     # ------------------------------------------------------------------ cluster
     async def cluster(request: Request, v: Viewer) -> Response:
-        report = await admin.cluster_report(v.router)
+        report = await v.admin.cluster_report()
         replication = {r.group: r for r in report.replication}
         followers = {(r.group, f.broker_id): f for r in report.replication if r.status for f in r.status.replicas}
         health = {(h.group, h.broker_id): h for h in report.health}
@@ -132,7 +132,7 @@ def routes(console: Console) -> list[Route]:
 
     # ------------------------------------------------------------------ topics
     async def topics(request: Request, v: Viewer) -> Response:
-        infos = await admin.at_any_leader(v.router, lambda c: c.list_topics(include_internal=False))
+        infos = await v.admin.list_topics(include_internal=False)
         infos = sorted(infos, key=lambda t: t.name)
         truncated = len(infos) > MAX_LISTED_TOPICS
         infos = infos[:MAX_LISTED_TOPICS]
@@ -143,7 +143,7 @@ def routes(console: Console) -> list[Route]:
 
         async def row(info: control.TopicInfo) -> TopicRow:
             try:
-                merged = await admin.describe_topic(v.router, info.name)
+                merged = await v.admin.describe_topic(info.name)
             except EQueueError as exc:
                 return TopicRow(info.name, info.queues, None, None, None, info.retention_ms, info.retention_bytes,
                                 info.paused, str(exc))  # fmt: skip
@@ -171,13 +171,13 @@ def routes(console: Console) -> list[Route]:
 
     async def topic(request: Request, v: Viewer) -> Response:
         name = request.path_params["name"]
-        merged = await admin.describe_topic(v.router, name)
+        merged = await v.admin.describe_topic(name)
         rates = sampler.topic_rates(name)
-        summaries = [g for g in await admin.list_groups(v.router) if name in g.topics][:PAGE_SIZE]
+        summaries = [g for g in await v.admin.list_groups() if name in g.topics][:PAGE_SIZE]
 
         async def lags(g: control.GroupSummary) -> tuple[str, dict[int, control.GroupQueue] | str]:
             try:
-                d = await admin.describe_group(v.router, g.group)
+                d = await v.admin.describe_group(g.group)
             except EQueueError as exc:
                 return g.group, str(exc)
             return g.group, {q.queue_id: q for q in d.queues if q.topic == name}
@@ -192,7 +192,7 @@ def routes(console: Console) -> list[Route]:
         if not name:
             raise BadInput("name: a topic name is required")
         queues = form_int(form, "queues", default=4, low=1, high=MAX_QUEUES)
-        info = await admin.at_any_leader(v.router, lambda c: c.create_topic(name, queues))
+        info = await v.admin.create_topic(name, queues)
         console.flash(request, f"topic {info.name} created with {info.queues} queues")
         return RedirectResponse(f"/topics/{quote(info.name, safe='')}", 303)
 
@@ -200,25 +200,25 @@ def routes(console: Console) -> list[Route]:
         form = await console.check_csrf(request)
         name = request.path_params["name"]
         queues = form_int(form, "queues", low=1, high=MAX_QUEUES)
-        info = await admin.at_any_leader(v.router, lambda c: c.alter_topic(name, queues=queues))
+        info = await v.admin.alter_topic(name, queues=queues)
         console.flash(request, f"topic {info.name} now has {info.queues} queues")
         return RedirectResponse(f"/topics/{quote(name, safe='')}", 303)
 
     def pause_action(kind: str, pause: bool) -> Callable[[Request, Viewer], Awaitable[Response]]:
         """The POST that pauses or resumes a topic or a group (``kind``), answered by
         the page of it with the broker's answer, or its refusal, as the one-line result."""
-        calls = {
-            ("topic", True): admin.pause_topic,
-            ("topic", False): admin.resume_topic,
-            ("group", True): admin.pause_group,
-            ("group", False): admin.resume_group,
+        calls: dict[tuple[str, bool], Callable[[AsyncAdminClient, str], Awaitable[control.PauseAnswer]]] = {
+            ("topic", True): AsyncAdminClient.pause_topic,
+            ("topic", False): AsyncAdminClient.resume_topic,
+            ("group", True): AsyncAdminClient.pause_group,
+            ("group", False): AsyncAdminClient.resume_group,
         }
         call = calls[(kind, pause)]
 
         async def action(request: Request, v: Viewer) -> Response:
             await console.check_csrf(request)
             name = request.path_params["name"]
-            answer = await call(v.router, name)
+            answer = await call(v.admin, name)
             if answer.changed:
                 text = f"{kind} {name} {'paused' if answer.paused else 'resumed'}"
             elif answer.paused:  # it was so already: the broker changed nothing
@@ -232,7 +232,7 @@ def routes(console: Console) -> list[Route]:
 
     async def confirm_delete(request: Request, v: Viewer) -> Response:
         name = request.path_params["name"]
-        infos = await admin.at_any_leader(v.router, lambda c: c.list_topics(include_internal=False))
+        infos = await v.admin.list_topics(include_internal=False)
         if name not in {t.name for t in infos}:
             raise TopicNotFound(f"no such topic {name!r}")
         return render(request, "topic_delete.html", user=v.user, name=name)
@@ -243,19 +243,19 @@ def routes(console: Console) -> list[Route]:
         if str(form.get("confirm") or "") != name:
             console.flash(request, f"not deleted: type the topic's name ({name}) to confirm", ok=False)
             return RedirectResponse(f"/topics/{quote(name, safe='')}/delete", 303)
-        await admin.at_any_leader(v.router, lambda c: c.delete_topic(name))
+        await v.admin.delete_topic(name)
         console.flash(request, f"topic {name} deleted")
         return RedirectResponse("/topics", 303)
 
     # ------------------------------------------------------------------ consumer groups
     async def groups(request: Request, v: Viewer) -> Response:
-        summaries = await admin.list_groups(v.router)
+        summaries = await v.admin.list_groups()
         n, pages = _page_of(request, len(summaries), PAGE_SIZE)
         shown = summaries[(n - 1) * PAGE_SIZE : n * PAGE_SIZE]
 
         async def row(g: control.GroupSummary) -> GroupRow:
             try:
-                d = await admin.describe_group(v.router, g.group)
+                d = await v.admin.describe_group(g.group)
             except EQueueError as exc:
                 return GroupRow(g.group, g.members, g.topics, None, "unknown", g.paused, g.ephemeral, str(exc))
             lag = sum(max(0, q.lag) for q in d.queues)
@@ -267,7 +267,7 @@ def routes(console: Console) -> list[Route]:
 
     async def group(request: Request, v: Viewer) -> Response:
         name = request.path_params["name"]
-        d = await admin.describe_group(v.router, name)
+        d = await v.admin.describe_group(name)
         topics = sorted({q.topic for q in d.queues} | {t for m in d.members for t in m.topics})
         return render(request, "group.html", user=v.user, name=name, d=d, topics=topics,
                       chart=sampler.lag_chart(name))  # fmt: skip
@@ -284,7 +284,7 @@ def routes(console: Console) -> list[Route]:
             raise BadInput("to: earliest, latest or time")
         ts = form_time_ms(form, "time") if to == control.ResetTarget.TIME else 0
         force = form.get("force") in ("1", "on", "true")
-        offsets = await admin.reset_offsets(v.router, name, topic_name, control.ResetTarget(to), ts, force)
+        offsets = await v.admin.reset_offsets(name, topic_name, control.ResetTarget(to), ts, force)
         shown = ", ".join(f"{q}→{o}" for q, o in offsets.items())
         console.flash(request, f"group {name}: offsets of {topic_name} reset to {to} ({shown or 'no queue'})")
         return RedirectResponse(f"/groups/{quote(name, safe='')}", 303)
@@ -300,7 +300,7 @@ def routes(console: Console) -> list[Route]:
             broker_group = (q.get("broker_group") or "").strip() or None
             if by == "global":
                 offset = form_int(q, "global_offset", low=0)
-                m = await admin.get_message(v.router, topic_name, -1, -1, offset, broker_group)
+                m = await v.admin.get_message(topic_name, -1, -1, offset, broker_group)
                 found = [_message_view(x) for x in m.messages]
             elif by in ("queue", "time"):
                 if not topic_name:
@@ -310,9 +310,9 @@ def routes(console: Console) -> list[Route]:
                     offset = form_int(q, "offset", low=0)
                 else:
                     ts = form_time_ms(q, "time")
-                    offset = await admin.offset_for_time(v.router, topic_name, queue, ts)
+                    offset = await v.admin.offset_for_time(topic_name, queue, ts)
                     note = f"the first message stored at or after {q.get('time')} is at queue offset {offset}"
-                r = await admin.get_message(v.router, topic_name, queue, offset, -1, None)
+                r = await v.admin.get_message(topic_name, queue, offset, -1, None)
                 found = [_message_view(x) for x in r.messages]
                 if not found and by == "time":
                     note = f"no message of queue {queue} was stored at or after {q.get('time')}"
@@ -322,7 +322,7 @@ def routes(console: Console) -> list[Route]:
                 key = q.get("key") or ""
                 if not key:
                     raise BadInput("key: a key is required")
-                r = await admin.find_by_key(v.router, topic_name, key, MAX_FOUND, -1)
+                r = await v.admin.find_by_key(topic_name, key, MAX_FOUND, -1)
                 found = [_message_view(x) for x in r.messages]
                 if r.next_offset:
                     note = f"the broker stopped its walk early: older messages with this key may exist (before {r.next_offset})"
@@ -337,7 +337,7 @@ def routes(console: Console) -> list[Route]:
         chosen = (request.query_params.get("group") or "").strip()
         if chosen:
             return RedirectResponse(f"/dlq/{quote(chosen, safe='')}", 303)
-        summaries = await admin.list_groups(v.router)
+        summaries = await v.admin.list_groups()
         n, pages = _page_of(request, len(summaries), PAGE_SIZE)
         shown = summaries[(n - 1) * PAGE_SIZE : n * PAGE_SIZE]
         return render(request, "dlq.html", user=v.user, groups=shown, page=n, pages=pages)
@@ -348,7 +348,7 @@ def routes(console: Console) -> list[Route]:
         q = request.query_params
         queue = form_int(q, "queue", default=0, low=0)
         offset = form_int(q, "offset", default=0, low=0)
-        page_ = await admin.dlq_list(v.router, name, queue, offset, PAGE_SIZE)
+        page_ = await v.admin.dlq_list(name, queue, offset, PAGE_SIZE)
         letters = []
         for broker_group, d in page_.letters:
             try:
@@ -357,7 +357,7 @@ def routes(console: Console) -> list[Route]:
                 body = None
             letters.append({"bg": broker_group, "d": d, "body": body})
         return render(request, "dlq_group.html", user=v.user, name=name, page=page_, letters=letters,
-                      cluster=v.router.cluster)  # fmt: skip
+                      cluster=v.admin.router.cluster)  # fmt: skip
 
     async def dlq_resend(request: Request, v: Viewer) -> Response:
         form = await console.check_csrf(request)
@@ -366,7 +366,7 @@ def routes(console: Console) -> list[Route]:
         what = str(form.get("what") or "")
         answers: list[control.DlqResendAnswer] = []
         if what == "all":
-            answers.append(await admin.dlq_resend(v.router, name, [], True, None))
+            answers.append(await v.admin.dlq_resend(name, [], True, None))
         elif what == "selected":
             chosen = [form["one"]] if form.get("one") else form.getlist("letter")
             if not chosen:
@@ -378,7 +378,7 @@ def routes(console: Console) -> list[Route]:
                     raise BadInput(f"letter: {str(item)[:40]!r} is not a dead letter id")
                 by_group.setdefault(bg, []).append(int(raw))
             for bg, ids in by_group.items():
-                answers.append(await admin.dlq_resend(v.router, name, ids, False, bg or None))
+                answers.append(await v.admin.dlq_resend(name, ids, False, bg or None))
         else:
             raise BadInput("what: selected or all")
         resent = sum(len(a.resent) for a in answers)

@@ -30,8 +30,7 @@ import attrs
 import trio
 
 from equeue.cli.console.failures import describe, equeue_errors
-from equeue.client import admin
-from equeue.client.routing import Router
+from equeue.client.admin import AsyncAdminClient, BrokerStatsRow
 from equeue.errors import EQueueError
 
 log = logging.getLogger("equeue.cli.console")
@@ -70,14 +69,14 @@ class Election:
 
 
 class Sampler:
-    """Samples the cluster every ``interval`` s through ``router()`` (None: no
+    """Samples the cluster every ``interval`` s through ``admin()`` (None: no
     connection yet) and keeps ``window`` s of history."""
 
     def __init__(
-        self, router: Callable[[], Router | None], *, interval: float = DEFAULT_INTERVAL,
+        self, admin: Callable[[], AsyncAdminClient | None], *, interval: float = DEFAULT_INTERVAL,
         window: float = DEFAULT_WINDOW, wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:  # fmt: skip
-        self._router = router
+        self._admin = admin
         self.interval = interval
         self._size = max(2, int(window / interval) + 1)
         self._wall_ms = wall_ms
@@ -109,8 +108,8 @@ class Sampler:
 
     async def sample(self) -> None:
         """One round; a failing part is noted in :attr:`last_error`, never raised."""
-        router = self._router()
-        if router is None:
+        admin = self._admin()
+        if admin is None:
             return
         errors: list[str] = []
         budget = self.interval * 2
@@ -118,7 +117,7 @@ class Sampler:
             name = part.__name__.lstrip("_")
             try:
                 with trio.move_on_after(budget) as scope:
-                    await part(router)
+                    await part(admin)
                 if scope.cancelled_caught:
                     errors.append(f"{name}: no answer within {budget:g} s")
             except Exception as exc:
@@ -145,12 +144,12 @@ class Sampler:
             table[key] = deque(maxlen=self._size)
         return table[key]
 
-    async def _broker_rows(self, router: Router) -> list[admin.BrokerStatsRow]:
+    async def _broker_rows(self, admin: AsyncAdminClient) -> list[BrokerStatsRow]:
         """Every broker's STATS (a test's subclass gives its own)."""
-        return await admin.broker_stats(router)
+        return await admin.broker_stats()
 
-    async def _brokers(self, router: Router) -> None:
-        rows = await self._broker_rows(router)
+    async def _brokers(self, admin: AsyncAdminClient) -> None:
+        rows = await self._broker_rows(admin)
         listed = {r.address for r in rows}
         tables: tuple[dict[str, Any], ...] = (self.broker_times, self.broker_in, self.broker_out, self._broker_last)
         for table in tables:
@@ -170,35 +169,35 @@ class Sampler:
             self._deque(self.broker_in, key).append(max(0.0, (r.stats.messages_in - last[1]) / dt))
             self._deque(self.broker_out, key).append(max(0.0, (r.stats.messages_out - last[2]) / dt))
 
-    async def _topics(self, router: Router) -> None:
-        topics = await admin.at_any_leader(router, lambda c: c.list_topics(include_internal=False))
+    async def _topics(self, admin: AsyncAdminClient) -> None:
+        topics = await admin.list_topics(include_internal=False)
         names = sorted(t.name for t in topics)[:MAX_TOPICS]
         for name in set(self.topics) - set(names):
             del self.topics[name]
         for name in names:
             try:
-                merged = await admin.describe_topic(router, name)
+                merged = await admin.describe_topic(name)
             except EQueueError:
                 continue
             ends = [q.max_offset if q is not None else -1 for q in merged.queues]
             self._deque(self.topics, name).append((self._wall_ms(), ends))
 
-    async def _groups(self, router: Router) -> None:
-        groups = (await admin.list_groups(router))[:MAX_GROUPS]
+    async def _groups(self, admin: AsyncAdminClient) -> None:
+        groups = (await admin.list_groups())[:MAX_GROUPS]
         names = {g.group for g in groups}
         for name in set(self.lags) - names:
             del self.lags[name]
         for g in groups:
             try:
-                d = await admin.describe_group(router, g.group)
+                d = await admin.describe_group(g.group)
             except EQueueError:
                 continue
             lags = {f"{q.topic}/{q.queue_id}": max(0, q.lag) for q in d.queues}
             per_queue = lags if len(lags) <= MAX_QUEUE_SERIES else {}
             self._deque(self.lags, g.group).append((self._wall_ms(), sum(lags.values()), per_queue))
 
-    async def _cluster(self, router: Router) -> None:
-        status = await router.bootstrap.cluster_status()
+    async def _cluster(self, admin: AsyncAdminClient) -> None:
+        status = await admin.cluster_status()
         if not status.cluster:
             return
         for g in status.groups:

@@ -1,11 +1,10 @@
 """The console's sign-in sessions: who is signed in, and the connection each one uses.
 
 A user signs in with one of the cluster's SCRAM users: :meth:`SessionTable.open`
-opens an :class:`~equeue.client.connection.AsyncClient` with that user's credentials
-(the handshake runs SCRAM, so a wrong password is refused by the broker itself) and a
-:class:`~equeue.client.routing.Router` over it, and keeps both open for the session's
-life in a task of the console's nursery. Every page the user asks for goes to the
-brokers over that router, so the broker's ACLs decide what each person sees and may do.
+opens an :class:`~equeue.client.admin.AsyncAdminClient` with that user's credentials
+(the handshake runs SCRAM, so a wrong password is refused by the broker itself) and keeps
+it open for the session's life in a task of the console's nursery. Every page the user
+asks for goes to the brokers through that admin client, so the broker's ACLs decide what each person sees and may do.
 
 The password lives only here, in the client's settings in memory: the browser holds
 a signed cookie with a random session id (:mod:`equeue.cli.console.app`). A session ends
@@ -26,9 +25,9 @@ from typing import Any
 import attrs
 import trio
 
+from equeue.client.admin import AsyncAdminClient
 from equeue.client.connection import AsyncClient
 from equeue.client.retry import RetryPolicy
-from equeue.client.routing import Router
 from equeue.errors import ConnectionBroken, EQueueError, NotAuthorized
 from equeue.security import ClientSecurity, Credentials
 
@@ -50,11 +49,15 @@ MAX_SESSIONS = 1000
 
 @attrs.define
 class Link:
-    """A held client and router (open until :meth:`close`)."""
+    """A held admin client (open until :meth:`close`)."""
 
-    client: AsyncClient
-    router: Router
+    admin: AsyncAdminClient
     stop: trio.Event = attrs.field(factory=trio.Event)
+
+    @property
+    def client(self) -> AsyncClient:
+        """The admin client's bootstrap connection."""
+        return self.admin.client
 
     def close(self) -> None:
         """End the task that holds the connection (it closes them)."""
@@ -73,7 +76,7 @@ async def _probe(client: AsyncClient) -> None:
 async def open_link(
     nursery: trio.Nursery, brokers: str, security: ClientSecurity, *, probe: bool
 ) -> Link:
-    """Open a client and router to ``brokers`` held by a task of ``nursery`` until the
+    """Open an admin client to ``brokers`` held by a task of ``nursery`` until the
     returned link is closed (or the nursery ends). With ``probe``, connect now and
     raise what the sign-in raises (AuthFailed, AuthRequired, ConnectionBroken,
     TlsError); without, the client connects on its first request.
@@ -91,22 +94,23 @@ async def _hold(
     failed: list[EQueueError] = []
     started = False
     try:
-        async with AsyncClient(brokers, security=security, connect_timeout=CONNECT_TIMEOUT) as client:
+        async with AsyncAdminClient(
+            brokers, security=security, connect_timeout=CONNECT_TIMEOUT, refresh_interval=REFRESH_INTERVAL,
+            policy=CONSOLE_POLICY,
+        ) as admin:  # fmt: skip
             try:  # inside the client's block: its errors are caught here, not wrapped in a group
                 if probe:
                     with trio.fail_after(CONNECT_TIMEOUT * 3):
-                        await _probe(client)
+                        await _probe(admin.client)
             except trio.TooSlowError:
                 failed.append(ConnectionBroken(f"no answer from {brokers} within {CONNECT_TIMEOUT * 3:g} s"))
             except EQueueError as exc:
                 failed.append(exc)
             if not failed:
-                async with Router(client, refresh_interval=REFRESH_INTERVAL, policy=CONSOLE_POLICY) as router:
-                    link = Link(client, router)
-                    task_status.started(link)
-                    started = True
-                    await link.stop.wait()
-                    await router.aclose()
+                link = Link(admin)
+                task_status.started(link)
+                started = True
+                await link.stop.wait()
     except Exception:  # a bug must not end the console: this link ends
         log.exception("console connection to %s failed", brokers)
         if not started:
