@@ -15,7 +15,14 @@ from equeue import Message, wire
 from equeue.broker import open_broker
 from equeue.client import AsyncClient
 from equeue.errors import CorruptRecord, InvalidMessage
-from equeue.wire.batches import BATCH_HEAD, BATCH_MAGIC, Codec, ProducedRecords, encode_batch, encode_record
+from equeue.wire.batches import (
+    BATCH_HEAD,
+    BATCH_MAGIC,
+    Codec,
+    ProducedRecords,
+    encode_batch,
+    encode_record,
+)
 from tests.conftest import make_config, wait_until
 from tests.hostile.conftest import LatencyProbe
 

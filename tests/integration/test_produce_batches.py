@@ -14,9 +14,9 @@ import pytest
 
 from equeue import Message, control, wire
 from equeue.broker import Broker, open_broker
+from equeue.broker.storage.produce import STORED_BATCH_RECORDS
 from equeue.client import AsyncClient
 from equeue.errors import BadRequest
-from equeue.broker.storage.produce import STORED_BATCH_RECORDS
 from equeue.wire.batches import Codec, batch_head, encode_batch, stored_batch
 from tests.conftest import make_config
 
