@@ -120,8 +120,8 @@ class _Batch:
         self.first_at = now
         self.pid: bytes | None = None
         self.seq = -1
-        #: the records as a producer batch (compressed), built on the first send and
-        #: kept for retries; None for a delayed batch, sent as entries
+        #: the records as a producer batch (compressed or not), built on the first
+        #: send and kept for retries
         self.batch: bytes | None = None
         self.attempts = 0
         #: sent while an earlier request of the lane was in flight (an

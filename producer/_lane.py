@@ -97,7 +97,7 @@ from equeue.producer.buffer import Buffer
 from equeue.producer.options import ProducerOptions, new_producer_id
 from equeue.producer.stats import SendStats
 from equeue.protocol import RequestCode
-from equeue.wire.batches import Codec
+from equeue.wire.batches import seal_records
 
 log = logging.getLogger("equeue.producer")
 
@@ -253,22 +253,15 @@ class _Lane:
 
     def _payload(self, b: _Batch) -> bytes:
         """Number ``b`` on its first send (kept across retries); its request payload:
-        one batch of its records, compressed with the ``compression`` option (built
-        once), or its entries when uncompressed or delayed."""
+        one batch of its records (:func:`~equeue.wire.batches.produced_record`),
+        compressed with the ``compression`` option, sealed once."""
         if b.pid is None:
             b.pid = self.pid
             b.seq = self.next_seq
             self.next_seq += len(b.entries)
         b.sent_behind = bool(self.window)
-        # entries when uncompressed (the broker builds the records in one pass, and
-        # checks entries in C loops: cheaper on both sides than a batch it would decode
-        # to check) and for a delayed batch (the schedule keeps entries)
-        if b.delayed or self.options.compression == Codec.NONE:
-            return wire.ProduceRequest(
-                self.topic, self.queue_id, b.entries, b.pid, b.seq, self.options.auto_create
-            ).encode()
         if b.batch is None:
-            b.batch = wire.entries_batch(b.entries, self.options.compression)
+            b.batch = seal_records(b"".join(b.entries), len(b.entries), self.options.compression)
         return wire.ProduceRequest(
             self.topic, self.queue_id, (), b.pid, b.seq, self.options.auto_create, b.batch
         ).encode()

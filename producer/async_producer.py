@@ -40,7 +40,7 @@ import trio
 
 from equeue.client.connection import AsyncClient
 from equeue.client.routing import Router
-from equeue.errors import ClientClosed, ConfigError, MessageTooLarge
+from equeue.errors import ClientClosed, ConfigError, InvalidMessage, MessageTooLarge
 from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, SendHandle, _Batch, deliver_at_ms
 from equeue.producer._lane import _Lane
@@ -50,8 +50,7 @@ from equeue.producer.routes import Route, Routes
 from equeue.producer.stats import SendStats
 from equeue.routing import key_bytes_hash
 from equeue.serde import Serialize, make_serialize
-from equeue.wire import pack_entry
-from equeue.wire.entries import ENTRY_HEADER
+from equeue.wire.batches import produced_record
 
 __all__ = ["AsyncProducer", "Body", "Delay"]
 
@@ -409,9 +408,13 @@ class AsyncProducer:
         properties: dict[str, Any] | None,
         due: int,
     ) -> tuple[int, bytes]:
-        """One message's queue and entry. Raises ConfigError (a body or key of the
-        wrong type), TypeError (a property name or value that is not a str: the entry
-        encoder checks them) and MessageTooLarge (over ``max_message_bytes``)."""
+        """One message's queue and record (:func:`~equeue.wire.batches.produced_record`:
+        the lane sends its records as one batch, which the broker checks in one pass
+        and stores as sent). Raises ConfigError (a body or key of the wrong type),
+        InvalidMessage (a bytes key that is not UTF-8, a key or tags above 65535
+        bytes), TypeError (a property name or value that is not a str) and
+        MessageTooLarge (over ``max_message_bytes``, which the broker counts as key +
+        tags + properties + body)."""
         options = self.options
         if type(body) is bytes:
             data: bytes = body  # type: ignore[assignment]
@@ -431,19 +434,20 @@ class AsyncProducer:
             kb = None
         elif isinstance(key, bytes):
             kb = key
+            try:
+                kb.decode()  # a stored key is text: refused here rather than by the broker
+            except UnicodeDecodeError:
+                raise InvalidMessage("a bytes key must be UTF-8 text") from None
         else:
             raise ConfigError(f"key must be str or bytes, not {type(key).__name__}")
         if kb is not None and options.queue_selector is None:
             qid = key_bytes_hash(kb) % route.count  # Route.select's common case, inline
         else:
             qid = route.select(kb, options, data, tags, properties, due)
-        entry = pack_entry(data, kb, tags.encode() if tags is not None else None, properties, due)
-        if len(entry) - ENTRY_HEADER.size > options.max_message_bytes:  # the broker counts it all
-            raise MessageTooLarge(
-                f"message content (key + tags + properties + body) is {len(entry) - ENTRY_HEADER.size} bytes; "
-                f"the limit is {options.max_message_bytes}"
-            )
-        return qid, entry
+        record = produced_record(
+            data, kb, tags.encode() if tags is not None else None, properties, due, options.max_message_bytes
+        )
+        return qid, record
 
     def _buffer_all(
         self, topic: str, route: Route, items: list[tuple[int, bytes, bool]], total: int

@@ -44,7 +44,14 @@ from equeue.errors import (
     TopicPaused,
 )
 from equeue.protocol import RequestCode
-from equeue.wire.batches import BATCH_HEAD, batch_head, batch_records, decode_records
+from equeue.wire.batches import (
+    BATCH_HEAD,
+    ProducedRecords,
+    batch_head,
+    batch_records,
+    decode_records,
+    scan_produced,
+)
 from equeue.wire.entries import ENTRY_HEADER, pack_entry
 
 __all__ = ["ErrorAnswer", "ProduceHandler", "ProducePipeline", "ProduceQueue", "Stage", "is_large"]
@@ -133,11 +140,14 @@ class ProduceHandler:
         self._checker: trio.CapacityLimiter | None = None
 
     def prepare(
-        self, req: wire.ProduceRequest, principal: str | None = None, entries: list[bytes] | None = None
+        self,
+        req: wire.ProduceRequest,
+        principal: str | None = None,
+        entries: ProducedRecords | list[bytes] | None = None,
     ) -> ProduceOp | None:
         """Check a decoded produce request and build its write op (no checkpoint, so a
         connection's requests are queued in arrival order). ``entries``: the request's
-        batch already checked as entries (:meth:`batch_entries`, off the loop).
+        batch already checked (:meth:`check_batch`, off the loop).
 
         Returns None when the topic does not exist yet (:meth:`prepare_missing` creates
         or learns it), or when the request's batch is large (:func:`is_large`)
@@ -178,21 +188,22 @@ class ProduceHandler:
                 f"topic {info.name!r} has {info.queues} queues; no queue {req.queue_id} "
                 f"(queue count: {info.queues})"
             )
-        checked: Sequence[bytes]
+        checked: Sequence[bytes] | ProducedRecords
         if req.batch is None:
             checked = req.entries
+            if not checked:
+                raise BadRequest("empty produce batch")
         elif entries is not None:
             checked = entries
         elif is_large(req.batch):
             return None  # checked off the loop, by prepare_missing
         else:
-            checked = self.batch_entries(req.batch)
-        if not checked:
-            raise BadRequest("empty produce batch")
+            checked = self.check_batch(req.batch)
+        produced = checked if isinstance(checked, ProducedRecords) else None
         return ProduceOp(
             info,
             req.queue_id,
-            checked,
+            () if produced is not None else checked,  # type: ignore[arg-type]
             req.producer_id,
             req.base_sequence,
             self._max_body,
@@ -200,7 +211,25 @@ class ProduceHandler:
             req.batch,
             _CODECS[info.compression or self._compression],
             self._max_entry,
+            produced,
         )
+
+    def check_batch(self, batch: bytes) -> ProducedRecords | list[bytes]:
+        """A producer batch, checked (header, checksum, then every record in one pass:
+        :func:`~equeue.wire.batches.scan_produced`), ready to be stored as sent. A
+        batch holding a delayed message goes the general way instead (its messages
+        as entries, :meth:`batch_entries`): the schedule keeps entries. Raises what
+        :meth:`batch_entries` raises, and MessageTooLarge for a message above
+        ``--max-message``."""
+        head = batch_head(batch, self._max_records)
+        if head.count > self._max_count:  # before inflating: a small bomb of tiny records
+            raise CorruptRecord(
+                f"a batch of {head.count} records: at most {self._max_count} (as many as a request of entries can carry)"
+            )
+        produced = scan_produced(batch_records(batch, head), head.count, self._max_body)
+        if produced.delayed:
+            return self.batch_entries(batch)
+        return produced
 
     def batch_entries(self, batch: bytes) -> list[bytes]:
         """The messages of a producer batch, checked, as entries for the store's
@@ -258,11 +287,11 @@ class ProduceHandler:
         info = await self._topics.require(req.topic, auto_create=req.auto_create, principal=principal)
         if self._cluster is not None and req.queue_id >= info.queues:
             await self._cluster.require(req.topic, None)  # a grow the store has not applied yet
-        entries = None
+        entries: ProducedRecords | list[bytes] | None = None
         if req.batch is not None and is_large(req.batch):
             if self._checker is None:
                 self._checker = trio.CapacityLimiter(1)
-            entries = await trio.to_thread.run_sync(self.batch_entries, req.batch, limiter=self._checker)
+            entries = await trio.to_thread.run_sync(self.check_batch, req.batch, limiter=self._checker)
         op = self.prepare(req, principal, entries)
         if op is None:
             if self._cluster is not None and req.topic in self._cluster.owned:

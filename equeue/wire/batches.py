@@ -50,7 +50,7 @@ import attrs
 import lz4.frame
 import zstandard
 
-from equeue.errors import CorruptRecord, InvalidMessage
+from equeue.errors import ConfigError, CorruptRecord, InvalidMessage, MessageTooLarge
 from equeue.models import Message, check_props
 from equeue.wire.entries import ENTRY_HEADER, decode_props
 
@@ -441,6 +441,198 @@ def record_bounds(records: bytes, count: int) -> list[int]:
     if pos != end:
         raise CorruptRecord(f"the batch's {count} records do not end at its end")
     return out
+
+
+# ---------------------------------------------------------------- produce side
+def produced_record(
+    body: bytes,
+    key: bytes | None,
+    tags: bytes | None,
+    props: Mapping[str, str] | None,
+    deliver_at: int,
+    max_content: int,
+) -> bytes:
+    """One record as a producer sends it (store-time delta 0, no reconsume count):
+    what :func:`encode_record` builds for these fields, from raw bytes, with the
+    common shapes (no tags, properties or due time; a key under 128 bytes) built in
+    one join. ``key`` and ``tags`` must be UTF-8 (the caller's text, encoded).
+
+    Raises ConfigError for a key or tags above 65535 bytes, MessageTooLarge when the
+    content (key + tags + properties block + body) is above ``max_content``, and
+    TypeError for a property name or value that is not a str."""
+    if tags is None and not props and not deliver_at:
+        if key is None:
+            if len(body) > max_content:
+                raise MessageTooLarge(f"message content is {len(body)} bytes; the limit is {max_content}")
+            n = len(body) + 1
+            return b"".join((_SMALL[n] if n < 128 else _uvarint(n), b"\0", body))
+        kl = len(key)
+        if kl < 128:
+            if kl + len(body) > max_content:
+                raise MessageTooLarge(
+                    f"message content (key + tags + properties + body) is {kl + len(body)} bytes; "
+                    f"the limit is {max_content}"
+                )
+            n = 2 + kl + len(body)
+            return b"".join((_SMALL[n] if n < 128 else _uvarint(n), b"\1", _SMALL[kl], key, body))
+    if (key is not None and len(key) > 0xFFFF) or (tags is not None and len(tags) > 0xFFFF):
+        raise ConfigError("key and tags are limited to 65535 bytes each")
+    a = 0
+    parts: list[bytes] = []
+    content = len(body)
+    if deliver_at:
+        a |= A_DELIVER
+        parts.append(_uvarint(deliver_at))
+    if key is not None:
+        a |= A_KEY
+        parts += (_uvarint(len(key)), key)
+        content += len(key)
+    if tags is not None:
+        a |= A_TAGS
+        parts += (_uvarint(len(tags)), tags)
+        content += len(tags)
+    if props:
+        check_props(props)
+        a |= A_PROPS
+        pb = _encode_props(props)
+        parts += (_uvarint(len(pb)), pb)
+        content += len(pb)
+    if content > max_content:
+        raise MessageTooLarge(
+            f"message content (key + tags + properties + body) is {content} bytes; the limit is {max_content}"
+        )
+    parts.append(body)
+    rest = bytes((a,)) + b"".join(parts)
+    return _uvarint(len(rest)) + rest
+
+
+@attrs.frozen(slots=True)
+class ProducedRecords:
+    """A producer batch's records as :func:`scan_produced` checked them: what the
+    store needs of them (the keyed records and their keys, for the key index) without
+    decoding each record into a message."""
+
+    #: the records section, uncompressed
+    records: bytes
+    count: int
+    #: the indexes of the keyed records, ascending, and their keys (UTF-8 bytes)
+    keyed: list[int]
+    keys: list[bytes]
+    #: some record carries a due time (the broker schedules it: the general path)
+    delayed: bool
+
+
+def scan_produced(records: bytes, count: int, max_content: int) -> ProducedRecords:
+    """Check a produced records section in one pass, as the broker does before it
+    stores a producer's batch as sent: every record is read back by
+    :func:`decode_records_into` without error, and meets the produce rules.
+
+    Raises CorruptRecord when a record overruns the section, is empty, has unknown
+    attributes, a key, tags or property that is not UTF-8, or the section holds more
+    or fewer than ``count`` records; InvalidMessage for a store-time delta (only the
+    broker sets store times), a reconsume count above 65535, or a key or tags above
+    65535 bytes; MessageTooLarge for a content (key + tags + properties block + body)
+    above ``max_content``. Each names the record by its index."""
+    keyed: list[int] = []
+    keys: list[bytes] = []
+    add_index, add_key = keyed.append, keys.append
+    uvarint = _read_uvarint
+    pos, size = 0, len(records)
+    delayed = False
+    try:
+        for i in range(count):
+            n = records[pos]
+            if n < 0x80:
+                pos += 1
+            else:
+                n, pos = uvarint(records, pos)
+            e = pos + n
+            if e > size or n < 1:
+                raise CorruptRecord(f"record {i} overruns its batch" if n else f"record {i} is an empty record")
+            a = records[pos]
+            pos += 1
+            if a == A_KEY:  # the common shape, read inline
+                kl = records[pos]
+                if kl < 0x80:
+                    pos += 1
+                else:
+                    kl, pos = uvarint(records, pos)
+                    if kl > 0xFFFF:
+                        raise InvalidMessage(f"message {i}: its key is {kl} bytes, above 65535")
+                key = records[pos : pos + kl]
+                key.decode()
+                pos += kl
+                add_index(i)
+                add_key(key)
+                extra = kl
+            elif a:
+                pos, extra, k, due = _scan_fields(records, pos, e, a, i)
+                delayed = delayed or due
+                if k is not None:
+                    add_index(i)
+                    add_key(k)
+            else:
+                extra = 0
+            if pos > e:
+                raise CorruptRecord(f"record {i}'s fields overrun it")
+            if e - pos + extra > max_content:
+                raise MessageTooLarge(
+                    f"message {i} is {e - pos + extra} bytes (key + tags + properties + body); "
+                    f"the broker's limit is {max_content}"
+                )
+            pos = e
+    except IndexError:
+        raise CorruptRecord("a record is truncated") from None
+    except UnicodeDecodeError as exc:
+        raise CorruptRecord(f"a record's key, tags or property is not UTF-8: {exc}") from None
+    if pos != size:
+        raise CorruptRecord(f"{size - pos} bytes after the batch's {count} records")
+    return ProducedRecords(records, count, keyed, keys, delayed)
+
+
+def _scan_fields(records: bytes, pos: int, e: int, a: int, i: int) -> tuple[int, int, bytes | None, bool]:
+    """:func:`scan_produced`'s general case: the fields of record ``i`` (ending at
+    ``e``) after its attributes byte ``a``. Returns where its body starts, the bytes
+    of its key, tags and properties block, its key (None: unkeyed), and whether it
+    carries a due time. Raises what :func:`scan_produced` raises."""
+    if a & ~_A_KNOWN:
+        raise CorruptRecord(f"record {i}: unknown record attributes {a:#x}")
+    if a & A_TS:
+        raise InvalidMessage(f"message {i} carries a store-time delta: only the broker sets store times")
+    uvarint = _read_uvarint
+    extra = 0
+    key: bytes | None = None
+    due = False
+    if a & A_RECONSUME:
+        rc, pos = uvarint(records, pos)
+        if rc > 0xFFFF:
+            raise InvalidMessage(f"message {i}: its reconsume count {rc} is above 65535")
+    if a & A_DELIVER:
+        deliver, pos = uvarint(records, pos)
+        due = deliver > 0
+    if a & A_KEY:
+        kl, pos = uvarint(records, pos)
+        if kl > 0xFFFF:
+            raise InvalidMessage(f"message {i}: its key is {kl} bytes, above 65535")
+        key = records[pos : pos + kl]
+        key.decode()
+        pos += kl
+        extra += kl
+    if a & A_TAGS:
+        tl, pos = uvarint(records, pos)
+        if tl > 0xFFFF:
+            raise InvalidMessage(f"message {i}: its tags are {tl} bytes, above 65535")
+        records[pos : pos + tl].decode()
+        pos += tl
+        extra += tl
+    if a & A_PROPS:
+        pl, pos = uvarint(records, pos)
+        if pos + pl > e:
+            raise CorruptRecord(f"record {i}'s properties overrun it")
+        decode_record_props(records[pos : pos + pl])
+        pos += pl
+        extra += pl
+    return pos, extra, key, due
 
 
 # ---------------------------------------------------------------- batches

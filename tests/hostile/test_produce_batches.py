@@ -15,7 +15,14 @@ from equeue import Message, wire
 from equeue.broker import open_broker
 from equeue.client import AsyncClient
 from equeue.errors import CorruptRecord, InvalidMessage
-from equeue.wire.batches import BATCH_HEAD, BATCH_MAGIC, Codec, encode_batch, encode_record
+from equeue.wire.batches import (
+    BATCH_HEAD,
+    BATCH_MAGIC,
+    Codec,
+    ProducedRecords,
+    encode_batch,
+    encode_record,
+)
 from tests.conftest import make_config, wait_until
 from tests.hostile.conftest import LatencyProbe
 
@@ -136,17 +143,17 @@ async def test_other_clients_are_answered_while_a_large_batch_is_checked(tmp_pat
     ):
         await big.create_topic("t", 1)
         handler = b.handlers.produce
-        check = handler.batch_entries
+        check = handler.check_batch
         checking, probed = threading.Event(), threading.Event()
         answered_meanwhile: list[bool] = []
 
-        def held_check(batch: bytes) -> list[bytes]:
+        def held_check(batch: bytes) -> ProducedRecords | list[bytes]:
             if bytes(batch) == big_batch:
                 checking.set()
                 answered_meanwhile.append(probed.wait(10))
             return check(batch)
 
-        handler.batch_entries = held_check  # type: ignore[method-assign]
+        handler.check_batch = held_check  # type: ignore[method-assign]
         big_batch = encode_batch([Message(b"%05d" % i + b"-" * 90, key=f"k{i}") for i in range(10_000)], Codec.ZSTD)
         assert len(big_batch) < 64 * 1024  # compressed: its size as carried does not make it large
         stored: list[int] = []

@@ -14,6 +14,7 @@ import pytest
 
 from equeue import Message, control, wire
 from equeue.broker import Broker, open_broker
+from equeue.broker.storage.produce import STORED_BATCH_RECORDS
 from equeue.client import AsyncClient
 from equeue.errors import BadRequest
 from equeue.wire.batches import Codec, batch_head, encode_batch, stored_batch
@@ -109,3 +110,21 @@ async def test_a_batch_with_delayed_messages_schedules_them_and_stores_the_other
         assert (answer.stored, answer.scheduled) == (1, 1)
         msgs, _ = stored(b, "t")
         assert fields(msgs) == fields(_MSGS[:1])
+
+
+async def test_a_large_uncompressed_batch_is_stored_in_batches_of_at_most_256_records(tmp_path: Path) -> None:
+    """A producer's uncompressed batch above ``STORED_BATCH_RECORDS`` is cut into
+    stored batches of at most that many (a small read then carries a small batch),
+    its keys indexed at their offsets; a compressed one is stored as sent."""
+    msgs = [Message(b"%04d" % i, None if i % 3 else f"k{i}") for i in range(600)]
+    async with open_broker(make_config(tmp_path / "d")) as b, AsyncClient(b.address) as c:
+        await c.create_topic("t", 1)
+        await c.produce(wire.ProduceRequest("t", 0, (), batch=encode_batch(msgs, Codec.NONE)))
+        got, batches = stored(b, "t")
+        assert [batch_head(x, 1 << 20).count for x in batches] == [STORED_BATCH_RECORDS, STORED_BATCH_RECORDS, 88]
+        assert [(m.body, m.key, m.global_offset) for m in got] == [(m.body, m.key, i) for i, m in enumerate(msgs)]
+        for i in (0, 255, 300, 597):  # keys on both sides of the cuts
+            found = await c.find_by_key("t", f"k{i}")
+            assert [m.global_offset for m in found.messages] == [i]
+        await c.produce(wire.ProduceRequest("t", 0, (), batch=encode_batch(msgs, Codec.ZSTD)))
+        assert [batch_head(x, 1 << 20).count for x in stored(b, "t")[1]][3:] == [600]

@@ -139,7 +139,7 @@ async def test_lost_ack_in_a_pipelined_stream(broker: Broker) -> None:
             await n.start(proxy.serve)
             async with AsyncClient(broker.address) as c:
                 await c.create_topic("pipe", 2)
-                async with AsyncProducer(proxy.address, retry_backoff=0.05, linger=0.001, max_batch_bytes=2048) as p:
+                async with AsyncProducer(proxy.address, retry_backoff=0.05, linger=0.001, max_batch_bytes=512) as p:
                     handles = [await p.send_async("pipe", f"m{i}", key=str(i % 7)) for i in range(600)]
                     await p.flush()
                     results: list[SendResult] = [await h for h in handles]
