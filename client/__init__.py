@@ -3,7 +3,10 @@
 It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 ``producer`` and ``consumer`` both use it without importing each other:
 
-- :mod:`equeue.client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`equeue.client.connection`: :class:`AsyncClient`, the typed requests over its transport;
+- :mod:`equeue.client.transport`: :class:`~equeue.client.transport.Transport`, one multiplexed
+  connection (reconnects, framing, request ids);
+- :mod:`equeue.client.handshake`: the connect handshake (Hello, SCRAM), sans-I/O;
 - :mod:`equeue.client.link`: one live connection and its pending answers;
 - :mod:`equeue.client.retry`: the one retry policy;
 - :mod:`equeue.client.sync`: :class:`Client`, its blocking twin;
