@@ -20,8 +20,9 @@ that could not prove itself), :class:`~equeue.errors.UnsupportedMechanism`,
 :class:`~equeue.errors.RemoteProtocolError` (bytes that are no equeue handshake, a
 protocol version this client does not speak, an unexpected frame), the mapped error
 of any other HelloAck code (:class:`~equeue.errors.TooManyConnections`...), and
-:class:`~equeue.errors.ConnectionBroken` when the broker closes during the handshake
-(transient, unlike the others).
+:class:`~equeue.errors.ConnectionBroken` when the broker closes during the handshake.
+The authentication and protocol errors are not transient (retrying cannot help);
+ConnectionBroken and TooManyConnections are.
 """
 
 from __future__ import annotations
