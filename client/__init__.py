@@ -3,7 +3,10 @@
 It sits above the no-I/O core (``equeue``) and below the SDK packages, so that
 ``producer`` and ``consumer`` both use it without importing each other:
 
-- :mod:`equeue.client.connection`: :class:`AsyncClient`, one multiplexed connection per broker;
+- :mod:`equeue.client.connection`: :class:`AsyncClient`, the typed requests over its transport;
+- :mod:`equeue.client.transport`: :class:`~equeue.client.transport.Transport`, one multiplexed
+  connection (reconnects, framing, request ids);
+- :mod:`equeue.client.handshake`: the connect handshake (Hello, SCRAM), sans-I/O;
 - :mod:`equeue.client.admin`: :class:`AsyncAdminClient`, the admin requests that span a cluster;
 - :mod:`equeue.client.sync_admin`: :class:`AdminClient`, its blocking twin;
 - :mod:`equeue.client.link`: one live connection and its pending answers;

@@ -1,41 +1,72 @@
-"""A connection's handshake, client side, after the broker's HelloAck: nothing to
-do (OK), or the SCRAM-SHA-256 exchange of docs/security.md (AUTH_REQUIRED), with
-the credentials of :class:`equeue.security.ClientSecurity` (from the environment
-or a file, never a command line), run by `scramp
-<https://github.com/tlocke/scramp>`_. The exchange is mutual: the broker proves it
-holds the user's verifier too.
+"""A connection's handshake, client side, as one sans-I/O state machine
+(:class:`ClientHandshake`): the Hello, the broker's HelloAck and its checks (the
+protocol version, a refusal's code), then -- when the broker answers
+AUTH_REQUIRED -- the SCRAM-SHA-256 exchange of docs/security.md (:class:`ClientScram`,
+run by `scramp <https://github.com/tlocke/scramp>`_), with the credentials of
+:class:`equeue.security.ClientSecurity` (from the environment or a file, never a
+command line). The exchange is mutual: the broker proves it holds the user's verifier
+too.
+
+The machine takes the bytes received and gives the bytes to send; it owns no socket.
+Both clients drive it with their own I/O: the trio transport
+(:mod:`equeue.client.transport`) and the blocking Spark puller (``spark/puller.py``).
+TLS wrapping stays with them (it happens before the first byte of the handshake);
+what a failed read or write during the handshake means is decided here
+(:meth:`ClientHandshake.io_error`, with :func:`equeue.client.tls.handshake_error`).
 
 Raises :class:`~equeue.errors.AuthRequired` (the broker authenticates and no
 credentials are set), :class:`~equeue.errors.AuthFailed` (refused, or a broker
-that could not prove itself), :class:`~equeue.errors.UnsupportedMechanism`, the
-mapped error of any other HelloAck code, :class:`~equeue.errors.ConnectionBroken`
-when the broker closes during the exchange. None of them is transient.
+that could not prove itself), :class:`~equeue.errors.UnsupportedMechanism`,
+:class:`~equeue.errors.RemoteProtocolError` (bytes that are no equeue handshake, a
+protocol version this client does not speak, an unexpected frame), the mapped error
+of any other HelloAck code (:class:`~equeue.errors.TooManyConnections`...), and
+:class:`~equeue.errors.ConnectionBroken` when the broker closes during the handshake.
+The authentication and protocol errors are not transient (retrying cannot help);
+ConnectionBroken and TooManyConnections are.
 """
 
 from __future__ import annotations
 
+import enum
+
 from scramp import ScramClient, ScramException
 
-from equeue.client.link import _Link
-from equeue.codec import NEED_DATA, AuthReply, AuthRequest, HelloAck
+from equeue.client.tls import handshake_error
+from equeue.codec import (
+    DEFAULT_MAX_FRAME,
+    NEED_DATA,
+    PROTOCOL_VERSION,
+    AuthReply,
+    AuthRequest,
+    Connection,
+    Hello,
+    HelloAck,
+    Response,
+    Role,
+)
 from equeue.errors import (
     AuthFailed,
     AuthRequired,
     ConnectionBroken,
+    EQueueError,
     ErrorCode,
+    LocalProtocolError,
     RemoteProtocolError,
     error_for_code,
 )
 from equeue.security import Credentials
 
-__all__ = ["MECHANISM", "ClientScram", "authenticate"]
+__all__ = ["MECHANISM", "ClientHandshake", "ClientScram"]
 
 MECHANISM = "SCRAM-SHA-256"
 
+#: the hint of a broker that closed at once on a plain connection
+_TLS_HINT = " (does it speak TLS? set EQUEUE_TLS=1 or EQUEUE_TLS_CA)"
+
 
 class ClientScram:
-    """The client's side of the SCRAM exchange, without I/O: both the trio client
-    (:func:`authenticate`) and the blocking Spark puller drive it.
+    """The client's side of the SCRAM exchange, without I/O (a step of
+    :class:`ClientHandshake`).
 
     ``begin(ack)`` gives the first AuthRequest to send (None: the broker needs no
     authentication), ``step(reply)`` the next one (None: authenticated). Raises as
@@ -91,25 +122,120 @@ class ClientScram:
         return None
 
 
-async def authenticate(link: _Link, ack: HelloAck, credentials: Credentials | None) -> None:
-    """Finish the handshake the broker's ``ack`` asks for (see the module doc)."""
-    exchange = ClientScram(link.address, credentials)
-    request = exchange.begin(ack)
-    while request is not None:
-        request = exchange.step(await _exchange(link, request))
+class _State(enum.Enum):
+    NEW = "new"  # start() not called yet
+    HELLO = "hello"  # Hello sent, the HelloAck awaited
+    AUTH = "auth"  # an AuthRequest sent, its AuthReply awaited
+    DONE = "done"  # connected: the codec is ready for requests
+    FAILED = "failed"  # an error was raised; the connection is to be closed
 
 
-async def _exchange(link: _Link, request: AuthRequest) -> AuthReply:
-    """Send one auth request, read the broker's reply."""
-    await link.stream.send_all(link.codec.send(request))
-    while True:
-        ev = link.codec.next_event()
-        if ev is NEED_DATA:
-            data = await link.stream.receive_some(65536)
-            if not data:
-                raise ConnectionBroken(f"broker {link.address} closed during authentication")
-            link.codec.receive_data(data)
-            continue
-        if not isinstance(ev, AuthReply):
-            raise RemoteProtocolError(f"unexpected {type(ev).__name__} during authentication")
-        return ev
+class ClientHandshake:
+    """The connect handshake of one connection to broker ``address``, without I/O.
+
+    Drive it so::
+
+        send(hs.start())                       # the Hello
+        while not hs.done:
+            out = hs.receive_data(receive())   # b"" received: the broker closed
+            if out:
+                send(out)
+        codec = hs.codec                       # for the requests (bytes past the
+                                               # handshake stay buffered in it)
+
+    and turn an I/O failure on the way (a reset, a TLS alert) into its error with
+    :meth:`io_error`. ``credentials`` answer a broker that asks for SCRAM; ``tls``
+    says whether the bytes travel over TLS (it shapes the error messages);
+    ``max_frame`` caps the frames the codec accepts afterwards. Any method raises as
+    the module doc says; after an error the machine is spent (LocalProtocolError).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        credentials: Credentials | None,
+        *,
+        tls: bool = False,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.address = address
+        self.tls = tls
+        #: the connection's codec: after :attr:`done`, the one the requests go through
+        self.codec = Connection(Role.CLIENT, max_frame=max_frame)
+        self._scram = ClientScram(address, credentials)
+        self._state = _State.NEW
+
+    @property
+    def done(self) -> bool:
+        """The handshake succeeded: the connection takes requests."""
+        return self._state is _State.DONE
+
+    def start(self) -> bytes:
+        """The bytes to send first (the Hello). Raises LocalProtocolError when
+        called twice."""
+        if self._state is not _State.NEW:
+            raise LocalProtocolError("the handshake is started once")
+        self._state = _State.HELLO
+        return self.codec.send(Hello())
+
+    def receive_data(self, data: bytes | bytearray) -> bytes:
+        """Take bytes received from the broker (``b""``: it closed); return the bytes
+        to send now (``b""``: nothing, read on unless :attr:`done`). Raises as the
+        module doc says."""
+        if self._state not in (_State.HELLO, _State.AUTH):
+            raise LocalProtocolError(f"the handshake takes no data when {self._state.value}")
+        try:
+            return self._receive(data)
+        except BaseException:
+            self._state = _State.FAILED
+            raise
+
+    def io_error(self, exc: BaseException) -> EQueueError:
+        """The error of a read or write that failed with ``exc`` during the handshake:
+        over TLS, a :class:`~equeue.errors.TlsError` for a certificate problem (not
+        retried) else a ConnectionBroken (:func:`equeue.client.tls.handshake_error`);
+        over plain TCP, a ConnectionBroken."""
+        self._state = _State.FAILED
+        if self.tls:
+            return handshake_error(exc, self.address)
+        return ConnectionBroken(f"broker {self.address}: {exc.__cause__ or exc or type(exc).__name__}")
+
+    def _receive(self, data: bytes | bytearray) -> bytes:
+        if not data:
+            if self._state is _State.AUTH:
+                raise ConnectionBroken(f"broker {self.address} closed during authentication")
+            hint = "" if self.tls else _TLS_HINT
+            raise ConnectionBroken(f"broker {self.address} closed during the handshake{hint}")
+        codec = self.codec
+        codec.receive_data(data)
+        out: list[bytes] = []
+        while self._state is not _State.DONE:
+            ev = codec.next_event()  # RemoteProtocolError for bytes that are no handshake
+            if ev is NEED_DATA:
+                break
+            if self._state is _State.HELLO:
+                assert isinstance(ev, HelloAck)  # a client codec's first event
+                request = self._scram.begin(self._check_ack(ev))
+            elif isinstance(ev, AuthReply):
+                request = self._scram.step(ev)
+            elif isinstance(ev, Response) and ev.request_id == 0:  # the connection refused as a whole
+                raise error_for_code(ev.code, f"broker {self.address}: {ev.payload.decode('utf-8', 'replace')}")
+            else:
+                raise RemoteProtocolError(f"unexpected {type(ev).__name__} during authentication")
+            if request is None:
+                self._state = _State.DONE
+            else:
+                self._state = _State.AUTH
+                out.append(codec.send(request))
+        return b"".join(out)
+
+    def _check_ack(self, ack: HelloAck) -> HelloAck:
+        """The HelloAck's own checks (the codes ClientScram does not take)."""
+        if ack.code == ErrorCode.TOO_MANY_CONNECTIONS:
+            raise error_for_code(ack.code, f"broker {self.address} has too many connections")
+        if ack.code in (ErrorCode.OK, ErrorCode.AUTH_REQUIRED) and ack.version != PROTOCOL_VERSION:
+            raise error_for_code(
+                ErrorCode.UNSUPPORTED_VERSION,
+                f"broker {self.address} speaks protocol version {ack.version}, this client {PROTOCOL_VERSION}",
+            )
+        return ack

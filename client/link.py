@@ -1,7 +1,7 @@
 """One live connection of a client: the stream, the codec state, the pending answers
 (:class:`PendingReply`), and the broker address list parser.
 
-:class:`equeue.client.connection.AsyncClient` owns at most one :class:`_Link` at a time and
+:class:`equeue.client.transport.Transport` owns at most one :class:`_Link` at a time and
 replaces it when it breaks; every pending answer of a broken link fails with the
 link's error.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import trio
 
-from equeue.codec import DEFAULT_MAX_FRAME, Connection, Response, Role
+from equeue.codec import Connection, Response
 from equeue.config import parse_address
 from equeue.errors import ConfigError
 
@@ -50,16 +50,16 @@ PendingReply = _Slot
 
 
 class _Link:
-    """One live connection: stream, codec, pending requests. ``max_frame`` caps the
-    frames it reads (length prefix included)."""
+    """One live connection: stream, codec (past the handshake:
+    :class:`equeue.client.handshake.ClientHandshake` made it), pending requests."""
 
-    def __init__(self, stream: trio.abc.Stream, address: str, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, stream: trio.abc.Stream, address: str, codec: Connection) -> None:
         self.stream = stream
         #: the socket a plain TCP link writes directly (non-blocking); None with TLS,
         #: whose bytes only the SSLStream may write
         self.socket = stream.socket if isinstance(stream, trio.SocketStream) else None
         self.address = address
-        self.codec = Connection(Role.CLIENT, max_frame=max_frame)
+        self.codec = codec
         self.pending: dict[int, _Slot] = {}
         self.send_lock = trio.Lock()
         #: encoded frames waiting for the next write (in request order)

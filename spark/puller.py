@@ -8,7 +8,10 @@ answer is being turned into Arrow columns (``depth`` pulls in flight).
 
 With TLS settings (``security.tls``, from the source's options) the socket is
 wrapped with the context of :mod:`equeue.client.tls`; a certificate problem is a
-:class:`~equeue.errors.TlsError`, which the retry policy does not retry.
+:class:`~equeue.errors.TlsError`, which the retry policy does not retry. The connect
+handshake (Hello, HelloAck, SCRAM) is the clients' one sans-I/O machine
+(:class:`equeue.client.handshake.ClientHandshake`), driven here over the blocking
+socket: its checks and errors are the trio client's.
 
 Pulls are reads, so a broken connection is simply reopened and the pulls still
 outstanding are sent again, under the clients' one retry policy (:mod:`equeue.client.retry`:
@@ -20,23 +23,21 @@ from __future__ import annotations
 
 import os
 import socket
-import ssl
 import threading
 from collections import deque
 from typing import Final
 
 from equeue import wire
 from equeue.client.connection import parse_brokers
-from equeue.client.handshake import ClientScram
+from equeue.client.handshake import ClientHandshake
 from equeue.client.retry import RetryPolicy, retry_sync
-from equeue.client.tls import client_context, handshake_error
-from equeue.codec import NEED_DATA, AuthReply, Connection, Hello, HelloAck, Request, Response, Role
+from equeue.client.tls import client_context
+from equeue.codec import NEED_DATA, Connection, Request, Response
 from equeue.errors import (
     AuthenticationError,
     ConnectionBroken,
     EQueueError,
     ErrorCode,
-    RemoteProtocolError,
     TlsError,
     error_for_code,
 )
@@ -91,46 +92,43 @@ class Puller:
             except OSError as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
+            shake = ClientHandshake(f"{host}:{port}", self.security.credentials, tls=tls is not None)
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 if self._ssl is not None and tls is not None:
                     # the TLS handshake runs here, bounded by CONNECT_TIMEOUT
                     sock = self._ssl.wrap_socket(sock, server_hostname=tls.server_hostname or host)
                 sock.settimeout(READ_TIMEOUT)
-                codec = Connection(Role.CLIENT)
-                sock.sendall(codec.send(Hello()))
-                ev = self._receive_event(sock, codec)
-                if not isinstance(ev, HelloAck):
-                    raise RemoteProtocolError(f"unexpected {type(ev).__name__} during handshake")
-                self._authenticate(sock, codec, ev, f"{host}:{port}")
+                self._handshake(sock, shake)
             except AuthenticationError:
                 sock.close()
                 raise  # the same credentials fail the same way everywhere: no retry
             except (OSError, EQueueError) as exc:
                 sock.close()
-                if tls is not None and isinstance(exc, ssl.SSLError | ConnectionBroken):
-                    exc = handshake_error(exc, f"{host}:{port}")  # TlsError: a certificate problem
-                tls_refused = tls_refused or isinstance(exc, TlsError)
-                errors.append(f"{host}:{port}: {exc}")
+                # a failed read or write (ssl.SSLError, a reset, a timeout): TlsError
+                # for a certificate problem, else ConnectionBroken
+                err = shake.io_error(exc) if isinstance(exc, OSError) else exc
+                tls_refused = tls_refused or isinstance(err, TlsError)
+                errors.append(f"{host}:{port}: {err}")
                 continue
-            self._sock, self._codec = sock, codec
+            self._sock, self._codec = sock, shake.codec
             self._turn += i
             return
         # a certificate problem is not retried (TlsError is not transient)
         error = TlsError if tls_refused else ConnectionBroken
         raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
-    def _authenticate(self, sock: socket.socket, codec: Connection, ack: HelloAck, address: str) -> None:
-        """The SCRAM exchange when the broker asks for one (equeue.client.handshake); an
-        AuthenticationError is not retried."""
-        exchange = ClientScram(address, self.security.credentials)
-        request = exchange.begin(ack)
-        while request is not None:
-            sock.sendall(codec.send(request))
-            reply = self._receive_event(sock, codec)
-            if not isinstance(reply, AuthReply):
-                raise RemoteProtocolError(f"unexpected {type(reply).__name__} during authentication")
-            request = exchange.step(reply)
+    @staticmethod
+    def _handshake(sock: socket.socket, shake: ClientHandshake) -> None:
+        """Drive the connect handshake (equeue.client.handshake: Hello, HelloAck, SCRAM)
+        over ``sock``. Raises as ClientHandshake does, OSError for a failed read or write."""
+        data = shake.start()
+        while True:
+            if data:
+                sock.sendall(data)
+            if shake.done:
+                return
+            data = shake.receive_data(sock.recv(_RECV))
 
     @staticmethod
     def _receive_event(sock: socket.socket, codec: Connection) -> object:

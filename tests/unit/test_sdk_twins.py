@@ -53,8 +53,10 @@ DIFFERENCES: dict[tuple[str, str], str] = {
         for front in ("equeue.client.sync.Client", "equeue.aio.front.AsyncClient")
         for name in (
             "answer",
+            "brokers",
             "can_send_now",
             "connected",
+            "connection_epoch",
             "cork",
             "uncork",
             "drop_connection",
