@@ -292,9 +292,11 @@ class AsyncProducer(_Front[_TrioProducer]):
         _, core = self._ready()
         if core.serialize is not None:
             body, key = core.serialize(body, key)
-        h = core.try_submit(topic, body, key, tags, properties, due, True)
+        h = core.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, seal=True)
         if h is None:
-            h = await self._call(core._submit, topic, body, key, tags, properties, due, True)
+            h = await self._call(
+                lambda: core.submit(topic, body, key=key, tags=tags, properties=properties, due=due, seal=True)
+            )
         return await AioSendHandle(h)
 
     async def send_async(
@@ -319,9 +321,11 @@ class AsyncProducer(_Front[_TrioProducer]):
         _, core = self._ready()
         if core.serialize is not None:
             body, key = core.serialize(body, key)
-        h = core.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
+        h = core.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         if h is None:
-            h = await self._call(core._submit, topic, body, key, tags, properties, due, False, on_delivery)
+            h = await self._call(
+                lambda: core.submit(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
+            )
         elif h._index == 0:
             await asyncio.sleep(0)  # once per new batch: lets other asyncio tasks run
         return AioSendHandle(h)

@@ -4,7 +4,10 @@ A lane owns the batches of one queue in order: the ``open`` batch still filling
 (sealed when ``linger`` passed, when full, or when a ``send``/``flush`` asks),
 ``sendq`` (sealed, waiting for a free slot of the in-flight window) and
 ``window`` (requests written, answers awaited, in sequence order). One task per
-lane writes requests in order and reads the answers in order.
+lane reads the answers in order, recovers failures and waits out ``linger``; the
+lane's one write path (:meth:`_Lane._write_ready`) moves sealed batches into the
+window, and its one wake verb (:meth:`_Lane.wake`) decides whether that happens at
+once (the task parked idle, the connection free: no task switch) or in the task.
 
 Idempotence: every batch gets the lane's producer id and a base sequence when it
 is first written, and keeps both across retries, so the broker answers a resent
@@ -68,8 +71,9 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -101,7 +105,7 @@ from equeue.wire.batches import seal_records
 
 log = logging.getLogger("equeue.producer")
 
-__all__ = ["_Lane"]
+__all__ = ["LaneLoop", "_Lane", "cork"]
 
 
 def _answered(entry: tuple[_Batch, PendingReply | None, BaseException | None]) -> bool:
@@ -109,8 +113,101 @@ def _answered(entry: tuple[_Batch, PendingReply | None, BaseException | None]) -
     return reply is None or reply.done.is_set()
 
 
+class LaneLoop:
+    """The loop thread the lanes of one producer run on: the nursery their tasks live
+    in, and the hop to that thread.
+
+    A lane woken from another thread is woken again on the loop thread
+    (:meth:`defer`): the lanes woken meanwhile are collected and woken by one
+    ``run_sync_soon`` callback, their connections corked around it (:func:`cork`) so
+    the requests they write leave together.
+    """
+
+    def __init__(self, lock: threading.Lock) -> None:
+        #: the producer's buffer lock (guards the deferred lanes too)
+        self.lock = lock
+        self.nursery: trio.Nursery | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        #: the loop thread's ident (0 until :meth:`attach`)
+        self.ident = 0
+        #: set by the producer's close: no lane task starts after it
+        self.closed = False
+        self._deferred: set[_Lane] = set()
+        self._scheduled = False
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Run the lanes' tasks in ``nursery``; the calling thread is the loop thread."""
+        self.nursery = nursery
+        self.token = trio.lowlevel.current_trio_token()
+        self.ident = threading.get_ident()
+
+    def defer(self, lane: _Lane) -> None:
+        """Wake ``lane`` on the loop thread soon (from any other thread). Raises
+        ClientClosed when the loop no longer runs."""
+        with self.lock:
+            self._deferred.add(lane)
+            if self._scheduled:
+                return
+            self._scheduled = True
+        assert self.token is not None
+        try:
+            self.token.run_sync_soon(self._run_deferred)
+        except trio.RunFinishedError:
+            raise ClientClosed("the producer's event loop is not running") from None
+
+    def _run_deferred(self) -> None:
+        with self.lock:
+            lanes, self._deferred = self._deferred, set()
+            self._scheduled = False
+        corked = cork(lanes)
+        try:
+            for lane in lanes:
+                lane.wake()
+        finally:
+            for client in corked:
+                client.uncork()
+
+
+def cork(lanes: Iterable[_Lane]) -> list[AsyncClient]:
+    """Cork the connections of ``lanes`` (loop thread; see ``AsyncClient.cork``): the
+    requests their wakes write leave together. The caller uncorks each one."""
+    clients: list[AsyncClient] = []
+    for lane in lanes:
+        c = lane.client
+        if c is not None and c not in clients:
+            c.cork()
+            clients.append(c)
+    return clients
+
+
 class _Lane:
-    """The send path of one queue of one topic (see the module docstring)."""
+    """The send path of one queue of one topic (see the module docstring).
+
+    States (of the lane task; the batches' places are ``open``, ``sendq``, ``window``,
+    ``retry``):
+
+    - *not started*: no task yet; the first :meth:`wake` starts it in the producer's
+      nursery (none after the producer's close);
+    - *running*: the task reads the answers at the window's head, seals an ``open``
+      batch whose ``linger`` passed, and writes through :meth:`_write_ready`; a wake
+      meanwhile sets its event, so it goes round again before parking;
+    - *parked*: the task waits for its event, until the open batch's linger or the
+      window head's ``send_timeout`` at the latest. A wake while it is parked idle (no
+      open batch, nothing to recover, the window's head not answered
+      with a failure, the owner's client known, the lane not dead) writes the sealed
+      batches at once, through the same :meth:`_write_ready`, when the connection takes
+      a write without waiting: a single ``send`` then costs no task switch (its answer
+      is taken by :meth:`on_reply`). Anything else sets the event;
+    - *recovering*: the window's head failed: nothing is written until the window is
+      drained and every failed batch decided (:meth:`_recover`, which may sleep for the
+      retry policy's backoff or wait for the routes);
+    - *closed*: :meth:`fail_all` failed every unfinished batch and the producer's nursery
+      cancels the task.
+
+    :meth:`wake` is the one way to wake a lane (any thread: from another thread it is
+    woken again on the loop thread by :class:`LaneLoop`), and :meth:`_write_ready` the one
+    path that writes its requests.
+    """
 
     def __init__(
         self,
@@ -123,8 +220,10 @@ class _Lane:
         buffer: Buffer,
         stats: SendStats,
         on_queue_missing: Callable[[str], None],
+        loop: LaneLoop,
     ) -> None:
         self.topic = topic
+        self.loop = loop
         self.queue_id = queue_id
         self.router = router
         #: the owner group's client (None: resolve it before the next write)
@@ -160,9 +259,12 @@ class _Lane:
         )
         self.retry: list[_Batch] = []
         self.started = False
-        self.wake = trio.Event()
+        #: the task's wake-up: replaced at the start of each of its rounds
+        self._event = trio.Event()
         #: the cancel scope of the task's idle wait, while it is parked there
         self._parked: trio.CancelScope | None = None
+        #: :meth:`_write_ready` runs (a wake from inside it only sets the event)
+        self._writing = False
 
     def owner_changed(self, owner: str | None) -> None:
         """The route table names ``owner`` for this queue: resolve the client again
@@ -186,62 +288,124 @@ class _Lane:
                 if not b.finished:
                     b.error = exc
                     self.retry.append(b)
-            self.poke()
+            self.wake()
             return None
         self.owner = self.router.owner(self.topic, self.queue_id)
         self.endpoint = self.router.endpoint(self.topic, self.queue_id)
         return client
 
-    def poke(self) -> None:
-        """Wake the lane task (loop thread only)."""
-        self.wake.set()
+    def wake(self) -> None:
+        """Wake the lane: new sealed batches, an answer, a failure to handle (any
+        thread). The one way to wake a lane, and the one place that decides when its
+        sealed batches are written (the class docstring's states):
 
-    def kick(self) -> None:
-        """New sealed batches (loop thread only, synchronous).
-
-        When the task is parked idle (no open batch, nothing to recover) and the
-        connection is free, the sealed batches are written right here with
-        :meth:`AsyncClient.send_request_nowait`: a blocking ``send`` then costs no
-        wake-up of the lane task (answers are taken by :meth:`on_reply`). Anything
-        else wakes the task, which does the same work the general way.
+        - from a thread other than the loop's, the lane is woken again on the loop
+          thread (:meth:`LaneLoop.defer`; raises ClientClosed when the loop is gone);
+        - not started: its task is started (it then writes what is sealed);
+        - parked idle: the sealed batches are written here and now
+          (:meth:`_write_ready`), and the parked wait's deadline is moved to the
+          window head's ``send_timeout``;
+        - otherwise, or when that write needs the task (connection busy, connecting or
+          TLS, a batch to fail), the task's event is set.
         """
-        if self._parked is None or self.retry or self.open is not None or not self._write_now():
-            self.wake.set()
-
-    def _write_now(self) -> bool:
-        """Write sealed batches into the window without waiting; False when the
-        task must take over (connection busy or down, a batch past its deadline)."""
+        loop = self.loop
+        if threading.get_ident() != loop.ident:
+            loop.defer(self)
+            return
+        if not self.started:
+            if loop.nursery is not None and not loop.closed:
+                self.started = True
+                loop.nursery.start_soon(self.run, name=f"equeue-lane-{self.topic}-{self.queue_id}")
+            return
+        parked = self._parked
+        window = self.window
         client = self.client
-        if self.dead is not None or client is None:
-            return False
+        if (
+            parked is None
+            or self._writing
+            or self.retry
+            or self.open is not None
+            or client is None
+            or self.dead is not None
+            or (window and _answered(window[0]))
+            or self._write_ready(client, inline=True) is not True
+        ):
+            self._event.set()
+            return
+        if window:  # the parked task must still enforce the head's send_timeout
+            at = trio.current_time() + max(0.0, window[0][0].deadline - time.monotonic())
+            if at < parked.deadline:
+                parked.deadline = at
+
+    def _write_ready(self, client: AsyncClient, *, inline: bool) -> bool | tuple[_Batch, bytes]:
+        """The lane's one write path: move the sealed batches of ``sendq`` into the
+        window, in order, while it has room and no batch of a retired producer id is
+        in flight (checked per batch: one just written may be of a retired id). Each
+        is numbered on its first write (:meth:`_payload`) and written with
+        ``send_request_nowait`` while the connection takes a write at once.
+
+        Returns True when it wrote all it may write now (a failed write has woken the
+        lane). ``inline`` (called by :meth:`wake`, the task parked): nothing is failed
+        or awaited here; False when the task must take over (connection busy, a batch
+        to fail). From the task (``inline`` False): batches of a dead lane or unsent
+        past their ``send_timeout`` fail here, and when the connection cannot take a
+        write at once (connecting, busy, TLS) the head batch is taken off ``sendq``,
+        numbered, and returned with its payload: the task awaits its write and enters
+        it with :meth:`_written`.
+        """
         window = self.window
         sendq = self.sendq
-        now = time.monotonic()
-        wrote = False
         max_in_flight = self.options.max_in_flight
-        while sendq and len(window) < max_in_flight:
-            if self._stale_in_flight():
-                return False  # (checked per batch: one just written may be of a retired id)
-            b = sendq[0]
-            if b.finished:
+        now = time.monotonic()
+        self._writing = True
+        try:
+            while sendq and len(window) < max_in_flight:
+                if self._stale_in_flight():
+                    return True  # its answer wakes the lane
+                b = sendq[0]
+                if b.finished:
+                    sendq.popleft()
+                    continue
+                if self.dead is not None or (b.pid is None and now >= b.deadline):
+                    if inline:
+                        return False  # failing runs callbacks: the task's work
+                    sendq.popleft()
+                    self.fail(b, self.dead or OperationTimeout(
+                        f"not sent within send_timeout ({self.options.send_timeout:g} s)"))  # fmt: skip
+                    continue
+                if not client.can_send_now():
+                    if inline:
+                        return False
+                    sendq.popleft()  # deque: atomic; appends happen under the lock
+                    return b, self._payload(b)
                 sendq.popleft()
-                continue
-            if (b.pid is None and now >= b.deadline) or not client.can_send_now():
-                return False
-            sendq.popleft()  # deque: atomic; appends happen under the lock
-            payload = self._payload(b)
-            try:
-                reply = client.send_request_nowait(RequestCode.PRODUCE, payload, self.on_reply)
-            except EQueueError as exc:
-                window.append((b, None, exc))
-                return False  # the task handles the failure
-            window.append((b, reply, None))
-            wrote = True
-        if wrote and self._parked is not None:
-            # the parked task must still enforce the head's send_timeout
-            at = trio.current_time() + max(0.0, window[0][0].deadline - now)
-            if at < self._parked.deadline:
-                self._parked.deadline = at
+                payload = self._payload(b)
+                try:
+                    reply = client.send_request_nowait(RequestCode.PRODUCE, payload, self.on_reply)
+                except trio.WouldBlock:  # the socket went away meanwhile: b keeps its id and sequence
+                    if inline:
+                        with self.lock:
+                            sendq.appendleft(b)
+                        return False
+                    return b, payload
+                except EQueueError as exc:
+                    self._written(b, None, exc)
+                    return True
+                if not self._written(b, reply, None):
+                    return True
+            return True
+        finally:
+            self._writing = False
+
+    def _written(self, b: _Batch, reply: PendingReply | None, error: BaseException | None) -> bool:
+        """Enter a written batch in the window (its answer ``reply``, or the ``error``
+        its write raised). False, with the lane woken, when the task must look at once:
+        the write failed (nothing more is written behind it), or the answer arrived
+        before the batch joined the window (:meth:`on_reply` could not see it)."""
+        self.window.append((b, reply, error))
+        if error is not None or (reply is not None and reply.done.is_set()):
+            self.wake()
+            return False
         return True
 
     def _stale_in_flight(self) -> bool:
@@ -270,9 +434,9 @@ class _Lane:
         """An answer or a failure arrived (loop thread, called by the client's reader).
 
         Successful answers at the head of the window are resolved right here, so a
-        waiting ``send`` wakes without a round through the lane task; the task is
-        woken only when it has work: a failure to handle, a batch to write into the
-        freed window slot.
+        waiting ``send`` wakes without a round through the lane task; the lane is
+        woken (:meth:`wake`) only when there is work: a failure to handle, a batch to
+        write into the freed window slot.
         """
         window = self.window
         while window and not self.retry:
@@ -289,7 +453,7 @@ class _Lane:
             window.popleft()
             self.resolve(b, answer)
         if self.sendq or self.retry or (window and _answered(window[0])):
-            self.wake.set()
+            self.wake()
 
     # ------------------------------------------------------------------ task
     async def run(self) -> None:
@@ -299,7 +463,7 @@ class _Lane:
         max_in_flight = options.max_in_flight
         lock = self.lock
         while True:
-            wake = self.wake = trio.Event()
+            event = self._event = trio.Event()
             now = time.monotonic()
             o = self.open
             if o is not None and now - o.first_at >= linger:
@@ -337,14 +501,20 @@ class _Lane:
             # write, in order, while the window has room (not while recovering)
             if not self.retry and self.sendq and len(self.window) < max_in_flight and not self._stale_in_flight():
                 client = self.client or await self._resolve()
-                while client is not None and len(self.window) < max_in_flight and self.sendq:
-                    if self._stale_in_flight():
-                        break  # a batch of a retired id just went out: nothing behind it until it is answered
-                    b = self.sendq.popleft()  # deque: atomic; appends happen under the lock
-                    if b.finished:
-                        continue
-                    await self._write(client, b, now)
-            # wait for a poke (new batch, answer), the linger of the open batch, a deadline
+                while client is not None:
+                    step = self._write_ready(client, inline=False)
+                    if step is True:
+                        break
+                    assert not isinstance(step, bool)
+                    b, payload = step  # the connection takes no write at once: await this one
+                    try:
+                        reply = await client.send_request(RequestCode.PRODUCE, payload, self.on_reply)
+                    except EQueueError as exc:
+                        self._written(b, None, exc)
+                        break
+                    if not self._written(b, reply, None):
+                        break
+            # wait for a wake (new batch, answer), the linger of the open batch, a deadline
             at = float("inf")
             o = self.open
             if o is not None:
@@ -355,27 +525,9 @@ class _Lane:
             with trio.CancelScope(deadline=deadline) as parked:
                 self._parked = parked
                 try:
-                    await wake.wait()
+                    await event.wait()
                 finally:
                     self._parked = None
-
-    async def _write(self, client: AsyncClient, b: _Batch, now: float) -> None:
-        if self.dead is not None:
-            self.fail(b, self.dead)
-            return
-        if b.pid is None and now >= b.deadline:
-            self.fail(b, OperationTimeout(f"not sent within send_timeout ({self.options.send_timeout:g} s)"))
-            return
-        payload = self._payload(b)
-        try:
-            reply = await client.send_request(RequestCode.PRODUCE, payload, self.on_reply)
-        except EQueueError as exc:
-            self.window.append((b, None, exc))
-            self.poke()  # handle the failure at once
-        else:
-            self.window.append((b, reply, None))
-            if reply.done.is_set():
-                self.poke()  # answered before it joined the window: on_reply could not see it
 
     async def _recover(self) -> None:
         """Decide on every failed batch of the drained window (module docstring)."""

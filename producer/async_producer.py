@@ -43,7 +43,7 @@ from equeue.client.routing import Router
 from equeue.errors import ClientClosed, ConfigError, InvalidMessage, MessageTooLarge
 from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, SendHandle, _Batch, deliver_at_ms
-from equeue.producer._lane import _Lane
+from equeue.producer._lane import LaneLoop, _Lane, cork
 from equeue.producer.buffer import Buffer
 from equeue.producer.options import OnFull, ProducerOptions, new_producer_id
 from equeue.producer.routes import Route, Routes
@@ -92,13 +92,11 @@ class AsyncProducer:
         self._routes = Routes(self.router, options)
         #: what the sends came to (counted per finished batch)
         self.send_stats = SendStats()
-        self._kicks: set[_Lane] = set()
-        self._kick_scheduled = False
+        #: where the lanes' tasks run (attached to the nursery by __aenter__)
+        self._loop = LaneLoop(self.lock)
         self._closed = False
         self._stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
-        self._token: trio.lowlevel.TrioToken | None = None
-        self._loop_ident = 0
 
     # ------------------------------------------------------------------ lifetime
     async def __aenter__(self) -> AsyncProducer:
@@ -106,8 +104,7 @@ class AsyncProducer:
             await stack.enter_async_context(self.client)
             await stack.enter_async_context(self.router)
             self._nursery = await stack.enter_async_context(trio.open_nursery())
-            self._token = trio.lowlevel.current_trio_token()
-            self._loop_ident = threading.get_ident()
+            self._loop.attach(self._nursery)
             self._stack = stack.pop_all()
         return self
 
@@ -132,7 +129,7 @@ class AsyncProducer:
             with trio.move_on_after(self.options.send_timeout):
                 await self.flush()
         with self._buffer.lock:  # a send_async racing from another thread sees it
-            self._closed = True
+            self._closed = self._loop.closed = True
         for lane in self._routes.lanes():
             lane.fail_all(ClientClosed("the producer closed before this message was sent"))
         # close the client first: the caller's task may run inside the cancel scopes
@@ -171,7 +168,7 @@ class AsyncProducer:
         due = deliver_at_ms(delay, deliver_at)
         if self.serialize is not None:
             body, key = self.serialize(body, key)
-        h = await self._submit(topic, body, key, tags, properties, due, True)
+        h = await self.submit(topic, body, key=key, tags=tags, properties=properties, due=due, seal=True)
         return await h.wait()
 
     async def send_async(
@@ -204,9 +201,9 @@ class AsyncProducer:
         due = 0 if delay is None and deliver_at is None else deliver_at_ms(delay, deliver_at)
         if self.serialize is not None:
             body, key = self.serialize(body, key)
-        h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
+        h = self.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         if h is None:
-            h = await self._submit(topic, body, key, tags, properties, due, False, on_delivery)
+            h = await self.submit(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         elif h._index == 0:
             # yield once per new batch (not per message): lets the lanes run
             await trio.lowlevel.checkpoint()
@@ -230,7 +227,7 @@ class AsyncProducer:
         due = deliver_at_ms(delay, deliver_at)
         if self.serialize is not None:
             body, key = self.serialize(body, key)
-        h = self.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
+        h = self.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         if h is None:
             if self._routes.get(topic) is None:
                 raise trio.WouldBlock
@@ -266,9 +263,9 @@ class AsyncProducer:
             for m in msgs:
                 if not isinstance(m, Message):
                     m = Message(m)
-                h = self.try_submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+                h = self.submit_nowait(topic, m.body, key=m.key, tags=m.tags, properties=m.properties, due=m.deliver_at)
                 if h is None:
-                    h = await self._submit(topic, m.body, m.key, m.tags, m.properties, m.deliver_at, False)
+                    h = await self.submit(topic, m.body, key=m.key, tags=m.tags, properties=m.properties, due=m.deliver_at)
                 handles.append(h)
             placed = [(h._batch, h._index) for h in handles]
         self._seal_lanes(self._lanes_of(b for b, _ in placed))
@@ -314,27 +311,35 @@ class AsyncProducer:
         }
 
     # ------------------------------------------------------------------ submit path
-    def try_submit(
+    def submit_nowait(
         self,
         topic: str,
         body: Body,
-        key: str | bytes | None,
-        tags: str | None,
-        properties: dict[str, Any] | None,
-        due: int,
-        seal: bool,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        due: int = 0,
+        seal: bool = False,
         on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle | None:
-        """Route, encode and buffer one message without waiting (any thread). ``body``
-        and ``key`` are wire form (bytes or str, str or bytes): the public send calls
-        apply :attr:`serialize` before calling it.
+        """Route, encode and buffer one message without waiting (any thread): the
+        entry point of the blocking and asyncio fronts, which buffer from their own
+        thread with it and hop to the loop only when it returns None.
 
-        Returns None when the topic's queue count is not known yet or the buffer is
-        full (with ``on_full="block"``); the caller then awaits :meth:`_submit`.
-        ``on_delivery`` is registered on the batch under the buffer lock, before the
-        batch can be sent, so it always runs on the loop thread.
-        Raises validation errors (TypeError: ``on_delivery`` not callable),
-        BufferFull, ClientClosed.
+        ``body`` and ``key`` are wire form (bytes or str, str or bytes): apply
+        :attr:`serialize` first. ``due``: the delivery time in ms since the epoch
+        (:func:`~equeue.producer._batch.deliver_at_ms`), 0 to deliver at once.
+        ``seal``: seal the message's batch at once and send it (a send that waits
+        for its answer); else it fills for ``linger``. ``on_delivery`` is registered
+        on the batch under the buffer lock, before the batch can be sent, so it
+        always runs on the loop thread.
+
+        Returns the message's handle, or None when the topic's queue count is not
+        known yet or the buffer is full (with ``on_full="block"``): then await
+        :meth:`submit`. Raises validation errors (as ``send_async``; TypeError for an
+        ``on_delivery`` that is not callable), BufferFull (``on_full="raise"``),
+        ClientClosed.
         """
         if on_delivery is not None and not callable(on_delivery):
             raise TypeError(f"on_delivery must be callable, not {type(on_delivery).__name__}")
@@ -372,7 +377,7 @@ class AsyncProducer:
                 lane.open = None
                 kick = True
         if kick:
-            self._kick(lane)
+            lane.wake()
         return SendHandle(b, idx)
 
     def _submit_many(self, topic: str, msgs: list[Message | Body]) -> list[tuple[_Batch, int]] | None:
@@ -475,7 +480,7 @@ class AsyncProducer:
                     kicks.append(lane)
                 placed.append((b, len(b.entries) - 1))
         for lane in kicks:
-            self._kick(lane)
+            lane.wake()
         return placed
 
     def _place(
@@ -503,19 +508,25 @@ class AsyncProducer:
         b.nbytes += n
         return lane, b, new
 
-    async def _submit(
+    async def submit(
         self,
         topic: str,
         body: Body,
-        key: str | bytes | None,
-        tags: str | None,
-        properties: dict[str, Any] | None,
-        due: int,
-        seal: bool,
+        *,
+        key: str | bytes | None = None,
+        tags: str | None = None,
+        properties: dict[str, Any] | None = None,
+        due: int = 0,
+        seal: bool = False,
         on_delivery: DeliveryCallback | None = None,
     ) -> SendHandle:
+        """:meth:`submit_nowait`, waiting (in this producer's trio loop) to learn a new
+        topic's queue count and for buffer space (``on_full="block"``); the same
+        arguments, and raises as it does (the route's errors too: TopicNotFound...)."""
         while True:
-            h = self.try_submit(topic, body, key, tags, properties, due, seal, on_delivery)
+            h = self.submit_nowait(
+                topic, body, key=key, tags=tags, properties=properties, due=due, seal=seal, on_delivery=on_delivery
+            )
             if h is not None:
                 return h
             if self._routes.get(topic) is None:
@@ -533,6 +544,7 @@ class AsyncProducer:
             buffer=self._buffer,
             stats=self.send_stats,
             on_queue_missing=self._routes.invalidate,
+            loop=self._loop,
         )
 
     def _lanes_of(self, batches: Iterable[_Batch]) -> set[_Lane]:
@@ -548,8 +560,8 @@ class AsyncProducer:
     def _seal_lanes(self, lanes: Iterable[_Lane]) -> list[_Batch]:
         """Seal the open batches of ``lanes`` and wake them; return their unfinished batches."""
         out: list[_Batch] = []
-        on_loop = threading.get_ident() == self._loop_ident
-        corked = _cork(lanes) if on_loop else ()
+        on_loop = threading.get_ident() == self._loop.ident
+        corked = cork(lanes) if on_loop else ()
         try:
             for lane in lanes:
                 with self.lock:
@@ -557,46 +569,11 @@ class AsyncProducer:
                         lane.sendq.append(lane.open)
                         lane.open = None
                     out.extend(lane.pending)
-                self._kick(lane)
+                lane.wake()
         finally:
             for client in corked:
                 client.uncork()
         return out
-
-    # ------------------------------------------------------------------ waking lanes
-    def _kick(self, lane: _Lane) -> None:
-        if threading.get_ident() == self._loop_ident:
-            self._wake(lane)
-            return
-        with self.lock:
-            self._kicks.add(lane)
-            if self._kick_scheduled:
-                return
-            self._kick_scheduled = True
-        assert self._token is not None
-        try:
-            self._token.run_sync_soon(self._run_kicks)
-        except trio.RunFinishedError:
-            raise ClientClosed("the producer's event loop is not running") from None
-
-    def _run_kicks(self) -> None:
-        with self.lock:
-            kicks, self._kicks = self._kicks, set()
-            self._kick_scheduled = False
-        corked = _cork(kicks)
-        try:
-            for lane in kicks:
-                self._wake(lane)
-        finally:
-            for client in corked:
-                client.uncork()
-
-    def _wake(self, lane: _Lane) -> None:
-        if lane.started:
-            lane.kick()
-        elif self._nursery is not None and not self._closed:
-            lane.started = True
-            self._nursery.start_soon(lane.run, name=f"equeue-lane-{lane.topic}-{lane.queue_id}")
 
     # ------------------------------------------------------------------ routes
     async def _route(self, topic: str) -> Route:
@@ -605,14 +582,3 @@ class AsyncProducer:
             raise ClientClosed("the producer is closed")
         return await self._routes.fetch(topic)
 
-
-def _cork(lanes: Iterable[_Lane]) -> list[AsyncClient]:
-    """Cork the connections of ``lanes`` (loop thread; see ``AsyncClient.cork``): the
-    requests their kicks write leave together. The caller uncorks each one."""
-    clients: list[AsyncClient] = []
-    for lane in lanes:
-        c = lane.client
-        if c is not None and c not in clients:
-            c.cork()
-            clients.append(c)
-    return clients

@@ -1,6 +1,6 @@
 """The producer's memory bound: bytes of encoded entries not answered yet.
 
-The submit path (:meth:`equeue.producer.AsyncProducer.try_submit`, any thread) adds an
+The submit path (:meth:`equeue.producer.AsyncProducer.submit_nowait`, any thread) adds an
 entry's bytes to :attr:`Buffer.used` under :attr:`Buffer.lock`, the same lock that
 guards every lane's open batch, send queue and pending set (a message is counted
 and placed in its batch in one critical section): at most :attr:`Buffer.limit`

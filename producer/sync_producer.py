@@ -87,11 +87,11 @@ class Producer(SyncFront[AsyncProducer]):
         loop, core = self._ensure()
         if core.serialize is not None:
             body, key = core.serialize(body, key)
-        h = core.try_submit(topic, body, key, tags, properties, due, True)
+        h = core.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, seal=True)
         if h is None:
 
             async def run(core: AsyncProducer) -> SendResult:
-                h = await core._submit(topic, body, key, tags, properties, due, True)
+                h = await core.submit(topic, body, key=key, tags=tags, properties=properties, due=due, seal=True)
                 return await h.wait()
 
             return self._call(run)
@@ -130,10 +130,12 @@ class Producer(SyncFront[AsyncProducer]):
         loop, core = self._ensure()
         if core.serialize is not None:
             body, key = core.serialize(body, key)
-        h = core.try_submit(topic, body, key, tags, properties, due, False, on_delivery)
+        h = core.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         if h is not None:
             return h
-        return loop.run(lambda: core._submit(topic, body, key, tags, properties, due, False, on_delivery))
+        return loop.run(
+            lambda: core.submit(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
+        )
 
     def send_batch(self, topic: str, messages: Iterable[Message | Body | Any]) -> list[SendResult]:
         """Send messages grouped per queue; block until all are stored (values are

@@ -218,7 +218,7 @@ async def test_send_async_racing_close_from_another_thread_raises_client_closed(
 
             def sender() -> None:
                 try:
-                    outcome.append(p.try_submit("race", b"late", None, None, None, 0, False))
+                    outcome.append(p.submit_nowait("race", b"late"))
                 except BaseException as exc:  # recorded for the assertion
                     outcome.append(exc)
 

@@ -90,7 +90,7 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     **{
         (front, name): _NOWAIT
         for front in ("equeue.producer.sync_producer.Producer", "equeue.aio.front.AsyncProducer")
-        for name in ("send_nowait", "try_submit")
+        for name in ("send_nowait", "submit_nowait", "submit")
     },
     ("equeue.producer.sync_producer.Producer", "flush"): (
         "flush(timeout): a blocking caller bounds the wait with a timeout; "
