@@ -308,7 +308,10 @@ class AsyncConsumer(StackOwner):
         poke = self._end_watch.poke if self._end_watch is not None else None
         self.dispatcher.on_progress = poke
         pull = PullLoop(
-            self.router.client_for, self.router.endpoint, self.router.settle, o, group_name if clustering else "", self.consumer_id if clustering else "",
+            # manual assignment with a group names it (an operator's group pause holds its
+            # pulls) but no member: there is no lease to check
+            self.router.client_for, self.router.endpoint, self.router.settle, o,
+            group_name if clustering or self.manual else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,

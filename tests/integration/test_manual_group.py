@@ -1,8 +1,8 @@
 """Manual assignment with a group, against a real broker (docs/consumer.md, "Manual
 assignment"): a consumer made with a group and no topics reads the queues ``assign()``
 gives it from the group's committed offsets, commits to the group (periodically, on
-``commit()``, when a queue is no longer assigned, on close), never becomes a member, and
-refuses what does not fit (subscription with assign, an ephemeral group, listeners)."""
+``commit()``, when a queue is no longer assigned, on close), never becomes a member, is
+held by an operator's pause of the group, and refuses what does not fit (subscription with assign, an ephemeral group, listeners)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,12 @@ def test_sync_assign_with_a_group_starts_at_and_commits_to_its_offsets(
             again.assign([("mg", 0)])
             assert [m.text for m in poll_until(again, 3)] == ["zero3", "zero4", "zero5"]
             again.commit()
-        assert c.query_offset("gmg", "mg", 0) == 6
+            c.pause_group("gmg")  # an operator's pause of the group holds its pulls too
+            c.produce(wire.ProduceRequest("mg", 0, entries("zero", 1, 6)))
+            assert again.poll(0.5) == []
+            c.resume_group("gmg")
+            assert [m.text for m in poll_until(again, 1)] == ["zero6"]
+        assert c.query_offset("gmg", "mg", 0) == 7
         assert c.describe_group("gmg").members == []
 
 
