@@ -49,12 +49,12 @@ import trio
 
 from equeue.client.connection import AsyncClient as _TrioClient
 from equeue.client.syncfront import CallCancelled, LoopThread
+from equeue.consumer.core import MAX_POLL, ConsumerStatistics, Iteration
 from equeue.consumer.core import AsyncConsumer as _TrioConsumer
-from equeue.consumer.core import ConsumerStatistics, _Iteration
 from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.consumer.invoke import ChunkHandler, Invoke, Stopping, deserializing, run_chunks
 from equeue.consumer.options import ConsumerOptions
-from equeue.errors import ClientClosed
+from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, SendHandle, deliver_at_ms
 from equeue.producer.async_producer import AsyncProducer as _TrioProducer
@@ -433,7 +433,9 @@ class AsyncConsumer(_Front[_TrioConsumer]):
     only after the handler finished. Raises ConfigError for invalid arguments (here).
     """
 
-    def __init__(self, brokers: str | Sequence[str], group: str, topics: str | Sequence[str], **kwargs: Any) -> None:
+    def __init__(
+        self, brokers: str | Sequence[str], group: str | None, topics: str | Sequence[str] = (), **kwargs: Any
+    ) -> None:
         super().__init__()
         probe = _TrioConsumer(brokers, group, topics, **kwargs)  # validates; no I/O
         kwargs["consumer_id"] = probe.consumer_id
@@ -483,7 +485,7 @@ class AsyncConsumer(_Front[_TrioConsumer]):
 
     async def _iterate(self) -> AsyncIterator[Message]:
         loop, core = self._ready()
-        it: _Iteration = loop.run_sync(core._iter_begin)  # quick: marks the consumer busy
+        it: Iteration = loop.run_sync(core.iteration)  # quick: marks the consumer busy
         per_msg = CHUNK_SECONDS
         clock = time.perf_counter
         done = 0
@@ -492,17 +494,16 @@ class AsyncConsumer(_Front[_TrioConsumer]):
                 limit = chunk_size(per_msg)
                 settled, done = done, 0
                 try:
-                    batch = await self._call(core._iter_next_batch, it, settled, limit)
+                    batch = await self._call(it.next_batch, settled, limit)
                 except ClientClosed:
                     if self._closed or self._closing:
                         return
                     raise
                 if batch is None:
                     return
-                q = it.current[0] if it.current is not None else None
                 t0 = clock()
                 for msg in batch:
-                    if core._stopping or (q is not None and q.stopped):
+                    if not it.live:  # stopped, or the batch's queue was lost
                         break
                     yield msg
                     done += 1
@@ -511,9 +512,45 @@ class AsyncConsumer(_Front[_TrioConsumer]):
         finally:
             if loop.alive:
                 try:  # not awaited (a finally of a cancelled generator): runs next on the loop
-                    loop.start_call(_end_iteration, core, it, done, on_done=_ignore)
+                    loop.start_call(_end_iteration, it, done, on_done=_ignore)
                 except ClientClosed:
                     pass
+
+    async def poll(self, timeout: float, max_messages: int = MAX_POLL) -> list[Message]:
+        """Wait up to ``timeout`` seconds for messages; return a batch of up to
+        ``max_messages`` (``[]`` when none came in time, or once stopped or closed), as
+        the blocking ``Consumer.poll``. What the previous poll returned is done now
+        (commit-on-poll: committed with the next commit, periodic, :meth:`commit`,
+        :meth:`commit_async` or the close). ``timeout=0`` returns what is buffered
+        already.
+
+        Cancelling the task awaiting it (``asyncio.timeout``, ``task.cancel()``) takes
+        nothing: a batch the trio loop had taken already when the cancellation landed
+        goes back first in line, and the next poll returns it. Do not await two polls of
+        one consumer at once.
+
+        Raises TypeError/ConfigError for a bad ``timeout`` or ``max_messages``,
+        RuntimeError when mixed with :meth:`run` or iteration (as the trio ``poll``)."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be seconds (a number), got {timeout!r}")
+        if not timeout >= 0:
+            raise ConfigError(f"timeout must be >= 0 seconds, got {timeout!r}")
+        if self._closed:
+            return []
+        loop, core = self._ready()
+        take = _PollTake(core, timeout, max_messages)
+        try:
+            return await self._call(take.run)
+        except asyncio.CancelledError:
+            try:  # quick, on the loop: a batch taken for this poll goes back
+                loop.run_sync(take.abandon)
+            except (ClientClosed, trio.RunFinishedError):
+                pass
+            raise
+        except ClientClosed:
+            if self._closed or self._closing:
+                return []
+            raise
 
     def stop(self) -> None:
         """Stop handing out messages; :meth:`run` returns, iteration ends (never
@@ -522,9 +559,34 @@ class AsyncConsumer(_Front[_TrioConsumer]):
             self._core.stop()
 
     async def commit(self) -> None:
-        """Commit offsets that moved, now (also done periodically and on close)."""
+        """Commit offsets that moved, now (also done periodically and on close); what
+        the last :meth:`poll` returned counts as done first."""
         _, core = self._ready()
         await self._call(core.commit)
+
+    def commit_async(self, callback: Callable[[EQueueError | None], Any] | None = None) -> None:
+        """Start a commit and return at once (the trio ``commit_async``): what the last
+        :meth:`poll` returned is marked done now, the commit runs on the trio loop.
+        ``callback(None)`` or ``callback(error)`` (an EQueueError; ClientClosed when the
+        consumer closed before the commit ended) is then called on the asyncio loop that
+        entered this consumer (a plain function: schedule a coroutine from it with
+        ``asyncio.ensure_future``; what it raises goes to that loop's exception
+        handler); without a callback a failure is logged. Raises ClientClosed when the
+        consumer is closed or not entered."""
+        _, core = self._ready()
+        if callback is None:
+            core.commit_async(None)
+            return
+        aio = self._aio
+        assert aio is not None  # set by start()
+
+        def on_trio_loop(error: EQueueError | None) -> None:
+            try:
+                aio.call_soon_threadsafe(callback, error)
+            except RuntimeError:  # the asyncio loop is closed: nobody to tell
+                pass
+
+        core.commit_async(on_trio_loop)
 
     def assignment(self) -> set[tuple[str, int]]:
         """The queues this member consumes now (``(topic, queue_id)`` tuples)."""
@@ -546,8 +608,8 @@ class AsyncConsumer(_Front[_TrioConsumer]):
         self._ready()[1].seek(topic, queue_id, offset)
 
     def assign(self, queues: Iterable[tuple[str, int]]) -> None:
-        """Consume exactly ``queues`` (a consumer made with ``group=None``; raises as
-        the trio ``assign``)."""
+        """Consume exactly ``queues`` (a consumer made without topics; raises as the
+        trio ``assign``)."""
         self._ready()[1].assign(queues)
 
     def statistics(self) -> ConsumerStatistics:
@@ -562,8 +624,41 @@ class AsyncConsumer(_Front[_TrioConsumer]):
         await self._close(lambda core: core.aclose())
 
 
-async def _end_iteration(core: _TrioConsumer, it: _Iteration, done: int) -> None:
-    core._iter_end(it, done)
+async def _end_iteration(it: Iteration, done: int) -> None:
+    it.end(done)
+
+
+class _PollTake:
+    """One :meth:`AsyncConsumer.poll` on the trio loop. Its batch must not be lost when
+    the asyncio caller is cancelled after the loop took it: :meth:`abandon` (the
+    cancelled caller's, on the loop) puts back a batch taken, and a batch taken after
+    it (the cancellation not yet landed on the loop) is put back by :meth:`run`
+    itself. Both run on the trio loop, so one of them always sees the other's mark."""
+
+    __slots__ = ("abandoned", "core", "max_messages", "taken", "timeout")
+
+    def __init__(self, core: _TrioConsumer, timeout: float, max_messages: int) -> None:
+        self.core = core
+        self.timeout = timeout
+        self.max_messages = max_messages
+        self.abandoned = False
+        self.taken = False
+
+    async def run(self) -> list[Message]:
+        msgs: list[Message] = []
+        with trio.move_on_after(self.timeout):
+            msgs = await self.core.poll(self.max_messages)
+        if msgs and self.abandoned:
+            self.core.undo_poll()
+            return []
+        self.taken = bool(msgs)
+        return msgs
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        if self.taken:
+            self.taken = False
+            self.core.undo_poll()
 
 
 def _ignore(_: outcome.Outcome[None]) -> None:

@@ -131,9 +131,10 @@ class Assignments:
         q.seek(offset, dropped, size, o.max_buffered_messages, o.max_buffered_bytes)
 
     def assign_manually(self, leases: list[Lease]) -> None:
-        """Manual assignment (no group): consume exactly ``leases``. Queues no longer
-        given are stopped (what they buffered is dropped; nothing is committed or
-        released: there is no lease), new ones start."""
+        """Manual assignment (no membership): consume exactly ``leases``. Queues no
+        longer given are stopped (what they buffered is dropped; nothing is released:
+        there is no lease) and, when offsets are committed (a group), committed once
+        their running handlers finished (:meth:`_commit_dropped`); new ones start."""
         wanted = set(leases)
         for lease, q in list(self.queues.items()):
             if lease not in wanted:
@@ -141,9 +142,20 @@ class Assignments:
                 q.stop()
                 self.dispatcher.drop(q)
                 log.info("consumer %s: no longer consuming %s", self.consumer_id, q.key)
+                if self.options.commit_offsets and self._nursery is not None:
+                    self._nursery.start_soon(self._commit_dropped, q)
         for lease in leases:
             if lease not in self.queues:
                 self.start(lease, retry=False)
+
+    async def _commit_dropped(self, q: ProcessQueue) -> None:
+        """Commit what was done of a queue manual assignment no longer gives, once its
+        handlers finished (or ``revoke_timeout``); a failure is logged."""
+        await self.wait_handlers([q], self.options.revoke_timeout)
+        try:
+            await self.committer.commit(q)
+        except EQueueError as exc:
+            log.warning("commit of %s (no longer assigned) failed: %s", q.key, exc)
 
     def start(self, lease: Lease, *, retry: bool) -> None:
         """Begin consuming a queue (its lease is held, or broadcast mode): its pull loop

@@ -66,7 +66,7 @@ from equeue.serde import deserialize_into
 
 log = logging.getLogger("equeue.consumer")
 
-__all__ = ["AsyncConsumer", "ConsumerStatistics"]
+__all__ = ["AsyncConsumer", "ConsumerStatistics", "Iteration", "queue_list"]
 
 #: seconds between the router's own route refreshes (each rebalance refreshes too)
 ROUTE_REFRESH = 30.0
@@ -74,7 +74,7 @@ ROUTE_REFRESH = 30.0
 T = TypeVar("T")
 
 
-def _queue_list(queues: Iterable[tuple[str, int]]) -> list[Lease]:
+def queue_list(queues: Iterable[tuple[str, int]]) -> list[Lease]:
     """``queues`` as a list of ``(topic, queue_id)`` tuples; TypeError for anything else
     (a lone tuple too: it is one queue, not a collection of them)."""
     if isinstance(queues, (str, bytes)) or not isinstance(queues, Iterable):
@@ -111,13 +111,6 @@ async def _task_nursery() -> AsyncGenerator[trio.Nursery, None]:
         raise body_error
 
 
-class _Iteration:
-    __slots__ = ("current",)
-
-    def __init__(self) -> None:
-        self.current: Item | None = None
-
-
 #: default of :meth:`AsyncConsumer.poll`'s ``max_messages`` (Kafka's ``max.poll.records``)
 MAX_POLL = 500
 
@@ -143,6 +136,74 @@ def _on_loop(token: trio.lowlevel.TrioToken) -> bool:
         return False
 
 
+class Iteration:
+    """One iteration over a consumer's messages, in batches: what ``async for`` on
+    :class:`AsyncConsumer` uses, and what a front driving the core from another thread
+    (the blocking ``Consumer``, the asyncio front) uses through its loop.
+
+    Made by :meth:`AsyncConsumer.iteration`, which marks the consumer as consumed by
+    iteration until :meth:`end`. Each :meth:`next_batch` says how many messages of the
+    batch handed out before were done (the rest go back first in line) and waits for
+    the next batch. :meth:`next_batch` and :meth:`end` run on the consumer's loop;
+    :attr:`live` may be read from any thread."""
+
+    __slots__ = ("_consumer", "_current", "_ended")
+
+    def __init__(self, consumer: AsyncConsumer) -> None:
+        self._consumer = consumer
+        #: the batch handed out last (its queue, its chunk), not settled yet
+        self._current: Item | None = None
+        self._ended = False
+
+    @property
+    def live(self) -> bool:
+        """Whether the rest of the batch handed out last may still be handed on: False
+        once the consumer stops, or once that batch's queue was stopped (revoked, lost,
+        no longer assigned, sought). A front stops yielding from the batch then; what it
+        did not yield is not done and goes back at the next :meth:`next_batch` or
+        :meth:`end`. A plain read of two flags: callable from any thread."""
+        if self._consumer.dispatcher.stopping:
+            return False
+        cur = self._current
+        return cur is None or not cur[0].stopped
+
+    async def next_batch(self, done: int, limit: int) -> list[Message] | None:
+        """The first ``done`` messages of the batch handed out last are done (the rest
+        go back first in line); wait for the next batch of up to ``limit`` messages of
+        one queue, or None once the consumer stopped. One loop hand-off per batch for a
+        front on another thread.
+
+        With deserializers, each message is deserialized here; a message one fails on
+        is handed out all the same, its ``value``/``key_value`` raising the
+        SerializationError (iteration has no retry path: the loop body decides).
+        Raises RuntimeError once :meth:`end` was called."""
+        if self._ended:
+            raise RuntimeError("this iteration has ended: start another with iteration()")
+        self._settle(done)
+        item = await self._consumer.dispatcher.next_batch(limit)
+        if item is None:
+            return None
+        self._current = item
+        self._consumer._deserialize(item[1])
+        return item[1]
+
+    def end(self, done: int = 0) -> None:
+        """End the iteration without asking for another batch: the first ``done``
+        messages of the batch handed out last are done, the rest (the message the loop
+        ended on among them) go back first in line (a later iteration, or a restart,
+        redelivers them). The consumer may then be consumed again. Idempotent."""
+        if self._ended:
+            return
+        self._ended = True
+        self._settle(done)
+        self._consumer._consuming = None
+
+    def _settle(self, done: int) -> None:
+        cur, self._current = self._current, None
+        if cur is not None:
+            self._consumer.dispatcher.settle(cur, done)
+
+
 class AsyncConsumer(StackOwner):
     """A member of a consumer group (trio). See docs/consumer.md.
 
@@ -151,10 +212,11 @@ class AsyncConsumer(StackOwner):
     (awaited in a task of the consumer); see docs/consumer.md, "Rebalance listeners".
 
     ``async with AsyncConsumer(brokers, group, topics, ...) as c: await c.run(handler)``
-    or ``async for msg in c: ...`` or ``await c.poll()``. ``group=None`` (no topics)
-    makes a consumer for manual assignment (:meth:`assign`): no group, no rebalance, no
-    lease, no commit. Raises ConfigError for invalid arguments; entering raises
-    ConnectionBroken when no broker is reachable.
+    or ``async for msg in c: ...`` or ``await c.poll()``. No topics makes a consumer
+    for manual assignment (:meth:`assign`): no membership, no rebalance, no lease; with
+    ``group=None`` no commit either, with a group its queues start at the group's
+    committed offsets and commit to it. Raises ConfigError for invalid arguments;
+    entering raises ConnectionBroken when no broker is reachable.
     """
 
     def __init__(
@@ -171,14 +233,12 @@ class AsyncConsumer(StackOwner):
         allocation: Any = "average",
         **options: Any,
     ) -> None:
-        #: no group: manual assignment (:meth:`assign`) only
-        self.manual = group is None
-        self.group = None if group is None else validate_group(group)
         names = [topics] if isinstance(topics, str) else list(topics)
-        if self.manual and names:
+        #: no topics: manual assignment (:meth:`assign`), with or without a group
+        self.manual = not names
+        self.group = None if group is None else validate_group(group)
+        if group is None and names:
             raise ConfigError("a consumer without a group subscribes to no topic: give it its queues with assign()")
-        if not self.manual and not names:
-            raise ConfigError("subscribe to at least one topic")
         self.topics = [validate_topic(t, allow_internal=True) for t in dict.fromkeys(names)]
         self.options = o = ConsumerOptions.build(
             mode=mode, start_from=start_from, tags=tags, orderly=orderly,
@@ -208,12 +268,18 @@ class AsyncConsumer(StackOwner):
         self._token: trio.lowlevel.TrioToken | None = None
         if self.manual:
             if o.mode != ConsumeMode.CLUSTERING:
-                raise ConfigError("a consumer without a group has no mode: it reads the queues assign() gives it")
+                raise ConfigError("a consumer with manual assignment has no mode: it reads the queues assign() gives it")
             if any(fn is not None for fn in (o.on_assigned, o.on_revoked, o.on_lost)):
-                raise ConfigError("a consumer without a group has no rebalance: on_assigned/on_revoked/on_lost "
-                                  "are for group members")  # fmt: skip
-            # nothing to commit to: each queue starts at start_from, or where seek() puts it
-            o = self.options = attrs.evolve(o, commit_offsets=False)
+                raise ConfigError("a consumer with manual assignment has no rebalance: on_assigned/on_revoked/on_lost "
+                                  "are for members subscribed to topics")  # fmt: skip
+            if self.group is None:
+                # nothing to commit to: each queue starts at start_from, or where seek() puts it
+                o = self.options = attrs.evolve(o, commit_offsets=False)
+            elif is_ephemeral(self.group):
+                raise ConfigError(
+                    f"group {self.group!r} is ephemeral (its offsets live only while it has members): a consumer "
+                    "with manual assignment is no member; use a durable group, or group=None"
+                )
         group_name = self.group or ""
         clustering = o.mode == ConsumeMode.CLUSTERING and not self.manual
         ephemeral = is_ephemeral(group_name)
@@ -227,8 +293,10 @@ class AsyncConsumer(StackOwner):
         self.counters = Counters()
         logs = RateLimitedLog(log, LOG_INTERVAL, trio.current_time)
         self.dispatcher = Dispatcher(o, self.counters)
-        committer = Committer(self.calls, group_name, self.consumer_id, o, store,
-                              regain=lambda: self.coordinator.heartbeat_now())  # fmt: skip
+        # manual assignment commits as no member (no consumer id): the broker takes such a
+        # commit for any queue, fencing none (docs/consumer.md, "Manual assignment")
+        committer = Committer(self.calls, group_name, "" if self.manual else self.consumer_id, o, store,
+                              regain=None if self.manual else lambda: self.coordinator.heartbeat_now())  # fmt: skip
         self._send_back = SendBack(
             self.calls, group_name, o, self.counters, self._retry_sent, logs
         )
@@ -240,7 +308,10 @@ class AsyncConsumer(StackOwner):
         poke = self._end_watch.poke if self._end_watch is not None else None
         self.dispatcher.on_progress = poke
         pull = PullLoop(
-            self.router.client_for, self.router.endpoint, self.router.settle, o, group_name if clustering else "", self.consumer_id if clustering else "",
+            # manual assignment with a group names it (an operator's group pause holds its
+            # pulls) but no member: there is no lease to check
+            self.router.client_for, self.router.endpoint, self.router.settle, o,
+            group_name if clustering or self.manual else "", self.consumer_id if clustering else "",
             self.counters, committer.start_offset, self.dispatcher.deliver, logs,
             dead_letter=self._send_back.dead_letter if clustering else None,
             regain=(lambda: self.coordinator.heartbeat_now()) if clustering else None,
@@ -351,7 +422,10 @@ class AsyncConsumer(StackOwner):
                 # on meanwhile: the leases stay held while it runs)
                 await a.revoke_all()
                 a.leaving = True
-                if not self.manual and (self.client.connected or a.queues):
+                if self.manual and self.group is not None and a.queues:
+                    with trio.move_on_after(self.options.connect_timeout + 5):
+                        await self.commit()  # to the group; no member to leave
+                elif not self.manual and (self.client.connected or a.queues):
                     with trio.move_on_after(self.options.connect_timeout + 5):
                         # a round still heartbeating (with this member's leases) would register
                         # the member again after its leave: a ghost holding its queues until the
@@ -403,43 +477,25 @@ class AsyncConsumer(StackOwner):
         return self._aiter()
 
     async def _aiter(self) -> AsyncIterator[Message]:
-        it = self._iter_begin()
+        it = self.iteration()
         try:
-            while True:
-                msg = await self._iter_next(it)
-                if msg is None:
+            while True:  # the message yielded before is done once the next is asked for
+                msgs = await it.next_batch(1, 1)
+                if msgs is None:
                     return
-                yield msg
+                yield msgs[0]
         finally:
-            self._iter_end(it)
+            it.end()  # the message the loop ended on is not done
 
-    def _iter_begin(self) -> _Iteration:
+    def iteration(self) -> Iteration:
+        """Start an iteration in batches (:class:`Iteration`): the interface of
+        ``async for`` for a front that drives this consumer from another thread. Call on
+        the consumer's loop; end it with :meth:`Iteration.end`. Raises RuntimeError when
+        the consumer is already consumed (by :meth:`run`, another iteration, or poll)."""
         if self._consuming:
             raise _busy(self._consuming, ITERATION)
         self._consuming = ITERATION
-        return _Iteration()
-
-    async def _iter_next(self, it: _Iteration) -> Message | None:
-        """Mark the previous message done; wait for the next (None once stopped)."""
-        msgs = await self._iter_next_batch(it, 1, 1)
-        return None if msgs is None else msgs[0]
-
-    async def _iter_next_batch(self, it: _Iteration, done: int, limit: int) -> list[Message] | None:
-        """The first ``done`` messages of the batch handed out last are done, the rest
-        go back first in line; wait for the next batch of up to ``limit`` messages of
-        one queue (None once stopped). One loop hand-off per batch for the blocking
-        iterator.
-
-        With deserializers, each message is deserialized here; a message one fails on
-        is handed out all the same, its ``value``/``key_value`` raising the
-        SerializationError (iteration has no retry path: the loop body decides)."""
-        self._iter_settle(it, done)
-        item = await self.dispatcher.next_batch(limit)
-        if item is None:
-            return None
-        it.current = item
-        self._deserialize(item[1])
-        return item[1]
+        return Iteration(self)
 
     def _deserialize(self, msgs: list[Message]) -> None:
         """Iteration and poll: deserialize each message as it is handed out; one a
@@ -451,18 +507,6 @@ class AsyncConsumer(StackOwner):
                     deserialize_into(m, o.key_deserializer, o.value_deserializer)
                 except SerializationError as exc:
                     m._set_failed(exc)
-
-    def _iter_settle(self, it: _Iteration, done: int) -> None:
-        cur, it.current = it.current, None
-        if cur is not None:
-            self.dispatcher.settle(cur, done)
-
-    def _iter_end(self, it: _Iteration, done: int = 0) -> None:
-        """The loop ended without asking for the next message: its message (and the
-        rest of its batch) is not done; put it back first in line (a later iteration,
-        or a restart, redelivers it). The ``done`` before it are done."""
-        self._iter_settle(it, done)
-        self._consuming = None
 
     # ------------------------------------------------------------------ poll
     async def poll(self, max_messages: int = MAX_POLL) -> list[Message]:
@@ -513,9 +557,11 @@ class AsyncConsumer(StackOwner):
         for item in items:
             self.dispatcher.settle(item, len(item[1]))
 
-    def _poll_undo(self) -> None:
-        """What the last poll returned never reached the application (a Ctrl-C took the
-        blocking front's wait): none of it is done; it goes back first in line, in order."""
+    def undo_poll(self) -> None:
+        """What the last :meth:`poll` returned never reached the application (a front's
+        wait for it was interrupted: Ctrl-C in the blocking front, a cancelled ``await``
+        in the asyncio one): none of it is done; it goes back first in line, in order,
+        and the next poll returns it. Call on the consumer's loop, before the next poll."""
         items, self._polled = self._polled, []
         for item in reversed(items):
             self.dispatcher.settle(item, 0)
@@ -554,7 +600,7 @@ class AsyncConsumer(StackOwner):
         Raises TypeError when ``queues`` is not a collection of ``(topic, queue_id)``
         tuples, ConfigError (nothing paused) when one is not assigned to this member
         (:meth:`assignment`)."""
-        leases = _queue_list(queues)
+        leases = queue_list(queues)
         self._on_own_loop(self.assignments.pause, leases)
 
     def resume(self, queues: Iterable[tuple[str, int]]) -> None:
@@ -562,7 +608,7 @@ class AsyncConsumer(StackOwner):
         last one delivered). Resuming a queue not paused does nothing. Raises as
         :meth:`pause` (ConfigError for a queue not assigned: a pause revoked with its
         queue is already gone)."""
-        leases = _queue_list(queues)
+        leases = queue_list(queues)
         self._on_own_loop(self.assignments.resume, leases)
 
     def paused(self) -> set[tuple[str, int]]:
@@ -649,18 +695,23 @@ class AsyncConsumer(StackOwner):
 
     def assign(self, queues: Iterable[tuple[str, int]]) -> None:
         """Consume exactly ``queues`` (``(topic, queue_id)`` tuples; Kafka's ``assign``):
-        a consumer made with ``group=None`` only. Queues newly given start at
-        ``start_from`` (then :meth:`seek` them), queues no longer given are stopped
-        (what was buffered from them is dropped), queues given again go on where they
-        stood. No rebalance, no lease, no commit. Callable from any thread once entered.
+        a consumer made without topics only. Queues newly given start at the group's
+        committed offset when there is one (``group=None``: never), else at
+        ``start_from`` (then :meth:`seek` them); queues no longer given are stopped (what
+        was buffered from them is dropped; with a group, what was done of them is
+        committed once their running handlers finished); queues given again go on where
+        they stood. No rebalance, no lease, no heartbeat. Callable from any thread once
+        entered.
 
-        Raises TypeError for a bad ``queues``, ConfigError for a consumer of a group
-        (its queues come from the group) or an invalid topic name, ClientClosed before
-        entry or once closed."""
-        leases = _queue_list(queues)
+        Raises TypeError for a bad ``queues``, ConfigError for a consumer subscribed to
+        topics (its queues come from its group's rebalance: subscription and manual
+        assignment do not mix) or an invalid topic name, ClientClosed before entry or
+        once closed."""
+        leases = queue_list(queues)
         if not self.manual:
-            raise ConfigError(f"assign() is for a consumer without a group; members of group {self.group!r} "
-                              "get their queues from the group (subscription)")  # fmt: skip
+            raise ConfigError(f"assign() is for a consumer made without topics (manual assignment); this member of "
+                              f"group {self.group!r} subscribes to {self.topics} and gets its queues from the "
+                              "group's rebalance: subscription and manual assignment do not mix")  # fmt: skip
         for topic, _ in leases:
             validate_topic(topic)
         self._on_own_loop(self._assign, leases)

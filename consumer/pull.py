@@ -78,7 +78,9 @@ class PullLoop:
     endpoint: Callable[[str, int], Endpoint]
     settle: Callable[[str, int, Endpoint, float], Awaitable[None]]
     options: ConsumerOptions
+    #: the group named in pulls (an operator's pause of it holds them); "" for none
     group: str
+    #: the member named in pulls (the broker checks it holds the queue's lease); "" for none
     consumer_id: str
     counters: Counters
     start_offset: Callable[[ProcessQueue], Awaitable[int]]
@@ -178,7 +180,7 @@ class PullLoop:
                 continue
             except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
                 client = None
-                if self.group:  # the lease is unconfirmed until a pull is answered again
+                if self.consumer_id:  # the lease is unconfirmed until a pull is answered again
                     q.suspended = True
                 failures += 1
                 level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING

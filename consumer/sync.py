@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 import trio
 
 from equeue.client.syncfront import LoopThread, SyncFront
-from equeue.consumer.core import MAX_POLL, AsyncConsumer, ConsumerStatistics, _queue_list, log
+from equeue.consumer.core import MAX_POLL, AsyncConsumer, ConsumerStatistics, queue_list
 from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.models import Message
@@ -205,8 +205,9 @@ class Consumer(SyncFront[AsyncConsumer]):
     :class:`~equeue.consumer.core.AsyncConsumer`; joins the group on the first
     :meth:`run` or iteration. The rebalance listeners (``on_assigned``, ``on_revoked``,
     ``on_lost``) are plain functions, each call run in a worker thread of the loop
-    (docs/consumer.md, "Rebalance listeners"). ``group=None`` (no topics): manual
-    assignment with :meth:`assign`. Raises ConfigError for invalid arguments, TypeError
+    (docs/consumer.md, "Rebalance listeners"). No topics: manual assignment with
+    :meth:`assign` (with a group: its committed offsets, commits to it; ``None``: no
+    commit). Raises ConfigError for invalid arguments, TypeError
     for an async listener."""
 
     def __init__(
@@ -351,7 +352,7 @@ class Consumer(SyncFront[AsyncConsumer]):
         line) before KeyboardInterrupt is raised."""
         loop, core = self._ensure()
         assert isinstance(loop, _Loop)
-        it = loop.run_sync(core._iter_begin)
+        it = loop.run_sync(core.iteration)
         per_msg = CHUNK_SECONDS  # moving average of the loop body, seconds per message
         clock = time.perf_counter
         done = 0
@@ -361,7 +362,7 @@ class Consumer(SyncFront[AsyncConsumer]):
                 # once handed over, the loop owns the count (an interrupted hand-off may
                 # or may not have settled it: then those messages are redelivered)
                 settled, done = done, 0
-                pending = loop.submit(core._iter_next_batch, it, settled, limit)
+                pending = loop.submit(it.next_batch, settled, limit)
                 try:
                     batch = pending.wait()
                 except KeyboardInterrupt:
@@ -374,10 +375,9 @@ class Consumer(SyncFront[AsyncConsumer]):
                     raise
                 if batch is None:
                     return
-                q = it.current[0] if it.current is not None else None
                 t0 = clock()
                 for msg in batch:
-                    if core._stopping or (q is not None and q.stopped):
+                    if not it.live:  # stopped, or the batch's queue was lost
                         break
                     yield msg
                     done += 1
@@ -386,7 +386,7 @@ class Consumer(SyncFront[AsyncConsumer]):
         finally:
             if loop.alive:
                 try:
-                    loop.run_sync(core._iter_end, it, done)
+                    loop.run_sync(it.end, done)
                 except (trio.RunFinishedError, ClientClosed):
                     pass
 
@@ -429,7 +429,7 @@ class Consumer(SyncFront[AsyncConsumer]):
             pending.cancel()  # a wait cancelled takes nothing
             pending.wait_through_interrupts()
             if pending.took_messages():  # it had returned a batch before the cancel landed
-                loop.run_sync(core._poll_undo)  # not handed out: back first in line
+                loop.run_sync(core.undo_poll)  # not handed out: back first in line
             raise
         except (_Cancelled, trio.Cancelled, trio.RunFinishedError, ClientClosed):
             if self._closed:
@@ -450,15 +450,8 @@ class Consumer(SyncFront[AsyncConsumer]):
         consumer's loop) the commit is scheduled: it runs once the handler returns."""
         if self._on_loop():
             core = self._core
-            assert core is not None and core._nursery is not None
-
-            async def commit() -> None:
-                try:
-                    await core.commit()
-                except EQueueError as exc:
-                    log.warning("offset commit failed: %s", exc)
-
-            core._nursery.start_soon(commit)
+            assert core is not None
+            core.commit_async()  # runs once the handler returns; a failure is logged
             return
         listening: AsyncConsumer | None = getattr(self._local, "core", None)
         if listening is not None:  # in a rebalance listener (a worker thread of the loop)
@@ -480,10 +473,10 @@ class Consumer(SyncFront[AsyncConsumer]):
         self._core_here().seek(topic, queue_id, offset)
 
     def assign(self, queues: Iterable[tuple[str, int]]) -> None:
-        """Consume exactly ``queues`` (a consumer made with ``group=None``:
+        """Consume exactly ``queues`` (a consumer made without topics:
         :meth:`AsyncConsumer.assign`, which raises the same errors); starts the
         consumer's loop first if needed."""
-        leases = _queue_list(queues)
+        leases = queue_list(queues)
         self._core_here().assign(leases)
 
     def assignment(self) -> set[tuple[str, int]]:
@@ -496,12 +489,12 @@ class Consumer(SyncFront[AsyncConsumer]):
         still handled (:meth:`AsyncConsumer.pause`, which raises the same errors).
         Callable from a handler or any thread; joins the group first if needed (a bad
         ``queues`` raises TypeError before)."""
-        leases = _queue_list(queues)
+        leases = queue_list(queues)
         self._core_here().pause(leases)
 
     def resume(self, queues: Iterable[tuple[str, int]]) -> None:
         """Fetch from ``queues`` again (:meth:`AsyncConsumer.resume`)."""
-        leases = _queue_list(queues)
+        leases = queue_list(queues)
         self._core_here().resume(leases)
 
     def paused(self) -> set[tuple[str, int]]:

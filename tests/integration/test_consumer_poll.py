@@ -321,7 +321,7 @@ def test_a_batch_whose_poll_was_interrupted_is_delivered_again(embedded_broker: 
         loop, core = con._ensure()
         taken = loop.run(lambda: core.poll(3))  # the loop's poll returned this batch...
         assert [m.text for m in taken] == ["m3", "m4", "m5"]
-        loop.run_sync(core._poll_undo)  # ...and the interrupted front put it back
+        loop.run_sync(core.undo_poll)  # ...and the interrupted front put it back
         con.commit()  # what was polled before is done; the batch put back is not
         with Client(addr) as c:
             assert c.query_offset("gpi", "pi", 0) == 3

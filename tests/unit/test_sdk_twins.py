@@ -44,6 +44,10 @@ RENAMED = {
 
 _LOOP = "loop-thread plumbing of the trio client: callable on its own trio loop only"
 _WITH = "a blocking front is a plain context manager (with), not an async one"
+_CONSUMER_LOOP = (
+    "the core's interface for a front on another thread: the front iterates with its own "
+    "iterator, and puts back a batch its interrupted poll took"
+)
 _NOWAIT = "never blocks and is callable on the trio loop only; the front's send_async is its non-blocking send"
 
 #: (front class name qualified by module, core method) -> why the front differs
@@ -96,14 +100,18 @@ DIFFERENCES: dict[tuple[str, str], str] = {
         "flush(timeout): a blocking caller bounds the wait with a timeout; "
         "the async flush() is bounded by the caller's cancel scope"
     ),
-    ("equeue.consumer.sync.Consumer", "poll"): (
-        "poll(timeout, max_messages): a blocking caller bounds the wait with a timeout; "
-        "the async poll is bounded by the caller's cancel scope"
-    ),
-    ("equeue.aio.front.AsyncConsumer", "poll"): "not yet in the asyncio front (it iterates: async for)",
-    ("equeue.aio.front.AsyncConsumer", "commit_async"): (
-        "not yet in the asyncio front (its callback would need a crossing to the asyncio loop)"
-    ),
+    **{
+        (front, "poll"): (
+            "poll(timeout, max_messages): a caller on another thread or loop bounds the wait with a "
+            "timeout, as confluent-kafka's; the trio poll is bounded by the caller's cancel scope"
+        )
+        for front in ("equeue.consumer.sync.Consumer", "equeue.aio.front.AsyncConsumer")
+    },
+    **{
+        (front, name): _CONSUMER_LOOP
+        for front in ("equeue.consumer.sync.Consumer", "equeue.aio.front.AsyncConsumer")
+        for name in ("iteration", "undo_poll")
+    },
 }
 
 
