@@ -282,6 +282,32 @@ def test_dead_letters_page_matches_the_broker(
     shoot(page, "dead-letters", tmp_path)
 
 
+def test_dead_letters_page_refreshes_but_not_while_a_box_is_ticked(
+    admin_page: Any, console_url: str
+) -> None:
+    """The page asks for itself again every few seconds, except while a letter is
+    ticked: a refresh would untick it (console.js cancels the request)."""
+    page = admin_page
+    page.goto(f"{console_url}/dlq/{GROUP}")
+    page.evaluate(
+        """() => {
+        window.refreshes = {skipped: 0, swapped: 0};
+        document.addEventListener("htmx:beforeRequest", (e) => {
+            if (e.detail.elt.id === "live" && e.defaultPrevented) window.refreshes.skipped++;
+        });
+        document.addEventListener("htmx:afterSwap", () => { window.refreshes.swapped++; });
+    }"""
+    )
+    box = page.get_by_test_id("dlq-select").first
+    box.check()
+    page.wait_for_function("() => window.refreshes.skipped >= 1")
+    assert page.evaluate("() => window.refreshes.swapped") == 0
+    expect(box).to_be_checked()
+    box.uncheck()
+    page.wait_for_function("() => window.refreshes.swapped >= 1")  # refreshed again
+    expect(page.get_by_test_id("dlq-row")).not_to_have_count(0)
+
+
 # ----------------------------------------------------------------------------- the limited user
 def test_a_limited_user_sees_what_the_broker_shows_it(
     alice_page: Any, alice_client: Client, console_url: str
