@@ -33,8 +33,10 @@ def register(app: typer.Typer) -> None:
         ),
         host: str = typer.Option("127.0.0.1", "--host", help="Address the console listens on."),
         port: int = typer.Option(DEFAULT_PORT, "--port", help="Port the console listens on (0: a free one, printed)."),
-        certfile: Path | None = typer.Option(None, "--certfile", help="PEM certificate chain: serve the console over HTTPS."),
-        keyfile: Path | None = typer.Option(None, "--keyfile", help="PEM key of --certfile (default: in --certfile)."),
+        certfile: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate chain: serve the console over HTTPS (as broker start's --tls-cert)."),
+        keyfile: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert (default: in the --tls-cert file)."),
+        old_certfile: Path | None = typer.Option(None, "--certfile", hidden=True, help="The old name of --tls-cert."),
+        old_keyfile: Path | None = typer.Option(None, "--keyfile", hidden=True, help="The old name of --tls-key."),
         session_idle: float = typer.Option(1800.0, "--session-idle", help="Seconds without a request after which a sign-in ends."),
         sample_interval: float = typer.Option(5.0, "--sample-interval", help="Seconds between two samples of the charts (15 minutes kept)."),
         max_connections: int = typer.Option(256, "--max-connections", help="Most connections served at once: one more is answered 503 and closed."),
@@ -52,8 +54,11 @@ def register(app: typer.Typer) -> None:
         from equeue.users import is_loopback
 
         setup_logging(log_level)
+        if (certfile and old_certfile) or (keyfile and old_keyfile):
+            fail("--certfile and --keyfile are the old names of --tls-cert and --tls-key: give one of each")
+        certfile, keyfile = certfile or old_certfile, keyfile or old_keyfile
         if keyfile is not None and certfile is None:
-            fail("--keyfile needs --certfile")
+            fail("--tls-key needs --tls-cert")
         if session_idle <= 0 or sample_interval <= 0:
             fail("--session-idle and --sample-interval must be above 0")
         if max_connections < 1:
@@ -65,7 +70,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         if ssl_context is None and not is_loopback(host):
             err_console.print(f"[bold red]warning:[/] the console listens on {host} without TLS: passwords "
-                              "cross the network in the clear (give --certfile)", highlight=False)  # fmt: skip
+                              "cross the network in the clear (give --tls-cert)", highlight=False)  # fmt: skip
         config = ConsoleConfig(brokers, security=security, session_idle=session_idle,
                                sample_interval=sample_interval, https=ssl_context is not None,
                                max_connections=max_connections)  # fmt: skip

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
+from equeue import Message, control, wire
 from equeue.client.sync import Client
 from equeue.errors import TopicPaused
 from equeue.producer import Producer
@@ -281,6 +282,32 @@ def test_dead_letters_page_matches_the_broker(
     shoot(page, "dead-letters", tmp_path)
 
 
+def test_dead_letters_page_refreshes_but_not_while_a_box_is_ticked(
+    admin_page: Any, console_url: str
+) -> None:
+    """The page asks for itself again every few seconds, except while a letter is
+    ticked: a refresh would untick it (console.js cancels the request)."""
+    page = admin_page
+    page.goto(f"{console_url}/dlq/{GROUP}")
+    page.evaluate(
+        """() => {
+        window.refreshes = {skipped: 0, swapped: 0};
+        document.addEventListener("htmx:beforeRequest", (e) => {
+            if (e.detail.elt.id === "live" && e.defaultPrevented) window.refreshes.skipped++;
+        });
+        document.addEventListener("htmx:afterSwap", () => { window.refreshes.swapped++; });
+    }"""
+    )
+    box = page.get_by_test_id("dlq-select").first
+    box.check()
+    page.wait_for_function("() => window.refreshes.skipped >= 1")
+    assert page.evaluate("() => window.refreshes.swapped") == 0
+    expect(box).to_be_checked()
+    box.uncheck()
+    page.wait_for_function("() => window.refreshes.swapped >= 1")  # refreshed again
+    expect(page.get_by_test_id("dlq-row")).not_to_have_count(0)
+
+
 # ----------------------------------------------------------------------------- the limited user
 def test_a_limited_user_sees_what_the_broker_shows_it(
     alice_page: Any, alice_client: Client, console_url: str
@@ -392,6 +419,35 @@ def test_reset_a_groups_offsets(admin_page: Any, admin_client: Client, console_u
         )
 
 
+def test_reset_a_groups_offsets_to_a_time(
+    admin_page: Any, admin_client: Client, console_url: str
+) -> None:
+    """To a time: each queue's offset becomes the broker's first message stored at or
+    after it (a message sent now is after every seeded one)."""
+    at = admin_client.queue_offsets(PAYMENTS, 0).max_offset
+    entry = wire.encode_entry(Message(b"after the seed"))
+    admin_client.produce(wire.ProduceRequest(PAYMENTS, 0, [entry], auto_create=False))
+    [later] = admin_client.get_message(PAYMENTS, 0, at).messages
+    want = {q: admin_client.offset_for_time(PAYMENTS, q, later.timestamp) for q in (0, 1)}
+    before = {q.queue_id: q.committed for q in admin_client.describe_group(RESET_GROUP).queues}
+    assert want[0] == at and want != before
+    page = admin_page
+    page.goto(f"{console_url}/groups/{RESET_GROUP}")
+    page.get_by_test_id("reset-topic").select_option(PAYMENTS)
+    page.get_by_test_id("reset-to").select_option("time")
+    page.get_by_test_id("reset-time").fill(str(later.timestamp))
+    follow(page.get_by_test_id("reset-submit"))
+    expect(page.get_by_test_id("flash")).to_contain_text(
+        f"group {RESET_GROUP}: offsets of {PAYMENTS} reset to time (0→{want[0]}, 1→{want[1]})"
+    )
+    after = {q.queue_id: q for q in admin_client.describe_group(RESET_GROUP).queues}
+    assert {q: a.committed for q, a in after.items()} == want
+    for q, a in after.items():
+        row = page.locator(f'[data-testid="group-queue-row"][data-queue="{q}"]')
+        expect(row.get_by_test_id("committed")).to_have_text(str(a.committed))
+        expect(row.get_by_test_id("lag")).to_have_text(str(a.lag))
+
+
 def test_resend_a_dead_letter(admin_page: Any, admin_client: Client, console_url: str) -> None:
     page = admin_page
     first, *rest = admin_client.dlq_list(GROUP).letters
@@ -423,6 +479,47 @@ def test_resend_a_dead_letter(admin_page: Any, admin_client: Client, console_url
         admin_client.queue_offsets(first.origin_topic, first.origin_queue).max_offset
         == origin_end + 1
     )
+
+
+def test_resend_the_selected_dead_letters(
+    admin_page: Any, admin_client: Client, console_url: str
+) -> None:
+    """Two of three new dead letters ticked and resent: the broker resends those two
+    (back in their origin queues), not the third."""
+    known = {d.id for d in admin_client.dlq_list(GROUP).letters}
+    for q, offset in ((2, 0), (2, 1), (0, 1)):
+        assert admin_client.send_back(
+            GROUP, ORDERS, q, offset, reconsume_times=16, max_reconsume_times=16
+        ).dead_lettered
+    by_origin = {
+        (d.origin_queue, d.origin_offset): d
+        for d in admin_client.dlq_list(GROUP).letters
+        if d.id not in known
+    }
+    new = [by_origin[(2, 0)], by_origin[(2, 1)], by_origin[(0, 1)]]
+    assert len(by_origin) == 3 and not any(d.resent for d in new)
+    *chosen, left = new
+    ends = {q: admin_client.queue_offsets(ORDERS, q).max_offset for q in (0, 2)}
+    page = admin_page
+    page.goto(f"{console_url}/dlq/{GROUP}")
+    for d in chosen:
+        page.locator(f'[data-testid="dlq-row"][data-id="{d.id}"]').get_by_test_id(
+            "dlq-select"
+        ).check()
+    follow(page.get_by_test_id("dlq-resend-selected"))
+    expect(page.get_by_test_id("flash")).to_contain_text("resent 2 dead letter(s)")
+    # the broker: the two ticked are resent and back at the end of their origin queues
+    letters = {d.id: d for d in admin_client.dlq_list(GROUP).letters}
+    assert [letters[d.id].resent for d in new] == [True, True, False]
+    assert {
+        q: admin_client.queue_offsets(ORDERS, q).max_offset - end for q, end in ends.items()
+    } == {0: 0, 2: 2}
+    back = [admin_client.get_message(ORDERS, 2, ends[2] + i).messages[0].body for i in range(2)]
+    assert back == [base64.b64decode(d.body) for d in chosen]
+    # the page
+    for d, state in ((chosen[0], "resent"), (chosen[1], "resent"), (left, "dead")):
+        row = page.locator(f'[data-testid="dlq-row"][data-id="{d.id}"]')
+        expect(row.get_by_test_id("dlq-state")).to_have_text(state)
 
 
 def test_delete_a_topic_after_confirmation(
@@ -470,12 +567,29 @@ def test_pause_and_resume_a_topic_and_a_group(
     assert [m.body for m in admin_client.get_message(topic, 0, served.queue_offset).messages] == [
         b"served"
     ]
-    # a group: its pulls are held while paused (the broker says so), and served after
-    page.goto(f"{console_url}/groups/{GROUP}")
-    follow(page.get_by_test_id("pause-group"))
-    expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} paused")
-    expect(page.get_by_test_id("group-paused")).to_have_text("yes")
-    assert admin_client.describe_group(GROUP).paused
-    follow(page.get_by_test_id("resume-group"))
-    expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} resumed")
-    assert not admin_client.describe_group(GROUP).paused
+    # a group: a member's pull gets nothing while paused, though messages wait, and is served after
+    member = "paused-member"
+    lease = f"{ORDERS}/0"
+    joined = admin_client.heartbeat(
+        control.Heartbeat(GROUP, member, [ORDERS], host="test", acquire=[lease])
+    )
+    assert lease in joined.held
+    try:
+        offset = admin_client.query_offset(GROUP, ORDERS, 0)
+        pull = wire.PullRequest(ORDERS, 0, offset, group=GROUP, consumer_id=member)
+        assert admin_client.queue_offsets(ORDERS, 0).max_offset > offset  # messages to deliver
+        page.goto(f"{console_url}/groups/{GROUP}")
+        follow(page.get_by_test_id("pause-group"))
+        expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} paused")
+        expect(page.get_by_test_id("group-paused")).to_have_text("yes")
+        assert admin_client.describe_group(GROUP).paused
+        held = admin_client.pull(pull)
+        assert held.messages == [] and held.max_offset > offset
+        follow(page.get_by_test_id("resume-group"))
+        expect(page.get_by_test_id("flash")).to_contain_text(f"group {GROUP} resumed")
+        assert not admin_client.describe_group(GROUP).paused
+        served = admin_client.pull(pull)
+        want = admin_client.get_message(ORDERS, 0, offset).messages[0]
+        assert served.messages and served.messages[0].body == want.body
+    finally:
+        admin_client.leave_group(GROUP, member)

@@ -54,6 +54,36 @@ def test_topic_commands_print_one_json_document(embedded_broker: EmbeddedBroker)
     assert res.exit_code == 0 and res.stdout.startswith("topic jt2: 4 queues")
 
 
+def test_describe_says_paused_in_its_first_line_and_in_its_json(embedded_broker: EmbeddedBroker) -> None:
+    """``topic describe`` and ``group describe``: a pause is said in the heading line,
+    and ``group describe --json`` carries it as ``paused``."""
+    b = ("-b", embedded_broker.address)
+    with Client(embedded_broker.address) as c:
+        c.create_topic("pt", 1)
+        c.commit_offset("pg", "pt", 0, 0)
+
+    def heading(*args: str) -> str:
+        """The human output's heading: the text before the table (wrapped to the
+        terminal's width, so joined back into one line)."""
+        res = run(*args, *b)
+        assert res.exit_code == 0, res.output
+        return " ".join(res.stdout.split("┏")[0].split())
+
+    assert "PAUSED" not in heading("topic", "describe", "pt")
+    assert "PAUSED" not in heading("group", "describe", "pg")
+    assert answer("group", "describe", "pg", *b)["paused"] is False
+    answer("topic", "pause", "pt", *b)
+    answer("group", "pause", "pg", *b)
+    assert heading("topic", "describe", "pt").endswith(", PAUSED (produce refused)")
+    assert heading("group", "describe", "pg").endswith(", PAUSED (pulls held)")
+    assert answer("group", "describe", "pg", *b)["paused"] is True
+    answer("topic", "resume", "pt", *b)
+    answer("group", "resume", "pg", *b)
+    assert "PAUSED" not in heading("topic", "describe", "pt")
+    assert "PAUSED" not in heading("group", "describe", "pg")
+    assert answer("group", "describe", "pg", *b)["paused"] is False
+
+
 def test_message_commands_print_one_json_document(embedded_broker: EmbeddedBroker) -> None:
     b = ("-b", embedded_broker.address)
     with Client(embedded_broker.address) as c:

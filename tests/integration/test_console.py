@@ -243,6 +243,36 @@ def test_reset_offsets_and_dead_letter_resend_change_the_broker(open_broker: Emb
         assert "resent 1 dead letter(s), 1 resent before" in client.get("/dlq/rg").text
 
 
+def live_part(html: str) -> str:
+    """The opening tag of the page's refreshed part (``id="live"``), or "" without one."""
+    m = re.search(r'<div id="live"[^>]*>', html)
+    return m.group(0) if m else ""
+
+
+def test_the_list_pages_refresh_themselves_and_the_lookup_page_does_not(open_broker: EmbeddedBroker) -> None:
+    """Each list page (the dead letters' too) asks its own URL again every
+    ``refresh_s`` and swaps in its ``#live`` part; the message lookup is one-shot."""
+    with Client(open_broker.address) as c:
+        c.create_topic("refreshed", 1, exist_ok=True)
+        c.produce(wire.ProduceRequest("refreshed", 0, [wire.encode_entry(Message("looked up"))]))
+        c.commit_offset("rfg", "refreshed", 0, 0)
+    with console(open_broker.address, refresh_s=2.5) as (client, _):
+        for path in ("/", "/cluster", "/topics", "/topics/refreshed", "/groups", "/groups/rfg", "/dlq",
+                     "/dlq/rfg", "/dlq/rfg?queue=0&offset=0"):  # fmt: skip
+            live = live_part(client.get(path).text)
+            assert f'hx-get="{path.replace("&", "&amp;")}"' in live, (path, live)
+            assert 'hx-trigger="every 2500ms"' in live and 'hx-select="#live"' in live, (path, live)
+            assert 'hx-swap="outerHTML"' in live, (path, live)
+        # the dead letters' refreshed part holds the list (the group form stays above it)
+        dlq = client.get("/dlq").text
+        assert dlq.index('data-testid="dlq-group-form"') < dlq.index('id="live"') < dlq.index('data-testid="dlq-groups"')
+        letters = client.get("/dlq/rfg").text
+        assert letters.index('id="live"') < letters.index('data-testid="dlq-table"')
+        found = client.get("/messages", params={"by": "queue", "topic": "refreshed", "queue": "0", "offset": "0"})
+        assert texts(found.text, "message-body") == ["looked up"]
+        assert live_part(found.text) == "" and "hx-trigger" not in found.text
+
+
 def test_a_reset_is_refused_while_members_are_live_unless_forced(open_broker: EmbeddedBroker) -> None:
     with Client(open_broker.address) as c:
         c.create_topic("live", 1, exist_ok=True)

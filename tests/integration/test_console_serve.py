@@ -119,12 +119,19 @@ def test_bad_console_flags_are_one_error_line(tmp_path: Path) -> None:
     from equeue.cli import app
 
     for args, message in (
-        (["--keyfile", "k.pem"], "--keyfile needs --certfile"),
+        (["--tls-key", "k.pem"], "--tls-key needs --tls-cert"),
+        (["--tls-cert", str(tmp_path / "missing.pem")], "cannot load the console's certificate"),
+        # the old names still work, hidden from --help
+        (["--keyfile", "k.pem"], "--tls-key needs --tls-cert"),
         (["--certfile", str(tmp_path / "missing.pem")], "cannot load the console's certificate"),
+        (["--tls-cert", "c.pem", "--certfile", "c.pem"], "the old names of --tls-cert and --tls-key"),
         (["--session-idle", "0"], "must be above 0"),
     ):
         res = CliRunner().invoke(app, ["console", "--port", "0", *args])
         assert res.exit_code == 1 and message in res.stderr, (args, res.stderr)
+    shown = CliRunner().invoke(app, ["console", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "--tls-cert" in shown and "--tls-key" in shown
+    assert "--certfile" not in shown and "--keyfile" not in shown
 
 
 def test_max_connections_caps_the_console(embedded_broker: EmbeddedBroker) -> None:

@@ -102,4 +102,4 @@ def test_the_documented_example_is_a_full_and_valid_file(tmp_path: Path) -> None
     assert {key for _, key in settings.values()} | commented == every
     values = {name: value for name, (value, _) in settings.items() if name in OPTION_FIELDS}
     cfg = build_config(settings["data_dir"][0], values, str)  # type: ignore[arg-type]
-    assert cfg.map_size == 64 << 30 and cfg.http_port == 5880 and cfg.retention_bytes is None
+    assert cfg.map_size == 64 << 30 and cfg.http_port == 5890 and cfg.retention_bytes is None

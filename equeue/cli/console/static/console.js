@@ -1,6 +1,7 @@
 // The console's own script: draws the uPlot charts from the JSON their page embeds
-// (again after every htmx refresh), sends the CSRF token with htmx requests, and
-// ticks "select all" boxes. No inline scripts: the pages' CSP forbids them.
+// (again after every htmx refresh), sends the CSRF token with htmx requests, ticks
+// "select all" boxes, and skips a page's refresh while a box of it is ticked (the
+// refresh would untick it: the dead letters' selection). No inline scripts: the pages' CSP forbids them.
 (function () {
   "use strict";
   var COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
@@ -51,6 +52,10 @@
   document.addEventListener("htmx:configRequest", function (e) {
     var meta = document.querySelector('meta[name="csrf-token"]');
     if (meta) e.detail.headers["X-CSRF-Token"] = meta.content;
+  });
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    var elt = e.detail && e.detail.elt;
+    if (elt && elt.id === "live" && elt.querySelector("input[type=checkbox]:checked")) e.preventDefault();
   });
   document.addEventListener("change", function (e) {
     var t = e.target;
