@@ -2,7 +2,7 @@
 for asyncio code (``asyncio.run``, uvloop, Starlette/FastAPI, aiohttp).
 
 The cores stay trio. Each front owns a private trio loop thread
-(:class:`equeue.client.syncfront.LoopThread`, the one the blocking SDK runs on) with the
+(:class:`equeue.client.loop_thread.LoopThread`, the one the blocking SDK runs on) with the
 trio core entered on it; every call is started on that loop without blocking
 (:meth:`LoopThread.start_call`) and awaited on the caller's asyncio loop through an
 asyncio future settled with ``loop.call_soon_threadsafe``. The logic exists once, in the
@@ -47,10 +47,10 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 import outcome
 import trio
 
-from equeue.client.connection import AsyncClient as _TrioClient
-from equeue.client.syncfront import CallCancelled, LoopThread
-from equeue.consumer.core import MAX_POLL, ConsumerStatistics, Iteration
-from equeue.consumer.core import AsyncConsumer as _TrioConsumer
+from equeue.client.async_client import AsyncClient as _TrioClient
+from equeue.client.loop_thread import CallCancelled, LoopThread
+from equeue.consumer.async_consumer import MAX_POLL, ConsumerStatistics, Iteration
+from equeue.consumer.async_consumer import AsyncConsumer as _TrioConsumer
 from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.consumer.invoke import ChunkHandler, Invoke, Stopping, deserializing, run_chunks
 from equeue.consumer.options import ConsumerOptions

@@ -103,7 +103,7 @@ class CommitHooks(Protocol):
 
     - :meth:`written`: **writer thread** (or the loop, for an inline commit), right
       after the commit, before its answers are posted to the loop: the broker answers
-      parked pulls there (:mod:`equeue.broker.thread_answer`, the one thread crossing).
+      parked pulls there (:mod:`equeue.broker.writer_answers`, the one thread crossing).
     - :meth:`hold`: loop thread, with the ops of a committed transaction: True when the
       hooks took them, to answer later (:meth:`Appender.release` /
       :meth:`Appender.fail`: acks after replication); False: they are answered now.

@@ -3,7 +3,7 @@ queue wakes it or its hold time ends (EQueue's SuspendedPullRequestManager).
 
 A parked pull may carry an ``answer`` function, which the appender's writer thread
 calls right after the commit that touched the pull's queue: the one thread crossing,
-described (with its measurement) in :mod:`equeue.broker.thread_answer`. When the writer
+described (with its measurement) in :mod:`equeue.broker.writer_answers`. When the writer
 thread cannot answer (nothing new for this pull, the socket busy), the pull task
 wakes and reads as before.
 

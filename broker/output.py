@@ -32,7 +32,7 @@ through :meth:`Output.wait_changed`). Past ``hard`` nothing more is queued.
 
 Every frame comes from the codec (:mod:`equeue.codec`); this module only moves
 bytes. All of it runs on the loop except :meth:`Output.write_from_thread`, the
-socket end of the one thread crossing (:mod:`equeue.broker.thread_answer`, direct mode
+socket end of the one thread crossing (:mod:`equeue.broker.writer_answers`, direct mode
 only); ``_lock`` exists for it alone.
 """
 
@@ -258,7 +258,7 @@ class Output:
         return not self._busy and not self._no_direct
 
     def write_from_thread(self, request_id: int, parts: list[bytes]) -> int:
-        """Writer thread (:mod:`equeue.broker.thread_answer`): write the OK answer to request
+        """Writer thread (:mod:`equeue.broker.writer_answers`): write the OK answer to request
         ``request_id`` now, if the writer task is idle (direct mode only: in
         stream-only mode it writes nothing and returns 0). Returns the frame's size when
         the answer is written (or its tail handed to the writer task, first in line)

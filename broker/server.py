@@ -17,7 +17,7 @@ Replication (``--cluster``, docs/cluster.md, "Replicas, acks, failover"): the st
 entry per transaction); the appender hands committed ops to the replica role
 (``hold``) instead of answering them; readers see only what is below the high
 watermark, so the writer thread's direct answer to parked pulls
-(:mod:`equeue.broker.thread_answer`) is off and parked pulls are woken as the high
+(:mod:`equeue.broker.writer_answers`) is off and parked pulls are woken as the high
 watermark passes their queues' writes; :class:`~equeue.broker.replication.role.ReplicaRole`
 leads or follows, and runs the leader-only tasks (the lifecycle, the materializer).
 A standalone broker runs none of it.
@@ -58,8 +58,8 @@ from equeue.broker.metrics import ReplicationSample
 from equeue.broker.output import Output, Staging
 from equeue.broker.stats import Counters, Statistics
 from equeue.broker.storage import ScanBudget, Store, WriteOutcome
-from equeue.broker.thread_answer import answer_parked_pulls
 from equeue.broker.tls import TlsAcceptor, server_context
+from equeue.broker.writer_answers import answer_parked_pulls
 from equeue.client.lifetime import StackOwner
 from equeue.codec import encode_handshake_answer
 from equeue.config import BrokerConfig

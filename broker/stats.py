@@ -2,7 +2,7 @@
 
 :class:`Counters` is the stats sink: plain integers that loop code adds to (the
 writer thread never touches them; its parked-pull answers report their sizes back
-to the loop, see :mod:`equeue.broker.thread_answer`). :class:`Statistics` turns them,
+to the loop, see :mod:`equeue.broker.writer_answers`). :class:`Statistics` turns them,
 plus a few gauges read from the store, the parked pulls and the appender, into the
 :class:`~equeue.control.BrokerStats` of the STATS request, ``/stats`` and
 ``/metrics``.

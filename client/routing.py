@@ -2,7 +2,7 @@
 
 A :class:`Router` answers, for every queue of every topic a client uses, which broker
 group owns it and which connection reaches that group. It bootstraps from one
-:class:`~equeue.client.connection.AsyncClient` (any broker of the cluster), asks it
+:class:`~equeue.client.async_client.AsyncClient` (any broker of the cluster), asks it
 GET_ROUTES, and keeps the newest table it saw (:class:`RouteCache`: within one
 cluster incarnation a table whose revision is older than the held one never replaces
 it; a table of another incarnation, from an etcd that lost its data, does). Group
@@ -15,7 +15,7 @@ leaves the table.
 Bootstrapping: the router remembers every broker address the route tables named
 (each group's leader and replicas, newest first, at most :data:`MAX_LEARNT` besides
 the bootstrap list) and gives them to the bootstrap client after its own addresses
-(:meth:`~equeue.client.connection.AsyncClient.retarget`), so when every bootstrap broker is
+(:meth:`~equeue.client.async_client.AsyncClient.retarget`), so when every bootstrap broker is
 dead or does not answer, GET_ROUTES (and whatever else the bootstrap client carries)
 reaches another broker of the cluster; any replica answers it, a follower too.
 
@@ -30,7 +30,7 @@ owner. Refreshes of one router are never closer than :data:`MIN_REFRESH_INTERVAL
 
 Replicas (docs/cluster.md, "Clients across a failover"): a group's route names its
 leader only. When a refresh names another leader, the group's connection is pointed
-at it (:meth:`~equeue.client.connection.AsyncClient.retarget`: requests still pending at the
+at it (:meth:`~equeue.client.async_client.AsyncClient.retarget`: requests still pending at the
 old leader fail with ConnectionBroken and are retried by their callers). After a
 routing error a caller waits with :meth:`Router.settle`: it returns as soon as the
 refreshed table names another endpoint for the queue (the new leader), else after
@@ -55,7 +55,7 @@ import attrs
 import trio
 
 from equeue import control
-from equeue.client.connection import AsyncClient, PushHandler
+from equeue.client.async_client import AsyncClient, PushHandler
 from equeue.client.lifetime import StackOwner
 from equeue.client.retry import DEFAULT_POLICY, RetryPolicy, is_transient
 from equeue.errors import (

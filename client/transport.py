@@ -11,7 +11,7 @@ pushes to ``on_push``, and writes frames: coalesced through an outbox under a se
 lock (:meth:`Transport.send_request`), or straight to the socket with one
 non-blocking write (:meth:`Transport.send_request_nowait`, between :meth:`Transport.cork`
 and :meth:`Transport.uncork` collected into one write). It knows request codes and
-payload bytes only; :class:`equeue.client.connection.AsyncClient` is the typed API
+payload bytes only; :class:`equeue.client.async_client.AsyncClient` is the typed API
 over it. One live connection and its pending answers are a
 :class:`equeue.client.link._Link`. Its lifetime is ``async with``: the reader task
 lives in its nursery.

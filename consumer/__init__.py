@@ -10,9 +10,9 @@ if __name__ != "equeue.consumer":  # this folder is mapped to equeue.consumer; a
     raise ImportError(f"import this package as equeue.consumer, not {__name__}")
 
 
-from equeue.consumer.core import AsyncConsumer, ConsumerStatistics
+from equeue.consumer.async_consumer import AsyncConsumer, ConsumerStatistics
+from equeue.consumer.consumer import Consumer
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, HandlerThreads
-from equeue.consumer.sync import Consumer
 
 __all__ = [
     "AsyncConsumer",

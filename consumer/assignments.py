@@ -1,6 +1,6 @@
 """Who holds which queue: the queues this member consumes, and handing them back.
 
-:class:`Assignments` is the member's table of :class:`~equeue.consumer.process.ProcessQueue`
+:class:`Assignments` is the member's table of :class:`~equeue.consumer.process_queue.ProcessQueue`
 by lease, plus the leases being revoked. It starts a queue (its pull loop), revokes
 one (stop pulling, drop what waits, let the handlers of what was handed out finish,
 commit, and only then release the lease), drops one whose lease was lost (commit
@@ -33,7 +33,7 @@ import trio
 from equeue.consumer.commit import CommitStatus, Committer
 from equeue.consumer.dispatch import Dispatcher
 from equeue.consumer.options import ConsumerOptions, Listener
-from equeue.consumer.process import Lease, ProcessQueue, lease_name
+from equeue.consumer.process_queue import Lease, ProcessQueue, lease_name
 from equeue.consumer.pull import PullEnd, PullLoop
 from equeue.errors import ConfigError, EQueueError
 from equeue.logs import RateLimitedLog

@@ -22,7 +22,7 @@ import trio
 from equeue import control
 from equeue.consumer.broadcast_store import BroadcastOffsetStore
 from equeue.consumer.options import ConsumerOptions, StartFrom
-from equeue.consumer.process import ProcessQueue
+from equeue.consumer.process_queue import ProcessQueue
 from equeue.errors import NotQueueOwner
 from equeue.times import epoch_ms
 

@@ -16,7 +16,7 @@ from typing import Any
 import trio
 
 from equeue.consumer.options import ConsumerOptions
-from equeue.consumer.process import ProcessQueue
+from equeue.consumer.process_queue import ProcessQueue
 from equeue.consumer.retry import as_origin
 from equeue.consumer.stats import Counters
 from equeue.models import Message

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from equeue.consumer.dispatch import Dispatcher
-from equeue.consumer.process import Lease, ProcessQueue
+from equeue.consumer.process_queue import Lease, ProcessQueue
 
 __all__ = ["EndWatch", "watch_idle"]
 

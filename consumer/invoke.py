@@ -7,7 +7,7 @@ passing the GIL between the loop and the handler thread cost more than the handl
 stop_on_failure)``: run the handler on each message of a chunk (``top``: the chunk's
 highest offset) and report ``(processed, [(index, exception), ...])``. A chunk ends
 early on stop or revoke only when it holds the queue's highest handed-out offset
-(:attr:`equeue.consumer.process.ProcessQueue.taken_top`); ``stop_on_failure`` (orderly mode)
+(:attr:`equeue.consumer.process_queue.ProcessQueue.taken_top`); ``stop_on_failure`` (orderly mode)
 ends it at the first failure.
 
 A front that runs handlers elsewhere (the asyncio front, on the asyncio loop) hands
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import trio
 
 from equeue.consumer.options import ConsumerOptions, HandlerThreads
-from equeue.consumer.process import ProcessQueue
+from equeue.consumer.process_queue import ProcessQueue
 from equeue.models import Message
 from equeue.serde import deserialize_into
 

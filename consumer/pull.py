@@ -3,7 +3,7 @@ pause while too much is outstanding (flow control) or while the application hold
 queue (:meth:`equeue.consumer.AsyncConsumer.pause`), quarantine corrupt records.
 
 One :class:`PullLoop` serves every queue of a member; :meth:`PullLoop.run` runs for
-one :class:`~equeue.consumer.process.ProcessQueue` until the queue is stopped or its lease
+one :class:`~equeue.consumer.process_queue.ProcessQueue` until the queue is stopped or its lease
 is lost (the returned :class:`PullEnd` says which).
 
 Each queue is pulled from the broker group that owns it (its leader): the loop
@@ -28,7 +28,7 @@ from equeue import wire
 from equeue.client.retry import DEFAULT_POLICY
 from equeue.client.routing import ROUTING_ERRORS, Endpoint
 from equeue.consumer.options import ConsumerOptions
-from equeue.consumer.process import ProcessQueue
+from equeue.consumer.process_queue import ProcessQueue
 from equeue.consumer.sendback import SendBackResult
 from equeue.consumer.stats import Counters
 from equeue.errors import (
@@ -53,7 +53,7 @@ LOG_INTERVAL = 10.0
 
 
 class Requester(Protocol):
-    """The client call a pull makes (:meth:`equeue.client.connection.AsyncClient.request`)."""
+    """The client call a pull makes (:meth:`equeue.client.async_client.AsyncClient.request`)."""
 
     def request(self, code: int, payload: bytes) -> Awaitable[bytes]: ...
 

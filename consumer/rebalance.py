@@ -54,7 +54,7 @@ from equeue.allocation import allocate_for
 from equeue.client.routing import ROUTING_ERRORS
 from equeue.consumer.assignments import Assignments
 from equeue.consumer.options import ConsumeMode, ConsumerOptions
-from equeue.consumer.process import Lease, lease_name, parse_lease
+from equeue.consumer.process_queue import Lease, lease_name, parse_lease
 from equeue.consumer.stats import Counters
 from equeue.errors import ConnectionBroken, EQueueError, QueueUnavailable
 from equeue.logs import RateLimitedLog

@@ -2,7 +2,7 @@
 
 :class:`RoutedCalls` has the client methods the consumer's parts use (offsets,
 releases, send-backs, leaving) with the signatures of
-:class:`~equeue.client.connection.AsyncClient`, so :class:`~equeue.consumer.commit.Committer`,
+:class:`~equeue.client.async_client.AsyncClient`, so :class:`~equeue.consumer.commit.Committer`,
 :class:`~equeue.consumer.assignments.Assignments` and :class:`~equeue.consumer.sendback.SendBack`
 take it where they took the client. Each call goes to the queue's owner through
 :meth:`equeue.client.routing.Router.call` (refresh and retry on NOT_OWNER,
@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from equeue import control
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import Router
-from equeue.consumer.process import parse_lease
+from equeue.consumer.process_queue import parse_lease
 from equeue.errors import EQueueError, QueueUnavailable
 
 log = logging.getLogger("equeue.consumer")

@@ -17,7 +17,7 @@ from equeue.config import retry_delay
 from equeue.consumer.dispatch import Dispatcher
 from equeue.consumer.invoke import Invoke, SyncPlacement
 from equeue.consumer.options import ConsumerOptions
-from equeue.consumer.process import ProcessQueue
+from equeue.consumer.process_queue import ProcessQueue
 from equeue.consumer.sendback import SendBack, SendBackResult
 from equeue.consumer.stats import Counters
 from equeue.models import Message

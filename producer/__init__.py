@@ -1,7 +1,7 @@
 """equeue producer SDK.
 
 - :mod:`equeue.producer.async_producer`: :class:`AsyncProducer` (trio), the submit path;
-- :mod:`equeue.producer.sync_producer`: :class:`Producer`, its blocking twin;
+- :mod:`equeue.producer.producer`: :class:`Producer`, its blocking twin;
 - :mod:`equeue.producer.options`: :class:`ProducerOptions` and :class:`OnFull`;
 - :mod:`equeue.producer.routes`: queue counts and queue selection;
 - :mod:`equeue.producer.buffer`: the bound on buffered bytes;
@@ -21,8 +21,8 @@ if __name__ != "equeue.producer":  # this folder is mapped to equeue.producer; a
 from equeue.producer._batch import DeliveryCallback, DoneCallback, SendHandle
 from equeue.producer.async_producer import AsyncProducer
 from equeue.producer.options import OnFull, ProducerOptions, QueueSelector
+from equeue.producer.producer import Producer
 from equeue.producer.stats import SendStats
-from equeue.producer.sync_producer import Producer
 
 __all__ = [
     "AsyncProducer",

@@ -78,7 +78,7 @@ from collections.abc import Callable, Iterable
 import trio
 
 from equeue import wire
-from equeue.client.connection import AsyncClient, PendingReply
+from equeue.client.async_client import AsyncClient, PendingReply
 from equeue.client.retry import log_retry
 from equeue.client.routing import ROUTING_ERRORS, Router
 from equeue.codec import Response

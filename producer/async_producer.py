@@ -38,7 +38,7 @@ from typing import Any
 
 import trio
 
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.routing import Router
 from equeue.errors import ClientClosed, ConfigError, InvalidMessage, MessageTooLarge
 from equeue.models import Message, SendResult

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from equeue.client.client import Client
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import MIN_REFRESH_INTERVAL
-from equeue.client.sync import Client
 from equeue.control import RouteTable
 from equeue.errors import (
     ConfigError,

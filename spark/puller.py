@@ -28,7 +28,7 @@ from collections import deque
 from typing import Final
 
 from equeue import wire
-from equeue.client.connection import parse_brokers
+from equeue.client.async_client import parse_brokers
 from equeue.client.handshake import ClientHandshake
 from equeue.client.retry import RetryPolicy, retry_sync
 from equeue.client.tls import client_context

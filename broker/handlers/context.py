@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from equeue.broker.groups import Notify
 from equeue.broker.handshake import Session
-from equeue.broker.thread_answer import ThreadWritable
+from equeue.broker.writer_answers import ThreadWritable
 
 __all__ = ["Closing", "Parts", "RequestContext"]
 
@@ -20,7 +20,7 @@ class RequestContext:
 
     ``notify`` pushes GROUP_CHANGED to the connection (heartbeats register it).
     ``output`` is where the writer thread may write this request's answer itself
-    (parked pulls, :mod:`equeue.broker.thread_answer`); None: answers go through the caller.
+    (parked pulls, :mod:`equeue.broker.writer_answers`); None: answers go through the caller.
     ``session`` says who sent it (:class:`equeue.broker.handshake.Session`: the user, the
     peer); None, or a session without a user: the broker does not authenticate.
     """

@@ -17,7 +17,7 @@ from equeue.broker.longpoll import ParkedPulls
 from equeue.broker.pauses import Pauses
 from equeue.broker.stats import Counters
 from equeue.broker.storage import StoreReader
-from equeue.broker.thread_answer import PullAnswer, delivered
+from equeue.broker.writer_answers import PullAnswer, delivered
 from equeue.errors import BadRequest, CorruptRecord, NotQueueOwner
 from equeue.protocol import PullStatus
 from equeue.wire.batches import stored_head
@@ -57,7 +57,7 @@ class PullHandler:
 
         With a ``ctx.output`` (and a request id), the appender's writer thread may
         answer the parked pull itself right after the commit that fed it
-        (:mod:`equeue.broker.thread_answer`); then this returns None and the caller sends
+        (:mod:`equeue.broker.writer_answers`); then this returns None and the caller sends
         nothing.
         """
         req = wire.PullRequest.decode(payload)

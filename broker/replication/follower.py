@@ -40,7 +40,7 @@ import trio
 from equeue.broker.storage.layout import FORMAT_VERSION, REPLICATED_DATABASES
 from equeue.broker.storage.replicated import StoreReplication
 from equeue.broker.storage.replication import UNREACHABLE
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.config import BrokerConfig, TlsClientAuth
 from equeue.errors import (
     AuthenticationError,

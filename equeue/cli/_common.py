@@ -18,7 +18,7 @@ from equeue.config import DEFAULT_ADDRESS
 from equeue.errors import EQueueError
 
 if TYPE_CHECKING:  # imported when a command runs (the CLI starts without trio)
-    from equeue.client.admin import AsyncAdminClient
+    from equeue.client.async_admin import AsyncAdminClient
 
 
 class LogLevel(StrEnum):
@@ -116,10 +116,10 @@ def query(broker: str, call: Callable[[Any], T], as_json: bool) -> T | None:
 
 
 def routed(broker: str, fn: Callable[[AsyncAdminClient], Awaitable[T]]) -> T:
-    """``await fn(admin)`` with an :class:`equeue.client.admin.AsyncAdminClient`
+    """``await fn(admin)`` with an :class:`equeue.client.async_admin.AsyncAdminClient`
     bootstrapped from ``broker``, in a private trio loop (commands that ask every broker
     group and merge, or any group's leader); errors become one-line failures."""
-    from equeue.client.admin import run_routed
+    from equeue.client.async_admin import run_routed
 
     try:
         return run_routed(broker, fn)

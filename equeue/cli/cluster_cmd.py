@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         differ (the parts are named); 2: could not compare (a replica unreachable, or
         no common position within --timeout). Needs an admin user when the brokers
         authenticate."""
-        from equeue.client.admin import Verdict
+        from equeue.client.async_admin import Verdict
 
         report = routed(broker, lambda admin: admin.verify_cluster(timeout))
         if as_json:

@@ -27,7 +27,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from equeue.broker.process import BrokerProcess
-from equeue.client.sync import Client
+from equeue.client.client import Client
 from tests.browser.harness import (
     ADMIN,
     ADMIN_PW,

@@ -23,7 +23,7 @@ from playwright.sync_api import expect
 from equeue import Message, wire
 from equeue.acl import Acl, UsersFile
 from equeue.broker.process import BrokerProcess
-from equeue.client.sync import Client
+from equeue.client.client import Client
 from equeue.security import ClientSecurity
 from equeue.users import make_user, update_users_file
 

@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import expect
 
 from equeue import Message, control, wire
-from equeue.client.sync import Client
+from equeue.client.client import Client
 from equeue.errors import TopicPaused
 from equeue.producer import Producer
 from tests.browser.harness import (

@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import expect
 
 from equeue.broker.cluster.local import LocalCluster
-from equeue.client import admin
-from equeue.client.sync import Client
+from equeue.client import async_admin as admin
+from equeue.client.client import Client
 from equeue.producer import Producer
 from tests.browser.harness import ConsoleProcess, follow, new_context, number, shoot, text
 from tests.conftest import wait_until_sync

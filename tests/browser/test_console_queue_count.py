@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from equeue.client.sync import Client
+from equeue.client.client import Client
 from tests.browser.harness import ADMIN, ADMIN_PW, ConsoleProcess, follow, sign_in
 from tests.conftest import wait_until_sync
 

@@ -37,7 +37,7 @@ import attrs
 import trio
 
 from equeue import Message, PullResult, wire
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.errors import EQueueError
 from tests.chaos.checker import check, excerpt, render
 from tests.chaos.cluster import ETCDCTL, LEASE_TTL, Cluster

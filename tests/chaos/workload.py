@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from equeue import Message, control
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import Router
 from equeue.consumer import AsyncConsumer

@@ -15,7 +15,7 @@ from equeue.broker import Broker
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.client import AsyncClient
-from equeue.client.admin import AsyncAdminClient
+from equeue.client.async_admin import AsyncAdminClient
 from equeue.placement import topic_key
 from equeue.producer import AsyncProducer
 from equeue.wire.batches import Codec, batch_head

@@ -14,7 +14,7 @@ from equeue import Message, wire
 from equeue.broker.cluster.etcd import EtcdClient
 from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.client import AsyncClient
-from equeue.client.admin import AsyncAdminClient
+from equeue.client.async_admin import AsyncAdminClient
 from equeue.errors import TopicNotFound, TopicPaused
 from equeue.placement import pause_key, topic_key
 from equeue.producer import AsyncProducer

@@ -163,7 +163,8 @@ def test_a_ctrl_c_inside_the_join_or_the_close_still_commits_and_leaves(
 AROUND_JOIN = textwrap.dedent(
     """
     import os, signal, sys
-    from equeue.consumer import Consumer, sync
+    from equeue.consumer import Consumer
+    from equeue.consumer import consumer as front
 
     broker, where = sys.argv[1], sys.argv[2]
     fired = []
@@ -174,20 +175,20 @@ AROUND_JOIN = textwrap.dedent(
             os.kill(os.getpid(), signal.SIGINT)
 
     if where == "start":
-        submit = sync._Loop.submit
+        submit = front._Loop.submit
         def submit_then_ctrl_c(self, *args):
             pending = submit(self, *args)
             ctrl_c()
             return pending
-        sync._Loop.submit = submit_then_ctrl_c
+        front._Loop.submit = submit_then_ctrl_c
     else:
-        wait = sync._Pending.wait
+        wait = front._Pending.wait
         def wait_then_ctrl_c(self):
             value = wait(self)
             if type(value).__name__ == "AsyncConsumer":
                 ctrl_c()
             return value
-        sync._Pending.wait = wait_then_ctrl_c
+        front._Pending.wait = wait_then_ctrl_c
     c = Consumer(broker, "g", "t", start_from="earliest", commit_interval=3600)
     try:
         c.run(lambda m: None)

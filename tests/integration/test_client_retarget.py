@@ -1,4 +1,4 @@
-"""A group's connection follows its leader (client/connection.py ``retarget`` and
+"""A group's connection follows its leader (client/async_client.py ``retarget`` and
 ``drop_connection``, used by the router when the routes name a new leader): a request
 still waiting at the old broker fails at once with ConnectionBroken (transient: its
 caller retries at the new one), the next request goes to the new broker, and a

@@ -420,7 +420,7 @@ async def test_pulls_expiring_as_commits_land_get_exactly_one_answer_each(broker
 
 
 @pytest.mark.parametrize("tail_late", [False, True], ids=["tail-pushed-at-once", "tail-pushed-late"])
-async def test_writer_thread_answer_bigger_than_the_socket_buffer(
+async def test_a_writer_answer_bigger_than_the_socket_buffer(
     broker: Broker, monkeypatch: pytest.MonkeyPatch, tail_late: bool
 ) -> None:
     """The writer thread's write of a parked pull's answer only partly fits the
@@ -560,7 +560,7 @@ async def test_a_crowd_of_parked_pulls_past_the_writer_thread_cap_is_answered_on
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from equeue.broker.output import Output
-    from equeue.broker.thread_answer import MAX_THREAD_ANSWERS
+    from equeue.broker.writer_answers import MAX_THREAD_ANSWERS
 
     sent = _count_calls(monkeypatch, Output, "write_from_thread")
     crowd = MAX_THREAD_ANSWERS + 6

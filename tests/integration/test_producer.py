@@ -331,7 +331,7 @@ async def test_delayed_send_is_scheduled(broker: Broker) -> None:
 
 
 # ---------------------------------------------------------------------- sync front
-def test_sync_producer_from_8_threads(embedded_broker: EmbeddedBroker) -> None:
+def test_blocking_producer_from_8_threads(embedded_broker: EmbeddedBroker) -> None:
     results: list[tuple[int, SendResult]] = []
     errors: list[BaseException] = []
     with Producer(embedded_broker.address) as p:

@@ -113,7 +113,7 @@ def test_cli_cluster_status_and_topic_describe_standalone(embedded_broker: Embed
 
 
 async def test_describe_topic_of_a_topic_grown_since_the_route_was_read(broker: Broker) -> None:
-    from equeue.client.admin import AsyncAdminClient
+    from equeue.client.async_admin import AsyncAdminClient
 
     with trio.fail_after(20):
         async with AsyncClient(broker.address) as c, AsyncAdminClient(broker.address) as admin:

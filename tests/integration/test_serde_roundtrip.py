@@ -228,7 +228,7 @@ async def test_serializer_errors_and_bad_properties_buffer_nothing(broker: Broke
             ]
 
 
-def test_sync_producer_refuses_before_buffering(embedded_broker: EmbeddedBroker) -> None:
+def test_blocking_producer_refuses_before_buffering(embedded_broker: EmbeddedBroker) -> None:
     with Producer(embedded_broker.address, value_serializer=json_serializer) as p:
         with pytest.raises(SerializationError, match="json_serializer"):
             p.send("t", float("nan"))

@@ -4,7 +4,7 @@ run against real replicas is in tests/cluster/test_replicated_clients.py)."""
 from __future__ import annotations
 
 from equeue import control
-from equeue.client.admin import (
+from equeue.client.async_admin import (
     GroupVerdict,
     ReplicaAnswer,
     Verdict,

@@ -11,7 +11,7 @@ import trio
 from equeue.cli.console.failures import BadInput, describe, equeue_errors
 from equeue.cli.console.sampler import Sampler
 from equeue.cli.console.views import duration, form_int, form_time_ms, render_body, size
-from equeue.client.admin import BrokerStatsRow
+from equeue.client.async_admin import BrokerStatsRow
 from equeue.control import BrokerStats
 from equeue.errors import ConnectionBroken, NotAuthorized
 

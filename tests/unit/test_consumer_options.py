@@ -8,7 +8,7 @@ import pytest
 
 from equeue.config import StartFrom
 from equeue.consumer import ConsumeMode, ConsumerOptions, HandlerThreads
-from equeue.consumer.process import lease_name, parse_lease
+from equeue.consumer.process_queue import lease_name, parse_lease
 from equeue.errors import ConfigError
 
 

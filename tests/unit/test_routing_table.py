@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from equeue import control
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.routing import MAX_LEARNT, RouteCache, Router
 from equeue.producer.options import ProducerOptions
 from equeue.producer.routes import Route

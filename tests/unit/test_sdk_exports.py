@@ -86,7 +86,7 @@ def test_a_re_export_is_found() -> None:
     package's own names (absolute and relative imports, local definitions)."""
     source = (
         "from equeue.client import Client\n"
-        "from equeue.producer.sync_producer import Producer\n"
+        "from equeue.producer.producer import Producer\n"
         "from .options import OnFull\n"
         "class Local: ...\n"
         "__all__ = ['Client', 'Local', 'Missing', 'OnFull', 'Producer']\n"

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from equeue import aio
-from equeue.client.admin import AsyncAdminClient
-from equeue.client.connection import AsyncClient
-from equeue.client.sync import Client
-from equeue.client.sync_admin import AdminClient
+from equeue.client.admin import AdminClient
+from equeue.client.async_admin import AsyncAdminClient
+from equeue.client.async_client import AsyncClient
+from equeue.client.client import Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.producer import AsyncProducer, Producer
 
@@ -54,7 +54,7 @@ _NOWAIT = "never blocks and is callable on the trio loop only; the front's send_
 DIFFERENCES: dict[tuple[str, str], str] = {
     **{
         (front, name): _LOOP
-        for front in ("equeue.client.sync.Client", "equeue.aio.front.AsyncClient")
+        for front in ("equeue.client.client.Client", "equeue.aio.front.AsyncClient")
         for name in (
             "answer",
             "brokers",
@@ -72,16 +72,16 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     **{
         (front, name): _WITH
         for front in (
-            "equeue.client.sync.Client",
-            "equeue.client.sync_admin.AdminClient",
-            "equeue.producer.sync_producer.Producer",
-            "equeue.consumer.sync.Consumer",
+            "equeue.client.client.Client",
+            "equeue.client.admin.AdminClient",
+            "equeue.producer.producer.Producer",
+            "equeue.consumer.consumer.Consumer",
         )
         for name in ("__aenter__", "__aexit__")
     },
-    ("equeue.consumer.sync.Consumer", "__aiter__"): "a blocking front iterates with __iter__",
+    ("equeue.consumer.consumer.Consumer", "__aiter__"): "a blocking front iterates with __iter__",
     **{
-        ("equeue.client.sync_admin.AdminClient", name): (
+        ("equeue.client.admin.AdminClient", name): (
             "the admin client's trio connection and route table: usable on its own trio loop only"
         )
         for name in ("client", "router")
@@ -93,10 +93,10 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     ): "takes *exc: asyncio's exit needs no exception names",
     **{
         (front, name): _NOWAIT
-        for front in ("equeue.producer.sync_producer.Producer", "equeue.aio.front.AsyncProducer")
+        for front in ("equeue.producer.producer.Producer", "equeue.aio.front.AsyncProducer")
         for name in ("send_nowait", "submit_nowait", "submit")
     },
-    ("equeue.producer.sync_producer.Producer", "flush"): (
+    ("equeue.producer.producer.Producer", "flush"): (
         "flush(timeout): a blocking caller bounds the wait with a timeout; "
         "the async flush() is bounded by the caller's cancel scope"
     ),
@@ -105,11 +105,11 @@ DIFFERENCES: dict[tuple[str, str], str] = {
             "poll(timeout, max_messages): a caller on another thread or loop bounds the wait with a "
             "timeout, as confluent-kafka's; the trio poll is bounded by the caller's cancel scope"
         )
-        for front in ("equeue.consumer.sync.Consumer", "equeue.aio.front.AsyncConsumer")
+        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.front.AsyncConsumer")
     },
     **{
         (front, name): _CONSUMER_LOOP
-        for front in ("equeue.consumer.sync.Consumer", "equeue.aio.front.AsyncConsumer")
+        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.front.AsyncConsumer")
         for name in ("iteration", "undo_poll")
     },
 }

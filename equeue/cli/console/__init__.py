@@ -1,6 +1,6 @@
 """The web console (``equeue console``): a separate process that shows and administers
 a cluster (or a standalone broker) in a browser, through the SDK's admin layer
-(:mod:`equeue.client.admin`), as nsqadmin or RocketMQ Dashboard do.
+(:mod:`equeue.client.async_admin`), as nsqadmin or RocketMQ Dashboard do.
 
 A Starlette application (:mod:`equeue.cli.console.app`, the pages in
 :mod:`equeue.cli.console.pages`) served by Hypercorn's trio connection server behind the

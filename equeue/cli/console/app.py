@@ -49,8 +49,8 @@ from equeue.cli.console.failures import BadInput, describe, equeue_errors
 from equeue.cli.console.sampler import DEFAULT_INTERVAL, DEFAULT_WINDOW, Sampler
 from equeue.cli.console.sessions import CONNECT_TIMEOUT, Link, SessionTable, _probe, open_link
 from equeue.cli.console.throttle import SignInThrottle
-from equeue.client.admin import AsyncAdminClient
-from equeue.client.connection import AsyncClient
+from equeue.client.async_admin import AsyncAdminClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.httpserve import MAX_REQUEST_HEAD, HeadLimit
 from equeue.errors import (
     AuthenticationError,

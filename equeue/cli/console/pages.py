@@ -1,5 +1,5 @@
 """The console's pages and actions: each reads or changes the cluster through
-:class:`~equeue.client.admin.AsyncAdminClient` of the asking user (:class:`Viewer`).
+:class:`~equeue.client.async_admin.AsyncAdminClient` of the asking user (:class:`Viewer`).
 
 Pages: overview (``/``), cluster, topics and a topic, consumer groups and a group,
 messages (lookups), dead letters of a group. Actions (POST, CSRF-checked): create,
@@ -26,7 +26,7 @@ from starlette.routing import Route
 from equeue import control
 from equeue.cli.console.failures import BadInput
 from equeue.cli.console.views import form_int, form_time_ms, render_body
-from equeue.client.admin import AsyncAdminClient
+from equeue.client.async_admin import AsyncAdminClient
 from equeue.errors import EQueueError, TopicNotFound
 from equeue.models import Message
 from equeue.names import validate_group

@@ -30,7 +30,7 @@ import attrs
 import trio
 
 from equeue.cli.console.failures import describe, equeue_errors
-from equeue.client.admin import AsyncAdminClient, BrokerStatsRow
+from equeue.client.async_admin import AsyncAdminClient, BrokerStatsRow
 from equeue.errors import EQueueError
 
 log = logging.getLogger("equeue.cli.console")

@@ -1,7 +1,7 @@
 """The console's sign-in sessions: who is signed in, and the connection each one uses.
 
 A user signs in with one of the cluster's SCRAM users: :meth:`SessionTable.open`
-opens an :class:`~equeue.client.admin.AsyncAdminClient` with that user's credentials
+opens an :class:`~equeue.client.async_admin.AsyncAdminClient` with that user's credentials
 (the handshake runs SCRAM, so a wrong password is refused by the broker itself) and keeps
 it open for the session's life in a task of the console's nursery. Every page the user
 asks for goes to the brokers through that admin client, so the broker's ACLs decide what each person sees and may do.
@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import trio
 
-from equeue.client.admin import AsyncAdminClient
-from equeue.client.connection import AsyncClient
+from equeue.client.async_admin import AsyncAdminClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.retry import RetryPolicy
 from equeue.errors import ConnectionBroken, EQueueError, NotAuthorized
 from equeue.security import ClientSecurity, Credentials

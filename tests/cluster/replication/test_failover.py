@@ -31,7 +31,7 @@ import pytest
 import trio
 
 from equeue import Message, wire
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.errors import EQueueError
 from tests.cluster.replication.conftest import LEASE_TTL, Load, ReplicaGroup, check_store
 from tests.conftest import ROOT, wait_until_sync

@@ -129,7 +129,7 @@ class Proxy:
 PINNED = r"""
 import sys, time, trio
 sys.path.insert(0, sys.argv[1])
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue import Message, wire
 addr, topic, out = sys.argv[2], sys.argv[3], sys.argv[4]
 f = open(out, "a", buffering=1)

@@ -37,7 +37,7 @@ from equeue.broker.cluster.etcdproc import EtcdProcess
 from equeue.broker.process import BrokerProcess
 from equeue.broker.storage.layout import FORMAT_VERSION
 from equeue.client import Client
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.errors import EQueueError, NotAReplica
 from equeue.protocol import RequestCode
 from equeue.wire.replica import FetchRequest, encode_fetch_request

@@ -1,4 +1,4 @@
-"""``Client``: the blocking twin of :class:`equeue.client.connection.AsyncClient`.
+"""``Client``: the blocking twin of :class:`equeue.client.async_client.AsyncClient`.
 
 One typed method per request method of the async client, same arguments, answers and
 errors, each blocking until the answer arrives (the work is done once, by the async
@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from equeue import control, wire
-from equeue.client.connection import AsyncClient
-from equeue.client.syncfront import SyncFront
+from equeue.client.async_client import AsyncClient
+from equeue.client.loop_thread import SyncFront
 from equeue.models import PullResult
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """The blocking producer, :class:`Producer`: forwards to an
 :class:`~equeue.producer.async_producer.AsyncProducer` running on a private trio loop in a
-helper thread (:mod:`equeue.client.syncfront`); the logic exists once, in the async class.
+helper thread (:mod:`equeue.client.loop_thread`); the logic exists once, in the async class.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import trio
 
-from equeue.client.syncfront import SyncFront
+from equeue.client.loop_thread import SyncFront
 from equeue.errors import ClientClosed, ConfigError
 from equeue.models import Message, SendResult
 from equeue.producer._batch import DeliveryCallback, SendHandle, deliver_at_ms

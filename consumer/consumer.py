@@ -1,7 +1,7 @@
-"""``Consumer``: the blocking front of :class:`equeue.consumer.core.AsyncConsumer`.
+"""``Consumer``: the blocking front of :class:`equeue.consumer.async_consumer.AsyncConsumer`.
 
 All logic lives in the async core, running on a private trio loop in a helper thread
-(:class:`equeue.client.syncfront.SyncFront`); this class only forwards. Sync handlers run
+(:class:`equeue.client.loop_thread.SyncFront`); this class only forwards. Sync handlers run
 in worker threads of that loop, or inline on the loop thread once they prove fast
 (``handler_threads``, see docs/consumer.md). The iterator form takes messages from
 the loop a batch at a time (one hand-off per batch, sized to the loop body's speed).
@@ -34,8 +34,8 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from equeue.client.syncfront import LoopThread, SyncFront
-from equeue.consumer.core import MAX_POLL, AsyncConsumer, ConsumerStatistics, queue_list
+from equeue.client.loop_thread import LoopThread, SyncFront
+from equeue.consumer.async_consumer import MAX_POLL, AsyncConsumer, ConsumerStatistics, queue_list
 from equeue.consumer.dispatch import CHUNK_SECONDS, chunk_size
 from equeue.errors import ClientClosed, ConfigError, EQueueError
 from equeue.models import Message
@@ -202,7 +202,7 @@ class _Loop(LoopThread):
 
 class Consumer(SyncFront[AsyncConsumer]):
     """A member of a consumer group (blocking). Same arguments as
-    :class:`~equeue.consumer.core.AsyncConsumer`; joins the group on the first
+    :class:`~equeue.consumer.async_consumer.AsyncConsumer`; joins the group on the first
     :meth:`run` or iteration. The rebalance listeners (``on_assigned``, ``on_revoked``,
     ``on_lost``) are plain functions, each call run in a worker thread of the loop
     (docs/consumer.md, "Rebalance listeners"). No topics: manual assignment with

@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from equeue.client.connection import AsyncClient
+from equeue.client.async_client import AsyncClient
 from equeue.client.lifetime import StackOwner
 from equeue.client.retry import RetryPolicy
 from equeue.client.routing import Router
@@ -50,7 +50,7 @@ from equeue.consumer.dispatch import Dispatcher, Item
 from equeue.consumer.ending import EndWatch, watch_idle
 from equeue.consumer.invoke import ChunkHandler, Handler, make_invoker
 from equeue.consumer.options import ConsumeMode, ConsumerOptions, StartFrom
-from equeue.consumer.process import Lease
+from equeue.consumer.process_queue import Lease
 from equeue.consumer.pull import LOG_INTERVAL, PullLoop
 from equeue.consumer.rebalance import Coordinator
 from equeue.consumer.routed import RoutedCalls
