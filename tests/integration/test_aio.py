@@ -16,8 +16,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from equeue import ClientClosed, Message, control
-from equeue.aio import AsyncClient, AsyncConsumer, AsyncProducer
+from equeue.aio import AsyncAdminClient, AsyncClient, AsyncConsumer, AsyncProducer
 from equeue.broker import EmbeddedBroker
+from equeue.errors import TopicNotFound
 
 FAST: dict[str, Any] = dict(heartbeat_interval=0.2, rebalance_interval=0.2, commit_interval=0.2, pull_hold=1.0)
 
@@ -250,6 +251,37 @@ def test_shutdown(embedded_broker: EmbeddedBroker) -> None:
         await left.start()
         await left.list_topics()
         # left open on purpose: asyncio.run ends; its loop thread ends when it is collected
+
+    asyncio.run(main())
+
+
+def test_admin_client_creates_describes_pauses_and_deletes_a_topic(embedded_broker: EmbeddedBroker) -> None:
+    addr = embedded_broker.address
+
+    async def main() -> None:
+        before = loop_threads()  # an earlier test's client left open ends when collected
+        async with AsyncAdminClient(addr) as admin:
+            assert loop_threads() == before + 1
+            info = await admin.create_topic("adm", 2)
+            assert info.name == "adm" and info.queues == 2
+            async with AsyncProducer(addr) as p:
+                await p.send("adm", b"before")
+                d = await admin.describe_topic("adm")
+                assert d.info.queues == 2 and sum(q.count for q in d.queues if q is not None) == 1
+                assert (await admin.pause_topic("adm")).changed
+                assert (await admin.describe_topic("adm")).info.paused
+                assert next(t for t in await admin.list_topics() if t.name == "adm").paused
+                held = await p.send_async("adm", b"held")  # refused while paused, resent after
+                assert (await admin.resume_topic("adm")).changed
+                assert not (await admin.describe_topic("adm")).info.paused
+                assert (await held).topic == "adm"
+            await admin.delete_topic("adm")
+            with pytest.raises(TopicNotFound):
+                await admin.describe_topic("adm")
+            assert "adm" not in {t.name for t in await admin.list_topics()}
+        assert loop_threads() == before
+        with pytest.raises(ClientClosed):
+            await admin.list_topics()
 
     asyncio.run(main())
 

@@ -27,6 +27,7 @@ PAIRS: list[tuple[type, type]] = [
     (AsyncProducer, Producer),
     (AsyncConsumer, Consumer),
     (AsyncClient, aio.AsyncClient),
+    (AsyncAdminClient, aio.AsyncAdminClient),
     (AsyncProducer, aio.AsyncProducer),
     (AsyncConsumer, aio.AsyncConsumer),
 ]
@@ -54,7 +55,7 @@ _NOWAIT = "never blocks and is callable on the trio loop only; the front's send_
 DIFFERENCES: dict[tuple[str, str], str] = {
     **{
         (front, name): _LOOP
-        for front in ("equeue.client.client.Client", "equeue.aio.front.AsyncClient")
+        for front in ("equeue.client.client.Client", "equeue.aio.client.AsyncClient")
         for name in (
             "answer",
             "brokers",
@@ -81,19 +82,21 @@ DIFFERENCES: dict[tuple[str, str], str] = {
     },
     ("equeue.consumer.consumer.Consumer", "__aiter__"): "a blocking front iterates with __iter__",
     **{
-        ("equeue.client.admin.AdminClient", name): (
-            "the admin client's trio connection and route table: usable on its own trio loop only"
-        )
+        (front, name): "the admin client's trio connection and route table: usable on its own trio loop only"
+        for front in ("equeue.client.admin.AdminClient", "equeue.aio.admin.AsyncAdminClient")
         for name in ("client", "router")
     },
-    ("equeue.aio.front.AsyncClient", "__aexit__"): "takes *exc: asyncio's exit needs no exception names",
-    (
-        "equeue.aio.front.AsyncConsumer",
-        "__aexit__",
-    ): "takes *exc: asyncio's exit needs no exception names",
+    **{
+        (front, "__aexit__"): "takes *exc: asyncio's exit needs no exception names"
+        for front in (
+            "equeue.aio.client.AsyncClient",
+            "equeue.aio.admin.AsyncAdminClient",
+            "equeue.aio.consumer.AsyncConsumer",
+        )
+    },
     **{
         (front, name): _NOWAIT
-        for front in ("equeue.producer.producer.Producer", "equeue.aio.front.AsyncProducer")
+        for front in ("equeue.producer.producer.Producer", "equeue.aio.producer.AsyncProducer")
         for name in ("send_nowait", "submit_nowait", "submit")
     },
     ("equeue.producer.producer.Producer", "flush"): (
@@ -105,11 +108,11 @@ DIFFERENCES: dict[tuple[str, str], str] = {
             "poll(timeout, max_messages): a caller on another thread or loop bounds the wait with a "
             "timeout, as confluent-kafka's; the trio poll is bounded by the caller's cancel scope"
         )
-        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.front.AsyncConsumer")
+        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.consumer.AsyncConsumer")
     },
     **{
         (front, name): _CONSUMER_LOOP
-        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.front.AsyncConsumer")
+        for front in ("equeue.consumer.consumer.Consumer", "equeue.aio.consumer.AsyncConsumer")
         for name in ("iteration", "undo_poll")
     },
 }
