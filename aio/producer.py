@@ -48,7 +48,7 @@ class AioSendHandle:
         """Wait until the send finished; return where the message was stored."""
         h = self.handle
         if h.done():
-            return h._batch.result(h._index)
+            return h.result()  # finished: no wait
         aio = asyncio.get_running_loop()
         fut = self._fut
         if fut is None or fut.get_loop() is not aio:
@@ -62,7 +62,7 @@ class AioSendHandle:
 
             h.add_done_callback(wake)
         await asyncio.shield(fut)  # a cancelled wait leaves the future for the next one
-        return h._batch.result(h._index)
+        return h.result()  # finished: no wait
 
     def __await__(self) -> Generator[Any, None, SendResult]:
         return self.wait().__await__()
@@ -156,7 +156,7 @@ class AsyncProducer(_Front[_TrioProducer]):
             h = await self._call(
                 lambda: core.submit(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
             )
-        elif h._index == 0:
+        elif h.first_in_batch:
             await asyncio.sleep(0)  # once per new batch: lets other asyncio tasks run
         return AioSendHandle(h)
 

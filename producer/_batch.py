@@ -1,7 +1,7 @@
 """Producer building blocks with no networking: due times, batches and the
 per-message send handle.
 
-A :class:`_Batch` is the unit the producer sends: entries for one (topic, queue),
+A :class:`_Batch` is the unit the producer sends: records for one (topic, queue),
 sent as one idempotent produce request with one base sequence. Every message of a
 batch gets a :class:`SendHandle` that points at (batch, index); resolving the batch
 resolves all of its handles at once, and a handle builds its :class:`SendResult`
@@ -45,7 +45,7 @@ log = logging.getLogger("equeue.producer")
 _callback_errors = RateLimitedLog(log, 10.0, time.monotonic)
 
 def deliver_at_ms(delay: float | dt.timedelta | None, deliver_at: dt.datetime | None) -> int:
-    """The entry's due time in ms since the epoch (0 = deliver now).
+    """A record's due time in ms since the epoch (0 = deliver now).
 
     ``delay`` is seconds or a timedelta; ``deliver_at`` an aware datetime or a naive
     one read as UTC (:func:`equeue.times.epoch_ms`, the one rule). A due time in the
@@ -76,13 +76,14 @@ _THREAD_EVENTS = threading.Lock()
 
 
 class _Batch:
-    """Entries for one (topic, queue), sent as one produce request.
+    """Records for one (topic, queue), sent as one produce request (one record batch).
 
-    The submit path appends to ``entries`` and ``nbytes`` under the buffer lock.
+    The submit path appends each encoded record to ``records`` (and its size to
+    ``nbytes``) under the buffer lock.
     ``pid``/``seq`` are assigned when the batch is first sent and kept across
     retries (the broker deduplicates on them). ``delayed`` batches hold only
-    delayed entries, others only immediate ones, so the offsets in the answer map
-    onto entries without ambiguity.
+    delayed records, others only immediate ones, so the offsets in the answer map
+    onto records without ambiguity.
     """
 
     __slots__ = (
@@ -93,7 +94,6 @@ class _Batch:
         "called",
         "deadline",
         "delayed",
-        "entries",
         "error",
         "finished",
         "first_at",
@@ -101,6 +101,7 @@ class _Batch:
         "nbytes",
         "pid",
         "queue_id",
+        "records",
         "sent_behind",
         "seq",
         "tdone",
@@ -113,7 +114,8 @@ class _Batch:
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.entries: list[bytes] = []
+        #: the encoded records, in submit order (a handle's index is its position here)
+        self.records: list[bytes] = []
         self.nbytes = 0
         self.delayed = delayed
         self.deadline = deadline
@@ -231,6 +233,21 @@ class SendHandle:
     def done(self) -> bool:
         """Whether the send finished (stored, or failed)."""
         return self._batch.finished
+
+    @property
+    def first_in_batch(self) -> bool:
+        """Whether this message opened its batch (it is the batch's first record). The
+        fronts that buffer from their own thread yield to their event loop once per new
+        batch, not once per message."""
+        return self._index == 0
+
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Block up to ``timeout`` seconds (None: until then) until the send finished;
+        return :meth:`done`. Never raises the send's error (:meth:`result` does), so a
+        blocking front can wait in slices and check its loop between them. Not from the
+        producer's own trio loop: await the handle there."""
+        b = self._batch
+        return b.finished or b.thread_event().wait(timeout)
 
     def result(self, timeout: float | None = None) -> SendResult:
         """Block until the send finished; return where the message was stored.

@@ -422,10 +422,10 @@ class _Lane:
         if b.pid is None:
             b.pid = self.pid
             b.seq = self.next_seq
-            self.next_seq += len(b.entries)
+            self.next_seq += len(b.records)
         b.sent_behind = bool(self.window)
         if b.batch is None:
-            b.batch = seal_records(b"".join(b.entries), len(b.entries), self.options.compression)
+            b.batch = seal_records(b"".join(b.records), len(b.records), self.options.compression)
         return wire.ProduceRequest(
             self.topic, self.queue_id, (), b.pid, b.seq, self.options.auto_create, b.batch
         ).encode()
@@ -660,9 +660,9 @@ class _Lane:
             self.pending.discard(b)
             callbacks, b.callbacks, b.called = b.callbacks, None, True
         if b.error is not None:
-            self.stats.failed_batch(len(b.entries), b.error)
+            self.stats.failed_batch(len(b.records), b.error)
         elif b.answer is not None:
-            self.stats.answered(len(b.entries), b.answer)
+            self.stats.answered(len(b.records), b.answer)
         self.buffer.release(b.nbytes)
         if callbacks is not None:
             b.run_callbacks(callbacks)

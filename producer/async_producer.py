@@ -204,7 +204,7 @@ class AsyncProducer:
         h = self.submit_nowait(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
         if h is None:
             h = await self.submit(topic, body, key=key, tags=tags, properties=properties, due=due, on_delivery=on_delivery)
-        elif h._index == 0:
+        elif h.first_in_batch:
             # yield once per new batch (not per message): lets the lanes run
             await trio.lowlevel.checkpoint()
         return h
@@ -294,7 +294,7 @@ class AsyncProducer:
         """How many messages are buffered or in flight, their outcome not known yet
         (any thread). A message counts until its batch is answered or fails for good."""
         with self.lock:
-            return sum(len(b.entries) for lane in self._routes.lanes() for b in lane.pending)
+            return sum(len(b.records) for lane in self._routes.lanes() for b in lane.pending)
 
     async def queue_count(self, topic: str) -> int:
         """The topic's queue count as this producer routes with it (fetched if unknown)."""
@@ -364,12 +364,12 @@ class AsyncProducer:
             lane = route.lanes.get(qid)
             b = None if lane is None else lane.open
             if lane is not None and b is not None and b.delayed == delayed and b.nbytes + n <= self.options.max_batch_bytes:
-                b.entries.append(entry)  # the streaming case, inline: it fits the open batch
+                b.records.append(entry)  # the streaming case, inline: it fits the open batch
                 b.nbytes += n
                 kick = False
             else:
                 lane, b, kick = self._place(route.lanes, topic, qid, entry, delayed)
-            idx = len(b.entries) - 1
+            idx = len(b.records) - 1
             if on_delivery is not None:  # b is the lane's open batch: not finished, not sent
                 b.add_callback((on_delivery, idx, None))
             if seal:
@@ -478,7 +478,7 @@ class AsyncProducer:
                 lane, b, new = place(lanes, topic, qid, entry, delayed)
                 if new and lane not in kicks:
                     kicks.append(lane)
-                placed.append((b, len(b.entries) - 1))
+                placed.append((b, len(b.records) - 1))
         for lane in kicks:
             lane.wake()
         return placed
@@ -504,7 +504,7 @@ class AsyncProducer:
             now = time.monotonic()
             b = lane.open = _Batch(topic, qid, delayed, now + self.options.send_timeout, now, self.lock)
             lane.pending.add(b)
-        b.entries.append(entry)
+        b.records.append(entry)
         b.nbytes += n
         return lane, b, new
 

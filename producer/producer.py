@@ -95,12 +95,10 @@ class Producer(SyncFront[AsyncProducer]):
                 return await h.wait()
 
             return self._call(run)
-        b = h._batch
-        thread_done = b.thread_event()
-        while not b.finished and not thread_done.wait(_LIVENESS_CHECK):
+        while not h.wait_done(_LIVENESS_CHECK):
             if not loop.alive:
                 raise ClientClosed("the producer's event loop is not running (closed or forked)")
-        return b.result(h._index)
+        return h.result()
 
     def send_async(
         self,

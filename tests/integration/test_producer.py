@@ -358,6 +358,24 @@ def test_blocking_producer_from_8_threads(embedded_broker: EmbeddedBroker) -> No
         for t in range(8):  # one thread's messages keep their order within the queue
             offs = [r.queue_offset for tt, r in results if tt == t]
             assert offs == sorted(offs)
+
+
+def test_send_handle_wait_done_and_first_in_batch(embedded_broker: EmbeddedBroker) -> None:
+    """A handle says whether its message opened its batch, and ``wait_done`` waits in
+    slices without raising: False while the batch waits (linger is infinite), True once
+    flushed; the results then come at once."""
+    with Client(embedded_broker.address) as c:
+        c.create_topic("wd", 1)
+    with Producer(embedded_broker.address, linger=math.inf) as p:
+        h1 = p.send_async("wd", b"a")
+        h2 = p.send_async("wd", b"b")
+        assert h1.first_in_batch and not h2.first_in_batch
+        assert not h1.wait_done(0.01) and not h2.done()
+        assert p.flush(10) == 0
+        assert h2.wait_done(0) and h1.wait_done()
+        assert [h1.result().queue_offset, h2.result().queue_offset] == [0, 1]
+        h3 = p.send_async("wd", b"c")  # the next batch
+        assert h3.first_in_batch
     with pytest.raises(ClientClosed):
         p.send("threads", b"x")
 
