@@ -15,9 +15,9 @@ import trio
 
 from equeue import Message, wire
 from equeue.broker import EmbeddedBroker, open_broker
+from equeue.client import AsyncClient, Client
 from equeue.consumer import AsyncConsumer, Consumer
 from equeue.errors import ConfigError
-from equeue.producer import AsyncClient, Client
 from tests.conftest import make_config, wait_until
 
 FAST: dict[str, Any] = dict(

@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 from equeue.broker import Broker
+from equeue.client import AsyncClient
 from equeue.errors import ClientClosed
-from equeue.producer import AsyncClient, AsyncProducer, Producer, SendHandle
+from equeue.producer import AsyncProducer, Producer, SendHandle
 from tests.conftest import wait_until
 from tests.integration.test_producer import read_queue
 
