@@ -245,7 +245,7 @@ async def _delete_group(router: Router, group: str, force: bool) -> dict[str, co
         if live:
             names = ", ".join(m.consumer_id for m in live)
             raise GroupHasMembers(f"group {group!r} has {len(live)} live member(s) ({names}); stop them first "
-                                  "or pass --force")  # fmt: skip
+                                  "or force the delete (force=True; the CLI's --force)")  # fmt: skip
     answers = await _each_group(router, lambda c: _delete_here(c, group, force))
     found = {name: a for name, a in answers.items() if a is not None}
     if not found:
@@ -331,7 +331,8 @@ async def _dlq_resend(router: Router, group: str, ids: list[int], all_letters: b
             raise ConfigError(f"no live broker group {broker_group!r} (live: {', '.join(sorted(clients)) or 'none'})")
         clients = {broker_group: clients[broker_group]}
     elif ids and len(clients) > 1:
-        raise ConfigError("dead letter ids are per broker group: pass --broker-group (see equeue dlq list)")
+        raise ConfigError("dead letter ids are per broker group: name it (broker_group=; the CLI's --broker-group; "
+            "equeue dlq list shows each letter's)")
     answer = control.DlqResendAnswer([], [], {})
     for name in clients:
         a = await router.call_group(name, lambda c: c.dlq_resend(group, ids, all_letters))
@@ -353,7 +354,7 @@ async def _get_message(
     clients = await router.all_clients()
     if broker_group is None:
         if len(clients) > 1:
-            raise ConfigError("a global offset is per broker group: pass --broker-group")
+            raise ConfigError("a global offset is per broker group: name it (broker_group=; the CLI's --broker-group)")
         broker_group = next(iter(clients))
     if broker_group not in clients:
         raise ConfigError(f"no live broker group {broker_group!r}")
