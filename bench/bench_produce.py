@@ -12,8 +12,9 @@ The broker runs as ``python -m equeue broker start --port 0 --flush sync|async``
   (targets >= 4,000 msg/s with ``--flush sync``, >= 20,000 msg/s with ``async``).
 
 The ``cpu/msg`` column is the producer process's CPU time (all its threads, loop
-included) per message: on a shared, loaded machine it moves far less than the
-wall-clock rate, so compare it when checking that the produce path did not slow down.
+included) per message, and ``broker`` the broker process's (user + system, from
+``/proc/PID/stat``): on a shared, loaded machine they move far less than the
+wall-clock rate, so compare them when checking that the produce path did not slow down.
 
     .venv/bin/python bench/bench_produce.py [--flush sync,async] [--front sync,async]
         [--workloads P1,P2,P3] [--scale 1.0]
@@ -22,6 +23,7 @@ wall-clock rate, so compare it when checking that the produce path did not slow 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -37,6 +39,15 @@ from equeue.broker.process import BrokerProcess  # noqa: E402
 from equeue.client import Client  # noqa: E402
 from equeue.models import Message  # noqa: E402
 from equeue.producer import AsyncProducer, Producer  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def broker_cpu(pid: int) -> float:
+    """utime + stime of the broker process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after "(comm)": field 3 is fields[0]
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 class BrokerProc(BrokerProcess):
@@ -129,7 +140,7 @@ def main() -> None:
     work = args.workloads.upper().split(",")
     print(
         f"{'flush':6} {'front':6} {'workload':9} {'msgs':>8} {'secs':>7} {'msg/s':>10} {'MB/s':>7} "
-        f"{'cpu/msg':>9}  latency"
+        f"{'cpu/msg':>9} {'broker':>9}  latency"
     )
     for flush in args.flush.split(","):
         broker = BrokerProc(flush)
@@ -144,7 +155,7 @@ def main() -> None:
                 for w in work:
                     topic = f"{w}-{front}"
                     lat_s = ""
-                    cpu0 = time.process_time()
+                    cpu0, bcpu0 = time.process_time(), broker_cpu(broker.pid)
                     if w == "P1":
                         n, size = int(200_000 * args.scale), 100
                         secs = stream(broker.address, topic, n, size, args.p1_mode)
@@ -158,10 +169,11 @@ def main() -> None:
                         secs, lat = each(broker.address, topic, n, size)
                         lat_s = f"p50 {pct(lat, 0.5) * 1e3:.2f} ms  p99 {pct(lat, 0.99) * 1e3:.2f} ms"
                     cpu_us = (time.process_time() - cpu0) / n * 1e6
+                    bcpu_us = (broker_cpu(broker.pid) - bcpu0) / n * 1e6
                     rate = n / secs
                     print(
                         f"{flush:6} {front:6} {w:9} {n:>8} {secs:>7.2f} {rate:>10,.0f} "
-                        f"{rate * size / 1e6:>7.1f} {cpu_us:>6.2f} us  {lat_s}",
+                        f"{rate * size / 1e6:>7.1f} {cpu_us:>6.2f} us {bcpu_us:>6.2f} us  {lat_s}",
                         flush=True,
                     )
         finally:
