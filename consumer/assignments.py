@@ -152,6 +152,12 @@ class Assignments:
         """Commit what was done of a queue manual assignment no longer gives, once its
         handlers finished (or ``revoke_timeout``); a failure is logged."""
         await self.wait_handlers([q], self.options.revoke_timeout)
+        if q.lease in self.queues:
+            # assigned again meanwhile: its new queue started from the group's offset and
+            # commits from there; this older position could move the offset backwards
+            log.info("consumer %s: %s was assigned again; its earlier position is not committed",
+                     self.consumer_id, q.key)  # fmt: skip
+            return
         try:
             await self.committer.commit(q)
         except EQueueError as exc:

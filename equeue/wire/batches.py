@@ -52,7 +52,7 @@ import zstandard
 
 from equeue.errors import ConfigError, CorruptRecord, InvalidMessage, MessageTooLarge
 from equeue.models import Message, check_props
-from equeue.wire.entries import ENTRY_HEADER, decode_props
+from equeue.wire.entries import ENTRY_HEADER, decode_props, encode_props
 
 BATCH_HEAD: Final = struct.Struct(">BBIII")  # magic, codec, count, crc32, records_len
 BATCH_MAGIC: Final = 1
@@ -457,9 +457,12 @@ def produced_record(
     common shapes (no tags, properties or due time; a key under 128 bytes) built in
     one join. ``key`` and ``tags`` must be UTF-8 (the caller's text, encoded).
 
-    Raises ConfigError for a key or tags above 65535 bytes, MessageTooLarge when the
-    content (key + tags + properties block + body) is above ``max_content``, and
-    TypeError for a property name or value that is not a str."""
+    Raises ConfigError for a key or tags above 65535 bytes (or a property name),
+    MessageTooLarge when the content (key + tags + properties + body, the properties
+    counted as the entry layout holds them: 6 bytes per pair plus the names and values,
+    so every message stored can be copied as an entry to the retry or dead-letter
+    topic) is above ``max_content``, and TypeError for a property name or value that
+    is not a str."""
     if tags is None and not props and not deliver_at:
         if key is None:
             if len(body) > max_content:
@@ -492,11 +495,10 @@ def produced_record(
         parts += (_uvarint(len(tags)), tags)
         content += len(tags)
     if props:
-        check_props(props)
+        content += len(encode_props(props))  # TypeError, ConfigError (a name above 65535 bytes)
         a |= A_PROPS
         pb = _encode_props(props)
         parts += (_uvarint(len(pb)), pb)
-        content += len(pb)
     if content > max_content:
         raise MessageTooLarge(
             f"message content (key + tags + properties + body) is {content} bytes; the limit is {max_content}"
@@ -531,8 +533,10 @@ def scan_produced(records: bytes, count: int, max_content: int) -> ProducedRecor
     attributes, a key, tags or property that is not UTF-8, or the section holds more
     or fewer than ``count`` records; InvalidMessage for a store-time delta (only the
     broker sets store times), a reconsume count above 65535, or a key or tags above
-    65535 bytes; MessageTooLarge for a content (key + tags + properties block + body)
-    above ``max_content``. Each names the record by its index."""
+    65535 bytes (or a property name); MessageTooLarge for a content (key + tags +
+    properties + body, the properties counted as the entry layout holds them, as
+    :func:`produced_record` counts them) above ``max_content``. Each names the record
+    by its index."""
     keyed: list[int] = []
     keys: list[bytes] = []
     add_index, add_key = keyed.append, keys.append
@@ -629,9 +633,11 @@ def _scan_fields(records: bytes, pos: int, e: int, a: int, i: int) -> tuple[int,
         pl, pos = uvarint(records, pos)
         if pos + pl > e:
             raise CorruptRecord(f"record {i}'s properties overrun it")
-        decode_record_props(records[pos : pos + pl])
+        try:  # counted as the entry layout holds them (the retry and DLQ copies)
+            extra += len(encode_props(decode_record_props(records[pos : pos + pl])))
+        except ConfigError as exc:
+            raise InvalidMessage(f"message {i}: {exc}") from None
         pos += pl
-        extra += pl
     return pos, extra, key, due
 
 

@@ -33,7 +33,8 @@ _PROP_V = struct.Struct(">I")
 
 def encode_props(props: Mapping[str, str]) -> bytes:
     """The properties block of an entry: repeated (u16 klen, key, u32 vlen, value).
-    Raises TypeError naming a property whose name or value is not a str."""
+    Raises TypeError naming a property whose name or value is not a str, ConfigError
+    for a name above 65535 bytes."""
     if not props:
         return b""
     parts: list[bytes] = []
@@ -41,6 +42,8 @@ def encode_props(props: Mapping[str, str]) -> bytes:
         if type(k) is not str or type(v) is not str:
             check_props({k: v})  # raises TypeError naming it (str subclasses pass)
         kb, vb = k.encode(), v.encode()
+        if len(kb) > 0xFFFF:
+            raise ConfigError(f"property names are limited to 65535 bytes ({len(kb)}: {k[:40]!r}...)")
         parts += (_PROP_K.pack(len(kb)), kb, _PROP_V.pack(len(vb)), vb)
     return b"".join(parts)
 

@@ -6,6 +6,7 @@ held by an operator's pause of the group, and refuses what does not fit (subscri
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,45 @@ async def test_trio_assign_with_a_group_commits_a_queue_no_longer_assigned(tmp_p
                         con.stop()
                 assert await c.query_offset("gmt", "mt", 0) == 4  # the close commits
                 assert (await c.describe_group("gmt")).members == []
+
+
+async def test_a_queue_assigned_again_before_its_commit_never_moves_the_offset_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A queue dropped by ``assign()`` is committed once its handlers finish; when it is
+    assigned again meanwhile, its new run starts from the group's offset and commits
+    from there, and the dropped run's older position is not committed (it would move
+    the group's offset back)."""
+    caplog.set_level(logging.INFO, logger="equeue.consumer")
+    async with open_broker(make_config(tmp_path / "data")) as b:
+        with trio.fail_after(30):
+            async with AsyncClient(b.address) as c:
+                await c.create_topic("ma", 1)
+                await c.produce(wire.ProduceRequest("ma", 0, entries("m", 3)))
+                gate, held = trio.Event(), trio.Event()
+                seen: list[str] = []
+
+                async def handler(m: Message) -> None:
+                    if m.text == "m1" and not held.is_set():  # the first run's m1 waits
+                        held.set()
+                        await gate.wait()
+                    seen.append(m.text)
+
+                async with AsyncConsumer(b.address, "gma", start_from="earliest", **FAST) as con:
+                    con.assign([("ma", 0)])
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(con.run, handler)
+                        await held.wait()  # m0 done, m1 in the first run's handler
+                        con.assign([])  # dropped: committed once m1's handler returns
+                        con.assign([("ma", 0)])  # again: a new run from the group's offset
+
+                        async def new_run_committed() -> bool:  # m0, m1, m2 done by the new run
+                            await con.commit()
+                            return await c.query_offset("gma", "ma", 0) == 3
+
+                        await wait_until(new_run_committed)
+                        gate.set()  # the first run's m1 finishes: its position (2) is older
+                        await wait_until(lambda: "was assigned again" in caplog.text)
+                        assert await c.query_offset("gma", "ma", 0) == 3
+                        con.stop()
+                assert await c.query_offset("gma", "ma", 0) == 3

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from equeue.errors import ConfigError, CorruptRecord, InvalidMessage, MessageTooLarge
 from equeue.models import Message
 from equeue.wire.batches import decode_records, encode_record, produced_record, scan_produced
+from equeue.wire.entries import encode_props
 
 LIMIT = 1 << 20
 text = st.text(max_size=20)
@@ -106,3 +107,23 @@ def test_the_producer_refuses_what_the_broker_would() -> None:
         produced_record(b"x" * 10, b"key", None, None, 0, 12)
     with pytest.raises(TypeError):
         produced_record(b"x", None, None, {"n": 1}, 0, 1 << 20)  # type: ignore[dict-item]
+
+
+def test_properties_count_as_the_entry_layout_holds_them() -> None:
+    """The size limit counts properties as an entry holds them (6 bytes per pair), so
+    every stored message fits the retry and dead-letter copies (entries); a property
+    name above 65535 bytes, which no entry can hold, is refused on both sides."""
+    props = {f"p{i}": "" for i in range(100)}  # 100 × (6 + 2 or 3) bytes as entries
+    as_entries = len(encode_props(props))
+    body = b"x" * 10
+    rec = produced_record(body, None, None, props, 0, as_entries + len(body))
+    with pytest.raises(MessageTooLarge):
+        produced_record(body, None, None, props, 0, as_entries + len(body) - 1)
+    assert scan_produced(rec, 1, as_entries + len(body)).count == 1
+    with pytest.raises(MessageTooLarge, match="message 0"):
+        scan_produced(rec, 1, as_entries + len(body) - 1)
+    long_name = {"n" * 70_000: "v"}
+    with pytest.raises(ConfigError, match="property names"):
+        produced_record(b"x", None, None, long_name, 0, 1 << 20)
+    with pytest.raises(InvalidMessage, match="property names"):
+        scan_produced(encode_record(Message(b"x", properties=long_name)), 1, 1 << 20)
