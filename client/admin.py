@@ -31,12 +31,14 @@ class AdminClient(SyncFront[AsyncAdminClient]):
     :class:`AsyncAdminClient` (``create_topic``, ``describe_group``, ``reset_offsets``,
     ...) with the same arguments, blocking until the answer arrives. Use it as
     ``with AdminClient("host:5800") as admin:`` or call :meth:`close`; keyword
-    arguments go to :class:`AsyncAdminClient` (``security``, ``connect_timeout``, ...)."""
+    arguments go to :class:`AsyncAdminClient` (``security``, ``connect_timeout``, ...); an
+    invalid one raises (TypeError, ConfigError) here, before any thread starts."""
 
     def __init__(self, brokers: str | Sequence[str] = "127.0.0.1:5800", **kwargs: Any) -> None:
         super().__init__()
         self.brokers = brokers
         self._kwargs = kwargs
+        AsyncAdminClient(brokers, **kwargs)  # validates; no I/O
 
     def _make_core(self) -> AsyncAdminClient:
         return AsyncAdminClient(self.brokers, **self._kwargs)

@@ -25,10 +25,11 @@ that some groups answered names the others in its result instead, where it says 
 from __future__ import annotations
 
 import enum
+import functools
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import AsyncExitStack
-from typing import TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import trio
@@ -39,12 +40,14 @@ from equeue.client.lifetime import StackOwner
 from equeue.client.retry import DEFAULT_POLICY, RetryPolicy
 from equeue.client.routing import Router
 from equeue.errors import (
+    ClientClosed,
     ConfigError,
     EQueueError,
     GroupHasMembers,
     GroupNotFound,
     NotLeader,
     QueueUnavailable,
+    first_error,
 )
 from equeue.models import PullResult
 from equeue.names import is_ephemeral, validate_group
@@ -711,13 +714,14 @@ async def _plan_recovery(router: Router, group: str, leader: str = "", connect_t
     candidates: list[RecoveryCandidate] = []
 
     async def ask(b: control.BrokerStatus) -> None:
-        try:
-            async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+        async with AsyncClient(b.address, connect_timeout=connect_timeout, security=boot.security) as c:
+            try:  # inside the client's block: its errors are raised here, not wrapped in a group
                 with trio.fail_after(connect_timeout + 5):
                     st = await c.replication_status()
-            candidates.append(RecoveryCandidate(b.broker_id, b.address, st.last_epoch, st.position))
-        except (EQueueError, OSError, trio.TooSlowError) as exc:
-            candidates.append(RecoveryCandidate(b.broker_id, b.address, None, None, str(exc) or type(exc).__name__))
+            except (EQueueError, OSError, trio.TooSlowError) as exc:
+                candidates.append(RecoveryCandidate(b.broker_id, b.address, None, None, str(exc) or type(exc).__name__))
+                return
+        candidates.append(RecoveryCandidate(b.broker_id, b.address, st.last_epoch, st.position))
 
     async with trio.open_nursery() as nursery:
         for b in g.brokers:
@@ -765,6 +769,32 @@ async def _hand_over_group(router: Router, group: str, to: str = "", connect_tim
 
 
 # ----------------------------------------------------------------------------- the client
+P = ParamSpec("P")
+
+
+def _operation(
+    method: Callable[Concatenate[AsyncAdminClient, P], Awaitable[T]],
+) -> Callable[Concatenate[AsyncAdminClient, P], Coroutine[Any, Any, T]]:
+    """An admin operation as the SDK promises it: ClientClosed once the client is
+    closed, and the EQueueError a failing broker group raised itself, not the exception
+    group of the nursery that fanned the operation out (the first one, as
+    :func:`equeue.errors.first_error` finds it; anything else passes unchanged)."""
+
+    @functools.wraps(method)
+    async def run(self: AsyncAdminClient, *args: P.args, **kwargs: P.kwargs) -> T:
+        if self._closed:
+            raise ClientClosed("the admin client is closed")
+        try:
+            return await method(self, *args, **kwargs)
+        except BaseExceptionGroup as group:
+            error = first_error(group)
+            if error is None:
+                raise
+            raise error from None
+
+    return run
+
+
 class AsyncAdminClient(StackOwner):
     """The trio admin client of one equeue cluster (module docstring).
 
@@ -793,6 +823,9 @@ class AsyncAdminClient(StackOwner):
     ) -> None:
         self._client = AsyncClient(brokers, connect_timeout=connect_timeout, security=security)
         self._router = Router(self._client, refresh_interval=refresh_interval, policy=policy)
+        #: set by :meth:`aclose`: every operation raises ClientClosed from then on (a
+        #: cluster's router would otherwise open a group's connection again)
+        self._closed = False
 
     async def _enter(self, stack: AsyncExitStack) -> None:
         await stack.enter_async_context(self._client)
@@ -803,6 +836,7 @@ class AsyncAdminClient(StackOwner):
     async def aclose(self) -> None:
         """Close every connection (the groups' and the bootstrap's); later calls raise
         ClientClosed. Idempotent; leaving the ``async with`` block does it too."""
+        self._closed = True
         await self._router.aclose()
         await self._client.aclose()
 
@@ -817,11 +851,13 @@ class AsyncAdminClient(StackOwner):
         return self._router
 
     # ------------------------------------------------------------------ topics
+    @_operation
     async def list_topics(self, include_internal: bool = True) -> list[control.TopicInfo]:
         """Every topic (with ``include_internal``, the retry and dead-letter topics too),
         from any group's leader."""
         return await _at_any_leader(self._router, lambda c: c.list_topics(include_internal))
 
+    @_operation
     async def create_topic(
         self,
         name: str,
@@ -841,6 +877,7 @@ class AsyncAdminClient(StackOwner):
             compression=compression,
         ))  # fmt: skip
 
+    @_operation
     async def alter_topic(
         self,
         name: str,
@@ -861,41 +898,49 @@ class AsyncAdminClient(StackOwner):
             compression=compression,
         ))  # fmt: skip
 
+    @_operation
     async def describe_topic(self, name: str) -> MergedTopic:
         """``name``'s settings and each queue's stats from the group that owns it (None:
         that group is down). Raises TopicNotFound."""
         return await _describe_topic(self._router, name)
 
+    @_operation
     async def delete_topic(self, name: str) -> None:
         """Delete topic ``name`` (its messages are removed in the background), at any
         group's leader. Raises TopicNotFound, ReservedTopic."""
         await _at_any_leader(self._router, lambda c: c.delete_topic(name))
 
+    @_operation
     async def pause_topic(self, name: str) -> control.PauseAnswer:
         """Refuse ``name``'s produce (TOPIC_PAUSED) at every broker group; consumers
         still read what it holds. Raises TopicNotFound, ReservedTopic, NotAuthorized."""
         return await _pause_topic(self._router, name)
 
+    @_operation
     async def resume_topic(self, name: str) -> control.PauseAnswer:
         """Accept ``name``'s produce again (``changed`` False: it was not paused)."""
         return await _resume_topic(self._router, name)
 
     # ------------------------------------------------------------------ consumer groups
+    @_operation
     async def list_groups(self) -> list[control.GroupSummary]:
         """Every consumer group known to any broker group, by name."""
         return await _list_groups(self._router)
 
+    @_operation
     async def describe_group(self, group: str) -> control.GroupDescription:
         """``group``'s live members and each queue's committed offset and lag, from every
         broker group. Raises InvalidName, GroupNotFound."""
         return await _describe_group(self._router, group)
 
+    @_operation
     async def delete_group(self, group: str, force: bool = False) -> dict[str, control.DeleteGroupAnswer]:
         """Delete ``group``'s offsets and state at every broker group; the answers of the
         broker groups that had something of it. Raises InvalidName, GroupNotFound,
         GroupHasMembers (live members and not ``force``: nothing is deleted)."""
         return await _delete_group(self._router, group, force)
 
+    @_operation
     async def reset_offsets(
         self, group: str, topic: str, to: control.ResetTarget | str, timestamp_ms: int = 0, force: bool = False
     ) -> dict[int, int]:
@@ -911,21 +956,25 @@ class AsyncAdminClient(StackOwner):
             raise ConfigError(f"reset target {to!r}: expected one of {choices}") from None
         return await _reset_offsets(self._router, group, topic, target, timestamp_ms, force)
 
+    @_operation
     async def pause_group(self, group: str) -> control.PauseAnswer:
         """Hold ``group``'s pulls at every broker group (nothing delivered; offsets,
         members and leases kept). Raises InvalidName, NotAuthorized."""
         return await _pause_group(self._router, group)
 
+    @_operation
     async def resume_group(self, group: str) -> control.PauseAnswer:
         """Deliver to ``group`` again (``changed`` False: it was not paused)."""
         return await _resume_group(self._router, group)
 
     # ------------------------------------------------------------------ dead letters
+    @_operation
     async def dlq_list(self, group: str, queue_id: int = 0, offset: int = 0, limit: int = 100) -> MergedDlqPage:
         """One page of ``group``'s dead letters from the cursor (``queue_id``,
         ``offset``), from every broker group; the page's cursor continues after it."""
         return await _dlq_list(self._router, group, queue_id, offset, limit)
 
+    @_operation
     async def dlq_resend(
         self, group: str, ids: Sequence[int] = (), all_letters: bool = False, broker_group: str | None = None
     ) -> control.DlqResendAnswer:
@@ -936,6 +985,7 @@ class AsyncAdminClient(StackOwner):
         return await _dlq_resend(self._router, group, list(ids), all_letters, broker_group)
 
     # ------------------------------------------------------------------ messages
+    @_operation
     async def get_message(
         self,
         topic: str = "",
@@ -951,58 +1001,69 @@ class AsyncAdminClient(StackOwner):
             raise ConfigError("get_message: give a queue id and queue offset, or a global offset")
         return await _get_message(self._router, topic, queue_id, queue_offset, global_offset, broker_group)
 
+    @_operation
     async def find_by_key(self, topic: str, key: str, limit: int = 32, before: int = -1) -> PullResult:
         """Messages of ``topic`` with ``key`` from every owner group, newest first, at
         most ``limit``, below global offset ``before`` (-1: all; one group only)."""
         return await _find_by_key(self._router, topic, key, limit, before)
 
+    @_operation
     async def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset of the queue stored at or after ``timestamp_ms`` (the
         queue's end when none is), from its owner."""
         return await _offset_for_time(self._router, topic, queue_id, timestamp_ms)
 
+    @_operation
     async def skip_message(self, topic: str, queue_id: int, queue_offset: int) -> control.SkipAnswer:
         """Make the queue's owner stop serving the record at ``queue_offset`` (consumers
         stuck on a corrupt record move past it)."""
         return await self._router.call(topic, queue_id, lambda c: c.skip_message(topic, queue_id, queue_offset))
 
+    @_operation
     async def list_skipped(self, topic: str) -> dict[int, list[int]]:
         """The skipped offsets of ``topic`` by queue, from each queue's owner."""
         return await _list_skipped(self._router, topic)
 
     # ------------------------------------------------------------------ cluster
+    @_operation
     async def cluster_status(self) -> control.ClusterStatus:
         """CLUSTER_STATUS as the bootstrap broker sees it (standalone: ``cluster``
         false)."""
         return await self._client.cluster_status()
 
+    @_operation
     async def cluster_report(self, connect_timeout: float = 3.0) -> ClusterReport:
         """The cluster status, whether each registered broker answers (with its round
         trip) and each group's replication state."""
         return await _cluster_report(self._router, connect_timeout)
 
+    @_operation
     async def broker_stats(self, connect_timeout: float = 3.0) -> list[BrokerStatsRow]:
         """STATS of every registered broker, concurrently (a row with ``error`` for one
         that does not answer)."""
         return await _broker_stats(self._router, connect_timeout)
 
+    @_operation
     async def verify_cluster(self, timeout: float = 30.0, connect_timeout: float = 3.0) -> VerifyReport:
         """Compare the replicas of every group at one log position (REPLICA_DIGEST),
         waiting at most ``timeout`` s for them to stand at one (see
         :attr:`VerifyReport.exit_code`). Needs an admin user under authentication."""
         return await _verify_cluster(self._router, timeout, connect_timeout)
 
+    @_operation
     async def plan_recovery(self, group: str, leader: str = "", connect_timeout: float = 3.0) -> RecoveryPlan:
         """What recovering leaderless broker group ``group`` would write (its
         ``problem`` says why nothing can be); ``leader``: the replica to make leader
         (empty: the most advanced)."""
         return await _plan_recovery(self._router, group, leader, connect_timeout)
 
+    @_operation
     async def recover_group(self, plan: RecoveryPlan, connect_timeout: float = 3.0) -> control.ReplicationStatus:
         """Carry out ``plan`` (from :meth:`plan_recovery`). Raises BrokerError (the
         broker's refusal: etcd has a leader or a newer record)."""
         return await _recover_group(self._router, plan, connect_timeout)
 
+    @_operation
     async def hand_over_group(self, group: str, to: str = "", connect_timeout: float = 3.0) -> control.ReplicationStatus:
         """Move ``group``'s leadership to in-sync follower ``to`` (empty: the leader
         picks one). Raises ConfigError (no such group, no leader now), BrokerError."""

@@ -28,6 +28,7 @@ class Client(SyncFront[AsyncClient]):
         super().__init__()
         self.brokers = brokers
         self._kwargs = kwargs
+        AsyncClient(brokers, **kwargs)  # validates (TypeError, ConfigError) before any thread starts; no I/O
 
     def _make_core(self) -> AsyncClient:
         return AsyncClient(self.brokers, **self._kwargs)

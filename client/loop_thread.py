@@ -198,8 +198,15 @@ class SyncFront(Generic[A]):
             return loop, self._core
         with self._lock:
             if self._loop is None or not self._loop.alive or self._core is None:
+                if self._loop is not None:
+                    self._loop.close()  # an earlier loop whose core failed to open
                 self._loop = LoopThread(f"equeue-{type(self).__name__.lower()}")
-                self._core = self._loop.open_async(self._make_core)
+                try:
+                    self._core = self._loop.open_async(self._make_core)
+                except BaseException:
+                    self._loop.close()  # no loop thread is left behind a core that failed to open
+                    self._loop = None
+                    raise
             return self._loop, self._core
 
     def _call(self, fn: Callable[[A], Awaitable[T]]) -> T:

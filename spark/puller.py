@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections import deque
 from typing import Final
 
@@ -98,8 +99,8 @@ class Puller:
                 if self._ssl is not None and tls is not None:
                     # the TLS handshake runs here, bounded by CONNECT_TIMEOUT
                     sock = self._ssl.wrap_socket(sock, server_hostname=tls.server_hostname or host)
+                self._handshake(sock, shake, time.monotonic() + CONNECT_TIMEOUT)
                 sock.settimeout(READ_TIMEOUT)
-                self._handshake(sock, shake)
             except AuthenticationError:
                 sock.close()
                 raise  # the same credentials fail the same way everywhere: no retry
@@ -119,11 +120,18 @@ class Puller:
         raise error("cannot connect to any broker (" + "; ".join(errors) + ")")
 
     @staticmethod
-    def _handshake(sock: socket.socket, shake: ClientHandshake) -> None:
+    def _handshake(sock: socket.socket, shake: ClientHandshake, deadline: float) -> None:
         """Drive the connect handshake (equeue.client.handshake: Hello, HelloAck, SCRAM)
-        over ``sock``. Raises as ClientHandshake does, OSError for a failed read or write."""
+        over ``sock``, all of it before ``deadline`` (``time.monotonic()``; a broker that
+        never answers, or drips bytes, is a timeout, as the trio client's connect timeout
+        bounds its handshake). Raises as ClientHandshake does, OSError for a failed read
+        or write (TimeoutError past the deadline)."""
         data = shake.start()
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the connect handshake took longer than the connect timeout")
+            sock.settimeout(left)
             if data:
                 sock.sendall(data)
             if shake.done:

@@ -152,3 +152,51 @@ async def test_async_admin_client(broker: Broker) -> None:
                 await admin.describe_topic("a")
         with pytest.raises(ClientClosed):
             await admin.list_topics()
+
+
+def test_a_refusal_is_the_brokers_error_not_an_exception_group(embedded_broker: EmbeddedBroker) -> None:
+    """Operations that fan out over the broker groups (a nursery) raise the refusal
+    itself, in every front; a closed client raises ClientClosed; arguments are checked
+    before any thread starts."""
+    with AdminClient(embedded_broker.address) as admin:
+        with pytest.raises(InvalidName):
+            admin.dlq_list("bad name!")
+    with pytest.raises(ConfigError):
+        AdminClient("")
+    with pytest.raises(ConfigError):
+        Client("")
+
+
+async def test_a_closed_admin_client_refuses_and_a_fan_out_refusal_is_plain(broker: Broker) -> None:
+    with trio.fail_after(20):
+        async with AsyncAdminClient(broker.address) as admin:
+            with pytest.raises(InvalidName):
+                await admin.dlq_list("bad name!")
+            await admin.aclose()
+            with pytest.raises(ClientClosed):
+                await admin.list_topics()
+
+
+async def test_a_recovery_plan_names_a_replica_that_does_not_answer(broker: Broker) -> None:
+    """One replica answers (a real broker), the other is registered alive but refuses
+    connections: the plan lists both, the second with its error, and chooses the first
+    (the registration is the route etcd would give; only it is stood in for)."""
+    from equeue import control
+    from equeue.client.async_admin import _plan_recovery
+    from equeue.security import ClientSecurity
+
+    class Registered:
+        security = ClientSecurity()
+
+        async def cluster_status(self) -> control.ClusterStatus:
+            brokers = [control.BrokerStatus("b1", "g1", broker.address, 0, True),
+                       control.BrokerStatus("b2", "g1", "127.0.0.1:1", 0, True)]  # fmt: skip
+            return control.ClusterStatus(True, "g1", "b1", [], True, 1, [control.GroupStatus("g1", brokers, 0, {}, False)])
+
+    class Routes:
+        bootstrap = Registered()
+
+    with trio.fail_after(20):
+        plan = await _plan_recovery(Routes(), "g1", connect_timeout=1)  # type: ignore[arg-type]
+    assert [(c.broker_id, not c.error) for c in plan.candidates] == [("b1", True), ("b2", False)]
+    assert plan.leader == "b1"

@@ -13,6 +13,7 @@ pytest.importorskip("numpy")
 
 from equeue import Message, wire  # noqa: E402
 from equeue.client import Client  # noqa: E402
+from equeue.client.retry import RetryPolicy  # noqa: E402
 from equeue.errors import ConnectionBroken, TopicNotFound  # noqa: E402
 from equeue.spark import source  # noqa: E402
 from equeue.spark.puller import RETRIES, Puller  # noqa: E402
@@ -110,3 +111,19 @@ def test_puller_pauses_between_reconnects() -> None:
     finally:
         si.set_on_retry_hooks(before)
     assert len(waits) == RETRIES - 1 and all(w > 0 for w in waits), waits
+
+
+@pytest.mark.timeout(30)
+def test_a_broker_that_never_answers_the_hello_fails_at_the_connect_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener that takes the connection and never answers (or drips bytes) fails
+    the puller's connect once the connect timeout is spent, for the whole handshake
+    (not after the 60 s an answer may take once connected)."""
+    import socket
+
+    from equeue.spark import puller as puller_module
+
+    monkeypatch.setattr(puller_module, "CONNECT_TIMEOUT", 0.3)
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # the kernel accepts; nobody answers
+        p = Puller(f"127.0.0.1:{silent.getsockname()[1]}", policy=RetryPolicy(attempts=1, timeout=5.0))
+        with pytest.raises(ConnectionBroken, match="cannot connect"):
+            p.submit(wire.PullRequest("t", 0, 0))
