@@ -64,10 +64,10 @@ def pct(xs: list[float]) -> str:
     return f"p50 {1000 * xs[len(xs) // 2]:.2f} ms, p99 {1000 * xs[int(len(xs) * 0.99)]:.2f} ms"
 
 
-async def l1_trio(addr: str, topic: str, rate: int, seconds: float) -> str:
+async def l1_trio(addr: str, topic: str, rate: int, seconds: float, group: str = "l1-trio") -> str:
     lat: list[float] = []
     n = int(rate * seconds)
-    async with AsyncConsumer(addr, "l1-trio", topic, start_from="earliest", **FAST) as con, AsyncProducer(addr, linger=0) as p:
+    async with AsyncConsumer(addr, group, topic, start_from="earliest", **FAST) as con, AsyncProducer(addr, linger=0) as p:
 
         async def handler(m: Message) -> None:
             lat.append(time.perf_counter() - float(m.text))
@@ -84,10 +84,10 @@ async def l1_trio(addr: str, topic: str, rate: int, seconds: float) -> str:
     return pct(lat)
 
 
-async def l1_aio(addr: str, topic: str, rate: int, seconds: float) -> str:
+async def l1_aio(addr: str, topic: str, rate: int, seconds: float, group: str = "l1-aio") -> str:
     lat: list[float] = []
     n = int(rate * seconds)
-    async with aio.AsyncConsumer(addr, "l1-aio", topic, start_from="earliest", **FAST) as con, aio.AsyncProducer(addr, linger=0) as p:
+    async with aio.AsyncConsumer(addr, group, topic, start_from="earliest", **FAST) as con, aio.AsyncProducer(addr, linger=0) as p:
 
         async def handler(m: Message) -> None:
             lat.append(time.perf_counter() - float(m.text))
