@@ -12,7 +12,7 @@ What must hold for every input:
 - the broker logs no ERROR line (an internal error, a traceback) for any of it;
 - afterwards the broker is alive and a healthy client's produce + pull still work.
 
-It runs for ``EQUEUE_FUZZ_SECONDS`` (default 15; CI keeps the default) in batches of
+It runs for ``EQUEUE_FUZZ_SECONDS`` (default 12; CI keeps the default) in batches of
 hypothesis examples; set e.g. ``EQUEUE_FUZZ_SECONDS=600`` for a longer hunt. A failure
 prints the smallest input hypothesis found.
 """
@@ -42,7 +42,7 @@ from equeue.protocol import RequestCode
 from equeue.wire.batches import Codec, encode_batch
 from tests.hostile.conftest import LatencyProbe
 
-FUZZ_SECONDS = float(os.environ.get("EQUEUE_FUZZ_SECONDS", "15"))
+FUZZ_SECONDS = float(os.environ.get("EQUEUE_FUZZ_SECONDS", "12"))
 #: the codes the fuzzer aims at: every request code, and some that are none
 CODES = [int(c) for c in RequestCode] + [0, 1, 12, 26, 59, 74, 83, 99, 0xFFFF]
 #: topics and groups that exist (so handlers go past the name checks), and others

@@ -43,17 +43,18 @@ Replicas = Callable[..., ReplicaGroup]
 
 
 # ------------------------------------------------------------------------------ 1
-def test_leader_killed_under_load_five_times(replicas: Replicas) -> None:
-    """4 producers (acks all) while the leader is SIGKILLed, 5 rounds (each killed
+def test_leader_killed_under_load_three_times(replicas: Replicas) -> None:
+    """4 producers (acks all) while the leader is SIGKILLed, 3 rounds (each killed
     replica restarts and rejoins before the next): every acknowledged message is
-    stored once, where it was acknowledged, and no queue has a gap."""
+    stored once, where it was acknowledged, and no queue has a gap. (The fault
+    campaign's runs kill leaders many more times, at random moments.)"""
     rs = replicas("k", 3, "--acks", "all")
     leader = rs.leader()
     rs.client(leader).create_topic("t1", 4)
     rs.wait_isr(3)
     failovers: list[float] = []
     with Load(rs.bootstrap, "t1", producers=4) as load:
-        for _ in range(5):
+        for _ in range(3):
             load.wait_more(300)  # a few hundred ms of load
             leader = rs.wait_isr(3)
             killed_at = time.monotonic()
