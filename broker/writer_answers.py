@@ -82,13 +82,13 @@ class PullAnswer:
 
     __slots__ = (
         "encode", "info", "max_bytes", "max_messages", "offset", "output", "queue_id", "request_id", "store",
-        "tags", "verify",
+        "tags", "verify", "whole",
     )  # fmt: skip
 
     def __init__(
         self, store: StoreReader, output: ThreadWritable, request_id: int, info: control.TopicInfo,
         queue_id: int, offset: int, max_messages: int, max_bytes: int, tags: frozenset[bytes] | None,
-        verify: bool, encode: PullEncoder,
+        verify: bool, encode: PullEncoder, whole: bool = False,
     ) -> None:  # fmt: skip
         self.store = store
         self.output = output
@@ -101,6 +101,7 @@ class PullAnswer:
         self.tags = tags
         self.verify = verify
         self.encode = encode
+        self.whole = whole
 
     def __call__(self) -> tuple[int, int] | None:
         """Writer thread: (messages, bytes) written, or None when nothing was (the
@@ -113,7 +114,7 @@ class PullAnswer:
         if now is None or now.topic_id != info.topic_id or qid >= now.queues:
             return None
         got = self.store.read_queue(
-            now, qid, self.offset, self.max_messages, self.max_bytes, self.tags, self.verify
+            now, qid, self.offset, self.max_messages, self.max_bytes, self.tags, self.verify, self.whole
         )
         if got.status is not PullStatus.FOUND:
             return None

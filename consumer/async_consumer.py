@@ -740,5 +740,5 @@ class AsyncConsumer(StackOwner):
             self.consumer_id, sorted(q.key for q in qs), c.consumed, c.failed, c.retried,
             c.dead_lettered, sum(len(q.window) for q in qs),
             max((q.peak_buffered for q in qs), default=0), c.paused,
-            self.coordinator.rebalances, c.dropped, c.quarantined,
+            self.coordinator.rebalances, c.dropped, c.quarantined, c.pulls, c.kept_pulls,
         )  # fmt: skip

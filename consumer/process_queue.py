@@ -14,6 +14,7 @@ from __future__ import annotations
 import trio
 
 from equeue.consumer.offsets import OffsetWindow
+from equeue.wire import PullRest
 
 __all__ = ["Lease", "ProcessQueue", "lease_name", "parse_lease"]
 
@@ -65,6 +66,10 @@ class ProcessQueue:
         self.scope = trio.CancelScope()
         #: bumped by :meth:`seek`: a pull answer of an older epoch is dropped
         self.epoch = 0
+        #: what the last pull answer held past the messages delivered from it (whole
+        #: stored batches come back): the next pull is served from it, without a round
+        #: trip, when it starts where that one ended (:func:`equeue.wire.decode_pull_rest`)
+        self.kept: PullRest | None = None
         #: the pull in flight (:meth:`seek` cancels it)
         self.pull_scope: trio.CancelScope | None = None
         #: messages handed to handlers and not finished
@@ -150,6 +155,7 @@ class ProcessQueue:
         a pull in flight is cancelled and its answer dropped. Messages handed out stay
         outstanding until done."""
         self.epoch += 1
+        self.kept = None
         if dropped:
             self.window.forget(dropped)
             self.buffered_bytes -= size

@@ -138,9 +138,11 @@ class PullLoop:
         endpoint: Endpoint = None
         verify = o.verify_checksums
         # a consumer that checks every record itself spares the broker its recheck
-        flags = wire.PULL_BATCHES | (wire.PULL_CLIENT_VERIFIES if verify else 0)
+        # whole batches: the records of the last batch past the n asked for come back
+        # too (they cost nothing more to send) and are kept for the next pull
+        flags = wire.PULL_BATCHES | wire.PULL_WHOLE_BATCHES | (wire.PULL_CLIENT_VERIFIES if verify else 0)
         max_messages, max_bytes = o.max_buffered_messages, o.max_buffered_bytes
-        decode = wire.decode_pull_batches
+        decode, decode_rest = wire.decode_pull_answer, wire.decode_pull_rest
         failures = overflows = 0
         regained = False  # NOT_QUEUE_OWNER once: a heartbeat round, then one more pull
         #: after this consumer's decoder found a corrupt record in a batch: pull that
@@ -159,69 +161,85 @@ class PullLoop:
             # stop_at_end: no long-poll hold until the queue first reached its end (an
             # empty queue answers at once)
             hold = 0 if o.stop_at_end and not q.at_end else hold_ms
-            req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold, self.group,
-                                   self.consumer_id, tags, flags)  # fmt: skip
-            epoch = q.epoch
-            try:
-                with trio.CancelScope() as pulling:
-                    q.pull_scope = pulling
-                    if client is None:
-                        endpoint = self.endpoint(q.topic, q.queue_id)
-                        client = await self.client_for(q.topic, q.queue_id)
-                    payload = await client.request(RequestCode.PULL, req.encode())
-                q.pull_scope = None
-                if pulling.cancelled_caught or q.epoch != epoch:  # a seek: pull from its offset
+            rest, q.kept = q.kept, None
+            if rest is not None and rest.start == offset and not single and not q.suspended:
+                # the last answer's undelivered records: no round trip (a record that
+                # does not decode sends the queue to the broker, one record at a time)
+                counters.kept_pulls += 1
+                try:
+                    status, lo, hi, nxt, msgs, kept = decode_rest(rest, n, verify)
+                except CorruptRecord:
+                    single = n
                     continue
-            except NotQueueOwner:
-                if regained or self.regain is None:
-                    return PullEnd.LEASE_LOST
-                regained = True
-                await self.regain()
-                continue
-            except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
-                client = None
-                if self.consumer_id:  # the lease is unconfirmed until a pull is answered again
-                    q.suspended = True
-                failures += 1
-                level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING
-                self.logs.log(level, f"route {q.key}", "queue %s: %s; refreshing routes", q.key, exc)
-                await self.settle(q.topic, q.queue_id, endpoint, DEFAULT_POLICY.delay(failures))
-                continue
-            except CorruptRecord as exc:  # the broker's: the first record it would return
-                if not await self._quarantine(q, offset, exc):
+                except EQueueError as exc:
+                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: bad pull answer: %s", q.key, exc)
+                    continue
+            else:
+                rest = None
+                req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold, self.group,
+                                       self.consumer_id, tags, flags)  # fmt: skip
+                epoch = q.epoch
+                counters.pulls += 1
+                try:
+                    with trio.CancelScope() as pulling:
+                        q.pull_scope = pulling
+                        if client is None:
+                            endpoint = self.endpoint(q.topic, q.queue_id)
+                            client = await self.client_for(q.topic, q.queue_id)
+                        payload = await client.request(RequestCode.PULL, req.encode())
+                    q.pull_scope = None
+                    if pulling.cancelled_caught or q.epoch != epoch:  # a seek: pull from its offset
+                        continue
+                except NotQueueOwner:
+                    if regained or self.regain is None:
+                        return PullEnd.LEASE_LOST
+                    regained = True
+                    await self.regain()
+                    continue
+                except ROUTING_ERRORS as exc:  # the owner moved or is down: refresh, pause this queue
+                    client = None
+                    if self.consumer_id:  # the lease is unconfirmed until a pull is answered again
+                        q.suspended = True
                     failures += 1
-                    await trio.sleep(DEFAULT_POLICY.delay(failures))
-                continue
-            except (TopicNotFound, QueueNotFound) as exc:
-                log.warning("queue %s: %s", q.key, exc)
-                await trio.sleep(o.rebalance_interval)
-                continue
-            except EQueueError as exc:
-                failures += 1
-                if not exc.transient:
-                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
-                await trio.sleep(DEFAULT_POLICY.delay(failures))
-                continue
-            try:
-                # at most the n messages asked for, though whole batches come back: flow
-                # control holds, and one record at a time (after a batch did not decode)
-                # decodes only that record, so a poison record costs no other of its batch
-                status, lo, hi, nxt, msgs = decode(q.topic, payload, offset, verify, None, n)
-            except CorruptRecord as exc:  # this consumer's check: some record of the batch
-                if n == 1:
-                    if await self._quarantine(q, offset, exc):
-                        single = 0
-                    else:
+                    level = logging.DEBUG if isinstance(exc, ConnectionBroken) else logging.WARNING
+                    self.logs.log(level, f"route {q.key}", "queue %s: %s; refreshing routes", q.key, exc)
+                    await self.settle(q.topic, q.queue_id, endpoint, DEFAULT_POLICY.delay(failures))
+                    continue
+                except CorruptRecord as exc:  # the broker's: the first record it would return
+                    if not await self._quarantine(q, offset, exc):
                         failures += 1
                         await trio.sleep(DEFAULT_POLICY.delay(failures))
-                else:
-                    single = n
-                continue
-            except EQueueError as exc:  # a malformed answer: pull it again
-                failures += 1
-                self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: bad pull answer: %s", q.key, exc)
-                await trio.sleep(DEFAULT_POLICY.delay(failures))
-                continue
+                    continue
+                except (TopicNotFound, QueueNotFound) as exc:
+                    log.warning("queue %s: %s", q.key, exc)
+                    await trio.sleep(o.rebalance_interval)
+                    continue
+                except EQueueError as exc:
+                    failures += 1
+                    if not exc.transient:
+                        self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
+                    await trio.sleep(DEFAULT_POLICY.delay(failures))
+                    continue
+                try:
+                    # at most the n messages asked for, though whole batches come back: flow
+                    # control holds, and one record at a time (after a batch did not decode)
+                    # decodes only that record, so a poison record costs no other of its batch
+                    status, lo, hi, nxt, msgs, kept = decode(q.topic, payload, offset, verify, None, n)
+                except CorruptRecord as exc:  # this consumer's check: some record of the batch
+                    if n == 1:
+                        if await self._quarantine(q, offset, exc):
+                            single = 0
+                        else:
+                            failures += 1
+                            await trio.sleep(DEFAULT_POLICY.delay(failures))
+                    else:
+                        single = n
+                    continue
+                except EQueueError as exc:  # a malformed answer: pull it again
+                    failures += 1
+                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: bad pull answer: %s", q.key, exc)
+                    await trio.sleep(DEFAULT_POLICY.delay(failures))
+                    continue
             failures = 0
             regained = False
             if q.suspended and self.resume is not None:
@@ -232,17 +250,22 @@ class PullLoop:
                 continue
             if single:
                 single -= 1
+            q.kept = kept
             if msgs:
                 deliver(q, msgs, nxt)
                 if len(msgs) >= n:
                     q.batch = min(q.batch * 2, o.max_pull_batch)
-                else:
+                elif rest is None:  # (a kept rest that ran out is not the queue's end)
                     q.batch = o.pull_batch
                     # Caught up (a short answer): let the worker woken by deliver run
                     # the handler first -- it runs in the next scheduling batch; two
                     # checkpoints put the next pull behind it whatever order trio
                     # picks in that batch. The pull would park at the broker anyway.
                     await trio.lowlevel.checkpoint()
+                    await trio.lowlevel.checkpoint()
+                if rest is not None:
+                    # served without a round trip: let the workers woken by deliver
+                    # take these before the next rest is decoded
                     await trio.lowlevel.checkpoint()
             elif status is PullStatus.NO_NEW_MESSAGE or status is PullStatus.NO_MATCHED_MSG or (
                 status is PullStatus.FOUND and nxt > offset

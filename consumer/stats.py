@@ -17,7 +17,10 @@ class ConsumerStatistics:
     ``quarantined``: poison records (stored records that fail their checksum or do not
     decode) skipped to the group's dead-letter topic; also reported with the heartbeat,
     so ``equeue group describe`` shows it per member
-    (docs/consumer.md, "When a message cannot be handled").
+    (docs/consumer.md, "When a message cannot be handled");
+    ``pulls``: pull requests sent to brokers; ``kept_pulls``: pulls served from the
+    rest of an earlier answer, with no request (whole stored batches come back, so
+    the records past those asked for are kept: docs/consumer.md, "Flow control").
     """
 
     consumer_id: str
@@ -32,12 +35,16 @@ class ConsumerStatistics:
     rebalances: int
     dropped: int = 0
     quarantined: int = 0
+    pulls: int = 0
+    kept_pulls: int = 0
 
 
 class Counters:
     """Running counts, written by the pull loops, the workers and the send-back."""
 
-    __slots__ = ("consumed", "dead_lettered", "dropped", "failed", "paused", "quarantined", "retried")
+    __slots__ = (
+        "consumed", "dead_lettered", "dropped", "failed", "kept_pulls", "paused", "pulls", "quarantined", "retried",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.consumed = 0
@@ -48,3 +55,6 @@ class Counters:
         self.quarantined = 0
         #: times a queue stopped pulling for flow control
         self.paused = 0
+        #: pull requests sent, and pulls served from a kept answer's rest instead
+        self.pulls = 0
+        self.kept_pulls = 0

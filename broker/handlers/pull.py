@@ -79,6 +79,7 @@ class PullHandler:
         # batch always goes (one too big for any answer is refused below)
         max_bytes = max(1, min(req.max_bytes, (self._max_bytes - 17 * max_messages) * 15 // 16))
         verify = not req.flags & wire.PULL_CLIENT_VERIFIES
+        whole = bool(req.flags & wire.PULL_WHOLE_BATCHES)
         encode = wire.encode_pull_batches
         pauses = self._pauses
         if req.group and pauses is not None and pauses.group_paused(req.group):
@@ -89,7 +90,7 @@ class PullHandler:
             info = await self._topics.require_queue(req.topic, qid)
         store = self._store
         counters = self._counters
-        r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify)
+        r = store.read_queue(info, qid, req.offset, max_messages, max_bytes, tags, verify, whole)
         offset = req.offset
         if r.status is PullStatus.NO_NEW_MESSAGE and r.next_offset > offset:
             offset = r.next_offset  # everything up to the end filtered out by tags
@@ -109,6 +110,7 @@ class PullHandler:
                     tags,
                     verify,
                     encode,
+                    whole,
                 )
             parked_at = time.perf_counter()
             with trio.move_on_after(min(req.max_wait_ms / 1000, self._max_wait)):
@@ -124,7 +126,7 @@ class PullHandler:
                         if not await self._held(pauses, req.group, req.max_wait_ms):
                             break
                     info = await self._topics.require(req.topic)
-                    r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify)
+                    r = store.read_queue(info, qid, offset, max_messages, max_bytes, tags, verify, whole)
                     if r.status is PullStatus.NO_NEW_MESSAGE:
                         offset = max(offset, r.next_offset)
                         if answer is not None:

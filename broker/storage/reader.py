@@ -245,13 +245,18 @@ class StoreReader:
         max_bytes: int,
         tag_filter: frozenset[bytes] | None = None,
         verify: bool = True,
+        whole: bool = False,
     ) -> ReadResult:
         """Read the stored batches of a queue from ``offset``: exactly ``max_messages``
         records when the queue holds them, within ``max_bytes`` of stored batches.
         Batches go whole (:func:`_cut_to_range` trims large ones); the first always
         goes, a later one when it fits ``max_bytes``, and the answer ends inside the
         batch that holds more records than are left to deliver (``next_offset``: the
-        reader delivers the records from ``offset`` below ``next_offset``).
+        reader delivers the records from ``offset`` below ``next_offset``). With
+        ``whole`` (the pull's WHOLE_BATCHES flag) an answer does not end inside a batch
+        that goes whole anyway (:func:`_goes_whole`) and is committed: its
+        ``next_offset`` is that batch's end, past ``max_messages``, and the reader
+        keeps what it did not ask for.
 
         Records an operator skipped, and with a ``tag_filter`` the records whose tags
         it does not hold, are masked out (a batch with none left is not sent). A
@@ -344,7 +349,8 @@ class StoreReader:
                 room = max_messages - delivered
                 if out and n and size + len(value) > max_bytes:
                     break
-                if n > room:  # more than asked for: the answer ends inside this batch
+                if n > room and not (whole and stopped < 0 and base + count <= end and _goes_whole(value)):
+                    # more than asked for: the answer ends inside this batch
                     cut = first + room - 1 if keep is None else keep[room - 1]
                     nxt = base + cut + 1
                     out.append((g, value, b"" if keep is None else wire.mask_of(count, keep[:room])))
@@ -682,6 +688,12 @@ def _cut_to_range(out: list[BatchRef], offset: int, nxt: int) -> list[BatchRef]:
         if cut is not None:
             out[i] = (g + first, cut, b"")
     return out
+
+
+def _goes_whole(value: bytes) -> bool:
+    """Whether :func:`_cut_to_range` never cuts this stored batch: it is smaller than
+    :data:`CUT_SAVES_BYTES`, or compressed (its records cannot be cut)."""
+    return len(value) < CUT_SAVES_BYTES or value[batches.STORED_HEAD.size + 1] != batches.Codec.NONE
 
 
 def mask_keeps(mask: bytes, i: int) -> bool:

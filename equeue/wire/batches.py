@@ -193,13 +193,22 @@ def decode_record_props(buf: bytes) -> dict[str, str]:
     return out
 
 
-_new_message = Message.__new__
-# slot setters of Message (attrs slots class): one C call each, no hooks (its
-# ``__init__``'s converters and ``on_setattr`` hooks cost about as much as the rest
-# of decoding, and what they would convert is already bytes / str / a fresh dict here)
-_SET = {f.name: Message.__dict__[f.name].__set__ for f in attrs.fields(Message)}
-assert list(_SET) == ["body", "key", "tags", "properties", "deliver_at", "topic", "queue_id",
-                      "queue_offset", "global_offset", "timestamp", "reconsume_times"]  # fmt: skip
+class _Filling(Message):
+    """A Message being filled in by :func:`decode_records_into`: the same slots
+    without Message's ``__setattr__`` (its converters and ``on_setattr`` hooks cost
+    about as much as the rest of decoding, and what they would convert is already
+    bytes / str / a fresh dict here), so each field is one plain slot store. Once
+    filled, the object's class becomes :class:`Message` (same layout): nothing else
+    ever sees a ``_Filling``."""
+
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+
+
+_new_filling = _Filling.__new__
+assert [f.name for f in attrs.fields(Message)] == ["body", "key", "tags", "properties", "deliver_at", "topic",
+                                                   "queue_id", "queue_offset", "global_offset", "timestamp",
+                                                   "reconsume_times"]  # fmt: skip
 _NO_END: Final = 1 << 64
 
 
@@ -248,8 +257,7 @@ def decode_records_into(
     or fewer records than ``count``, an attribute bit is unknown, or a key, tags or
     property is not UTF-8 (of a delivered record)."""
     append = out.append
-    new, cls = _new_message, Message
-    s_body, s_key, s_tags, s_props, s_deliver, s_topic, s_qid, s_qoff, s_global, s_ts, s_rc = _SET.values()
+    new, filling, cls = _new_filling, _Filling, Message
     uvarint = _read_uvarint
     pos, size = 0, len(records)
     # the records before ``start`` are stepped over by their lengths alone
@@ -275,7 +283,7 @@ def decode_records_into(
                 continue
             a = records[pos]
             pos += 1
-            m = new(cls)
+            m = new(filling)
             ts = rc = deliver = 0
             if a & ~_A_KEY_ONLY:  # anything but a key: the general path
                 if a & ~_A_KNOWN:
@@ -288,24 +296,24 @@ def decode_records_into(
                     deliver, pos = uvarint(records, pos)
                 if a & A_KEY:
                     kl, pos = uvarint(records, pos)
-                    s_key(m, records[pos : pos + kl].decode())
+                    m.key = records[pos : pos + kl].decode()
                     pos += kl
                 else:
-                    s_key(m, None)
+                    m.key = None
                 if a & A_TAGS:
                     tl, pos = uvarint(records, pos)
-                    s_tags(m, records[pos : pos + tl].decode())
+                    m.tags = records[pos : pos + tl].decode()
                     pos += tl
                 else:
-                    s_tags(m, None)
+                    m.tags = None
                 if a & A_PROPS:
                     pl, pos = uvarint(records, pos)
                     if pos + pl > e:
                         raise CorruptRecord(f"record {i}'s properties overrun it")
-                    s_props(m, decode_record_props(records[pos : pos + pl]))
+                    m.properties = decode_record_props(records[pos : pos + pl])
                     pos += pl
                 else:
-                    s_props(m, {})
+                    m.properties = {}
             else:
                 if a:
                     kl = records[pos]
@@ -313,22 +321,23 @@ def decode_records_into(
                         pos += 1
                     else:
                         kl, pos = uvarint(records, pos)
-                    s_key(m, records[pos : pos + kl].decode())
+                    m.key = records[pos : pos + kl].decode()
                     pos += kl
                 else:
-                    s_key(m, None)
-                s_tags(m, None)
-                s_props(m, {})
+                    m.key = None
+                m.tags = None
+                m.properties = {}
             if pos > e:
                 raise CorruptRecord(f"record {i}'s fields overrun it")
-            s_body(m, records[pos:e])
-            s_deliver(m, deliver)
-            s_topic(m, topic)
-            s_qid(m, qid)
-            s_qoff(m, base + i)
-            s_global(m, gbase + i)
-            s_ts(m, first_ms + ts)
-            s_rc(m, rc)
+            m.body = records[pos:e]
+            m.deliver_at = deliver
+            m.topic = topic
+            m.queue_id = qid
+            m.queue_offset = base + i
+            m.global_offset = gbase + i
+            m.timestamp = first_ms + ts
+            m.reconsume_times = rc
+            m.__class__ = cls  # type: ignore[assignment]  # a Message from here on
             append(m)
             pos = e
             if len(out) >= cap:
@@ -699,9 +708,18 @@ def batch_head(batch: bytes | memoryview, max_records_len: int, *, verify: bool 
     carried = len(batch) - BATCH_HEAD.size
     if c is Codec.NONE and carried != records_len:
         raise CorruptRecord(f"batch announces {records_len} bytes of records and carries {carried}")
-    if verify and zlib.crc32(memoryview(batch)[BATCH_HEAD.size :]) != crc:
+    head = BatchHead(c, count, crc, records_len)
+    if verify:
+        verify_batch(batch, head)
+    return head
+
+
+def verify_batch(batch: bytes | memoryview, head: BatchHead) -> None:
+    """Check the crc32 of the records ``batch`` carries against its ``head``'s (for a
+    reader that parsed the header with ``verify=False`` and checks only the batches it
+    delivers from). Raises CorruptRecord on a mismatch."""
+    if zlib.crc32(memoryview(batch)[BATCH_HEAD.size :]) != head.crc:
         raise CorruptRecord("batch checksum mismatch")
-    return BatchHead(c, count, crc, records_len)
 
 
 def batch_records(batch: bytes | memoryview, head: BatchHead) -> bytes:

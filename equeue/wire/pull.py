@@ -20,6 +20,7 @@ from equeue.wire.batches import (
     decode_records_into,
     stored_batch,
     stored_head,
+    verify_batch,
 )
 
 _PULL_FIXED = struct.Struct(">IQIII")  # queue, offset, max messages, max bytes, max wait ms
@@ -29,7 +30,11 @@ PULL_CLIENT_VERIFIES: Final = 2
 #: pull flag: answer in the batch layout (stored batches whole, with keep-masks); a
 #: broker refuses a pull without it (bit 0, the retired packed layout, is refused too)
 PULL_BATCHES: Final = 4
-_PULL_FLAGS_KNOWN: Final = PULL_CLIENT_VERIFIES | PULL_BATCHES
+#: pull flag: the answer may end at the end of its last batch rather than inside it,
+#: past ``max_messages``, when that batch is sent whole anyway (small or compressed):
+#: the reader delivers what it asked for and keeps the rest (:class:`PullRest`)
+PULL_WHOLE_BATCHES: Final = 8
+_PULL_FLAGS_KNOWN: Final = PULL_CLIENT_VERIFIES | PULL_BATCHES | PULL_WHOLE_BATCHES
 
 
 @attrs.frozen(slots=True)
@@ -250,34 +255,48 @@ class PulledBatch:
     records: bytes
 
 
+def check_batch(
+    topic: str, g: int, mask: bytes, value: bytes, start: int, stop: int, verify: bool = True
+) -> PulledBatch | None:
+    """One framed batch (global base ``g``, keep-``mask``, stored ``value``) checked
+    and decompressed, or None when it holds no queue offset in [``start``,
+    ``stop``) (its record crc is then not computed): stored header crc, batch
+    header, mask length, with ``verify`` the batch crc. Decompression is capped at
+    :data:`MAX_RECORDS_LEN`. The one batch check of the pull decoders.
+
+    Raises CorruptRecord naming the batch's position (topic, queue, queue offset,
+    global offset); RemoteProtocolError for a mask that does not fit its batch."""
+    try:
+        sh = stored_head(value)
+    except CorruptRecord as exc:
+        raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
+    base = sh.base_offset
+    try:
+        inner = stored_batch(value)
+        bh = batch_head(inner, MAX_RECORDS_LEN, verify=False)
+        if base >= stop or base + bh.count <= start:
+            return None
+        if verify:
+            verify_batch(inner, bh)
+        if mask and len(mask) != (bh.count + 7) // 8:
+            raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
+        records = batch_records(inner, bh)
+    except CorruptRecord as exc:
+        raise batch_error(topic, sh.queue_id, base, g, exc) from None
+    return PulledBatch(g, sh.queue_id, base, bh.count, sh.first_ms, mask, records)
+
+
 def checked_batches(
     topic: str, items: Sequence[tuple[int, bytes, bytes]], start: int, stop: int, verify: bool = True
 ) -> Iterator[PulledBatch]:
     """The batches of :func:`frame_pull_batches`'s ``items`` that hold queue offsets in
-    [``start``, ``stop``), each checked when it is reached (stored header crc, batch
-    header, mask length, with ``verify`` the batch crc) and decompressed (capped at
-    :data:`MAX_RECORDS_LEN`): the batch half of the one decoder, shared by the
-    consumer's :func:`decode_pull_batches` and the Spark reader's columns.
-
-    Raises CorruptRecord naming the batch's position (topic, queue, queue offset,
-    global offset); RemoteProtocolError for a mask that does not fit its batch."""
+    [``start``, ``stop``), each checked (:func:`check_batch`) when it is reached: the
+    batch half of the one decoder, shared by the consumer's :func:`decode_pull_answer`
+    and the Spark reader's columns. Raises what :func:`check_batch` raises."""
     for g, mask, value in items:
-        try:
-            sh = stored_head(value)
-        except CorruptRecord as exc:
-            raise CorruptRecord(f"corrupt batch of {topic} at global offset {g}: {exc}") from None
-        base = sh.base_offset
-        try:
-            inner = stored_batch(value)
-            bh = batch_head(inner, MAX_RECORDS_LEN, verify=verify)
-            if mask and len(mask) != (bh.count + 7) // 8:
-                raise _bad(f"a mask of {len(mask)} bytes for a batch of {bh.count} records")
-            if base >= stop or base + bh.count <= start:
-                continue
-            records = batch_records(inner, bh)
-        except CorruptRecord as exc:
-            raise batch_error(topic, sh.queue_id, base, g, exc) from None
-        yield PulledBatch(g, sh.queue_id, base, bh.count, sh.first_ms, mask, records)
+        b = check_batch(topic, g, mask, value, start, stop, verify)
+        if b is not None:
+            yield b
 
 
 def batch_error(topic: str, queue_id: int, base: int, global_base: int, exc: CorruptRecord) -> CorruptRecord:
@@ -294,36 +313,111 @@ def decode_pull_batches(
     limit: int | None = None,
 ) -> tuple[PullStatus, int, int, int, list[Message]]:
     """(status, min offset, max offset, next offset, messages) of a batch-layout answer:
-    the one decoder of its records.
+    :func:`decode_pull_answer` without what a ``limit`` left undelivered."""
+    status, lo, hi, nxt, out, _rest = decode_pull_answer(topic, buf, start, verify, end, limit)
+    return status, lo, hi, nxt, out
+
+
+@attrs.frozen(slots=True)
+class PullRest:
+    """What a decode capped at a ``limit`` left of a pull answer: the records after
+    the last one delivered, from queue offset ``start`` to ``stop`` (the answer's
+    bound). ``batch`` is the batch the cap stopped inside (checked and decompressed;
+    None when the cap fell on its last record), ``items`` the answer's later batches,
+    framed and not yet checked. The status and offsets are the answer's.
+
+    A consumer keeps it to serve its next pull of the queue without a round trip
+    (:func:`decode_pull_rest`), as a Kafka consumer serves ``max.poll.records`` from
+    the whole batches its fetch brought."""
+
+    topic: str
+    status: PullStatus
+    min_offset: int
+    max_offset: int
+    next_offset: int
+    stop: int
+    start: int
+    batch: PulledBatch | None
+    items: Sequence[tuple[int, bytes, bytes]]
+
+
+def decode_pull_answer(
+    topic: str,
+    buf: bytes | bytearray | memoryview,
+    start: int = 0,
+    verify: bool = True,
+    end: int | None = None,
+    limit: int | None = None,
+) -> tuple[PullStatus, int, int, int, list[Message], PullRest | None]:
+    """(status, min offset, max offset, next offset, messages, rest) of a batch-layout
+    answer: the one decoder of its records.
 
     Delivers the records of each batch whose queue offset is >= ``start`` and below
     the answer's next offset (and below ``end`` when given; ``end=-1``: no bound at
     all, for answers that are not a queue read, GET_MESSAGE and FIND_BY_KEY) and whose
     mask bit is set; with a ``limit``, at most that many (the broker sends whole
     batches: a reader that asked for n messages takes n), and then the next offset
-    returned is the one after the last message delivered, where the next pull starts.
+    returned is the one after the last message delivered, where the next pull starts,
+    and ``rest`` (else None) is what the answer holds past it (:class:`PullRest`).
     Decompresses (capped at :data:`MAX_RECORDS_LEN`), checks each stored header's
-    crc, and with ``verify`` each batch's crc; records after the limit are not decoded.
+    crc, and with ``verify`` each batch's crc; records after the limit are not
+    decoded, and batches after it not checked.
 
     Raises RemoteProtocolError for a truncated or malformed answer; CorruptRecord
     naming the batch's position (topic, queue, queue offset, global offset) for a
     batch or record that does not decode.
     """
     head, items = frame_pull_batches(buf)
-    out: list[Message] = []
-    stop = head.next_offset if end is None else (1 << 64 if end < 0 else min(end, head.next_offset))
-    cap = 1 << 62 if limit is None else max(1, limit)
     nxt = head.next_offset
-    for b in checked_batches(topic, items, start, stop, verify):
+    stop = nxt if end is None else (1 << 64 if end < 0 else min(end, nxt))
+    cap = 1 << 62 if limit is None else max(1, limit)
+    return _take(topic, head.status, head.min_offset, head.max_offset, nxt, stop, start, None, items, verify, cap)
+
+
+def decode_pull_rest(
+    rest: PullRest, limit: int, verify: bool = True
+) -> tuple[PullStatus, int, int, int, list[Message], PullRest | None]:
+    """:func:`decode_pull_answer` of the answer ``rest`` was kept from, from where
+    the last decode stopped (``rest.start``), at most ``limit`` messages: the same
+    six values, the rest of the rest last. Raises what that raises (the batches in
+    ``rest.items`` are checked when they are reached)."""
+    return _take(rest.topic, rest.status, rest.min_offset, rest.max_offset, rest.next_offset, rest.stop,
+                 rest.start, rest.batch, rest.items, verify, max(1, limit))  # fmt: skip
+
+
+def _take(
+    topic: str,
+    status: PullStatus,
+    lo: int,
+    hi: int,
+    nxt: int,
+    stop: int,
+    start: int,
+    first: PulledBatch | None,
+    items: Sequence[tuple[int, bytes, bytes]],
+    verify: bool,
+    cap: int,
+) -> tuple[PullStatus, int, int, int, list[Message], PullRest | None]:
+    """The records of ``first`` (checked already) and then of ``items`` from queue
+    offset ``start`` below ``stop``, at most ``cap``: the decoders' one loop."""
+    out: list[Message] = []
+    for i in range(-1, len(items)):
+        b = first if i < 0 else check_batch(topic, *items[i], start, stop, verify)
+        if b is None:
+            continue
         try:
             decode_records_into(out, b.records, b.count, b.mask, topic, b.queue_id, b.base, b.global_base,
                                 b.first_ms, start, stop, cap)  # fmt: skip
         except CorruptRecord as exc:
             raise batch_error(topic, b.queue_id, b.base, b.global_base, exc) from None
         if len(out) >= cap:  # the batches after it are not even checked
-            nxt = min(nxt, out[-1].queue_offset + 1)
-            break
-    return head.status, head.min_offset, head.max_offset, nxt, out
+            after = out[-1].queue_offset + 1
+            rest = None
+            if after < stop:  # (a rest of no records moves the reader on to ``stop``)
+                kept = b if after < b.base + b.count else None
+                rest = PullRest(topic, status, lo, hi, nxt, stop, after, kept, items[i + 1 :])
+            return status, lo, hi, min(nxt, after), out, rest
+    return status, lo, hi, nxt, out, None
 
 
 def decode_pull_response(

@@ -207,6 +207,30 @@ async def test_flow_control_bounds_buffered_messages(broker: Broker) -> None:
             assert st.paused > 0
 
 
+async def test_the_rest_of_a_whole_batch_serves_the_next_pulls_without_a_request(broker: Broker) -> None:
+    """A pull for 10 of a stored batch of 200 brings the whole batch (the WHOLE_BATCHES
+    flag): the consumer hands out 10 and serves the next 19 pulls from the rest, in
+    order, with no request."""
+    with trio.fail_after(20):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("kept", 1)
+            await produce(c, "kept", 0, [f"m{i}" for i in range(200)])  # one stored batch
+            got: list[str] = []
+            async with AsyncConsumer(broker.address, "gk", "kept", start_from="earliest",
+                                     pull_batch=10, max_pull_batch=10, **FAST) as con:  # fmt: skip
+
+                async def handler(m: Message) -> None:
+                    got.append(m.text)
+                    if len(got) == 200:
+                        con.stop()
+
+                await con.run(handler)
+                st = con.statistics()
+            assert got == [f"m{i}" for i in range(200)]
+            assert st.kept_pulls == 19
+            assert 1 <= st.pulls <= 3  # the one that brought the batch, then long-polls at the end
+
+
 async def test_tag_filter(broker: Broker) -> None:
     with trio.fail_after(15):
         async with AsyncClient(broker.address) as c:

@@ -18,6 +18,7 @@ from equeue.broker.storage import (
     Store,
     layout,
     messages_of,
+    reader,
 )
 from equeue.broker.storage.skips import SkipRecordOp
 from equeue.control import TopicInfo
@@ -114,6 +115,39 @@ def test_a_small_pull_of_a_large_batch_carries_only_its_records(store: Store) ->
     assert [m.queue_offset for m in messages_of(info.name, r.batches, 8, r.next_offset)] == list(range(8, 21))
     r = store.read_queue(info, 0, 1, 9, 1 << 30)  # 9 of 10: one record left out is not worth a cut
     assert [g for g, _v, _m in r.batches] == [0] and stored_head(r.batches[0][1]).base_offset == 0
+
+
+def test_a_whole_batches_pull_ends_at_the_end_of_a_batch_that_goes_whole(store: Store) -> None:
+    """With ``whole`` (the WHOLE_BATCHES pull flag) an answer does not end inside its
+    last batch when that batch goes whole anyway: its next offset is the batch's end,
+    past max_messages. A large batch is still cut, and a tag filter's answer still
+    ends where its scan stopped."""
+    info = _topic(store)
+    store.write([ProduceOp(info, 0, _entries(10))]).settled()
+    store.write([ProduceOp(info, 0, _entries(10, 10))]).settled()
+    r = store.read_queue(info, 0, 2, 3, 1 << 20)
+    assert r.next_offset == 5 and len(r.batches) == 1
+    r = store.read_queue(info, 0, 2, 3, 1 << 20, whole=True)
+    assert r.next_offset == 10 and len(r.batches) == 1 and r.batches[0][2] == b""
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 2, r.next_offset)] == list(range(2, 10))
+    r = store.read_queue(info, 0, 2, 12, 1 << 20, whole=True)  # ends inside the second: its end
+    assert r.next_offset == 20 and len(r.batches) == 2
+    store.write([SkipRecordOp("t", 0, 7)]).settled()
+    r = store.read_queue(info, 0, 2, 3, 1 << 20, whole=True)  # the mask covers the whole batch
+    assert r.next_offset == 10
+    assert [m.queue_offset for m in messages_of(info.name, r.batches, 2, 10)] == [2, 3, 4, 5, 6, 8, 9]
+    big = [wire.encode_entry(Message(bytes([i]) * 20_000)) for i in range(10)]  # ~200 kB: cut, not whole
+    store.write([ProduceOp(info, 1, big)]).settled()
+    r = store.read_queue(info, 1, 0, 3, 1 << 30, whole=True)
+    assert r.next_offset == 3 and len(r.batches[0][1]) < 70_000
+    store.write([ProduceOp(info, 1, _entries(10, tags="a"))]).settled()
+    r = store.read_queue(info, 1, 10, 2, 1 << 20, frozenset({b"a"}), whole=True)
+    assert r.next_offset == 20
+    msgs = [Message(bytes([i]) * 20_000) for i in range(10)]
+    for codec, goes_whole in ((batches.Codec.NONE, False), (batches.Codec.ZSTD, True), (batches.Codec.LZ4, True)):
+        zipped = batches.encode_stored(1, 0, 0, 1, 1, None, 0, batches.encode_batch(msgs, codec))
+        assert len(zipped) >= reader.CUT_SAVES_BYTES or codec is not batches.Codec.NONE
+        assert reader._goes_whole(zipped) is goes_whole  # compressed: never cut, so whole
 
 
 def test_skips_and_tag_filters_are_masks(store: Store) -> None:

@@ -16,9 +16,11 @@ from equeue.wire import (
     PULL_BATCHES,
     PULL_CLIENT_VERIFIES,
     PullRequest,
+    decode_pull_answer,
     decode_pull_batches,
     decode_pull_head,
     decode_pull_response,
+    decode_pull_rest,
     delivered_records,
     encode_pull_batches,
     mask_of,
@@ -69,6 +71,33 @@ def answers(draw: st.DrawFn) -> tuple[list[tuple[int, bytes, bytes]], list[Messa
     nxt = max(start, qoff - draw(st.integers(0, 3)))
     want = [_expected("t", m, 3, o, gg) for m, o, gg, k in every if k and start <= o < nxt]
     return batches, [m for m, *_ in every], start, nxt, want
+
+
+@settings(max_examples=200)
+@given(answers(), st.lists(st.integers(1, 7), min_size=1, max_size=40), st.booleans())
+def test_the_rest_of_a_capped_answer_serves_the_next_pulls_in_order(
+    answer: tuple[list[tuple[int, bytes, bytes]], list[Message], int, int, list[Message]],
+    limits: list[int],
+    verify: bool,
+) -> None:
+    """Decoding at most ``limit`` messages and then the rest, ``limit`` at a time,
+    delivers what one uncapped decode does, in order, each step's next offset where
+    the following one starts; the last step's is the answer's."""
+    batches, _, start, nxt, want = answer
+    buf = b"".join(encode_pull_batches(PullStatus.FOUND, 5, nxt + 9, nxt, batches))
+    status, lo, hi, step_next, got, rest = decode_pull_answer("t", buf, start, verify, None, limits[0])
+    assert (status, lo, hi) == (PullStatus.FOUND, 5, nxt + 9)
+    steps = 1
+    while rest is not None:
+        assert rest.start == step_next
+        status, lo, hi, step_next, more, rest = decode_pull_rest(rest, limits[steps % len(limits)], verify)
+        assert (status, lo, hi) == (PullStatus.FOUND, 5, nxt + 9)
+        assert more or rest is None  # a rest that delivers nothing is the masked-out tail
+        got += more
+        steps += 1
+    assert got == want
+    assert step_next == nxt  # the whole answer was read: the next pull starts at its next offset
+    assert all(type(m) is Message for m in got)
 
 
 @settings(max_examples=200)

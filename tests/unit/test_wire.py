@@ -567,7 +567,8 @@ def test_pull_request_flags() -> None:
     bare = PullRequest("t", 0, 0, flags=0).encode()  # no flags byte: refused by the broker
     assert PullRequest("t", 0, 0).encode() == bare + b"\x04"  # PULL_BATCHES by default
     assert PullRequest.decode(bare + b"\x06").flags == wire.PULL_BATCHES | wire.PULL_CLIENT_VERIFIES
-    for retired_or_unknown in (b"\x01", b"\x05", b"\x08"):  # bit 0: the retired packed layout
+    assert PullRequest.decode(bare + b"\x0e").flags == wire.PULL_BATCHES | wire.PULL_CLIENT_VERIFIES | wire.PULL_WHOLE_BATCHES
+    for retired_or_unknown in (b"\x01", b"\x05", b"\x10"):  # bit 0: the retired packed layout
         with pytest.raises(RemoteProtocolError):
             PullRequest.decode(bare + retired_or_unknown)
 
