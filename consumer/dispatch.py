@@ -72,7 +72,9 @@ class Dispatcher:
 
     def deliver(self, q: ProcessQueue, msgs: list[Message], nxt: int) -> None:
         """A pull loop got ``msgs`` (the next pull starts at ``nxt``)."""
-        offs = [m.queue_offset for m in msgs]
+        first, last = msgs[0].queue_offset, msgs[-1].queue_offset
+        # a pull's messages have increasing offsets: as many as their span, they are all of it
+        offs = list(range(first, last + 1)) if last - first + 1 == len(msgs) else [m.queue_offset for m in msgs]
         if q.retry:
             for m in msgs:
                 as_origin(m)

@@ -140,7 +140,7 @@ class Message(_Decoded):
         when none is configured. Raises SerializationError when the deserializer failed
         on this message (iteration hands such messages out; a handler never gets one)."""
         try:
-            v = self._value
+            v = _get_value(self, Message)
         except AttributeError:
             return self.body
         if type(v) is _Failed:
@@ -153,12 +153,24 @@ class Message(_Decoded):
         None) when none is configured or the message has no key. Raises
         SerializationError when a deserializer failed on this message (as :attr:`value`)."""
         try:
-            v = self._key_value
+            v = _get_key_value(self, Message)
         except AttributeError:
             return self.key
         if type(v) is _Failed:
             raise v.error
         return v
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for a slot that is unset: ``properties`` of a message the record
+        decoder made from a record without properties is created here, empty, when
+        first read. (A dict per decoded message cost the consumer's hot path an
+        allocation and, measured, most of its garbage collections: docs/benchmarks.md.)
+        Raises AttributeError for any other name."""
+        if name == "properties":
+            props: dict[str, str] = {}
+            _set_properties(self, props)
+            return props
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __getstate__(self) -> dict[str, Any]:
         """The fields, and the deserialized key and value when set (pickle, copy)."""
@@ -181,6 +193,10 @@ class Message(_Decoded):
 
 
 _FIELD_NAMES = tuple(f.name for f in attrs.fields(Message))
+# the deserialized slots read without __getattr__ (an unset one raises AttributeError at once)
+_get_value = _Decoded.__dict__["_value"].__get__
+_get_key_value = _Decoded.__dict__["_key_value"].__get__
+_set_properties = Message.__dict__["properties"].__set__
 
 
 @attrs.frozen(slots=True)

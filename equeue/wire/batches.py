@@ -197,9 +197,10 @@ class _Filling(Message):
     """A Message being filled in by :func:`decode_records_into`: the same slots
     without Message's ``__setattr__`` (its converters and ``on_setattr`` hooks cost
     about as much as the rest of decoding, and what they would convert is already
-    bytes / str / a fresh dict here), so each field is one plain slot store. Once
-    filled, the object's class becomes :class:`Message` (same layout): nothing else
-    ever sees a ``_Filling``."""
+    bytes / str / a fresh dict here), so each field is one plain slot store. A record
+    without properties leaves ``properties`` unset: :meth:`Message.__getattr__` makes
+    the empty dict when it is first read. Once filled, the object's class becomes
+    :class:`Message` (same layout): nothing else ever sees a ``_Filling``."""
 
     __slots__ = ()
     __setattr__ = object.__setattr__
@@ -312,8 +313,6 @@ def decode_records_into(
                         raise CorruptRecord(f"record {i}'s properties overrun it")
                     m.properties = decode_record_props(records[pos : pos + pl])
                     pos += pl
-                else:
-                    m.properties = {}
             else:
                 if a:
                     kl = records[pos]
@@ -326,7 +325,6 @@ def decode_records_into(
                 else:
                     m.key = None
                 m.tags = None
-                m.properties = {}
             if pos > e:
                 raise CorruptRecord(f"record {i}'s fields overrun it")
             m.body = records[pos:e]

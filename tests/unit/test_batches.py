@@ -213,3 +213,24 @@ def test_a_slice_of_a_stored_batch_holds_those_records_at_their_offsets(msgs: li
     assert [(m.queue_offset, m.global_offset) for m in got] == [(100 + i, 1000 + i) for i in range(first, stop)]
     zipped = encode_stored(4, 1, 100, 1, 1, None, 0, encode_batch(msgs, Codec.ZSTD))
     assert slice_stored(zipped, first, stop) is None  # compressed: goes whole
+
+
+def test_a_decoded_message_without_properties_gets_its_own_empty_dict_when_read() -> None:
+    """The record decoder leaves ``properties`` of a record without any unset (no dict
+    per message); reading it makes a fresh empty dict, kept on that message only, and
+    the message still compares, pickles, copies and reads like any other."""
+    import copy
+    import pickle
+
+    a, b, c = decode_batch(encode_batch([Message(b"x", key="k"), Message(b"y"), Message(b"z", properties={"p": "1"})]),
+                           1 << 20)  # fmt: skip
+    assert type(a) is Message and type(b) is Message
+    with pytest.raises(AttributeError):
+        Message.__dict__["properties"].__get__(a, Message)  # unset until read
+    assert a.properties == {} and a.properties is a.properties and a.properties is not b.properties
+    a.properties["mine"] = "1"
+    assert b.properties == {} and c.properties == {"p": "1"}
+    assert b == Message(b"y", queue_offset=1, global_offset=1)
+    assert pickle.loads(pickle.dumps(b)) == b and copy.copy(b) == b and b.value == b"y" and b.key_value is None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        b.nope  # noqa: B018
