@@ -87,6 +87,9 @@ def server_settings(variant: Variant) -> dict[str, Any]:
         "client": f"{variant.get('api', 'async')} SDK "
                   f"({'AsyncProducer/AsyncConsumer (trio)' if variant.get('api', 'async') == 'async' else 'Producer/Consumer (blocking)'})",
         "consumer pull batch": variant.get("max_pull_batch", "100 (harness batch)"),
+        "consumer pull answers": "whole stored batches (up to 256 records; a streaming producer's "
+        "batches): the consumer hands out the 100 it asked for and serves its next pulls of the "
+        "queue from the rest, with no request, as a Kafka consumer serves max.poll.records",
         "retention": "72h (default)",
     }  # fmt: skip
 

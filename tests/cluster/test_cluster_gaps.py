@@ -213,28 +213,35 @@ async def test_consumer_calls_for_a_down_group_fail_at_once_and_do_not_hold_back
 
 
 # ----------------------------------------------------------------------------- review
-async def test_a_topic_created_then_deleted_before_the_view_saw_it_is_not_kept(tmp_path: Path, etcd: EtcdProcess) -> None:
+async def test_a_topic_created_then_deleted_before_the_view_saw_it_is_not_kept(
+    tmp_path: Path, etcd: EtcdProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A broker that created a topic while its view was reloading (after an etcd
-    outage), then saw the reload without it (deleted meanwhile), kept serving it."""
+    outage), then saw the reload without it (deleted meanwhile), kept serving it.
+
+    The view's back-off between reloads is held at 8 s here, so the topic is created
+    and deleted inside one back-off, whatever the machine's load (with the real 0.1-2 s
+    back-off the test raced the view's next reload)."""
+    from equeue.broker.cluster import view as view_module
+
+    monkeypatch.setattr(view_module, "_RETRY_MIN", 8.0)
+    monkeypatch.setattr(view_module, "_RETRY_MAX", 8.0)
     with trio.fail_after(60):
         cfg = make_config(tmp_path / "g1", cluster=etcd.endpoint, broker_group="g1")
         async with open_broker(cfg) as b, AsyncClient(b.address) as c:
             node = b.cluster
             assert node is not None
             view = node.view
-            for attempt in range(6):  # (the view may reload as etcd comes back: then again)
-                name = f"ghost{attempt}"
-                etcd.stop()
-                await trio.sleep(2.5)  # the outage lasts until the view's reload pause nears its cap (2 s)
-                loads = view.loads  # (it cannot reload while etcd is down)
-                await trio.to_thread.run_sync(etcd.start)  # the view's next reload is likely still ahead
-                await c.create_topic(name, 1)
-                assert name in node.owned
-                _etcd_delete(etcd, topic_key(name))  # another broker deleted it
-                if view.loads == loads:
-                    break  # the view reloads after the delete: the case under test
-            else:
-                pytest.fail("the view reloaded before the topic was deleted every time")
+            name = "ghost"
+            loads = view.loads
+            etcd.stop()
+            # the watch breaks at once: the view backs off 8 s before it reloads
+            await wait_until(lambda: view._outage_since is not None, timeout=10, what="the view saw etcd go")
+            await trio.to_thread.run_sync(etcd.start)
+            await c.create_topic(name, 1)
+            assert name in node.owned
+            _etcd_delete(etcd, topic_key(name))  # another broker deleted it
+            assert view.loads == loads, "the view reloaded before the topic was deleted"
             await wait_until(lambda: view.loads > loads, timeout=15, what="the view reloaded")
             await wait_until(lambda: name not in node.owned and name not in b.store.topics, timeout=10,
                              what=f"{name} (deleted in etcd) dropped here")  # fmt: skip
