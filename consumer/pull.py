@@ -32,6 +32,7 @@ from equeue.consumer.process_queue import ProcessQueue
 from equeue.consumer.sendback import SendBackResult
 from equeue.consumer.stats import Counters
 from equeue.errors import (
+    BadRequest,
     ConnectionBroken,
     CorruptRecord,
     EQueueError,
@@ -48,6 +49,10 @@ log = logging.getLogger("equeue.consumer")
 __all__ = ["MAX_PULL_BYTES", "PullEnd", "PullLoop"]
 
 MAX_PULL_BYTES = 4 << 20
+#: the most a queue keeps of a pull answer past what it delivered (the decompressed
+#: records of the batch the answer stopped inside, and the later batches as sent): a
+#: larger rest (a big compressed batch) is dropped, and the next pull fetches it again
+MAX_KEPT_BYTES = 1 << 20
 #: seconds between two logs of the same kind for one queue (corrupt records, failing pulls)
 LOG_INTERVAL = 10.0
 
@@ -165,7 +170,6 @@ class PullLoop:
             if rest is not None and rest.start == offset and not single and not q.suspended:
                 # the last answer's undelivered records: no round trip (a record that
                 # does not decode sends the queue to the broker, one record at a time)
-                counters.kept_pulls += 1
                 try:
                     status, lo, hi, nxt, msgs, kept = decode_rest(rest, n, verify)
                 except CorruptRecord:
@@ -174,6 +178,7 @@ class PullLoop:
                 except EQueueError as exc:
                     self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: bad pull answer: %s", q.key, exc)
                     continue
+                counters.kept_pulls += 1
             else:
                 rest = None
                 req = wire.PullRequest(q.topic, q.queue_id, offset, n, MAX_PULL_BYTES, hold, self.group,
@@ -214,6 +219,16 @@ class PullLoop:
                     log.warning("queue %s: %s", q.key, exc)
                     await trio.sleep(o.rebalance_interval)
                     continue
+                except BadRequest as exc:
+                    if flags & wire.PULL_WHOLE_BATCHES:
+                        # a broker from before whole batches refuses the flag: pull as before
+                        flags &= ~wire.PULL_WHOLE_BATCHES
+                        log.info("queue %s: the broker refused whole batches (%s); pulling without", q.key, exc)
+                        continue
+                    failures += 1
+                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
+                    await trio.sleep(DEFAULT_POLICY.delay(failures))
+                    continue
                 except EQueueError as exc:
                     failures += 1
                     if not exc.transient:
@@ -250,7 +265,8 @@ class PullLoop:
                 continue
             if single:
                 single -= 1
-            q.kept = kept
+            if kept is not None and kept_size(kept) <= MAX_KEPT_BYTES:
+                q.kept = kept
             if msgs:
                 deliver(q, msgs, nxt)
                 if len(msgs) >= n:
@@ -327,3 +343,9 @@ class PullLoop:
         )  # fmt: skip
         q.window.advance(offset + 1)
         return True
+
+
+def kept_size(rest: wire.PullRest) -> int:
+    """The bytes ``rest`` holds: its partly delivered batch's records (decompressed)
+    and its later batches as sent."""
+    return (len(rest.batch.records) if rest.batch is not None else 0) + sum(len(v) for _g, _m, v in rest.items)

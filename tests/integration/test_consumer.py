@@ -231,6 +231,48 @@ async def test_the_rest_of_a_whole_batch_serves_the_next_pulls_without_a_request
             assert 1 <= st.pulls <= 3  # the one that brought the batch, then long-polls at the end
 
 
+async def test_a_large_rest_is_not_kept_and_a_broker_without_whole_batches_is_still_read(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rest of an answer is kept only up to MAX_KEPT_BYTES: past it (a large
+    compressed batch) each pull fetches the batch again. A broker that refuses the
+    WHOLE_BATCHES flag (one from before it: this broker, made to know only the flags
+    it knew then) is read as before, with the flag dropped."""
+    from equeue.consumer.pull import MAX_KEPT_BYTES
+    from equeue.producer import AsyncProducer
+    from equeue.wire import pull as wire_pull
+
+    with trio.fail_after(30):
+        async with AsyncClient(broker.address) as c:
+            await c.create_topic("big", 1)
+            body = b"x" * 20_000  # 100 of them: 2 MB of records, a few kB compressed
+            async with AsyncProducer(broker.address, compression="zstd", max_batch_bytes=4 << 20, linger=1.0) as p:
+                await p.send_batch("big", [Message(body) for _ in range(100)])
+            assert 100 * len(body) > MAX_KEPT_BYTES
+
+            async def consume(group: str) -> Any:
+                got: list[int] = []
+                async with AsyncConsumer(broker.address, group, "big", start_from="earliest",
+                                         pull_batch=10, max_pull_batch=10, **FAST) as con:  # fmt: skip
+
+                    async def handler(m: Message) -> None:
+                        assert m.body == body
+                        got.append(m.queue_offset)
+                        if len(got) == 100:
+                            con.stop()
+
+                    await con.run(handler)
+                    st = con.statistics()
+                assert got == list(range(100))
+                return st
+
+            st = await consume("g-big")
+            assert st.kept_pulls == 0 and st.pulls >= 10  # the rest was too large to keep
+            monkeypatch.setattr(wire_pull, "_PULL_FLAGS_KNOWN", wire.PULL_BATCHES | wire.PULL_CLIENT_VERIFIES)
+            st = await consume("g-old")
+            assert st.kept_pulls == 0 and st.pulls >= 11  # one refused, then 10 without the flag
+
+
 async def test_tag_filter(broker: Broker) -> None:
     with trio.fail_after(15):
         async with AsyncClient(broker.address) as c:
