@@ -219,17 +219,12 @@ class PullLoop:
                     log.warning("queue %s: %s", q.key, exc)
                     await trio.sleep(o.rebalance_interval)
                     continue
-                except BadRequest as exc:
-                    if flags & wire.PULL_WHOLE_BATCHES:
+                except EQueueError as exc:
+                    if isinstance(exc, BadRequest) and flags & wire.PULL_WHOLE_BATCHES:
                         # a broker from before whole batches refuses the flag: pull as before
                         flags &= ~wire.PULL_WHOLE_BATCHES
                         log.info("queue %s: the broker refused whole batches (%s); pulling without", q.key, exc)
                         continue
-                    failures += 1
-                    self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
-                    await trio.sleep(DEFAULT_POLICY.delay(failures))
-                    continue
-                except EQueueError as exc:
                     failures += 1
                     if not exc.transient:
                         self.logs.log(logging.ERROR, f"pull {q.key}", "queue %s: pull failed: %s", q.key, exc)
