@@ -86,9 +86,16 @@ async def test_stop_at_end_in_the_sdk(broker: Broker) -> None:
 def test_a_reader_that_goes_away_stops_it(embedded_broker: EmbeddedBroker) -> None:
     """``equeue consume ... | head -3``: once the pipe is broken it stops, quietly.
     Before, every later message failed in the handler and went to the group's retry
-    topic (to be delivered to the group again), and it went on until an end condition."""
+    topic (to be delivered to the group again), and it went on until an end condition.
+
+    The backlog's lines (~200 kB) overflow the pipe's buffer (64 kB), so the consumer
+    is still writing when ``head`` goes: with a backlog that fits the buffer, it could
+    write it all before ``head`` left and then wait, unaware, for the next message."""
     b = embedded_broker.address
-    _produce(b, "t", [200])
+    with Client(b) as c:
+        c.create_topic("t", 1)
+        for _ in range(4):
+            c.produce(wire.ProduceRequest("t", 0, [wire.encode_entry(Message("x" * 100)) for _ in range(500)]))
     cmd = f"{sys.executable} -m equeue consume t -g g --from earliest -b {b} | head -3; exit ${{PIPESTATUS[0]}}"
     # its own session: a pipeline that does not end is killed whole, not left running
     with subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
