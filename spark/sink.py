@@ -49,7 +49,7 @@ from equeue.models import Message
 from equeue.producer import Producer, ProducerOptions
 from equeue.routing import RoundRobin, queue_for_key
 from equeue.security import ClientSecurity
-from equeue.spark.common import opt_str
+from equeue.spark.common import freeze_worker_heap, opt_bool, opt_str
 from equeue.wire.batches import Codec
 
 log = logging.getLogger("equeue.spark")
@@ -248,8 +248,12 @@ class _WriterBase:
             self.compression = Codec.parse(opt_str(options, "compression", "none"))
         except ValueError as exc:
             raise ConfigError(f"equeue sink: option compression: {exc}") from None
+        #: freeze each Spark worker's heap at its first write (freeze_worker_heap)
+        self.gc_freeze = opt_bool(options, "gcFreeze", True)
 
     def _publish(self, producer_id: bytes, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
+        if self.gc_freeze:
+            freeze_worker_heap()
         ctx = TaskContext.get()
         pub = _Publisher(
             self.brokers, self.topic, producer_id, ctx.partitionId() if ctx else 0, self.security, self.compression

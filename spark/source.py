@@ -79,6 +79,7 @@ from equeue.spark.common import (
     Owner,
     Routes,
     client_for,
+    freeze_worker_heap,
     is_failover,
     opt_bool,
     opt_int,
@@ -341,6 +342,8 @@ class _Options:
         if self.max_per_trigger is not None and self.max_per_trigger < 1:
             raise ConfigError("maxOffsetsPerTrigger must be >= 1")
         self.fail_on_data_loss = opt_bool(options, "failOnDataLoss", True)
+        #: freeze each Spark worker's heap at its first read (freeze_worker_heap)
+        self.gc_freeze = opt_bool(options, "gcFreeze", True)
         self.group = opt_str(options, "group", "") or None
         self.min_partitions = opt_int(options, "minPartitions", 0) or 0
         self.max_per_partition = (
@@ -429,6 +432,8 @@ class _Base:
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
+        if self.opts.gc_freeze:
+            freeze_worker_heap()
         yield from read_range(
             partition.address or self.opts.brokers, partition, self.arrow_schema,
             self.opts.fail_on_data_loss, self.opts.security, self.opts.brokers, self.opts.failover_timeout,

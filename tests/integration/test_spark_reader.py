@@ -14,7 +14,7 @@ pytest.importorskip("numpy")
 from equeue import Message, wire  # noqa: E402
 from equeue.client import Client  # noqa: E402
 from equeue.client.retry import RetryPolicy  # noqa: E402
-from equeue.errors import ConnectionBroken, TopicNotFound  # noqa: E402
+from equeue.errors import ConfigError, ConnectionBroken, TopicNotFound  # noqa: E402
 from equeue.spark import source  # noqa: E402
 from equeue.spark.puller import RETRIES, Puller  # noqa: E402
 from equeue.spark.source import RangePartition, read_range  # noqa: E402
@@ -127,3 +127,30 @@ def test_a_broker_that_never_answers_the_hello_fails_at_the_connect_timeout(monk
         p = Puller(f"127.0.0.1:{silent.getsockname()[1]}", policy=RetryPolicy(attempts=1, timeout=5.0))
         with pytest.raises(ConnectionBroken, match="cannot connect"):
             p.submit(wire.PullRequest("t", 0, 0))
+
+
+def test_a_read_and_a_write_freeze_the_workers_heap_unless_gc_freeze_is_off(
+    broker_process: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from equeue.spark import sink
+
+    b = broker_process("--flush", "async")
+    fill(b.address, "t", 1, 5)
+    calls: list[str] = []
+    monkeypatch.setattr(source, "freeze_worker_heap", lambda: calls.append("read"))
+    monkeypatch.setattr(sink, "freeze_worker_heap", lambda: calls.append("write"))
+    body = StructType([StructField("body", BinaryType())])
+    for given, want in ((None, ["read", "write"]), ("true", ["read", "write"]), ("false", [])):
+        opts = {"brokers": b.address, "topic": "t"} | ({} if given is None else {"gcFreeze": given})
+        calls.clear()
+        read = list(source.EQueueDataSource(opts).reader(source.SCHEMA).read(RangePartition("t", 0, 0, 5)))
+        assert sum(x.num_rows for x in read) == 5
+        done = sink.EQueueBatchWriter(opts, body, False).write(iter([pa.record_batch({"body": pa.array([b"x"])})]))
+        assert isinstance(done, sink.SinkCommit) and done.rows == 1
+        assert calls == want, given
+    with pytest.raises(ConfigError, match="gcFreeze"):
+        source.EQueueDataSource({"topic": "t", "gcFreeze": "maybe"}).reader(source.SCHEMA)
+    with pytest.raises(ConfigError, match="gcFreeze"):
+        sink.EQueueBatchWriter({"topic": "t", "gcFreeze": "maybe"}, body, False)
