@@ -11,7 +11,8 @@ The batches are framed, checked and decompressed by the core's decoder of the la
 header and batch crc32s, decompression capped at the announced size, mask lengths).
 The records inside (:mod:`equeue.wire.batches`' record layout) are then decoded
 column by column with numpy: one pass over their length prefixes in Python finds
-where each record starts (the only per-record loop), and each field is then read for
+where each record starts (the only per-record loop; records that all have one length
+below 128 bytes are found by one vectorised check instead), and each field is then read for
 every record at once -- the attributes byte, each varint as up to nine vectorised
 byte steps, the key, tags and body as Arrow binary columns cut out of the records by
 one ``take``. Only non-empty properties are decoded record by record. The checks are
@@ -161,6 +162,20 @@ def _properties(data: bytes, starts: np.ndarray, ends: np.ndarray, has: np.ndarr
     )  # fmt: skip
 
 
+def _same_length_bounds(buf: np.ndarray, count: int) -> np.ndarray | None:
+    """The bounds :func:`equeue.wire.batches.record_bounds` finds, when all ``count``
+    records in ``buf`` have one length below 128 (fixed-size records): one vectorised
+    check of every length prefix instead of a Python step per record. None when they
+    do not (the caller walks them). Each record's one-byte prefix then says exactly
+    where the next starts, so the walk would find these same bounds."""
+    if not count or buf.size % count:
+        return None
+    stride = buf.size // count
+    if not 2 <= stride <= 0x80 or (buf[::stride] != stride - 1).any():
+        return None
+    return np.arange(0, buf.size + 1, stride, dtype=np.int64)
+
+
 def _bits(got: Sequence[wire.PulledBatch]) -> np.ndarray:
     """Every record's keep bit, batch after batch (b"" masks: all set)."""
     parts = [
@@ -183,7 +198,10 @@ def _columns(
     total = int(counts.sum())
     # where every record starts: the one pass over the length prefixes, across the
     # batches at once (each records section ends exactly where its last record does)
-    bounds = np.array(layout.record_bounds(data, total), dtype=np.int64)
+    buf = np.frombuffer(data, np.uint8)
+    bounds = _same_length_bounds(buf, total)
+    if bounds is None:
+        bounds = np.array(layout.record_bounds(data, total), dtype=np.int64)
     ends_at = np.cumsum(counts)
     if (bounds[ends_at] != np.cumsum([len(b.records) for b in got])).any():
         raise CorruptRecord("a batch holds more or fewer records than it says")
@@ -200,7 +218,6 @@ def _columns(
     if any(got[i].queue_id != queue_id for i in np.unique(which).tolist()):
         raise _OtherQueue
 
-    buf = np.frombuffer(data, np.uint8)
     length, at = _varints(buf, starts)
     if (length < 1).any():
         raise CorruptRecord("a record overruns its batch")
