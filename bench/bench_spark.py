@@ -1,7 +1,10 @@
 """Spark source throughput: drain a backlog of 1,000,000 × 100-byte messages from 4
 queues with ``spark.read.format("equeue")`` into a noop sink, in local[2].
 
-    .venv/bin/python bench/bench_spark.py [--messages 1000000] [--size 100] [--queues 4]
+    .venv/bin/python bench/bench_spark.py [--messages 1000000] [--size 100] [--queues 4] [--spread 0]
+
+``--spread S`` gives the bodies sizes from ``size - S`` to ``size + S`` (cycling through
+them), as variable-size records such as JSON documents have.
 
 Prints rows/s of the drain (session start-up and the first warm-up action excluded).
 The broker runs embedded in this process (its own thread), like `make run`.
@@ -25,16 +28,18 @@ from equeue.client import Client
 from equeue.config import BrokerConfig
 
 
-def fill(c: Client, topic: str, queues: int, n: int, size: int) -> float:
-    """Produce ``n`` messages of ``size`` bytes round-robin over the queues; returns seconds."""
-    entry = wire.encode_entry(Message(b"x" * size))
+def fill(c: Client, topic: str, queues: int, n: int, size: int, spread: int = 0) -> float:
+    """Produce ``n`` messages of ``size`` bytes (± ``spread``) round-robin over the
+    queues; returns seconds."""
     per_req = 5_000
+    sizes = [size - spread + i % (2 * spread + 1) for i in range(per_req)] if spread else [size] * per_req
+    entries = [wire.encode_entry(Message(b"x" * k)) for k in sizes]
     t0 = time.perf_counter()
     sent = 0
     q = 0
     while sent < n:
         k = min(per_req, n - sent)
-        c.produce(wire.ProduceRequest(topic, q % queues, [entry] * k))
+        c.produce(wire.ProduceRequest(topic, q % queues, entries[:k]))
         sent += k
         q += 1
     return time.perf_counter() - t0
@@ -81,6 +86,7 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument("--queues", type=int, default=4)
+    ap.add_argument("--spread", type=int, default=0, help="body sizes vary by up to this many bytes")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--master", default="local[2]")
     a = ap.parse_args()
@@ -92,8 +98,10 @@ def main() -> None:
     ) as b:
         c = Client(b.address)
         c.create_topic("bench", a.queues)
-        fill_s = fill(c, "bench", a.queues, a.messages, a.size)
-        print(f"backlog: {a.messages:,} × {a.size} B in {a.queues} queues (produced in {fill_s:.1f} s)")
+        if not 0 <= a.spread < a.size:
+            ap.error("--spread must be at least 0 and below --size")
+        fill_s = fill(c, "bench", a.queues, a.messages, a.size, a.spread)
+        print(f"backlog: {a.messages:,} × {a.size} ± {a.spread} B in {a.queues} queues (produced in {fill_s:.1f} s)")
         print(f"broker raw pull, 1 connection, no parsing: {raw_pull_rate(c, 'bench', a.queues, a.messages):,.0f} rows/s")
         print(f"client parse to Arrow (crc checked), 1 core: {parse_rate(c, 'bench'):,.0f} rows/s")
         t0 = time.perf_counter()
