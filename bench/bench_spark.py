@@ -90,6 +90,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--master", default="local[2]")
     a = ap.parse_args()
+    if not 0 <= a.spread < a.size:
+        ap.error("--spread must be at least 0 and below --size")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from equeue import spark
@@ -98,8 +100,6 @@ def main() -> None:
     ) as b:
         c = Client(b.address)
         c.create_topic("bench", a.queues)
-        if not 0 <= a.spread < a.size:
-            ap.error("--spread must be at least 0 and below --size")
         fill_s = fill(c, "bench", a.queues, a.messages, a.size, a.spread)
         print(f"backlog: {a.messages:,} × {a.size} ± {a.spread} B in {a.queues} queues (produced in {fill_s:.1f} s)")
         print(f"broker raw pull, 1 connection, no parsing: {raw_pull_rate(c, 'bench', a.queues, a.messages):,.0f} rows/s")

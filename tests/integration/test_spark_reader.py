@@ -132,6 +132,9 @@ def test_a_broker_that_never_answers_the_hello_fails_at_the_connect_timeout(monk
 def test_a_read_and_a_write_freeze_the_workers_heap_unless_gc_freeze_is_off(
     broker_process: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The source's read and the sink's write each call freeze_worker_heap (by default
+    and with gcFreeze true), neither does with gcFreeze false, and a value that is not a
+    boolean is a ConfigError naming the option."""
     from pyspark.sql.types import BinaryType, StructField, StructType
 
     from equeue.spark import sink
